@@ -1,0 +1,548 @@
+// Package auth turns a bearer JWT into a Principal: who is calling (tenant,
+// subject), on which tier, and which tools they may use.
+//
+// Verification is strict by construction:
+//
+//   - The algorithms a token may use come from the configured key (its type,
+//     curve, and for a JWK its "alg"), never from the token header: "none" is
+//     always refused, an HS256 secret never verifies an RS256 token and an RSA
+//     public key is never used as an HMAC secret (alg confusion).
+//   - Tokens longer than MaxTokenBytes are refused before any parsing, only
+//     the JWS compact form is accepted, and a "crit" header is refused.
+//   - exp, nbf and iat are checked with a small leeway, iss and aud when
+//     configured, and the tenant claim must be a non-empty string.
+//
+// Claims map to the Principal as follows. The tenant claim is required (a
+// string of at most MaxTenantBytes, no control characters, since it travels
+// upstream in a header). A missing sub is accepted as Subject "" unless
+// Options.RequireSubject is set: every sub-less token of a tenant then shares
+// one per-subject limit and breaker, which errs on the restrictive side, and
+// identity providers that issue client-credential tokens without sub keep
+// working. A missing tier claim means Options.DefaultTier. A missing scope
+// claim grants no tool.
+//
+// With a JWKS URL the key set is fetched once by New (which fails if it
+// cannot be fetched: fail fast), refreshed in the background, and refreshed
+// on demand when a token names an unknown kid, at most once per
+// MissRefreshInterval so forged kids cannot hammer the identity provider.
+//
+// Every verification failure wraps ErrInvalidToken with the reason (expired,
+// bad signature, unknown kid, missing tenant claim, ...); the reason is meant
+// for logs, not for the caller.
+package auth
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/lestrrat-go/jwx/v3/jwa"
+	"github.com/lestrrat-go/jwx/v3/jws"
+	"github.com/lestrrat-go/jwx/v3/jws/jwsbb"
+	"github.com/lestrrat-go/jwx/v3/jwt"
+)
+
+// ErrNoToken means the request carries no bearer token: no Authorization
+// header, or one with another scheme.
+var ErrNoToken = errors.New("auth: no bearer token")
+
+// ErrInvalidToken means a token was presented but not accepted. The wrapping
+// error says why.
+var ErrInvalidToken = errors.New("auth: invalid token")
+
+const (
+	// MaxTokenBytes is the longest token Verify accepts; longer ones are
+	// refused before parsing, so a huge header cannot cost CPU or memory.
+	MaxTokenBytes = 16 << 10
+	// MaxTenantBytes bounds the tenant and tier claims.
+	MaxTenantBytes = 256
+	// MaxSubjectBytes bounds the sub claim (URN- or SPIFFE-style subjects run
+	// longer than tenant IDs).
+	MaxSubjectBytes = 1024
+	// DefaultLeeway is the clock skew allowed on exp, nbf and iat when
+	// Options.Leeway is zero.
+	DefaultLeeway = 30 * time.Second
+	// MaxLeeway is the largest Options.Leeway New accepts.
+	MaxLeeway = 5 * time.Minute
+)
+
+// Principal is an authenticated caller.
+type Principal struct {
+	// Tenant is the tenant claim: never empty.
+	Tenant string
+	// Tier is the tier claim, or Options.DefaultTier when the token has none.
+	Tier string
+	// Subject is the sub claim; "" when the token has none (see Options.RequireSubject).
+	Subject string
+	// Scopes are the tools the caller may use.
+	Scopes Scopes
+}
+
+// Options configures an Authenticator. Exactly one key source (HS256Secret,
+// PublicKeyFile, JWKSFile, JWKSURL) must be set.
+type Options struct {
+	// HS256Secret verifies HS256 tokens; not empty, and MinHS256SecretBytes
+	// long or more (a shorter one is accepted with a warning).
+	// HS384 and HS512 are not accepted.
+	HS256Secret []byte
+	// PublicKeyFile is a PEM file of one or more public keys or certificates:
+	// RSA (RS256/384/512, PS256/384/512, at least 2048 bits), ECDSA (ES256 on
+	// P-256, ES384 on P-384, ES512 on P-521) or Ed25519 (EdDSA, Ed25519).
+	// The token's kid is ignored; each key that fits the token's alg is tried.
+	PublicKeyFile string
+	// JWKSFile is a JSON Web Key Set read once by New. A token with a kid is
+	// verified by the key with that kid; a token without kid only when the set
+	// holds a single usable key. Symmetric keys and keys with use "enc" are
+	// ignored; a key's "alg", when present, is the only algorithm it accepts.
+	JWKSFile string
+	// JWKSURL is a JSON Web Key Set fetched by New (New fails if it cannot be
+	// fetched) and refreshed in the background; key selection is as for
+	// JWKSFile. Keys the library cannot parse are skipped, not fatal.
+	JWKSURL string
+
+	// Issuer, when not empty, must equal the iss claim.
+	Issuer string
+	// Audience, when not empty, must be one of the aud claim's values.
+	Audience string
+
+	// TenantClaim names the tenant claim; "" means "tenant_id". A token
+	// without it, or where it is not a non-empty string, is refused.
+	TenantClaim string
+	// TierClaim names the tier claim; "" means "tier". When present it must
+	// be a string.
+	TierClaim string
+	// ScopeClaim names the scope claim; "" means "scope". It is a
+	// space-separated string or a JSON array of strings; missing means no tools.
+	ScopeClaim string
+	// DefaultTier is the tier of a token without (or with an empty) tier claim.
+	DefaultTier string
+
+	// RequireSubject refuses tokens without a sub claim. By default such a
+	// token is accepted with Subject "", so all of a tenant's tokens without
+	// sub share one per-subject limit and breaker: restrictive, not a bypass.
+	RequireSubject bool
+	// RequireExpiry refuses tokens without an exp claim. Off by default
+	// because some service tokens carry none; platforms that can should set it.
+	RequireExpiry bool
+
+	// Leeway is the clock skew allowed on exp, nbf and iat: 0 means
+	// DefaultLeeway (30s), a negative value means none. At most MaxLeeway.
+	Leeway time.Duration
+
+	// HTTPClient fetches JWKSURL; nil means a client with a 10s timeout.
+	HTTPClient *http.Client
+	// JWKSRefresh is the minimum interval between background refreshes of
+	// JWKSURL; 0 means DefaultJWKSRefresh (15m). A longer Cache-Control
+	// max-age is honoured up to one hour (or JWKSRefresh if longer). A token
+	// with an unknown kid triggers one immediate refresh, at most one per
+	// MissRefreshInterval (10s) however many such tokens arrive.
+	JWKSRefresh time.Duration
+
+	// Now is the clock for exp/nbf/iat and for the refresh rate limit; nil
+	// means time.Now.
+	Now func() time.Time
+	// Logger receives JWKS refresh failures and skipped keys; nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Authenticator verifies bearer tokens. It is safe for concurrent use; its
+// configuration is fixed at New (build a new one to reload).
+type Authenticator struct {
+	keys        keySource
+	now         func() time.Time
+	validate    []jwt.ValidateOption
+	tenantClaim string
+	tierClaim   string
+	scopeClaim  string
+	defaultTier string
+	requireSub  bool
+	closeOnce   sync.Once
+	closeErr    error
+}
+
+// New validates opts and loads the keys. With JWKSURL it fetches the key set
+// once before returning and fails with the reason if that fetch fails (fail
+// fast: a gateway that cannot verify any token should not start); ctx bounds
+// that fetch. Close releases the background refresh.
+func New(ctx context.Context, opts Options) (*Authenticator, error) {
+	sources := 0
+	for _, set := range []bool{len(opts.HS256Secret) > 0, opts.PublicKeyFile != "", opts.JWKSFile != "", opts.JWKSURL != ""} {
+		if set {
+			sources++
+		}
+	}
+	if sources != 1 {
+		return nil, fmt.Errorf("auth: exactly one of HS256Secret, PublicKeyFile, JWKSFile and JWKSURL must be set (%d are)", sources)
+	}
+	leeway := opts.Leeway
+	switch {
+	case leeway == 0:
+		leeway = DefaultLeeway
+	case leeway < 0:
+		leeway = 0
+	case leeway > MaxLeeway:
+		return nil, fmt.Errorf("auth: leeway %s is more than %s", leeway, MaxLeeway)
+	}
+	if opts.JWKSRefresh < 0 {
+		return nil, fmt.Errorf("auth: negative JWKS refresh interval %s", opts.JWKSRefresh)
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	a := &Authenticator{
+		now:         now,
+		tenantClaim: orDefault(opts.TenantClaim, "tenant_id"),
+		tierClaim:   orDefault(opts.TierClaim, "tier"),
+		scopeClaim:  orDefault(opts.ScopeClaim, "scope"),
+		defaultTier: opts.DefaultTier,
+		requireSub:  opts.RequireSubject,
+	}
+	a.validate = []jwt.ValidateOption{
+		jwt.WithClock(jwt.ClockFunc(now)),
+		jwt.WithAcceptableSkew(leeway),
+	}
+	if opts.Issuer != "" {
+		a.validate = append(a.validate, jwt.WithIssuer(opts.Issuer))
+	}
+	if opts.Audience != "" {
+		a.validate = append(a.validate, jwt.WithAudience(opts.Audience))
+	}
+	if opts.RequireExpiry {
+		a.validate = append(a.validate, jwt.WithRequiredClaim(jwt.ExpirationKey))
+	}
+
+	var err error
+	switch {
+	case len(opts.HS256Secret) > 0:
+		a.keys, err = hmacKeys(opts.HS256Secret)
+		if n := len(opts.HS256Secret); err == nil && n < MinHS256SecretBytes {
+			log.Warn("HS256 secret is shorter than RFC 7518 requires; rotate it to a random secret of at least 32 bytes", "bytes", n, "want", MinHS256SecretBytes)
+		}
+	case opts.PublicKeyFile != "":
+		a.keys, err = loadPEMKeys(opts.PublicKeyFile)
+	case opts.JWKSFile != "":
+		var fk *fileKeys
+		var skipped []string
+		fk, skipped, err = loadJWKSFile(opts.JWKSFile)
+		for _, s := range skipped {
+			log.Warn("auth: JWKS key skipped", "file", opts.JWKSFile, "reason", s)
+		}
+		a.keys = fk
+	default:
+		a.keys, err = newRemoteKeys(ctx, &opts, log, now)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+// Close stops the background refresh of a JWKS URL. Verify keeps working with
+// the keys already loaded but never refreshes them again. Close is idempotent.
+func (a *Authenticator) Close() error {
+	a.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		a.closeErr = a.keys.close(ctx)
+	})
+	return a.closeErr
+}
+
+// FromRequest verifies the bearer token of r's Authorization header. It
+// returns ErrNoToken when there is no such header or its scheme is not Bearer
+// (compared case-insensitively, RFC 7235), and an ErrInvalidToken error when
+// there are several Authorization headers or the token fails Verify.
+func (a *Authenticator) FromRequest(ctx context.Context, r *http.Request) (Principal, error) {
+	vals := r.Header.Values("Authorization")
+	if len(vals) == 0 {
+		return Principal{}, ErrNoToken
+	}
+	if len(vals) > 1 {
+		return Principal{}, invalid("%d Authorization headers", len(vals))
+	}
+	scheme, token, _ := strings.Cut(strings.TrimSpace(vals[0]), " ")
+	if !strings.EqualFold(scheme, "Bearer") {
+		return Principal{}, ErrNoToken
+	}
+	return a.Verify(ctx, strings.TrimSpace(token))
+}
+
+// Verify checks token (a JWS compact serialization) and returns its
+// Principal. Every failure wraps ErrInvalidToken. ctx bounds the one JWKS
+// refresh that an unknown kid may trigger.
+func (a *Authenticator) Verify(ctx context.Context, token string) (Principal, error) {
+	if token == "" {
+		return Principal{}, invalid("empty token")
+	}
+	if len(token) > MaxTokenBytes {
+		return Principal{}, invalid("token is %d bytes, more than %d", len(token), MaxTokenBytes)
+	}
+	raw := []byte(token)
+	hdrB64, _, _, err := jwsbb.SplitCompact(raw)
+	if err != nil {
+		return Principal{}, invalid("not a JWS compact token: %v", err)
+	}
+	hdr := jwsbb.HeaderParseCompact(hdrB64)
+	alg, err := jwsbb.HeaderGetString(hdr, jws.AlgorithmKey)
+	if err != nil {
+		return Principal{}, invalid("header has no usable alg: %v", err)
+	}
+	if alg == "" || strings.EqualFold(alg, jwa.NoSignature().String()) {
+		return Principal{}, invalid("alg %q is never accepted", alg)
+	}
+	// We understand no critical extension (RFC 7515 §4.1.11), and "b64"
+	// (RFC 7797) changes what the signature covers.
+	for _, h := range []string{jws.CriticalKey, "b64"} {
+		if jwsbb.HeaderHas(hdr, h) {
+			return Principal{}, invalid("header %q is not supported", h)
+		}
+	}
+	kid, err := jwsbb.HeaderGetString(hdr, jws.KeyIDKey)
+	if err != nil && !errors.Is(err, jwsbb.ErrHeaderNotFound()) && !errors.Is(err, jwsbb.ErrFieldNotFound()) {
+		return Principal{}, invalid("bad kid header: %v", err)
+	}
+
+	keys, err := a.keys.candidates(ctx, kid)
+	if err != nil {
+		return Principal{}, invalid("%v", err)
+	}
+	var payload []byte
+	var tried []string
+	var lastErr error
+	for _, k := range keys {
+		salg, ok := k.allows(alg)
+		if !ok {
+			for _, x := range k.algs {
+				tried = append(tried, x.String())
+			}
+			continue
+		}
+		// VerifyCompactFast also refuses "crit" and "b64" headers and checks
+		// that the header's alg equals the one we chose.
+		payload, lastErr = jws.VerifyCompactFast(k.key, raw, salg)
+		if lastErr == nil {
+			break
+		}
+	}
+	if payload == nil {
+		if lastErr == nil {
+			return Principal{}, invalid("alg %q is not accepted by the configured key (accepted: %s)", alg, strings.Join(dedupe(tried), ", "))
+		}
+		return Principal{}, invalid("bad signature: %v", lastErr)
+	}
+	return a.claims(payload)
+}
+
+// claims validates the verified payload and extracts the Principal.
+func (a *Authenticator) claims(payload []byte) (Principal, error) {
+	// Decode the payload as claims only: a payload that is itself a JWS is
+	// not unwrapped (no nested tokens).
+	if p := bytes.TrimLeft(payload, " \t\r\n"); len(p) == 0 || p[0] != '{' {
+		return Principal{}, invalid("payload is not a JSON object")
+	}
+	tok := jwt.New()
+	if err := json.Unmarshal(payload, tok); err != nil {
+		return Principal{}, invalid("bad claims: %v", err)
+	}
+	if err := jwt.Validate(tok, a.validate...); err != nil {
+		return Principal{}, invalid("%s", validationReason(err))
+	}
+
+	var p Principal
+	tenant, ok, err := stringClaim(tok, a.tenantClaim)
+	switch {
+	case err != nil:
+		return Principal{}, invalid("tenant claim %q: %v", a.tenantClaim, err)
+	case !ok || tenant == "":
+		return Principal{}, invalid("missing tenant claim %q", a.tenantClaim)
+	}
+	if err := checkIdentity(tenant, MaxTenantBytes); err != nil {
+		return Principal{}, invalid("tenant claim %q: %v", a.tenantClaim, err)
+	}
+	p.Tenant = tenant
+
+	sub, ok, err := stringClaim(tok, jwt.SubjectKey)
+	switch {
+	case err != nil:
+		return Principal{}, invalid("sub claim: %v", err)
+	case !ok && a.requireSub:
+		return Principal{}, invalid("missing sub claim")
+	}
+	if err := checkIdentity(sub, MaxSubjectBytes); err != nil {
+		return Principal{}, invalid("sub claim: %v", err)
+	}
+	p.Subject = sub
+
+	tier, _, err := stringClaim(tok, a.tierClaim)
+	if err != nil {
+		return Principal{}, invalid("tier claim %q: %v", a.tierClaim, err)
+	}
+	if err := checkIdentity(tier, MaxTenantBytes); err != nil {
+		return Principal{}, invalid("tier claim %q: %v", a.tierClaim, err)
+	}
+	p.Tier = orDefault(tier, a.defaultTier)
+
+	p.Scopes, err = scopeClaim(tok, a.scopeClaim)
+	if err != nil {
+		return Principal{}, invalid("scope claim %q: %v", a.scopeClaim, err)
+	}
+	return p, nil
+}
+
+// validationReason names the failed check in words an operator greps for.
+func validationReason(err error) string {
+	switch {
+	case errors.Is(err, jwt.TokenExpiredError()):
+		return "expired: " + err.Error()
+	case errors.Is(err, jwt.TokenNotYetValidError()):
+		return "not yet valid: " + err.Error()
+	case errors.Is(err, jwt.InvalidIssuedAtError()):
+		return "issued in the future: " + err.Error()
+	case errors.Is(err, jwt.InvalidIssuerError()):
+		return "wrong issuer: " + err.Error()
+	case errors.Is(err, jwt.InvalidAudienceError()):
+		return "wrong audience: " + err.Error()
+	case errors.Is(err, jwt.MissingRequiredClaimError()):
+		return "missing claim: " + err.Error()
+	}
+	return "invalid claims: " + err.Error()
+}
+
+// stringClaim returns the named claim; ok is false when it is absent, and err
+// set when it is present but not a string.
+func stringClaim(tok jwt.Token, name string) (string, bool, error) {
+	if !tok.Has(name) {
+		return "", false, nil
+	}
+	var v any
+	if err := tok.Get(name, &v); err != nil {
+		return "", false, err
+	}
+	s, ok := v.(string)
+	if !ok {
+		return "", true, fmt.Errorf("is a %s, want a string", jsonKind(v))
+	}
+	return s, true, nil
+}
+
+func scopeClaim(tok jwt.Token, name string) (Scopes, error) {
+	if !tok.Has(name) {
+		return Scopes{}, nil
+	}
+	var v any
+	if err := tok.Get(name, &v); err != nil {
+		return Scopes{}, err
+	}
+	switch v := v.(type) {
+	case string:
+		return ParseScopes(v), nil
+	case []string:
+		return parseScopeList(v), nil
+	case []any:
+		list := make([]string, 0, len(v))
+		for _, e := range v {
+			s, ok := e.(string)
+			if !ok {
+				return Scopes{}, fmt.Errorf("array holds a %s, want strings", jsonKind(e))
+			}
+			list = append(list, strings.Fields(s)...)
+		}
+		return parseScopeList(list), nil
+	}
+	return Scopes{}, fmt.Errorf("is a %s, want a string or an array of strings", jsonKind(v))
+}
+
+func jsonKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "boolean"
+	case float64, json.Number, int, int64:
+		return "number"
+	case []any:
+		return "array"
+	case map[string]any:
+		return "object"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// checkIdentity refuses values that cannot travel safely in an upstream
+// header (X-Mcp-Tenant, X-Mcp-Subject) or a log line: invalid UTF-8 and
+// control characters, as well as overlong values.
+func checkIdentity(s string, maxBytes int) error {
+	if len(s) > maxBytes {
+		return fmt.Errorf("%d bytes, more than %d", len(s), maxBytes)
+	}
+	if !utf8.ValidString(s) {
+		return errors.New("not valid UTF-8")
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("holds control character %U", r)
+		}
+	}
+	return nil
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidToken, fmt.Sprintf(format, args...))
+}
+
+func dedupe(s []string) []string {
+	seen := make(map[string]bool, len(s))
+	out := s[:0]
+	for _, v := range s {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// SignHS256 signs claims as an HS256 JWT in compact form, with header
+// {"alg":"HS256","typ":"JWT"}. It is meant for tests and the demo command;
+// the secret must not be empty (New wants MinHS256SecretBytes). Give exp, nbf
+// and iat as Unix seconds: a time.Time would encode as a string and be refused.
+func SignHS256(secret []byte, claims map[string]any) (string, error) {
+	if len(secret) == 0 {
+		return "", errors.New("auth: empty HS256 secret")
+	}
+	payload, err := json.Marshal(claims)
+	if err != nil {
+		return "", fmt.Errorf("auth: encoding claims: %w", err)
+	}
+	hdr := jws.NewHeaders()
+	if err := hdr.Set(jws.TypeKey, "JWT"); err != nil {
+		return "", err
+	}
+	out, err := jws.Sign(payload, jws.WithKey(jwa.HS256(), secret, jws.WithProtectedHeaders(hdr)))
+	if err != nil {
+		return "", fmt.Errorf("auth: signing: %w", err)
+	}
+	return string(out), nil
+}

@@ -1,0 +1,299 @@
+package auth
+
+import (
+	"context"
+	"crypto/elliptic"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lestrrat-go/jwx/v3/jwa"
+)
+
+func TestJWKSFile(t *testing.T) {
+	rsaA, _ := rsaKeys(t)
+	ec := ecKey(t, elliptic.P256())
+	path := writeFile(t, "jwks.json", jwksJSON(t, []any{&rsaA.PublicKey, &ec.PublicKey}, []string{"rsa-1", "ec-1"}, nil))
+	a := newAuth(t, Options{JWKSFile: path, Now: newClock().Now})
+
+	mustVerify(t, a, sign(t, jwa.RS256(), rsaA, "rsa-1", claims(nil)))
+	mustVerify(t, a, sign(t, jwa.ES256(), ec, "ec-1", claims(nil)))
+	// The kid selects the key: an EC token that names the RSA key fails on
+	// the RSA key's algorithms, it is not tried against the EC key.
+	mustRefuse(t, a, sign(t, jwa.ES256(), ec, "rsa-1", claims(nil)), `alg "ES256" is not accepted`)
+	mustRefuse(t, a, sign(t, jwa.RS256(), rsaA, "ec-1", claims(nil)), `alg "RS256" is not accepted`)
+	mustRefuse(t, a, sign(t, jwa.RS256(), rsaA, "rsa-2", claims(nil)), `unknown kid "rsa-2"`)
+	mustRefuse(t, a, sign(t, jwa.RS256(), rsaA, "", claims(nil)), "no kid and the key set holds 2")
+
+	t.Run("one key accepts a token without kid", func(t *testing.T) {
+		one := newAuth(t, Options{JWKSFile: writeFile(t, "one.json", jwksJSON(t, []any{&ec.PublicKey}, []string{"ec-1"}, nil)), Now: newClock().Now})
+		mustVerify(t, one, sign(t, jwa.ES256(), ec, "", claims(nil)))
+	})
+	t.Run("symmetric and encryption keys are skipped", func(t *testing.T) {
+		set := `{"keys":[
+			{"kty":"oct","kid":"hs","k":"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY"},
+			` + strings.TrimSuffix(strings.TrimPrefix(string(jwksJSON(t, []any{&ec.PublicKey}, []string{"enc-1"}, nil)), `{"keys":[`), `]}`) + `]}`
+		set = strings.Replace(set, `"kid":"enc-1"`, `"kid":"enc-1","use":"enc"`, 1)
+		_, err := New(context.Background(), Options{JWKSFile: writeFile(t, "skip.json", []byte(set))})
+		if err == nil || !strings.Contains(err.Error(), "no usable signing key") || !strings.Contains(err.Error(), "symmetric") {
+			t.Fatalf("New error = %v", err)
+		}
+	})
+	t.Run("broken file", func(t *testing.T) {
+		_, err := New(context.Background(), Options{JWKSFile: writeFile(t, "bad.json", []byte(`{"keys":[{"kty":"RSA"}]}`))})
+		if err == nil {
+			t.Fatal("New accepted a broken JWKS file")
+		}
+	})
+}
+
+// jwksServer serves a JWKS that tests can replace, and counts requests.
+type jwksServer struct {
+	*httptest.Server
+	mu       sync.Mutex
+	body     []byte
+	status   int
+	requests atomic.Int64
+}
+
+func newJWKSServer(t *testing.T, body []byte) *jwksServer {
+	t.Helper()
+	s := &jwksServer{body: body, status: http.StatusOK}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		s.requests.Add(1)
+		s.mu.Lock()
+		body, status := s.body, s.status
+		s.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *jwksServer) set(body []byte) {
+	s.mu.Lock()
+	s.body = body
+	s.mu.Unlock()
+}
+
+func TestJWKSURLRotation(t *testing.T) {
+	k1, k2, k3 := ecKey(t, elliptic.P256()), edKey(t), ecKey(t, elliptic.P256())
+	srv := newJWKSServer(t, jwksJSON(t, []any{&k1.PublicKey}, []string{"k1"}, nil))
+	clk := newClock()
+	a := newAuth(t, Options{JWKSURL: srv.URL + "/jwks.json", Now: clk.Now})
+	if n := srv.requests.Load(); n != 1 {
+		t.Fatalf("New made %d requests, want 1", n)
+	}
+
+	mustVerify(t, a, sign(t, jwa.ES256(), k1, "k1", claims(nil)))
+	if n := srv.requests.Load(); n != 1 {
+		t.Fatalf("a known kid made a request (%d)", n)
+	}
+
+	// The identity provider rotates in k2: the first k2 tokens, arriving
+	// together, cause one refresh and all pass.
+	srv.set(jwksJSON(t, []any{&k1.PublicKey, k2.Public()}, []string{"k1", "k2"}, nil))
+	k2tok := sign(t, jwa.EdDSA(), k2, "k2", claims(nil))
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Go(func() {
+			if _, err := a.Verify(context.Background(), k2tok); err != nil {
+				t.Errorf("k2 token after rotation: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := srv.requests.Load(); n != 2 {
+		t.Fatalf("after rotation: %d requests, want 2", n)
+	}
+	mustVerify(t, a, sign(t, jwa.EdDSA(), k2, "k2", claims(nil)))
+	if n := srv.requests.Load(); n != 2 {
+		t.Fatalf("second k2 token refetched: %d requests", n)
+	}
+
+	// A forged kid right after a refresh is refused without a request.
+	burst := func(n int, kid string) {
+		t.Helper()
+		tok := sign(t, jwa.ES256(), k3, kid, claims(nil))
+		errs := make(chan error, n)
+		for range n {
+			wg.Go(func() {
+				_, err := a.Verify(context.Background(), tok)
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if !errors.Is(err, ErrInvalidToken) || !strings.Contains(err.Error(), `unknown kid "`+kid+`"`) {
+				t.Fatalf("unknown kid: err = %v", err)
+			}
+		}
+	}
+	burst(50, "k3")
+	if n := srv.requests.Load(); n != 2 {
+		t.Fatalf("burst within %s of a refresh made requests: %d, want 2", MissRefreshInterval, n)
+	}
+
+	// Once the interval has passed, a burst of unknown kids costs exactly one
+	// request, and the kid is still refused after it.
+	clk.Advance(MissRefreshInterval + time.Second)
+	burst(50, "k3")
+	if n := srv.requests.Load(); n != 3 {
+		t.Fatalf("burst after the interval: %d requests, want 3", n)
+	}
+	err := mustRefuse(t, a, sign(t, jwa.ES256(), k3, "k4", claims(nil)), "unknown kid")
+	if !strings.Contains(err.Error(), "refreshed less than") {
+		t.Fatalf("error does not say the refresh was rate-limited: %v", err)
+	}
+
+	// k1 is removed and k3 added: after the next refresh k1 is no longer
+	// trusted and k3 is.
+	srv.set(jwksJSON(t, []any{k2.Public(), &k3.PublicKey}, []string{"k2", "k3"}, nil))
+	clk.Advance(MissRefreshInterval + time.Second)
+	mustVerify(t, a, sign(t, jwa.ES256(), k3, "k3", claims(nil)))
+	mustRefuse(t, a, sign(t, jwa.ES256(), k1, "k1", claims(nil)), `unknown kid "k1"`)
+	if n := srv.requests.Load(); n != 4 {
+		t.Fatalf("%d requests, want 4", n)
+	}
+}
+
+func TestJWKSURLFirstBurst(t *testing.T) {
+	k1 := ecKey(t, elliptic.P256())
+	srv := newJWKSServer(t, jwksJSON(t, []any{&k1.PublicKey}, []string{"k1"}, nil))
+	a := newAuth(t, Options{JWKSURL: srv.URL, Now: newClock().Now})
+	tok := sign(t, jwa.ES256(), k1, "forged", claims(nil))
+	var wg sync.WaitGroup
+	for range 100 {
+		wg.Go(func() {
+			if _, err := a.Verify(context.Background(), tok); !errors.Is(err, ErrInvalidToken) {
+				t.Errorf("err = %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := srv.requests.Load(); n != 2 {
+		t.Fatalf("100 concurrent forged kids: %d requests, want 2 (start + one refresh)", n)
+	}
+}
+
+func TestJWKSURLFailFast(t *testing.T) {
+	k1 := ecKey(t, elliptic.P256())
+	good := jwksJSON(t, []any{&k1.PublicKey}, []string{"k1"}, nil)
+
+	t.Run("server error", func(t *testing.T) {
+		srv := newJWKSServer(t, good)
+		srv.status = http.StatusInternalServerError
+		assertNewFails(t, srv.URL, "status code=500")
+	})
+	t.Run("not JSON", func(t *testing.T) {
+		srv := newJWKSServer(t, []byte("<html>"))
+		assertNewFails(t, srv.URL, "fetching JWKS")
+	})
+	t.Run("no usable key", func(t *testing.T) {
+		srv := newJWKSServer(t, []byte(`{"keys":[{"kty":"oct","kid":"s","k":"c2VjcmV0"}]}`))
+		assertNewFails(t, srv.URL, "no usable signing key")
+	})
+	t.Run("unreachable", func(t *testing.T) {
+		srv := newJWKSServer(t, good)
+		u := srv.URL
+		srv.Close()
+		assertNewFails(t, u, "fetching JWKS")
+	})
+	t.Run("context deadline", func(t *testing.T) {
+		block := make(chan struct{})
+		srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-block }))
+		t.Cleanup(srv.Close)
+		t.Cleanup(func() { close(block) })
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err := New(ctx, Options{JWKSURL: srv.URL})
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("New error = %v, want deadline exceeded", err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("New took %s", d)
+		}
+	})
+}
+
+func assertNewFails(t *testing.T, url, want string) {
+	t.Helper()
+	start := time.Now()
+	a, err := New(context.Background(), Options{JWKSURL: url})
+	if err == nil {
+		_ = a.Close()
+		t.Fatal("New succeeded")
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("New error %q does not contain %q", err, want)
+	}
+	// Fail fast: the reason arrives with the first response, not after a
+	// start-up timeout.
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("New took %s to fail", d)
+	}
+}
+
+func TestJWKSURLServerDownKeepsKeys(t *testing.T) {
+	k1 := ecKey(t, elliptic.P256())
+	srv := newJWKSServer(t, jwksJSON(t, []any{&k1.PublicKey}, []string{"k1"}, nil))
+	a := newAuth(t, Options{JWKSURL: srv.URL, Now: newClock().Now})
+	srv.mu.Lock()
+	srv.status = http.StatusServiceUnavailable
+	srv.mu.Unlock()
+	err := mustRefuse(t, a, sign(t, jwa.ES256(), k1, "k2", claims(nil)), `unknown kid "k2"`)
+	if !strings.Contains(err.Error(), "status code=503") {
+		t.Fatalf("error does not carry the refresh failure: %v", err)
+	}
+	// The keys fetched before the outage still verify.
+	mustVerify(t, a, sign(t, jwa.ES256(), k1, "k1", claims(nil)))
+}
+
+func TestCloseThenUnknownKid(t *testing.T) {
+	k1 := ecKey(t, elliptic.P256())
+	srv := newJWKSServer(t, jwksJSON(t, []any{&k1.PublicKey}, []string{"k1"}, nil))
+	a, err := New(context.Background(), Options{JWKSURL: srv.URL, Now: newClock().Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	mustVerify(t, a, sign(t, jwa.ES256(), k1, "k1", claims(nil)))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := a.Verify(ctx, sign(t, jwa.ES256(), k1, "k2", claims(nil))); err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Fatalf("Verify after Close: %v", err)
+	}
+}
+
+func TestJWKSURLCustomClient(t *testing.T) {
+	k1 := ecKey(t, elliptic.P256())
+	srv := newJWKSServer(t, jwksJSON(t, []any{&k1.PublicKey}, []string{"k1"}, nil))
+	var seen atomic.Int64
+	hc := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		seen.Add(1)
+		return http.DefaultTransport.RoundTrip(r)
+	})}
+	a := newAuth(t, Options{JWKSURL: srv.URL, HTTPClient: hc, Now: newClock().Now})
+	mustVerify(t, a, sign(t, jwa.ES256(), k1, "k1", claims(nil)))
+	if seen.Load() != 1 {
+		t.Fatalf("custom client used %d times, want 1", seen.Load())
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

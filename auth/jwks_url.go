@@ -1,0 +1,218 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/lestrrat-go/httprc/v3"
+	"github.com/lestrrat-go/httprc/v3/errsink"
+	"github.com/lestrrat-go/jwx/v3/jwk"
+)
+
+const (
+	// DefaultJWKSRefresh is the default Options.JWKSRefresh.
+	DefaultJWKSRefresh = 15 * time.Minute
+	// MissRefreshInterval is the least time between two refreshes of the
+	// JWKS URL caused by tokens with an unknown kid: a flood of forged kids
+	// costs the identity provider at most one request per interval.
+	MissRefreshInterval = 10 * time.Second
+	// maxJWKSInterval bounds how long a Cache-Control header can stretch the
+	// periodic refresh, which bounds how long a key removed from the JWKS
+	// (a revoked key) stays trusted.
+	maxJWKSInterval = time.Hour
+	// jwksStartTimeout bounds the first fetch in New when the context has no
+	// earlier deadline.
+	jwksStartTimeout = 30 * time.Second
+	// defaultHTTPTimeout is the timeout of the client used when
+	// Options.HTTPClient is nil.
+	defaultHTTPTimeout = 10 * time.Second
+)
+
+// errRefreshLimited means an unknown kid was seen within MissRefreshInterval
+// of the previous refresh, so the key set was not fetched again.
+var errRefreshLimited = errors.New("key set refreshed less than " + MissRefreshInterval.String() + " ago")
+
+// remoteKeys is a JWKS fetched from a URL through jwk.Cache, which refreshes
+// it in the background. A token whose kid is not in the cached set triggers
+// one synchronous refresh, rate-limited to one per MissRefreshInterval.
+type remoteKeys struct {
+	url    string
+	logURL string // without credentials, for logs and errors
+	cache  *jwk.Cache
+	res    *httprc.ResourceBase[jwk.Set]
+	log    *slog.Logger
+	now    func() time.Time
+
+	ix     atomic.Pointer[keyIndex]
+	sem    chan struct{} // one miss refresh at a time; waiters reuse its result
+	last   time.Time     // start of the last miss refresh; guarded by sem
+	closed atomic.Bool
+}
+
+func newRemoteKeys(ctx context.Context, opts *Options, log *slog.Logger, now func() time.Time) (*remoteKeys, error) {
+	u, err := url.Parse(opts.JWKSURL)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return nil, fmt.Errorf("auth: JWKS URL %q: want an absolute http(s) URL", opts.JWKSURL)
+	}
+	r := &remoteKeys{
+		url:    opts.JWKSURL,
+		logURL: u.Redacted(),
+		log:    log,
+		now:    now,
+		sem:    make(chan struct{}, 1),
+	}
+	if u.Scheme == "http" && !isLoopback(u.Hostname()) {
+		log.Warn("auth: JWKS URL is plain http; anyone on the path can swap the keys", "url", r.logURL)
+	}
+
+	// The first fetch runs in httprc's worker and reports failure only to the
+	// error sink, so the sink cancels the start-up wait with the cause: New
+	// fails at once with the real reason instead of waiting out its deadline.
+	startCtx, cancelStart := context.WithCancelCause(ctx)
+	defer cancelStart(nil)
+	var started atomic.Bool
+	sink := errsink.NewFunc(func(_ context.Context, err error) {
+		if !started.Load() {
+			cancelStart(err)
+			return
+		}
+		log.Warn("auth: JWKS refresh failed; keeping the previous key set", "url", r.logURL, "err", err)
+	})
+
+	hc := opts.HTTPClient
+	if hc == nil {
+		hc = &http.Client{Timeout: defaultHTTPTimeout}
+	}
+	refresh := opts.JWKSRefresh
+	if refresh <= 0 {
+		refresh = DefaultJWKSRefresh
+	}
+
+	// The cache outlives New's ctx (often a start-up deadline); Close stops it.
+	cache, err := jwk.NewCache(context.WithoutCancel(ctx), httprc.NewClient(httprc.WithWorkers(1), httprc.WithErrorSink(sink)))
+	if err != nil {
+		return nil, fmt.Errorf("auth: starting JWKS cache: %w", err)
+	}
+	r.cache = cache
+	fail := func(err error) (*remoteKeys, error) {
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = cache.Shutdown(shutdownCtx)
+		return nil, err
+	}
+
+	waitCtx, cancelWait := context.WithTimeout(startCtx, jwksStartTimeout)
+	defer cancelWait()
+	err = cache.Register(waitCtx, r.url,
+		jwk.WithHTTPClient(hc),
+		jwk.WithMinInterval(refresh),
+		jwk.WithMaxInterval(max(refresh, maxJWKSInterval)),
+		// The identity provider owns this set: keep the keys we understand
+		// when it publishes one we do not (a new key type, for example).
+		jwk.WithIgnoreParseError(true),
+	)
+	if err != nil {
+		cause := context.Cause(waitCtx)
+		if cause == nil {
+			cause = err
+		}
+		return fail(fmt.Errorf("auth: fetching JWKS %s: %w", r.logURL, cause))
+	}
+	started.Store(true)
+
+	res, err := cache.LookupResource(ctx, r.url)
+	if err != nil {
+		return fail(fmt.Errorf("auth: JWKS %s: %w", r.logURL, err))
+	}
+	r.res = res
+	ix := r.index()
+	if len(ix.all) == 0 {
+		return fail(fmt.Errorf("auth: JWKS %s holds no usable signing key (%s)", r.logURL, strings.Join(ix.skipped, "; ")))
+	}
+	return r, nil
+}
+
+func isLoopback(host string) bool {
+	return host == "localhost" || strings.HasPrefix(host, "127.") || host == "::1"
+}
+
+// index returns the key index of the set currently cached, rebuilding it when
+// the cache holds a new set. Keys are converted once per set, not per token.
+func (r *remoteKeys) index() *keyIndex {
+	set := r.res.Resource()
+	cur := r.ix.Load()
+	if cur != nil && cur.set == set {
+		return cur
+	}
+	if set == nil {
+		return &keyIndex{}
+	}
+	ix := newKeyIndex(set)
+	if r.ix.CompareAndSwap(cur, ix) {
+		for _, s := range ix.skipped {
+			r.log.Warn("auth: JWKS key skipped", "url", r.logURL, "reason", s)
+		}
+		r.log.Debug("auth: JWKS loaded", "url", r.logURL, "keys", len(ix.all))
+	}
+	return ix
+}
+
+func (r *remoteKeys) candidates(ctx context.Context, kid string) ([]keyEntry, error) {
+	ix := r.index()
+	if es, ok := ix.find(kid); ok {
+		return es, nil
+	}
+	if kid == "" {
+		// A refresh cannot help a token that names no key.
+		return nil, ix.missError(kid)
+	}
+	// Look again even when this call did not refresh: a concurrent refresh
+	// (or the background one) may have brought the key.
+	refreshErr := r.refreshOnMiss(ctx)
+	ix = r.index()
+	if es, ok := ix.find(kid); ok {
+		return es, nil
+	}
+	if refreshErr != nil {
+		return nil, fmt.Errorf("%w (%v)", ix.missError(kid), refreshErr)
+	}
+	return nil, fmt.Errorf("%w, even after refreshing the key set", ix.missError(kid))
+}
+
+// refreshOnMiss fetches the key set again unless a refresh started less than
+// MissRefreshInterval ago. Callers that arrive while a refresh runs wait for
+// it, then find the interval not yet passed and use its result.
+func (r *remoteKeys) refreshOnMiss(ctx context.Context) error {
+	if r.closed.Load() {
+		return errors.New("authenticator closed")
+	}
+	select {
+	case r.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-r.sem }()
+	now := r.now()
+	if !r.last.IsZero() && now.Sub(r.last) < MissRefreshInterval {
+		return errRefreshLimited
+	}
+	r.last = now
+	if _, err := r.cache.Refresh(ctx, r.url); err != nil {
+		return fmt.Errorf("refreshing JWKS %s: %w", r.logURL, err)
+	}
+	return nil
+}
+
+func (r *remoteKeys) close(ctx context.Context) error {
+	if r.closed.Swap(true) {
+		return nil
+	}
+	return r.cache.Shutdown(ctx)
+}

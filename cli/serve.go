@@ -1,0 +1,173 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/gateway"
+	"github.com/mcpgate/mcpgate/policy"
+)
+
+// shutdownGrace is how long a stopping gateway waits for calls in flight.
+const shutdownGrace = 15 * time.Second
+
+func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs := newFlags("serve", stderr)
+	path := fs.String("config", "", "config file (required)")
+	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *path == "" {
+		fmt.Fprintln(stderr, "mcpgate serve: --config FILE is required")
+		return errUsage
+	}
+	log, err := newLogger(stderr, *level)
+	if err != nil {
+		fmt.Fprintln(stderr, "mcpgate serve:", err)
+		return errUsage
+	}
+	cfg, err := policy.Load(*path)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return errReported
+	}
+	a, err := buildAuth(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	var (
+		mu      sync.Mutex
+		current = a
+		g       *gateway.Gateway
+	)
+	defer func() { mu.Lock(); current.Close(); mu.Unlock() }()
+	reload := func(ctx context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		cfg, err := policy.Load(*path)
+		if err != nil {
+			return fmt.Errorf("reload refused, the old config stays in force:\n%w", err)
+		}
+		na, err := buildAuth(ctx, cfg, log)
+		if err != nil {
+			return fmt.Errorf("reload refused, the old config stays in force: %w", err)
+		}
+		if err := g.Apply(cfg, na); err != nil {
+			na.Close()
+			return fmt.Errorf("reload refused, the old config stays in force: %w", err)
+		}
+		current.Close()
+		current = na
+		logConfigNotes(log, cfg)
+		log.Info("config reloaded", "config", *path)
+		return nil
+	}
+	g, err = newGateway(cfg, a, reload, log)
+	if err != nil {
+		return err
+	}
+	return serveUntilDone(ctx, g, cfg.Listen, log, reload, nil)
+}
+
+// newGateway builds the stores and the gateway for cfg.
+func newGateway(cfg *policy.Config, a *auth.Authenticator, reload func(context.Context) error, log *slog.Logger) (*gateway.Gateway, error) {
+	logConfigNotes(log, cfg)
+	shared, err := buildSharedStore(cfg)
+	if err != nil {
+		return nil, err
+	}
+	opts := gateway.Options{Config: cfg, Auth: a, Reload: reload, Logger: log}
+	if shared != nil {
+		opts.SharedStore, opts.Probe = shared.store, shared.probe
+	}
+	if env := cfg.Auth.AdminTokenEnv; env != "" {
+		opts.AdminToken = os.Getenv(env)
+		if opts.AdminToken == "" {
+			log.Warn("admin API disabled: environment variable is empty", "env", env)
+		}
+	}
+	g, err := gateway.New(opts)
+	if err != nil {
+		if shared != nil {
+			shared.client.Close()
+		}
+		return nil, err
+	}
+	return g, nil
+}
+
+func logConfigNotes(log *slog.Logger, cfg *policy.Config) {
+	for _, w := range cfg.Warnings {
+		log.Warn(w)
+	}
+	for _, n := range inactiveFeatures(cfg) {
+		log.Warn(n)
+	}
+}
+
+// serveUntilDone serves g on addr until ctx ends or SIGINT/SIGTERM arrives;
+// SIGHUP calls reload. ready, when set, is told the bound address.
+func serveUntilDone(ctx context.Context, g *gateway.Gateway, addr string, log *slog.Logger, reload func(context.Context) error, ready func(addr string)) error {
+	defer g.Close()
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           g,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("mcpgate listening", "addr", ln.Addr().String())
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+
+	hup := make(chan os.Signal, 1)
+	if reload != nil {
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+	}
+	for {
+		select {
+		case <-hup:
+			if err := reload(ctx); err != nil {
+				log.Error("SIGHUP reload failed", "err", err)
+			}
+		case err := <-errc:
+			return fmt.Errorf("serve: %w", err)
+		case <-ctx.Done():
+			log.Info("shutting down: waiting for calls in flight", "grace", shutdownGrace)
+			sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+			defer cancel()
+			if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				return err
+			}
+			return nil
+		}
+	}
+}
+
+func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}

@@ -1,0 +1,122 @@
+package gateway
+
+import (
+	"sync"
+	"time"
+
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// DefaultDenialCacheSize bounds the local denial cache (entries).
+const DefaultDenialCacheSize = 100_000
+
+// denialCache remembers, per counter key, that the shared store denied a
+// request of some cost until a retry time. Until then a request of at least
+// that cost on the same key is denied in-process: a runaway agent hammering a
+// denied key costs the store nothing. Only exact retry times are cached
+// (never a concurrency denial, whose slots may free at any moment), so the
+// cache never admits anything and denies only what the store would deny
+// unless a refund intervenes.
+type denialCache struct {
+	mu  sync.Mutex
+	max int
+	m   map[string]denialEntry
+	now func() time.Time
+}
+
+type denialEntry struct {
+	cost     int64
+	at       time.Time // when the store denied
+	until    time.Time
+	decision limit.Decision
+}
+
+func newDenialCache(size int, now func() time.Time) *denialCache {
+	if size <= 0 {
+		size = DefaultDenialCacheSize
+	}
+	return &denialCache{max: size, m: make(map[string]denialEntry), now: now}
+}
+
+// lookup returns a cached denial for any of checks' keys that covers cost.
+func (c *denialCache) lookup(checks []limit.Check, cost int64) (limit.Decision, bool) {
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ch := range checks {
+		if ch.Rule.Shadow {
+			continue
+		}
+		e, ok := c.m[ch.Key]
+		if !ok {
+			continue
+		}
+		if !now.Before(e.until) {
+			delete(c.m, ch.Key)
+			continue
+		}
+		if cost < e.cost {
+			continue
+		}
+		d := e.decision
+		elapsed := now.Sub(e.at)
+		if d.RetryAfter != limit.Never {
+			d.RetryAfter = max(d.RetryAfter-elapsed, time.Microsecond)
+		}
+		d.ResetAfter = max(d.ResetAfter-elapsed, 0)
+		d.Results = nil
+		return d, true
+	}
+	return limit.Decision{}, false
+}
+
+// remember caches a denial returned by the store for checks.
+func (c *denialCache) remember(checks []limit.Check, cost int64, d limit.Decision) {
+	if d.Allowed || d.Rule.Algorithm == limit.Concurrency {
+		return
+	}
+	var key string
+	for i, ch := range checks {
+		if ch.Rule.Name == d.Rule.Name && !ch.Rule.Shadow && i < len(d.Results) && !d.Results[i].Allowed {
+			key = ch.Key
+			break
+		}
+	}
+	if key == "" {
+		return
+	}
+	hold := d.RetryAfter
+	if hold == limit.Never {
+		hold = d.Rule.Period
+	}
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= c.max {
+		c.evictLocked(now)
+	}
+	c.m[key] = denialEntry{cost: cost, at: now, until: now.Add(hold), decision: d}
+}
+
+// evictLocked drops expired entries, or one arbitrary entry when none has
+// expired, to keep the cache bounded.
+func (c *denialCache) evictLocked(now time.Time) {
+	for k, e := range c.m {
+		if !now.Before(e.until) {
+			delete(c.m, k)
+		}
+	}
+	for k := range c.m {
+		if len(c.m) < c.max {
+			break
+		}
+		delete(c.m, k)
+	}
+}
+
+// forget drops every cached denial (on config reload: rules may have changed).
+func (c *denialCache) forget() {
+	c.mu.Lock()
+	clear(c.m)
+	c.mu.Unlock()
+}

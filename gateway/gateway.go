@@ -1,0 +1,212 @@
+// Package gateway is mcpgate's http.Handler: it chains the stages of the
+// request path (auth, parse, limits, forward) in front of one upstream MCP
+// server and serves the admin, health and metrics endpoints.
+//
+// A Gateway holds no state that matters between requests beyond what its
+// stores hold: run many instances behind a load balancer, sharing one Redis.
+package gateway
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/limit/memstore"
+	"github.com/mcpgate/mcpgate/mcp"
+	"github.com/mcpgate/mcpgate/metrics"
+	"github.com/mcpgate/mcpgate/policy"
+)
+
+// Options configures a Gateway. Config and Auth are required; a nil or zero
+// field otherwise means the documented default.
+type Options struct {
+	// Config is the loaded configuration.
+	Config *policy.Config
+	// Auth verifies callers' tokens.
+	Auth *auth.Authenticator
+	// SharedStore is the limit store shared by all instances (Redis). Nil
+	// means in-process only: one instance, limits in memory.
+	SharedStore limit.Store
+	// Probe checks that the shared store answers (a PING). It drives /readyz
+	// and closes the store breaker after an outage. Required with SharedStore.
+	Probe func(ctx context.Context) error
+	// LocalStore is the in-process store: the store itself without
+	// SharedStore, the fallback of on_error: local with it. Nil: a new
+	// memstore owned (and closed) by the Gateway.
+	LocalStore limit.Store
+	// AdminToken is the bearer token of /admin/*. Empty disables the admin
+	// API (every call answers 401).
+	AdminToken string
+	// Reload is called by POST /admin/reload; nil answers 501.
+	Reload func(ctx context.Context) error
+	// Logger receives the gateway's logs; nil: slog.Default().
+	Logger *slog.Logger
+	// Metrics receives the gateway's metrics; nil: a new set.
+	Metrics *metrics.Metrics
+	// Now is the clock of rate-limit headers; nil: time.Now.
+	Now func() time.Time
+}
+
+// runtime is what a config reload replaces, swapped atomically.
+type runtime struct {
+	cfg   *policy.Config
+	auth  *auth.Authenticator
+	proxy *mcp.Proxy
+}
+
+// Gateway is the mcpgate http.Handler. It is safe for concurrent use.
+type Gateway struct {
+	rt         atomic.Pointer[runtime]
+	lim        *limiter
+	guard      *guardedStore
+	ownLocal   *memstore.Store
+	probe      func(ctx context.Context) error
+	adminToken []byte
+	reload     func(ctx context.Context) error
+	log        *slog.Logger
+	metrics    *metrics.Metrics
+	now        func() time.Time
+	mux        *http.ServeMux
+}
+
+// New builds a Gateway from opts.
+func New(opts Options) (*Gateway, error) {
+	if opts.Config == nil || opts.Auth == nil {
+		return nil, errors.New("gateway: Options.Config and Options.Auth are required")
+	}
+	if opts.SharedStore != nil && opts.Probe == nil {
+		return nil, errors.New("gateway: Options.Probe is required with a SharedStore")
+	}
+	g := &Gateway{
+		probe:      opts.Probe,
+		adminToken: []byte(opts.AdminToken),
+		reload:     opts.Reload,
+		log:        opts.Logger,
+		metrics:    opts.Metrics,
+		now:        opts.Now,
+	}
+	if g.log == nil {
+		g.log = slog.Default()
+	}
+	if g.metrics == nil {
+		g.metrics = metrics.New()
+	}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	local := opts.LocalStore
+	if local == nil {
+		ms, err := memstore.New(nil)
+		if err != nil {
+			return nil, err
+		}
+		g.ownLocal, local = ms, ms
+	}
+	g.lim = &limiter{local: local, denials: newDenialCache(0, g.now), log: g.log, stats: g.metrics}
+	if opts.SharedStore != nil {
+		g.guard = newGuardedStore(opts.SharedStore, opts.Probe, opts.Config.Store.Timeout, g.log)
+		g.lim.shared = g.guard
+		g.metrics.StoreUp.Set(1)
+	}
+	rt, err := newRuntime(opts.Config, opts.Auth)
+	if err != nil {
+		return nil, err
+	}
+	g.rt.Store(rt)
+	g.routes()
+	return g, nil
+}
+
+func newRuntime(cfg *policy.Config, a *auth.Authenticator) (*runtime, error) {
+	headers := make(http.Header, len(cfg.Upstream.Headers))
+	for k, v := range cfg.Upstream.Headers {
+		headers.Set(k, v)
+	}
+	proxy, err := mcp.NewProxy(mcp.ProxyOptions{Upstream: cfg.Upstream.URL, Headers: headers, Timeout: cfg.Upstream.Timeout})
+	if err != nil {
+		return nil, fmt.Errorf("gateway: upstream: %w", err)
+	}
+	return &runtime{cfg: cfg, auth: a, proxy: proxy}, nil
+}
+
+// Apply swaps in a new configuration and authenticator (a reload). Requests
+// in flight finish under the old ones. Store settings (store.redis) are not
+// reloadable: changing them needs a restart, and Apply logs a warning.
+func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
+	rt, err := newRuntime(cfg, a)
+	if err != nil {
+		return err
+	}
+	old := g.rt.Swap(rt)
+	g.lim.denials.forget()
+	if fmt.Sprint(old.cfg.Store.Redis) != fmt.Sprint(cfg.Store.Redis) {
+		g.log.Warn("store.redis changed: restart mcpgate to use the new store")
+	}
+	return nil
+}
+
+// Config returns the configuration in force.
+func (g *Gateway) Config() *policy.Config { return g.rt.Load().cfg }
+
+// Close releases what the Gateway owns (the store probe, its own memory store).
+// It does not close the stores or authenticator passed in Options.
+func (g *Gateway) Close() error {
+	if g.guard != nil {
+		g.guard.Close()
+	}
+	if g.ownLocal != nil {
+		return g.ownLocal.Close()
+	}
+	return nil
+}
+
+func (g *Gateway) routes() {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/mcp", g.serveMCP)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", g.serveReady)
+	mux.Handle("GET /metrics", g.metrics.Handler())
+	g.adminRoutes(mux)
+	g.mux = mux
+}
+
+// ServeHTTP implements http.Handler.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.ServeHTTP(w, r) }
+
+func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if g.probe != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if err := g.probe(ctx); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "limit store unreachable: %v\n", err)
+			return
+		}
+	}
+	fmt.Fprintln(w, "ready")
+}
+
+// adminAuthorized checks the admin bearer token in constant time.
+func (g *Gateway) adminAuthorized(r *http.Request) bool {
+	if len(g.adminToken) == 0 {
+		return false
+	}
+	const prefix = "Bearer "
+	h := r.Header.Get("Authorization")
+	if len(h) < len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(h[len(prefix):]), g.adminToken) == 1
+}

@@ -1,0 +1,131 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// ErrStoreDown means the shared store was skipped because its breaker is
+// open: recent calls failed and a background probe has not yet seen it back.
+var ErrStoreDown = errors.New("gateway: limit store unavailable (breaker open)")
+
+// Defaults of the store breaker.
+const (
+	// DefaultStoreFailures consecutive store errors open the breaker.
+	DefaultStoreFailures = 3
+	// DefaultProbeInterval is how often a background probe checks an
+	// unavailable store.
+	DefaultProbeInterval = 250 * time.Millisecond
+)
+
+// guardedStore wraps the shared limit store with a breaker: after
+// DefaultStoreFailures errors in a row it stops calling the store (so an
+// outage costs each request nothing instead of a timeout) and a background
+// probe closes the breaker again once the store answers.
+type guardedStore struct {
+	limit.Store
+	probe    func(ctx context.Context) error
+	log      *slog.Logger
+	failures atomic.Int32
+	open     atomic.Bool
+	mu       sync.Mutex // serialises probe start
+	probing  bool
+	stop     chan struct{}
+	stopOnce sync.Once
+	interval time.Duration
+	timeout  time.Duration
+}
+
+func newGuardedStore(s limit.Store, probe func(context.Context) error, timeout time.Duration, log *slog.Logger) *guardedStore {
+	return &guardedStore{Store: s, probe: probe, log: log, stop: make(chan struct{}), interval: DefaultProbeInterval, timeout: timeout}
+}
+
+// Available reports whether calls currently go to the store.
+func (g *guardedStore) Available() bool { return !g.open.Load() }
+
+func (g *guardedStore) Take(ctx context.Context, checks []limit.Check, cost int64) (limit.Decision, error) {
+	if g.open.Load() {
+		return limit.Decision{}, ErrStoreDown
+	}
+	d, err := g.Store.Take(ctx, checks, cost)
+	g.observe(ctx, err)
+	return d, err
+}
+
+func (g *guardedStore) Refund(ctx context.Context, checks []limit.Check, cost int64, lease string) error {
+	if g.open.Load() {
+		return ErrStoreDown
+	}
+	err := g.Store.Refund(ctx, checks, cost, lease)
+	g.observe(ctx, err)
+	return err
+}
+
+func (g *guardedStore) Release(ctx context.Context, checks []limit.Check, lease string) error {
+	if g.open.Load() {
+		return ErrStoreDown
+	}
+	err := g.Store.Release(ctx, checks, lease)
+	g.observe(ctx, err)
+	return err
+}
+
+func (g *guardedStore) observe(ctx context.Context, err error) {
+	switch {
+	case err == nil:
+		g.failures.Store(0)
+	case errors.Is(err, limit.ErrInvalidRule), errors.Is(err, limit.ErrInvalidCost), errors.Is(err, limit.ErrNoChecks):
+		// our own mistake, not the store's health
+	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// the caller went away; says nothing about the store
+	default:
+		if g.failures.Add(1) >= DefaultStoreFailures {
+			g.trip(err)
+		}
+	}
+}
+
+func (g *guardedStore) trip(cause error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.probing || g.probe == nil {
+		return
+	}
+	g.open.Store(true)
+	g.probing = true
+	g.log.Warn("limit store unavailable: skipping it until a probe succeeds", "err", cause)
+	go g.probeLoop()
+}
+
+func (g *guardedStore) probeLoop() {
+	t := time.NewTicker(g.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), max(g.timeout, 100*time.Millisecond))
+		err := g.probe(ctx)
+		cancel()
+		if err == nil {
+			g.mu.Lock()
+			g.failures.Store(0)
+			g.open.Store(false)
+			g.probing = false
+			g.mu.Unlock()
+			g.log.Info("limit store reachable again")
+			return
+		}
+	}
+}
+
+// Close stops the background probe.
+func (g *guardedStore) Close() { g.stopOnce.Do(func() { close(g.stop) }) }

@@ -1,0 +1,66 @@
+package gateway
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// ceilSeconds rounds d up to whole seconds.
+func ceilSeconds(d time.Duration) int64 {
+	return int64(math.Ceil(d.Seconds()))
+}
+
+// retryAfterSeconds is the Retry-After of a denial: whole seconds, at least
+// 1. A request that can never fit (cost above capacity) is told to come back
+// after one period, when it will be denied again: HTTP has no "never".
+func retryAfterSeconds(d limit.Decision) int64 {
+	ra := d.RetryAfter
+	if ra == limit.Never {
+		ra = d.Rule.Period
+	}
+	return max(1, ceilSeconds(ra))
+}
+
+// setRateHeaders writes X-RateLimit-* and the IETF RateLimit /
+// RateLimit-Policy fields (draft-ietf-httpapi-ratelimit-headers) for the
+// deciding rule of d.
+func setRateHeaders(h http.Header, d limit.Decision, now time.Time) {
+	if d.Rule.Name == "" {
+		return
+	}
+	reset := ceilSeconds(d.ResetAfter)
+	name := sfString(d.Rule.Name)
+	h.Set("X-RateLimit-Limit", strconv.FormatInt(d.Limit, 10))
+	h.Set("X-RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(now.Add(d.ResetAfter).Add(time.Second-1).Unix(), 10))
+	h.Set("RateLimit-Policy", name+";q="+strconv.FormatInt(d.Limit, 10)+";w="+strconv.FormatInt(max(1, ceilSeconds(d.Rule.Period)), 10))
+	h.Set("RateLimit", name+";r="+strconv.FormatInt(d.Remaining, 10)+";t="+strconv.FormatInt(reset, 10))
+}
+
+// sfString quotes s as a Structured Field string (RFC 8941): printable ASCII
+// only, with '"' and '\' escaped. Other bytes become '_' (rule names are
+// validated by the config loader; this is a last line of defence).
+func sfString(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('_')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}

@@ -1,0 +1,202 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/mcp"
+)
+
+// JSON-RPC error codes of the gateway's own answers. They sit outside the
+// ranges JSON-RPC (-32768..-32000) and MCP reserve, so they cannot collide
+// with an upstream's codes.
+const (
+	CodeRateLimited  = -33029 // 429: rate limit, quota or breaker
+	CodeUnauthorized = -33001 // 401: no or bad credentials
+	CodeForbidden    = -33003 // 403: tool outside the caller's scopes
+	CodeUnavailable  = -33503 // 503: limit store unavailable under a closed policy
+)
+
+// releaseTimeout bounds the release of concurrency slots after a call.
+const releaseTimeout = time.Second
+
+func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
+	rt := g.rt.Load()
+	switch r.Method {
+	case http.MethodPost, http.MethodGet, http.MethodDelete:
+	default:
+		w.Header().Set("Allow", "GET, POST, DELETE")
+		mcp.WriteError(w, http.StatusMethodNotAllowed, nil, mcp.CodeInvalidRequest, "method not allowed: use POST, GET or DELETE", nil)
+		return
+	}
+	p, err := rt.auth.FromRequest(r.Context(), r)
+	if err != nil {
+		g.metrics.Requests.WithLabelValues("any", "unauthorized").Inc()
+		challenge := `Bearer realm="mcpgate"`
+		if !errors.Is(err, auth.ErrNoToken) {
+			challenge += `, error="invalid_token"`
+		}
+		w.Header().Set("WWW-Authenticate", challenge)
+		mcp.WriteError(w, http.StatusUnauthorized, nil, CodeUnauthorized, "unauthorized: "+err.Error(), nil)
+		return
+	}
+	fwd := mcp.Forward{Header: g.identityHeaders(rt, p)}
+	if r.Method != http.MethodPost {
+		// GET opens the server-initiated stream, DELETE ends a session:
+		// nothing to limit, but the caller must still be authenticated.
+		g.forward(w, r, rt, fwd, "stream")
+		return
+	}
+
+	body, perr := mcp.ReadBody(r, rt.cfg.Upstream.MaxBodyBytes)
+	if perr != nil {
+		g.metrics.Requests.WithLabelValues("any", "bad_request").Inc()
+		mcp.WriteError(w, perr.HTTPStatus, perr.ID, perr.Code, perr.Message, perr.Data)
+		return
+	}
+	msg, err := mcp.Parse(body)
+	if err != nil {
+		g.metrics.Requests.WithLabelValues("any", "bad_request").Inc()
+		writeMCPError(w, err)
+		return
+	}
+	if herr := mcp.CheckHeaders(r, msg); herr != nil {
+		g.metrics.Requests.WithLabelValues(methodClass(msg), "bad_request").Inc()
+		mcp.WriteError(w, herr.HTTPStatus, herr.ID, herr.Code, herr.Message, herr.Data)
+		return
+	}
+	fwd.Body, fwd.Msg = body, msg
+	if msg.Method == "tools/list" {
+		fwd.AllowTool = p.Scopes.AllowsTool
+	}
+	if msg.Method != "tools/call" {
+		g.forward(w, r, rt, fwd, methodClass(msg))
+		return
+	}
+
+	tool := msg.ToolName
+	if !p.Scopes.AllowsTool(tool) {
+		g.metrics.Requests.WithLabelValues("tools/call", "forbidden").Inc()
+		mcp.WriteError(w, http.StatusForbidden, msg.ID, CodeForbidden,
+			fmt.Sprintf("tool %q is not in the caller's scopes", tool), map[string]any{"tool": tool})
+		return
+	}
+	owner := keyspace.Owner{Tenant: p.Tenant, Subject: p.Subject, Tool: tool}
+	tenantRules, globalRules := rt.cfg.RulesFor(p.Tier, tool)
+	cost := max(1, rt.cfg.ToolCost(tool).Charge())
+	v := g.lim.admit(r.Context(), buildRuleSet(tenantRules, owner), buildRuleSet(globalRules, owner), cost, rt.cfg.ToolOnError(tool))
+	now := g.now()
+	switch {
+	case v.unavailable:
+		g.metrics.Requests.WithLabelValues("tools/call", "unavailable").Inc()
+		w.Header().Set("Retry-After", "1")
+		mcp.WriteError(w, http.StatusServiceUnavailable, msg.ID, CodeUnavailable,
+			"rate-limit store unavailable and this tool fails closed; retry shortly", nil)
+		return
+	case !v.allowed:
+		g.metrics.Requests.WithLabelValues("tools/call", "denied").Inc()
+		g.metrics.Denials.WithLabelValues(string(v.scope), v.decision.Rule.Name).Inc()
+		writeDenied(w, msg.ID, v.decision, string(v.scope), now)
+		return
+	}
+	setRateHeaders(w.Header(), v.decision, now)
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
+		v.release(ctx)
+		cancel()
+	}()
+	g.forward(w, r, rt, fwd, "tools/call")
+}
+
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, class string) {
+	start := time.Now()
+	status, err := rt.proxy.Serve(w, r, fwd)
+	g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds())
+	outcome := "admitted"
+	if err != nil || status >= 500 {
+		outcome = "upstream_error"
+		if err != nil && r.Context().Err() == nil {
+			g.log.Warn("upstream call failed", "status", status, "err", err)
+		}
+	}
+	g.metrics.Requests.WithLabelValues(class, outcome).Inc()
+}
+
+// identityHeaders are X-Mcp-Tenant / X-Mcp-Subject when the config asks for
+// them. Values outside printable ASCII are query-escaped: a header value can
+// carry neither CR/LF nor arbitrary bytes.
+func (g *Gateway) identityHeaders(rt *runtime, p auth.Principal) http.Header {
+	if !rt.cfg.Upstream.IdentityHeaders {
+		return nil
+	}
+	h := make(http.Header, 2)
+	h.Set("X-Mcp-Tenant", headerSafe(p.Tenant))
+	h.Set("X-Mcp-Subject", headerSafe(p.Subject))
+	return h
+}
+
+func headerSafe(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e || s[i] == '%' {
+			return url.QueryEscape(s)
+		}
+	}
+	return s
+}
+
+// methodClass bounds the cardinality of the method metric label.
+func methodClass(m *mcp.Message) string {
+	switch m.Method {
+	case "initialize", "tools/list", "tools/call", "ping", "resources/list", "resources/read", "prompts/list", "prompts/get":
+		return m.Method
+	case "":
+		return "response"
+	}
+	if m.Kind == mcp.Notification {
+		return "notification"
+	}
+	return "other"
+}
+
+// deniedData is the data member of a 429's JSON-RPC error.
+type deniedData struct {
+	Scope             string `json:"scope"`
+	Rule              string `json:"rule"`
+	Limit             int64  `json:"limit"`
+	Remaining         int64  `json:"remaining"`
+	RetryAfterSeconds int64  `json:"retry_after_seconds"`
+}
+
+// writeDenied answers a denied call: 429, Retry-After, rate-limit headers and
+// a JSON-RPC error carrying the request's id and code -33029.
+func writeDenied(w http.ResponseWriter, id json.RawMessage, d limit.Decision, scope string, now time.Time) {
+	ra := retryAfterSeconds(d)
+	setRateHeaders(w.Header(), d, now)
+	w.Header().Set("Retry-After", strconv.FormatInt(ra, 10))
+	msg := fmt.Sprintf("rate limit exceeded (%s rule %q); retry in %ds", scope, d.Rule.Name, ra)
+	if d.RetryAfter == limit.Never {
+		msg = fmt.Sprintf("call cost exceeds the capacity of %s rule %q: it can never be admitted", scope, d.Rule.Name)
+	}
+	mcp.WriteError(w, http.StatusTooManyRequests, id, CodeRateLimited, msg, deniedData{
+		Scope: scope, Rule: d.Rule.Name, Limit: d.Limit, Remaining: d.Remaining, RetryAfterSeconds: ra,
+	})
+}
+
+// writeMCPError writes a parse error from package mcp.
+func writeMCPError(w http.ResponseWriter, err error) {
+	var e *mcp.Error
+	if errors.As(err, &e) {
+		mcp.WriteError(w, e.HTTPStatus, e.ID, e.Code, e.Message, e.Data)
+		return
+	}
+	mcp.WriteError(w, http.StatusBadRequest, nil, mcp.CodeInvalidRequest, err.Error(), nil)
+}

@@ -1,0 +1,185 @@
+// Package keyspace is the one place that builds mcpgate's Redis keys.
+//
+// Every component that comes from outside (tenant, subject, tool, rule name)
+// is escaped so that no input can forge a separator (':') or a Cluster hash tag
+// ('{', '}'): two different inputs never produce the same key, and the hash tag
+// of a tenant-scoped key is always exactly the escaped tenant, so all of a
+// tenant's counters live in one Cluster slot and one Lua script can update
+// them atomically.
+//
+// Layout (components escaped by Escape):
+//
+//	mcpgate:rl:{~g}:global:<rule>                          global rules (one shared slot)
+//	mcpgate:rl:{<tenant>}:tenant:<rule>
+//	mcpgate:rl:{<tenant>}:tenant_tool:<rule>:<tool>
+//	mcpgate:rl:{<tenant>}:subject:<rule>:<subject>
+//	mcpgate:rl:{<tenant>}:subject_tool:<rule>:<subject>:<tool>
+package keyspace
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+)
+
+// Prefix starts every key mcpgate writes.
+const Prefix = "mcpgate:"
+
+// MaxComponent is the longest escaped component kept verbatim; longer ones are
+// replaced by a digest so that keys stay short whatever the input.
+const MaxComponent = 96
+
+// globalTag is the hash tag of global keys. Escape never yields it: it only
+// emits '~' as the first byte of the empty and the digest forms.
+const globalTag = "~g"
+
+// Escape encodes s so that the result contains only [A-Za-z0-9._@-] and '%'
+// escapes (plus a leading '~' for the two special forms below), and is
+// injective: different inputs give different outputs.
+//
+//   - "" becomes "~" (an empty hash tag would make Redis hash the whole key).
+//   - A result longer than MaxComponent becomes "~h" + 32 hex digits of its
+//     SHA-256 (a collision needs a SHA-256 collision on 128 bits).
+//
+// Bytes outside the safe set, including '%', ':', '{', '}', '~' and any
+// non-UTF-8 byte, become %XX.
+func Escape(s string) string {
+	if s == "" {
+		return "~"
+	}
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if safe(s[i]) {
+			n++
+		} else {
+			n += 3
+		}
+	}
+	if n > MaxComponent {
+		sum := sha256.Sum256([]byte(s))
+		return "~h" + hex.EncodeToString(sum[:16])
+	}
+	if n == len(s) {
+		return s
+	}
+	const hexdig = "0123456789ABCDEF"
+	var b strings.Builder
+	b.Grow(n)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if safe(c) {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hexdig[c>>4])
+		b.WriteByte(hexdig[c&15])
+	}
+	return b.String()
+}
+
+func safe(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+		c == '.' || c == '_' || c == '-' || c == '@'
+}
+
+// Per names the owner of a rate-limit counter.
+type Per string
+
+// The scopes a rule can be counted per.
+const (
+	PerGlobal      Per = "global"
+	PerTenant      Per = "tenant"
+	PerTenantTool  Per = "tenant_tool"
+	PerSubject     Per = "subject"
+	PerSubjectTool Per = "subject_tool"
+)
+
+// Valid reports whether p is a known scope.
+func (p Per) Valid() bool {
+	switch p {
+	case PerGlobal, PerTenant, PerTenantTool, PerSubject, PerSubjectTool:
+		return true
+	}
+	return false
+}
+
+// TenantScoped reports whether counters of this scope live in the tenant's
+// slot (every scope but global).
+func (p Per) TenantScoped() bool { return p != PerGlobal && p.Valid() }
+
+// Owner identifies who a counter belongs to. Fields a scope does not use are
+// ignored (Tool for PerTenant, everything for PerGlobal, ...).
+type Owner struct {
+	Tenant  string
+	Subject string
+	Tool    string
+}
+
+// RateLimit returns the key of rule's counter for owner under scope per.
+// It panics on an unknown scope: scopes come from validated configuration,
+// so an unknown one is a programming error.
+func RateLimit(per Per, rule string, o Owner) string {
+	var b strings.Builder
+	b.WriteString(Prefix)
+	b.WriteString("rl:{")
+	if per == PerGlobal {
+		b.WriteString(globalTag)
+	} else {
+		b.WriteString(Escape(o.Tenant))
+	}
+	b.WriteString("}:")
+	b.WriteString(string(per))
+	b.WriteByte(':')
+	b.WriteString(Escape(rule))
+	switch per {
+	case PerGlobal, PerTenant:
+	case PerTenantTool:
+		b.WriteByte(':')
+		b.WriteString(Escape(o.Tool))
+	case PerSubject:
+		b.WriteByte(':')
+		b.WriteString(Escape(o.Subject))
+	case PerSubjectTool:
+		b.WriteByte(':')
+		b.WriteString(Escape(o.Subject))
+		b.WriteByte(':')
+		b.WriteString(Escape(o.Tool))
+	default:
+		panic(fmt.Sprintf("keyspace: unknown scope %q", per))
+	}
+	return b.String()
+}
+
+// HashTag returns the part of key that Redis Cluster hashes: the bytes between
+// the first '{' and the next '}' when that is not empty, else the whole key.
+func HashTag(key string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[i+1 : i+1+j]
+		}
+	}
+	return key
+}
+
+// Slot returns the Redis Cluster slot of key (CRC16 of its hash tag mod 16384).
+func Slot(key string) uint16 {
+	return crc16(HashTag(key)) & 16383
+}
+
+// crc16 is CRC-16/XMODEM, the checksum Redis Cluster uses for slots.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}

@@ -1,0 +1,283 @@
+// Package algo is the reference implementation of the six rate-limit
+// algorithms on an explicit state. The memory store runs it directly; the
+// Redis store's Lua script is a line-by-line port of it, and the conformance
+// suite holds both to the same decisions.
+//
+// All times are integer microseconds on the store's clock; all arithmetic is
+// on integers that stay below 2^53 for rules that pass limit.Rule.Validate.
+package algo
+
+import (
+	"sort"
+	"time"
+
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// State is one counter. Which fields matter depends on the algorithm:
+//
+//	fixed_window            A = window start, B = units in the window
+//	sliding_window_counter  A = window start, B = units in it, C = units in the previous window
+//	token_bucket            A = tokens scaled by Period (tokens*P), B = time of A
+//	gcra                    A = theoretical arrival time (TAT)
+//	sliding_window          Log = one timestamp per unit, ascending
+//	concurrency             Leases = lease id -> expiry
+//
+// The zero State (Used == false) is a fresh counter at full capacity.
+type State struct {
+	Used    bool
+	A, B, C int64
+	Log     []int64
+	Leases  map[string]int64
+	// ExpiresAt is when the counter is back to its fresh state and may be
+	// dropped (the Redis store turns it into the key's TTL).
+	ExpiresAt int64
+}
+
+func us(d time.Duration) int64 { return d.Microseconds() }
+
+func dur(us int64) time.Duration {
+	if us < 0 {
+		return limit.Never
+	}
+	return time.Duration(us) * time.Microsecond
+}
+
+// ceilDiv is ceil(a/b) for a >= 0, b > 0.
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// Interval is GCRA's emission interval: Period/Limit rounded up, so the
+// enforced rate never exceeds the configured one.
+func Interval(r limit.Rule) int64 { return ceilDiv(us(r.Period), r.Limit) }
+
+// Eval evaluates one check at now for cost. With commit it also charges s
+// (only when the result allows); without, s is left untouched. r must pass
+// limit.Rule.Validate and cost must be at least 1.
+// lease is the id under which a concurrency slot is taken.
+//
+// Eval never modifies the Log or Leases that s held before the call (a commit
+// replaces them), so a shallow copy of a State taken earlier stays valid.
+func Eval(r limit.Rule, s *State, now, cost int64, lease string, commit bool) limit.Result {
+	p := us(r.Period)
+	capacity := r.Capacity()
+	// A cost above capacity is denied by every branch below; its retry time
+	// is Never rather than computed (the formulas assume cost <= capacity).
+	never := cost > capacity && r.Algorithm != limit.Concurrency
+	if never {
+		// Any such cost is denied alike. The cost may come from outside (a
+		// tool's reported usage): clamping it keeps n+cost, cost*p and
+		// tat+cost*t from overflowing into a negative that would admit it.
+		cost = capacity + 1
+	}
+	var res limit.Result
+	switch r.Algorithm {
+	case limit.FixedWindow:
+		ws := now - now%p
+		n := int64(0)
+		if s.Used && s.A == ws {
+			n = s.B
+		}
+		res.Allowed = n+cost <= r.Limit
+		if res.Allowed {
+			n += cost
+			if commit {
+				*s = State{Used: true, A: ws, B: n, ExpiresAt: ws + p}
+			}
+		}
+		res.Remaining = r.Limit - n
+		res.ResetAfter = dur(ws + p - now)
+		if !res.Allowed {
+			res.RetryAfter = dur(ws + p - now)
+		}
+
+	case limit.SlidingWindowCounter:
+		ws := now - now%p
+		cur, prev := int64(0), int64(0)
+		if s.Used && s.A == ws {
+			cur, prev = s.B, s.C
+		} else if s.Used && s.A == ws-p {
+			prev = s.B
+		}
+		e := now - ws
+		// admitted iff prev*(P-e)/P + cur + cost <= L, in integers
+		res.Allowed = prev*(p-e)+(cur+cost)*p <= r.Limit*p
+		if res.Allowed {
+			cur += cost
+			if commit {
+				*s = State{Used: true, A: ws, B: cur, C: prev, ExpiresAt: ws + 2*p}
+			}
+		}
+		res.Remaining = max(0, r.Limit-cur-ceilDiv(prev*(p-e), p))
+		switch {
+		case cur > 0:
+			res.ResetAfter = dur(ws + 2*p - now)
+		case prev > 0:
+			res.ResetAfter = dur(ws + p - now)
+		}
+		if !res.Allowed && !never {
+			if cur+cost > r.Limit {
+				// wait for the next window, where cur becomes the weighted prev
+				res.RetryAfter = dur(ws + p + p - (r.Limit-cost)*p/cur - now)
+			} else {
+				res.RetryAfter = dur(ws + p - (r.Limit-cur-cost)*p/prev - now)
+			}
+		}
+
+	case limit.TokenBucket:
+		full := capacity * p
+		tokens := full
+		if s.Used {
+			elapsed := min(now-s.B, ceilDiv(full, r.Limit))
+			tokens = min(full, s.A+max(0, elapsed)*r.Limit)
+		}
+		res.Allowed = tokens >= cost*p
+		if res.Allowed {
+			tokens -= cost * p
+			if commit {
+				*s = State{Used: true, A: tokens, B: now, ExpiresAt: now + ceilDiv(full-tokens, r.Limit)}
+			}
+		}
+		res.Remaining = tokens / p
+		res.ResetAfter = dur(ceilDiv(full-tokens, r.Limit))
+		if !res.Allowed {
+			res.RetryAfter = dur(ceilDiv(cost*p-tokens, r.Limit))
+		}
+
+	case limit.GCRA:
+		t := Interval(r)
+		tau := t * capacity
+		tat := now
+		if s.Used && s.A > now {
+			tat = s.A
+		}
+		next := tat + cost*t
+		res.Allowed = next-now <= tau
+		if res.Allowed {
+			tat = next
+			if commit {
+				*s = State{Used: true, A: tat, ExpiresAt: tat}
+			}
+		}
+		res.Remaining = (tau - (tat - now)) / t
+		res.ResetAfter = dur(tat - now)
+		if !res.Allowed {
+			res.RetryAfter = dur(next - tau - now)
+		}
+
+	case limit.SlidingWindow:
+		log := s.Log
+		if !s.Used {
+			log = nil
+		}
+		// units older than a Period no longer count
+		i := sort.Search(len(log), func(i int) bool { return log[i] > now-p })
+		log = log[i:]
+		n := int64(len(log))
+		res.Allowed = n+cost <= r.Limit
+		if res.Allowed {
+			if commit {
+				log = append(log[:n:n], make([]int64, cost)...)
+				for k := n; k < n+cost; k++ {
+					log[k] = now
+				}
+				*s = State{Used: true, Log: log, ExpiresAt: now + p}
+			}
+			n += cost
+			res.ResetAfter = dur(p)
+		} else if n > 0 {
+			res.ResetAfter = dur(log[n-1] + p - now)
+		}
+		res.Remaining = r.Limit - n
+		if !res.Allowed && !never {
+			// the oldest n+cost-L units must leave the window
+			res.RetryAfter = dur(log[n+cost-r.Limit-1] + p - now)
+		}
+
+	case limit.Concurrency:
+		var live map[string]int64
+		earliest, latest := int64(-1), int64(-1)
+		if s.Used {
+			for id, exp := range s.Leases {
+				if exp <= now {
+					continue
+				}
+				if live == nil {
+					live = make(map[string]int64, len(s.Leases)+1)
+				}
+				live[id] = exp
+				if earliest < 0 || exp < earliest {
+					earliest = exp
+				}
+				latest = max(latest, exp)
+			}
+		}
+		n := int64(len(live))
+		res.Allowed = n+1 <= r.Limit
+		if res.Allowed {
+			n++
+			latest = max(latest, now+p)
+			if commit {
+				if live == nil {
+					live = make(map[string]int64, 1)
+				}
+				live[lease] = now + p
+				*s = State{Used: true, Leases: live, ExpiresAt: latest}
+			}
+		}
+		res.Remaining = r.Limit - n
+		// all slots are free again when the last live lease expires (a
+		// denial implies n >= Limit >= 1, so latest is set)
+		res.ResetAfter = dur(latest - now)
+		if !res.Allowed {
+			res.RetryAfter = min(dur(earliest-now), limit.ConcurrencyRetryHint)
+		}
+	}
+	if never {
+		res.RetryAfter = limit.Never
+	}
+	// a rule lowered by a config reload can leave a counter above its limit
+	res.Remaining = max(0, res.Remaining)
+	return res
+}
+
+// Refund gives back cost units (and the slot of lease) to s at now.
+func Refund(r limit.Rule, s *State, now, cost int64, lease string) {
+	if !s.Used {
+		return
+	}
+	p := us(r.Period)
+	// No admitted request was charged more than capacity; the clamp keeps
+	// cost*p and cost*Interval from overflowing.
+	cost = min(cost, r.Capacity())
+	switch r.Algorithm {
+	case limit.FixedWindow:
+		if s.A == now-now%p {
+			s.B = max(0, s.B-cost)
+		}
+	case limit.SlidingWindowCounter:
+		if s.A == now-now%p {
+			s.B = max(0, s.B-cost)
+		}
+	case limit.TokenBucket:
+		full := r.Capacity() * p
+		elapsed := min(now-s.B, ceilDiv(full, r.Limit))
+		tokens := min(full, s.A+max(0, elapsed)*r.Limit+cost*p)
+		s.A, s.B = tokens, now
+		s.ExpiresAt = now + ceilDiv(full-tokens, r.Limit)
+	case limit.GCRA:
+		s.A = max(now, s.A-cost*Interval(r))
+		s.ExpiresAt = s.A
+	case limit.SlidingWindow:
+		// the newest units are the ones this request added
+		s.Log = s.Log[:max(0, len(s.Log)-int(cost))]
+	case limit.Concurrency:
+		delete(s.Leases, lease)
+	}
+}
+
+// Release frees the concurrency slot held under lease.
+func Release(r limit.Rule, s *State, lease string) {
+	if r.Algorithm == limit.Concurrency && s.Used {
+		delete(s.Leases, lease)
+	}
+}

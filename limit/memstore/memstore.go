@@ -1,0 +1,443 @@
+// Package memstore is the in-process limit.Store: counters live in this
+// process's memory, so it suits a single gateway instance, an MCP server that
+// limits its own tools, and the fallback when Redis is unreachable.
+//
+// It runs the reference algorithms of limit/internal/algo directly, so its
+// decisions are the Redis store's decisions given the same times:
+//
+//   - Time is whole microseconds since Epoch (the Redis store's epoch, so fixed
+//     windows align with wall-clock minutes and hours). It is the wall time of
+//     the store's first clock reading plus the monotonic time elapsed since, so
+//     it never runs backwards, whatever happens to the wall clock. The clock is
+//     read after the locks of a call are taken: two calls on one counter see
+//     times in the order they saw its state.
+//   - A Take is atomic across its checks: all their counters are locked, every
+//     check is evaluated, and only if every enforced (non-shadow) check allows
+//     is each allowing check charged. A batch must not name the same key twice
+//     (ErrDuplicateKey): one counter holds one rule's state.
+//   - Counters expire: one past its expiry is a fresh counter, and is dropped
+//     when next touched and by Sweep, which a background goroutine runs every
+//     SweepInterval. Idle keys therefore cost no memory for long.
+//
+// A Store is safe for concurrent use. Counters are spread over shards, each
+// with its own lock; calls on keys of different shards do not contend.
+package memstore
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/limit/internal/algo"
+)
+
+// Epoch is the origin of the store's time, 2020-01-01T00:00:00Z, the same as
+// the Redis store's.
+var Epoch = time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Defaults and bounds of Options.
+const (
+	DefaultShards        = 64
+	MaxShards            = 1 << 16
+	DefaultSweepInterval = 10 * time.Second
+)
+
+// ErrInvalidOptions means New was given options out of range.
+var ErrInvalidOptions = errors.New("memstore: invalid options")
+
+// ErrDuplicateKey means two checks of one batch named the same key. A counter
+// holds one rule's state and a batch is judged on the state before it, so a
+// repeated key could not be charged twice consistently: the batch is refused
+// rather than half counted. Errors wrapping it also wrap limit.ErrInvalidRule.
+var ErrDuplicateKey = limit.ErrDuplicateKey
+
+// Clock is the time source of a Store. Readings must not run backwards
+// between calls (time.Now's monotonic reading, or a test clock that only
+// advances).
+type Clock interface {
+	Now() time.Time
+}
+
+// Options configure a Store. A nil *Options, and zero fields, mean the
+// documented defaults.
+type Options struct {
+	// Clock is read for every decision; nil means the real clock, through its
+	// monotonic reading.
+	Clock Clock
+	// Shards is the number of independently locked parts the counters are
+	// spread over, 1 to MaxShards; 0 means DefaultShards.
+	Shards int
+	// SweepInterval is how often expired counters are dropped in the
+	// background; 0 means DefaultSweepInterval. A sweep scans one shard at a
+	// time under its lock, so a larger interval trades memory for fewer scans.
+	SweepInterval time.Duration
+}
+
+// Store is the in-process limit.Store. Create it with New; Close stops its
+// background sweeper. The zero value is not usable.
+type Store struct {
+	c *core
+}
+
+var _ limit.Store = (*Store)(nil)
+
+// core is the Store's state. The sweeper goroutine holds core, not Store, so
+// that a Store nobody closed can still be collected (and its sweeper stopped).
+type core struct {
+	shards []shard
+	seed   maphash.Seed
+	clock  Clock // nil: time.Since(base)
+	base   time.Time
+	baseUS int64 // base in µs since Epoch
+
+	leasePrefix string
+	leaseSeq    atomic.Uint64
+
+	stopOnce sync.Once
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+// shard is one lock and the counters under it, padded to a cache line so
+// that neighbouring locks do not share one.
+type shard struct {
+	mu   sync.Mutex
+	m    map[string]*algo.State
+	peak int // largest len(m) since m was made
+	_    [40]byte
+}
+
+// New returns a Store, or an error wrapping ErrInvalidOptions. opts may be nil.
+func New(opts *Options) (*Store, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	switch {
+	case o.Shards < 0 || o.Shards > MaxShards:
+		return nil, fmt.Errorf("%w: shards must be between 0 and %d, got %d", ErrInvalidOptions, MaxShards, o.Shards)
+	case o.SweepInterval < 0:
+		return nil, fmt.Errorf("%w: sweep interval must not be negative, got %v", ErrInvalidOptions, o.SweepInterval)
+	}
+	if o.Shards == 0 {
+		o.Shards = DefaultShards
+	}
+	if o.SweepInterval == 0 {
+		o.SweepInterval = DefaultSweepInterval
+	}
+	c := &core{
+		shards:      make([]shard, o.Shards),
+		seed:        maphash.MakeSeed(),
+		clock:       o.Clock,
+		leasePrefix: "mem-" + rand.Text()[:16] + "-",
+		stop:        make(chan struct{}),
+		done:        make(chan struct{}),
+	}
+	for i := range c.shards {
+		c.shards[i].m = make(map[string]*algo.State)
+	}
+	if c.clock == nil {
+		c.base = time.Now()
+	} else {
+		c.base = c.clock.Now()
+	}
+	// A wall clock before the epoch is broken; counting from the epoch then
+	// keeps every time non-negative, as the window arithmetic needs.
+	c.baseUS = max(0, int64(c.base.Sub(Epoch)/time.Microsecond))
+	go c.sweepEvery(o.SweepInterval)
+	s := &Store{c: c}
+	runtime.AddCleanup(s, func(c *core) { c.stopOnce.Do(func() { close(c.stop) }) }, c)
+	return s, nil
+}
+
+// Close stops the background sweeper and waits for it to finish. The Store
+// stays usable: expired counters are then dropped only when touched or by
+// Sweep. Close is idempotent and always returns nil.
+func (s *Store) Close() error {
+	s.c.stopOnce.Do(func() { close(s.c.stop) })
+	<-s.c.done
+	return nil
+}
+
+func (c *core) sweepEvery(d time.Duration) {
+	defer close(c.done)
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+			c.sweep()
+		}
+	}
+}
+
+// now is the store's time in µs since Epoch. Call it with a shard lock held.
+func (c *core) now() int64 {
+	var elapsed time.Duration
+	if c.clock == nil {
+		elapsed = time.Since(c.base)
+	} else {
+		elapsed = c.clock.Now().Sub(c.base)
+	}
+	return c.baseUS + int64(elapsed/time.Microsecond)
+}
+
+func (c *core) shardOf(key string) int {
+	return int(maphash.String(c.seed, key) % uint64(len(c.shards)))
+}
+
+// get returns key's counter, or nil when the shard holds none. A counter past
+// its expiry is reset in place (a fresh counter is equivalent); release drops
+// it unless it was charged meanwhile. Call with sh.mu held.
+func (sh *shard) get(key string, now int64) *algo.State {
+	st := sh.m[key]
+	if st != nil && st.ExpiresAt <= now {
+		*st = algo.State{}
+	}
+	return st
+}
+
+// put stores a counter charged for the first time.
+func (sh *shard) put(key string, st *algo.State) {
+	sh.m[key] = st
+	sh.peak = max(sh.peak, len(sh.m))
+}
+
+// release drops key's counter st (as returned by get) if it holds nothing.
+func (sh *shard) release(key string, st *algo.State) {
+	if st != nil && (!st.Used || st.Leases != nil && len(st.Leases) == 0) {
+		delete(sh.m, key)
+	}
+}
+
+// Take evaluates checks for one request of the given cost, atomically: if
+// every enforced check allows, every allowing check is charged and, when a
+// concurrency check is among them, Decision.Lease names the slots taken.
+// Otherwise nothing is charged. Errors: ctx.Err() when ctx is done before
+// any work (nothing charged), limit.ErrNoChecks, limit.ErrInvalidCost,
+// limit.ErrInvalidRule, ErrDuplicateKey.
+func (s *Store) Take(ctx context.Context, checks []limit.Check, cost int64) (limit.Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return limit.Decision{}, err
+	}
+	if err := validate(checks, cost); err != nil {
+		return limit.Decision{}, err
+	}
+	results := make([]limit.Result, len(checks))
+	var lease string
+	if len(checks) == 1 && checks[0].Rule.Algorithm != limit.Concurrency {
+		results[0] = s.c.takeOne(checks[0], cost)
+	} else {
+		lease = s.c.takeMany(checks, cost, results)
+	}
+	return limit.Combine(checks, results, lease), nil
+}
+
+// takeOne is Take for a single check without a lease: its own result decides,
+// so one Eval that charges only when it allows is the whole batch.
+func (c *core) takeOne(ch limit.Check, cost int64) limit.Result {
+	sh := &c.shards[c.shardOf(ch.Key)]
+	sh.mu.Lock()
+	now := c.now()
+	var res limit.Result
+	if st := sh.get(ch.Key, now); st != nil {
+		res = algo.Eval(ch.Rule, st, now, cost, "", true)
+		sh.release(ch.Key, st)
+	} else {
+		var fresh algo.State
+		res = algo.Eval(ch.Rule, &fresh, now, cost, "", true)
+		if fresh.Used {
+			st := new(algo.State)
+			*st = fresh
+			sh.put(ch.Key, st)
+		}
+	}
+	sh.mu.Unlock()
+	return res
+}
+
+// batchSize is the batch size handled without heap allocation.
+const batchSize = 8
+
+// takeMany evaluates every check without charging, then charges the allowing
+// ones if no enforced check denied. It fills results and returns the lease
+// when a concurrency slot was taken.
+func (c *core) takeMany(checks []limit.Check, cost int64, results []limit.Result) (lease string) {
+	var ib, lb [batchSize]int
+	var sb [batchSize]*algo.State
+	idx, locks := c.lock(checks, ib[:0], lb[:0])
+	defer c.unlock(locks)
+	now := c.now()
+	states := sb[:0]
+	admit := true
+	for i, ch := range checks {
+		st := c.shards[idx[i]].get(ch.Key, now)
+		states = append(states, st)
+		if st == nil {
+			var fresh algo.State
+			results[i] = algo.Eval(ch.Rule, &fresh, now, cost, "", false)
+		} else {
+			results[i] = algo.Eval(ch.Rule, st, now, cost, "", false)
+		}
+		if !results[i].Allowed && !ch.Rule.Shadow {
+			admit = false
+		}
+	}
+	if admit {
+		for i, ch := range checks {
+			if ch.Rule.Algorithm == limit.Concurrency && results[i].Allowed {
+				lease = c.newLease()
+				break
+			}
+		}
+		for i, ch := range checks {
+			if !results[i].Allowed {
+				continue
+			}
+			st := states[i]
+			if st == nil {
+				st = new(algo.State)
+				c.shards[idx[i]].put(ch.Key, st)
+			}
+			// Same state, time and request as the dry run: same result.
+			algo.Eval(ch.Rule, st, now, cost, lease, true)
+		}
+	}
+	for i, st := range states {
+		c.shards[idx[i]].release(checks[i].Key, st)
+	}
+	return lease
+}
+
+// lock locks the shards of checks in ascending order, each once, so that
+// batches over overlapping shards cannot deadlock. It returns each check's
+// shard (appended to idx) and the shards locked (appended to locks).
+func (c *core) lock(checks []limit.Check, idx, locks []int) ([]int, []int) {
+	for _, ch := range checks {
+		i := c.shardOf(ch.Key)
+		idx = append(idx, i)
+		// insertion into the sorted, duplicate-free locks
+		j := len(locks)
+		for j > 0 && locks[j-1] > i {
+			j--
+		}
+		if j > 0 && locks[j-1] == i {
+			continue
+		}
+		locks = append(locks, 0)
+		copy(locks[j+1:], locks[j:])
+		locks[j] = i
+	}
+	for _, i := range locks {
+		c.shards[i].mu.Lock()
+	}
+	return idx, locks
+}
+
+func (c *core) unlock(locks []int) {
+	for _, i := range locks {
+		c.shards[i].mu.Unlock()
+	}
+}
+
+// newLease returns an id no other Take of any Store in any process returns:
+// a random prefix per Store and a sequence number.
+func (c *core) newLease() string {
+	var b [48]byte
+	buf := append(b[:0], c.leasePrefix...)
+	return string(strconv.AppendUint(buf, c.leaseSeq.Add(1), 36))
+}
+
+// Refund gives back what an admitted Take of these checks charged: cost
+// units, and the concurrency slots of lease. Pass the checks whose results
+// allowed (a shadow check that denied was not charged; refunding it anyway
+// raises it, at most to full capacity). A counter that has expired meanwhile
+// is already full and is left alone. Errors are those of Take; a Refund with
+// an error changed nothing.
+func (s *Store) Refund(ctx context.Context, checks []limit.Check, cost int64, lease string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := validate(checks, cost); err != nil {
+		return err
+	}
+	s.c.apply(checks, func(ch limit.Check, st *algo.State, now int64) {
+		algo.Refund(ch.Rule, st, now, cost, lease)
+	})
+	return nil
+}
+
+// Release frees the concurrency slots held under lease by checks; other
+// algorithms are unaffected. Releasing twice, an expired lease, or an empty
+// one is harmless. Errors: ctx.Err(), and the validation errors of Take.
+func (s *Store) Release(ctx context.Context, checks []limit.Check, lease string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := validate(checks, 1); err != nil {
+		return err
+	}
+	if lease == "" {
+		return nil
+	}
+	s.c.apply(checks, func(ch limit.Check, st *algo.State, _ int64) {
+		algo.Release(ch.Rule, st, lease)
+	})
+	return nil
+}
+
+// apply runs f on the live counter of each check, under the batch's locks,
+// and drops the counters left empty.
+func (c *core) apply(checks []limit.Check, f func(limit.Check, *algo.State, int64)) {
+	var ib, lb [batchSize]int
+	idx, locks := c.lock(checks, ib[:0], lb[:0])
+	defer c.unlock(locks)
+	now := c.now()
+	for i, ch := range checks {
+		sh := &c.shards[idx[i]]
+		st := sh.get(ch.Key, now)
+		if st != nil && st.Used {
+			f(ch, st, now)
+		}
+		sh.release(ch.Key, st)
+	}
+}
+
+// validate is limit.Validate plus the rule that keys are distinct.
+func validate(checks []limit.Check, cost int64) error {
+	if err := limit.Validate(checks, cost); err != nil {
+		return err
+	}
+	if len(checks) > 16 {
+		seen := make(map[string]struct{}, len(checks))
+		for _, ch := range checks {
+			if _, ok := seen[ch.Key]; ok {
+				return duplicate(ch)
+			}
+			seen[ch.Key] = struct{}{}
+		}
+		return nil
+	}
+	for i := 1; i < len(checks); i++ {
+		for j := range i {
+			if checks[i].Key == checks[j].Key {
+				return duplicate(checks[i])
+			}
+		}
+	}
+	return nil
+}
+
+func duplicate(ch limit.Check) error {
+	return fmt.Errorf("%w %q: %w: %q", limit.ErrInvalidRule, ch.Rule.Name, ErrDuplicateKey, ch.Key)
+}

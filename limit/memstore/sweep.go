@@ -1,0 +1,83 @@
+package memstore
+
+import (
+	"maps"
+	"time"
+
+	"github.com/mcpgate/mcpgate/limit/internal/algo"
+)
+
+// shrinkMin is the size below which a shard's map is never rebuilt: small
+// maps cost little, and rebuilding one is itself an allocation.
+const shrinkMin = 1024
+
+// Sweep drops every expired counter now. The background sweeper calls it
+// every SweepInterval; call it directly to bound memory at a moment of your
+// choosing. It locks one shard at a time, so it delays calls on that shard
+// only for the time of scanning it.
+func (s *Store) Sweep() { s.c.sweep() }
+
+func (c *core) sweep() {
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		now := c.now()
+		for k, st := range sh.m {
+			if st.ExpiresAt <= now || !st.Used {
+				delete(sh.m, k)
+			}
+		}
+		// A Go map keeps the memory of its largest size: rebuild one that
+		// has emptied far below its peak, so a burst of keys is not kept
+		// forever.
+		if sh.peak >= shrinkMin && len(sh.m) <= sh.peak/4 {
+			m := make(map[string]*algo.State, len(sh.m))
+			maps.Copy(m, sh.m)
+			sh.m, sh.peak = m, len(m)
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// Len returns the number of counters held, including expired ones that
+// neither Sweep nor a later call has dropped yet.
+func (s *Store) Len() int {
+	n := 0
+	for i := range s.c.shards {
+		sh := &s.c.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Keys returns the keys of the counters Len counts, in no particular order.
+func (s *Store) Keys() []string {
+	var keys []string
+	for i := range s.c.shards {
+		sh := &s.c.shards[i]
+		sh.mu.Lock()
+		for k := range sh.m {
+			keys = append(keys, k)
+		}
+		sh.mu.Unlock()
+	}
+	return keys
+}
+
+// TTL returns the time until key's counter expires (after which it is the
+// same as a fresh one), and false when the store holds no live counter for
+// key. It is what the Redis store sets as the key's TTL.
+func (s *Store) TTL(key string) (time.Duration, bool) {
+	c := s.c
+	sh := &c.shards[c.shardOf(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := c.now()
+	st := sh.m[key]
+	if st == nil || !st.Used || st.ExpiresAt <= now {
+		return 0, false
+	}
+	return time.Duration(st.ExpiresAt-now) * time.Microsecond, true
+}

@@ -1,0 +1,405 @@
+-- mcpgate rate limits: one batch of checks, evaluated atomically.
+--
+-- A line-by-line port of limit/internal/algo (Eval, Refund, Release): same
+-- state meaning, same integer formulas, same results. Change both together;
+-- the tests hold the script to algo.
+--
+-- KEYS[i]             counter of check i (all keys in one Cluster slot)
+-- ARGV[1]             op: 't' take, 'r' refund, 'l' release
+-- ARGV[2]             microseconds added to the server clock (tests only; "0")
+-- ARGV[3]             cost (take and refund)
+-- ARGV[4]             lease id ("" when the batch has no concurrency check)
+-- ARGV[5 + 5(i-1)..]  check i: algorithm, limit, period (µs), capacity, shadow ("1"/"0")
+--
+-- Algorithms: f fixed_window, c sliding_window_counter, t token_bucket,
+-- g gcra, w sliding_window, k concurrency.
+--
+-- State (times in µs since 2020-01-01T00:00:00Z, the epoch of "now"):
+--   f  string "<window start> <count>"
+--   c  string "<window start> <count> <previous window's count>"
+--   t  string "<tokens*period> <time of that amount>"
+--   g  string "<theoretical arrival time>"
+--   w  sorted set, one member per unit, scored by the unit's time
+--   k  sorted set, lease id -> lease expiry
+-- Every key written gets its TTL here (algo's ExpiresAt, in ms rounded up);
+-- a key whose state is back to fresh is deleted instead.
+--
+-- Reply: take    {now, then per check: allowed (1/0), remaining, reset, retry}
+--                (reset and retry in µs; a negative value means never)
+--        refund, release  {now}
+--
+-- Lua numbers are doubles: for rules that pass limit.Rule.Validate every
+-- value here is an integer below 2^53, so it is exact. Division goes through
+-- idiv, and numbers sent to Redis through int (tostring prints 1e+15, and
+-- Redis would format a number argument with too few digits).
+
+-- Redis < 5 needs effects replication to write after TIME; later versions
+-- always replicate effects (and Redis 7 makes the call a no-op).
+if redis.replicate_commands then redis.replicate_commands() end
+
+local floor, min, max, fmt = math.floor, math.min, math.max, string.format
+
+local time = redis.call('TIME')
+local now = (tonumber(time[1]) - 1577836800) * 1000000 + tonumber(time[2]) + tonumber(ARGV[2])
+local op, cost, lease = ARGV[1], tonumber(ARGV[3]), ARGV[4]
+
+-- idiv is floor(a / b) for integers a and b > 0. math.floor(a / b) alone is
+-- exact for 0 <= a < 2^53 (the quotient is at least 1/b from the next
+-- integer, more than its rounding error); the correction keeps it exact at
+-- the edge of the bounds, where a + b - 1 in ceildiv may pass 2^53.
+local function idiv(a, b)
+  local q = floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function ceildiv(a, b) return idiv(a + b - 1, b) end
+
+-- int formats an integer for Redis. Lua 5.1's %d casts to C long: exact on
+-- the 64-bit builds Redis and Valkey ship, and three times faster than %.0f,
+-- which is kept for a build whose long is narrower.
+local intf = '%d'
+if fmt(intf, 9007199254740992) ~= '9007199254740992' then intf = '%.0f' end
+local function int(x) return fmt(intf, x) end
+local seqf = '%013' .. string.sub(intf, 2) -- zero-padded sliding-window unit number
+
+-- px is the TTL of a state that is fresh again at time at: whole ms rounded
+-- up, at least 1.
+local function px(at) return int(max(1, ceildiv(at - now, 1000))) end
+
+-- get returns the value of a string key, or nil when it is missing or of
+-- another type: a sorted set left under the same name by a rule that used
+-- to be sliding_window or concurrency reads as fresh (as it does in algo),
+-- rather than failing every call until the old key expires.
+local function get(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'string' then return v end
+  return nil
+end
+
+-- fields parses a state string: up to three integers, the missing ones 0.
+-- All string states share algo.State's fields A, B, C in that order, so a
+-- rule whose algorithm changed reads the old state exactly as algo does.
+local function fields(v)
+  if not v then return nil end
+  local a, b, c = string.match(v, '^(%-?%d+) ?(%-?%d*) ?(%-?%d*)')
+  if not a then return nil end
+  return tonumber(a), tonumber(b) or 0, tonumber(c) or 0
+end
+
+-- zcount counts the members of a sorted set scored above lo; nil when key
+-- holds a string (left by a string-state algorithm: read as fresh, as in
+-- algo, and replaced on write).
+local function zcount(key, lo)
+  local r = redis.pcall('ZCOUNT', key, '(' .. int(lo), '+inf')
+  if type(r) == 'number' then return r end
+  return nil
+end
+
+-- rule returns check i's parameters.
+local function rule(i)
+  local b = 4 + 5 * (i - 1)
+  return ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), ARGV[b + 5] == '1'
+end
+
+-- logUnits adds cost units at now to the sliding-window log of key, which
+-- holds n live units. Members are "<now>:<n+k>": unique, because every member
+-- already scored now is live and numbered at most n (a refund removes the
+-- newest, highest-numbered ones first; the zero padding makes ties order
+-- numerically). ZADD NX never moves an existing unit; should the server clock
+-- step back onto a used time, the rare collision is retried with new numbers.
+local function logUnits(key, n, units)
+  local stamp = int(now)
+  local args, added, seq = {}, 0, n
+  local function flush()
+    if #args > 0 then
+      added = added + redis.call('ZADD', key, 'NX', unpack(args))
+      args = {}
+    end
+  end
+  local want = units
+  while added < want do
+    for _ = 1, want - added do
+      seq = seq + 1
+      args[#args + 1] = stamp
+      args[#args + 1] = stamp .. ':' .. fmt(seqf, seq)
+      if #args >= 1000 then flush() end -- unpack is limited to a few thousand values
+    end
+    flush()
+  end
+end
+
+if op == 't' then
+  local n = #KEYS
+  local out = { now }
+  -- what phase 2 writes for check i: state numbers s1..s3, expiry ex
+  local ok, s1, s2, s3, ex, bad = {}, {}, {}, {}, {}, {}
+  local admit = true
+
+  -- Phase 1: evaluate every check, reading only.
+  for i = 1, n do
+    local alg, limit, p, cap, shadow = rule(i)
+    local key = KEYS[i]
+    -- A cost above capacity can never fit (its retry is never), except for
+    -- concurrency, which counts calls, not units.
+    local never = cost > cap and alg ~= 'k'
+    local cost = cost
+    if never then
+      -- every such cost is denied alike; clamped as algo does, which keeps
+      -- cost*p exact whatever the caller passed
+      cost = cap + 1
+    end
+    local allowed, rem, reset, retry = false, 0, 0, 0
+
+    if alg == 'f' then
+      local ws = idiv(now, p) * p
+      local cnt = 0
+      local a, b = fields(get(key))
+      if a == ws then cnt = b end
+      allowed = cnt + cost <= limit
+      if allowed then
+        cnt = cnt + cost
+        s1[i], s2[i], ex[i] = ws, cnt, ws + p
+      end
+      rem = limit - cnt
+      reset = ws + p - now
+      if not allowed then retry = ws + p - now end
+
+    elseif alg == 'c' then
+      local ws = idiv(now, p) * p
+      local cur, prev = 0, 0
+      local a, b, c = fields(get(key))
+      if a == ws then
+        cur, prev = b, c
+      elseif a == ws - p then
+        prev = b
+      end
+      local e = now - ws
+      -- admitted iff prev*(P-e)/P + cur + cost <= L, in integers
+      allowed = prev * (p - e) + (cur + cost) * p <= limit * p
+      if allowed then
+        cur = cur + cost
+        s1[i], s2[i], s3[i], ex[i] = ws, cur, prev, ws + 2 * p
+      end
+      rem = limit - cur - ceildiv(prev * (p - e), p)
+      if cur > 0 then
+        reset = ws + 2 * p - now
+      elseif prev > 0 then
+        reset = ws + p - now
+      end
+      if not allowed and not never then
+        if cur + cost > limit then
+          -- wait for the next window, where cur becomes the weighted prev
+          retry = ws + p + p - idiv((limit - cost) * p, cur) - now
+        else
+          retry = ws + p - idiv((limit - cur - cost) * p, prev) - now
+        end
+      end
+
+    elseif alg == 't' then
+      local full = cap * p
+      local tokens = full
+      local a, b = fields(get(key))
+      if a then
+        local elapsed = min(now - b, ceildiv(full, limit))
+        tokens = min(full, a + max(0, elapsed) * limit)
+      end
+      allowed = tokens >= cost * p
+      if allowed then
+        tokens = tokens - cost * p
+      end
+      rem = idiv(tokens, p)
+      reset = ceildiv(full - tokens, limit)
+      if allowed then s1[i], ex[i] = tokens, now + reset end
+      if not allowed then retry = ceildiv(cost * p - tokens, limit) end
+
+    elseif alg == 'g' then
+      local t = ceildiv(p, limit)
+      local tau = t * cap
+      local tat = now
+      local a = fields(get(key))
+      if a and a > now then tat = a end
+      local nxt = tat + cost * t
+      allowed = nxt - now <= tau
+      if allowed then
+        tat = nxt
+        s1[i], ex[i] = tat, tat
+      end
+      -- may be negative when a lowered rule leaves tat far ahead; clamped below
+      rem = idiv(tau - (tat - now), t)
+      reset = tat - now
+      if not allowed then retry = nxt - tau - now end
+
+    elseif alg == 'w' then
+      -- units older than a period no longer count
+      local lo = now - p
+      local cnt = zcount(key, lo)
+      if not cnt then
+        cnt, bad[i] = 0, true
+      end
+      allowed = cnt + cost <= limit
+      if allowed then
+        s1[i], s2[i], ex[i] = cnt, lo, now + p
+        cnt = cnt + cost
+        reset = p
+      elseif cnt > 0 then
+        reset = tonumber(redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')[2]) + p - now
+      end
+      rem = limit - cnt
+      if not allowed and not never then
+        -- the oldest cnt+cost-limit units must leave the window
+        local r = redis.call('ZRANGEBYSCORE', key, '(' .. int(lo), '+inf', 'WITHSCORES',
+          'LIMIT', int(cnt + cost - limit - 1), 1)
+        retry = tonumber(r[2]) + p - now
+      end
+
+    elseif alg == 'k' then
+      local cnt = zcount(key, now)
+      if not cnt then
+        cnt, bad[i] = 0, true
+      end
+      local earliest, latest = -1, -1
+      if cnt > 0 then
+        earliest = tonumber(redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES',
+          'LIMIT', 0, 1)[2])
+        latest = tonumber(redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')[2])
+      end
+      allowed = cnt + 1 <= limit
+      if allowed then
+        cnt = cnt + 1
+        latest = max(latest, now + p)
+        s1[i] = now + p
+      end
+      rem = limit - cnt
+      -- all slots are free again when the last live lease expires
+      reset = latest - now
+      -- limit.ConcurrencyRetryHint, or the oldest lease's expiry if sooner
+      if not allowed then retry = min(earliest - now, 1000000) end
+
+    else
+      return redis.error_reply('ERR mcpgate limit script: unknown algorithm ' .. tostring(alg))
+    end
+
+    if never then retry = -1 end
+    ok[i] = allowed
+    admit = admit and (allowed or shadow)
+    local o = 4 * i - 2
+    out[o] = allowed and 1 or 0
+    -- a rule lowered by a config reload can leave a counter above its limit
+    out[o + 1] = max(0, rem)
+    out[o + 2] = reset
+    out[o + 3] = retry
+  end
+
+  -- Phase 2: only when every enforced check allows, charge every check that
+  -- allows (shadow ones too: they count as if enforced).
+  if admit then
+    for i = 1, n do
+      if ok[i] then
+        local alg, key = ARGV[5 * i], KEYS[i]
+        if alg == 'f' then
+          redis.call('SET', key, int(s1[i]) .. ' ' .. int(s2[i]), 'PX', px(ex[i]))
+        elseif alg == 'c' then
+          redis.call('SET', key, int(s1[i]) .. ' ' .. int(s2[i]) .. ' ' .. int(s3[i]), 'PX', px(ex[i]))
+        elseif alg == 't' then
+          redis.call('SET', key, int(s1[i]) .. ' ' .. int(now), 'PX', px(ex[i]))
+        elseif alg == 'g' then
+          redis.call('SET', key, int(s1[i]), 'PX', px(ex[i]))
+        elseif alg == 'w' then
+          if bad[i] then
+            redis.call('DEL', key)
+          else
+            redis.call('ZREMRANGEBYSCORE', key, '-inf', int(s2[i]))
+          end
+          logUnits(key, s1[i], cost)
+          redis.call('PEXPIRE', key, px(ex[i]))
+        else -- 'k'
+          if bad[i] then
+            redis.call('DEL', key)
+          else
+            redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+          end
+          redis.call('ZADD', key, int(s1[i]), lease)
+          local latest = tonumber(redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')[2])
+          redis.call('PEXPIRE', key, px(latest))
+        end
+      end
+    end
+  end
+  return out
+
+elseif op == 'r' then
+  for i = 1, #KEYS do
+    local alg, limit, p, cap = rule(i)
+    local key = KEYS[i]
+    -- no admitted request was charged more than capacity
+    local cost = min(cost, cap)
+    if alg == 'f' then
+      local ws = idiv(now, p) * p
+      local a, b = fields(get(key))
+      if a == ws then
+        b = max(0, b - cost)
+        if b == 0 then
+          redis.call('DEL', key)
+        else
+          redis.call('SET', key, int(a) .. ' ' .. int(b), 'PX', px(ws + p))
+        end
+      end
+    elseif alg == 'c' then
+      local ws = idiv(now, p) * p
+      local a, b, c = fields(get(key))
+      if a == ws then
+        b = max(0, b - cost)
+        if b == 0 and c == 0 then
+          redis.call('DEL', key)
+        else
+          redis.call('SET', key, int(a) .. ' ' .. int(b) .. ' ' .. int(c), 'PX', px(ws + 2 * p))
+        end
+      end
+    elseif alg == 't' then
+      local a, b = fields(get(key))
+      if a then
+        local full = cap * p
+        local elapsed = min(now - b, ceildiv(full, limit))
+        local tokens = min(full, a + max(0, elapsed) * limit + cost * p)
+        if tokens >= full then
+          redis.call('DEL', key)
+        else
+          redis.call('SET', key, int(tokens) .. ' ' .. int(now), 'PX', px(now + ceildiv(full - tokens, limit)))
+        end
+      end
+    elseif alg == 'g' then
+      local a = fields(get(key))
+      if a then
+        a = max(now, a - cost * ceildiv(p, limit))
+        if a <= now then
+          redis.call('DEL', key)
+        else
+          redis.call('SET', key, int(a), 'PX', px(a))
+        end
+      end
+    elseif alg == 'w' then
+      -- the newest units are the ones the request added
+      local card = redis.pcall('ZCARD', key)
+      if type(card) == 'number' then
+        local r = min(cost, card)
+        if r > 0 then redis.call('ZREMRANGEBYRANK', key, int(card - r), int(card - 1)) end
+      end
+    elseif alg == 'k' then
+      redis.pcall('ZREM', key, lease)
+    end
+  end
+  return { now }
+
+elseif op == 'l' then
+  for i = 1, #KEYS do
+    if rule(i) == 'k' then redis.pcall('ZREM', KEYS[i], lease) end
+  end
+  return { now }
+end
+
+return redis.error_reply('ERR mcpgate limit script: unknown op ' .. tostring(op))

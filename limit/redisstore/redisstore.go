@@ -1,0 +1,401 @@
+// Package redisstore is the limit.Store that keeps rate-limit counters in
+// Redis, Valkey or Redis Cluster, shared by every gateway instance, through
+// the rueidis client.
+//
+// One Lua script evaluates a whole batch of checks (all the checks of one
+// request) atomically on the server: it first evaluates every check without
+// writing, then, only if every enforced check allows, charges every check
+// that allows. A denied request writes nothing. The script is a port of the
+// reference algorithms (limit/internal/algo): the Redis store and the memory
+// store give the same decisions.
+//
+// Time is the Redis server's clock (TIME, read inside the script), never the
+// gateway's, so gateways with skewed clocks agree. It is counted in
+// microseconds since 2020-01-01T00:00:00Z.
+//
+// Keys and their state (one key per check, named by package keyspace):
+//
+//	fixed_window            string "<window start> <count>"
+//	sliding_window_counter  string "<window start> <count> <previous window's count>"
+//	token_bucket            string "<tokens×period µs> <time>"
+//	gcra                    string "<theoretical arrival time>"
+//	sliding_window          sorted set, one member per unit, scored by its time
+//	concurrency             sorted set, lease id scored by the lease's expiry
+//
+// Every key written gets its TTL in the same script (the time until the
+// counter is back to full capacity, in milliseconds rounded up), so idle
+// counters cost no memory. Use an eviction policy that cannot evict these
+// keys (noeviction): an evicted counter admits what it should deny.
+//
+// In Redis Cluster, one script can only touch keys of one slot: the checks of
+// one call must share a hash tag (keyspace puts all of a tenant's counters in
+// the tenant's slot). A batch that does not fails with ErrCrossSlot before
+// any I/O.
+//
+// Calls are never replayed. The script runs with EVALSHA, and is sent again
+// with EVAL only after an explicit NOSCRIPT reply (the script was not run).
+// rueidis retries only read-only commands after network errors, and these
+// are not: a call that failed or timed out may have been applied once, never
+// twice. Keep rueidis.ClientOption.ConnLifetime at 0: when a connection
+// reaches its lifetime, rueidis resends commands still waiting for a reply.
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// DefaultTimeout is the deadline of one Take, Refund or Release when
+// Options.Timeout is 0: a rate-limit decision must not hold a request for
+// long, and the gateway's failure policy takes over on a timeout.
+const DefaultTimeout = 25 * time.Millisecond
+
+// Options configures a Store. A nil *Options means all defaults.
+type Options struct {
+	// Timeout is the deadline of one Take, Refund or Release, on top of any
+	// deadline of the caller's context. 0 means DefaultTimeout.
+	Timeout time.Duration
+}
+
+// ErrCrossSlot means the checks of one batch are not all in one Redis
+// Cluster slot, so no script can evaluate them atomically. Build their keys
+// with one hash tag (package keyspace does, per tenant). It is reported for
+// every server kind, standalone too, so that a configuration that works in
+// development also works on a cluster.
+var ErrCrossSlot = errors.New("redisstore: checks of one batch are in different cluster slots")
+
+// errReply means the script answered something the store does not expect.
+var errReply = errors.New("unexpected script reply")
+
+//go:embed limit.lua
+var scriptSource string
+
+// script is built once: its SHA-1 is computed once and EVALSHA sends only
+// that.
+var script = rueidis.NewLuaScript(scriptSource)
+
+// Script operations (ARGV[1]).
+const (
+	opTake    = "t"
+	opRefund  = "r"
+	opRelease = "l"
+)
+
+// Store is a limit.Store on Redis. It is safe for concurrent use by many
+// goroutines, and any number of gateways may share the same Redis. The zero
+// Store is not usable: build one with New.
+type Store struct {
+	client  rueidis.Client
+	timeout time.Duration
+	// offset is added, in microseconds, to the Redis time the script reads.
+	// Always 0 in production; tests move the store's clock forward with it
+	// instead of sleeping.
+	offset atomic.Int64
+}
+
+var _ limit.Store = (*Store)(nil)
+
+// New returns a Store that runs its scripts on client, which may be a
+// standalone, Cluster or Sentinel client (see ClientOption). The Store does
+// not own client: closing it is the caller's job.
+func New(client rueidis.Client, opts *Options) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("redisstore: nil client")
+	}
+	s := &Store{client: client, timeout: DefaultTimeout}
+	if opts != nil {
+		switch {
+		case opts.Timeout < 0:
+			return nil, fmt.Errorf("redisstore: negative timeout %v", opts.Timeout)
+		case opts.Timeout > 0:
+			s.timeout = opts.Timeout
+		}
+	}
+	return s, nil
+}
+
+// ClientOption returns the rueidis options of a client for a Store.
+//
+// One address with a scheme is a URL parsed by rueidis.ParseURL:
+// redis://[user:password@]host:port[/db], rediss:// for TLS, valkey://,
+// valkeys://, unix://, with the query options ParseURL documents (addr= for
+// more cluster seeds, dial_timeout=, ...). Otherwise the addresses are
+// host:port seeds: one is a standalone server or any node of a cluster
+// (rueidis asks the server which it is), several are nodes of one cluster.
+//
+// Besides what the URL says, ClientOption sets only DisableCache (the store
+// never reads through client-side caching, so it need not track keys). It
+// leaves retries enabled: rueidis retries read-only commands only, never the
+// store's scripts. ConnLifetime stays 0, as the package documentation
+// requires.
+//
+// For rediss:// the returned TLSConfig verifies the server against the
+// system's roots with the URL's host as server name; to trust a private CA
+// (or a client certificate), set opt.TLSConfig.RootCAs (or Certificates)
+// before calling rueidis.NewClient. For host:port seeds, set opt.TLSConfig
+// to use TLS, and opt.Username and opt.Password to authenticate.
+func ClientOption(addrs ...string) (rueidis.ClientOption, error) {
+	if len(addrs) == 0 {
+		return rueidis.ClientOption{}, errors.New("redisstore: no Redis address")
+	}
+	if len(addrs) == 1 && strings.Contains(addrs[0], "://") {
+		opt, err := rueidis.ParseURL(addrs[0])
+		if err != nil {
+			// url.Parse's errors quote the whole URL, password included.
+			if uerr, ok := errors.AsType[*url.Error](err); ok {
+				err = uerr.Err
+			}
+			return rueidis.ClientOption{}, fmt.Errorf("redisstore: invalid Redis URL: %w", err)
+		}
+		opt.DisableCache = true
+		return opt, nil
+	}
+	seeds := make([]string, len(addrs))
+	for i, a := range addrs {
+		if a == "" || strings.Contains(a, "://") {
+			return rueidis.ClientOption{}, fmt.Errorf("redisstore: invalid Redis address %q: want host:port (a URL must be the only address)", a)
+		}
+		seeds[i] = a
+	}
+	return rueidis.ClientOption{InitAddress: seeds, DisableCache: true}, nil
+}
+
+// Take evaluates checks for one request of cost units, atomically: if every
+// enforced check allows, every check that allows is charged and each
+// concurrency check takes a slot under the returned Decision.Lease;
+// otherwise nothing is charged.
+//
+// An error means no decision. It may still mean the request was charged: a
+// call that timed out (Options.Timeout or ctx) may have run on the server
+// after the deadline; it is never sent twice. Errors wrap ErrCrossSlot,
+// limit.ErrInvalidRule (limit.ErrDuplicateKey), limit.ErrInvalidCost,
+// limit.ErrNoChecks, context.DeadlineExceeded or the client's error.
+func (s *Store) Take(ctx context.Context, checks []limit.Check, cost int64) (limit.Decision, error) {
+	results, lease, _, err := s.take(ctx, checks, cost)
+	if err != nil {
+		return limit.Decision{}, err
+	}
+	return limit.Combine(checks, results, lease), nil
+}
+
+// take is Take returning the script's clock too (for tests).
+func (s *Store) take(ctx context.Context, checks []limit.Check, cost int64) (results []limit.Result, lease string, now int64, err error) {
+	if err := validate(checks, cost); err != nil {
+		return nil, "", 0, fmt.Errorf("redisstore: take: %w", err)
+	}
+	if hasConcurrency(checks) {
+		lease = newLease()
+	}
+	arr, err := s.run(ctx, opTake, checks, cost, lease)
+	if err != nil {
+		return nil, "", 0, fmt.Errorf("redisstore: take: %w", err)
+	}
+	if len(arr) != 1+4*len(checks) {
+		return nil, "", 0, fmt.Errorf("redisstore: take: %w: %d values for %d checks", errReply, len(arr), len(checks))
+	}
+	now, err = arr[0].AsInt64()
+	if err != nil {
+		return nil, "", 0, fmt.Errorf("redisstore: take: %w: %w", errReply, err)
+	}
+	results = make([]limit.Result, len(checks))
+	for i := range results {
+		var v [4]int64
+		for j := range v {
+			if v[j], err = arr[1+4*i+j].AsInt64(); err != nil {
+				return nil, "", 0, fmt.Errorf("redisstore: take: %w: %w", errReply, err)
+			}
+		}
+		results[i] = limit.Result{Allowed: v[0] == 1, Remaining: v[1], ResetAfter: dur(v[2]), RetryAfter: dur(v[3])}
+	}
+	return results, lease, now, nil
+}
+
+// Refund gives back, atomically over the batch, what an admitted request
+// charged: cost units of every check given, and the concurrency slots held
+// under lease. Pass the checks Take charged: those whose Result allowed (a
+// shadow check that denied was not charged, and refunding it would credit
+// units it never gave). As with Take, an error may mean the refund was
+// applied (once, never twice).
+func (s *Store) Refund(ctx context.Context, checks []limit.Check, cost int64, lease string) error {
+	_, err := s.refund(ctx, checks, cost, lease)
+	return err
+}
+
+func (s *Store) refund(ctx context.Context, checks []limit.Check, cost int64, lease string) (now int64, err error) {
+	if err := validate(checks, cost); err != nil {
+		return 0, fmt.Errorf("redisstore: refund: %w", err)
+	}
+	arr, err := s.run(ctx, opRefund, checks, cost, lease)
+	if err == nil {
+		now, err = scriptClock(arr)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("redisstore: refund: %w", err)
+	}
+	return now, nil
+}
+
+// Release frees the concurrency slots held under lease by checks (other
+// algorithms are unaffected). Releasing twice, or an expired lease, is
+// harmless. With an empty lease, or no concurrency check, it does no I/O.
+func (s *Store) Release(ctx context.Context, checks []limit.Check, lease string) error {
+	if err := validate(checks, 1); err != nil {
+		return fmt.Errorf("redisstore: release: %w", err)
+	}
+	if lease == "" || !hasConcurrency(checks) {
+		return nil
+	}
+	arr, err := s.run(ctx, opRelease, checks, 1, lease)
+	if err == nil {
+		_, err = scriptClock(arr)
+	}
+	if err != nil {
+		return fmt.Errorf("redisstore: release: %w", err)
+	}
+	return nil
+}
+
+func hasConcurrency(checks []limit.Check) bool {
+	for _, c := range checks {
+		if c.Rule.Algorithm == limit.Concurrency {
+			return true
+		}
+	}
+	return false
+}
+
+// validate checks a batch, including that one script may run it.
+func validate(checks []limit.Check, cost int64) error {
+	if err := limit.Validate(checks, cost); err != nil {
+		return err
+	}
+	slot := keyspace.Slot(checks[0].Key)
+	for _, c := range checks[1:] {
+		if keyspace.Slot(c.Key) != slot {
+			return fmt.Errorf("%w: %q and %q", ErrCrossSlot, checks[0].Key, c.Key)
+		}
+	}
+	return nil
+}
+
+func scriptClock(arr []rueidis.RedisMessage) (int64, error) {
+	if len(arr) != 1 {
+		return 0, fmt.Errorf("%w: %d values", errReply, len(arr))
+	}
+	return arr[0].AsInt64()
+}
+
+// dur converts the script's microseconds; negative means never, as in algo.
+func dur(us int64) time.Duration {
+	if us < 0 {
+		return limit.Never
+	}
+	return time.Duration(us) * time.Microsecond
+}
+
+// newLease returns 16 random bytes in hex.
+func newLease() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (Go 1.24+): it aborts the program instead
+	return hex.EncodeToString(b[:])
+}
+
+// run executes the script for one batch under the store's deadline.
+func (s *Store) run(ctx context.Context, op string, checks []limit.Check, cost int64, lease string) ([]rueidis.RedisMessage, error) {
+	b := batches.Get().(*batch)
+	defer b.release()
+	b.build(op, s.offset.Load(), checks, cost, lease)
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	// Exec copies keys and args into its own command, so b can be reused
+	// as soon as it returns, even if the command is still queued.
+	return script.Exec(ctx, s.client, b.keys, b.args).ToArray()
+}
+
+// batch holds the KEYS and ARGV of one script call; pooled so that the hot
+// path allocates only the one string holding every number.
+type batch struct {
+	keys, args []string
+	buf        []byte
+	ends       []int
+}
+
+var batches = sync.Pool{New: func() any { return new(batch) }}
+
+// release returns b to the pool without keeping its strings alive.
+func (b *batch) release() {
+	clear(b.keys)
+	clear(b.args)
+	batches.Put(b)
+}
+
+// algCode is the script's name of an algorithm (validated before).
+func algCode(a limit.Algorithm) string {
+	switch a {
+	case limit.FixedWindow:
+		return "f"
+	case limit.SlidingWindowCounter:
+		return "c"
+	case limit.TokenBucket:
+		return "t"
+	case limit.GCRA:
+		return "g"
+	case limit.SlidingWindow:
+		return "w"
+	default:
+		return "k"
+	}
+}
+
+// build lays out KEYS and ARGV as limit.lua documents them. The numbers are
+// formatted into one buffer, turned into one string, and sliced from it.
+func (b *batch) build(op string, offset int64, checks []limit.Check, cost int64, lease string) {
+	buf, ends := b.buf[:0], b.ends[:0]
+	num := func(v int64) {
+		buf = strconv.AppendInt(buf, v, 10)
+		ends = append(ends, len(buf))
+	}
+	num(offset)
+	num(cost)
+	for _, c := range checks {
+		num(c.Rule.Limit)
+		num(c.Rule.Period.Microseconds())
+		num(c.Rule.Capacity())
+	}
+	all := string(buf)
+	b.buf, b.ends = buf, ends
+
+	start, k := 0, 0
+	next := func() string {
+		v := all[start:ends[k]]
+		start = ends[k]
+		k++
+		return v
+	}
+	keys, args := b.keys[:0], b.args[:0]
+	args = append(args, op, next(), next(), lease)
+	for _, c := range checks {
+		keys = append(keys, c.Key)
+		shadow := "0"
+		if c.Rule.Shadow {
+			shadow = "1"
+		}
+		args = append(args, algCode(c.Rule.Algorithm), next(), next(), next(), shadow)
+	}
+	b.keys, b.args = keys, args
+}

@@ -1,0 +1,101 @@
+package mcp
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+)
+
+// JSON-RPC error codes used by mcpgate. The first five are JSON-RPC 2.0's own;
+// -32020 is MCP's (2026-07-28 reserves -32020..-32099 for MCP itself);
+// -33029 is mcpgate's rate-limit code, chosen outside every reserved range
+// (-32768..-32000) so it can never collide with a code the protocol assigns.
+const (
+	CodeParseError     = -32700 // the body is not valid JSON
+	CodeInvalidRequest = -32600 // valid JSON, but not an acceptable JSON-RPC message
+	CodeMethodNotFound = -32601 // the method does not exist or is not offered
+	CodeInvalidParams  = -32602 // params are missing or malformed (e.g. tools/call without a name)
+	CodeInternalError  = -32603 // the gateway or the upstream failed
+
+	// CodeHeaderMismatch means the Mcp-Method or Mcp-Name header disagrees
+	// with the body (MCP 2026-07-28).
+	CodeHeaderMismatch = -32020
+
+	// CodeRateLimited means a rate limit, quota or loop breaker denied the call.
+	CodeRateLimited = -33029
+)
+
+// Error is a JSON-RPC error together with the HTTP status it is sent with.
+// Parse, ReadBody and CheckHeaders return it; Respond writes it.
+type Error struct {
+	HTTPStatus int             // HTTP status of the response, e.g. 400
+	Code       int             // JSON-RPC error code, e.g. CodeInvalidRequest
+	Message    string          // human-readable description
+	ID         json.RawMessage // id of the offending request when known, else nil (sent as null)
+	Data       any             // optional error.data; nil omits it
+}
+
+// Error implements the error interface.
+func (e *Error) Error() string {
+	return fmt.Sprintf("jsonrpc error %d (HTTP %d): %s", e.Code, e.HTTPStatus, e.Message)
+}
+
+// Respond writes e as a JSON-RPC error response (see WriteError).
+func (e *Error) Respond(w http.ResponseWriter) {
+	WriteError(w, e.HTTPStatus, e.ID, e.Code, e.Message, e.Data)
+}
+
+func newError(status, code int, id json.RawMessage, format string, args ...any) *Error {
+	return &Error{HTTPStatus: status, Code: code, ID: id, Message: fmt.Sprintf(format, args...)}
+}
+
+type wireErrorObject struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+	Data    any    `json:"data,omitempty"`
+}
+
+type wireErrorResponse struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Error   wireErrorObject `json:"error"`
+}
+
+// errorResponse encodes a JSON-RPC error response. An id that is not valid
+// JSON is sent as null and unencodable data is dropped, so the result is
+// always a well-formed message.
+func errorResponse(id json.RawMessage, code int, message string, data any) []byte {
+	if len(id) == 0 || !validJSON(id) {
+		id = json.RawMessage("null")
+	}
+	resp := wireErrorResponse{JSONRPC: "2.0", ID: id, Error: wireErrorObject{Code: code, Message: message, Data: data}}
+	b, err := json.Marshal(resp)
+	if err != nil {
+		resp.Error.Data = nil
+		b, _ = json.Marshal(resp)
+	}
+	return b
+}
+
+// errorObject encodes just the error member of a JSON-RPC response, the form
+// OnResult receives.
+func errorObject(code int, message string) json.RawMessage {
+	b, _ := json.Marshal(wireErrorObject{Code: code, Message: message})
+	return b
+}
+
+// WriteError writes a JSON-RPC error response with the given HTTP status:
+// Content-Type application/json, body
+// {"jsonrpc":"2.0","id":ID,"error":{"code":CODE,"message":MSG,"data":DATA}}.
+// A nil id is written as null (the request's id was unknown); a nil data is
+// omitted. Headers already set on w (rate-limit headers, Retry-After) are
+// kept.
+func WriteError(w http.ResponseWriter, status int, id json.RawMessage, code int, message string, data any) {
+	body := errorResponse(id, code, message, data)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", fmt.Sprint(len(body)))
+	h.Del("Content-Encoding")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}

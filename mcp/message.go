@@ -1,0 +1,453 @@
+// Package mcp is mcpgate's view of the Model Context Protocol wire format:
+// it parses the JSON-RPC 2.0 envelope of one message (Parse), canonicalises
+// tool arguments for cache and loop-breaker keys (CanonicalArguments),
+// validates the MCP 2026-07-28 routing headers (CheckHeaders) and relays
+// Streamable HTTP exchanges to an upstream MCP server (Proxy), streaming
+// server-sent events one by one.
+//
+// The gateway reads only the envelope it needs (method, id, params.name,
+// the raw params.arguments) and forwards the client's bytes unchanged, so
+// the upstream sees exactly what the client sent. The parser is strict where
+// a lenient one would let a client show the gateway one thing and the
+// upstream another: member names are matched exactly, and a duplicate or
+// case-folded twin of a member the gateway reads makes the message invalid.
+package mcp
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// Kind classifies a JSON-RPC message.
+type Kind int
+
+// The kinds of JSON-RPC message. The zero Kind is invalid; Parse never
+// returns it.
+const (
+	Request      Kind = iota + 1 // has a method and an id; expects a response
+	Notification                 // has a method and no id
+	Response                     // has an id and a result or an error
+)
+
+// String returns "request", "notification" or "response".
+func (k Kind) String() string {
+	switch k {
+	case Request:
+		return "request"
+	case Notification:
+		return "notification"
+	case Response:
+		return "response"
+	}
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Method names the gateway treats specially.
+const (
+	MethodInitialize    = "initialize"
+	MethodToolsList     = "tools/list"
+	MethodToolsCall     = "tools/call"
+	MethodPromptsGet    = "prompts/get"
+	MethodResourcesRead = "resources/read"
+	// MethodSubscriptionsListen (MCP 2026-07-28) opens a long-lived stream of
+	// server notifications, the stateless replacement of the GET stream.
+	MethodSubscriptionsListen = "subscriptions/listen"
+)
+
+// Message is the envelope of one JSON-RPC 2.0 message. Its raw fields are
+// sub-slices of the body given to Parse (no copy): the body must not be
+// modified while the Message is in use.
+type Message struct {
+	// ID is the raw id (a string or an integer), nil for notifications. A
+	// response to a request that could not be parsed may carry null.
+	ID json.RawMessage
+	// Method is the method of a request or notification, "" for responses.
+	Method string
+	// ToolName is params.name of a tools/call request, else "".
+	ToolName string
+	// Arguments is the raw params.arguments of a tools/call (an object or
+	// null), nil when absent. It is validated as JSON but not decoded.
+	Arguments json.RawMessage
+	// Kind says whether this is a request, a notification or a response.
+	Kind Kind
+
+	// Name is the value the Mcp-Name header must carry under MCP 2026-07-28:
+	// params.name of tools/call and prompts/get, params.uri of
+	// resources/read, else "".
+	Name string
+	// Params is the raw params member, nil when absent.
+	Params json.RawMessage
+	// Result and Error are the raw result or error member of a response.
+	Result json.RawMessage
+	Error  json.RawMessage
+}
+
+// IsCall reports whether m is a request (it has an id and expects a
+// response).
+func (m *Message) IsCall() bool { return m != nil && m.Kind == Request }
+
+// MarshalJSON encodes m as a JSON-RPC 2.0 message from its envelope fields
+// (members Parse ignored are not reproduced).
+func (m *Message) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString(`{"jsonrpc":"2.0"`)
+	if m.ID != nil {
+		b.WriteString(`,"id":`)
+		b.Write(m.ID)
+	}
+	if m.Kind != Response {
+		b.WriteString(`,"method":`)
+		b.Write(appendCanonicalString(nil, m.Method))
+		if m.Params != nil {
+			b.WriteString(`,"params":`)
+			b.Write(m.Params)
+		}
+	} else if m.Error != nil {
+		b.WriteString(`,"error":`)
+		b.Write(m.Error)
+	} else {
+		b.WriteString(`,"result":`)
+		b.Write(m.Result)
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// maxSafeID bounds numeric ids to integers a float64 holds exactly: the SDKs
+// decode ids through float64, so a larger id would come back as another
+// number and the response could not be matched to its request.
+const maxSafeID = 1<<53 - 1
+
+// envelopeFields are the top-level members Parse reads.
+var envelopeFields = []string{"jsonrpc", "id", "method", "params", "result", "error"}
+
+// Parse parses exactly one JSON-RPC 2.0 message. Batches (arrays) are
+// refused: MCP removed them in 2025-06-18. On failure the error is an *Error
+// with HTTP status 400 and code CodeParseError (not JSON), CodeInvalidRequest
+// (not a valid message) or CodeInvalidParams (tools/call without a string
+// params.name, or with non-object arguments), carrying the message's id when
+// it could be read.
+//
+// Rules beyond plain JSON validity: "jsonrpc" must be "2.0"; an id must be a
+// string or an integer within ±(2^53-1) (null only in an error response);
+// "method" must be a string; a request or notification carries no result or
+// error, and a response carries exactly one of them; params, when present,
+// is an object or an array; strings are valid UTF-8; nesting is at most
+// MaxDepth. A member Parse reads (jsonrpc, id, method, params, result, error;
+// and params.name, params.arguments, params.uri) must appear once and spelled
+// exactly: a duplicate or a case-insensitive twin ("Method", "NAME") is
+// refused, since other parsers would pick a different one. Other members are
+// validated and ignored.
+func Parse(body []byte) (*Message, error) {
+	s := scanner{data: body}
+	switch first := s.peek(); first {
+	case 0:
+		return nil, newError(http.StatusBadRequest, CodeParseError, nil, "empty body")
+	case '{':
+	default:
+		_, err := s.skipValue()
+		if err == nil {
+			err = s.end()
+		}
+		switch {
+		case err != nil:
+			return nil, newError(http.StatusBadRequest, CodeParseError, nil, "parse error: %v", err)
+		case first == '[':
+			return nil, newError(http.StatusBadRequest, CodeInvalidRequest, nil, "JSON-RPC batches are not supported")
+		default:
+			return nil, newError(http.StatusBadRequest, CodeInvalidRequest, nil, "a JSON-RPC message must be an object")
+		}
+	}
+
+	var raw [6]json.RawMessage // indexed like envelopeFields
+	var problem string         // first semantic problem, reported after the syntax check
+	err := s.object(func(key string) error {
+		v, err := s.skipValue()
+		if err != nil {
+			return err
+		}
+		if i, exact := lookupField(envelopeFields, key); i >= 0 {
+			switch {
+			case !exact:
+				problem = setProblem(problem, "member "+strconv.Quote(key)+" is ambiguous: did you mean "+strconv.Quote(envelopeFields[i])+"?")
+			case raw[i] != nil:
+				problem = setProblem(problem, "duplicate member "+strconv.Quote(key))
+			default:
+				raw[i] = v
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		err = s.end()
+	}
+	if err != nil {
+		return nil, newError(http.StatusBadRequest, CodeParseError, nil, "parse error: %v", err)
+	}
+	version, id, method, params, result, rpcErr := raw[0], raw[1], raw[2], raw[3], raw[4], raw[5]
+
+	m := &Message{Params: params, Result: result, Error: rpcErr}
+	invalid := func(code int, format string, args ...any) (*Message, error) {
+		return nil, newError(http.StatusBadRequest, code, m.ID, format, args...)
+	}
+	// The id first, so that every later error can carry it.
+	if id != nil {
+		switch ok, isNull := checkID(id); {
+		case isNull:
+			m.ID = id // null: only acceptable in an error response, checked below
+		case ok:
+			m.ID = id
+		default:
+			return invalid(CodeInvalidRequest, "id must be a string or an integer within ±(2^53-1)")
+		}
+	}
+	if problem != "" {
+		return invalid(CodeInvalidRequest, "%s", problem)
+	}
+	if v, ok := decodeString(version); !ok || v != "2.0" {
+		return invalid(CodeInvalidRequest, `"jsonrpc" must be "2.0"`)
+	}
+	isNullID := id != nil && string(id) == "null"
+
+	if method != nil {
+		name, ok := decodeString(method)
+		if !ok {
+			return invalid(CodeInvalidRequest, `"method" must be a string`)
+		}
+		m.Method = name
+		if result != nil || rpcErr != nil {
+			return invalid(CodeInvalidRequest, "a request must not carry a result or an error")
+		}
+		switch {
+		case isNullID:
+			return invalid(CodeInvalidRequest, "a request id must not be null")
+		case id != nil:
+			m.Kind = Request
+		default:
+			m.Kind = Notification
+		}
+		if params != nil && params[0] != '{' && params[0] != '[' {
+			return invalid(CodeInvalidRequest, `"params" must be an object or an array`)
+		}
+		if e := m.parseParams(); e != nil {
+			return nil, e
+		}
+		return m, nil
+	}
+
+	// A response.
+	switch {
+	case id == nil:
+		return invalid(CodeInvalidRequest, `a message needs a "method" or an "id"`)
+	case params != nil:
+		return invalid(CodeInvalidRequest, "a response must not carry params")
+	case (result == nil) == (rpcErr == nil):
+		return invalid(CodeInvalidRequest, "a response carries exactly one of result and error")
+	case rpcErr != nil && rpcErr[0] != '{':
+		return invalid(CodeInvalidRequest, `"error" must be an object`)
+	case isNullID && rpcErr == nil:
+		return invalid(CodeInvalidRequest, "only an error response may have a null id")
+	}
+	m.Kind = Response
+	return m, nil
+}
+
+// parseParams reads the params members the gateway needs: the tool name and
+// arguments of tools/call, the name of prompts/get, the uri of resources/read.
+func (m *Message) parseParams() *Error {
+	var nameField string
+	switch m.Method {
+	case MethodToolsCall, MethodPromptsGet:
+		nameField = "name"
+	case MethodResourcesRead:
+		nameField = "uri"
+	default:
+		return nil
+	}
+	invalid := func(format string, args ...any) *Error {
+		return newError(http.StatusBadRequest, CodeInvalidParams, m.ID, format, args...)
+	}
+	if m.Params == nil || m.Params[0] != '{' {
+		return invalid("%s needs params with a %q", m.Method, nameField)
+	}
+	fields := []string{nameField, "arguments"}
+	var raw [2]json.RawMessage
+	var problem string
+	s := scanner{data: m.Params}
+	err := s.object(func(key string) error {
+		v, err := s.skipValue()
+		if err != nil {
+			return err
+		}
+		if i, exact := lookupField(fields, key); i >= 0 {
+			switch {
+			case !exact:
+				problem = setProblem(problem, "params member "+strconv.Quote(key)+" is ambiguous")
+			case raw[i] != nil:
+				problem = setProblem(problem, "duplicate params member "+strconv.Quote(key))
+			default:
+				raw[i] = v
+			}
+		}
+		return nil
+	})
+	if err != nil { // cannot happen: the whole body was validated
+		return invalid("params: %v", err)
+	}
+	if problem != "" {
+		return invalid("%s", problem)
+	}
+	name, ok := decodeString(raw[0])
+	if !ok {
+		return invalid("%s needs a string params.%s", m.Method, nameField)
+	}
+	m.Name = name
+	if m.Method != MethodToolsCall {
+		return nil
+	}
+	if name == "" {
+		return invalid("tools/call needs a non-empty params.name")
+	}
+	m.ToolName = name
+	if args := raw[1]; args != nil {
+		if args[0] != '{' && string(args) != "null" {
+			return invalid("params.arguments must be an object")
+		}
+		m.Arguments = args
+	}
+	return nil
+}
+
+// lookupField returns the index of the field key names, matching exactly or,
+// failing that, case-insensitively with Unicode folding (the way
+// encoding/json matches struct fields); exact reports which. It returns -1
+// when key is unrelated to every field.
+func lookupField(fields []string, key string) (i int, exact bool) {
+	for i, f := range fields {
+		if key == f {
+			return i, true
+		}
+	}
+	for i, f := range fields {
+		if strings.EqualFold(key, f) {
+			return i, false
+		}
+	}
+	return -1, false
+}
+
+func setProblem(old, p string) string {
+	if old != "" {
+		return old
+	}
+	return p
+}
+
+// decodeString decodes a raw JSON value that must be a string free of lone
+// surrogates (which no other parser would decode the same way).
+func decodeString(raw json.RawMessage) (string, bool) {
+	if len(raw) == 0 || raw[0] != '"' {
+		return "", false
+	}
+	s := scanner{data: raw}
+	v, lone, err := s.str(nil, true)
+	if err != nil || lone {
+		return "", false
+	}
+	return string(v), true
+}
+
+// checkID reports whether raw is an acceptable id (a string, or an integer
+// of magnitude at most maxSafeID written without fraction or exponent
+// beyond what keeps it an integer), or null.
+func checkID(raw json.RawMessage) (ok, isNull bool) {
+	switch c := raw[0]; {
+	case c == 'n':
+		return false, true
+	case c == '"':
+		_, ok := decodeString(raw)
+		return ok, false
+	case c == '-' || (c >= '0' && c <= '9'):
+		_, ok := idNumber(raw)
+		return ok, false
+	}
+	return false, false
+}
+
+// idNumber returns the integer value of a numeric id, if it is one.
+func idNumber(raw json.RawMessage) (int64, bool) {
+	s := scanner{data: raw}
+	if lit, err := s.number(); err != nil || len(lit) != len(raw) {
+		return 0, false
+	}
+	canon, err := appendCanonicalNumber(nil, raw)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(string(canon), 10, 64)
+	if err != nil || n > maxSafeID || n < -maxSafeID {
+		return 0, false
+	}
+	return n, true
+}
+
+// SameID reports whether two raw ids denote the same id: equal strings after
+// unescaping, or equal integers however written (1, 1.0, 1e0).
+func SameID(a, b json.RawMessage) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	if a[0] == '"' && b[0] == '"' {
+		x, ok1 := decodeString(a)
+		y, ok2 := decodeString(b)
+		return ok1 && ok2 && x == y
+	}
+	x, ok1 := idNumber(a)
+	y, ok2 := idNumber(b)
+	return ok1 && ok2 && x == y
+}
+
+// DefaultMaxBody is the body limit ReadBody applies when given max <= 0; it
+// matches the Go SDK's default request limit.
+const DefaultMaxBody = 4 << 20
+
+// ReadBody reads the whole request body, refusing more than max bytes
+// (DefaultMaxBody when max <= 0) with a 413 *Error (code
+// CodeInvalidRequest) before reading it all: a declared Content-Length over
+// the limit is refused without reading. A failed read is a 400 *Error (code
+// CodeParseError).
+func ReadBody(r *http.Request, max int64) ([]byte, *Error) {
+	if max <= 0 {
+		max = DefaultMaxBody
+	}
+	tooLarge := func() *Error {
+		return newError(http.StatusRequestEntityTooLarge, CodeInvalidRequest, nil, "request body exceeds %d bytes", max)
+	}
+	if r.ContentLength > max {
+		return nil, tooLarge()
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	var buf bytes.Buffer
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength))
+	}
+	n, err := buf.ReadFrom(io.LimitReader(r.Body, max+1))
+	if n > max {
+		return nil, tooLarge()
+	}
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, tooLarge()
+		}
+		return nil, newError(http.StatusBadRequest, CodeParseError, nil, "reading request body: %v", err)
+	}
+	return buf.Bytes(), nil
+}

@@ -1,0 +1,471 @@
+package mcp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// Errors Serve returns; check them with errors.Is.
+var (
+	// ErrUpstreamUnavailable means the upstream could not be reached or broke
+	// off its answer. Serve answered 502 if nothing had been sent yet.
+	ErrUpstreamUnavailable = errors.New("mcp: upstream unavailable")
+	// ErrUpstreamTimeout means the upstream did not finish within
+	// ProxyOptions.Timeout. Serve answered 504 if nothing had been sent yet.
+	ErrUpstreamTimeout = errors.New("mcp: upstream timed out")
+	// ErrBadUpstreamResponse means the upstream's answer could not be
+	// inspected as Forward required (too large, or a tools/list result that
+	// cannot be filtered). Serve answered 502 rather than relay it unchecked.
+	ErrBadUpstreamResponse = errors.New("mcp: bad upstream response")
+	// ErrClientGone means the client went away before the answer was fully
+	// relayed; the upstream request was cancelled.
+	ErrClientGone = errors.New("mcp: client went away")
+)
+
+// StatusClientClosedRequest is the status Serve reports (it is never sent)
+// when the client went away before any status was written.
+const StatusClientClosedRequest = 499
+
+// Defaults for ProxyOptions.
+const (
+	DefaultTimeout          = 60 * time.Second
+	DefaultMaxResponseBytes = 16 << 20
+	DefaultMaxEventBytes    = 16 << 20 // the Go SDK client's own limit
+)
+
+// ProxyOptions configures a Proxy. Only Upstream is required.
+type ProxyOptions struct {
+	// Upstream is the URL of the upstream MCP endpoint (http or https).
+	Upstream string
+	// Headers are set on every upstream request, replacing any client value:
+	// typically the gateway's own upstream credential.
+	Headers http.Header
+	// Client sends upstream requests. nil means a client with pooled
+	// keep-alive connections that does not follow redirects. Its Timeout
+	// should be zero: a server-initiated GET stream lives for the whole
+	// session.
+	Client *http.Client
+	// Timeout bounds a POST or DELETE exchange from sending the request to
+	// the end of the answer, SSE streams included. Zero means
+	// DefaultTimeout; negative means no limit. Notification streams are not
+	// bounded: GET, and the subscriptions/listen POST of MCP 2026-07-28.
+	Timeout time.Duration
+	// MaxResponseBytes bounds a JSON answer the proxy must inspect (when
+	// Forward has OnResult, or AllowTool on tools/list). Zero means
+	// DefaultMaxResponseBytes. Answers relayed without inspection are not
+	// bounded.
+	MaxResponseBytes int64
+	// MaxEventBytes bounds one server-sent event. Zero means
+	// DefaultMaxEventBytes.
+	MaxEventBytes int
+	// Logger receives upstream failures at Warn level. nil discards them.
+	Logger *slog.Logger
+}
+
+// Proxy relays MCP Streamable HTTP exchanges to one upstream. It is safe for
+// concurrent use.
+type Proxy struct {
+	upstream string
+	headers  http.Header
+	client   *http.Client
+	timeout  time.Duration
+	maxResp  int64
+	maxEvent int
+	log      *slog.Logger
+}
+
+// NewProxy validates opts and returns a Proxy.
+func NewProxy(opts ProxyOptions) (*Proxy, error) {
+	u, err := url.Parse(opts.Upstream)
+	if err != nil {
+		return nil, fmt.Errorf("mcp: upstream URL: %w", err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("mcp: upstream URL %q: want http(s)://host/path", opts.Upstream)
+	}
+	if opts.MaxResponseBytes < 0 || opts.MaxEventBytes < 0 {
+		return nil, errors.New("mcp: negative MaxResponseBytes or MaxEventBytes")
+	}
+	p := &Proxy{
+		upstream: u.String(),
+		headers:  opts.Headers.Clone(),
+		client:   opts.Client,
+		timeout:  opts.Timeout,
+		maxResp:  opts.MaxResponseBytes,
+		maxEvent: opts.MaxEventBytes,
+		log:      opts.Logger,
+	}
+	if p.client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = 64
+		p.client = &http.Client{
+			Transport:     tr,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
+	if p.timeout == 0 {
+		p.timeout = DefaultTimeout
+	}
+	if p.maxResp == 0 {
+		p.maxResp = DefaultMaxResponseBytes
+	}
+	if p.maxEvent == 0 {
+		p.maxEvent = DefaultMaxEventBytes
+	}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	return p, nil
+}
+
+// Forward describes one client request for Serve.
+type Forward struct {
+	// Body is the already-read POST body, sent upstream unchanged (nil for
+	// GET and DELETE).
+	Body []byte
+	// Msg is Body parsed. When nil on a POST, Serve parses Body itself and
+	// answers a parse error to the client.
+	Msg *Message
+	// Header holds extra headers for this upstream request, set after
+	// ProxyOptions.Headers (e.g. X-Mcp-Tenant, X-Mcp-Subject).
+	Header http.Header
+	// AllowTool, when set and Msg is a tools/list request, removes from the
+	// result every tool whose name it refuses, in JSON and SSE answers alike.
+	// A tools/list result that cannot be filtered is not relayed (502).
+	AllowTool func(name string) bool
+	// OnResult, when set and Msg is a request, is called once with the
+	// JSON-RPC response to Msg.ID: its result (after AllowTool filtering) or
+	// its error object. It runs before that response is written to the
+	// client. When the upstream gives no such response, OnResult receives the
+	// error object describing what happened instead (the one sent to the
+	// client when Serve answered 502/504, or one describing the upstream's
+	// HTTP status). It is not called when the client went away first, nor
+	// when an SSE stream carrying event ids ended early (the client may
+	// resume it with a GET, which Serve does not inspect).
+	OnResult func(result json.RawMessage, rpcErr json.RawMessage)
+}
+
+// Serve relays the client request r to the upstream and the upstream's
+// answer back to w, and returns when the answer is fully relayed or the
+// client went away. POST, GET (the server-initiated stream) and DELETE
+// (session end) are relayed; other methods get 405.
+//
+// Allowlisted request headers are forwarded (Mcp-Session-Id,
+// MCP-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name, Mcp-Param-*,
+// Accept, Content-Type, User-Agent, trace context); Authorization, Cookie
+// and every other header are not. The upstream's status, Mcp-Session-Id and
+// Content-Type are passed back. A text/event-stream answer is relayed event
+// by event with a flush after each and X-Accel-Buffering: no, never buffered
+// whole.
+//
+// It returns the HTTP status sent to the client (StatusClientClosedRequest
+// if none was) and nil, or an error matching ErrUpstreamUnavailable,
+// ErrUpstreamTimeout, ErrBadUpstreamResponse or ErrClientGone, or the
+// *Error of an unparsable body.
+func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, f Forward) (status int, err error) {
+	switch r.Method {
+	case http.MethodPost:
+		if f.Msg == nil {
+			m, err := Parse(f.Body)
+			if err != nil {
+				e := err.(*Error)
+				e.Respond(w)
+				return e.HTTPStatus, e
+			}
+			f.Msg = m
+		}
+	case http.MethodGet, http.MethodDelete:
+		f.Body, f.Msg = nil, nil
+	default:
+		w.Header().Set("Allow", "GET, POST, DELETE")
+		WriteError(w, http.StatusMethodNotAllowed, nil, CodeInvalidRequest, "method not allowed", nil)
+		return http.StatusMethodNotAllowed, nil
+	}
+
+	// The upstream request dies with the client's: a client that goes away
+	// cancels the upstream call.
+	var ctx context.Context
+	var cancel context.CancelFunc
+	long := r.Method == http.MethodGet || methodOf(f.Msg) == MethodSubscriptionsListen
+	if p.timeout > 0 && !long {
+		ctx, cancel = context.WithTimeoutCause(r.Context(), p.timeout, ErrUpstreamTimeout)
+	} else {
+		ctx, cancel = context.WithCancel(r.Context())
+	}
+	defer cancel()
+
+	var body io.Reader
+	if r.Method == http.MethodPost {
+		body = bytes.NewReader(f.Body)
+	}
+	req, err := http.NewRequestWithContext(ctx, r.Method, p.upstream, body)
+	if err != nil {
+		return p.fail(w, r, f, nil, err)
+	}
+	copyRequestHeaders(req.Header, r.Header)
+	for k, v := range p.headers {
+		req.Header[k] = append([]string(nil), v...)
+	}
+	for k, v := range f.Header {
+		req.Header[http.CanonicalHeaderKey(k)] = append([]string(nil), v...)
+	}
+
+	x := &exchange{p: p, w: w, r: r, ctx: ctx, f: f}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return p.fail(w, r, f, x, err)
+	}
+	defer resp.Body.Close()
+
+	if mediaType(resp.Header.Get("Content-Type")) == "text/event-stream" && resp.StatusCode/100 == 2 {
+		return x.relaySSE(resp)
+	}
+	return x.relayBody(resp)
+}
+
+// exchange is the state of one Serve call.
+type exchange struct {
+	p        *Proxy
+	w        http.ResponseWriter
+	r        *http.Request
+	ctx      context.Context // upstream request context
+	f        Forward
+	reported bool // OnResult was called
+}
+
+func (x *exchange) filtering() bool {
+	return x.f.AllowTool != nil && x.f.Msg.IsCall() && x.f.Msg.Method == MethodToolsList
+}
+
+func (x *exchange) report(result, rpcErr json.RawMessage) {
+	if x.reported || x.f.OnResult == nil || !x.f.Msg.IsCall() {
+		return
+	}
+	x.reported = true
+	x.f.OnResult(result, rpcErr)
+}
+
+// cause classifies a failure of the upstream exchange.
+func (x *exchange) cause(err error) error {
+	switch {
+	case x.r.Context().Err() != nil:
+		return ErrClientGone
+	case errors.Is(context.Cause(x.ctx), ErrUpstreamTimeout):
+		return ErrUpstreamTimeout
+	case errors.Is(err, ErrBadUpstreamResponse):
+		return err
+	}
+	return fmt.Errorf("%w: %v", ErrUpstreamUnavailable, err)
+}
+
+// fail answers a failure that happened before anything was written.
+func (p *Proxy) fail(w http.ResponseWriter, r *http.Request, f Forward, x *exchange, err error) (int, error) {
+	if x == nil {
+		x = &exchange{p: p, w: w, r: r, ctx: r.Context(), f: f}
+	}
+	err = x.cause(err)
+	var id json.RawMessage
+	if f.Msg != nil && f.Msg.Kind == Request {
+		id = f.Msg.ID
+	}
+	status, msg := http.StatusBadGateway, "upstream MCP server unavailable"
+	switch {
+	case errors.Is(err, ErrClientGone):
+		return StatusClientClosedRequest, err
+	case errors.Is(err, ErrUpstreamTimeout):
+		status, msg = http.StatusGatewayTimeout, "upstream MCP server timed out"
+	case errors.Is(err, ErrBadUpstreamResponse):
+		msg = "upstream MCP server sent an unusable response"
+	}
+	p.log.Warn("mcp upstream failure", "method", r.Method, "rpc_method", methodOf(f.Msg), "status", status, "err", err)
+	x.report(nil, errorObject(CodeInternalError, msg))
+	WriteError(w, status, id, CodeInternalError, msg, nil)
+	return status, err
+}
+
+// copyResponseHeaders passes the allowlisted upstream headers on; it runs
+// only once the upstream's answer is known to be relayed.
+func (x *exchange) copyResponseHeaders(resp *http.Response) {
+	for _, k := range forwardResponseHeaders {
+		if v := resp.Header.Values(k); len(v) > 0 {
+			x.w.Header()[k] = append([]string(nil), v...)
+		}
+	}
+}
+
+func methodOf(m *Message) string {
+	if m == nil {
+		return ""
+	}
+	return m.Method
+}
+
+// relayBody relays a non-SSE answer: unchanged when nothing needs
+// inspecting, else read whole (bounded), inspected, then written.
+func (x *exchange) relayBody(resp *http.Response) (int, error) {
+	w := x.w
+	inspect := x.f.Msg.IsCall() && (x.f.OnResult != nil || x.filtering())
+	if !inspect {
+		x.copyResponseHeaders(resp)
+		w.WriteHeader(resp.StatusCode)
+		if _, err := io.Copy(w, resp.Body); err != nil {
+			return resp.StatusCode, x.cause(err)
+		}
+		return resp.StatusCode, nil
+	}
+
+	data, err := io.ReadAll(io.LimitReader(resp.Body, x.p.maxResp+1))
+	if err == nil && int64(len(data)) > x.p.maxResp {
+		err = fmt.Errorf("%w: answer over %d bytes", ErrBadUpstreamResponse, x.p.maxResp)
+	}
+	if err != nil {
+		return x.p.fail(w, x.r, x.f, x, err)
+	}
+	ok2xx := resp.StatusCode/100 == 2
+	matched := false
+	if mediaType(resp.Header.Get("Content-Type")) == "application/json" {
+		if m, err := Parse(data); err == nil && m.Kind == Response && SameID(m.ID, x.f.Msg.ID) {
+			matched = true
+			result := m.Result
+			if x.filtering() && ok2xx && result != nil {
+				filtered, err := filterTools(result, x.f.AllowTool)
+				if err != nil {
+					return x.p.fail(w, x.r, x.f, x, err)
+				}
+				result, data = filtered, resultResponse(m.ID, filtered)
+			}
+			x.report(result, m.Error)
+		}
+	}
+	if !matched {
+		if x.filtering() && ok2xx {
+			return x.p.fail(w, x.r, x.f, x, fmt.Errorf("%w: tools/list answer is not its JSON-RPC response", ErrBadUpstreamResponse))
+		}
+		x.report(nil, errorObject(CodeInternalError, "upstream answered HTTP "+strconv.Itoa(resp.StatusCode)+" without a JSON-RPC response"))
+	}
+	x.copyResponseHeaders(resp)
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	w.WriteHeader(resp.StatusCode)
+	if _, err := w.Write(data); err != nil {
+		return resp.StatusCode, ErrClientGone
+	}
+	return resp.StatusCode, nil
+}
+
+// relaySSE relays an event stream event by event, flushing after each.
+func (x *exchange) relaySSE(resp *http.Response) (int, error) {
+	w := x.w
+	x.copyResponseHeaders(resp)
+	h := w.Header()
+	h.Del("Content-Length")
+	h.Set("X-Accel-Buffering", "no")
+	if h.Get("Cache-Control") == "" {
+		h.Set("Cache-Control", "no-cache")
+	}
+	status := resp.StatusCode
+	w.WriteHeader(status)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush() // headers now: a GET stream may stay silent for long
+
+	call := x.f.Msg.IsCall()
+	answered, resumable := false, false
+	events := newEventReader(resp.Body, x.p.maxEvent)
+	var streamErr error
+	for {
+		ev, err := events.next()
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				streamErr = err
+			}
+			break
+		}
+		resumable = resumable || ev.hasID
+		out := ev.raw
+		if call && !answered && ev.data != nil && (ev.name == "" || ev.name == "message") {
+			if m, err := Parse(ev.data); err == nil && m.Kind == Response && SameID(m.ID, x.f.Msg.ID) {
+				answered = true
+				result := m.Result
+				if x.filtering() && result != nil {
+					filtered, err := filterTools(result, x.f.AllowTool)
+					if err != nil {
+						x.p.log.Warn("mcp upstream tools/list unfilterable", "err", err)
+						msg := "upstream MCP server sent an unusable response"
+						x.report(nil, errorObject(CodeInternalError, msg))
+						_, _ = w.Write(errorEvent(m.ID, CodeInternalError, msg))
+						_ = rc.Flush()
+						return status, err
+					}
+					result = filtered
+					out = rewriteEventData(ev.raw, resultResponse(m.ID, filtered))
+				}
+				x.report(result, m.Error)
+			}
+		}
+		if _, err := w.Write(out); err != nil {
+			return status, ErrClientGone
+		}
+		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return status, ErrClientGone
+		}
+	}
+
+	var err error
+	if streamErr != nil {
+		if errors.Is(streamErr, errEventTooLarge) {
+			streamErr = fmt.Errorf("%w: %v", ErrBadUpstreamResponse, streamErr)
+		}
+		err = x.cause(streamErr)
+		if errors.Is(err, ErrClientGone) {
+			return status, err
+		}
+		x.p.log.Warn("mcp upstream stream broke", "rpc_method", methodOf(x.f.Msg), "err", err)
+	}
+	// The stream ended without the response. Unless the client can resume it
+	// (event ids were sent, and it was not our timeout that cut it), answer
+	// the call ourselves so the client is not left waiting.
+	if call && !answered && (!resumable || errors.Is(err, ErrUpstreamTimeout)) {
+		msg := "upstream MCP server ended the stream without a response"
+		switch {
+		case errors.Is(err, ErrUpstreamTimeout):
+			msg = "upstream MCP server timed out"
+		case errors.Is(err, ErrBadUpstreamResponse):
+			msg = "upstream MCP server sent an unusable response"
+		case err != nil:
+			msg = "upstream MCP server unavailable"
+		}
+		x.report(nil, errorObject(CodeInternalError, msg))
+		if _, werr := w.Write(errorEvent(x.f.Msg.ID, CodeInternalError, msg)); werr != nil {
+			return status, ErrClientGone
+		}
+		_ = rc.Flush()
+	}
+	return status, err
+}
+
+// resultResponse encodes a JSON-RPC success response.
+func resultResponse(id, result json.RawMessage) []byte {
+	b := make([]byte, 0, len(id)+len(result)+32)
+	b = append(b, `{"jsonrpc":"2.0","id":`...)
+	b = append(b, id...)
+	b = append(b, `,"result":`...)
+	b = append(b, result...)
+	return append(b, '}')
+}
+
+func mediaType(v string) string {
+	t, _, err := mime.ParseMediaType(v)
+	if err != nil {
+		return ""
+	}
+	return t
+}

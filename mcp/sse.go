@@ -1,0 +1,139 @@
+package mcp
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// errEventTooLarge means one server-sent event exceeded the size limit.
+var errEventTooLarge = errors.New("server-sent event too large")
+
+// sseEvent is one server-sent event as read from the upstream: its raw bytes
+// (every line, including the blank line that ends it) plus the fields the
+// proxy inspects. raw and data are only valid until the next call to next.
+type sseEvent struct {
+	raw   []byte
+	data  []byte // data lines joined with "\n"; nil when there were none
+	name  string // event field, "" when absent
+	hasID bool   // the event set a non-empty id (the stream is resumable)
+}
+
+// eventReader splits an SSE stream into events without interpreting more
+// than it must, so that events can be relayed byte for byte. Lines end in
+// "\n" or "\r\n" (MCP servers write "\n"; a stream using bare "\r" reads as
+// one long line and hits the size limit).
+type eventReader struct {
+	br   *bufio.Reader
+	max  int
+	raw  []byte
+	data []byte
+}
+
+func newEventReader(r io.Reader, max int) *eventReader {
+	return &eventReader{br: bufio.NewReaderSize(r, 32<<10), max: max}
+}
+
+// next returns the next event. At the end of the stream a final event that
+// lacks its terminating blank line is returned as is; then io.EOF.
+func (er *eventReader) next() (sseEvent, error) {
+	er.raw = er.raw[:0]
+	er.data = er.data[:0]
+	ev := sseEvent{}
+	hasData := false
+	lineStart := 0
+	for {
+		chunk, err := er.br.ReadSlice('\n')
+		if len(er.raw)+len(chunk) > er.max {
+			return sseEvent{}, fmt.Errorf("%w: over %d bytes", errEventTooLarge, er.max)
+		}
+		er.raw = append(er.raw, chunk...)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue // the line goes on
+		}
+		line := bytes.TrimRight(er.raw[lineStart:], "\r\n")
+		complete := err == nil
+		if complete && len(line) == 0 {
+			ev.raw = er.raw
+			break // blank line: end of event
+		}
+		if len(line) > 0 {
+			field, value, _ := bytes.Cut(line, []byte{':'})
+			value = bytes.TrimPrefix(value, []byte{' '})
+			switch string(field) {
+			case "data":
+				if hasData {
+					er.data = append(er.data, '\n')
+				}
+				hasData = true
+				er.data = append(er.data, value...)
+			case "event":
+				ev.name = string(value)
+			case "id":
+				ev.hasID = ev.hasID || len(value) > 0
+			}
+		}
+		lineStart = len(er.raw)
+		if err != nil {
+			if len(er.raw) == 0 || !errors.Is(err, io.EOF) {
+				return sseEvent{}, err
+			}
+			ev.raw = er.raw // unterminated last event: relay it as is
+			break
+		}
+	}
+	if hasData {
+		ev.data = er.data
+	}
+	return ev, nil
+}
+
+// rewriteEventData returns the event raw with its data lines replaced by a
+// single data line holding data (which must contain no newline), keeping the
+// other lines (id, event, retry, comments) in place.
+func rewriteEventData(raw, data []byte) []byte {
+	out := make([]byte, 0, len(raw)+len(data))
+	wrote := false
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line = raw[:i+1]
+		}
+		raw = raw[len(line):]
+		field, _, _ := bytes.Cut(bytes.TrimRight(line, "\r\n"), []byte{':'})
+		if string(field) != "data" {
+			if len(bytes.TrimRight(line, "\r\n")) == 0 && !wrote {
+				out = appendDataLine(out, data)
+				wrote = true
+			}
+			out = append(out, line...)
+			continue
+		}
+		if !wrote {
+			out = appendDataLine(out, data)
+			wrote = true
+		}
+	}
+	if !wrote {
+		out = appendDataLine(out, data)
+	}
+	if !bytes.HasSuffix(out, []byte("\n\n")) && !bytes.HasSuffix(out, []byte("\n\r\n")) {
+		out = append(out, '\n')
+	}
+	return out
+}
+
+func appendDataLine(dst, data []byte) []byte {
+	dst = append(dst, "data: "...)
+	dst = append(dst, data...)
+	return append(dst, '\n')
+}
+
+// errorEvent is an SSE event carrying a JSON-RPC error response.
+func errorEvent(id json.RawMessage, code int, message string) []byte {
+	b := appendDataLine([]byte("event: message\n"), errorResponse(id, code, message, nil))
+	return append(b, '\n')
+}

@@ -1,0 +1,78 @@
+// Package metrics holds mcpgate's Prometheus collectors. Every name starts
+// with mcpgate_. One Metrics value is created per process and shared by the
+// stages; all collectors are safe for concurrent use.
+package metrics
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics is the set of collectors, registered on its own registry.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	// Requests counts MCP requests by method class and outcome
+	// (admitted, denied, unauthorized, forbidden, bad_request, unavailable, upstream_error).
+	Requests *prometheus.CounterVec
+	// Denials counts 429s by scope and rule.
+	Denials *prometheus.CounterVec
+	// ShadowDenials counts shadow rules that would have denied, by rule.
+	ShadowDenials *prometheus.CounterVec
+	// Degraded counts decisions taken without the shared store, by failure policy.
+	Degraded *prometheus.CounterVec
+	// DenialCacheHits counts denials answered in-process from the denial cache.
+	DenialCacheHits prometheus.Counter
+	// DecisionSeconds is the latency of one limit-store call.
+	DecisionSeconds prometheus.Histogram
+	// UpstreamSeconds is the latency of upstream calls (until the answer is relayed).
+	UpstreamSeconds prometheus.Histogram
+	// StoreUp is 1 while the shared limit store answers, 0 while its breaker is open.
+	StoreUp prometheus.Gauge
+}
+
+// New creates and registers the collectors (plus the Go and process collectors).
+func New() *Metrics {
+	r := prometheus.NewRegistry()
+	m := &Metrics{
+		Registry: r,
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcpgate_requests_total", Help: "MCP requests by method class and outcome.",
+		}, []string{"method", "outcome"}),
+		Denials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcpgate_denials_total", Help: "Calls denied with 429, by scope and rule.",
+		}, []string{"scope", "rule"}),
+		ShadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcpgate_shadow_denials_total", Help: "Calls a shadow rule would have denied, by rule.",
+		}, []string{"rule"}),
+		Degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcpgate_degraded_decisions_total", Help: "Limit decisions taken without the shared store, by failure policy.",
+		}, []string{"policy"}),
+		DenialCacheHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mcpgate_denial_cache_hits_total", Help: "Denials answered in-process without asking the shared store.",
+		}),
+		DecisionSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "mcpgate_limit_decision_seconds", Help: "Latency of one limit-store call.",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05},
+		}),
+		UpstreamSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "mcpgate_upstream_seconds", Help: "Latency of upstream calls, until the answer is relayed.",
+			Buckets: prometheus.DefBuckets,
+		}),
+		StoreUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mcpgate_limit_store_up", Help: "1 while the shared limit store answers, 0 while it is skipped.",
+		}),
+	}
+	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
+		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
+}

@@ -1,0 +1,291 @@
+package policy
+
+import (
+	"strings"
+	"time"
+
+	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// Defaults applied by Parse to fields the file leaves out (or sets to null).
+const (
+	DefaultListen        = "127.0.0.1:8080"
+	DefaultTierName      = "free"
+	DefaultMaxBodyBytes  = 4 << 20
+	DefaultUpstreamWait  = 60 * time.Second
+	DefaultStoreTimeout  = 25 * time.Millisecond
+	DefaultUsageStore    = "sqlite:mcpgate-usage.db"
+	DefaultFlushInterval = time.Second
+	DefaultCooldown      = 30 * time.Second
+	DefaultTenantClaim   = "tenant_id"
+	DefaultTierClaim     = "tier"
+	DefaultScopeClaim    = "scope"
+)
+
+// Config is a validated configuration. Parse returns it fully defaulted; it
+// is never modified afterwards, so one *Config may be read by any number of
+// goroutines. A reload builds a new Config.
+type Config struct {
+	Path        string // the file it was loaded from (the name given to Parse)
+	Listen      string // host:port of the gateway's listener
+	Upstream    Upstream
+	Auth        Auth
+	Store       Store
+	Usage       Usage
+	DefaultTier string // the tier of a token without a (known) tier claim; a key of Tiers when Tiers is not empty
+	Tiers       map[string]Tier
+	Global      []Rule // rules counted across all tenants; Per is always keyspace.PerGlobal
+	Cache       Cache
+	Tools       map[string]Tool
+	Breaker     Breaker
+	// Warnings are non-fatal problems, each "file:line: field: problem"
+	// (for example an unset ${VAR}). The caller decides whether to log them.
+	Warnings []string
+
+	// rules[tier][tool] is the tier's rules followed by the tool's; the
+	// entry for tool "" holds the tier's rules alone. Built by Parse so that
+	// RulesFor does not allocate on the request path.
+	rules map[string]map[string][]Rule
+}
+
+// Upstream is the MCP server the gateway forwards to.
+type Upstream struct {
+	URL string // http or https; ${VAR} expanded
+	// Headers are set on every upstream request (values ${VAR} expanded).
+	// The caller's own credentials are never forwarded.
+	Headers map[string]string
+	// IdentityHeaders adds X-Mcp-Tenant and X-Mcp-Subject to upstream requests.
+	IdentityHeaders bool
+	// MaxBodyBytes caps a request body read from a client (default 4 MiB).
+	MaxBodyBytes int64
+	// Timeout bounds one upstream call (default 60s).
+	Timeout time.Duration
+}
+
+// JWT says how tokens are verified. Exactly one key source is set:
+// HS256SecretEnv, JWKSURL, JWKSFile or PublicKeyFile.
+type JWT struct {
+	HS256SecretEnv string // name of the environment variable holding the HS256 secret
+	JWKSURL        string // http(s) URL of a JWKS document
+	JWKSFile       string // path of a JWKS document
+	PublicKeyFile  string // PEM public key (RS256, ES256 or EdDSA)
+	Issuer         string // checked when not empty
+	Audience       string // checked when not empty
+	TenantClaim    string // default "tenant_id"; a token without it is refused
+	TierClaim      string // default "tier"; missing or unknown: Config.DefaultTier
+	ScopeClaim     string // default "scope"; space-separated "tools:*" or "tools:<name>"
+}
+
+// Auth is the authentication of agents and of the admin API.
+type Auth struct {
+	JWT JWT
+	// AdminTokenEnv names the environment variable holding the bearer token of
+	// /admin/*. Empty: no admin token is configured.
+	AdminTokenEnv string
+}
+
+// FailurePolicy says what a decision does when the store fails or times out.
+type FailurePolicy string
+
+// The failure policies.
+const (
+	FailOpen   FailurePolicy = "open"   // admit the call
+	FailClosed FailurePolicy = "closed" // refuse it with 503
+	FailLocal  FailurePolicy = "local"  // decide with the in-process store and the same rules
+)
+
+// Valid reports whether p is one of the failure policies.
+func (p FailurePolicy) Valid() bool { return p == FailOpen || p == FailClosed || p == FailLocal }
+
+// Store is where rate-limit counters live.
+type Store struct {
+	// Redis is nil for the in-process store (one instance). Otherwise it has
+	// either one element, a URL (redis://, rediss://, valkey://, valkeys://,
+	// unix://) or a host:port, or several host:port Cluster seed addresses.
+	Redis   []string
+	Timeout time.Duration // deadline of one limit decision (default 25ms)
+	OnError FailurePolicy // default policy of tools without their own (default open)
+}
+
+// Usage is the durable usage (metering) store.
+type Usage struct {
+	// Store is "sqlite:PATH" or "dynamodb:TABLE" (default
+	// "sqlite:mcpgate-usage.db"). See Backend.
+	Store         string
+	FlushInterval time.Duration // how often live counters are written (default 1s)
+}
+
+// Backend splits Store into its kind ("sqlite" or "dynamodb") and the path
+// or table name.
+func (u Usage) Backend() (kind, target string) {
+	kind, target, _ = strings.Cut(u.Store, ":")
+	return kind, target
+}
+
+// Tier is a service level: a monthly quota and tenant-scoped limits.
+type Tier struct {
+	MonthlyQuota int64  // cost units per calendar month (UTC); 0 means no quota
+	Limits       []Rule // Per is never keyspace.PerGlobal; default keyspace.PerTenant
+}
+
+// Rule is a limit.Rule together with the scope of its counter.
+type Rule struct {
+	limit.Rule
+	Per keyspace.Per
+}
+
+// Cost is what one call of a tool charges against limits, quotas and usage.
+// Either Fixed is set (at least 1), or Estimate is charged up front and the
+// usage is corrected afterwards from the number found in the tool's result
+// at the dotted path FromResult (for example "_meta.usage.tokens").
+type Cost struct {
+	Fixed      int64
+	Estimate   int64
+	FromResult string
+}
+
+// Charge is the cost charged before the call: Fixed, or Estimate.
+func (c Cost) Charge() int64 {
+	if c.Fixed > 0 {
+		return c.Fixed
+	}
+	return c.Estimate
+}
+
+// ToolCache makes a tool's results cacheable.
+type ToolCache struct {
+	TTL         time.Duration // lifetime of a successful result; always positive
+	Jitter      float64       // fraction (0..1) the TTL is randomly shortened by, from "10%"
+	NegativeTTL time.Duration // lifetime of an isError result; 0 means they are not cached
+	Shared      bool          // false (default): entries are per tenant
+	// Tags are templates such as "product:{{args.id}}" attached to each entry
+	// so that Tool.Invalidates can drop them.
+	Tags []string
+}
+
+// Tool is the configuration of one upstream tool. Tools not listed have the
+// zero Tool with Cost{Fixed: 1}.
+type Tool struct {
+	Cost        Cost
+	Cache       *ToolCache    // nil: results are not cached
+	OnError     FailurePolicy // "": Store.OnError
+	Limits      []Rule        // Per is never keyspace.PerGlobal; default keyspace.PerTenantTool
+	Invalidates []string      // tag templates dropped after a successful call
+}
+
+// Cache is the tool-result cache.
+type Cache struct {
+	Redis []string // like Store.Redis; nil: use Store.Redis
+	Warm  []Warm   // calls made at startup, before the gateway reports ready
+}
+
+// Warm is one call made to fill the cache at startup.
+type Warm struct {
+	Tool   string         // a key of Config.Tools with a Cache
+	Args   map[string]any // the call's arguments, as JSON would decode them (never nil)
+	Tenant string         // whose entry it fills; required unless the tool's cache is Shared
+}
+
+// IdenticalCalls opens the breaker after Count calls of the same tool with
+// the same arguments within a sliding Within. Count 0 disables the check.
+type IdenticalCalls struct {
+	Count  int
+	Within time.Duration
+}
+
+// Breaker is the runaway-agent circuit breaker. A threshold of 0 disables
+// that trigger; with all three at 0 the breaker is off (see Enabled).
+type Breaker struct {
+	Key                 string // "subject" (default), "tenant" or "session"
+	ConsecutiveDenials  int
+	ConsecutiveFailures int
+	IdenticalCalls      IdenticalCalls
+	Cooldown            time.Duration // how long an open breaker refuses calls (default 30s)
+	AlertWebhook        string        // http(s) URL POSTed a JSON event when a breaker opens; "" for none
+}
+
+// Enabled reports whether any trigger of the breaker is set.
+func (b Breaker) Enabled() bool {
+	return b.ConsecutiveDenials > 0 || b.ConsecutiveFailures > 0 || b.IdenticalCalls.Count > 0
+}
+
+// ResolveTier returns the tier a token's tier claim selects: the named tier
+// when it exists, else DefaultTier. ok is false when Tiers has no entry for
+// the result (Tiers is empty), in which case t is the zero Tier.
+func (c *Config) ResolveTier(name string) (resolved string, t Tier, ok bool) {
+	if t, ok := c.Tiers[name]; ok {
+		return name, t, true
+	}
+	t, ok = c.Tiers[c.DefaultTier]
+	return c.DefaultTier, t, ok
+}
+
+// RulesFor returns the rules of one call: the tier's rules followed by the
+// tool's (all tenant-scoped, to be evaluated together in the tenant's slot),
+// and the global rules. An unknown tier means DefaultTier. The slices are
+// shared and must not be modified (appending to them is safe: they have no
+// spare capacity).
+func (c *Config) RulesFor(tier, tool string) (tenantScoped []Rule, global []Rule) {
+	global = c.Global[:len(c.Global):len(c.Global)]
+	tier, t, _ := c.ResolveTier(tier)
+	if byTool, ok := c.rules[tier]; ok {
+		if r, ok := byTool[tool]; ok {
+			return r, global
+		}
+		r := byTool[""]
+		return r, global
+	}
+	return combine(t.Limits, c.Tools[tool].Limits), global
+}
+
+// ToolOnError returns the failure policy of tool: its own, else the store's,
+// else FailOpen.
+func (c *Config) ToolOnError(tool string) FailurePolicy {
+	if p := c.Tools[tool].OnError; p != "" {
+		return p
+	}
+	if c.Store.OnError != "" {
+		return c.Store.OnError
+	}
+	return FailOpen
+}
+
+// ToolCost returns the cost of one call of tool (Cost{Fixed: 1} for tools
+// the configuration does not list).
+func (c *Config) ToolCost(tool string) Cost {
+	if t, ok := c.Tools[tool]; ok && (t.Cost.Fixed > 0 || t.Cost.Estimate > 0) {
+		return t.Cost
+	}
+	return Cost{Fixed: 1}
+}
+
+// combine concatenates two rule lists into a new slice without spare capacity.
+func combine(a, b []Rule) []Rule {
+	if len(a)+len(b) == 0 {
+		return nil
+	}
+	out := make([]Rule, 0, len(a)+len(b))
+	out = append(out, a...)
+	return append(out, b...)
+}
+
+// index builds c.rules.
+func (c *Config) index() {
+	c.rules = map[string]map[string][]Rule{}
+	tiers := make([]string, 0, len(c.Tiers)+1)
+	for name := range c.Tiers {
+		tiers = append(tiers, name)
+	}
+	if len(tiers) == 0 {
+		tiers = append(tiers, c.DefaultTier)
+	}
+	for _, name := range tiers {
+		t := c.Tiers[name]
+		byTool := map[string][]Rule{"": combine(t.Limits, nil)}
+		for tool, tc := range c.Tools {
+			byTool[tool] = combine(t.Limits, tc.Limits)
+		}
+		c.rules[name] = byTool
+	}
+}

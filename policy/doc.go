@@ -1,0 +1,80 @@
+// Package policy loads and validates mcpgate's configuration file.
+//
+// Parse (and Load, which reads a file first) decodes strict YAML: unknown
+// keys, wrong types and invalid values are errors, and every problem found
+// is reported at once, sorted by line, each printed as
+//
+//	mcpgate.yaml:42: tiers.free.limits[1].algorithm: unknown algorithm "lru" (want one of fixed_window, ...)
+//
+// The returned Errors matches ErrInvalidConfig with errors.Is. A valid file
+// gives a fully defaulted *Config that is never modified afterwards and so
+// may be shared by any number of goroutines; reloading builds a new one.
+//
+// # Value syntax
+//
+// Durations use Go syntax (25ms, 1s, 1m, 720h; there is no "d"). A bare 0
+// is accepted as a zero duration, other bare numbers are refused because
+// they have no unit. Percentages are strings, "10%" (0% to 100%). Integers
+// must not be quoted. A key set to null (`key:` with no value) keeps its
+// default. Anchors, aliases and merge keys (<<) are supported. In
+// upstream.url and upstream.headers values, ${NAME} is replaced with the
+// environment variable NAME ($${ writes a literal ${); an unset variable
+// becomes "" and adds a warning to Config.Warnings.
+//
+// # Reference
+//
+// Defaults are in brackets; "required" fields have none.
+//
+//	listen                     host:port of the gateway [127.0.0.1:8080]
+//	upstream.url               http(s) URL of the Streamable HTTP MCP server (required)
+//	upstream.headers           name: value added to every upstream request
+//	upstream.identity_headers  send X-Mcp-Tenant and X-Mcp-Subject upstream [false]
+//	upstream.max_body_bytes    largest request body accepted from a client [4194304]
+//	upstream.timeout           bound on one upstream call [60s]
+//	auth.jwt                   exactly one key source: hs256_secret_env (name of an
+//	                           environment variable), jwks_url, jwks_file, public_key_file;
+//	                           issuer and audience are checked when set; tenant_claim
+//	                           [tenant_id], tier_claim [tier], scope_claim [scope]
+//	auth.admin_token_env       environment variable holding the admin bearer token [none]
+//	store.redis                "" (in-process store, one instance), one URL (redis://,
+//	                           rediss://, valkey://, valkeys://, unix://) or host:port,
+//	                           or a list of host:port Cluster seeds [""]
+//	store.timeout              deadline of one limit decision [25ms]
+//	store.on_error             open | closed | local [open]
+//	usage.store                sqlite:PATH | dynamodb:TABLE [sqlite:mcpgate-usage.db]
+//	usage.flush_interval       [1s]
+//	default_tier               tier of tokens without a known tier claim [free]; must name
+//	                           a tier when tiers is not empty
+//	tiers.NAME.monthly_quota   cost units per calendar month (UTC), 0 for none [0]
+//	tiers.NAME.limits          rules, per defaults to tenant
+//	global                     rules counted across all tenants; per is always global
+//	cache.redis                like store.redis; "" uses store.redis
+//	cache.warm[]               {tool, args, tenant}: calls made at startup; the tool must
+//	                           have a cache, and tenant is required unless it is shared
+//	tools.NAME.cost            N (fixed, at least 1) or {estimate: N [1], from_result: PATH} [1]
+//	tools.NAME.cache           {ttl (required), jitter ["0%"], negative_ttl [0: not cached],
+//	                           shared [false], tags}
+//	tools.NAME.on_error        open | closed | local [store.on_error]
+//	tools.NAME.limits          rules, per defaults to tenant_tool
+//	tools.NAME.invalidates     tag templates dropped after a successful call
+//	breaker.key                subject | tenant | session [subject]
+//	breaker.consecutive_denials, breaker.consecutive_failures
+//	                           thresholds; 0 disables that trigger [0]
+//	breaker.identical_calls    {count (0 disables, else at least 2), within (required with count)}
+//	breaker.cooldown           [30s]
+//	breaker.alert_webhook      http(s) URL POSTed when a breaker opens [none]
+//
+// A rule is {name, per, algorithm, limit, period, burst, shadow}. name (1 to
+// 64 of [A-Za-z0-9_.-]), algorithm (see limit.Algorithms), limit (at least
+// 1) and period are required; burst only applies to token_bucket and gcra;
+// every rule must pass limit.Rule.Validate. per is global, tenant,
+// tenant_tool, subject or subject_tool: global rules belong in the global
+// list only, and the global list holds nothing else. Names are unique
+// within a list, and a tool's rule may not repeat the name and per of a
+// tier's rule (the two would count on one key). Tool rules per tenant or
+// subject of different tools with the same name share one counter, which
+// is allowed only when they are identical.
+//
+// Tag templates are text with {{args.NAME}} or {{args.NAME.FIELD}} holes
+// filled from the call's arguments, e.g. "product:{{args.id}}".
+package policy

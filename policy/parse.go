@@ -1,0 +1,521 @@
+package policy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Load reads the file at path and parses it (see Parse). Errors reading the
+// file are returned as they are; problems in it as Errors.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes and validates a configuration. name is the file name used in
+// problems and Config.Path. Unknown keys, wrong types and invalid values are
+// all reported, each as "name:line: field: problem", in an Errors sorted by
+// line; on error the Config is nil. Unset ${VAR}s in upstream settings are
+// warnings (Config.Warnings), not errors. Parse reads environment variables
+// and nothing else.
+func Parse(name string, data []byte) (*Config, error) {
+	d := &decoder{file: name, tierRules: map[string][]ruleRef{}, toolRules: map[string][]ruleRef{}}
+	root := d.document(data)
+	c := &Config{Path: name}
+	if root != nil {
+		d.config(root, c)
+	}
+	d.defaults(c)
+	if len(d.errs) == 0 || root != nil && !d.over {
+		d.check(c, root)
+	}
+	for _, w := range sortProblems(d.warns) {
+		c.Warnings = append(c.Warnings, w.Error())
+	}
+	if len(d.errs) > 0 {
+		return nil, Errors(sortProblems(d.errs))
+	}
+	c.index()
+	return c, nil
+}
+
+var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// document parses data into its root node: nil for an empty file, or when
+// data is not YAML (then reported).
+func (d *decoder) document(data []byte) (root *yaml.Node) {
+	// yaml.v3 reports encoding problems without a line: find it first.
+	if line, msg := badText(data); line > 0 {
+		d.errs = append(d.errs, &Error{File: d.file, Line: line, Msg: msg})
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil { // yaml.v3 is not supposed to panic; never crash a reload if it does
+			d.errs = append(d.errs, &Error{File: d.file, Line: 1, Msg: fmt.Sprintf("cannot parse YAML: %v", r)})
+			root = nil
+		}
+	}()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		d.errs = append(d.errs, d.syntaxError(data, err))
+		return nil
+	}
+	var next yaml.Node
+	switch err := dec.Decode(&next); {
+	case err == nil:
+		d.errf(&next, "", "only one YAML document is allowed (a second starts here)")
+		return nil
+	case !errors.Is(err, io.EOF):
+		d.errs = append(d.errs, d.syntaxError(data, err))
+		return nil
+	}
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
+		return doc.Content[0]
+	}
+	return nil
+}
+
+// syntaxError turns a yaml.v3 error into an Error with a line.
+func (d *decoder) syntaxError(data []byte, err error) *Error {
+	msg := err.Error()
+	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		return &Error{File: d.file, Line: max(line, 1), Msg: "syntax error: " + m[2]}
+	}
+	msg = strings.TrimPrefix(msg, "yaml: ")
+	line := 1
+	// "unknown anchor 'x' referenced": point at the first *x.
+	if a, ok := strings.CutPrefix(msg, "unknown anchor '"); ok {
+		if i := strings.IndexByte(a, '\''); i >= 0 {
+			if j := bytes.Index(data, []byte("*"+a[:i])); j >= 0 {
+				line = lineOf(data, j)
+			}
+		}
+	}
+	return &Error{File: d.file, Line: line, Msg: "syntax error: " + msg}
+}
+
+// badText finds text yaml.v3 refuses without saying where: invalid UTF-8 and
+// control characters.
+func badText(data []byte) (line int, msg string) {
+	for i := 0; i < len(data); {
+		r, size := utf8.DecodeRune(data[i:])
+		switch {
+		case r == utf8.RuneError && size <= 1:
+			return lineOf(data, i), "file is not valid UTF-8"
+		case r == '\t' || r == '\n' || r == '\r' || r >= 0x20 && r <= 0x7E || r == 0x85 || r == 0xFEFF,
+			r >= 0xA0 && r <= 0xD7FF || r >= 0xE000 && r <= 0xFFFD || r >= 0x10000:
+		default:
+			return lineOf(data, i), fmt.Sprintf("control character %U is not allowed", r)
+		}
+		i += size
+	}
+	return 0, ""
+}
+
+// lineOf returns the 1-based line of byte offset i, counting line breaks as
+// YAML does: CR LF, CR, LF, NEL, LS and PS.
+func lineOf(data []byte, i int) int {
+	line := 1
+	for j := 0; j < i; {
+		r, size := utf8.DecodeRune(data[j:])
+		switch r {
+		case '\r':
+			if j+1 < len(data) && data[j+1] == '\n' {
+				size++
+			}
+			line++
+		case '\n', 0x85, 0x2028, 0x2029:
+			line++
+		}
+		j += size
+	}
+	return line
+}
+
+// config decodes the top-level mapping.
+func (d *decoder) config(root *yaml.Node, c *Config) {
+	d.object(root, "", fields{
+		"listen": func(v *yaml.Node, p string) {
+			if s, ok := d.str(v, p); ok && d.checkListen(v, p, s) {
+				c.Listen = s
+			}
+		},
+		"upstream": func(v *yaml.Node, p string) { d.upstream(v, p, &c.Upstream) },
+		"auth":     func(v *yaml.Node, p string) { d.auth(v, p, &c.Auth) },
+		"store":    func(v *yaml.Node, p string) { d.store(v, p, &c.Store) },
+		"usage":    func(v *yaml.Node, p string) { d.usage(v, p, &c.Usage) },
+		"default_tier": func(v *yaml.Node, p string) {
+			c.DefaultTier, _ = d.str(v, p)
+		},
+		"tiers": func(v *yaml.Node, p string) { c.Tiers = d.tiers(v, p) },
+		"global": func(v *yaml.Node, p string) {
+			c.Global = d.rules(v, p, scopeGlobal)
+		},
+		"cache":   func(v *yaml.Node, p string) { d.cache(v, p, &c.Cache) },
+		"tools":   func(v *yaml.Node, p string) { c.Tools = d.tools(v, p) },
+		"breaker": func(v *yaml.Node, p string) { d.breaker(v, p, &c.Breaker) },
+	})
+}
+
+func (d *decoder) upstream(n *yaml.Node, path string, u *Upstream) {
+	d.object(n, path, fields{
+		"url": func(v *yaml.Node, p string) {
+			if s, ok := d.str(v, p); ok {
+				var unset []string
+				u.URL, unset = d.expand(v, p, s)
+				if u.URL != "" && !checkHTTPURL(u.URL) {
+					// Print what the file says: the expansion may hold a secret.
+					note := ""
+					if len(unset) > 0 {
+						note = fmt.Sprintf(" (not set: %s)", strings.Join(unset, ", "))
+					}
+					d.errf(v, p, "bad URL %q%s: want http:// or https:// and a host", redact(s), note)
+				}
+			}
+		},
+		"headers": func(v *yaml.Node, p string) {
+			ps, _ := d.mapping(v, p)
+			u.Headers = make(map[string]string, len(ps))
+			seen := map[string]*yaml.Node{}
+			for _, e := range ps {
+				hp := join(p, e.name)
+				if !validHeaderName(e.name) {
+					d.errf(e.key, hp, "not a valid HTTP header name")
+					continue
+				}
+				if first := seen[strings.ToLower(e.name)]; first != nil {
+					d.errf(e.key, hp, "same header as %q at line %d (header names ignore case)", first.Value, first.Line)
+					continue
+				}
+				seen[strings.ToLower(e.name)] = e.key
+				val := d.deref(e.val)
+				if val == nil {
+					continue
+				}
+				s := ""
+				if !isNull(val) {
+					var ok bool
+					if s, ok = d.str(val, hp); !ok {
+						continue
+					}
+				}
+				s, _ = d.expand(val, hp, s)
+				if strings.ContainsAny(s, "\r\n\x00") {
+					d.errf(val, hp, "value contains a line break or NUL (after ${VAR} expansion)")
+					continue
+				}
+				u.Headers[e.name] = s
+			}
+		},
+		"identity_headers": func(v *yaml.Node, p string) { u.IdentityHeaders, _ = d.bool(v, p) },
+		"max_body_bytes": func(v *yaml.Node, p string) {
+			if x, ok := d.int64(v, p); ok {
+				if x < 1 {
+					d.errf(v, p, "must be at least 1, got %d", x)
+				} else {
+					u.MaxBodyBytes = x
+				}
+			}
+		},
+		"timeout": func(v *yaml.Node, p string) { u.Timeout, _ = d.positiveDuration(v, p) },
+	})
+}
+
+// jwtSources lists the key sources of auth.jwt in documentation order.
+var jwtSources = []string{"hs256_secret_env", "jwks_url", "jwks_file", "public_key_file"}
+
+func (d *decoder) auth(n *yaml.Node, path string, a *Auth) {
+	j := &a.JWT
+	str := func(dst *string) func(v *yaml.Node, p string) {
+		return func(v *yaml.Node, p string) { *dst, _ = d.str(v, p) }
+	}
+	envName := func(dst *string) func(v *yaml.Node, p string) {
+		return func(v *yaml.Node, p string) {
+			if s, ok := d.str(v, p); ok && d.checkEnvName(v, p, s) {
+				*dst = s
+			}
+		}
+	}
+	d.object(n, path, fields{
+		"jwt": func(v *yaml.Node, p string) {
+			d.object(v, p, fields{
+				"hs256_secret_env": envName(&j.HS256SecretEnv),
+				"jwks_url":         func(v *yaml.Node, p string) { j.JWKSURL = d.httpURL(v, p) },
+				"jwks_file":        str(&j.JWKSFile),
+				"public_key_file":  str(&j.PublicKeyFile),
+				"issuer":           str(&j.Issuer),
+				"audience":         str(&j.Audience),
+				"tenant_claim":     str(&j.TenantClaim),
+				"tier_claim":       str(&j.TierClaim),
+				"scope_claim":      str(&j.ScopeClaim),
+			})
+		},
+		"admin_token_env": envName(&a.AdminTokenEnv),
+	})
+}
+
+func (d *decoder) store(n *yaml.Node, path string, s *Store) {
+	d.object(n, path, fields{
+		"redis":   func(v *yaml.Node, p string) { s.Redis = d.redis(v, p) },
+		"timeout": func(v *yaml.Node, p string) { s.Timeout, _ = d.positiveDuration(v, p) },
+		"on_error": func(v *yaml.Node, p string) {
+			s.OnError = d.failurePolicy(v, p)
+		},
+	})
+}
+
+func (d *decoder) failurePolicy(v *yaml.Node, p string) FailurePolicy {
+	s, ok := d.str(v, p)
+	if !ok || s == "" {
+		return ""
+	}
+	if fp := FailurePolicy(s); fp.Valid() {
+		return fp
+	}
+	d.errf(v, p, "unknown failure policy %q (want one of open, closed, local)", s)
+	return ""
+}
+
+func (d *decoder) usage(n *yaml.Node, path string, u *Usage) {
+	d.object(n, path, fields{
+		"store": func(v *yaml.Node, p string) {
+			if s, ok := d.str(v, p); ok && d.checkUsageStore(v, p, s) {
+				u.Store = s
+			}
+		},
+		"flush_interval": func(v *yaml.Node, p string) { u.FlushInterval, _ = d.positiveDuration(v, p) },
+	})
+}
+
+func (d *decoder) tiers(n *yaml.Node, path string) map[string]Tier {
+	ps, _ := d.mapping(n, path)
+	out := make(map[string]Tier, len(ps))
+	for _, e := range ps {
+		tp := join(path, e.name)
+		if e.name == "" {
+			d.errf(e.key, tp, "tier name is empty")
+			continue
+		}
+		var t Tier
+		d.object(e.val, tp, fields{
+			"monthly_quota": func(v *yaml.Node, p string) { t.MonthlyQuota, _ = d.count(v, p) },
+			"limits": func(v *yaml.Node, p string) {
+				t.Limits = d.rules(v, p, scopeTier)
+				d.tierRules[e.name] = append(d.tierRules[e.name], d.lastRules...)
+			},
+		})
+		out[e.name] = t
+	}
+	return out
+}
+
+func (d *decoder) cache(n *yaml.Node, path string, c *Cache) {
+	d.object(n, path, fields{
+		"redis": func(v *yaml.Node, p string) { c.Redis = d.redis(v, p) },
+		"warm": func(v *yaml.Node, p string) {
+			d.list(v, p, func(_ int, v *yaml.Node, p string) {
+				w := Warm{Args: map[string]any{}}
+				d.object(v, p, fields{
+					"tool":   func(v *yaml.Node, p string) { w.Tool, _ = d.str(v, p) },
+					"tenant": func(v *yaml.Node, p string) { w.Tenant, _ = d.str(v, p) },
+					"args": func(v *yaml.Node, p string) {
+						if v.Kind != yaml.MappingNode {
+							d.errf(v, p, "want a mapping of argument names to values, got %s", describe(v))
+							return
+						}
+						budget := maxArgNodes
+						if a, ok := d.value(v, p, &budget); ok {
+							w.Args = a.(map[string]any)
+						}
+					},
+				})
+				if v.Kind == yaml.MappingNode {
+					c.Warm = append(c.Warm, w)
+					d.warmAt = append(d.warmAt, warmRef{v, p})
+				}
+			})
+		},
+	})
+}
+
+func (d *decoder) tools(n *yaml.Node, path string) map[string]Tool {
+	ps, _ := d.mapping(n, path)
+	out := make(map[string]Tool, len(ps))
+	for _, e := range ps {
+		tp := join(path, e.name)
+		if e.name == "" {
+			d.errf(e.key, tp, "tool name is empty")
+			continue
+		}
+		t := Tool{Cost: Cost{Fixed: 1}}
+		d.object(e.val, tp, fields{
+			"cost": func(v *yaml.Node, p string) { d.cost(v, p, &t.Cost) },
+			"cache": func(v *yaml.Node, p string) {
+				tc := &ToolCache{}
+				ttlSet := false
+				d.object(v, p, fields{
+					"ttl": func(v *yaml.Node, p string) {
+						ttlSet = true
+						tc.TTL, _ = d.positiveDuration(v, p)
+					},
+					"jitter":       func(v *yaml.Node, p string) { tc.Jitter, _ = d.percent(v, p) },
+					"negative_ttl": func(v *yaml.Node, p string) { tc.NegativeTTL, _ = d.duration(v, p) },
+					"shared":       func(v *yaml.Node, p string) { tc.Shared, _ = d.bool(v, p) },
+					"tags":         func(v *yaml.Node, p string) { tc.Tags = d.tags(v, p) },
+				})
+				if !ttlSet && v.Kind == yaml.MappingNode {
+					d.errf(v, join(p, "ttl"), "required (how long a result stays cached)")
+				}
+				t.Cache = tc
+			},
+			"on_error": func(v *yaml.Node, p string) { t.OnError = d.failurePolicy(v, p) },
+			"limits": func(v *yaml.Node, p string) {
+				t.Limits = d.rules(v, p, scopeTool)
+				d.toolRules[e.name] = append(d.toolRules[e.name], d.lastRules...)
+			},
+			"invalidates": func(v *yaml.Node, p string) { t.Invalidates = d.tags(v, p) },
+		})
+		out[e.name] = t
+	}
+	return out
+}
+
+// cost decodes `cost: 3` or `cost: {estimate: 150, from_result: path}`.
+func (d *decoder) cost(n *yaml.Node, path string, c *Cost) {
+	if n.Kind == yaml.ScalarNode {
+		if v, ok := d.int64(n, path); ok {
+			if v < 1 {
+				d.errf(n, path, "must be at least 1, got %d", v)
+				return
+			}
+			*c = Cost{Fixed: v}
+		}
+		return
+	}
+	if n.Kind != yaml.MappingNode {
+		d.errf(n, path, "want an integer or a mapping {estimate, from_result}, got %s", describe(n))
+		return
+	}
+	out := Cost{Estimate: 1}
+	fromSet := false
+	d.object(n, path, fields{
+		"estimate": func(v *yaml.Node, p string) {
+			if x, ok := d.int64(v, p); ok {
+				if x < 1 {
+					d.errf(v, p, "must be at least 1, got %d", x)
+				} else {
+					out.Estimate = x
+				}
+			}
+		},
+		"from_result": func(v *yaml.Node, p string) {
+			fromSet = true
+			if s, ok := d.str(v, p); ok && d.checkResultPath(v, p, s) {
+				out.FromResult = s
+			}
+		},
+	})
+	if !fromSet {
+		d.errf(n, join(path, "from_result"), "required in the mapping form (write `cost: N` for a fixed cost)")
+		return
+	}
+	if out.FromResult != "" {
+		*c = out
+	}
+}
+
+func (d *decoder) breaker(n *yaml.Node, path string, b *Breaker) {
+	threshold := func(dst *int) func(v *yaml.Node, p string) {
+		return func(v *yaml.Node, p string) { *dst, _ = d.smallCount(v, p) }
+	}
+	d.object(n, path, fields{
+		"key": func(v *yaml.Node, p string) {
+			s, ok := d.str(v, p)
+			switch {
+			case !ok:
+			case s == "subject" || s == "tenant" || s == "session" || s == "":
+				b.Key = s
+			default:
+				d.errf(v, p, "unknown breaker key %q (want one of subject, tenant, session)", s)
+			}
+		},
+		"consecutive_denials":  threshold(&b.ConsecutiveDenials),
+		"consecutive_failures": threshold(&b.ConsecutiveFailures),
+		"identical_calls": func(v *yaml.Node, p string) {
+			ic := &b.IdenticalCalls
+			d.object(v, p, fields{
+				"count":  threshold(&ic.Count),
+				"within": func(v *yaml.Node, p string) { ic.Within, _ = d.positiveDuration(v, p) },
+			})
+			if v.Kind != yaml.MappingNode {
+				return
+			}
+			switch {
+			case ic.Count == 1:
+				d.errf(v, join(p, "count"), "must be at least 2 (1 would open the breaker on every call), or 0 to disable")
+			case ic.Count > 1 && ic.Within == 0:
+				d.errf(v, join(p, "within"), "required when count is set")
+			}
+		},
+		"cooldown":      func(v *yaml.Node, p string) { b.Cooldown, _ = d.positiveDuration(v, p) },
+		"alert_webhook": func(v *yaml.Node, p string) { b.AlertWebhook = d.httpURL(v, p) },
+	})
+}
+
+// defaults fills what the file left out.
+func (d *decoder) defaults(c *Config) {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&c.Listen, DefaultListen)
+	def(&c.DefaultTier, DefaultTierName)
+	def(&c.Auth.JWT.TenantClaim, DefaultTenantClaim)
+	def(&c.Auth.JWT.TierClaim, DefaultTierClaim)
+	def(&c.Auth.JWT.ScopeClaim, DefaultScopeClaim)
+	def((*string)(&c.Store.OnError), string(FailOpen))
+	def(&c.Usage.Store, DefaultUsageStore)
+	def(&c.Breaker.Key, "subject")
+	if c.Upstream.Headers == nil {
+		c.Upstream.Headers = map[string]string{}
+	}
+	if c.Upstream.MaxBodyBytes == 0 {
+		c.Upstream.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.Upstream.Timeout == 0 {
+		c.Upstream.Timeout = DefaultUpstreamWait
+	}
+	if c.Store.Timeout == 0 {
+		c.Store.Timeout = DefaultStoreTimeout
+	}
+	if c.Usage.FlushInterval == 0 {
+		c.Usage.FlushInterval = DefaultFlushInterval
+	}
+	if c.Breaker.Cooldown == 0 {
+		c.Breaker.Cooldown = DefaultCooldown
+	}
+	if c.Tiers == nil {
+		c.Tiers = map[string]Tier{}
+	}
+	if c.Tools == nil {
+		c.Tools = map[string]Tool{}
+	}
+}
