@@ -84,11 +84,15 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 // newGateway builds the stores and the gateway for cfg.
 func newGateway(cfg *policy.Config, a *auth.Authenticator, reload func(context.Context) error, log *slog.Logger) (*gateway.Gateway, error) {
 	logConfigNotes(log, cfg)
+	key, err := sessionKey(cfg, log)
+	if err != nil {
+		return nil, err
+	}
 	shared, err := buildSharedStore(cfg)
 	if err != nil {
 		return nil, err
 	}
-	opts := gateway.Options{Config: cfg, Auth: a, Reload: reload, Logger: log}
+	opts := gateway.Options{Config: cfg, Auth: a, Reload: reload, Logger: log, SessionKey: key}
 	if shared != nil {
 		opts.SharedStore, opts.Probe = shared.store, shared.probe
 	}
@@ -170,4 +174,22 @@ func newLogger(w io.Writer, level string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+// sessionKey is the key binding MCP session ids to callers: the variable
+// auth.session_secret_env names, else derived from the HS256 secret (which
+// every instance shares), else nil (a random key per process).
+func sessionKey(cfg *policy.Config, log *slog.Logger) ([]byte, error) {
+	if env := cfg.Auth.SessionSecretEnv; env != "" {
+		v := os.Getenv(env)
+		if v == "" {
+			return nil, fmt.Errorf("auth.session_secret_env: environment variable %s is not set or empty", env)
+		}
+		return []byte(v), nil
+	}
+	if env := cfg.Auth.JWT.HS256SecretEnv; env != "" && os.Getenv(env) != "" {
+		return gateway.DeriveSessionKey([]byte(os.Getenv(env))), nil
+	}
+	log.Warn("MCP session ids are bound with a random per-process key: with several instances, set auth.session_secret_env so that any instance accepts any session")
+	return nil, nil
 }

@@ -47,6 +47,10 @@ type Options struct {
 	AdminToken string
 	// Reload is called by POST /admin/reload; nil answers 501.
 	Reload func(ctx context.Context) error
+	// SessionKey binds MCP session ids to the caller that opened them (see
+	// DeriveSessionKey). Every instance must share it. Nil: a random key,
+	// so a session works only through the instance that opened it.
+	SessionKey []byte
 	// Logger receives the gateway's logs; nil: slog.Default().
 	Logger *slog.Logger
 	// Metrics receives the gateway's metrics; nil: a new set.
@@ -70,6 +74,7 @@ type Gateway struct {
 	ownLocal   *memstore.Store
 	probe      func(ctx context.Context) error
 	adminToken []byte
+	sessions   *sessionBinder
 	reload     func(ctx context.Context) error
 	log        *slog.Logger
 	metrics    *metrics.Metrics
@@ -88,6 +93,7 @@ func New(opts Options) (*Gateway, error) {
 	g := &Gateway{
 		probe:      opts.Probe,
 		adminToken: []byte(opts.AdminToken),
+		sessions:   newSessionBinder(opts.SessionKey),
 		reload:     opts.Reload,
 		log:        opts.Logger,
 		metrics:    opts.Metrics,
@@ -112,9 +118,15 @@ func New(opts Options) (*Gateway, error) {
 	}
 	g.lim = &limiter{local: local, denials: newDenialCache(0, g.now), log: g.log, stats: g.metrics}
 	if opts.SharedStore != nil {
-		g.guard = newGuardedStore(opts.SharedStore, opts.Probe, opts.Config.Store.Timeout, g.log)
-		g.lim.shared = g.guard
 		g.metrics.StoreUp.Set(1)
+		g.guard = newGuardedStore(opts.SharedStore, opts.Probe, opts.Config.Store.Timeout, g.log, func(up bool) {
+			if up {
+				g.metrics.StoreUp.Set(1)
+			} else {
+				g.metrics.StoreUp.Set(0)
+			}
+		})
+		g.lim.shared = g.guard
 	}
 	rt, err := newRuntime(opts.Config, opts.Auth)
 	if err != nil {

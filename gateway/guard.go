@@ -40,10 +40,19 @@ type guardedStore struct {
 	stopOnce sync.Once
 	interval time.Duration
 	timeout  time.Duration
+	// onState, when set, is told when the breaker opens (false) and closes
+	// again (true): it drives the mcpgate_limit_store_up gauge.
+	onState func(up bool)
 }
 
-func newGuardedStore(s limit.Store, probe func(context.Context) error, timeout time.Duration, log *slog.Logger) *guardedStore {
-	return &guardedStore{Store: s, probe: probe, log: log, stop: make(chan struct{}), interval: DefaultProbeInterval, timeout: timeout}
+func newGuardedStore(s limit.Store, probe func(context.Context) error, timeout time.Duration, log *slog.Logger, onState func(up bool)) *guardedStore {
+	return &guardedStore{Store: s, probe: probe, log: log, stop: make(chan struct{}), interval: DefaultProbeInterval, timeout: timeout, onState: onState}
+}
+
+func (g *guardedStore) setState(up bool) {
+	if g.onState != nil {
+		g.onState(up)
+	}
 }
 
 // Available reports whether calls currently go to the store.
@@ -99,6 +108,7 @@ func (g *guardedStore) trip(cause error) {
 	}
 	g.open.Store(true)
 	g.probing = true
+	g.setState(false)
 	g.log.Warn("limit store unavailable: skipping it until a probe succeeds", "err", cause)
 	go g.probeLoop()
 }
@@ -120,6 +130,7 @@ func (g *guardedStore) probeLoop() {
 			g.failures.Store(0)
 			g.open.Store(false)
 			g.probing = false
+			g.setState(true)
 			g.mu.Unlock()
 			g.log.Info("limit store reachable again")
 			return

@@ -22,7 +22,7 @@ type ruleSet struct {
 func buildRuleSet(rules []policy.Rule, owner keyspace.Owner) ruleSet {
 	rs := ruleSet{checks: make([]limit.Check, len(rules)), per: make([]keyspace.Per, len(rules))}
 	for i, r := range rules {
-		rs.checks[i] = limit.Check{Rule: r.Rule, Key: keyspace.RateLimit(r.Per, r.Name, owner)}
+		rs.checks[i] = limit.Check{Rule: r.Rule, Key: keyspace.Counter(r.Per, string(r.Algorithm), r.Name, owner)}
 		rs.per[i] = r.Per
 	}
 	return rs
@@ -137,6 +137,7 @@ func (l *limiter) take(ctx context.Context, store limit.Store, checks []limit.Ch
 	d, err := store.Take(ctx, checks, cost)
 	l.stats.DecisionSeconds.Observe(time.Since(start).Seconds())
 	if err == nil {
+		l.countShadow(checks, d)
 		return d, store, nil
 	}
 	if store == l.local || errors.Is(err, limit.ErrInvalidRule) || errors.Is(err, limit.ErrInvalidCost) {
@@ -166,9 +167,22 @@ func (l *limiter) take(ctx context.Context, store limit.Store, checks []limit.Ch
 			v.allowed, v.unavailable = false, true
 			return d, nil, err
 		}
+		l.countShadow(checks, d)
 		return d, l.local, nil
 	default: // open
 		return limit.Decision{Allowed: true}, nil, nil
+	}
+}
+
+// countShadow counts and logs each shadow rule of a decision that would have
+// denied the request: shadow rules are evaluated, counted and logged, never
+// enforced (limit.Combine already ignores them when deciding).
+func (l *limiter) countShadow(checks []limit.Check, d limit.Decision) {
+	for i, c := range checks {
+		if c.Rule.Shadow && i < len(d.Results) && !d.Results[i].Allowed {
+			l.stats.ShadowDenials.WithLabelValues(c.Rule.Name).Inc()
+			l.log.Info("shadow rule would deny", "rule", c.Rule.Name, "key", c.Key, "admitted", d.Allowed)
+		}
 	}
 }
 

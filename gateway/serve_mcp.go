@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/mcpgate/mcpgate/auth"
@@ -49,7 +50,21 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		mcp.WriteError(w, http.StatusUnauthorized, nil, CodeUnauthorized, "unauthorized: "+err.Error(), nil)
 		return
 	}
-	fwd := mcp.Forward{Header: g.identityHeaders(rt, p)}
+	fwd := mcp.Forward{Header: g.identityHeaders(rt, p), SessionID: func(upstream string) string {
+		return g.sessions.wrap(p, upstream)
+	}}
+	if id := r.Header.Get(mcp.HeaderSessionID); id != "" {
+		upstreamID, ok := g.sessions.unwrap(p, id)
+		if !ok {
+			// Not a session this caller opened (or one from before a key
+			// change): MCP's answer to an unknown session is 404, which
+			// tells the client to start a new one.
+			g.metrics.Requests.WithLabelValues("any", "bad_session").Inc()
+			mcp.WriteError(w, http.StatusNotFound, nil, mcp.CodeInvalidRequest, "session not found", nil)
+			return
+		}
+		r.Header.Set(mcp.HeaderSessionID, upstreamID)
+	}
 	if r.Method != http.MethodPost {
 		// GET opens the server-initiated stream, DELETE ends a session:
 		// nothing to limit, but the caller must still be authenticated.
@@ -132,8 +147,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, f
 }
 
 // identityHeaders are X-Mcp-Tenant / X-Mcp-Subject when the config asks for
-// them. Values outside printable ASCII are query-escaped: a header value can
-// carry neither CR/LF nor arbitrary bytes.
+// them, encoded by headerSafe.
 func (g *Gateway) identityHeaders(rt *runtime, p auth.Principal) http.Header {
 	if !rt.cfg.Upstream.IdentityHeaders {
 		return nil
@@ -144,13 +158,23 @@ func (g *Gateway) identityHeaders(rt *runtime, p auth.Principal) http.Header {
 	return h
 }
 
+// headerSafe encodes an identity for a header value. Printable ASCII without
+// '%' and without leading or trailing spaces is sent as is. Anything else is
+// percent-encoded (url.QueryEscape with spaces as %20, so it decodes with
+// url.QueryUnescape or url.PathUnescape): a header value can carry neither
+// CR/LF nor arbitrary bytes, and HTTP strips the spaces around a value, which
+// would make tenant "acme " arrive upstream as "acme". An encoded value
+// always contains '%' and a plain one never does, so the upstream can tell
+// them apart.
 func headerSafe(s string) string {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] > 0x7e || s[i] == '%' {
-			return url.QueryEscape(s)
-		}
+	escape := len(s) > 0 && (s[0] == ' ' || s[len(s)-1] == ' ')
+	for i := 0; i < len(s) && !escape; i++ {
+		escape = s[i] < 0x20 || s[i] > 0x7e || s[i] == '%'
 	}
-	return s
+	if !escape {
+		return s
+	}
+	return strings.ReplaceAll(url.QueryEscape(s), "+", "%20")
 }
 
 // methodClass bounds the cardinality of the method metric label.

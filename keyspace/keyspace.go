@@ -14,6 +14,9 @@
 //	mcpgate:rl:{<tenant>}:tenant_tool:<rule>:<tool>
 //	mcpgate:rl:{<tenant>}:subject:<rule>:<subject>
 //	mcpgate:rl:{<tenant>}:subject_tool:<rule>:<subject>:<tool>
+//	mcpgate:usage:{<tenant>}:<period>                      usage meter of a billing period
+//
+// Counter builds rate-limit keys with "<algorithm>.<rule>" as the rule part.
 package keyspace
 
 import (
@@ -151,6 +154,26 @@ func RateLimit(per Per, rule string, o Owner) string {
 	}
 	return b.String()
 }
+
+// Counter returns the key of a rule's counter with the rule's algorithm in it:
+// RateLimit with rule component "<algorithm>.<rule>". Two rules of one name
+// but different algorithms (the same rule name in two tiers, a tenant moving
+// between tiers, an algorithm changed by a reload) then never share a counter,
+// whose state the other algorithm would misread. The algorithm name contains
+// no '.', so the pair is recovered unambiguously.
+func Counter(per Per, algorithm, rule string, o Owner) string {
+	return RateLimit(per, algorithm+"."+rule, o)
+}
+
+// Usage returns the key of a tenant's usage meter for one billing period
+// (e.g. "2026-11"): mcpgate:usage:{<tenant>}:<period>. It shares the tenant's
+// hash tag, so the meter is charged in the same script as the tenant's limits.
+func Usage(tenant, period string) string {
+	return Prefix + "usage:{" + Escape(tenant) + "}:" + Escape(period)
+}
+
+// UsagePattern matches every usage meter key (for SCAN).
+const UsagePattern = Prefix + "usage:*"
 
 // HashTag returns the part of key that Redis Cluster hashes: the bytes between
 // the first '{' and the next '}' when that is not empty, else the whole key.

@@ -337,3 +337,35 @@ func FuzzRateLimit(f *testing.F) {
 		}
 	})
 }
+
+func TestCounterSeparatesAlgorithms(t *testing.T) {
+	o := Owner{Tenant: "acme"}
+	tb := Counter(PerTenant, "token_bucket", "per_tenant", o)
+	gc := Counter(PerTenant, "gcra", "per_tenant", o)
+	if tb == gc {
+		t.Fatalf("same key for two algorithms: %s", tb)
+	}
+	if want := "mcpgate:rl:{acme}:tenant:token_bucket.per_tenant"; tb != want {
+		t.Fatalf("Counter = %q, want %q", tb, want)
+	}
+	// a rule name containing '.' stays apart from other algorithms' rules
+	if Counter(PerTenant, "gcra", "x.y", o) == Counter(PerTenant, "fixed_window", "x.y", o) {
+		t.Fatal("different algorithms share a key")
+	}
+	if HashTag(tb) != "acme" {
+		t.Fatalf("hash tag of %s = %s", tb, HashTag(tb))
+	}
+}
+
+func TestUsageKey(t *testing.T) {
+	k := Usage("acme", "2026-11")
+	if k != "mcpgate:usage:{acme}:2026-11" {
+		t.Fatalf("Usage = %q", k)
+	}
+	if Slot(k) != Slot(RateLimit(PerTenant, "r", Owner{Tenant: "acme"})) {
+		t.Fatal("usage meter is not in the tenant's slot")
+	}
+	if Usage("a}b", "2026-11") == Usage("a", "b}:2026-11") || HashTag(Usage("a}b", "p")) != Escape("a}b") {
+		t.Fatal("hostile tenant breaks the usage key")
+	}
+}

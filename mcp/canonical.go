@@ -13,10 +13,10 @@ import (
 // ErrDuplicateKey means a JSON object has the same member name twice (after
 // unescaping). Such a document has no single meaning: parsers disagree on
 // which member wins, so it cannot be given a canonical form.
-var ErrDuplicateKey = errors.New("duplicate object member")
+var ErrDuplicateKey = errors.New("mcp: duplicate object member")
 
 // ErrNumberRange means a number's exponent is too large to normalise.
-var ErrNumberRange = errors.New("number out of range")
+var ErrNumberRange = errors.New("mcp: number out of range")
 
 // maxExponent bounds decimal exponents (far beyond float64's ±308, so every
 // number a tool can decode survives normalisation exactly).

@@ -153,6 +153,9 @@ type Forward struct {
 	// when an SSE stream carrying event ids ended early (the client may
 	// resume it with a GET, which Serve does not inspect).
 	OnResult func(result json.RawMessage, rpcErr json.RawMessage)
+	// SessionID, when set, rewrites the Mcp-Session-Id the upstream answers
+	// before the client sees it (the gateway binds sessions to callers).
+	SessionID func(upstream string) string
 }
 
 // Serve relays the client request r to the upstream and the upstream's
@@ -298,7 +301,13 @@ func (p *Proxy) fail(w http.ResponseWriter, r *http.Request, f Forward, x *excha
 func (x *exchange) copyResponseHeaders(resp *http.Response) {
 	for _, k := range forwardResponseHeaders {
 		if v := resp.Header.Values(k); len(v) > 0 {
-			x.w.Header()[k] = append([]string(nil), v...)
+			v = append([]string(nil), v...)
+			if k == HeaderSessionID && x.f.SessionID != nil {
+				for i := range v {
+					v[i] = x.f.SessionID(v[i])
+				}
+			}
+			x.w.Header()[k] = v
 		}
 	}
 }

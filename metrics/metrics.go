@@ -34,7 +34,8 @@ type Metrics struct {
 	StoreUp prometheus.Gauge
 }
 
-// New creates and registers the collectors (plus the Go and process collectors).
+// New creates and registers the collectors (plus the Go and process
+// collectors, prefixed mcpgate_ as well).
 func New() *Metrics {
 	r := prometheus.NewRegistry()
 	m := &Metrics{
@@ -67,7 +68,10 @@ func New() *Metrics {
 		}),
 	}
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
-		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp,
+		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp)
+	// The runtime collectors too carry the prefix: every name we serve starts
+	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).
+	prometheus.WrapRegistererWithPrefix("mcpgate_", r).MustRegister(
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

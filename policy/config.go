@@ -83,6 +83,11 @@ type Auth struct {
 	// AdminTokenEnv names the environment variable holding the bearer token of
 	// /admin/*. Empty: no admin token is configured.
 	AdminTokenEnv string
+	// SessionSecretEnv names the environment variable holding the key that
+	// binds MCP session ids to callers. Every instance must share it. Empty:
+	// derived from the HS256 secret, or random per process (sessions then
+	// stay valid on the instance that opened them only).
+	SessionSecretEnv string
 }
 
 // FailurePolicy says what a decision does when the store fails or times out.

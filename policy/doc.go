@@ -36,6 +36,9 @@
 //	                           issuer and audience are checked when set; tenant_claim
 //	                           [tenant_id], tier_claim [tier], scope_claim [scope]
 //	auth.admin_token_env       environment variable holding the admin bearer token [none]
+//	auth.session_secret_env    environment variable holding the key binding MCP session ids
+//	                           to callers; shared by all instances [derived from the HS256
+//	                           secret, else random per process]
 //	store.redis                "" (in-process store, one instance), one URL (redis://,
 //	                           rediss://, valkey://, valkeys://, unix://) or host:port,
 //	                           or a list of host:port Cluster seeds [""]

@@ -267,7 +267,8 @@ func (d *decoder) auth(n *yaml.Node, path string, a *Auth) {
 				"scope_claim":      str(&j.ScopeClaim),
 			})
 		},
-		"admin_token_env": envName(&a.AdminTokenEnv),
+		"admin_token_env":    envName(&a.AdminTokenEnv),
+		"session_secret_env": envName(&a.SessionSecretEnv),
 	})
 }
 

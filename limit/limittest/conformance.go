@@ -35,6 +35,11 @@ type Harness struct {
 	// False means the clock moves only through Advance, and every duration
 	// must be exact to the microsecond.
 	RealTime bool
+	// Now returns the store's clock (with what Advance added). Optional:
+	// the meter scenarios use it to set Meter.ExpireAt relative to the
+	// store and to check the meters' TTLs; nil means time.Now, and TTLs are
+	// then only checked to be positive.
+	Now func() time.Time
 }
 
 // RunConformance runs the conformance suite: subtests named
@@ -47,12 +52,18 @@ type Harness struct {
 // concurrent, and model (a random sequence of calls compared, decision by
 // decision, with the reference algorithms of limit/internal/algo).
 //
+// When the store is a limit.MeteredStore, the usage-meter scenarios run
+// too, as subtests "meter/<scenario>" (see meterScenarios).
+//
 // newHarness is called once more on t itself, to learn whether the store
-// has scripts; it must register any cleanup with the t it is given.
-// Set LIMITTEST_SEED (SeedEnv) to replay a model sequence a failure logged.
+// has scripts and meters; it must register any cleanup with the t it is
+// given. Set LIMITTEST_SEED (SeedEnv) to replay a model sequence a failure
+// logged.
 func RunConformance(t *testing.T, newHarness func(t *testing.T) Harness) {
 	t.Helper()
-	scripts := newHarness(t).FlushScripts != nil
+	h0 := newHarness(t)
+	scripts := h0.FlushScripts != nil
+	_, metered := h0.Store.(limit.MeteredStore)
 	for _, alg := range limit.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			for _, sc := range scenarios {
@@ -65,6 +76,9 @@ func RunConformance(t *testing.T, newHarness func(t *testing.T) Harness) {
 				})
 			}
 		})
+	}
+	if metered {
+		runMeterScenarios(t, newHarness, scripts)
 	}
 }
 

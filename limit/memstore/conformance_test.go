@@ -23,6 +23,7 @@ func TestConformance(t *testing.T) {
 			return limittest.Harness{
 				Store:   s,
 				Advance: clk.Advance,
+				Now:     clk.Now,
 				TTLs: func(t *testing.T) map[string]time.Duration {
 					// Expired counters are dropped by Sweep (or when next
 					// touched); what remains must be live.

@@ -18,6 +18,10 @@
 //   - Counters expire: one past its expiry is a fresh counter, and is dropped
 //     when next touched and by Sweep, which a background goroutine runs every
 //     SweepInterval. Idle keys therefore cost no memory for long.
+//   - It is a limit.MeteredStore: usage meters (monthly quotas) are charged
+//     in the same atomic step as the checks (TakeMetered), and kept until
+//     their Meter.ExpireAt. They live in this process only: after a restart
+//     the caller re-seeds them from its durable store (limit.Meter.Seed).
 //
 // A Store is safe for concurrent use. Counters are spread over shards, each
 // with its own lock; calls on keys of different shards do not contend.
@@ -87,7 +91,7 @@ type Store struct {
 	c *core
 }
 
-var _ limit.Store = (*Store)(nil)
+var _ limit.MeteredStore = (*Store)(nil)
 
 // core is the Store's state. The sweeper goroutine holds core, not Store, so
 // that a Store nobody closed can still be collected (and its sweeper stopped).
@@ -106,13 +110,15 @@ type core struct {
 	done     chan struct{}
 }
 
-// shard is one lock and the counters under it, padded to a cache line so
-// that neighbouring locks do not share one.
+// shard is one lock and the counters and usage meters under it, padded to
+// a cache line so that neighbouring locks do not share one. A key's meter
+// lives in the key's shard, like a counter, so one lock order covers both.
 type shard struct {
-	mu   sync.Mutex
-	m    map[string]*algo.State
-	peak int // largest len(m) since m was made
-	_    [40]byte
+	mu     sync.Mutex
+	m      map[string]*algo.State
+	meters map[string]*algo.Meter // made on first use
+	peak   int                    // largest len(m) since m was made
+	_      [32]byte
 }
 
 // New returns a Store, or an error wrapping ErrInvalidOptions. opts may be nil.

@@ -27,6 +27,11 @@ func (c *core) sweep() {
 				delete(sh.m, k)
 			}
 		}
+		for k, mt := range sh.meters {
+			if mt.ExpiresAt <= now {
+				delete(sh.meters, k)
+			}
+		}
 		// A Go map keeps the memory of its largest size: rebuild one that
 		// has emptied far below its peak, so a burst of keys is not kept
 		// forever.
@@ -39,20 +44,21 @@ func (c *core) sweep() {
 	}
 }
 
-// Len returns the number of counters held, including expired ones that
-// neither Sweep nor a later call has dropped yet.
+// Len returns the number of counters and usage meters held, including
+// expired ones that neither Sweep nor a later call has dropped yet.
 func (s *Store) Len() int {
 	n := 0
 	for i := range s.c.shards {
 		sh := &s.c.shards[i]
 		sh.mu.Lock()
-		n += len(sh.m)
+		n += len(sh.m) + len(sh.meters)
 		sh.mu.Unlock()
 	}
 	return n
 }
 
-// Keys returns the keys of the counters Len counts, in no particular order.
+// Keys returns the keys of the counters and meters Len counts, in no
+// particular order.
 func (s *Store) Keys() []string {
 	var keys []string
 	for i := range s.c.shards {
@@ -61,23 +67,32 @@ func (s *Store) Keys() []string {
 		for k := range sh.m {
 			keys = append(keys, k)
 		}
+		for k := range sh.meters {
+			keys = append(keys, k)
+		}
 		sh.mu.Unlock()
 	}
 	return keys
 }
 
 // TTL returns the time until key's counter expires (after which it is the
-// same as a fresh one), and false when the store holds no live counter for
-// key. It is what the Redis store sets as the key's TTL.
+// same as a fresh one) or key's usage meter is dropped (its Meter.ExpireAt),
+// and false when the store holds no live counter or meter for key. It is
+// what the Redis store sets as the key's TTL.
 func (s *Store) TTL(key string) (time.Duration, bool) {
 	c := s.c
 	sh := &c.shards[c.shardOf(key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := c.now()
-	st := sh.m[key]
-	if st == nil || !st.Used || st.ExpiresAt <= now {
+	var at int64
+	if st := sh.m[key]; st != nil && st.Used {
+		at = st.ExpiresAt
+	} else if mt := sh.meters[key]; mt != nil {
+		at = mt.ExpiresAt
+	}
+	if at <= now {
 		return 0, false
 	}
-	return time.Duration(st.ExpiresAt-now) * time.Microsecond, true
+	return time.Duration(at-now) * time.Microsecond, true
 }

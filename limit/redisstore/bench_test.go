@@ -30,7 +30,7 @@ func BenchmarkTake(b *testing.B) {
 	}{
 		{"token_bucket", []limit.Rule{tb}},
 		{"gcra", []limit.Rule{rule("gc", limit.GCRA, big, p)}},
-		{"sliding_window", []limit.Rule{rule("sw", limit.SlidingWindow, big, p)}},
+		{"sliding_window", []limit.Rule{rule("sw", limit.SlidingWindow, limit.MaxSlidingWindowLimit, p)}},
 		{"tenant_batch_3", []limit.Rule{rule("fw", limit.FixedWindow, big, p), rule("swc", limit.SlidingWindowCounter, big, p), tb}},
 		{"concurrency_and_release", []limit.Rule{rule("cc", limit.Concurrency, big, p)}},
 	} {
@@ -71,4 +71,40 @@ func BenchmarkTake(b *testing.B) {
 			}
 		})
 	})
+}
+
+// BenchmarkTakeMetered is BenchmarkTake's batch of three with a usage meter
+// charged in the same script, and a meter alone (a tool with only a quota),
+// to compare with BenchmarkTake/tenant_batch_3 and peer_ping.
+func BenchmarkTakeMetered(b *testing.B) {
+	r := testenv.StartRedis(b, nil)
+	s := newStore(b, r.Client(b), 10*time.Second)
+	ctx := context.Background()
+	const p = 100 * time.Millisecond
+	big := int64(1_000_000_000)
+	for _, bc := range []struct {
+		name  string
+		rules []limit.Rule
+	}{
+		{"tenant_batch_3", []limit.Rule{rule("fw", limit.FixedWindow, big, p), rule("swc", limit.SlidingWindowCounter, big, p), rule("tb", limit.TokenBucket, big, p)}},
+		{"meter_only", nil},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var id atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(16)
+			b.RunParallel(func(pb *testing.PB) {
+				tenant := fmt.Sprintf("bench-m-%s-%d", bc.name, id.Add(1))
+				checks := tenantChecks(tenant, bc.rules...)
+				m := testMeter(tenant, 0)
+				for pb.Next() {
+					d, _, err := s.TakeMetered(ctx, checks, m, 1)
+					if err != nil || !d.Allowed {
+						b.Errorf("TakeMetered: %+v, %v", d, err)
+						return
+					}
+				}
+			})
+		})
+	}
 }

@@ -167,8 +167,9 @@ func TestClientOptionErrors(t *testing.T) {
 }
 
 // TestCluster runs the store on a 6-node Redis Cluster: several seeds, one
-// seed (cluster mode detected), the algo parity run across slots, and
-// cross-slot batches refused without reaching the client.
+// seed (cluster mode detected), the algo parity run across slots, usage
+// meters on every master, and cross-slot batches refused without reaching
+// the client.
 func TestCluster(t *testing.T) {
 	cl := testenv.StartCluster(t)
 
@@ -224,6 +225,8 @@ func TestCluster(t *testing.T) {
 	t.Run("matches_algo", func(t *testing.T) {
 		matchRandom(t, c, s, 100)
 	})
+
+	t.Run("meters", func(t *testing.T) { testClusterMeters(t, c, s) })
 
 	// Every key written on any master has a TTL.
 	for i, n := range cl.Nodes {

@@ -32,6 +32,9 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// epochUnixUS is the scripts' epoch, 2020-01-01T00:00:00Z, in µs since 1970.
+const epochUnixUS = 1577836800 * 1e6
+
 func conformanceHarness(c rueidis.Client) func(t *testing.T) limittest.Harness {
 	return func(t *testing.T) limittest.Harness {
 		s, err := New(c, &Options{Timeout: testTimeout})
@@ -44,6 +47,9 @@ func conformanceHarness(c rueidis.Client) func(t *testing.T) limittest.Harness {
 			TTLs:         func(t *testing.T) map[string]time.Duration { return conformanceTTLs(t, c) },
 			FlushScripts: func(t *testing.T) { conformanceFlush(t, c) },
 			RealTime:     true,
+			Now: func() time.Time {
+				return time.UnixMicro(serverNow(t, c) + s.offset.Load() + epochUnixUS)
+			},
 		}
 	}
 }

@@ -5,11 +5,26 @@
 -- the tests hold the script to algo.
 --
 -- KEYS[i]             counter of check i (all keys in one Cluster slot)
--- ARGV[1]             op: 't' take, 'r' refund, 'l' release
+-- ARGV[1]             op: 't' take, 'r' refund, 'l' release,
+--                     'm' take metered, 'a' adjust a meter, 'f' mark a meter flushed
 -- ARGV[2]             microseconds added to the server clock (tests only; "0")
--- ARGV[3]             cost (take and refund)
+-- ARGV[3]             cost (take, take metered and refund; "0" otherwise)
 -- ARGV[4]             lease id ("" when the batch has no concurrency check)
 -- ARGV[5 + 5(i-1)..]  check i: algorithm, limit, period (µs), capacity, shadow ("1"/"0")
+--
+-- Usage meters (ops m, a, f; see limit/internal/algo/meter.go, which this
+-- ports). The meter key comes after the checks' keys: KEYS[n+1] for 'm' with
+-- n checks (n may be 0), KEYS[1] for 'a' and 'f'. With b = 4 + 5n ('m') or
+-- b = 4 ('a'), the meter block is:
+--   ARGV[b+1] tenant, ARGV[b+2] period, ARGV[b+3] seeded ("1"/"0"),
+--   ARGV[b+4] expire time (ms since 1970, for PEXPIREAT),
+--   ARGV[b+5..b+8] seed: charged, refunded, calls, refunded calls,
+--   ARGV[b+9] quota (0: none), and for 'a' ARGV[b+10..b+13] the delta.
+-- For 'f', ARGV[5..8] is the flushed snapshot.
+-- A meter is a hash: c, r, n, rn the live usage (charged, refunded, calls,
+-- refunded calls), fc, fr, fn, frn the part flushed to the durable store,
+-- t the tenant and p the period. Every write of the live usage sets the
+-- key's expiry (PEXPIREAT) in the same script; 'f' keeps it.
 --
 -- Algorithms: f fixed_window, c sliding_window_counter, t token_bucket,
 -- g gcra, w sliding_window, k concurrency.
@@ -27,6 +42,12 @@
 -- Reply: take    {now, then per check: allowed (1/0), remaining, reset, retry}
 --                (reset and retry in µs; a negative value means never)
 --        refund, release  {now}
+--        take metered  take's reply, then status, c, r, n, rn
+--        adjust        {now, status, c, r, n, rn}
+--        mark flushed  {now, 1 if the meter exists else 0}
+-- status (algo.MeterStatus): 0 quota denies, 1 ok, 2 needs a seed,
+-- 3 expire time passed, 4 overflow. On 2, 3 and 4 nothing was written, and
+-- c..rn are the counter as it stands (0 when there is none).
 --
 -- Lua numbers are doubles: for rules that pass limit.Rule.Validate every
 -- value here is an integer below 2^53, so it is exact. Division goes through
@@ -133,8 +154,45 @@ local function logUnits(key, n, units)
   end
 end
 
-if op == 't' then
+-- Usage meters ------------------------------------------------------------
+
+local MAXU = 1125899906842624 -- limit.MaxUsage (2^50)
+
+-- The meter functions are made only for the ops that use them: a plain take
+-- does not pay for building their closures.
+local meterOpen, meterWrite
+if op == 'm' or op == 'a' then
+  -- meterOpen returns the status of the meter key with block b, its live
+  -- usage {c, r, n, rn}, and whether it must be created from the seed
+  -- (algo.MeterOpen).
+  meterOpen = function(key, b)
+    if tonumber(ARGV[b + 4]) * 1000 - 1577836800000000 <= now then return 3, { 0, 0, 0, 0 }, false end
+    local v = redis.call('HMGET', key, 'c', 'r', 'n', 'rn')
+    if v[1] then
+      return 1, { tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0 }, false
+    end
+    if ARGV[b + 3] ~= '1' then return 2, { 0, 0, 0, 0 }, false end
+    return 1, { tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8]) }, true
+  end
+
+  -- meterWrite stores live usage u of the meter key with block b (and, when
+  -- it is created, the seed as its flushed part, the tenant and the period),
+  -- and sets its expiry.
+  meterWrite = function(key, b, u, create)
+    if create then
+      redis.call('HSET', key, 'c', int(u[1]), 'r', int(u[2]), 'n', int(u[3]), 'rn', int(u[4]),
+        'fc', ARGV[b + 5], 'fr', ARGV[b + 6], 'fn', ARGV[b + 7], 'frn', ARGV[b + 8],
+        't', ARGV[b + 1], 'p', ARGV[b + 2])
+    else
+      redis.call('HSET', key, 'c', int(u[1]), 'r', int(u[2]), 'n', int(u[3]), 'rn', int(u[4]))
+    end
+    redis.call('PEXPIREAT', key, ARGV[b + 4])
+  end
+end
+
+if op == 't' or op == 'm' then
   local n = #KEYS
+  if op == 'm' then n = n - 1 end
   local out = { now }
   -- what phase 2 writes for check i: state numbers s1..s3, expiry ex
   local ok, s1, s2, s3, ex, bad = {}, {}, {}, {}, {}, {}
@@ -295,6 +353,22 @@ if op == 't' then
     out[o + 3] = retry
   end
 
+  -- The meter (algo.MeterOpen, MeterEval): read only, like phase 1.
+  local mkey, mb, mst, mu, mcreate
+  if op == 'm' then
+    mkey, mb = KEYS[n + 1], 4 + 5 * n
+    mst, mu, mcreate = meterOpen(mkey, mb)
+    if mst == 1 then
+      if mu[1] + cost > MAXU or mu[3] + 1 > MAXU then
+        mst = 4
+      elseif not (tonumber(ARGV[mb + 9]) == 0 or mu[1] - mu[2] + cost <= tonumber(ARGV[mb + 9])) then
+        mst = 0
+      end
+    end
+    if mst > 2 then mcreate = false end -- an error: nothing is written
+    admit = admit and mst == 1
+  end
+
   -- Phase 2: only when every enforced check allows, charge every check that
   -- allows (shadow ones too: they count as if enforced).
   if admit then
@@ -329,6 +403,16 @@ if op == 't' then
         end
       end
     end
+  end
+  if op == 'm' then
+    if admit then
+      mu[1], mu[3] = mu[1] + cost, mu[3] + 1
+      meterWrite(mkey, mb, mu, mcreate)
+    elseif mcreate then
+      meterWrite(mkey, mb, mu, true) -- created from the seed whatever the decision
+    end
+    local o = #out
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = mst, mu[1], mu[2], mu[3], mu[4]
   end
   return out
 
@@ -400,6 +484,34 @@ elseif op == 'l' then
     if rule(i) == 'k' then redis.pcall('ZREM', KEYS[i], lease) end
   end
   return { now }
+
+elseif op == 'a' then
+  -- algo.MeterAdjust: add the delta, no quota
+  local key = KEYS[1]
+  local st, u, create = meterOpen(key, 4)
+  if st == 1 then
+    local nu = {}
+    for i = 1, 4 do
+      nu[i] = u[i] + tonumber(ARGV[13 + i])
+      if nu[i] > MAXU then st = 4 end
+    end
+    if st == 1 then
+      u = nu
+      meterWrite(key, 4, u, create)
+    end
+  end
+  return { now, st, u[1], u[2], u[3], u[4] }
+
+elseif op == 'f' then
+  -- algo.MeterMarkFlushed: raise the flushed part field by field; a meter
+  -- that is gone is not created, and the expiry is kept
+  local key = KEYS[1]
+  local v = redis.call('HMGET', key, 'c', 'fc', 'fr', 'fn', 'frn')
+  if not v[1] then return { now, 0 } end
+  redis.call('HSET', key,
+    'fc', int(max(tonumber(v[2]) or 0, tonumber(ARGV[5]))), 'fr', int(max(tonumber(v[3]) or 0, tonumber(ARGV[6]))),
+    'fn', int(max(tonumber(v[4]) or 0, tonumber(ARGV[7]))), 'frn', int(max(tonumber(v[5]) or 0, tonumber(ARGV[8]))))
+  return { now, 1 }
 end
 
 return redis.error_reply('ERR mcpgate limit script: unknown op ' .. tostring(op))

@@ -21,10 +21,16 @@
 //	gcra                    string "<theoretical arrival time>"
 //	sliding_window          sorted set, one member per unit, scored by its time
 //	concurrency             sorted set, lease id scored by the lease's expiry
+//	usage meter             hash: live and flushed usage, tenant, period
 //
-// Every key written gets its TTL in the same script (the time until the
-// counter is back to full capacity, in milliseconds rounded up), so idle
-// counters cost no memory. Use an eviction policy that cannot evict these
+// It is a limit.MeteredStore: a usage meter (see TakeMetered) is charged by
+// the same script as the checks of its call, so a monthly quota is exact
+// across every gateway sharing the Redis. A batch without a meter runs
+// exactly as before and pays nothing for meters.
+//
+// Every key written gets its TTL in the same script (for a counter, the time
+// until it is back to full capacity, in milliseconds rounded up; for a
+// meter, its Meter.ExpireAt), so idle counters cost no memory. Use an eviction policy that cannot evict these
 // keys (noeviction): an evicted counter admits what it should deny.
 //
 // In Redis Cluster, one script can only touch keys of one slot: the checks of
@@ -91,9 +97,12 @@ var script = rueidis.NewLuaScript(scriptSource)
 
 // Script operations (ARGV[1]).
 const (
-	opTake    = "t"
-	opRefund  = "r"
-	opRelease = "l"
+	opTake        = "t"
+	opRefund      = "r"
+	opRelease     = "l"
+	opTakeMetered = "m"
+	opAdjust      = "a"
+	opMarkFlushed = "f"
 )
 
 // Store is a limit.Store on Redis. It is safe for concurrent use by many
@@ -108,7 +117,7 @@ type Store struct {
 	offset atomic.Int64
 }
 
-var _ limit.Store = (*Store)(nil)
+var _ limit.MeteredStore = (*Store)(nil)
 
 // New returns a Store that runs its scripts on client, which may be a
 // standalone, Cluster or Sentinel client (see ClientOption). The Store does
@@ -208,21 +217,31 @@ func (s *Store) take(ctx context.Context, checks []limit.Check, cost int64) (res
 	if len(arr) != 1+4*len(checks) {
 		return nil, "", 0, fmt.Errorf("redisstore: take: %w: %d values for %d checks", errReply, len(arr), len(checks))
 	}
+	now, results, err = parseResults(arr, len(checks))
+	if err != nil {
+		return nil, "", 0, fmt.Errorf("redisstore: take: %w", err)
+	}
+	return results, lease, now, nil
+}
+
+// parseResults reads the script's clock and n check results from the start
+// of a take reply, which has at least 1+4n values.
+func parseResults(arr []rueidis.RedisMessage, n int) (now int64, results []limit.Result, err error) {
 	now, err = arr[0].AsInt64()
 	if err != nil {
-		return nil, "", 0, fmt.Errorf("redisstore: take: %w: %w", errReply, err)
+		return 0, nil, fmt.Errorf("%w: %w", errReply, err)
 	}
-	results = make([]limit.Result, len(checks))
+	results = make([]limit.Result, n)
 	for i := range results {
 		var v [4]int64
 		for j := range v {
 			if v[j], err = arr[1+4*i+j].AsInt64(); err != nil {
-				return nil, "", 0, fmt.Errorf("redisstore: take: %w: %w", errReply, err)
+				return 0, nil, fmt.Errorf("%w: %w", errReply, err)
 			}
 		}
 		results[i] = limit.Result{Allowed: v[0] == 1, Remaining: v[1], ResetAfter: dur(v[2]), RetryAfter: dur(v[3])}
 	}
-	return results, lease, now, nil
+	return now, results, nil
 }
 
 // Refund gives back, atomically over the batch, what an admitted request

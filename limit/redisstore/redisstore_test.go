@@ -434,3 +434,45 @@ func TestConnectionLossNotReplayed(t *testing.T) {
 		t.Errorf("counter %s after the lost call, want 1 (not run, not replayed)", count)
 	}
 }
+
+// A sliding-window request of many units logs one unique member per unit,
+// in chunks (Lua's unpack takes a few thousand values at most), and a refund
+// removes exactly that many.
+func TestSlidingWindowLargeCost(t *testing.T) {
+	_, c, s := startStore(t)
+	ctx := ctxT(t)
+	checks := tenantChecks("big", rule("sw", limit.SlidingWindow, limit.MaxSlidingWindowLimit, time.Minute))
+	card := func() int64 {
+		t.Helper()
+		n, err := c.Do(ctx, c.B().Zcard().Key(checks[0].Key).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, st := range []struct {
+		op      string
+		cost    int64
+		allowed bool
+		card    int64
+	}{
+		{"take", 5000, true, 5000},
+		{"refund", 1200, true, 3800},
+		{"take", limit.MaxSlidingWindowLimit - 3800 + 1, false, 3800},
+		{"take", limit.MaxSlidingWindowLimit - 3800, true, limit.MaxSlidingWindowLimit},
+	} {
+		if st.op == "refund" {
+			if err := s.Refund(ctx, checks, st.cost, ""); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			d, err := s.Take(ctx, checks, st.cost)
+			if err != nil || d.Allowed != st.allowed {
+				t.Fatalf("Take(%d) = %+v, %v; want allowed %v", st.cost, d, err, st.allowed)
+			}
+		}
+		if n := card(); n != st.card {
+			t.Errorf("after %s(%d): %d members, want %d", st.op, st.cost, n, st.card)
+		}
+	}
+}

@@ -1,0 +1,413 @@
+// Package loadgen measures mcpgate end to end, in one process and one run:
+// calls per second and latency percentiles of MCP tools/call requests sent
+// over real HTTP on loopback to the demo upstream directly, and through
+// gateways built as `mcpgate serve` builds them (memory store, Redis store),
+// and the denial path (a tenant whose limit is exhausted: every call a 429).
+//
+// Env starts the servers; Drive sends the load to one Target; Run
+// interleaves targets over rounds and Report prints medians and ratios.
+package loadgen
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"runtime/pprof"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/gateway"
+	"github.com/mcpgate/mcpgate/limit/redisstore"
+	"github.com/mcpgate/mcpgate/metrics"
+	"github.com/mcpgate/mcpgate/policy"
+)
+
+// Target names, in the order Run interleaves them.
+const (
+	Direct       = "direct"
+	GatewayMem   = "gateway-mem"
+	GatewayRed   = "gateway-redis"
+	DenyMem      = "deny-mem"
+	DenyRedis    = "deny-redis"
+	secretEnv    = "MCPGATE_LOADGEN_SECRET"
+	tenantTier   = "bench"
+	deniedTier   = "exhausted"
+	deniedTenant = "exhausted-tenant"
+)
+
+// Rule sets the gateways can be configured with.
+const (
+	// RulesLayered is the shape of the demo and example configs: two
+	// tenant-scoped rules (one script call) and one global rule (a second
+	// script call, on one hot key).
+	RulesLayered = "layered"
+	// RulesSingle is one per-tenant rule: one script call per request.
+	RulesSingle = "single"
+)
+
+// configTemplate is the gateways' config; every limit is far above what a
+// run can reach, except the exhausted tier's, which admits one call a day.
+const configTemplate = `listen: 127.0.0.1:0
+upstream:
+  url: UPSTREAM
+  identity_headers: true
+auth:
+  jwt:
+    hs256_secret_env: ` + secretEnv + `
+store:
+  on_error: open
+default_tier: ` + tenantTier + `
+tiers:
+  ` + tenantTier + `:
+    limits:
+RULES
+  ` + deniedTier + `:
+    limits:
+      - {name: per_tenant, per: tenant, algorithm: fixed_window, limit: 1, period: 24h}
+GLOBAL`
+
+// ruleSets are the tenant rules (RULES) and global rules (GLOBAL) of each
+// rule set.
+var ruleSets = map[string][2]string{
+	RulesSingle: {`      - {name: per_tenant, per: tenant, algorithm: gcra, limit: 1000000000, period: 1s}`, ""},
+	RulesLayered: {`      - {name: per_tenant, per: tenant, algorithm: gcra, limit: 1000000000, period: 1s}
+      - {name: per_tool, per: tenant_tool, algorithm: token_bucket, limit: 1000000000, period: 1s}`,
+		`global:
+  - {name: all_tenants, algorithm: gcra, limit: 1000000000, period: 1s}
+`},
+}
+
+// Options configures an Env. The zero value means RulesLayered and no Redis.
+type Options struct {
+	// Rules is RulesLayered or RulesSingle; "" means RulesLayered.
+	Rules string
+	// RedisAddr is a redis-server (host:port) for the Redis targets; ""
+	// leaves them out.
+	RedisAddr string
+	// Tenants is the number of tenants (one token each) the callers spread
+	// over; 0 means 64.
+	Tenants int
+	// Logger receives the servers' warnings; nil discards them.
+	Logger *slog.Logger
+	// RedisCPU, when set, reports the CPU time the redis-server at
+	// RedisAddr has used so far; results then carry its cost per call.
+	RedisCPU func() (time.Duration, error)
+}
+
+// Target is one endpoint under load.
+type Target struct {
+	Name string
+	URL  string
+	// Tokens are bearer tokens, one per tenant; caller i uses Tokens[i%len].
+	Tokens []string
+	// Status is the HTTP status every call must get.
+	Status int
+
+	// degraded, for a gateway, counts its limit decisions taken without
+	// the shared store (store errors or timeouts under on_error: open).
+	degraded func() float64
+	// redisCPU is Options.RedisCPU.
+	redisCPU func() (time.Duration, error)
+}
+
+// Env is the servers of a run: the demo upstream and the gateways, each on
+// its own loopback listener. Close stops them.
+type Env struct {
+	Targets []Target
+
+	closers []func()
+}
+
+// server serves h on a new loopback listener, with pprof labels naming it so
+// a CPU profile of the process can be split by server (go tool pprof
+// -tagfocus server=NAME).
+func (e *Env) server(name string, h http.Handler) (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	labels := pprof.Labels("server", name)
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			pprof.Do(r.Context(), labels, func(context.Context) { h.ServeHTTP(w, r) })
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          nil,
+	}
+	go srv.Serve(ln)
+	e.closers = append(e.closers, func() { srv.Close() })
+	return "http://" + ln.Addr().String() + "/mcp", nil
+}
+
+// Start starts the upstream and the gateways. The secret of the tokens is
+// random and set in the process environment, which the config names, as
+// `mcpgate serve` reads it.
+func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Rules == "" {
+		o.Rules = RulesLayered
+	}
+	rules, ok := ruleSets[o.Rules]
+	if !ok {
+		return nil, fmt.Errorf("loadgen: unknown rule set %q (want %s or %s)", o.Rules, RulesLayered, RulesSingle)
+	}
+	if o.Tenants <= 0 {
+		o.Tenants = 64
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	e := &Env{}
+	defer func() {
+		if err != nil {
+			e.Close()
+		}
+	}()
+
+	up := upstream.New(&upstream.Options{Stateless: true, JSONResponse: true})
+	upURL, err := e.server("upstream", up.Handler())
+	if err != nil {
+		return nil, err
+	}
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
+	os.Setenv(secretEnv, hex.EncodeToString(secret))
+	tokens := make([]string, o.Tenants)
+	for i := range tokens {
+		if tokens[i], err = token(fmt.Sprintf("tenant-%d", i), tenantTier); err != nil {
+			return nil, err
+		}
+	}
+	denied, err := token(deniedTenant, deniedTier)
+	if err != nil {
+		return nil, err
+	}
+	e.Targets = append(e.Targets, Target{Name: Direct, URL: upURL, Tokens: tokens, Status: http.StatusOK})
+
+	text := strings.NewReplacer("UPSTREAM", upURL, "RULES", rules[0], "GLOBAL", rules[1]).Replace(configTemplate)
+	add := func(name, deny, redis string) error {
+		cfgText := text
+		if redis != "" {
+			cfgText = strings.Replace(cfgText, "store:\n", "store:\n  redis: "+redis+"\n", 1)
+		}
+		g, err := newGateway(ctx, cfgText, o.Logger)
+		if err != nil {
+			return fmt.Errorf("loadgen: %s: %w", name, err)
+		}
+		e.closers = append(e.closers, g.close)
+		u, err := e.server(name, g.gw)
+		if err != nil {
+			return err
+		}
+		e.Targets = append(e.Targets,
+			Target{Name: name, URL: u, Tokens: tokens, Status: http.StatusOK, degraded: g.degraded},
+			Target{Name: deny, URL: u, Tokens: []string{denied}, Status: http.StatusTooManyRequests, degraded: g.degraded})
+		return nil
+	}
+	if err := add(GatewayMem, DenyMem, ""); err != nil {
+		return nil, err
+	}
+	if o.RedisAddr != "" {
+		if err := add(GatewayRed, DenyRedis, o.RedisAddr); err != nil {
+			return nil, err
+		}
+	}
+	for i := range e.Targets {
+		e.Targets[i].redisCPU = o.RedisCPU
+	}
+	// Order: admitted targets first, then the denial paths.
+	order := map[string]int{Direct: 0, GatewayMem: 1, GatewayRed: 2, DenyMem: 3, DenyRedis: 4}
+	for i := 1; i < len(e.Targets); i++ {
+		for j := i; j > 0 && order[e.Targets[j].Name] < order[e.Targets[j-1].Name]; j-- {
+			e.Targets[j], e.Targets[j-1] = e.Targets[j-1], e.Targets[j]
+		}
+	}
+	return e, nil
+}
+
+// Target returns the target called name, or false.
+func (e *Env) Target(name string) (Target, bool) {
+	for _, t := range e.Targets {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return Target{}, false
+}
+
+// Close stops every server, the last started first.
+func (e *Env) Close() {
+	for i := len(e.closers) - 1; i >= 0; i-- {
+		e.closers[i]()
+	}
+	e.closers = nil
+}
+
+func token(tenant, tier string) (string, error) {
+	return auth.SignHS256([]byte(os.Getenv(secretEnv)), map[string]any{
+		"tenant_id": tenant, "sub": tenant + "-agent", "tier": tier, "scope": "tools:*",
+		"exp": time.Now().Add(24 * time.Hour).Unix(),
+	})
+}
+
+// builtGateway is a gateway with what it owns.
+type builtGateway struct {
+	gw      *gateway.Gateway
+	metrics *metrics.Metrics
+	close   func()
+}
+
+// degraded sums mcpgate_degraded_decisions_total over its labels.
+func (b *builtGateway) degraded() float64 {
+	families, err := b.metrics.Registry.Gather()
+	if err != nil {
+		return 0
+	}
+	var n float64
+	for _, f := range families {
+		if f.GetName() == "mcpgate_degraded_decisions_total" {
+			for _, m := range f.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n
+}
+
+// newGateway wires a gateway from config text as cli/serve.go and
+// cli/build.go do for `mcpgate serve`: policy.Parse, auth from the config's
+// auth section, the Redis store (redisstore.ClientOption, rueidis client,
+// store timeout from the config) when store.redis is set, gateway.New.
+func newGateway(ctx context.Context, cfgText string, log *slog.Logger) (*builtGateway, error) {
+	cfg, err := policy.Parse("loadgen.yaml", []byte(cfgText))
+	if err != nil {
+		return nil, err
+	}
+	j := cfg.Auth.JWT
+	a, err := auth.New(ctx, auth.Options{
+		HS256Secret: []byte(os.Getenv(j.HS256SecretEnv)),
+		Issuer:      j.Issuer,
+		Audience:    j.Audience,
+		TenantClaim: j.TenantClaim,
+		TierClaim:   j.TierClaim,
+		ScopeClaim:  j.ScopeClaim,
+		DefaultTier: cfg.DefaultTier,
+		Logger:      log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	m := metrics.New()
+	opts := gateway.Options{Config: cfg, Auth: a, Logger: log, Metrics: m}
+	var client rueidis.Client
+	if len(cfg.Store.Redis) > 0 {
+		copt, err := redisstore.ClientOption(cfg.Store.Redis...)
+		if err != nil {
+			a.Close()
+			return nil, err
+		}
+		if client, err = rueidis.NewClient(copt); err != nil {
+			a.Close()
+			return nil, fmt.Errorf("store.redis: %w", err)
+		}
+		st, err := redisstore.New(client, &redisstore.Options{Timeout: cfg.Store.Timeout})
+		if err != nil {
+			client.Close()
+			a.Close()
+			return nil, err
+		}
+		opts.SharedStore = st
+		opts.Probe = func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }
+	}
+	g, err := gateway.New(opts)
+	if err != nil {
+		if client != nil {
+			client.Close()
+		}
+		a.Close()
+		return nil, err
+	}
+	return &builtGateway{gw: g, metrics: m, close: func() {
+		g.Close()
+		if client != nil {
+			client.Close()
+		}
+		a.Close()
+	}}, nil
+}
+
+// Exhaust spends the one call a day of the exhausted tenant on every
+// gateway, so that each deny target answers 429 from its first call, and
+// checks that it does.
+func (e *Env) Exhaust(ctx context.Context) error {
+	for _, t := range e.Targets {
+		if t.Status != http.StatusTooManyRequests {
+			continue
+		}
+		c := newClient(1)
+		for i := range 2 {
+			status, body, err := call(ctx, c, t.URL, t.Tokens[0])
+			if err != nil {
+				return fmt.Errorf("loadgen: %s: %w", t.Name, err)
+			}
+			// The first call may find the day's unit unspent (200) or spent
+			// by an earlier run on the same Redis (429).
+			if i == 1 && status != http.StatusTooManyRequests {
+				return fmt.Errorf("loadgen: %s: second call got %d, want 429: %s", t.Name, status, body)
+			}
+		}
+		c.CloseIdleConnections()
+	}
+	return nil
+}
+
+// Check sends one call to every target and checks its status and, for an
+// admitted call, that the tool's answer came back.
+func (e *Env) Check(ctx context.Context) error {
+	for _, t := range e.Targets {
+		c := newClient(1)
+		status, body, err := call(ctx, c, t.URL, t.Tokens[0])
+		c.CloseIdleConnections()
+		if err != nil {
+			return fmt.Errorf("loadgen: %s: %w", t.Name, err)
+		}
+		if status != t.Status {
+			return fmt.Errorf("loadgen: %s: status %d, want %d: %s", t.Name, status, t.Status, body)
+		}
+		want := `"text":"hello"`
+		if t.Status == http.StatusTooManyRequests {
+			want = `"code":-33029`
+		}
+		if !strings.Contains(string(body), want) {
+			return fmt.Errorf("loadgen: %s: answer lacks %s: %s", t.Name, want, body)
+		}
+	}
+	return nil
+}
+
+func call(ctx context.Context, c *http.Client, url, token string) (int, []byte, error) {
+	req, err := newRequest(ctx, url, token)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, body, err
+}

@@ -1,0 +1,262 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/examples/upstream"
+	"net/http/httptest"
+)
+
+// syncBuffer is a bytes.Buffer safe for a writer goroutine and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = Main(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestCheckAcceptsTheContractExample(t *testing.T) {
+	code, out, errOut := run(t, "check", "--config", "../policy/testdata/mcpgate.example.yaml")
+	if code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+	}
+	if !strings.Contains(out, ": ok") {
+		t.Fatalf("stdout %q does not say ok", out)
+	}
+	// features of later issues are reported, not silently ignored
+	if !strings.Contains(errOut, "not active yet") && !strings.Contains(errOut, "not enforced yet") {
+		t.Fatalf("stderr does not report inactive features:\n%s", errOut)
+	}
+}
+
+func TestCheckReportsFileLineFieldProblem(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bad.yaml")
+	cfg := "listen: 127.0.0.1:8080\nupstream:\n  url: http://127.0.0.1:9000/mcp\nauth:\n  jwt:\n    hs256_secret_env: S\nstore:\n  redsi: x\n  on_error: sometimes\n"
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := run(t, "check", "--config", path)
+	if code != 1 {
+		t.Fatalf("exit %d, want 1; stderr:\n%s", code, errOut)
+	}
+	for _, want := range []string{path + ":8: store.redsi: ", path + ":9: store.on_error: "} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errOut)
+		}
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, args := range [][]string{{}, {"nope"}, {"check"}, {"serve"}, {"check", "--config", "x", "extra"}} {
+		if code, _, _ := run(t, args...); code != 2 {
+			t.Errorf("mcpgate %v: exit %d, want 2", args, code)
+		}
+	}
+	if code, _, errOut := run(t, "check", "--config", "/does/not/exist.yaml"); code != 1 {
+		t.Errorf("missing file: exit %d, want 1 (%s)", code, errOut)
+	}
+	if code, out, _ := run(t, "version"); code != 0 || !strings.HasPrefix(out, "mcpgate ") {
+		t.Errorf("version: exit %d, output %q", code, out)
+	}
+}
+
+var listening = regexp.MustCompile(`msg="mcpgate listening" addr=(\S+)`)
+
+// startMain runs Main in the background and returns the gateway's address.
+func startMain(t *testing.T, stdout io.Writer, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stderr := &syncBuffer{}
+	done := make(chan int, 1)
+	go func() { done <- Main(ctx, args, stdout, stderr) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Error("mcpgate did not stop after its context ended")
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if m := listening.FindStringSubmatch(stderr.String()); m != nil {
+			return m[1]
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("mcpgate exited with %d:\n%s", code, stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatalf("mcpgate did not start:\n%s", stderr.String())
+	return ""
+}
+
+func callEcho(t *testing.T, addr, token string) *http.Response {
+	t.Helper()
+	body := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hi"}}}`
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/mcp", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("MCP-Protocol-Version", "2025-06-18")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
+func TestServeEnforcesAndReloads(t *testing.T) {
+	up := upstream.New(&upstream.Options{Stateless: true, JSONResponse: true})
+	upSrv := httptest.NewServer(up.Handler())
+	defer upSrv.Close()
+
+	secret := strings.Repeat("k", 32)
+	t.Setenv("CLI_TEST_SECRET", secret)
+	t.Setenv("CLI_TEST_ADMIN", "admin-token")
+	config := func(limit int) string {
+		return fmt.Sprintf(`listen: 127.0.0.1:0
+upstream: {url: %s/mcp}
+auth:
+  jwt: {hs256_secret_env: CLI_TEST_SECRET}
+  admin_token_env: CLI_TEST_ADMIN
+tiers:
+  free:
+    limits:
+      - {name: per_tenant, per: tenant, algorithm: fixed_window, limit: %d, period: 1h}
+`, upSrv.URL, limit)
+	}
+	path := filepath.Join(t.TempDir(), "mcpgate.yaml")
+	if err := os.WriteFile(path, []byte(config(3)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := startMain(t, io.Discard, "serve", "--config", path)
+	token, err := auth.SignHS256([]byte(secret), map[string]any{"tenant_id": "t1", "sub": "u", "scope": "tools:*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 4; i++ {
+		resp := callEcho(t, addr, token)
+		want := http.StatusOK
+		if i == 4 {
+			want = http.StatusTooManyRequests
+		}
+		if resp.StatusCode != want {
+			t.Fatalf("call %d: status %d, want %d", i, resp.StatusCode, want)
+		}
+	}
+	if got := up.Calls("echo"); got != 3 {
+		t.Fatalf("upstream saw %d calls, want 3", got)
+	}
+
+	// Reload through the admin API with a higher limit: the counter is kept,
+	// so exactly 2 more calls fit.
+	if err := os.WriteFile(path, []byte(config(5)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/admin/reload", nil)
+	req.Header.Set("Authorization", "Bearer admin-token")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("reload: status %d", resp.StatusCode)
+	}
+	admitted := 0
+	for range 4 {
+		if callEcho(t, addr, token).StatusCode == http.StatusOK {
+			admitted++
+		}
+	}
+	if admitted != 2 || up.Calls("echo") != 5 {
+		t.Fatalf("after reload: %d admitted, upstream saw %d; want 2 and 5", admitted, up.Calls("echo"))
+	}
+
+	// A broken config is refused and the old one stays in force.
+	if err := os.WriteFile(path, []byte("listen: [\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnprocessableEntity {
+		t.Fatalf("reload of a broken config: status %d, want 422", resp.StatusCode)
+	}
+	if callEcho(t, addr, token).StatusCode != http.StatusTooManyRequests {
+		t.Fatal("the old limit is no longer enforced after a refused reload")
+	}
+}
+
+func TestServeRefusesAMissingSecret(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "mcpgate.yaml")
+	cfg := "upstream: {url: http://127.0.0.1:9/mcp}\nauth:\n  jwt: {hs256_secret_env: CLI_TEST_UNSET_SECRET}\n"
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := run(t, "serve", "--config", path)
+	if code != 1 || !strings.Contains(errOut, "CLI_TEST_UNSET_SECRET") {
+		t.Fatalf("exit %d, stderr %q: want 1 naming the variable", code, errOut)
+	}
+}
+
+var tokenLine = regexp.MustCompile(`export TOKEN=(\S+)`)
+
+func TestDemoPrintsAWorkingToken(t *testing.T) {
+	stdout := &syncBuffer{}
+	addr := startMain(t, stdout, "demo", "--listen", "127.0.0.1:0")
+	var token string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if m := tokenLine.FindStringSubmatch(stdout.String()); m != nil {
+			token = m[1]
+			break
+		}
+	}
+	if token == "" {
+		t.Fatalf("no token printed:\n%s", stdout.String())
+	}
+	if !strings.Contains(stdout.String(), "curl") {
+		t.Fatalf("no client command printed:\n%s", stdout.String())
+	}
+	if resp := callEcho(t, addr, token); resp.StatusCode != http.StatusOK || resp.Header.Get("X-RateLimit-Limit") == "" {
+		t.Fatalf("demo call: status %d, headers %v", resp.StatusCode, resp.Header)
+	}
+	if resp := callEcho(t, addr, "not-a-token"); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("bad token: status %d, want 401", resp.StatusCode)
+	}
+}

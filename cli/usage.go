@@ -1,0 +1,269 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/mcpgate/mcpgate/policy"
+	usagestore "github.com/mcpgate/mcpgate/usage"
+	"github.com/mcpgate/mcpgate/usage/dynamodb"
+	"github.com/mcpgate/mcpgate/usage/sqlite"
+)
+
+// Bounds of the usage commands' I/O. Init may wait for a new DynamoDB table
+// to become ACTIVE.
+const (
+	usageReadTimeout = 30 * time.Second
+	usageInitTimeout = 5 * time.Minute
+)
+
+// runUsage implements
+//
+//	mcpgate usage --config FILE --tenant T [--period YYYY-MM] [--tier NAME] [--json]
+//	mcpgate usage init --config FILE
+//
+// The first prints a tenant's usage in a billing period as the durable usage
+// store (usage.store of the config) holds it; the second creates that
+// store's table.
+func runUsage(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "init" {
+		return runUsageInit(ctx, args[1:], stdout, stderr)
+	}
+	fs := newFlags("usage", stderr)
+	path := fs.String("config", "", "config file naming the usage store (required)")
+	tenant := fs.String("tenant", "", "tenant to report (required)")
+	period := fs.String("period", "", "billing period `YYYY-MM` (default: the current month, UTC)")
+	tierName := fs.String("tier", "", "tier whose monthly_quota is the quota shown (default: the config's default_tier)")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	fs.Usage = func() { usageHelp(fs) }
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *path == "" || *tenant == "" {
+		fmt.Fprintln(stderr, "mcpgate usage: --config FILE and --tenant T are required")
+		return errUsage
+	}
+	if *period == "" {
+		*period = usagestore.Period(time.Now())
+	}
+	end, err := usagestore.PeriodEnd(*period)
+	if err != nil {
+		fmt.Fprintf(stderr, "mcpgate usage: --period: %v\n", err)
+		return errUsage
+	}
+	cfg, err := loadConfig(*path, stderr)
+	if err != nil {
+		return err
+	}
+	// The tier is the token's claim at call time, which the command cannot
+	// know: it is asked for, or taken to be the default one.
+	tier, t, ok := cfg.ResolveTier(*tierName)
+	if *tierName != "" && tier != *tierName {
+		fmt.Fprintf(stderr, "mcpgate usage: --tier: no tier %q in %s (tiers: %s)\n", *tierName, *path, strings.Join(sortedTiers(cfg), ", "))
+		return errUsage
+	}
+	if !ok {
+		tier = "" // no tiers configured: no quota
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, usageReadTimeout)
+	defer cancel()
+	spec := cfg.Usage.Store
+	if kind, target := cfg.Usage.Backend(); kind == "sqlite" {
+		// Reading must not leave an empty database behind a typo.
+		if _, err := os.Stat(target); err != nil {
+			return fmt.Errorf("usage store %s: %w (nothing flushed yet? initialize it with: mcpgate usage init --config %s)", spec, err, *path)
+		}
+	}
+	st, err := openUsageStore(ctx, spec)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := st.Check(ctx); err != nil {
+		if errors.Is(err, usagestore.ErrNotInitialized) {
+			return fmt.Errorf("usage store %s is not initialized (run: mcpgate usage init --config %s): %w", spec, *path, err)
+		}
+		return err
+	}
+	rec, found, err := st.Get(ctx, *tenant, *period)
+	if err != nil {
+		return err
+	}
+	r := usageReport{
+		Tenant: *tenant, Period: *period, PeriodEnd: end, Tier: tier, Quota: t.MonthlyQuota,
+		Used: rec.Used(), Calls: rec.NetCalls(),
+		Charged: rec.Charged, Refunded: rec.Refunded, CallsAdmitted: rec.Calls, RefundedCalls: rec.RefundedCalls,
+		Store: spec, Found: found,
+	}
+	if found {
+		r.UpdatedAt = &rec.UpdatedAt
+	}
+	if r.Quota > 0 {
+		left := max(0, r.Quota-r.Used)
+		r.Remaining = &left
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	r.print(stdout)
+	return nil
+}
+
+// usageReport is what mcpgate usage prints; its JSON form is a stable
+// interface for scripts.
+type usageReport struct {
+	Tenant    string    `json:"tenant"`
+	Period    string    `json:"period"`
+	PeriodEnd time.Time `json:"period_end"` // first instant after the period (UTC): when the quota resets
+	Tier      string    `json:"tier,omitempty"`
+	Used      int64     `json:"used"`                // net cost units: charged - refunded
+	Quota     int64     `json:"quota"`               // the tier's monthly_quota; 0 means no quota
+	Remaining *int64    `json:"remaining,omitempty"` // quota - used, never below 0; absent without a quota
+	Calls     int64     `json:"calls"`               // calls that stayed admitted: calls_admitted - refunded_calls
+	// The four monotonic totals as stored.
+	Charged       int64      `json:"charged"`
+	Refunded      int64      `json:"refunded"`
+	CallsAdmitted int64      `json:"calls_admitted"`
+	RefundedCalls int64      `json:"refunded_calls"`
+	UpdatedAt     *time.Time `json:"updated_at,omitempty"` // last raise of the totals; absent when nothing was stored
+	Found         bool       `json:"found"`                // false: the store holds nothing for the tenant and period
+	Store         string     `json:"store"`
+}
+
+func (r usageReport) print(w io.Writer) {
+	fmt.Fprintf(w, "tenant %s, period %s (until %s)\n", r.Tenant, r.Period, r.PeriodEnd.Format(time.RFC3339))
+	switch {
+	case r.Quota > 0:
+		fmt.Fprintf(w, "used:  %d of %d cost units (%.1f%%, tier %s), %d left\n",
+			r.Used, r.Quota, 100*float64(r.Used)/float64(r.Quota), r.Tier, *r.Remaining)
+	case r.Tier != "":
+		fmt.Fprintf(w, "used:  %d cost units (tier %s has no quota)\n", r.Used, r.Tier)
+	default:
+		fmt.Fprintf(w, "used:  %d cost units (no tiers configured: no quota)\n", r.Used)
+	}
+	fmt.Fprintf(w, "calls: %d (%d admitted, %d taken back)\n", r.Calls, r.CallsAdmitted, r.RefundedCalls)
+	if r.Found {
+		fmt.Fprintf(w, "as of: %s in %s\n", r.UpdatedAt.UTC().Format(time.RFC3339), r.Store)
+	} else {
+		fmt.Fprintf(w, "as of: nothing recorded in %s for this tenant and period\n", r.Store)
+	}
+}
+
+func usageHelp(fs *flag.FlagSet) {
+	w := fs.Output()
+	fmt.Fprint(w, `Usage:
+  mcpgate usage --config FILE --tenant T [--period YYYY-MM] [--tier NAME] [--json]
+  mcpgate usage init --config FILE
+
+The first form prints a tenant's usage in a billing period (a calendar month,
+UTC) from the durable usage store named by usage.store in the config. Those
+totals lag the gateways' live counters by up to usage.flush_interval. The quota
+shown is the monthly_quota of --tier: the tier of a call comes from its token,
+which this command cannot see, so it defaults to the config's default_tier.
+With --json it prints one object with at least tenant, period, used, quota
+(0: no quota) and calls.
+
+The second form creates the usage store's table (SQLite file or DynamoDB
+table); it is idempotent.
+
+Flags:
+`)
+	fs.PrintDefaults()
+}
+
+func runUsageInit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("usage init", stderr)
+	path := fs.String("config", "", "config file naming the usage store (required)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *path == "" {
+		fmt.Fprintln(stderr, "mcpgate usage init: --config FILE is required")
+		return errUsage
+	}
+	cfg, err := loadConfig(*path, stderr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, usageInitTimeout)
+	defer cancel()
+	spec := cfg.Usage.Store
+	st, err := openUsageStore(ctx, spec)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	err = st.Check(ctx)
+	switch {
+	case err == nil:
+		fmt.Fprintf(stdout, "usage store %s: already initialized, nothing to do\n", spec)
+		return nil
+	case !errors.Is(err, usagestore.ErrNotInitialized):
+		return err
+	}
+	if err := st.Init(ctx); err != nil {
+		return err
+	}
+	if err := st.Check(ctx); err != nil {
+		return fmt.Errorf("usage store %s: initialized, but: %w", spec, err)
+	}
+	what := "created the usage table"
+	if kind, target := cfg.Usage.Backend(); kind == "dynamodb" {
+		what = "created the DynamoDB table " + target + " (on-demand billing) and it is ACTIVE"
+	}
+	fmt.Fprintf(stdout, "usage store %s: %s\n", spec, what)
+	return nil
+}
+
+// loadConfig loads and validates the config, printing its problems.
+func loadConfig(path string, stderr io.Writer) (*policy.Config, error) {
+	cfg, err := policy.Load(path)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return nil, errReported
+	}
+	return cfg, nil
+}
+
+// openUsageStore opens the durable usage store named by a usage.store value:
+// "sqlite:PATH" (a file, created if missing; a relative PATH is relative to
+// the working directory) or "dynamodb:TABLE" (region, endpoint and
+// credentials from the standard AWS environment). It does not initialize it.
+func openUsageStore(ctx context.Context, spec string) (usagestore.Store, error) {
+	kind, target, _ := strings.Cut(spec, ":")
+	switch kind {
+	case "sqlite":
+		s, err := sqlite.Open(target)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	case "dynamodb":
+		s, err := dynamodb.Open(ctx, target)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	return nil, fmt.Errorf("unknown usage store %q (want sqlite:PATH or dynamodb:TABLE)", spec)
+}
+
+func sortedTiers(cfg *policy.Config) []string {
+	names := make([]string, 0, len(cfg.Tiers))
+	for n := range cfg.Tiers {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}

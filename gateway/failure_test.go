@@ -1,0 +1,435 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/internal/testenv"
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/mcp"
+)
+
+// failureConfig gives each tool its own failure policy and a small limit.
+const failureConfig = `
+store:
+  redis: "@@REDIS@@"
+  timeout: 250ms
+  on_error: open
+tools:
+  echo:
+    on_error: open
+    limits:
+      - {name: echo_cap, per: tenant_tool, algorithm: fixed_window, limit: 3, period: 1h}
+  search:
+    on_error: closed
+    limits:
+      - {name: search_cap, per: tenant_tool, algorithm: fixed_window, limit: 3, period: 1h}
+  llm_complete:
+    on_error: local
+    limits:
+      - {name: llm_cap, per: tenant_tool, algorithm: fixed_window, limit: 5, period: 1h}
+`
+
+var failureArgs = map[string]any{"text": "x", "query": "q", "prompt": "p"}
+
+// With redis-server killed mid-test, each tool follows its failure policy:
+// open admits, closed answers 503 with Retry-After, local decides with the
+// in-process store and the same rules (exactly its limit, under
+// concurrency). The store breaker then answers without touching Redis, and
+// /readyz says 503. After Redis restarts, the gateway (not restarted) goes
+// back to deciding in Redis.
+func TestStoreFailurePolicies(t *testing.T) {
+	t.Parallel()
+	redis := testenv.StartRedis(t, nil)
+	e := newEnv(t, setup{Config: failureConfig, Redis: redis, Upstream: upstream.Options{Stateless: true, JSONResponse: true}})
+	g := e.gws[0]
+	tok := token(t, "acme", "alice")
+	call := func(tool string, id any) *response {
+		t.Helper()
+		return e.callRaw(0, tok, id, tool, failureArgs)
+	}
+	for _, tool := range []string{"echo", "search", "llm_complete"} {
+		if r := call(tool, 1); r.Status != http.StatusOK {
+			t.Fatalf("%s with Redis up: %d %s", tool, r.Status, r.Body)
+		}
+	}
+	if r := get(t, e.base[0]+"/readyz", ""); r.Status != http.StatusOK {
+		t.Fatalf("/readyz with Redis up: %d %s", r.Status, r.Body)
+	}
+
+	redis.Kill()
+
+	if r := get(t, e.base[0]+"/readyz", ""); r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz with Redis down: %d %s", r.Status, r.Body)
+	}
+	// open: admitted past the limit of 3 (nothing can count them).
+	for i := range 6 {
+		if r := call("echo", i); r.Status != http.StatusOK || r.Msg.Result == nil {
+			t.Fatalf("open, Redis down, call %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	if n := e.up.Calls("echo"); n != 7 {
+		t.Fatalf("open: upstream saw %d echo calls, want 7", n)
+	}
+	// closed: 503, Retry-After, the request's id, never the upstream.
+	for _, id := range []any{"closed-1", 2} {
+		r := call("search", id)
+		if r.Status != http.StatusServiceUnavailable || r.code() != CodeUnavailable {
+			t.Fatalf("closed, Redis down: %d %s", r.Status, r.Body)
+		}
+		if ra := intHeader(t, r.Header, "Retry-After"); ra < 1 {
+			t.Fatalf("closed: Retry-After %d", ra)
+		}
+		if got, want := string(r.Msg.ID), map[any]string{"closed-1": `"closed-1"`, 2: "2"}[id]; got != want {
+			t.Fatalf("closed: id %s, want %s", got, want)
+		}
+	}
+	if n := e.up.Calls("search"); n != 1 {
+		t.Fatalf("closed: upstream saw %d search calls, want 1", n)
+	}
+	// local: the in-process store with the same rule, exactly 5 of 100
+	// concurrent calls.
+	var ok, limited atomic.Int64
+	var mu sync.Mutex
+	var bad []string
+	run(32, 100, func(i int) {
+		r, err := postCtx(context.Background(), e.mcpURL(0), tok, callBody(i, "llm_complete", failureArgs), nil)
+		switch {
+		case err != nil:
+			mu.Lock()
+			bad = append(bad, err.Error())
+			mu.Unlock()
+		case r.Status == http.StatusOK:
+			ok.Add(1)
+		case r.Status == http.StatusTooManyRequests && r.denial(t).Rule == "llm_cap" && r.denial(t).Scope == "tenant_tool":
+			limited.Add(1)
+		default:
+			mu.Lock()
+			bad = append(bad, string(r.Body))
+			mu.Unlock()
+		}
+	})
+	if len(bad) > 0 || ok.Load() != 5 || limited.Load() != 95 {
+		t.Fatalf("local, Redis down: admitted %d, limited %d, other %d (%v); want 5, 95, 0", ok.Load(), limited.Load(), len(bad), bad)
+	}
+	if n := e.up.Calls("llm_complete"); n != 6 {
+		t.Fatalf("local: upstream saw %d llm_complete calls, want 6", n)
+	}
+
+	// The breaker is open: no call waits for Redis.
+	if g.guard.Available() {
+		t.Fatal("store breaker still closed after repeated failures")
+	}
+	start := time.Now()
+	const fast = 40
+	for i := range fast {
+		if r := call("search", i); r.Status != http.StatusServiceUnavailable {
+			t.Fatalf("closed, breaker open: %d", r.Status)
+		}
+	}
+	// A killed server refuses connections at once, so this bound is loose;
+	// TestStoreBreakerSkipsHungStore measures against a store that hangs.
+	if el := time.Since(start); el > time.Second {
+		t.Fatalf("%d calls with the breaker open took %v: they wait for the store", fast, el)
+	}
+	m := scrape(t, e.base[0])
+	if m[`mcpgate_limit_store_up`] != 0 {
+		t.Errorf("mcpgate_limit_store_up = %v while Redis is down, want 0", m[`mcpgate_limit_store_up`])
+	}
+	for _, p := range []string{"open", "closed", "local"} {
+		if m[`mcpgate_degraded_decisions_total{policy="`+p+`"}`] < 1 {
+			t.Errorf("no degraded decision counted for policy %s", p)
+		}
+	}
+	if r := get(t, e.base[0]+"/admin/limits?tenant=acme", testAdmin); !strings.Contains(string(r.Body), "unavailable") {
+		t.Errorf("/admin/limits does not report the store down: %s", r.Body)
+	}
+
+	// Recovery without restarting the gateway.
+	redis.Restart(t)
+	eventually(t, 10*time.Second, "/readyz to recover", func() bool {
+		return get(t, e.base[0]+"/readyz", "").Status == http.StatusOK
+	})
+	// The local store spent llm_cap: an admitted call now is Redis's
+	// decision (its data set is empty after the restart).
+	eventually(t, 10*time.Second, "decisions to go back to Redis", func() bool {
+		return call("llm_complete", 0).Status == http.StatusOK
+	})
+	if !g.guard.Available() {
+		t.Fatal("store breaker open after recovery")
+	}
+	client := redis.Client(t)
+	before := scriptCalls(t, client)
+	var statuses []int
+	for i := range 6 {
+		statuses = append(statuses, call("llm_complete", i).Status)
+	}
+	if want := []int{200, 200, 200, 200, 429, 429}; !slices.Equal(statuses, want) {
+		t.Fatalf("llm_complete on the restarted Redis: %v, want %v", statuses, want)
+	}
+	// echo is limited again (open no longer applies): 3 in a fresh Redis.
+	statuses = statuses[:0]
+	for i := range 4 {
+		statuses = append(statuses, call("echo", i).Status)
+	}
+	if want := []int{200, 200, 200, 429}; !slices.Equal(statuses, want) {
+		t.Fatalf("echo on the restarted Redis: %v, want %v", statuses, want)
+	}
+	if r := call("search", 1); r.Status != http.StatusOK {
+		t.Fatalf("closed tool after recovery: %d %s", r.Status, r.Body)
+	}
+	if after := scriptCalls(t, client); after-before < 5 {
+		t.Fatalf("Redis ran %d scripts after recovery, want the decisions there", after-before)
+	}
+	keys, err := client.Do(context.Background(), client.B().Keys().Pattern("mcpgate:rl:*").Build()).AsStrSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(keys)
+	if len(keys) != 3 {
+		t.Fatalf("keys in the restarted Redis: %q, want one per tool", keys)
+	}
+	if m := scrape(t, e.base[0]); m[`mcpgate_limit_store_up`] != 1 {
+		t.Errorf("mcpgate_limit_store_up = %v after recovery, want 1", m[`mcpgate_limit_store_up`])
+	}
+}
+
+// A store that hangs (CLIENT PAUSE: every command waits) costs each call the
+// store timeout only until the breaker opens; after that calls are answered
+// without waiting, and the background probe closes the breaker once Redis
+// answers again.
+func TestStoreBreakerSkipsHungStore(t *testing.T) {
+	t.Parallel()
+	redis := testenv.StartRedis(t, nil)
+	e := newEnv(t, setup{Redis: redis, Upstream: upstream.Options{Stateless: true, JSONResponse: true}, Config: `
+store:
+  redis: "@@REDIS@@"
+  timeout: 25ms
+tools:
+  search:
+    on_error: closed
+    limits:
+      - {name: search_cap, per: tenant_tool, algorithm: fixed_window, limit: 1000, period: 1h}
+`})
+	g := e.gws[0]
+	tok := token(t, "acme", "alice")
+	if r := e.callRaw(0, tok, 0, "search", failureArgs); r.Status != http.StatusOK {
+		t.Fatalf("Redis up: %d %s", r.Status, r.Body)
+	}
+	const pause = 2500 * time.Millisecond
+	admin := redis.Client(t)
+	if err := admin.Do(context.Background(), admin.B().ClientPause().Timeout(pause.Milliseconds()).All().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	// Until the breaker opens, each call waits for the 25ms deadline.
+	var tripped int
+	for g.guard.Available() {
+		start := time.Now()
+		r := e.callRaw(0, tok, tripped, "search", failureArgs)
+		if r.Status != http.StatusServiceUnavailable {
+			t.Fatalf("closed, store hung: %d %s", r.Status, r.Body)
+		}
+		if el := time.Since(start); el < 20*time.Millisecond {
+			t.Fatalf("call %d before the breaker opened took %v: it did not wait for the store", tripped, el)
+		}
+		tripped++
+		if tripped > DefaultStoreFailures {
+			t.Fatalf("breaker still closed after %d timeouts", tripped)
+		}
+	}
+	if tripped != DefaultStoreFailures {
+		t.Fatalf("breaker opened after %d timeouts, want %d", tripped, DefaultStoreFailures)
+	}
+	const fast = 40
+	start := time.Now()
+	for i := range fast {
+		if r := e.callRaw(0, tok, i, "search", failureArgs); r.Status != http.StatusServiceUnavailable {
+			t.Fatalf("breaker open: %d %s", r.Status, r.Body)
+		}
+	}
+	el := time.Since(start)
+	if el > fast*25*time.Millisecond/2 {
+		t.Fatalf("%d calls with the breaker open took %v; without a breaker they take >= %v", fast, el, fast*25*time.Millisecond)
+	}
+	if time.Since(paused) > pause {
+		t.Fatal("the test ran past the pause; the measurement is void")
+	}
+	t.Logf("%d calls with the breaker open: %v (%v each)", fast, el, el/fast)
+	eventually(t, 10*time.Second, "the probe to close the breaker", g.guard.Available)
+	if r := e.callRaw(0, tok, 0, "search", failureArgs); r.Status != http.StatusOK {
+		t.Fatalf("after the pause: %d %s", r.Status, r.Body)
+	}
+}
+
+// After a denial from Redis, the same key is denied in-process until the
+// retry time: hammering it runs no script in Redis. Afterwards the next call
+// reaches Redis again. Other keys are unaffected.
+func TestDenialCacheSparesRedis(t *testing.T) {
+	t.Parallel()
+	redis := testenv.StartRedis(t, nil)
+	e := newEnv(t, setup{Redis: redis, Instances: 2, Upstream: upstream.Options{Stateless: true, JSONResponse: true}, Config: storeYAML(true) + `
+tools:
+  echo:
+    limits:
+      - {name: echo_burst, per: tenant_tool, algorithm: sliding_window, limit: 2, period: 1500ms}
+`})
+	client := redis.Client(t)
+	tok := token(t, "acme", "alice")
+	first := time.Now()
+	for i := range 2 {
+		if r := e.callRaw(i, tok, i, "echo", failureArgs); r.Status != http.StatusOK {
+			t.Fatalf("call %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	// One denial per instance comes from Redis and is remembered there.
+	for i := range 2 {
+		if r := e.callRaw(i, tok, i, "echo", failureArgs); r.Status != http.StatusTooManyRequests {
+			t.Fatalf("third call on instance %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	before := scriptCalls(t, client)
+	hitsBefore := scrape(t, e.base[0])["mcpgate_denial_cache_hits_total"] + scrape(t, e.base[1])["mcpgate_denial_cache_hits_total"]
+	const hammer = 200
+	var denied atomic.Int64
+	run(16, hammer, func(i int) {
+		r, err := postCtx(context.Background(), e.mcpURL(i), tok, callBody(i, "echo", failureArgs), nil)
+		if err == nil && r.Status == http.StatusTooManyRequests && r.denial(t).Rule == "echo_burst" && r.Header.Get("Retry-After") != "" {
+			denied.Add(1)
+		}
+	})
+	if denied.Load() != hammer {
+		t.Fatalf("%d of %d hammering calls denied with a full 429", denied.Load(), hammer)
+	}
+	if after := scriptCalls(t, client); after != before {
+		t.Fatalf("hammering a denied key ran %d scripts in Redis, want 0", after-before)
+	}
+	hitsAfter := scrape(t, e.base[0])["mcpgate_denial_cache_hits_total"] + scrape(t, e.base[1])["mcpgate_denial_cache_hits_total"]
+	if hitsAfter-hitsBefore != hammer {
+		t.Fatalf("denial cache hits went up by %v, want %d", hitsAfter-hitsBefore, hammer)
+	}
+	// Another caller is not affected by the cached denial.
+	if r := e.callRaw(0, token(t, "other", "bob"), 1, "echo", failureArgs); r.Status != http.StatusOK {
+		t.Fatalf("another tenant: %d %s", r.Status, r.Body)
+	}
+	if after := scriptCalls(t, client); after != before+1 {
+		t.Fatalf("another tenant's call ran %d scripts, want 1", after-before)
+	}
+	// After the retry time, the key goes to Redis again and is admitted.
+	time.Sleep(time.Until(first.Add(1600 * time.Millisecond)))
+	before = scriptCalls(t, client)
+	if r := e.callRaw(0, tok, 9, "echo", failureArgs); r.Status != http.StatusOK {
+		t.Fatalf("after the retry time: %d %s", r.Status, r.Body)
+	}
+	if after := scriptCalls(t, client); after != before+1 {
+		t.Fatalf("the call after the retry time ran %d scripts, want 1", after-before)
+	}
+	if n := e.up.Calls("echo"); n != 4 {
+		t.Fatalf("upstream saw %d echo calls, want 4", n)
+	}
+}
+
+// An upstream that cannot be reached gets a 502 JSON-RPC error (with the
+// call's rate-limit headers, since the call was admitted), and the call's
+// concurrency slot is released all the same.
+func TestUpstreamDown(t *testing.T) {
+	t.Parallel()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL + "/mcp"
+	dead.Close()
+	e := newEnv(t, setup{UpstreamURL: deadURL, Config: `
+tools:
+  slow:
+    limits:
+      - {name: slow_in_flight, per: tenant_tool, algorithm: concurrency, limit: 1, period: 1m}
+`})
+	tok := token(t, "acme", "alice")
+	for i := range 3 {
+		r := e.callRaw(0, tok, i, "slow", map[string]any{"ms": 1})
+		if r.Status != http.StatusBadGateway || r.code() != mcp.CodeInternalError || string(r.Msg.ID) != strconv.Itoa(i) {
+			t.Fatalf("call %d to a dead upstream: %d %s (a 429 means the slot leaked)", i, r.Status, r.Body)
+		}
+		if r.Header.Get("X-RateLimit-Limit") != "1" {
+			t.Errorf("call %d: no rate-limit headers on an admitted call: %v", i, r.Header)
+		}
+	}
+	if got := scrape(t, e.base[0])[`mcpgate_requests_total{method="tools/call",outcome="upstream_error"}`]; got != 3 {
+		t.Fatalf("upstream errors counted: %v, want 3", got)
+	}
+}
+
+// The denial cache in isolation: it denies only what the store denied, for
+// at least the cost denied, until the retry time; it never holds concurrency
+// or shadow denials, and stays bounded.
+func TestDenialCacheUnit(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_000_000, 0)
+	clock := func() time.Time { return now }
+	c := newDenialCache(3, clock)
+	rule := limit.Rule{Name: "r", Algorithm: limit.FixedWindow, Limit: 5, Period: time.Minute}
+	check := func(key string, r limit.Rule) []limit.Check { return []limit.Check{{Rule: r, Key: key}} }
+	deny := func(r limit.Rule, retry time.Duration) limit.Decision {
+		return limit.Decision{Rule: r, Limit: r.Limit, RetryAfter: retry, ResetAfter: retry, Results: []limit.Result{{RetryAfter: retry}}}
+	}
+
+	c.remember(check("k1", rule), 2, deny(rule, 10*time.Second))
+	if _, ok := c.lookup(check("k1", rule), 1); ok {
+		t.Fatal("a denial of cost 2 denied a cost-1 request (it might fit)")
+	}
+	d, ok := c.lookup(check("k1", rule), 3)
+	if !ok || d.Rule.Name != "r" {
+		t.Fatal("a denial of cost 2 did not cover a cost-3 request")
+	}
+	now = now.Add(4 * time.Second)
+	if d, ok = c.lookup(check("k1", rule), 2); !ok || d.RetryAfter != 6*time.Second {
+		t.Fatalf("after 4s: %v %v, want a retry in 6s", d.RetryAfter, ok)
+	}
+	if _, ok := c.lookup(check("k2", rule), 9); ok {
+		t.Fatal("another key denied")
+	}
+	now = now.Add(6 * time.Second)
+	if _, ok := c.lookup(check("k1", rule), 2); ok {
+		t.Fatal("denied at the retry time")
+	}
+
+	conc := limit.Rule{Name: "c", Algorithm: limit.Concurrency, Limit: 1, Period: time.Minute}
+	c.remember(check("kc", conc), 1, deny(conc, time.Second))
+	if _, ok := c.lookup(check("kc", conc), 1); ok {
+		t.Fatal("a concurrency denial was cached (its slots free at any moment)")
+	}
+	shadow := rule
+	shadow.Shadow = true
+	c.remember(check("ks", shadow), 1, deny(shadow, time.Minute))
+	if _, ok := c.lookup(check("ks", shadow), 1); ok {
+		t.Fatal("a shadow denial was cached")
+	}
+	c.remember(check("kn", rule), 9, deny(rule, limit.Never))
+	if d, ok := c.lookup(check("kn", rule), 9); !ok || d.RetryAfter != limit.Never {
+		t.Fatal("a never-fits denial was not cached as never")
+	}
+
+	for i := range 10 {
+		c.remember(check(fmt.Sprint("many", i), rule), 1, deny(rule, time.Hour))
+	}
+	c.mu.Lock()
+	n := len(c.m)
+	c.mu.Unlock()
+	if n > 3 {
+		t.Fatalf("cache holds %d entries, bound 3", n)
+	}
+	c.forget()
+	if _, ok := c.lookup(check("many9", rule), 1); ok {
+		t.Fatal("forget kept an entry")
+	}
+}

@@ -1,0 +1,72 @@
+package gateway
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"strings"
+
+	"github.com/mcpgate/mcpgate/auth"
+)
+
+// sessionBinder binds MCP session ids to the caller that opened them. The
+// upstream's id reaches the client as "<id>.<mac>", the mac an HMAC of the
+// caller's tenant, subject and the id; a request whose session id was not
+// issued to its caller is refused before it reaches the upstream. Without
+// it, anyone who learned another tenant's session id could act inside that
+// session, since the upstream only sees the gateway. Binding is stateless:
+// every instance sharing the key accepts the ids of the others.
+type sessionBinder struct {
+	key []byte
+}
+
+// sessionMACLen is the length of the encoded mac: 22 base64 characters carry
+// 132 bits, more than enough against forgery.
+const sessionMACLen = 22
+
+// newSessionBinder uses key, or a random key when it is empty (then ids stay
+// valid only on this instance, and across a restart not at all).
+func newSessionBinder(key []byte) *sessionBinder {
+	if len(key) == 0 {
+		key = make([]byte, 32)
+		if _, err := rand.Read(key); err != nil {
+			panic(err) // crypto/rand never fails on supported platforms
+		}
+	}
+	return &sessionBinder{key: key}
+}
+
+// DeriveSessionKey derives the session-binding key from another secret (the
+// HS256 secret all instances already share), for a distinct purpose.
+func DeriveSessionKey(secret []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("mcpgate session binding v1"))
+	return m.Sum(nil)
+}
+
+func (b *sessionBinder) mac(p auth.Principal, id string) string {
+	m := hmac.New(sha256.New, b.key)
+	m.Write([]byte(p.Tenant))
+	m.Write([]byte{0})
+	m.Write([]byte(p.Subject))
+	m.Write([]byte{0})
+	m.Write([]byte(id))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))[:sessionMACLen]
+}
+
+// wrap turns the upstream's session id into the one the caller sees.
+func (b *sessionBinder) wrap(p auth.Principal, upstream string) string {
+	return upstream + "." + b.mac(p, upstream)
+}
+
+// unwrap returns the upstream session id of a client's id, or false when the
+// id was not issued to p (forged, another caller's, or from another key).
+func (b *sessionBinder) unwrap(p auth.Principal, client string) (string, bool) {
+	i := strings.LastIndexByte(client, '.')
+	if i < 0 || len(client)-i-1 != sessionMACLen {
+		return "", false
+	}
+	id := client[:i]
+	return id, hmac.Equal([]byte(client[i+1:]), []byte(b.mac(p, id)))
+}

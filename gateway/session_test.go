@@ -1,0 +1,113 @@
+package gateway
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/mcpgate/mcpgate/auth"
+)
+
+func principal(tenant, subject string) auth.Principal {
+	return auth.Principal{Tenant: tenant, Subject: subject}
+}
+
+const initializeBody = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
+
+// TestSessionsAreBoundToTheirCaller: a session id opened by one caller is
+// refused (404, nothing forwarded) for any other caller, on any instance,
+// and the upstream's raw id is never accepted from a client.
+func TestSessionsAreBoundToTheirCaller(t *testing.T) {
+	e := newEnv(t, setup{Instances: 2})
+	alice := token(t, "acme", "alice")
+	resp := post(t, e.mcpURL(0), alice, initializeBody, nil)
+	if resp.Status != http.StatusOK {
+		t.Fatalf("initialize: %d %s", resp.Status, resp.Body)
+	}
+	clientID := resp.Header.Get("Mcp-Session-Id")
+	dot := strings.LastIndexByte(clientID, '.')
+	upstreamID := clientID[:max(dot, 0)]
+	if dot <= 0 {
+		t.Fatalf("session id %q is not bound (no mac)", clientID)
+	}
+	for _, r := range e.requests() {
+		if id := r.Header.Get("Mcp-Session-Id"); id != "" && id != upstreamID {
+			t.Fatalf("the upstream saw session id %q, want its own %q", id, upstreamID)
+		}
+	}
+
+	session := func(id string) http.Header {
+		return http.Header{"Mcp-Session-Id": {id}}
+	}
+	initialized := `{"jsonrpc":"2.0","method":"notifications/initialized"}`
+	list := `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`
+	if r := post(t, e.mcpURL(0), alice, initialized, session(clientID)); r.Status != http.StatusAccepted {
+		t.Fatalf("initialized notification: %d %s", r.Status, r.Body)
+	}
+	// the owner, on either instance (they share the key)
+	for i := range 2 {
+		if r := post(t, e.mcpURL(i), alice, list, session(clientID)); r.Status != http.StatusOK || r.Msg.Result == nil {
+			t.Fatalf("owner on instance %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+
+	before := len(e.requests())
+	for name, c := range map[string]struct {
+		tok, id string
+	}{
+		"another tenant":               {token(t, "globex", "alice"), clientID},
+		"another subject, same tenant": {token(t, "acme", "mallory"), clientID},
+		"the upstream's raw id":        {alice, upstreamID},
+		"a forged mac":                 {alice, upstreamID + ".AAAAAAAAAAAAAAAAAAAAAA"},
+	} {
+		r := post(t, e.mcpURL(1), c.tok, list, session(c.id))
+		if r.Status != http.StatusNotFound {
+			t.Errorf("%s: status %d, want 404 (%s)", name, r.Status, r.Body)
+		}
+	}
+	if after := len(e.requests()); after != before {
+		t.Fatalf("refused session requests reached the upstream: %d new requests", after-before)
+	}
+	// DELETE and GET are bound too.
+	for _, method := range []string{http.MethodDelete, http.MethodGet} {
+		req, _ := http.NewRequest(method, e.mcpURL(0), nil)
+		req.Header.Set("Authorization", "Bearer "+token(t, "globex", "eve"))
+		req.Header.Set("Mcp-Session-Id", clientID)
+		req.Header.Set("Accept", "text/event-stream")
+		r, err := do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status != http.StatusNotFound {
+			t.Errorf("%s with another caller's session: %d, want 404", method, r.Status)
+		}
+	}
+	if r := post(t, e.mcpURL(0), alice, list, session(clientID)); r.Status != http.StatusOK {
+		t.Fatalf("the session was harmed by the refused attempts: %d", r.Status)
+	}
+}
+
+func TestSessionBinderRoundTrip(t *testing.T) {
+	b := newSessionBinder([]byte("k"))
+	other := newSessionBinder([]byte("other key"))
+	p := principal("t", "s")
+	id := b.wrap(p, "abc.def")
+	if got, ok := b.unwrap(p, id); !ok || got != "abc.def" {
+		t.Fatalf("unwrap(wrap) = %q, %v", got, ok)
+	}
+	for _, bad := range []string{"", "abc.def", id + "x", id[:len(id)-1], "." + id[len(id)-sessionMACLen:]} {
+		if _, ok := b.unwrap(p, bad); ok {
+			t.Errorf("unwrap(%q) accepted", bad)
+		}
+	}
+	if _, ok := other.unwrap(p, id); ok {
+		t.Error("an id bound with another key was accepted")
+	}
+	if _, ok := b.unwrap(principal("t", "s2"), id); ok {
+		t.Error("another subject's id was accepted")
+	}
+	// tenant/subject boundaries cannot be shifted
+	if _, ok := b.unwrap(principal("ts", ""), b.wrap(principal("t", "s"), "x")); ok {
+		t.Error("tenant+subject concatenation is ambiguous")
+	}
+}

@@ -1,0 +1,375 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/limit/internal/algo"
+)
+
+// Usage meters (limit.MeteredStore). A meter is a hash (keyspace.Usage) with
+// short fields:
+//
+//	c, r, n, rn      live usage: charged, refunded, calls, refunded calls
+//	fc, fr, fn, frn  the part recorded as flushed to the durable store
+//	t, p             tenant and period
+//
+// TakeMetered, Adjust and MarkFlushed each run the one script (limit.lua)
+// once, so each is atomic; TakeMetered charges the checks and the meter in
+// the same script, which makes a quota exact across gateways. Every write of
+// the live usage sets the key's expiry to Meter.ExpireAt with PEXPIREAT in
+// that script. As with Take, a call that fails or times out may have been
+// applied, once: it is never sent twice.
+
+// scanCount is the COUNT hint of one SCAN page, and so the most meters read
+// in one round trip.
+const scanCount = 200
+
+// TakeMetered is Take with the usage meter m, in one script: the checks
+// (there may be none) and m's quota are evaluated together and, if every
+// enforced check allows and Quota is 0 or Used()+cost <= Quota, the checks
+// are charged as Take charges them and the meter by cost units and one
+// call; otherwise nothing is charged. The decision is
+// limit.CombineMetered's: when the quota alone denies, Decision.Rule is the
+// zero Rule.
+//
+// A meter Redis does not hold (new period, data loss, expired) is first
+// created from m.Seed when m.Seeded, with the Seed as both its live and its
+// flushed usage, whatever the call decides then; when not Seeded, nothing
+// is charged, MeterResult.NeedSeed is set and the decision is denied: call
+// again with the durable total as Seed.
+//
+// The meter key must share the checks' hash tag (keyspace.Usage and the
+// tenant's counters do): ErrCrossSlot otherwise, before any I/O. Other
+// errors: those of Take, limit.ValidateMetered's, limit.ErrMeterExpired (the
+// server's clock is at or past m.ExpireAt) and limit.ErrUsageOverflow, both
+// with nothing charged. As with Take, a call that timed out may have been
+// charged (checks and meter), once.
+func (s *Store) TakeMetered(ctx context.Context, checks []limit.Check, m limit.Meter, cost int64) (limit.Decision, limit.MeterResult, error) {
+	results, lease, mr, _, err := s.takeMetered(ctx, checks, m, cost)
+	if err != nil {
+		return limit.Decision{}, limit.MeterResult{}, err
+	}
+	return limit.CombineMetered(checks, results, lease, mr.Allowed), mr, nil
+}
+
+// takeMetered is TakeMetered returning the script's clock too (for tests).
+func (s *Store) takeMetered(ctx context.Context, checks []limit.Check, m limit.Meter, cost int64) (results []limit.Result, lease string, mr limit.MeterResult, now int64, err error) {
+	wrap := func(err error) error { return fmt.Errorf("redisstore: take metered: %w", err) }
+	if err := validateMetered(checks, m, cost); err != nil {
+		return nil, "", mr, 0, wrap(err)
+	}
+	if hasConcurrency(checks) {
+		lease = newLease()
+	}
+	arr, err := s.runMeter(ctx, opTakeMetered, checks, cost, lease, &m)
+	if err != nil {
+		return nil, "", mr, 0, wrap(err)
+	}
+	n := len(checks)
+	if len(arr) != 1+4*n+5 {
+		return nil, "", mr, 0, wrap(fmt.Errorf("%w: %d values for %d checks and a meter", errReply, len(arr), n))
+	}
+	if now, results, err = parseResults(arr, n); err != nil {
+		return nil, "", mr, 0, wrap(err)
+	}
+	if mr, err = meterResult(arr[1+4*n:]); err != nil {
+		return nil, "", mr, 0, wrap(err)
+	}
+	return results, lease, mr, now, nil
+}
+
+// meterResult reads a meter's status and usage (5 values) and turns the
+// statuses that are errors into them.
+func meterResult(arr []rueidis.RedisMessage) (limit.MeterResult, error) {
+	var v [5]int64
+	for i := range v {
+		var err error
+		if v[i], err = arr[i].AsInt64(); err != nil {
+			return limit.MeterResult{}, fmt.Errorf("%w: %w", errReply, err)
+		}
+	}
+	switch st := algo.MeterStatus(v[0]); st {
+	case algo.MeterExpired:
+		return limit.MeterResult{}, limit.ErrMeterExpired
+	case algo.MeterOverflow:
+		return limit.MeterResult{}, limit.ErrUsageOverflow
+	case algo.MeterOK, algo.MeterDenied, algo.MeterNeedSeed:
+		return limit.MeterResult{
+			Allowed:  st == algo.MeterOK,
+			NeedSeed: st == algo.MeterNeedSeed,
+			Usage:    limit.Usage{Charged: v[1], Refunded: v[2], Calls: v[3], RefundedCalls: v[4]},
+		}, nil
+	default:
+		return limit.MeterResult{}, fmt.Errorf("%w: meter status %d", errReply, v[0])
+	}
+}
+
+// validateMetered is limit.ValidateMetered plus: every key, the meter's too,
+// in one slot.
+func validateMetered(checks []limit.Check, m limit.Meter, cost int64) error {
+	if err := limit.ValidateMetered(checks, m, cost); err != nil {
+		return err
+	}
+	slot := keyspace.Slot(m.Key)
+	for _, c := range checks {
+		if keyspace.Slot(c.Key) != slot {
+			return fmt.Errorf("%w: meter %q and check %q", ErrCrossSlot, m.Key, c.Key)
+		}
+	}
+	return nil
+}
+
+// Adjust adds delta to the meter m.Key, in one script, with no quota check
+// (a corrected cost is owed whatever the quota), and sets its expiry to
+// m.ExpireAt. A meter Redis does not hold is created from m.Seed first when
+// m.Seeded; when not, nothing changes and the result has NeedSeed.
+// MeterResult.Allowed reports that delta was applied; Usage is the counter
+// after it.
+//
+// Errors (nothing changed, except after a timeout, as with Take):
+// limit.ErrInvalidMeter (a field of delta negative or above
+// limit.MaxUsage, or an invalid m), limit.ErrMeterExpired,
+// limit.ErrUsageOverflow, context.DeadlineExceeded or the client's error.
+func (s *Store) Adjust(ctx context.Context, m limit.Meter, delta limit.Usage) (limit.MeterResult, error) {
+	wrap := func(err error) error { return fmt.Errorf("redisstore: adjust: %w", err) }
+	if err := limit.ValidateMeter(m, 1); err != nil {
+		return limit.MeterResult{}, wrap(err)
+	}
+	if err := limit.ValidateUsage(delta); err != nil {
+		return limit.MeterResult{}, wrap(fmt.Errorf("delta: %w", err))
+	}
+	arr, err := s.runMeter(ctx, opAdjust, nil, 0, "", &m, delta.Charged, delta.Refunded, delta.Calls, delta.RefundedCalls)
+	if err != nil {
+		return limit.MeterResult{}, wrap(err)
+	}
+	if len(arr) != 6 {
+		return limit.MeterResult{}, wrap(fmt.Errorf("%w: %d values", errReply, len(arr)))
+	}
+	mr, err := meterResult(arr[1:])
+	if err != nil {
+		return limit.MeterResult{}, wrap(err)
+	}
+	return mr, nil
+}
+
+// ReadMeter returns the meter key's live usage and the part marked flushed,
+// with one HGETALL under the store's timeout; ok is false when Redis holds
+// no such key.
+func (s *Store) ReadMeter(ctx context.Context, key string) (limit.MeterState, bool, error) {
+	if key == "" {
+		return limit.MeterState{}, false, fmt.Errorf("redisstore: read meter: %w: empty key", limit.ErrInvalidMeter)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	h, err := s.client.Do(ctx, s.client.B().Hgetall().Key(key).Build()).AsStrMap()
+	if err != nil {
+		return limit.MeterState{}, false, fmt.Errorf("redisstore: read meter %q: %w", key, err)
+	}
+	if len(h) == 0 {
+		return limit.MeterState{}, false, nil
+	}
+	ms, err := parseMeter(key, h)
+	if err != nil {
+		return limit.MeterState{}, false, fmt.Errorf("redisstore: read meter: %w", err)
+	}
+	return ms, true, nil
+}
+
+// parseMeter reads a meter hash; a missing number field is 0.
+func parseMeter(key string, h map[string]string) (limit.MeterState, error) {
+	ms := limit.MeterState{Key: key, Tenant: h["t"], Period: h["p"]}
+	for _, f := range [...]struct {
+		name string
+		dst  *int64
+	}{
+		{"c", &ms.Live.Charged}, {"r", &ms.Live.Refunded}, {"n", &ms.Live.Calls}, {"rn", &ms.Live.RefundedCalls},
+		{"fc", &ms.Flushed.Charged}, {"fr", &ms.Flushed.Refunded}, {"fn", &ms.Flushed.Calls}, {"frn", &ms.Flushed.RefundedCalls},
+	} {
+		v, ok := h[f.name]
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return limit.MeterState{}, fmt.Errorf("%w: meter %q field %s: %q", errReply, key, f.name, v)
+		}
+		*f.dst = n
+	}
+	return ms, nil
+}
+
+// MarkFlushed records that the durable store holds at least u for the meter
+// key, in one script: the flushed part becomes its field-by-field maximum
+// with u, so a late or repeated call never lowers it. It neither creates a
+// meter Redis does not hold (expired or lost: there is nothing left to
+// flush) nor changes its expiry. Errors: limit.ErrInvalidMeter (empty key,
+// a field of u out of range), context.DeadlineExceeded or the client's
+// error.
+func (s *Store) MarkFlushed(ctx context.Context, key string, u limit.Usage) error {
+	wrap := func(err error) error { return fmt.Errorf("redisstore: mark flushed: %w", err) }
+	if key == "" {
+		return wrap(fmt.Errorf("%w: empty key", limit.ErrInvalidMeter))
+	}
+	if err := limit.ValidateUsage(u); err != nil {
+		return wrap(err)
+	}
+	b := batches.Get().(*batch)
+	defer b.release()
+	b.build(opMarkFlushed, s.offset.Load(), nil, 0, "")
+	b.keys = append(b.keys, key)
+	b.nums(u.Charged, u.Refunded, u.Calls, u.RefundedCalls)
+	arr, err := s.exec(ctx, b)
+	if err == nil && len(arr) != 2 {
+		err = fmt.Errorf("%w: %d values", errReply, len(arr))
+	}
+	if err != nil {
+		return wrap(err)
+	}
+	return nil
+}
+
+// ScanMeters calls fn with every meter whose live usage is not covered by
+// its flushed part: it SCANs for keyspace.UsagePattern on every master (the
+// one server when standalone; in a Cluster, every node ROLE does not name a
+// replica) and reads each key found with HGETALL, a page at a time. A key
+// seen twice (a failover during the scan) is reported once; a key that is
+// not a meter hash is skipped. As with any SCAN, a meter created or moved
+// during the scan may be missed: the sweep is a backstop run again later.
+//
+// The scan is bounded by ctx alone, not Options.Timeout (it is a background
+// job of many round trips). It stops at the first error of fn, of ctx or
+// of Redis, and returns it.
+func (s *Store) ScanMeters(ctx context.Context, fn func(limit.MeterState) error) error {
+	seen := map[string]struct{}{}
+	cluster := s.client.Mode() == rueidis.ClientModeCluster
+	for addr, node := range s.client.Nodes() {
+		if cluster && isReplica(ctx, node) {
+			continue
+		}
+		for cursor := uint64(0); ; {
+			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(keyspace.UsagePattern).Count(scanCount).Build()).AsScanEntry()
+			if err != nil {
+				return fmt.Errorf("redisstore: scan meters on %s: %w", addr, err)
+			}
+			if err := s.readMeters(ctx, e.Elements, seen, fn); err != nil {
+				return err
+			}
+			if cursor = e.Cursor; cursor == 0 {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// readMeters reads the meters keys not seen yet, in one round trip through
+// the client (which routes each key to its slot's master), and calls fn
+// with the unflushed ones.
+func (s *Store) readMeters(ctx context.Context, keys []string, seen map[string]struct{}, fn func(limit.MeterState) error) error {
+	cmds := make(rueidis.Commands, 0, len(keys))
+	fresh := keys[:0:0]
+	for _, k := range keys {
+		if _, ok := seen[k]; ok {
+			continue
+		}
+		seen[k] = struct{}{}
+		fresh = append(fresh, k)
+		cmds = append(cmds, s.client.B().Hgetall().Key(k).Build())
+	}
+	if len(cmds) == 0 {
+		return nil
+	}
+	for i, r := range s.client.DoMulti(ctx, cmds...) {
+		h, err := r.AsStrMap()
+		if _, isRedis := rueidis.IsRedisErr(err); isRedis {
+			continue // WRONGTYPE: not a meter
+		}
+		if err != nil {
+			return fmt.Errorf("redisstore: scan meters: read %q: %w", fresh[i], err)
+		}
+		if len(h) == 0 {
+			continue // expired meanwhile
+		}
+		ms, err := parseMeter(fresh[i], h)
+		if err != nil {
+			continue // not a meter of ours
+		}
+		if !ms.Flushed.Covers(ms.Live) {
+			if err := fn(ms); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// isReplica reports whether ROLE names node a replica. A node that does not
+// answer ROLE (a restricted ACL) is scanned as a master: keys seen twice are
+// reported once.
+func isReplica(ctx context.Context, node rueidis.Client) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	role, err := node.Do(ctx, node.B().Role().Build()).ToArray()
+	if err != nil || len(role) == 0 {
+		return false
+	}
+	r, _ := role[0].ToString()
+	return r == "slave" || r == "replica"
+}
+
+// runMeter runs op for checks and the meter m (whose key follows theirs),
+// then the numbers tail, under the store's deadline.
+func (s *Store) runMeter(ctx context.Context, op string, checks []limit.Check, cost int64, lease string, m *limit.Meter, tail ...int64) ([]rueidis.RedisMessage, error) {
+	b := batches.Get().(*batch)
+	defer b.release()
+	b.build(op, s.offset.Load(), checks, cost, lease)
+	b.keys = append(b.keys, m.Key)
+	seeded := "0"
+	if m.Seeded {
+		seeded = "1"
+	}
+	b.args = append(b.args, m.Tenant, m.Period, seeded)
+	sd := m.Seed
+	b.nums(append([]int64{expireMS(m.ExpireAt), sd.Charged, sd.Refunded, sd.Calls, sd.RefundedCalls, m.Quota}, tail...)...)
+	return s.exec(ctx, b)
+}
+
+// exec runs the script with b's KEYS and ARGV under the store's deadline.
+func (s *Store) exec(ctx context.Context, b *batch) ([]rueidis.RedisMessage, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return script.Exec(ctx, s.client, b.keys, b.args).ToArray()
+}
+
+// nums appends numbers to ARGV, formatted into one string.
+func (b *batch) nums(vs ...int64) {
+	buf, ends := b.buf[:0], b.ends[:0]
+	for _, v := range vs {
+		buf = strconv.AppendInt(buf, v, 10)
+		ends = append(ends, len(buf))
+	}
+	all := string(buf)
+	b.buf, b.ends = buf, ends
+	start := 0
+	for _, e := range ends {
+		b.args = append(b.args, all[start:e])
+		start = e
+	}
+}
+
+// expireMS is t in milliseconds since 1970 for PEXPIREAT, rounded up so
+// that a meter never goes before the time asked for.
+func expireMS(t time.Time) int64 {
+	ms := t.UnixMilli()
+	if t.Nanosecond()%int(time.Millisecond) != 0 {
+		ms++
+	}
+	return ms
+}

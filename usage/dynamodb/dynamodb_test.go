@@ -1,0 +1,102 @@
+package dynamodb_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mcpgate/mcpgate/internal/testenv"
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/usage"
+	"github.com/mcpgate/mcpgate/usage/dynamodb"
+	"github.com/mcpgate/mcpgate/usage/usagetest"
+)
+
+// awsEnv points the standard AWS environment at the emulator, with fake
+// credentials, as a deployment would point it at DynamoDB.
+func awsEnv(t *testing.T, endpoint string) {
+	t.Setenv("AWS_ENDPOINT_URL_DYNAMODB", endpoint)
+	t.Setenv("AWS_REGION", "us-east-1")
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDTEST")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	t.Setenv("AWS_SESSION_TOKEN", "")
+	// No shared config or credentials files of the machine.
+	t.Setenv("AWS_CONFIG_FILE", t.TempDir()+"/none")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", t.TempDir()+"/none")
+	t.Setenv("AWS_PROFILE", "")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+}
+
+var tables atomic.Int64
+
+// opener returns a usagetest.Open of fresh tables on one emulator.
+func opener(t *testing.T) usagetest.Open {
+	awsEnv(t, testenv.StartDynalite(t))
+	return func(t *testing.T) usage.Store {
+		t.Helper()
+		s, err := dynamodb.Open(t.Context(), fmt.Sprintf("usage_test_%d", tables.Add(1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+}
+
+func TestConformance(t *testing.T) { usagetest.Run(t, opener(t)) }
+
+func TestOpenErrors(t *testing.T) {
+	t.Setenv("AWS_REGION", "us-east-1")
+	for _, table := range []string{"", "ab", "bad table", "x/y"} {
+		if _, err := dynamodb.Open(t.Context(), table); err == nil {
+			t.Errorf("Open(%q) succeeded", table)
+		}
+	}
+	t.Setenv("AWS_REGION", "")
+	t.Setenv("AWS_DEFAULT_REGION", "")
+	t.Setenv("AWS_CONFIG_FILE", t.TempDir()+"/none")
+	if _, err := dynamodb.Open(t.Context(), "usage"); err == nil {
+		t.Errorf("Open without a region succeeded")
+	}
+}
+
+// A dead endpoint is ErrUnavailable, bounded by ctx; when it comes back the
+// data is there.
+func TestOutage(t *testing.T) {
+	d := testenv.StartDynaliteServer(t)
+	awsEnv(t, d.Endpoint)
+	t.Setenv("AWS_MAX_ATTEMPTS", "1") // fail fast instead of the SDK's backoff
+	s, err := dynamodb.Open(t.Context(), "usage")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := usagetest.Ctx(t, time.Minute)
+	if err := s.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := usage.Record{Tenant: "acme", Period: "2026-11", Usage: limit.Usage{Charged: 3, Calls: 3}}
+	if err := s.Put(ctx, []usage.Record{r}); err != nil {
+		t.Fatal(err)
+	}
+
+	d.Kill(t)
+	r.Charged, r.Calls = 5, 5
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := s.Put(short, []usage.Record{r}); !errors.Is(err, usage.ErrUnavailable) {
+		t.Fatalf("Put with the endpoint down = %v, want ErrUnavailable", err)
+	}
+	if err := s.Check(short); !errors.Is(err, usage.ErrUnavailable) || errors.Is(err, usage.ErrNotInitialized) {
+		t.Fatalf("Check with the endpoint down = %v, want ErrUnavailable", err)
+	}
+
+	d.Restart(t)
+	usagetest.Want(t, s, "acme", "2026-11", limit.Usage{Charged: 3, Calls: 3})
+	if err := s.Put(ctx, []usage.Record{r}); err != nil {
+		t.Fatal(err)
+	}
+	usagetest.Want(t, s, "acme", "2026-11", limit.Usage{Charged: 5, Calls: 5})
+}
