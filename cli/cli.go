@@ -27,6 +27,7 @@ func commands() []command {
 		{"serve", "run the gateway: serve --config FILE", runServe},
 		{"demo", "run the gateway and a demo MCP server on embedded defaults: demo [--listen ADDR]", runDemo},
 		{"check", "validate a config file: check --config FILE", runCheck},
+		{"usage", "show a tenant's usage: usage --config FILE --tenant T [--period YYYY-MM] [--json]; usage init --config FILE", runUsage},
 		{"version", "print the version", runVersion},
 	}
 }

@@ -146,9 +146,12 @@ func TestServeEnforcesAndReloads(t *testing.T) {
 	secret := strings.Repeat("k", 32)
 	t.Setenv("CLI_TEST_SECRET", secret)
 	t.Setenv("CLI_TEST_ADMIN", "admin-token")
+	dir := t.TempDir()
+	db := filepath.Join(dir, "usage.db")
 	config := func(limit int) string {
 		return fmt.Sprintf(`listen: 127.0.0.1:0
 upstream: {url: %s/mcp}
+usage: {store: "sqlite:%s"}
 auth:
   jwt: {hs256_secret_env: CLI_TEST_SECRET}
   admin_token_env: CLI_TEST_ADMIN
@@ -156,11 +159,18 @@ tiers:
   free:
     limits:
       - {name: per_tenant, per: tenant, algorithm: fixed_window, limit: %d, period: 1h}
-`, upSrv.URL, limit)
+`, upSrv.URL, db, limit)
 	}
-	path := filepath.Join(t.TempDir(), "mcpgate.yaml")
+	path := filepath.Join(dir, "mcpgate.yaml")
 	if err := os.WriteFile(path, []byte(config(3)), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	// serve refuses an uninitialized usage store, naming the fix
+	if code, _, errOut := run(t, "serve", "--config", path); code != 1 || !strings.Contains(errOut, "mcpgate usage init") {
+		t.Fatalf("serve before usage init: exit %d, stderr %q", code, errOut)
+	}
+	if code, _, errOut := run(t, "usage", "init", "--config", path); code != 0 {
+		t.Fatalf("usage init: exit %d: %s", code, errOut)
 	}
 	addr := startMain(t, io.Discard, "serve", "--config", path)
 	token, err := auth.SignHS256([]byte(secret), map[string]any{"tenant_id": "t1", "sub": "u", "scope": "tools:*"})

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -48,6 +49,12 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 	cfgText := strings.Replace(string(demoConfig), "http://127.0.0.1:1/mcp", "http://"+upLn.Addr().String()+"/mcp", 1)
 	cfgText = strings.Replace(cfgText, "listen: 127.0.0.1:8080", "listen: "+*listen, 1)
+	dir, err := os.MkdirTemp("", "mcpgate-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cfgText = strings.Replace(cfgText, "sqlite:demo-usage.db", "sqlite:"+filepath.Join(dir, "usage.db"), 1)
 	secret, admin := randomHex(32), randomHex(16)
 	// The config names these variables; the demo owns their values.
 	os.Setenv("MCPGATE_DEMO_SECRET", secret)
@@ -68,10 +75,11 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	g, err := newGateway(cfg, a, nil, log)
+	g, cleanup, err := newGateway(ctx, cfg, a, nil, log, true)
 	if err != nil {
 		return err
 	}
+	defer cleanup()
 	return serveUntilDone(ctx, g, cfg.Listen, log, nil, func(addr string) {
 		printDemo(stdout, addr, token, admin)
 	})
@@ -81,7 +89,8 @@ func printDemo(w io.Writer, addr, token, admin string) {
 	url := "http://" + addr + "/mcp"
 	fmt.Fprintf(w, `
 mcpgate demo is running: gateway %s -> demo MCP server (tools: %s)
-Store: in-process. Tier "free": 20-call burst per tenant, 10 calls per minute per tool.
+Store: in-process. Tier "free": 20-call burst per tenant, 10 calls per minute per tool,
+a monthly quota of 1000 cost units (llm_complete is charged what it reports in _meta.usage.tokens).
 
 Token (tenant demo, subject demo-user, tier free, all tools, valid 24h):
 
@@ -95,7 +104,7 @@ Call a tool (the 11th call within a minute gets HTTP 429 with Retry-After):
     -H 'MCP-Protocol-Version: 2025-06-18' \
     -d '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}'
 
-Admin API:   curl -H "Authorization: Bearer %s" 'http://%s/admin/limits?tenant=demo'
+Admin API:   curl -H "Authorization: Bearer %s" 'http://%s/admin/usage?tenant=demo'
 Metrics:     curl http://%s/metrics
 Any MCP client speaking Streamable HTTP works too: point it at %s with the bearer token.
 Stop with Ctrl-C.

@@ -17,6 +17,7 @@ import (
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/gateway"
 	"github.com/mcpgate/mcpgate/policy"
+	usagestore "github.com/mcpgate/mcpgate/usage"
 )
 
 // shutdownGrace is how long a stopping gateway waits for calls in flight.
@@ -74,25 +75,46 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		log.Info("config reloaded", "config", *path)
 		return nil
 	}
-	g, err = newGateway(cfg, a, reload, log)
+	g, cleanup, err := newGateway(ctx, cfg, a, reload, log, false)
 	if err != nil {
 		return err
 	}
+	defer cleanup()
 	return serveUntilDone(ctx, g, cfg.Listen, log, reload, nil)
 }
 
-// newGateway builds the stores and the gateway for cfg.
-func newGateway(cfg *policy.Config, a *auth.Authenticator, reload func(context.Context) error, log *slog.Logger) (*gateway.Gateway, error) {
+// newGateway builds the stores and the gateway for cfg. The usage store
+// must be initialized (mcpgate usage init), unless initUsage is set (the demo
+// creates its own). The gateway's Close flushes usage; closing the usage
+// store is left to the caller through the returned func.
+func newGateway(ctx context.Context, cfg *policy.Config, a *auth.Authenticator, reload func(context.Context) error, log *slog.Logger, initUsage bool) (*gateway.Gateway, func(), error) {
 	logConfigNotes(log, cfg)
 	key, err := sessionKey(cfg, log)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	us, err := openUsageStore(ctx, cfg.Usage.Store)
+	if err != nil {
+		return nil, nil, err
+	}
+	if initUsage {
+		err = us.Init(ctx)
+	} else {
+		err = us.Check(ctx)
+	}
+	if err != nil {
+		us.Close()
+		if errors.Is(err, usagestore.ErrNotInitialized) {
+			return nil, nil, fmt.Errorf("usage store %s is not initialized: run `mcpgate usage init --config %s` once (%w)", cfg.Usage.Store, cfg.Path, err)
+		}
+		return nil, nil, fmt.Errorf("usage store %s: %w", cfg.Usage.Store, err)
 	}
 	shared, err := buildSharedStore(cfg)
 	if err != nil {
-		return nil, err
+		us.Close()
+		return nil, nil, err
 	}
-	opts := gateway.Options{Config: cfg, Auth: a, Reload: reload, Logger: log, SessionKey: key}
+	opts := gateway.Options{Config: cfg, Auth: a, Reload: reload, Logger: log, SessionKey: key, Usage: us}
 	if shared != nil {
 		opts.SharedStore, opts.Probe = shared.store, shared.probe
 	}
@@ -107,9 +129,16 @@ func newGateway(cfg *policy.Config, a *auth.Authenticator, reload func(context.C
 		if shared != nil {
 			shared.client.Close()
 		}
-		return nil, err
+		us.Close()
+		return nil, nil, err
 	}
-	return g, nil
+	cleanup := func() {
+		us.Close()
+		if shared != nil {
+			shared.client.Close()
+		}
+	}
+	return g, cleanup, nil
 }
 
 func logConfigNotes(log *slog.Logger, cfg *policy.Config) {

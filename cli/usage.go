@@ -54,8 +54,7 @@ func runUsage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *period == "" {
 		*period = usagestore.Period(time.Now())
 	}
-	end, err := usagestore.PeriodEnd(*period)
-	if err != nil {
+	if _, err := usagestore.PeriodEnd(*period); err != nil {
 		fmt.Fprintf(stderr, "mcpgate usage: --period: %v\n", err)
 		return errUsage
 	}
@@ -98,50 +97,21 @@ func runUsage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	r := usageReport{
-		Tenant: *tenant, Period: *period, PeriodEnd: end, Tier: tier, Quota: t.MonthlyQuota,
-		Used: rec.Used(), Calls: rec.NetCalls(),
-		Charged: rec.Charged, Refunded: rec.Refunded, CallsAdmitted: rec.Calls, RefundedCalls: rec.RefundedCalls,
-		Store: spec, Found: found,
-	}
+	var updated *time.Time
 	if found {
-		r.UpdatedAt = &rec.UpdatedAt
+		updated = &rec.UpdatedAt
 	}
-	if r.Quota > 0 {
-		left := max(0, r.Quota-r.Used)
-		r.Remaining = &left
-	}
+	r := usagestore.NewReport(*tenant, *period, tier, t.MonthlyQuota, rec.Usage, updated, spec)
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(r)
 	}
-	r.print(stdout)
+	printReport(stdout, r)
 	return nil
 }
 
-// usageReport is what mcpgate usage prints; its JSON form is a stable
-// interface for scripts.
-type usageReport struct {
-	Tenant    string    `json:"tenant"`
-	Period    string    `json:"period"`
-	PeriodEnd time.Time `json:"period_end"` // first instant after the period (UTC): when the quota resets
-	Tier      string    `json:"tier,omitempty"`
-	Used      int64     `json:"used"`                // net cost units: charged - refunded
-	Quota     int64     `json:"quota"`               // the tier's monthly_quota; 0 means no quota
-	Remaining *int64    `json:"remaining,omitempty"` // quota - used, never below 0; absent without a quota
-	Calls     int64     `json:"calls"`               // calls that stayed admitted: calls_admitted - refunded_calls
-	// The four monotonic totals as stored.
-	Charged       int64      `json:"charged"`
-	Refunded      int64      `json:"refunded"`
-	CallsAdmitted int64      `json:"calls_admitted"`
-	RefundedCalls int64      `json:"refunded_calls"`
-	UpdatedAt     *time.Time `json:"updated_at,omitempty"` // last raise of the totals; absent when nothing was stored
-	Found         bool       `json:"found"`                // false: the store holds nothing for the tenant and period
-	Store         string     `json:"store"`
-}
-
-func (r usageReport) print(w io.Writer) {
+func printReport(w io.Writer, r usagestore.Report) {
 	fmt.Fprintf(w, "tenant %s, period %s (until %s)\n", r.Tenant, r.Period, r.PeriodEnd.Format(time.RFC3339))
 	switch {
 	case r.Quota > 0:

@@ -3,6 +3,10 @@ package gateway
 import (
 	"encoding/json"
 	"net/http"
+	"time"
+
+	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/usage"
 
 	"github.com/mcpgate/mcpgate/policy"
 )
@@ -25,7 +29,7 @@ func (g *Gateway) adminRoutes(mux *http.ServeMux) {
 			writeJSON(w, http.StatusNotImplemented, map[string]string{"error": what + " is not active in this version"})
 		}
 	}
-	admin("GET /admin/usage", notYet("usage metering"))
+	admin("GET /admin/usage", g.adminUsage)
 	admin("POST /admin/cache/invalidate", notYet("the result cache"))
 	admin("GET /admin/breakers", notYet("the loop breaker"))
 	admin("DELETE /admin/breakers/{key}", notYet("the loop breaker"))
@@ -102,4 +106,52 @@ func (g *Gateway) adminReload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "reloaded"})
+}
+
+// adminUsage reports a tenant's usage in a period, the same JSON as
+// `mcpgate usage --json`: the live counter where the store holds it (it is
+// ahead of the durable total by at most one flush), else the durable total.
+// The tier (for the quota) is the tier parameter or the default tier.
+func (g *Gateway) adminUsage(w http.ResponseWriter, r *http.Request) {
+	m := g.lim.meters
+	if m == nil {
+		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": "usage metering is not configured"})
+		return
+	}
+	q := r.URL.Query()
+	tenant, period := q.Get("tenant"), q.Get("period")
+	if tenant == "" {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "query parameter tenant is required"})
+		return
+	}
+	if period == "" {
+		period = usage.Period(g.now())
+	}
+	if _, err := usage.PeriodEnd(period); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "period: " + err.Error()})
+		return
+	}
+	cfg := g.rt.Load().cfg
+	tierName, tier, ok := cfg.ResolveTier(q.Get("tier"))
+	if q.Get("tier") != "" && tierName != q.Get("tier") {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "unknown tier " + q.Get("tier")})
+		return
+	}
+	if !ok {
+		tierName = ""
+	}
+	rec, found, err := m.durable.Get(r.Context(), tenant, period)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "usage store: " + err.Error()})
+		return
+	}
+	u, source := rec.Usage, cfg.Usage.Store
+	var updated *time.Time
+	if found {
+		updated = &rec.UpdatedAt
+	}
+	if st, live, err := m.store.ReadMeter(r.Context(), keyspace.Usage(tenant, period)); err == nil && live && !rec.Usage.Covers(st.Live) {
+		u, source = st.Live.Max(rec.Usage), "live"
+	}
+	writeJSON(w, http.StatusOK, usage.NewReport(tenant, period, tierName, tier.MonthlyQuota, u, updated, source))
 }

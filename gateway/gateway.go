@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/mcpgate/mcpgate/mcp"
 	"github.com/mcpgate/mcpgate/metrics"
 	"github.com/mcpgate/mcpgate/policy"
+	"github.com/mcpgate/mcpgate/usage"
 )
 
 // Options configures a Gateway. Config and Auth are required; a nil or zero
@@ -47,6 +49,11 @@ type Options struct {
 	AdminToken string
 	// Reload is called by POST /admin/reload; nil answers 501.
 	Reload func(ctx context.Context) error
+	// Usage is the durable usage store. When set, every admitted call is
+	// metered per tenant and month, monthly quotas are enforced, and a
+	// flusher writes the totals every Config.Usage.FlushInterval. Nil: no
+	// metering, no quotas.
+	Usage usage.Store
 	// SessionKey binds MCP session ids to the caller that opened them (see
 	// DeriveSessionKey). Every instance must share it. Nil: a random key,
 	// so a session works only through the instance that opened it.
@@ -80,6 +87,9 @@ type Gateway struct {
 	metrics    *metrics.Metrics
 	now        func() time.Time
 	mux        *http.ServeMux
+	stopMeter  context.CancelFunc // nil without metering
+	closeOnce  sync.Once
+	meterDone  chan struct{}
 }
 
 // New builds a Gateway from opts.
@@ -128,8 +138,37 @@ func New(opts Options) (*Gateway, error) {
 		})
 		g.lim.shared = g.guard
 	}
+	if opts.Usage != nil {
+		var ms limit.MeteredStore
+		switch {
+		case g.guard != nil:
+			if _, ok := opts.SharedStore.(limit.MeteredStore); !ok {
+				return nil, errors.New("gateway: Options.SharedStore does not keep usage meters (limit.MeteredStore)")
+			}
+			ms = g.guard
+		default:
+			m, ok := local.(limit.MeteredStore)
+			if !ok {
+				return nil, errors.New("gateway: Options.LocalStore does not keep usage meters (limit.MeteredStore)")
+			}
+			ms = m
+		}
+		every := opts.Config.Usage.FlushInterval
+		if every <= 0 {
+			every = usage.DefaultInterval
+		}
+		g.lim.meters = newMeterer(ms, opts.Usage, every, g.log, g.metrics)
+		ctx, cancel := context.WithCancel(context.Background())
+		g.stopMeter = cancel
+		g.meterDone = make(chan struct{})
+		go func() {
+			defer close(g.meterDone)
+			g.lim.meters.run(ctx)
+		}()
+	}
 	rt, err := newRuntime(opts.Config, opts.Auth)
 	if err != nil {
+		g.Close()
 		return nil, err
 	}
 	g.rt.Store(rt)
@@ -168,9 +207,18 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 // Config returns the configuration in force.
 func (g *Gateway) Config() *policy.Config { return g.rt.Load().cfg }
 
-// Close releases what the Gateway owns (the store probe, its own memory store).
-// It does not close the stores or authenticator passed in Options.
+// Close flushes usage a last time and releases what the Gateway owns (the
+// store probe, its own memory store). It does not close the stores or
+// authenticator passed in Options. Close the HTTP server first, so that no
+// call is admitted after the final flush.
 func (g *Gateway) Close() error {
+	g.closeOnce.Do(func() {
+		if g.stopMeter != nil {
+			// the final flush: what was admitted reaches the usage store
+			g.stopMeter()
+			<-g.meterDone
+		}
+	})
 	if g.guard != nil {
 		g.guard.Close()
 	}

@@ -140,3 +140,47 @@ func (g *guardedStore) probeLoop() {
 
 // Close stops the background probe.
 func (g *guardedStore) Close() { g.stopOnce.Do(func() { close(g.stop) }) }
+
+// The usage-meter methods go through the same breaker: a meter lives in the
+// shared store like any counter.
+
+func (g *guardedStore) metered() limit.MeteredStore { return g.Store.(limit.MeteredStore) }
+
+func (g *guardedStore) TakeMetered(ctx context.Context, checks []limit.Check, m limit.Meter, cost int64) (limit.Decision, limit.MeterResult, error) {
+	if g.open.Load() {
+		return limit.Decision{}, limit.MeterResult{}, ErrStoreDown
+	}
+	d, r, err := g.metered().TakeMetered(ctx, checks, m, cost)
+	g.observe(ctx, err)
+	return d, r, err
+}
+
+func (g *guardedStore) Adjust(ctx context.Context, m limit.Meter, delta limit.Usage) (limit.MeterResult, error) {
+	if g.open.Load() {
+		return limit.MeterResult{}, ErrStoreDown
+	}
+	r, err := g.metered().Adjust(ctx, m, delta)
+	g.observe(ctx, err)
+	return r, err
+}
+
+func (g *guardedStore) ReadMeter(ctx context.Context, key string) (limit.MeterState, bool, error) {
+	if g.open.Load() {
+		return limit.MeterState{}, false, ErrStoreDown
+	}
+	return g.metered().ReadMeter(ctx, key)
+}
+
+func (g *guardedStore) MarkFlushed(ctx context.Context, key string, u limit.Usage) error {
+	if g.open.Load() {
+		return ErrStoreDown
+	}
+	return g.metered().MarkFlushed(ctx, key, u)
+}
+
+func (g *guardedStore) ScanMeters(ctx context.Context, fn func(limit.MeterState) error) error {
+	if g.open.Load() {
+		return ErrStoreDown
+	}
+	return g.metered().ScanMeters(ctx, fn)
+}

@@ -52,14 +52,23 @@ type verdict struct {
 	degraded policy.FailurePolicy
 	// fromCache: the denial came from the local denial cache.
 	fromCache bool
-	release   func(context.Context)
+	// quota: the monthly quota denied the call; usage is the meter as it stands.
+	quota bool
+	usage limit.Usage
+	// metered: the call was charged on its meter in the store. pending: it
+	// was admitted without reaching its meter (a store was down), so its
+	// usage must be placed later.
+	metered, pending bool
+	release          func(context.Context)
 }
 
-// limiter is the limit stage: tenant-scoped rules in one atomic batch, then
-// global rules, refunding the tenant batch when a global rule denies.
+// limiter is the limit stage: tenant-scoped rules and the usage meter in one
+// atomic batch, then global rules, refunding the tenant batch when a global
+// rule denies.
 type limiter struct {
 	shared  *guardedStore // nil: in-process only
 	local   limit.Store   // the store when shared is nil; else the fallback of on_error: local
+	meters  *meterer      // nil: no metering
 	denials *denialCache
 	log     *slog.Logger
 	stats   *metrics.Metrics
@@ -67,9 +76,9 @@ type limiter struct {
 
 func noRelease(context.Context) {}
 
-func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, cost int64, onErr policy.FailurePolicy) verdict {
+func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limit.Meter, cost int64, onErr policy.FailurePolicy) verdict {
 	v := verdict{allowed: true, release: noRelease}
-	if len(tenant.checks) == 0 && len(global.checks) == 0 {
+	if len(tenant.checks) == 0 && len(global.checks) == 0 && meter == nil {
 		return v
 	}
 	var store limit.Store = l.local
@@ -85,29 +94,38 @@ func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, cost int64,
 
 	var td, gd limit.Decision
 	var tStore, gStore limit.Store
-	if len(tenant.checks) > 0 {
-		d, s, err := l.take(ctx, store, tenant.checks, cost, onErr, &v)
+	if len(tenant.checks) > 0 || meter != nil {
+		d, mr, s, metered, err := l.takeTenant(ctx, store, tenant.checks, meter, cost, onErr, &v)
 		if err != nil || v.unavailable {
 			return v
 		}
 		td, tStore = d, s
 		if s != nil && !d.Allowed {
+			if metered && !mr.Allowed && d.Rule.Name == "" {
+				return verdict{quota: true, usage: mr.Usage, degraded: v.degraded, release: noRelease}
+			}
 			l.rememberDenial(s, tenant.checks, cost, d)
 			return verdict{decision: d, scope: tenant.scopeOf(d), degraded: v.degraded, release: noRelease}
 		}
+		v.metered, v.usage = metered, mr.Usage
+		v.pending = meter != nil && !metered
 		if s == l.local {
 			store = l.local // the shared store failed: keep this request on one store
 		}
 	}
 	if len(global.checks) > 0 {
 		d, s, err := l.take(ctx, store, global.checks, cost, onErr, &v)
+		if err != nil || v.unavailable || (s != nil && !d.Allowed) {
+			l.refund(tStore, tenant.checks, cost, td)
+			if v.metered {
+				l.meters.adjust(context.WithoutCancel(ctx), *meter, limit.Usage{Refunded: cost, RefundedCalls: 1})
+			}
+		}
 		if err != nil || v.unavailable {
-			l.refund(tStore, tenant.checks, cost, td.Lease)
 			return v
 		}
 		gd, gStore = d, s
 		if s != nil && !d.Allowed {
-			l.refund(tStore, tenant.checks, cost, td.Lease)
 			l.rememberDenial(s, global.checks, cost, d)
 			return verdict{decision: d, scope: global.scopeOf(d), degraded: v.degraded, release: noRelease}
 		}
@@ -115,7 +133,7 @@ func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, cost int64,
 
 	// Headers describe the most restrictive admitted decision.
 	switch {
-	case tStore != nil && (gStore == nil || td.Remaining <= gd.Remaining):
+	case tStore != nil && td.Rule.Name != "" && (gStore == nil || td.Remaining <= gd.Remaining):
 		v.decision, v.scope = td, tenant.scopeOf(td)
 	case gStore != nil:
 		v.decision, v.scope = gd, global.scopeOf(gd)
@@ -129,10 +147,53 @@ func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, cost int64,
 	return v
 }
 
+// takeTenant runs the tenant batch, with the usage meter when there is one.
+// metered reports whether the meter was charged (or, on a denial, evaluated)
+// in the store. A meter the store lost is seeded from the durable total; if
+// that total cannot be read, the checks are decided without the meter (the
+// call's usage then waits in process) unless the tool fails closed.
+func (l *limiter) takeTenant(ctx context.Context, store limit.Store, checks []limit.Check, meter *limit.Meter, cost int64, onErr policy.FailurePolicy, v *verdict) (d limit.Decision, mr limit.MeterResult, s limit.Store, metered bool, err error) {
+	if meter == nil {
+		d, s, err = l.take(ctx, store, checks, cost, onErr, v)
+		return d, mr, s, false, err
+	}
+	ms := store.(limit.MeteredStore)
+	start := time.Now()
+	d, mr, err = ms.TakeMetered(ctx, checks, *meter, cost)
+	if err == nil && mr.NeedSeed {
+		if serr := l.meters.seed(ctx, meter); serr != nil {
+			l.log.Warn("usage meter cannot be rebuilt: the durable total is unreadable", "tenant", meter.Tenant, "period", meter.Period, "err", serr)
+			if onErr == policy.FailClosed {
+				v.allowed, v.unavailable = false, true
+				return d, mr, nil, false, nil
+			}
+			d, s, err = l.take(ctx, store, checks, cost, onErr, v)
+			return d, limit.MeterResult{}, s, false, err
+		}
+		d, mr, err = ms.TakeMetered(ctx, checks, *meter, cost)
+	}
+	l.stats.DecisionSeconds.Observe(time.Since(start).Seconds())
+	if err == nil && !mr.NeedSeed {
+		l.countShadow(checks, d)
+		if d.Allowed {
+			l.meters.charged(meter)
+		}
+		return d, mr, store, true, nil
+	}
+	if err == nil {
+		err = errors.New("usage meter still missing after seeding")
+	}
+	d, s, err = l.degrade(ctx, store, checks, cost, onErr, v, err)
+	return d, limit.MeterResult{}, s, false, err
+}
+
 // take runs one batch, applying the failure policy when the shared store
 // fails. It returns the store that decided (nil when the call was admitted
 // without a decision, under policy open).
 func (l *limiter) take(ctx context.Context, store limit.Store, checks []limit.Check, cost int64, onErr policy.FailurePolicy, v *verdict) (limit.Decision, limit.Store, error) {
+	if len(checks) == 0 {
+		return limit.Decision{Allowed: true}, nil, nil
+	}
 	start := time.Now()
 	d, err := store.Take(ctx, checks, cost)
 	l.stats.DecisionSeconds.Observe(time.Since(start).Seconds())
@@ -140,16 +201,21 @@ func (l *limiter) take(ctx context.Context, store limit.Store, checks []limit.Ch
 		l.countShadow(checks, d)
 		return d, store, nil
 	}
-	if store == l.local || errors.Is(err, limit.ErrInvalidRule) || errors.Is(err, limit.ErrInvalidCost) {
+	return l.degrade(ctx, store, checks, cost, onErr, v, err)
+}
+
+// degrade applies the tool's failure policy after store failed with err.
+func (l *limiter) degrade(ctx context.Context, store limit.Store, checks []limit.Check, cost int64, onErr policy.FailurePolicy, v *verdict, err error) (limit.Decision, limit.Store, error) {
+	if store == l.local || errors.Is(err, limit.ErrInvalidRule) || errors.Is(err, limit.ErrInvalidCost) || errors.Is(err, limit.ErrInvalidMeter) {
 		// The in-process store does not fail for outside reasons: a bug.
 		l.log.Error("limit decision failed", "err", err)
 		v.allowed, v.unavailable = false, true
-		return d, nil, err
+		return limit.Decision{}, nil, err
 	}
 	if ctx.Err() != nil {
 		// The client went away; whatever we answer, nobody reads it.
 		v.allowed, v.unavailable = false, true
-		return d, nil, ctx.Err()
+		return limit.Decision{}, nil, ctx.Err()
 	}
 	v.degraded = onErr
 	l.stats.Degraded.WithLabelValues(string(onErr)).Inc()
@@ -157,10 +223,13 @@ func (l *limiter) take(ctx context.Context, store limit.Store, checks []limit.Ch
 		l.log.Warn("limit store failed; applying failure policy", "policy", onErr, "err", err)
 	}
 	switch onErr {
-	case policy.FailurePolicy("closed"):
+	case policy.FailClosed:
 		v.allowed, v.unavailable = false, true
-		return d, nil, nil
-	case policy.FailurePolicy("local"):
+		return limit.Decision{}, nil, nil
+	case policy.FailLocal:
+		if len(checks) == 0 {
+			return limit.Decision{Allowed: true}, nil, nil
+		}
 		d, err := l.local.Take(ctx, checks, cost)
 		if err != nil {
 			l.log.Error("local fallback decision failed", "err", err)
@@ -192,16 +261,27 @@ func (l *limiter) rememberDenial(s limit.Store, checks []limit.Check, cost int64
 	}
 }
 
-// refund gives back a tenant batch whose request a global rule denied.
-// A failed refund over-counts by one request; it is logged, not retried (a
-// retried refund could give back twice).
-func (l *limiter) refund(s limit.Store, checks []limit.Check, cost int64, lease string) {
+// refund gives back what the tenant batch d charged, when a later stage
+// denied the request: only the checks whose result allowed (a denying shadow
+// rule charged nothing and must not be credited). A failed refund
+// over-counts by one request; it is logged, not retried (a retried refund
+// could give back twice).
+func (l *limiter) refund(s limit.Store, checks []limit.Check, cost int64, d limit.Decision) {
 	if s == nil {
+		return
+	}
+	charged := make([]limit.Check, 0, len(checks))
+	for i, c := range checks {
+		if i < len(d.Results) && d.Results[i].Allowed {
+			charged = append(charged, c)
+		}
+	}
+	if len(charged) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	if err := s.Refund(ctx, checks, cost, lease); err != nil {
+	if err := s.Refund(ctx, charged, cost, d.Lease); err != nil {
 		l.log.Warn("refund failed: the tenant's counters keep this request", "err", err)
 	}
 }

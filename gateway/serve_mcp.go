@@ -15,6 +15,7 @@ import (
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/mcp"
+	"github.com/mcpgate/mcpgate/usage"
 )
 
 // JSON-RPC error codes of the gateway's own answers. They sit outside the
@@ -107,15 +108,26 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 	}
 	owner := keyspace.Owner{Tenant: p.Tenant, Subject: p.Subject, Tool: tool}
 	tenantRules, globalRules := rt.cfg.RulesFor(p.Tier, tool)
-	cost := max(1, rt.cfg.ToolCost(tool).Charge())
-	v := g.lim.admit(r.Context(), buildRuleSet(tenantRules, owner), buildRuleSet(globalRules, owner), cost, rt.cfg.ToolOnError(tool))
+	toolCost := rt.cfg.ToolCost(tool)
+	cost := max(1, toolCost.Charge())
 	now := g.now()
+	var meter *limit.Meter
+	if g.lim.meters != nil {
+		_, tier, _ := rt.cfg.ResolveTier(p.Tier)
+		meter = g.lim.meters.meterFor(p.Tenant, tier.MonthlyQuota, now)
+	}
+	v := g.lim.admit(r.Context(), buildRuleSet(tenantRules, owner), buildRuleSet(globalRules, owner), meter, cost, rt.cfg.ToolOnError(tool))
 	switch {
 	case v.unavailable:
 		g.metrics.Requests.WithLabelValues("tools/call", "unavailable").Inc()
 		w.Header().Set("Retry-After", "1")
 		mcp.WriteError(w, http.StatusServiceUnavailable, msg.ID, CodeUnavailable,
 			"rate-limit store unavailable and this tool fails closed; retry shortly", nil)
+		return
+	case v.quota:
+		g.metrics.Requests.WithLabelValues("tools/call", "denied").Inc()
+		g.metrics.Denials.WithLabelValues("quota", quotaRule).Inc()
+		writeDenied(w, msg.ID, quotaDecision(meter, v.usage, now), "quota", now)
 		return
 	case !v.allowed:
 		g.metrics.Requests.WithLabelValues("tools/call", "denied").Inc()
@@ -124,12 +136,64 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	setRateHeaders(w.Header(), v.decision, now)
+	if v.pending {
+		g.lim.meters.addPending(*meter, limit.Usage{Charged: cost, Calls: 1}, errors.New("admitted while the meter was unreachable"))
+	}
+	var reported json.RawMessage
+	if meter != nil && toolCost.FromResult != "" {
+		fwd.OnResult = func(result, _ json.RawMessage) { reported = result }
+	}
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
 		v.release(ctx)
 		cancel()
+		if reported != nil {
+			g.correctCost(context.WithoutCancel(r.Context()), meter, v.metered, cost, toolCost.FromResult, reported)
+		}
 	}()
 	g.forward(w, r, rt, fwd, "tools/call")
+}
+
+// quotaRule names the monthly quota in 429s and metrics.
+const quotaRule = "monthly_quota"
+
+// quotaDecision describes a quota denial as a limit.Decision, so that the
+// same headers and body are written: the window is the billing period and
+// the retry time its end.
+func quotaDecision(m *limit.Meter, u limit.Usage, now time.Time) limit.Decision {
+	start, _ := usage.PeriodStart(m.Period)
+	end, _ := usage.PeriodEnd(m.Period)
+	left := max(0, m.Quota-u.Used())
+	return limit.Decision{
+		Rule:       limit.Rule{Name: quotaRule, Period: end.Sub(start)},
+		Limit:      m.Quota,
+		Remaining:  left,
+		ResetAfter: end.Sub(now),
+		RetryAfter: max(end.Sub(now), time.Second),
+	}
+}
+
+// correctCost turns the estimate charged on admission into the cost the
+// tool reported in its result (a refund or an extra charge). A result
+// without a valid value keeps the estimate.
+func (g *Gateway) correctCost(ctx context.Context, meter *limit.Meter, metered bool, charged int64, path string, result json.RawMessage) {
+	actual, err := reportedCost(result, path)
+	if err != nil {
+		g.metrics.CostCorrections.WithLabelValues("invalid").Inc()
+		g.log.Warn("tool result reports no valid cost: the estimate stays charged", "tenant", meter.Tenant, "estimate", charged, "err", err)
+		return
+	}
+	delta, ok := correction(charged, actual)
+	if !ok {
+		g.metrics.CostCorrections.WithLabelValues("unchanged").Inc()
+		return
+	}
+	g.metrics.CostCorrections.WithLabelValues("applied").Inc()
+	if metered {
+		g.lim.meters.adjust(ctx, *meter, delta)
+		return
+	}
+	g.lim.meters.addPending(*meter, delta, errors.New("correction of a call admitted while the meter was unreachable"))
 }
 
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, class string) {

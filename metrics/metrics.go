@@ -32,6 +32,15 @@ type Metrics struct {
 	UpstreamSeconds prometheus.Histogram
 	// StoreUp is 1 while the shared limit store answers, 0 while its breaker is open.
 	StoreUp prometheus.Gauge
+	// UsagePending is the number of meters with usage admitted but not yet
+	// on the meter (the store or the usage store was down).
+	UsagePending prometheus.Gauge
+	// CostCorrections counts cost corrections from tool results, by outcome
+	// (applied, unchanged, invalid).
+	CostCorrections *prometheus.CounterVec
+	// Unmetered counts calls admitted without a usage record (policy open
+	// while the usage could not be established).
+	Unmetered prometheus.Counter
 }
 
 // New creates and registers the collectors (plus the Go and process
@@ -66,9 +75,18 @@ func New() *Metrics {
 		StoreUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "mcpgate_limit_store_up", Help: "1 while the shared limit store answers, 0 while it is skipped.",
 		}),
+		UsagePending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mcpgate_usage_pending_meters", Help: "Meters with admitted usage not yet recorded on them (a store was down).",
+		}),
+		CostCorrections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcpgate_cost_corrections_total", Help: "Cost corrections read from tool results, by outcome.",
+		}, []string{"outcome"}),
+		Unmetered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mcpgate_unmetered_calls_total", Help: "Calls admitted without a usage record.",
+		}),
 	}
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
-		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp)
+		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered)
 	// The runtime collectors too carry the prefix: every name we serve starts
 	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).
 	prometheus.WrapRegistererWithPrefix("mcpgate_", r).MustRegister(

@@ -47,3 +47,40 @@ func Example() {
 	// allowed=false rule=per_tool remaining=0 retry_after=1m0s
 	// allowed=true rule=per_tenant remaining=2
 }
+
+// A monthly quota of 10 units, charged with the tenant's rate limit in one
+// atomic step. After a restart the meter is gone: the first call asks for
+// the durable total (NeedSeed), and the call is made again with it.
+func ExampleStore_TakeMetered() {
+	clock := limittest.NewFakeClock(time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC))
+	store, err := memstore.New(&memstore.Options{Clock: clock})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+
+	ctx := context.Background()
+	checks := []limit.Check{{Rule: limit.Rule{Name: "per_tenant", Algorithm: limit.TokenBucket, Limit: 100, Period: time.Minute}, Key: "rl:acme"}}
+	meter := limit.Meter{
+		Key: "usage:acme:2025-06", Tenant: "acme", Period: "2025-06", Quota: 10,
+		ExpireAt: time.Date(2025, 7, 8, 0, 0, 0, 0, time.UTC), // end of the period plus a week of grace
+	}
+	_, mr, err := store.TakeMetered(ctx, checks, meter, 4)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("need seed=%v\n", mr.NeedSeed)
+	meter.Seed, meter.Seeded = limit.Usage{Charged: 5, Calls: 2}, true // from the durable store
+	for _, cost := range []int64{4, 2, 1} {
+		d, mr, err := store.TakeMetered(ctx, checks, meter, cost)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("cost %d: allowed=%v used=%d calls=%d\n", cost, d.Allowed, mr.Usage.Used(), mr.Usage.Calls)
+	}
+	// Output:
+	// need seed=true
+	// cost 4: allowed=true used=9 calls=3
+	// cost 2: allowed=false used=9 calls=3
+	// cost 1: allowed=true used=10 calls=4
+}
