@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"container/list"
 	"sync"
 	"time"
 
@@ -17,14 +18,20 @@ const DefaultDenialCacheSize = 100_000
 // (never a concurrency denial, whose slots may free at any moment), so the
 // cache never admits anything and denies only what the store would deny
 // unless a refund intervenes.
+//
+// The key of an entry is the counter's key, which names the rule, its scope
+// and the owner (keyspace.Counter). The cache is a bounded LRU: when full,
+// the least recently used entry goes.
 type denialCache struct {
 	mu  sync.Mutex
 	max int
-	m   map[string]denialEntry
+	m   map[string]*list.Element // of *denialEntry
+	lru list.List                // front: most recently used
 	now func() time.Time
 }
 
 type denialEntry struct {
+	key      string
 	cost     int64
 	at       time.Time // when the store denied
 	until    time.Time
@@ -35,7 +42,7 @@ func newDenialCache(size int, now func() time.Time) *denialCache {
 	if size <= 0 {
 		size = DefaultDenialCacheSize
 	}
-	return &denialCache{max: size, m: make(map[string]denialEntry), now: now}
+	return &denialCache{max: size, m: make(map[string]*list.Element), now: now}
 }
 
 // lookup returns a cached denial for any of checks' keys that covers cost.
@@ -47,17 +54,19 @@ func (c *denialCache) lookup(checks []limit.Check, cost int64) (limit.Decision, 
 		if ch.Rule.Shadow {
 			continue
 		}
-		e, ok := c.m[ch.Key]
+		el, ok := c.m[ch.Key]
 		if !ok {
 			continue
 		}
+		e := el.Value.(*denialEntry)
 		if !now.Before(e.until) {
-			delete(c.m, ch.Key)
+			c.removeLocked(el)
 			continue
 		}
 		if cost < e.cost {
 			continue
 		}
+		c.lru.MoveToFront(el)
 		d := e.decision
 		elapsed := now.Sub(e.at)
 		if d.RetryAfter != limit.Never {
@@ -90,33 +99,36 @@ func (c *denialCache) remember(checks []limit.Check, cost int64, d limit.Decisio
 		hold = d.Rule.Period
 	}
 	now := c.now()
+	e := &denialEntry{key: key, cost: cost, at: now, until: now.Add(hold), decision: d}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.m) >= c.max {
-		c.evictLocked(now)
+	if el, ok := c.m[key]; ok {
+		el.Value = e
+		c.lru.MoveToFront(el)
+		return
 	}
-	c.m[key] = denialEntry{cost: cost, at: now, until: now.Add(hold), decision: d}
+	for len(c.m) >= c.max {
+		c.removeLocked(c.lru.Back())
+	}
+	c.m[key] = c.lru.PushFront(e)
 }
 
-// evictLocked drops expired entries, or one arbitrary entry when none has
-// expired, to keep the cache bounded.
-func (c *denialCache) evictLocked(now time.Time) {
-	for k, e := range c.m {
-		if !now.Before(e.until) {
-			delete(c.m, k)
-		}
-	}
-	for k := range c.m {
-		if len(c.m) < c.max {
-			break
-		}
-		delete(c.m, k)
-	}
+func (c *denialCache) removeLocked(el *list.Element) {
+	delete(c.m, el.Value.(*denialEntry).key)
+	c.lru.Remove(el)
+}
+
+// len is the number of entries held.
+func (c *denialCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.m)
 }
 
 // forget drops every cached denial (on config reload: rules may have changed).
 func (c *denialCache) forget() {
 	c.mu.Lock()
 	clear(c.m)
+	c.lru.Init()
 	c.mu.Unlock()
 }

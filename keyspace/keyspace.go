@@ -172,6 +172,23 @@ func Usage(tenant, period string) string {
 	return Prefix + "usage:{" + Escape(tenant) + "}:" + Escape(period)
 }
 
+// Breaker returns the key of a loop breaker's state: the breaker of identity
+// id (for example "subject:" + sub) of tenant, in the tenant's slot so that
+// it is evaluated in the tenant's decision script.
+func Breaker(tenant, id string) string {
+	return Prefix + "br:{" + Escape(tenant) + "}:" + Escape(id)
+}
+
+// BreakerCall returns the key counting one call fingerprint (a hash of the
+// tool and its canonical arguments) of a breaker.
+func BreakerCall(tenant, id, fingerprint string) string {
+	return Breaker(tenant, id) + ":call:" + Escape(fingerprint)
+}
+
+// BreakerPattern matches breaker keys (and their call counters, which carry
+// ":call:") for SCAN.
+const BreakerPattern = Prefix + "br:*"
+
 // UsagePattern matches every usage meter key (for SCAN).
 const UsagePattern = Prefix + "usage:*"
 

@@ -41,6 +41,12 @@ type Metrics struct {
 	// Unmetered counts calls admitted without a usage record (policy open
 	// while the usage could not be established).
 	Unmetered prometheus.Counter
+	// BreakersOpened counts loop breakers opening, by reason.
+	BreakersOpened *prometheus.CounterVec
+	// AlertsFailed counts breaker alerts that could not be delivered.
+	AlertsFailed prometheus.Counter
+	// CacheRequests counts cacheable calls by outcome (hit, miss, stale, coalesced, bypass).
+	CacheRequests *prometheus.CounterVec
 }
 
 // New creates and registers the collectors (plus the Go and process
@@ -84,9 +90,19 @@ func New() *Metrics {
 		Unmetered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mcpgate_unmetered_calls_total", Help: "Calls admitted without a usage record.",
 		}),
+		BreakersOpened: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcpgate_breakers_opened_total", Help: "Loop breakers opened, by reason.",
+		}, []string{"reason"}),
+		AlertsFailed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mcpgate_breaker_alerts_failed_total", Help: "Breaker alerts that could not be delivered.",
+		}),
+		CacheRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcpgate_cache_requests_total", Help: "Calls of cacheable tools, by outcome.",
+		}, []string{"outcome"}),
 	}
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
-		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered)
+		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
+		m.BreakersOpened, m.AlertsFailed, m.CacheRequests)
 	// The runtime collectors too carry the prefix: every name we serve starts
 	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).
 	prometheus.WrapRegistererWithPrefix("mcpgate_", r).MustRegister(

@@ -18,6 +18,7 @@ const (
 	DefaultUsageStore    = "sqlite:mcpgate-usage.db"
 	DefaultFlushInterval = time.Second
 	DefaultCooldown      = 30 * time.Second
+	DefaultMaxCooldown   = 10 * time.Minute
 	DefaultTenantClaim   = "tenant_id"
 	DefaultTierClaim     = "tier"
 	DefaultScopeClaim    = "scope"
@@ -207,6 +208,7 @@ type Breaker struct {
 	ConsecutiveFailures int
 	IdenticalCalls      IdenticalCalls
 	Cooldown            time.Duration // how long an open breaker refuses calls (default 30s)
+	MaxCooldown         time.Duration // cap of the cooldown, doubled by each failed half-open probe (default 10m, at least Cooldown)
 	AlertWebhook        string        // http(s) URL POSTed a JSON event when a breaker opens; "" for none
 }
 

@@ -65,6 +65,7 @@
 //	                           thresholds; 0 disables that trigger [0]
 //	breaker.identical_calls    {count (0 disables, else at least 2), within (required with count)}
 //	breaker.cooldown           [30s]
+//	breaker.max_cooldown       cap of the cooldown, doubled by each failed probe [10m, at least cooldown]
 //	breaker.alert_webhook      http(s) URL POSTed when a breaker opens [none]
 //
 // A rule is {name, per, algorithm, limit, period, burst, shadow}. name (1 to

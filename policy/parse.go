@@ -476,6 +476,12 @@ func (d *decoder) breaker(n *yaml.Node, path string, b *Breaker) {
 			}
 		},
 		"cooldown":      func(v *yaml.Node, p string) { b.Cooldown, _ = d.positiveDuration(v, p) },
+		"max_cooldown": func(v *yaml.Node, p string) {
+			b.MaxCooldown, _ = d.positiveDuration(v, p)
+			if b.Cooldown > 0 && b.MaxCooldown > 0 && b.MaxCooldown < b.Cooldown {
+				d.errf(v, p, "must not be shorter than cooldown (%v)", b.Cooldown)
+			}
+		},
 		"alert_webhook": func(v *yaml.Node, p string) { b.AlertWebhook = d.httpURL(v, p) },
 	})
 }
@@ -512,6 +518,9 @@ func (d *decoder) defaults(c *Config) {
 	}
 	if c.Breaker.Cooldown == 0 {
 		c.Breaker.Cooldown = DefaultCooldown
+	}
+	if c.Breaker.MaxCooldown == 0 {
+		c.Breaker.MaxCooldown = max(DefaultMaxCooldown, c.Breaker.Cooldown)
 	}
 	if c.Tiers == nil {
 		c.Tiers = map[string]Tier{}

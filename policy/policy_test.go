@@ -86,7 +86,7 @@ func TestExampleLoads(t *testing.T) {
 		t.Errorf("tools = %+v\nwant %+v", c.Tools, wantTools)
 	}
 	wantBreaker := Breaker{Key: "subject", ConsecutiveDenials: 5, ConsecutiveFailures: 5,
-		IdenticalCalls: IdenticalCalls{Count: 20, Within: time.Minute}, Cooldown: 30 * time.Second}
+		IdenticalCalls: IdenticalCalls{Count: 20, Within: time.Minute}, Cooldown: 30 * time.Second, MaxCooldown: 10 * time.Minute}
 	if c.Breaker != wantBreaker || !c.Breaker.Enabled() {
 		t.Errorf("breaker = %+v", c.Breaker)
 	}
@@ -128,7 +128,7 @@ func TestDefaults(t *testing.T) {
 		DefaultTier: "free",
 		Tiers:       map[string]Tier{},
 		Tools:       map[string]Tool{},
-		Breaker:     Breaker{Key: "subject", Cooldown: 30 * time.Second},
+		Breaker:     Breaker{Key: "subject", Cooldown: 30 * time.Second, MaxCooldown: 10 * time.Minute},
 	}
 	c.rules = nil
 	if !reflect.DeepEqual(c, want) {

@@ -1,0 +1,120 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/mcpgate/mcpgate/metrics"
+)
+
+// BreakerEvent is the JSON body POSTed to breaker.alert_webhook when a loop
+// breaker opens.
+type BreakerEvent struct {
+	Event    string        `json:"event"` // "breaker_opened"
+	Tenant   string        `json:"tenant"`
+	Subject  string        `json:"subject"`
+	Key      string        `json:"key"` // the breaker's id, as DELETE /admin/breakers/{key} takes it
+	Reason   string        `json:"reason"`
+	Counts   BreakerCounts `json:"counts"`
+	OpenedAt time.Time     `json:"opened_at"`
+	Until    time.Time     `json:"until"`
+}
+
+// BreakerCounts are the trigger counters when a breaker opened.
+type BreakerCounts struct {
+	Denials   int64 `json:"consecutive_denials"`
+	Failures  int64 `json:"consecutive_failures"`
+	Identical int64 `json:"identical_calls"`
+}
+
+// Alert delivery bounds: a full queue drops (and logs) rather than blocks a
+// call; each event is tried alertAttempts times with doubling backoff.
+const (
+	alertQueue    = 1024
+	alertAttempts = 4
+	alertBackoff  = 250 * time.Millisecond
+	alertTimeout  = 5 * time.Second
+)
+
+// alerter delivers breaker events to a webhook in the background.
+type alerter struct {
+	url    string
+	client *http.Client
+	log    *slog.Logger
+	stats  *metrics.Metrics
+	queue  chan BreakerEvent
+}
+
+func newAlerter(url string, log *slog.Logger, stats *metrics.Metrics) *alerter {
+	return &alerter{url: url, client: &http.Client{Timeout: alertTimeout}, log: log, stats: stats, queue: make(chan BreakerEvent, alertQueue)}
+}
+
+// send queues ev without blocking.
+func (a *alerter) send(ev BreakerEvent) {
+	if a.url == "" {
+		return
+	}
+	select {
+	case a.queue <- ev:
+	default:
+		a.stats.AlertsFailed.Inc()
+		a.log.Error("breaker alert dropped: the webhook queue is full", "tenant", ev.Tenant, "key", ev.Key)
+	}
+}
+
+// run delivers queued events until ctx ends.
+func (a *alerter) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-a.queue:
+			if err := a.deliver(ctx, ev); err != nil {
+				a.stats.AlertsFailed.Inc()
+				a.log.Error("breaker alert not delivered", "tenant", ev.Tenant, "key", ev.Key, "err", err)
+			}
+		}
+	}
+}
+
+func (a *alerter) deliver(ctx context.Context, ev BreakerEvent) error {
+	body, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	wait := alertBackoff
+	for attempt := 1; ; attempt++ {
+		err = a.post(ctx, body)
+		if err == nil || attempt == alertAttempts {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
+}
+
+func (a *alerter) post(ctx context.Context, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("webhook answered %s", resp.Status)
+	}
+	return nil
+}

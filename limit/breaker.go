@@ -1,0 +1,114 @@
+package limit
+
+import (
+	"context"
+	"time"
+)
+
+// BreakerSpec identifies one loop breaker (an agent identity: a subject, a
+// tenant or a session) and its thresholds. A breaker stops an agent stuck in
+// a loop: it opens on whichever comes first of ConsecutiveDenials denials in
+// a row, ConsecutiveFailures failed results in a row, or IdenticalCount
+// admitted calls with the same fingerprint (tool + canonical arguments)
+// within IdenticalWithin. While open every call of the breaker is denied;
+// after the cooldown one probe call goes through (half-open): its success
+// closes the breaker, its failure reopens it with the cooldown doubled, up
+// to MaxCooldown. A zero threshold disables that trigger.
+type BreakerSpec struct {
+	// Key names the breaker's state (keyspace.Breaker); with the Redis store
+	// it shares the hash tag of the batch it is evaluated with.
+	Key string
+	// Tenant, Subject and ID are stored with the state, for listing.
+	Tenant, Subject, ID string
+
+	ConsecutiveDenials  int64
+	ConsecutiveFailures int64
+	// IdenticalKey counts the calls with this call's fingerprint
+	// (keyspace.BreakerCall); "" disables the identical-calls trigger.
+	IdenticalKey    string
+	IdenticalCount  int64
+	IdenticalWithin time.Duration
+
+	Cooldown, MaxCooldown time.Duration
+	// ProbeLease is how long a half-open probe holds the breaker: if its
+	// outcome is never reported (the gateway died), another probe may go.
+	ProbeLease time.Duration
+}
+
+// Breaker reasons.
+const (
+	ReasonDenials     = "consecutive_denials"
+	ReasonFailures    = "consecutive_failures"
+	ReasonIdentical   = "identical_calls"
+	ReasonProbeFailed = "probe_failed"
+)
+
+// BreakerState is a breaker as one operation saw or left it.
+type BreakerState struct {
+	// Open: the breaker is open (or half-open with a probe in flight) and
+	// denied this call; RetryAfter is the time left before a probe may go.
+	Open       bool
+	RetryAfter time.Duration
+	// Opened: this operation opened (or reopened) the breaker: alert.
+	Opened bool
+	// Probe: this call is the half-open probe; report its outcome with
+	// probe = true.
+	Probe  bool
+	Reason string
+	// The counters after the operation.
+	Denials, Failures, Identical int64
+	// Cooldown is the current cooldown (doubled by each failed probe).
+	Cooldown time.Duration
+}
+
+// BreakerInfo is an open or half-open breaker, as listed.
+type BreakerInfo struct {
+	Key, Tenant, Subject, ID, Reason string
+	HalfOpen                         bool
+	// Until is when the open state ends (a probe may go).
+	Until                        time.Time
+	Cooldown                     time.Duration
+	Denials, Failures, Identical int64
+}
+
+// Request is everything one call asks of a store in one atomic step.
+type Request struct {
+	Checks  []Check
+	Meter   *Meter       // nil: no usage meter
+	Breaker *BreakerSpec // nil: no loop breaker
+	Cost    int64
+}
+
+// Outcome is the answer to a Request.
+type Outcome struct {
+	Decision Decision
+	Meter    MeterResult
+	Breaker  BreakerState
+}
+
+// GuardedStore is a MeteredStore that also keeps loop breakers, evaluated in
+// the same atomic step as the checks and the meter, so that watching for
+// loops costs no extra round trip.
+type GuardedStore interface {
+	MeteredStore
+	// Evaluate is TakeMetered (or Take, without a meter) with an optional
+	// breaker. An open breaker denies without charging anything
+	// (Outcome.Breaker.Open; Decision.Allowed false with a zero Rule). A
+	// denial by the checks or the quota counts toward ConsecutiveDenials;
+	// an admission resets that count and counts the call's fingerprint
+	// (the admitted call that reaches IdenticalCount opens the breaker for
+	// the calls after it).
+	Evaluate(ctx context.Context, req Request) (Outcome, error)
+	// ReportOutcome records the result of an admitted call: a failure counts
+	// toward ConsecutiveFailures (or reopens a half-open breaker, when probe),
+	// a success resets them (and closes a half-open breaker, when probe).
+	ReportOutcome(ctx context.Context, b BreakerSpec, failed, probe bool) (BreakerState, error)
+	// AddDenials counts n denials answered without the store (the local
+	// denial cache) toward ConsecutiveDenials.
+	AddDenials(ctx context.Context, b BreakerSpec, n int64) (BreakerState, error)
+	// ListBreakers calls fn for every open or half-open breaker.
+	ListBreakers(ctx context.Context, fn func(BreakerInfo) error) error
+	// ResetBreaker closes a breaker and clears its counters; false when the
+	// store held no such breaker.
+	ResetBreaker(ctx context.Context, key string) (bool, error)
+}
