@@ -1,11 +1,13 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"time"
 
 	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/usage"
 
 	"github.com/mcpgate/mcpgate/policy"
@@ -31,8 +33,8 @@ func (g *Gateway) adminRoutes(mux *http.ServeMux) {
 	}
 	admin("GET /admin/usage", g.adminUsage)
 	admin("POST /admin/cache/invalidate", notYet("the result cache"))
-	admin("GET /admin/breakers", notYet("the loop breaker"))
-	admin("DELETE /admin/breakers/{key}", notYet("the loop breaker"))
+	admin("GET /admin/breakers", g.adminBreakers)
+	admin("DELETE /admin/breakers/{key}", g.adminResetBreaker)
 	admin("/admin/", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "unknown admin endpoint"})
 	})
@@ -108,6 +110,9 @@ func (g *Gateway) adminReload(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "reloaded"})
 }
 
+// adminUsageTimeout bounds the reads of GET /admin/usage.
+const adminUsageTimeout = 5 * time.Second
+
 // adminUsage reports a tenant's usage in a period, the same JSON as
 // `mcpgate usage --json`: the live counter where the store holds it (it is
 // ahead of the durable total by at most one flush), else the durable total.
@@ -140,7 +145,10 @@ func (g *Gateway) adminUsage(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		tierName = ""
 	}
-	rec, found, err := m.durable.Get(r.Context(), tenant, period)
+	// Bounded: a usage store that hangs answers 503 rather than never.
+	ctx, cancel := context.WithTimeout(r.Context(), adminUsageTimeout)
+	defer cancel()
+	rec, found, err := m.durable.Get(ctx, tenant, period)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "usage store: " + err.Error()})
 		return
@@ -150,8 +158,76 @@ func (g *Gateway) adminUsage(w http.ResponseWriter, r *http.Request) {
 	if found {
 		updated = &rec.UpdatedAt
 	}
-	if st, live, err := m.store.ReadMeter(r.Context(), keyspace.Usage(tenant, period)); err == nil && live && !rec.Usage.Covers(st.Live) {
+	if st, live, err := m.store.ReadMeter(ctx, keyspace.Usage(tenant, period)); err == nil && live && !rec.Usage.Covers(st.Live) {
 		u, source = st.Live.Max(rec.Usage), "live"
 	}
 	writeJSON(w, http.StatusOK, usage.NewReport(tenant, period, tierName, tier.MonthlyQuota, u, updated, source))
+}
+
+// breakerStore is the store holding the loop breakers.
+func (g *Gateway) breakerStore() (limit.GuardedStore, bool) {
+	var s limit.Store = g.lim.local
+	if g.lim.shared != nil {
+		s = g.lim.shared
+	}
+	gs, ok := s.(limit.GuardedStore)
+	return gs, ok
+}
+
+// breakerView is a breaker as GET /admin/breakers shows it.
+type breakerView struct {
+	Key       string    `json:"key"`
+	Tenant    string    `json:"tenant"`
+	Subject   string    `json:"subject"`
+	ID        string    `json:"id"`
+	Reason    string    `json:"reason"`
+	HalfOpen  bool      `json:"half_open"`
+	Until     time.Time `json:"until"`
+	Cooldown  string    `json:"cooldown"`
+	Denials   int64     `json:"consecutive_denials"`
+	Failures  int64     `json:"consecutive_failures"`
+	Identical int64     `json:"identical_calls"`
+}
+
+// adminBreakers lists the open (and half-open) loop breakers.
+func (g *Gateway) adminBreakers(w http.ResponseWriter, r *http.Request) {
+	gs, ok := g.breakerStore()
+	if !ok {
+		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": "the limit store keeps no loop breakers"})
+		return
+	}
+	out := []breakerView{}
+	err := gs.ListBreakers(r.Context(), func(b limit.BreakerInfo) error {
+		out = append(out, breakerView{Key: b.Key, Tenant: b.Tenant, Subject: b.Subject, ID: b.ID, Reason: b.Reason,
+			HalfOpen: b.HalfOpen, Until: b.Until.UTC(), Cooldown: b.Cooldown.String(),
+			Denials: b.Denials, Failures: b.Failures, Identical: b.Identical})
+		return nil
+	})
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "limit store: " + err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"breakers": out})
+}
+
+// adminResetBreaker closes a breaker (its key as listed). Other instances
+// may answer it as open from their in-process cache for up to a second.
+func (g *Gateway) adminResetBreaker(w http.ResponseWriter, r *http.Request) {
+	key := r.PathValue("key")
+	gs, ok := g.breakerStore()
+	if !ok {
+		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": "the limit store keeps no loop breakers"})
+		return
+	}
+	found, err := gs.ResetBreaker(r.Context(), key)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "limit store: " + err.Error()})
+		return
+	}
+	g.lim.breakers.forget(key)
+	if !found {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such breaker", "key": key})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "closed", "key": key})
 }

@@ -88,6 +88,8 @@ type Gateway struct {
 	now        func() time.Time
 	mux        *http.ServeMux
 	stopMeter  context.CancelFunc // nil without metering
+	stopAlerts context.CancelFunc
+	alerts     *alerter
 	closeOnce  sync.Once
 	meterDone  chan struct{}
 }
@@ -166,6 +168,11 @@ func New(opts Options) (*Gateway, error) {
 			g.lim.meters.run(ctx)
 		}()
 	}
+	g.alerts = newAlerter(opts.Config.Breaker.AlertWebhook, g.log, g.metrics)
+	g.lim.breakers = newBreakerCache(g.now, g.breakerOpened)
+	bctx, bcancel := context.WithCancel(context.Background())
+	g.stopAlerts = bcancel
+	go g.alerts.run(bctx)
 	rt, err := newRuntime(opts.Config, opts.Auth)
 	if err != nil {
 		g.Close()
@@ -213,6 +220,9 @@ func (g *Gateway) Config() *policy.Config { return g.rt.Load().cfg }
 // call is admitted after the final flush.
 func (g *Gateway) Close() error {
 	g.closeOnce.Do(func() {
+		if g.stopAlerts != nil {
+			g.stopAlerts()
+		}
 		if g.stopMeter != nil {
 			// the final flush: what was admitted reaches the usage store
 			g.stopMeter()
@@ -269,4 +279,18 @@ func (g *Gateway) adminAuthorized(r *http.Request) bool {
 		return false
 	}
 	return subtle.ConstantTimeCompare([]byte(h[len(prefix):]), g.adminToken) == 1
+}
+
+// breakerOpened logs, counts and alerts a loop breaker that just opened.
+func (g *Gateway) breakerOpened(b limit.BreakerSpec, st limit.BreakerState) {
+	now := g.now()
+	g.metrics.BreakersOpened.WithLabelValues(st.Reason).Inc()
+	g.log.Warn("loop breaker opened: the agent's calls are refused until the cooldown ends",
+		"tenant", b.Tenant, "subject", b.Subject, "breaker", b.ID, "reason", st.Reason,
+		"denials", st.Denials, "failures", st.Failures, "identical", st.Identical, "cooldown", st.Cooldown)
+	g.alerts.send(BreakerEvent{
+		Event: "breaker_opened", Tenant: b.Tenant, Subject: b.Subject, Key: b.Key, Reason: st.Reason,
+		Counts:   BreakerCounts{Denials: st.Denials, Failures: st.Failures, Identical: st.Identical},
+		OpenedAt: now.UTC(), Until: now.Add(st.RetryAfter).UTC(),
+	})
 }

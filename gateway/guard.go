@@ -184,3 +184,48 @@ func (g *guardedStore) ScanMeters(ctx context.Context, fn func(limit.MeterState)
 	}
 	return g.metered().ScanMeters(ctx, fn)
 }
+
+// The loop-breaker methods go through the breaker too.
+
+func (g *guardedStore) guarded() limit.GuardedStore { return g.Store.(limit.GuardedStore) }
+
+func (g *guardedStore) Evaluate(ctx context.Context, req limit.Request) (limit.Outcome, error) {
+	if g.open.Load() {
+		return limit.Outcome{}, ErrStoreDown
+	}
+	o, err := g.guarded().Evaluate(ctx, req)
+	g.observe(ctx, err)
+	return o, err
+}
+
+func (g *guardedStore) ReportOutcome(ctx context.Context, b limit.BreakerSpec, failed, probe bool) (limit.BreakerState, error) {
+	if g.open.Load() {
+		return limit.BreakerState{}, ErrStoreDown
+	}
+	st, err := g.guarded().ReportOutcome(ctx, b, failed, probe)
+	g.observe(ctx, err)
+	return st, err
+}
+
+func (g *guardedStore) AddDenials(ctx context.Context, b limit.BreakerSpec, n int64) (limit.BreakerState, error) {
+	if g.open.Load() {
+		return limit.BreakerState{}, ErrStoreDown
+	}
+	st, err := g.guarded().AddDenials(ctx, b, n)
+	g.observe(ctx, err)
+	return st, err
+}
+
+func (g *guardedStore) ListBreakers(ctx context.Context, fn func(limit.BreakerInfo) error) error {
+	if g.open.Load() {
+		return ErrStoreDown
+	}
+	return g.guarded().ListBreakers(ctx, fn)
+}
+
+func (g *guardedStore) ResetBreaker(ctx context.Context, key string) (bool, error) {
+	if g.open.Load() {
+		return false, ErrStoreDown
+	}
+	return g.guarded().ResetBreaker(ctx, key)
+}

@@ -32,6 +32,7 @@ import (
 	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/limit/redisstore"
 	"github.com/mcpgate/mcpgate/policy"
+	"github.com/mcpgate/mcpgate/usage"
 )
 
 const (
@@ -67,6 +68,9 @@ type setup struct {
 	Reload func(context.Context) error
 	// Now is Options.Now.
 	Now func() time.Time
+	// Usage is Options.Usage of every instance (they share it, as
+	// instances share one usage store); nil: no metering.
+	Usage usage.Store
 }
 
 // seenRequest is one HTTP request that reached the upstream.
@@ -81,7 +85,8 @@ type env struct {
 	up    *upstream.Server
 	upURL string // the upstream's MCP endpoint, for direct calls
 	gws   []*Gateway
-	base  []string // gateway base URLs (no path)
+	srvs  []*httptest.Server // the servers of gws, same order
+	base  []string           // gateway base URLs (no path)
 	cfg   *policy.Config
 	redis *testenv.Redis
 	mu    sync.Mutex
@@ -122,6 +127,7 @@ func newEnv(t *testing.T, s setup) *env {
 		srv := httptest.NewServer(g)
 		t.Cleanup(srv.Close)
 		e.gws = append(e.gws, g)
+		e.srvs = append(e.srvs, srv)
 		e.base = append(e.base, srv.URL)
 	}
 	return e
@@ -186,6 +192,7 @@ func (e *env) newGateway(cfg *policy.Config, s setup) *Gateway {
 		Logger:     quietLogger(),
 		Now:        s.Now,
 		SessionKey: DeriveSessionKey([]byte(testSecret)),
+		Usage:      s.Usage,
 	}
 	if len(cfg.Store.Redis) > 0 {
 		client := newRedisClient(t, cfg.Store.Redis...)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/mcpgate/mcpgate/keyspace"
@@ -57,29 +58,43 @@ type verdict struct {
 	usage limit.Usage
 	// metered: the call was charged on its meter in the store. pending: it
 	// was admitted without reaching its meter (a store was down), so its
-	// usage must be placed later.
-	metered, pending bool
-	release          func(context.Context)
+	// usage must be placed later. unmetered: it was admitted after a meter
+	// charge that failed in a way that may have applied it (a timed-out
+	// script can run after its deadline): placing its usage again could
+	// count it twice, so it is not (see chargeMayHaveApplied).
+	metered, pending, unmetered bool
+	// breaker is what the loop breaker said (zero without one); breakerOpen:
+	// it denied the call.
+	breaker     limit.BreakerState
+	breakerOpen bool
+	release     func(context.Context)
 }
 
 // limiter is the limit stage: tenant-scoped rules and the usage meter in one
 // atomic batch, then global rules, refunding the tenant batch when a global
 // rule denies.
 type limiter struct {
-	shared  *guardedStore // nil: in-process only
-	local   limit.Store   // the store when shared is nil; else the fallback of on_error: local
-	meters  *meterer      // nil: no metering
-	denials *denialCache
-	log     *slog.Logger
-	stats   *metrics.Metrics
+	shared   *guardedStore // nil: in-process only
+	local    limit.Store   // the store when shared is nil; else the fallback of on_error: local
+	meters   *meterer      // nil: no metering
+	breakers *breakerCache
+	denials  *denialCache
+	log      *slog.Logger
+	stats    *metrics.Metrics
 }
 
 func noRelease(context.Context) {}
 
-func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limit.Meter, cost int64, onErr policy.FailurePolicy) verdict {
+func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy) verdict {
 	v := verdict{allowed: true, release: noRelease}
-	if len(tenant.checks) == 0 && len(global.checks) == 0 && meter == nil {
+	if len(tenant.checks) == 0 && len(global.checks) == 0 && meter == nil && br == nil {
 		return v
+	}
+	if br != nil {
+		if bs, ok := l.breakers.lookup(br.Key); ok {
+			l.stats.DenialCacheHits.Inc()
+			return verdict{breaker: bs, breakerOpen: true, release: noRelease}
+		}
 	}
 	var store limit.Store = l.local
 	if l.shared != nil {
@@ -87,6 +102,7 @@ func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limi
 		for _, rs := range []ruleSet{tenant, global} {
 			if d, ok := l.denials.lookup(rs.checks, cost); ok {
 				l.stats.DenialCacheHits.Inc()
+				l.breakers.deniedLocally(ctx, l.shared, br)
 				return verdict{decision: d, scope: rs.scopeOf(d), fromCache: true, release: noRelease}
 			}
 		}
@@ -94,10 +110,13 @@ func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limi
 
 	var td, gd limit.Decision
 	var tStore, gStore limit.Store
-	if len(tenant.checks) > 0 || meter != nil {
-		d, mr, s, metered, err := l.takeTenant(ctx, store, tenant.checks, meter, cost, onErr, &v)
+	if len(tenant.checks) > 0 || meter != nil || br != nil {
+		d, mr, s, metered, err := l.takeTenant(ctx, store, tenant.checks, meter, br, cost, onErr, &v)
 		if err != nil || v.unavailable {
 			return v
+		}
+		if v.breakerOpen {
+			return verdict{breaker: v.breaker, breakerOpen: true, release: noRelease}
 		}
 		td, tStore = d, s
 		if s != nil && !d.Allowed {
@@ -108,7 +127,7 @@ func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limi
 			return verdict{decision: d, scope: tenant.scopeOf(d), degraded: v.degraded, release: noRelease}
 		}
 		v.metered, v.usage = metered, mr.Usage
-		v.pending = meter != nil && !metered
+		v.pending = meter != nil && !metered && !v.unmetered
 		if s == l.local {
 			store = l.local // the shared store failed: keep this request on one store
 		}
@@ -152,15 +171,17 @@ func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limi
 // in the store. A meter the store lost is seeded from the durable total; if
 // that total cannot be read, the checks are decided without the meter (the
 // call's usage then waits in process) unless the tool fails closed.
-func (l *limiter) takeTenant(ctx context.Context, store limit.Store, checks []limit.Check, meter *limit.Meter, cost int64, onErr policy.FailurePolicy, v *verdict) (d limit.Decision, mr limit.MeterResult, s limit.Store, metered bool, err error) {
-	if meter == nil {
+func (l *limiter) takeTenant(ctx context.Context, store limit.Store, checks []limit.Check, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy, v *verdict) (d limit.Decision, mr limit.MeterResult, s limit.Store, metered bool, err error) {
+	if meter == nil && br == nil {
 		d, s, err = l.take(ctx, store, checks, cost, onErr, v)
 		return d, mr, s, false, err
 	}
-	ms := store.(limit.MeteredStore)
 	start := time.Now()
-	d, mr, err = ms.TakeMetered(ctx, checks, *meter, cost)
-	if err == nil && mr.NeedSeed {
+	d, mr, err = l.evaluate(ctx, store, checks, meter, br, cost, v)
+	if err == nil && v.breakerOpen {
+		return d, mr, store, false, nil
+	}
+	if err == nil && mr.NeedSeed && meter != nil {
 		if serr := l.meters.seed(ctx, meter); serr != nil {
 			l.log.Warn("usage meter cannot be rebuilt: the durable total is unreadable", "tenant", meter.Tenant, "period", meter.Period, "err", serr)
 			if onErr == policy.FailClosed {
@@ -170,21 +191,46 @@ func (l *limiter) takeTenant(ctx context.Context, store limit.Store, checks []li
 			d, s, err = l.take(ctx, store, checks, cost, onErr, v)
 			return d, limit.MeterResult{}, s, false, err
 		}
-		d, mr, err = ms.TakeMetered(ctx, checks, *meter, cost)
+		d, mr, err = l.evaluate(ctx, store, checks, meter, br, cost, v)
+		if err == nil && v.breakerOpen {
+			return d, mr, store, false, nil
+		}
 	}
 	l.stats.DecisionSeconds.Observe(time.Since(start).Seconds())
 	if err == nil && !mr.NeedSeed {
 		l.countShadow(checks, d)
-		if d.Allowed {
+		if d.Allowed && meter != nil {
 			l.meters.charged(meter)
 		}
-		return d, mr, store, true, nil
+		return d, mr, store, meter != nil, nil
 	}
 	if err == nil {
-		err = errors.New("usage meter still missing after seeding")
+		err = errors.New("usage meter still missing after seeding") // nothing charged
+	} else {
+		v.unmetered = meter != nil && chargeMayHaveApplied(err)
 	}
 	d, s, err = l.degrade(ctx, store, checks, cost, onErr, v, err)
 	return d, limit.MeterResult{}, s, false, err
+}
+
+// chargeMayHaveApplied reports whether a failed write to a meter (TakeMetered,
+// Adjust) may have been applied all the same: true for anything but a failure
+// known to have happened before the request left — the breaker skipped the
+// store, the connection could not be dialled, the arguments were refused. A
+// script whose answer timed out or whose connection broke may have run.
+//
+// Such a write is never replayed, as a timed-out script never is: usage kept
+// in process and placed later would be counted twice whenever the first write
+// had landed. Its usage is then recorded once or not at all, and each case is
+// counted (mcpgate_unmetered_calls_total) and logged.
+func chargeMayHaveApplied(err error) bool {
+	switch {
+	case errors.Is(err, ErrStoreDown), errors.Is(err, limit.ErrInvalidRule), errors.Is(err, limit.ErrInvalidCost),
+		errors.Is(err, limit.ErrInvalidMeter), errors.Is(err, limit.ErrMeterExpired), errors.Is(err, limit.ErrUsageOverflow):
+		return false
+	}
+	var op *net.OpError
+	return !errors.As(err, &op) || op.Op != "dial"
 }
 
 // take runs one batch, applying the failure policy when the shared store

@@ -60,9 +60,14 @@ func newMeterer(store limit.MeteredStore, us usage.Store, every time.Duration, l
 // run flushes meters and places pending usage until ctx ends, then flushes
 // a last time.
 func (m *meterer) run(ctx context.Context) {
+	// The flusher stops (and makes its final flush) only after the last
+	// placement of pending usage: a meter placed after the final flush
+	// had drained the tracked keys would miss it.
+	fctx, stopFlusher := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopFlusher()
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if err := m.flusher.Run(ctx); err != nil {
+		if err := m.flusher.Run(fctx); err != nil {
 			m.log.Error("final usage flush failed: the live counters keep the totals", "err", err)
 		}
 	})
@@ -75,6 +80,7 @@ func (m *meterer) run(ctx context.Context) {
 			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			m.placePending(pctx)
 			cancel()
+			stopFlusher()
 			wg.Wait()
 			if n := m.pendingCount(); n > 0 {
 				m.log.Error("usage could not be recorded before shutdown", "meters", n)
@@ -96,8 +102,18 @@ func (m *meterer) meterFor(tenant string, quota int64, now time.Time) *limit.Met
 	}
 }
 
+// seedTimeout bounds the read of the durable total that re-creates a missing
+// meter. The read is on the request path (the first call of a tenant in a
+// period, every call after Redis lost its data), and a usage store that hangs
+// (a network partition, a locked SQLite file) must not hold calls: past the
+// deadline the call is decided without its meter, and its usage waits in
+// process until the meter can be rebuilt.
+const seedTimeout = 500 * time.Millisecond
+
 // seed fills meter.Seed with the durable total of its period.
 func (m *meterer) seed(ctx context.Context, meter *limit.Meter) error {
+	ctx, cancel := context.WithTimeout(ctx, seedTimeout)
+	defer cancel()
 	u, err := m.flusher.Seed(ctx, meter.Tenant, meter.Period)
 	if err != nil {
 		return err
@@ -111,26 +127,49 @@ func (m *meterer) charged(meter *limit.Meter) { m.flusher.Track(meter.Key) }
 
 // adjust adds delta to meter, keeping it pending when it cannot be placed.
 func (m *meterer) adjust(ctx context.Context, meter limit.Meter, delta limit.Usage) {
-	if err := m.tryAdjust(ctx, meter, delta); err != nil {
-		m.addPending(meter, delta, err)
+	if maybe, err := m.tryAdjust(ctx, meter, delta); err != nil {
+		m.failed(meter, delta, maybe, err)
 	}
 }
 
-func (m *meterer) tryAdjust(ctx context.Context, meter limit.Meter, delta limit.Usage) error {
+// tryAdjust places delta on meter, seeding the meter when the store lost it.
+// On failure, maybe reports whether the write may have landed all the same
+// (see chargeMayHaveApplied).
+func (m *meterer) tryAdjust(ctx context.Context, meter limit.Meter, delta limit.Usage) (maybe bool, err error) {
 	r, err := m.store.Adjust(ctx, meter, delta)
 	if err == nil && r.NeedSeed {
-		if err = m.seed(ctx, &meter); err == nil {
-			r, err = m.store.Adjust(ctx, meter, delta)
-			if err == nil && r.NeedSeed {
-				err = errors.New("meter still missing after seeding")
-			}
+		if err := m.seed(ctx, &meter); err != nil {
+			return false, err
+		}
+		r, err = m.store.Adjust(ctx, meter, delta)
+		if err == nil && r.NeedSeed {
+			return false, errors.New("meter still missing after seeding")
 		}
 	}
 	if err != nil {
-		return err
+		maybe = chargeMayHaveApplied(err)
+		if maybe {
+			m.flusher.Track(meter.Key) // flushed if it did land
+		}
+		return maybe, err
 	}
 	m.flusher.Track(meter.Key)
-	return nil
+	return false, nil
+}
+
+// failed handles usage that could not be placed: kept pending for another
+// try, unless the failed write may have landed, in which case another try
+// could count it twice: it is dropped and logged, as a timed-out script is
+// never replayed.
+func (m *meterer) failed(meter limit.Meter, delta limit.Usage, maybe bool, err error) {
+	if !maybe {
+		m.addPending(meter, delta, err)
+		return
+	}
+	// The calls it admitted may have no record (a refund's delta admits none).
+	m.stats.Unmetered.Add(float64(delta.Calls))
+	m.log.Error("a usage write got no answer and may have landed: it is not written again (it could count twice)",
+		"tenant", meter.Tenant, "period", meter.Period, "delta", fmt.Sprintf("%+v", delta), "err", err)
 }
 
 // addPending keeps usage that could not reach its meter. It lives in this
@@ -170,8 +209,8 @@ func (m *meterer) placePending(ctx context.Context) {
 	}
 	m.mu.Unlock()
 	for _, p := range batch {
-		if err := m.tryAdjust(ctx, p.meter, p.delta); err != nil {
-			m.addPending(p.meter, p.delta, err)
+		if maybe, err := m.tryAdjust(ctx, p.meter, p.delta); err != nil {
+			m.failed(p.meter, p.delta, maybe, err)
 			continue
 		}
 		m.log.Info("pending usage recorded", "tenant", p.meter.Tenant, "period", p.meter.Period, "cost", p.delta.Used(), "calls", p.delta.NetCalls())

@@ -116,13 +116,19 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		_, tier, _ := rt.cfg.ResolveTier(p.Tier)
 		meter = g.lim.meters.meterFor(p.Tenant, tier.MonthlyQuota, now)
 	}
-	v := g.lim.admit(r.Context(), buildRuleSet(tenantRules, owner), buildRuleSet(globalRules, owner), meter, cost, rt.cfg.ToolOnError(tool))
+	br := breakerSpec(rt.cfg, p, r.Header.Get(mcp.HeaderSessionID), tool, msg.Arguments)
+	v := g.lim.admit(r.Context(), buildRuleSet(tenantRules, owner), buildRuleSet(globalRules, owner), meter, br, cost, rt.cfg.ToolOnError(tool))
 	switch {
 	case v.unavailable:
 		g.metrics.Requests.WithLabelValues("tools/call", "unavailable").Inc()
 		w.Header().Set("Retry-After", "1")
 		mcp.WriteError(w, http.StatusServiceUnavailable, msg.ID, CodeUnavailable,
 			"rate-limit store unavailable and this tool fails closed; retry shortly", nil)
+		return
+	case v.breakerOpen:
+		g.metrics.Requests.WithLabelValues("tools/call", "denied").Inc()
+		g.metrics.Denials.WithLabelValues("breaker", breakerRule).Inc()
+		writeDenied(w, msg.ID, breakerDecision(br, v.breaker), "breaker", now)
 		return
 	case v.quota:
 		g.metrics.Requests.WithLabelValues("tools/call", "denied").Inc()
@@ -136,22 +142,84 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	setRateHeaders(w.Header(), v.decision, now)
-	if v.pending {
+	switch {
+	case v.pending:
 		g.lim.meters.addPending(*meter, limit.Usage{Charged: cost, Calls: 1}, errors.New("admitted while the meter was unreachable"))
+	case v.unmetered:
+		g.lim.meters.charged(meter) // flushed if the charge did land
+		g.metrics.Unmetered.Inc()
+		g.log.Warn("call admitted after a meter charge with no answer: it may have been charged and is not charged again",
+			"tenant", meter.Tenant, "period", meter.Period, "tool", tool, "cost", cost)
 	}
 	var reported json.RawMessage
-	if meter != nil && toolCost.FromResult != "" {
-		fwd.OnResult = func(result, _ json.RawMessage) { reported = result }
+	var failed bool
+	// The cost of an unmetered call is not corrected: a correction of a
+	// charge that never landed would leave a refund without its charge.
+	correct := meter != nil && toolCost.FromResult != "" && !v.unmetered
+	if correct || br != nil {
+		fwd.OnResult = func(result, rpcErr json.RawMessage) {
+			reported, failed = result, rpcErr != nil || isErrorResult(result)
+		}
 	}
+	var status int
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
 		v.release(ctx)
 		cancel()
-		if reported != nil {
+		if correct && reported != nil {
 			g.correctCost(context.WithoutCancel(r.Context()), meter, v.metered, cost, toolCost.FromResult, reported)
 		}
+		if br != nil && r.Context().Err() == nil {
+			g.reportOutcome(context.WithoutCancel(r.Context()), br, v.breaker, failed || status >= 500)
+		}
 	}()
-	g.forward(w, r, rt, fwd, "tools/call")
+	status = g.forward(w, r, rt, fwd, "tools/call")
+}
+
+// breakerRule names the loop breaker in 429s and metrics.
+const breakerRule = "loop_breaker"
+
+// breakerDecision describes an open breaker as a limit.Decision, for the
+// same headers and body as other denials.
+func breakerDecision(b *limit.BreakerSpec, st limit.BreakerState) limit.Decision {
+	return limit.Decision{
+		Rule:       limit.Rule{Name: breakerRule, Period: max(st.Cooldown, b.Cooldown)},
+		ResetAfter: st.RetryAfter,
+		RetryAfter: st.RetryAfter,
+	}
+}
+
+// isErrorResult reports whether a tools/call result says isError: true.
+func isErrorResult(result json.RawMessage) bool {
+	var r struct {
+		IsError bool `json:"isError"`
+	}
+	return json.Unmarshal(result, &r) == nil && r.IsError
+}
+
+// reportOutcome tells the breaker how an admitted call ended. Successes are
+// reported only when they change something (a probe, or failures to reset),
+// so that a healthy agent costs no extra store call.
+func (g *Gateway) reportOutcome(ctx context.Context, b *limit.BreakerSpec, st limit.BreakerState, failed bool) {
+	if !failed && !st.Probe && st.Failures == 0 {
+		return
+	}
+	var store limit.Store = g.lim.local
+	if g.lim.shared != nil {
+		store = g.lim.shared
+	}
+	gs, ok := store.(limit.GuardedStore)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	defer cancel()
+	out, err := gs.ReportOutcome(ctx, *b, failed, st.Probe)
+	if err != nil {
+		g.log.Warn("reporting a call's outcome to its loop breaker failed", "key", b.Key, "err", err)
+		return
+	}
+	g.lim.breakers.observe(b, out)
 }
 
 // quotaRule names the monthly quota in 429s and metrics.
@@ -196,7 +264,7 @@ func (g *Gateway) correctCost(ctx context.Context, meter *limit.Meter, metered b
 	g.lim.meters.addPending(*meter, delta, errors.New("correction of a call admitted while the meter was unreachable"))
 }
 
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, class string) {
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, class string) int {
 	start := time.Now()
 	status, err := rt.proxy.Serve(w, r, fwd)
 	g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds())
@@ -208,6 +276,10 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, f
 		}
 	}
 	g.metrics.Requests.WithLabelValues(class, outcome).Inc()
+	if err != nil && status < 500 {
+		status = http.StatusBadGateway
+	}
+	return status
 }
 
 // identityHeaders are X-Mcp-Tenant / X-Mcp-Subject when the config asks for

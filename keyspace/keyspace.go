@@ -223,3 +223,97 @@ func crc16(s string) uint16 {
 	}
 	return crc
 }
+
+// Cache keys.
+//
+// Every cache entry has its own hash tag, made of its scope, tool and
+// arguments hash, so an entry, its loader lock, its fence and its wake-up
+// channel share one Cluster slot (one script can update them atomically)
+// while a tenant's entries spread over every slot (one hot tenant does not
+// make one hot slot). A tag index has its own hash tag, made of its scope and
+// tag:
+//
+//	mcpgate:cache:{<scope>:<tool>:<args hash>}          entry (value)
+//	mcpgate:cache:{<scope>:<tool>:<args hash>}:lock     loader lock (owner token)
+//	mcpgate:cache:{<scope>:<tool>:<args hash>}:fence    fence counter
+//	mcpgate:cache:{<scope>:<tool>:<args hash>}:ch       shard channel waking waiters
+//	mcpgate:ctag:{<scope>:<tag>}                        tag index (sorted set of entry keys)
+//
+// <scope> is the escaped tenant, or "~shared" for entries every tenant sees:
+// Escape never yields "~shared", so no tenant name reaches shared entries.
+// The components are escaped, so they contain no ':' and the hash tag splits
+// back into them unambiguously.
+
+// sharedScope is the scope component of shared cache entries. Escape only
+// emits '~' first in "~" and "~h"+32 hex digits, never this.
+const sharedScope = "~shared"
+
+// CacheScope says whose cache entries a key belongs to: one tenant's, or the
+// entries shared by every tenant. It is a distinct type, not a string, so a
+// tenant name can never be mistaken for the shared scope. The zero CacheScope
+// is the scope of the tenant "".
+type CacheScope struct {
+	tenant string
+	shared bool
+}
+
+// TenantCache returns the scope of tenant's own cache entries.
+func TenantCache(tenant string) CacheScope { return CacheScope{tenant: tenant} }
+
+// SharedCache returns the scope of the cache entries every tenant shares.
+func SharedCache() CacheScope { return CacheScope{shared: true} }
+
+// Shared reports whether s is the shared scope.
+func (s CacheScope) Shared() bool { return s.shared }
+
+// Tenant returns the tenant of a tenant scope, "" for the shared scope.
+func (s CacheScope) Tenant() string { return s.tenant }
+
+// String returns the scope's key component: the escaped tenant, or "~shared".
+func (s CacheScope) String() string {
+	if s.shared {
+		return sharedScope
+	}
+	return Escape(s.tenant)
+}
+
+// CacheEntry returns the key of the cache entry of tool called with arguments
+// whose canonical form hashes to argsHash (hex SHA-256), in scope. The key is
+// its own hash tag: mcpgate:cache:{<scope>:<tool>:<args hash>}.
+func CacheEntry(scope CacheScope, tool, argsHash string) string {
+	sc, tl, h := scope.String(), Escape(tool), Escape(argsHash)
+	var b strings.Builder
+	b.Grow(len(Prefix) + len("cache:{::}") + len(sc) + len(tl) + len(h))
+	b.WriteString(Prefix)
+	b.WriteString("cache:{")
+	b.WriteString(sc)
+	b.WriteByte(':')
+	b.WriteString(tl)
+	b.WriteByte(':')
+	b.WriteString(h)
+	b.WriteByte('}')
+	return b.String()
+}
+
+// CacheLock returns the key of the loader lock of the entry whose key is
+// entry (from CacheEntry); it is in the entry's slot.
+func CacheLock(entry string) string { return entry + ":lock" }
+
+// CacheFence returns the key of the fence counter of the entry whose key is
+// entry (from CacheEntry); it is in the entry's slot.
+func CacheFence(entry string) string { return entry + ":fence" }
+
+// CacheChannel returns the (shard) pub/sub channel that announces a value
+// landing in, or a lock leaving, the entry whose key is entry (from
+// CacheEntry). It hashes to the entry's slot, so SPUBLISH from the entry's
+// scripts and SSUBSCRIBE reach the same node.
+func CacheChannel(entry string) string { return entry + ":ch" }
+
+// CacheTag returns the key of the index of scope's cache entries tagged tag:
+// mcpgate:ctag:{<scope>:<tag>}, its own hash tag.
+func CacheTag(scope CacheScope, tag string) string {
+	return Prefix + "ctag:{" + scope.String() + ":" + Escape(tag) + "}"
+}
+
+// CachePattern matches every cache entry, lock, fence and channel (for SCAN).
+const CachePattern = Prefix + "cache:*"

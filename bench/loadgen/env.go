@@ -57,6 +57,7 @@ const (
 
 // configTemplate is the gateways' config; every limit is far above what a
 // run can reach, except the exhausted tier's, which admits one call a day.
+// Everything else is the defaults of `mcpgate serve`, except store.timeout.
 const configTemplate = `listen: 127.0.0.1:0
 upstream:
   url: UPSTREAM
@@ -65,6 +66,10 @@ auth:
   jwt:
     hs256_secret_env: ` + secretEnv + `
 store:
+  # 1s rather than the 25ms default: on this shared 2-core machine a starved
+  # Take can miss 25ms, and a call admitted without Redis (on_error: open,
+  # then the store breaker) would be measured as a cheaper gateway-redis call.
+  timeout: 1s
   on_error: open
 default_tier: ` + tenantTier + `
 tiers:

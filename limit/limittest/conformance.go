@@ -53,7 +53,9 @@ type Harness struct {
 // decision, with the reference algorithms of limit/internal/algo).
 //
 // When the store is a limit.MeteredStore, the usage-meter scenarios run
-// too, as subtests "meter/<scenario>" (see meterScenarios).
+// too, as subtests "meter/<scenario>" (see meterScenarios), and when it is
+// a limit.GuardedStore, the loop-breaker scenarios, as subtests
+// "breaker/<scenario>" (see breakerScenarios).
 //
 // newHarness is called once more on t itself, to learn whether the store
 // has scripts and meters; it must register any cleanup with the t it is
@@ -79,6 +81,9 @@ func RunConformance(t *testing.T, newHarness func(t *testing.T) Harness) {
 	}
 	if metered {
 		runMeterScenarios(t, newHarness, scripts)
+	}
+	if _, guarded := h0.Store.(limit.GuardedStore); guarded {
+		runBreakerScenarios(t, newHarness, scripts)
 	}
 }
 

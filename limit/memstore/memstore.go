@@ -22,6 +22,8 @@
 //     in the same atomic step as the checks (TakeMetered), and kept until
 //     their Meter.ExpireAt. They live in this process only: after a restart
 //     the caller re-seeds them from its durable store (limit.Meter.Seed).
+//   - It is a limit.GuardedStore: loop breakers (see Evaluate) are
+//     evaluated in the same atomic step as the checks and the meter.
 //
 // A Store is safe for concurrent use. Counters are spread over shards, each
 // with its own lock; calls on keys of different shards do not contend.
@@ -117,8 +119,9 @@ type shard struct {
 	mu     sync.Mutex
 	m      map[string]*algo.State
 	meters map[string]*algo.Meter // made on first use
+	br     *breakerMaps           // made on first use
 	peak   int                    // largest len(m) since m was made
-	_      [32]byte
+	_      [24]byte
 }
 
 // New returns a Store, or an error wrapping ErrInvalidOptions. opts may be nil.

@@ -82,97 +82,11 @@ func (s *Store) TakeMetered(ctx context.Context, checks []limit.Check, m limit.M
 		return limit.Decision{}, limit.MeterResult{}, err
 	}
 	results := make([]limit.Result, len(checks))
-	lease, mr, err := s.c.takeMetered(checks, m, cost, results)
+	lease, mr, _, _, err := s.c.guarded(checks, &m, nil, cost, results)
 	if err != nil {
 		return limit.Decision{}, limit.MeterResult{}, err
 	}
 	return limit.CombineMetered(checks, results, lease, mr.Allowed), mr, nil
-}
-
-// takeMetered is takeMany with the meter of m: it fills results and returns
-// the lease (when a concurrency slot was taken) and the meter's result.
-func (c *core) takeMetered(checks []limit.Check, m limit.Meter, cost int64, results []limit.Result) (lease string, mr limit.MeterResult, err error) {
-	var ib, lb [batchSize]int
-	var sb [batchSize]*algo.State
-	idx, locks, ms := c.lockMetered(checks, m.Key, ib[:0], lb[:0])
-	defer c.unlock(locks)
-	now := c.now()
-	states := sb[:0]
-	admit := true
-	for i, ch := range checks {
-		st := c.shards[idx[i]].get(ch.Key, now)
-		states = append(states, st)
-		if st == nil {
-			var fresh algo.State
-			results[i] = algo.Eval(ch.Rule, &fresh, now, cost, "", false)
-		} else {
-			results[i] = algo.Eval(ch.Rule, st, now, cost, "", false)
-		}
-		if !results[i].Allowed && !ch.Rule.Shadow {
-			admit = false
-		}
-	}
-	defer func() {
-		for i, st := range states {
-			c.shards[idx[i]].release(checks[i].Key, st)
-		}
-	}()
-
-	msh := &c.shards[ms]
-	exp := expireUS(m.ExpireAt)
-	mt, created, mst := algo.MeterOpen(msh.meter(m.Key, now), m, now, exp)
-	if mst == algo.MeterOK {
-		mst = algo.MeterEval(mt, m.Quota, cost)
-	}
-	if err := meterErr(mst); err != nil {
-		return "", limit.MeterResult{}, err
-	}
-	if created { // whatever the call decides: the Seed is no charge
-		msh.putMeter(m.Key, mt)
-	}
-	mr = limit.MeterResult{Allowed: mst == algo.MeterOK, NeedSeed: mst == algo.MeterNeedSeed}
-	if admit && mr.Allowed {
-		for i, ch := range checks {
-			if ch.Rule.Algorithm == limit.Concurrency && results[i].Allowed {
-				lease = c.newLease()
-				break
-			}
-		}
-		for i, ch := range checks {
-			if !results[i].Allowed {
-				continue
-			}
-			st := states[i]
-			if st == nil {
-				st = new(algo.State)
-				c.shards[idx[i]].put(ch.Key, st)
-				states[i] = st
-			}
-			// Same state, time and request as the dry run: same result.
-			algo.Eval(ch.Rule, st, now, cost, lease, true)
-		}
-		algo.MeterCharge(mt, cost, exp)
-	}
-	if mt != nil {
-		mr.Usage = mt.Live
-	}
-	return lease, mr, nil
-}
-
-// lockMetered is lock with the shard of the meter key too, which it
-// returns.
-func (c *core) lockMetered(checks []limit.Check, key string, idx, locks []int) ([]int, []int, int) {
-	for _, ch := range checks {
-		i := c.shardOf(ch.Key)
-		idx = append(idx, i)
-		locks = insertShard(locks, i)
-	}
-	ms := c.shardOf(key)
-	locks = insertShard(locks, ms)
-	for _, i := range locks {
-		c.shards[i].mu.Lock()
-	}
-	return idx, locks, ms
 }
 
 // insertShard inserts i into the sorted, duplicate-free locks.

@@ -32,6 +32,18 @@ func (c *core) sweep() {
 				delete(sh.meters, k)
 			}
 		}
+		if sh.br != nil {
+			for k, b := range sh.br.states {
+				if b.ExpiresAt <= now {
+					delete(sh.br.states, k)
+				}
+			}
+			for k, n := range sh.br.calls {
+				if n.ExpiresAt <= now {
+					delete(sh.br.calls, k)
+				}
+			}
+		}
 		// A Go map keeps the memory of its largest size: rebuild one that
 		// has emptied far below its peak, so a burst of keys is not kept
 		// forever.
@@ -44,7 +56,8 @@ func (c *core) sweep() {
 	}
 }
 
-// Len returns the number of counters and usage meters held, including
+// Len returns the number of counters, usage meters, breakers and
+// identical-calls counters held, including
 // expired ones that neither Sweep nor a later call has dropped yet.
 func (s *Store) Len() int {
 	n := 0
@@ -52,13 +65,15 @@ func (s *Store) Len() int {
 		sh := &s.c.shards[i]
 		sh.mu.Lock()
 		n += len(sh.m) + len(sh.meters)
+		if sh.br != nil {
+			n += len(sh.br.states) + len(sh.br.calls)
+		}
 		sh.mu.Unlock()
 	}
 	return n
 }
 
-// Keys returns the keys of the counters and meters Len counts, in no
-// particular order.
+// Keys returns the keys Len counts, in no particular order.
 func (s *Store) Keys() []string {
 	var keys []string
 	for i := range s.c.shards {
@@ -70,14 +85,23 @@ func (s *Store) Keys() []string {
 		for k := range sh.meters {
 			keys = append(keys, k)
 		}
+		if sh.br != nil {
+			for k := range sh.br.states {
+				keys = append(keys, k)
+			}
+			for k := range sh.br.calls {
+				keys = append(keys, k)
+			}
+		}
 		sh.mu.Unlock()
 	}
 	return keys
 }
 
 // TTL returns the time until key's counter expires (after which it is the
-// same as a fresh one) or key's usage meter is dropped (its Meter.ExpireAt),
-// and false when the store holds no live counter or meter for key. It is
+// same as a fresh one), key's usage meter is dropped (its Meter.ExpireAt),
+// or key's breaker state or identical-calls counter is dropped, and false
+// when the store holds none of them live for key. It is
 // what the Redis store sets as the key's TTL.
 func (s *Store) TTL(key string) (time.Duration, bool) {
 	c := s.c
@@ -85,11 +109,19 @@ func (s *Store) TTL(key string) (time.Duration, bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := c.now()
+	var br breakerMaps
+	if sh.br != nil {
+		br = *sh.br
+	}
 	var at int64
 	if st := sh.m[key]; st != nil && st.Used {
 		at = st.ExpiresAt
 	} else if mt := sh.meters[key]; mt != nil {
 		at = mt.ExpiresAt
+	} else if b := br.states[key]; b != nil {
+		at = b.ExpiresAt
+	} else if n := br.calls[key]; n != nil {
+		at = n.ExpiresAt
 	}
 	if at <= now {
 		return 0, false

@@ -108,3 +108,48 @@ func BenchmarkTakeMetered(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkEvaluate is BenchmarkTakeMetered's batch of three with a loop
+// breaker (every trigger on, identical calls counted) in the same script,
+// and the cost of a call an open breaker denies, to compare with
+// BenchmarkTakeMetered/tenant_batch_3 and BenchmarkTake/peer_ping.
+func BenchmarkEvaluate(b *testing.B) {
+	r := testenv.StartRedis(b, nil)
+	s := newStore(b, r.Client(b), 10*time.Second)
+	ctx := context.Background()
+	const p = 100 * time.Millisecond
+	big := int64(1_000_000_000)
+	rules := []limit.Rule{rule("fw", limit.FixedWindow, big, p), rule("swc", limit.SlidingWindowCounter, big, p), rule("tb", limit.TokenBucket, big, p)}
+	for _, open := range []bool{false, true} {
+		name := "tenant_batch_3_meter_breaker"
+		if open {
+			name = "open_breaker"
+		}
+		b.Run(name, func(b *testing.B) {
+			var id atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(16)
+			b.RunParallel(func(pb *testing.PB) {
+				tenant := fmt.Sprintf("bench-e-%s-%d", name, id.Add(1))
+				m := testMeter(tenant, 0)
+				br := testBreaker(tenant, "fp")
+				br.IdenticalCount = limit.MaxBreakerCount
+				if open {
+					br.ConsecutiveFailures, br.Cooldown, br.MaxCooldown = 1, time.Hour, time.Hour
+					if _, err := s.ReportOutcome(ctx, br, true, false); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+				req := limit.Request{Checks: tenantChecks(tenant, rules...), Meter: &m, Breaker: &br, Cost: 1}
+				for pb.Next() {
+					o, err := s.Evaluate(ctx, req)
+					if err != nil || o.Decision.Allowed == open || o.Breaker.Open != open {
+						b.Errorf("Evaluate: %+v, %v", o, err)
+						return
+					}
+				}
+			})
+		})
+	}
+}

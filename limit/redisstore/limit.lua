@@ -6,7 +6,10 @@
 --
 -- KEYS[i]             counter of check i (all keys in one Cluster slot)
 -- ARGV[1]             op: 't' take, 'r' refund, 'l' release,
---                     'm' take metered, 'a' adjust a meter, 'f' mark a meter flushed
+--                     'm' take metered, 'a' adjust a meter, 'f' mark a meter flushed,
+--                     and the loop breakers' ops (see breaker.lua): 'b' take and
+--                     'n' take metered with a breaker, 'o' report an outcome,
+--                     'd' add denials, 'x' reset
 -- ARGV[2]             microseconds added to the server clock (tests only; "0")
 -- ARGV[3]             cost (take, take metered and refund; "0" otherwise)
 -- ARGV[4]             lease id ("" when the batch has no concurrency check)
@@ -45,6 +48,8 @@
 --        take metered  take's reply, then status, c, r, n, rn
 --        adjust        {now, status, c, r, n, rn}
 --        mark flushed  {now, 1 if the meter exists else 0}
+--        breaker ops   see breaker.lua ('b' and 'n' reply take's and take
+--                      metered's reply followed by the breaker's block)
 -- status (algo.MeterStatus): 0 quota denies, 1 ok, 2 needs a seed,
 -- 3 expire time passed, 4 overflow. On 2, 3 and 4 nothing was written, and
 -- c..rn are the counter as it stands (0 when there is none).
@@ -161,7 +166,7 @@ local MAXU = 1125899906842624 -- limit.MaxUsage (2^50)
 -- The meter functions are made only for the ops that use them: a plain take
 -- does not pay for building their closures.
 local meterOpen, meterWrite
-if op == 'm' or op == 'a' then
+if op == 'm' or op == 'a' or op == 'n' then
   -- meterOpen returns the status of the meter key with block b, its live
   -- usage {c, r, n, rn}, and whether it must be created from the seed
   -- (algo.MeterOpen).
@@ -190,9 +195,32 @@ if op == 'm' or op == 'a' then
   end
 end
 
-if op == 't' or op == 'm' then
+--[[breaker.lua]]
+
+if op == 't' or op == 'm' or op == 'b' or op == 'n' then
+  local metered = op == 'm' or op == 'n'
   local n = #KEYS
-  if op == 'm' then n = n - 1 end
+  if metered then n = n - 1 end
+
+  -- The loop breaker (breaker.lua): an open one denies before anything
+  -- else is read.
+  local bkey, bp, bst, bexists, probe
+  if op == 'b' or op == 'n' then
+    bp = brParams(#ARGV - 10)
+    n = n - 1
+    if bp.ident > 0 then n = n - 1 end
+    bkey = KEYS[#KEYS - (bp.ident > 0 and 1 or 0)]
+    bst, bexists = brRead(bkey)
+    local deny, retry
+    deny, retry, probe = brGate(bst, bp)
+    if deny then
+      local out = { now }
+      brView(out, bst, bp, false)
+      out[2], out[3] = 1, retry
+      return out
+    end
+  end
+
   local out = { now }
   -- what phase 2 writes for check i: state numbers s1..s3, expiry ex
   local ok, s1, s2, s3, ex, bad = {}, {}, {}, {}, {}, {}
@@ -355,7 +383,7 @@ if op == 't' or op == 'm' then
 
   -- The meter (algo.MeterOpen, MeterEval): read only, like phase 1.
   local mkey, mb, mst, mu, mcreate
-  if op == 'm' then
+  if metered then
     mkey, mb = KEYS[n + 1], 4 + 5 * n
     mst, mu, mcreate = meterOpen(mkey, mb)
     if mst == 1 then
@@ -404,7 +432,7 @@ if op == 't' or op == 'm' then
       end
     end
   end
-  if op == 'm' then
+  if metered then
     if admit then
       mu[1], mu[3] = mu[1] + cost, mu[3] + 1
       meterWrite(mkey, mb, mu, mcreate)
@@ -413,6 +441,28 @@ if op == 't' or op == 'm' then
     end
     local o = #out
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = mst, mu[1], mu[2], mu[3], mu[4]
+  end
+  if bkey then
+    -- algo.BreakerAfter; a meter error (status 3, 4) writes nothing
+    local v = 0
+    if mst == 2 then
+      v = 2
+    elseif not admit then
+      v = 1
+    end
+    local ckey, calls, opened, counted
+    if bp.ident > 0 then
+      ckey = KEYS[#KEYS]
+      calls = brCalls(ckey)
+    end
+    if not mst or mst <= 2 then
+      opened, counted = brAfter(bst, bp, v, probe, calls, ckey)
+      brWrite(bkey, bst, bp, bexists)
+      if counted then brSetCalls(ckey, calls) end
+    end
+    local o = brView(out, bst, bp, opened)
+    if probe and v == 0 then out[o + 3] = 1 end
+    if counted then out[o + 8] = calls.n end
   end
   return out
 

@@ -330,6 +330,13 @@ func (s *Store) runMeter(ctx context.Context, op string, checks []limit.Check, c
 	b := batches.Get().(*batch)
 	defer b.release()
 	b.build(op, s.offset.Load(), checks, cost, lease)
+	b.meter(m)
+	b.nums(tail...)
+	return s.exec(ctx, b)
+}
+
+// meter appends the meter's key to KEYS and its block to ARGV (limit.lua).
+func (b *batch) meter(m *limit.Meter) {
 	b.keys = append(b.keys, m.Key)
 	seeded := "0"
 	if m.Seeded {
@@ -337,8 +344,7 @@ func (s *Store) runMeter(ctx context.Context, op string, checks []limit.Check, c
 	}
 	b.args = append(b.args, m.Tenant, m.Period, seeded)
 	sd := m.Seed
-	b.nums(append([]int64{expireMS(m.ExpireAt), sd.Charged, sd.Refunded, sd.Calls, sd.RefundedCalls, m.Quota}, tail...)...)
-	return s.exec(ctx, b)
+	b.nums(expireMS(m.ExpireAt), sd.Charged, sd.Refunded, sd.Calls, sd.RefundedCalls, m.Quota)
 }
 
 // exec runs the script with b's KEYS and ARGV under the store's deadline.

@@ -22,11 +22,18 @@
 //	sliding_window          sorted set, one member per unit, scored by its time
 //	concurrency             sorted set, lease id scored by the lease's expiry
 //	usage meter             hash: live and flushed usage, tenant, period
+//	loop breaker            hash: phase, times, counts, reason (breaker.lua)
+//	identical-calls counter string "<end of window> <count>"
 //
 // It is a limit.MeteredStore: a usage meter (see TakeMetered) is charged by
 // the same script as the checks of its call, so a monthly quota is exact
 // across every gateway sharing the Redis. A batch without a meter runs
 // exactly as before and pays nothing for meters.
+//
+// It is a limit.GuardedStore: a loop breaker (see Evaluate) is read,
+// evaluated and updated by the same script as the checks and the meter of
+// its call, so watching for runaway agents costs no extra round trip. A
+// call without a breaker runs exactly as before.
 //
 // Every key written gets its TTL in the same script (for a counter, the time
 // until it is back to full capacity, in milliseconds rounded up; for a
@@ -89,7 +96,25 @@ var ErrCrossSlot = errors.New("redisstore: checks of one batch are in different 
 var errReply = errors.New("unexpected script reply")
 
 //go:embed limit.lua
-var scriptSource string
+var limitSource string
+
+//go:embed breaker.lua
+var breakerSource string
+
+// breakerMark is the line of limit.lua where breaker.lua goes.
+const breakerMark = "--[[breaker.lua]]"
+
+// scriptSource is the one script every call runs: limit.lua with the loop
+// breakers' part (breaker.lua) spliced in. One script, so that a call with
+// a breaker is still one EVALSHA over one slot.
+var scriptSource = splice(limitSource, breakerMark, breakerSource)
+
+func splice(src, mark, part string) string {
+	if strings.Count(src, mark) != 1 {
+		panic("redisstore: limit.lua must hold the line " + mark + " exactly once")
+	}
+	return strings.Replace(src, mark, part, 1)
+}
 
 // script is built once: its SHA-1 is computed once and EVALSHA sends only
 // that.
@@ -103,6 +128,12 @@ const (
 	opTakeMetered = "m"
 	opAdjust      = "a"
 	opMarkFlushed = "f"
+	// loop breakers (breaker.lua)
+	opTakeBreaker        = "b"
+	opTakeMeteredBreaker = "n"
+	opReport             = "o"
+	opAddDenials         = "d"
+	opResetBreaker       = "x"
 )
 
 // Store is a limit.Store on Redis. It is safe for concurrent use by many
@@ -117,7 +148,7 @@ type Store struct {
 	offset atomic.Int64
 }
 
-var _ limit.MeteredStore = (*Store)(nil)
+var _ limit.GuardedStore = (*Store)(nil)
 
 // New returns a Store that runs its scripts on client, which may be a
 // standalone, Cluster or Sentinel client (see ClientOption). The Store does

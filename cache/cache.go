@@ -1,0 +1,435 @@
+package cache
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	mrand "math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults of Options.
+const (
+	DefaultLockTTL         = 10 * time.Second
+	DefaultStaleWindow     = time.Minute
+	DefaultTimeout         = 100 * time.Millisecond
+	DefaultPollInterval    = 100 * time.Millisecond
+	DefaultBeta            = 1.0
+	DefaultWarmConcurrency = 8
+)
+
+// ErrInvalidKey means a Get was given the zero Key.
+var ErrInvalidKey = errors.New("cache: invalid key")
+
+// ErrInvalidPolicy means a Policy is unusable: a TTL that is not positive, a
+// jitter outside [0, 1], a negative NegativeTTL, or a nil Loader.
+var ErrInvalidPolicy = errors.New("cache: invalid policy")
+
+// ErrInvalidOptions means New was given unusable Options.
+var ErrInvalidOptions = errors.New("cache: invalid options")
+
+// ErrLoaderPanic means a Loader panicked; the panic is logged with its stack
+// and returned as this error to every caller waiting for that load.
+var ErrLoaderPanic = errors.New("cache: loader panicked")
+
+// ErrClosed means the Cache was closed.
+var ErrClosed = errors.New("cache: closed")
+
+// Options configures a Cache. A nil *Options means all defaults; a zero
+// field means its default.
+type Options struct {
+	// LockTTL is how long a loader holds an entry's distributed lock. A
+	// load that outlives it may be overtaken by another loader (and then
+	// its result is not stored: fencing). Default DefaultLockTTL.
+	LockTTL time.Duration
+	// LoadTimeout bounds one load: the Loader's context, detached from
+	// the callers' contexts, is cancelled after it. Default LockTTL.
+	LoadTimeout time.Duration
+	// WaitTimeout bounds how long a caller waits for a load running
+	// elsewhere (another instance holds the lock). Then it gets the stale
+	// copy if there is one, else it calls its Loader itself (without
+	// storing the result). Default LockTTL.
+	WaitTimeout time.Duration
+	// StaleWindow is how long a value is kept after its TTL, to be served
+	// when waiting for a fresh one times out. Negative keeps none.
+	// Negative (isError) results never keep a stale copy. Default
+	// DefaultStaleWindow.
+	StaleWindow time.Duration
+	// Timeout is the deadline of one store operation (a read, a lock, a
+	// commit). A read that times out counts as a miss. Default
+	// DefaultTimeout.
+	Timeout time.Duration
+	// Beta scales XFetch early refresh: a value whose load took delta is
+	// refreshed before expiry when now - delta*Beta*ln(rand()) >= expiry.
+	// Larger refreshes earlier; negative disables early refresh. Default
+	// DefaultBeta.
+	Beta float64
+	// PollInterval is how often a waiter re-checks when the store cannot
+	// push wake-ups (Redis without sharded pub/sub). Default
+	// DefaultPollInterval.
+	PollInterval time.Duration
+	// WarmConcurrency bounds the loaders Warm runs at once. Default
+	// DefaultWarmConcurrency.
+	WarmConcurrency int
+	// Logger receives warnings (store errors, at most one line per 10s)
+	// and loader panics. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Policy says how one tool's results are cached (policy.ToolCache).
+type Policy struct {
+	// TTL is the fresh life of a successful result; it must be positive.
+	TTL time.Duration
+	// Jitter, in [0, 1], shortens each TTL by a random fraction in
+	// [0, Jitter], so entries written together do not expire together.
+	Jitter float64
+	// NegativeTTL is the life of a negative result (Loader returned
+	// negative: an isError tool result); 0 means negative results are not
+	// stored. Jitter applies to it too.
+	NegativeTTL time.Duration
+	// Tags are the entry's rendered tags (see Tags.Render); Invalidate
+	// with one of them drops the entry.
+	Tags []string
+}
+
+func (p *Policy) validate() error {
+	switch {
+	case p.TTL <= 0:
+		return fmt.Errorf("%w: TTL %v is not positive", ErrInvalidPolicy, p.TTL)
+	case !(p.Jitter >= 0 && p.Jitter <= 1):
+		return fmt.Errorf("%w: jitter %v outside [0, 1]", ErrInvalidPolicy, p.Jitter)
+	case p.NegativeTTL < 0:
+		return fmt.Errorf("%w: negative NegativeTTL %v", ErrInvalidPolicy, p.NegativeTTL)
+	}
+	return nil
+}
+
+// Loader computes a value on a miss: it calls the tool. negative marks a
+// result that is a tool-level failure (MCP isError: true), stored for
+// Policy.NegativeTTL. An error (timeout, protocol error, 429, upstream 5xx)
+// is returned to the callers and never stored. ctx is detached from the
+// callers (one caller giving up does not cancel the load others wait for)
+// and carries the callers' values; it ends after Options.LoadTimeout. The
+// Cache keeps value: the Loader must not modify it after returning.
+type Loader func(ctx context.Context) (value []byte, negative bool, err error)
+
+// Entry is a cached or freshly loaded value. Value is shared with other
+// callers: do not modify it.
+type Entry struct {
+	Value    []byte
+	Negative bool // a negative (isError) result
+	// TTL is the remaining fresh life: the full TTL after a load, zero or
+	// negative when the value is stale, zero when the value was not stored.
+	TTL time.Duration
+}
+
+// Source says where an Entry came from.
+type Source uint8
+
+// Sources. A Get that fails returns Source 0.
+const (
+	// Miss: this caller's flight ran the Loader.
+	Miss Source = iota + 1
+	// Hit: a fresh stored value.
+	Hit
+	// Stale: waiting for another loader timed out; the stale copy.
+	Stale
+	// Coalesced: a value another caller loaded, in this process (single
+	// flight) or in another instance sharing the store (lock and wake-up).
+	Coalesced
+)
+
+func (s Source) String() string {
+	switch s {
+	case Miss:
+		return "miss"
+	case Hit:
+		return "hit"
+	case Stale:
+		return "stale"
+	case Coalesced:
+		return "coalesced"
+	}
+	return "Source(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Stats are counters since New. Hits + Misses + Stale + Coalesced is the
+// number of successful Gets.
+type Stats struct {
+	Hits, Misses, Stale, Coalesced int64
+	Loads                          int64 // Loader calls, including early refreshes and Warm
+	Refreshes                      int64 // early (XFetch) refreshes that took the lock
+	Uncached                       int64 // loads whose result could not be stored (wait timed out without a stale copy, store error)
+	Rejected                       int64 // commits refused by the fence: a newer load or an invalidation won
+	StoreErrors                    int64
+}
+
+type counters struct {
+	hits, misses, stale, coalesced                    atomic.Int64
+	loads, refreshes, uncached, rejected, storeErrors atomic.Int64
+}
+
+// Cache is a tool-result cache (cache-aside with single flight, a
+// distributed lock with fencing, XFetch early refresh and tags) over a
+// Store. It is safe for concurrent use. Build it with New.
+type Cache struct {
+	store       Store
+	remote      bool // the store does I/O: bound each call by timeout
+	lockTTL     time.Duration
+	loadTimeout time.Duration
+	wait        time.Duration
+	stale       time.Duration
+	timeout     time.Duration
+	poll        time.Duration
+	fenceTTL    time.Duration
+	beta        float64
+	warmN       int
+	log         *slog.Logger
+
+	tokenPrefix string
+	tokenSeq    atomic.Uint64
+	lastLog     atomic.Int64
+	stats       counters
+
+	mu         sync.Mutex
+	flights    map[string]*flight
+	refreshing map[string]struct{}
+	closed     bool
+	wg         sync.WaitGroup
+}
+
+// flight is one in-process load of a key that every concurrent Get of the
+// key waits for.
+type flight struct {
+	done  chan struct{}
+	entry Entry
+	src   Source
+	err   error
+}
+
+// New returns a Cache over store. It fails with ErrInvalidOptions on a
+// negative duration, a NaN Beta or a negative WarmConcurrency.
+func New(store Store, opts *Options) (*Cache, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidOptions)
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	for name, d := range map[string]time.Duration{"LockTTL": o.LockTTL, "LoadTimeout": o.LoadTimeout,
+		"WaitTimeout": o.WaitTimeout, "Timeout": o.Timeout, "PollInterval": o.PollInterval} {
+		if d < 0 {
+			return nil, fmt.Errorf("%w: negative %s %v", ErrInvalidOptions, name, d)
+		}
+	}
+	if math.IsNaN(o.Beta) || math.IsInf(o.Beta, 0) || o.WarmConcurrency < 0 {
+		return nil, fmt.Errorf("%w: Beta %v, WarmConcurrency %d", ErrInvalidOptions, o.Beta, o.WarmConcurrency)
+	}
+	_, local := store.(*MemoryStore)
+	c := &Cache{
+		store:       store,
+		remote:      !local,
+		lockTTL:     or(o.LockTTL, DefaultLockTTL),
+		stale:       or(o.StaleWindow, DefaultStaleWindow),
+		timeout:     or(o.Timeout, DefaultTimeout),
+		poll:        or(o.PollInterval, DefaultPollInterval),
+		beta:        o.Beta,
+		warmN:       o.WarmConcurrency,
+		log:         o.Logger,
+		flights:     make(map[string]*flight),
+		refreshing:  make(map[string]struct{}),
+		tokenPrefix: randomHex(12) + ".",
+	}
+	c.loadTimeout = or(o.LoadTimeout, c.lockTTL)
+	c.wait = or(o.WaitTimeout, c.lockTTL)
+	c.stale = max(c.stale, 0)
+	// A fence outlives every load that took it (a load that outlives its
+	// fence is refused at commit), plus room for clock-free slack.
+	c.fenceTTL = c.loadTimeout + c.lockTTL + time.Minute
+	if c.beta == 0 {
+		c.beta = DefaultBeta
+	}
+	if c.warmN == 0 {
+		c.warmN = DefaultWarmConcurrency
+	}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+	return c, nil
+}
+
+func or(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails (crypto/rand documents it)
+	return hex.EncodeToString(b)
+}
+
+// token returns a lock owner token unique across processes.
+func (c *Cache) token() string {
+	return c.tokenPrefix + strconv.FormatUint(c.tokenSeq.Add(1), 36)
+}
+
+// Stats returns the counters.
+func (c *Cache) Stats() Stats {
+	s := &c.stats
+	return Stats{
+		Hits: s.hits.Load(), Misses: s.misses.Load(), Stale: s.stale.Load(), Coalesced: s.coalesced.Load(),
+		Loads: s.loads.Load(), Refreshes: s.refreshes.Load(), Uncached: s.uncached.Load(),
+		Rejected: s.rejected.Load(), StoreErrors: s.storeErrors.Load(),
+	}
+}
+
+// Close stops early refreshes and waits for the loads in flight (each
+// bounded by LoadTimeout). Later Gets fail with ErrClosed. The store is not
+// closed.
+func (c *Cache) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.wg.Wait()
+	return nil
+}
+
+// Get returns the value of key: the stored value when fresh (Hit),
+// otherwise the result of load, run once for all concurrent Gets of the key
+// in this process and, through the store's lock, in every process sharing
+// the store. A fresh value close to expiry is refreshed in the background
+// (XFetch) while callers keep getting it.
+//
+// A caller whose ctx ends stops waiting and gets ctx's error; the load goes
+// on for the others. A Loader error is returned to every caller waiting for
+// that load and is never stored. Errors of the store never fail a Get: the
+// value is then loaded without the store (counted in Stats.StoreErrors).
+func (c *Cache) Get(ctx context.Context, key Key, load Loader, pol Policy) (Entry, Source, error) {
+	if key.IsZero() {
+		return Entry{}, 0, ErrInvalidKey
+	}
+	if load == nil {
+		return Entry{}, 0, fmt.Errorf("%w: nil loader", ErrInvalidPolicy)
+	}
+	if err := pol.validate(); err != nil {
+		return Entry{}, 0, err
+	}
+	if rec, ok := c.read(ctx, key.entry); ok && rec.fresh() > 0 {
+		c.stats.hits.Add(1)
+		if c.early(&rec) {
+			c.refresh(ctx, key, load, pol, rec.fence)
+		}
+		return rec.entry(), Hit, nil
+	}
+	return c.join(ctx, key, load, pol)
+}
+
+// read is the store's read under the operation timeout; an error is a miss.
+func (c *Cache) read(ctx context.Context, entry string) (record, bool) {
+	if c.remote {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	rec, ok, err := c.store.read(ctx, entry)
+	if err != nil {
+		c.storeError("read", err)
+		return record{}, false
+	}
+	return rec, ok
+}
+
+// early is the XFetch condition: now - delta*beta*ln(U) >= expiry, that is
+// delta*beta*(-ln U) >= the remaining fresh life.
+func (c *Cache) early(rec *record) bool {
+	if c.beta < 0 {
+		return false
+	}
+	return float64(rec.delta)*c.beta*-math.Log(mrand.Float64()) >= float64(rec.fresh())
+}
+
+func (c *Cache) join(ctx context.Context, key Key, load Loader, pol Policy) (Entry, Source, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return Entry{}, 0, ErrClosed
+	}
+	f, follower := c.flights[key.entry]
+	if !follower {
+		f = &flight{done: make(chan struct{})}
+		c.flights[key.entry] = f
+		c.wg.Add(1)
+		go c.fly(context.WithoutCancel(ctx), key, load, pol, f)
+	}
+	c.mu.Unlock()
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		return Entry{}, 0, ctx.Err()
+	}
+	if f.err != nil {
+		return Entry{}, 0, f.err
+	}
+	src := f.src
+	if follower && src == Miss {
+		src = Coalesced
+	}
+	switch src {
+	case Miss:
+		c.stats.misses.Add(1)
+	case Stale:
+		c.stats.stale.Add(1)
+	default:
+		c.stats.coalesced.Add(1)
+	}
+	return f.entry, src, nil
+}
+
+func (c *Cache) fly(ctx context.Context, key Key, load Loader, pol Policy, f *flight) {
+	defer c.wg.Done()
+	defer func() {
+		c.mu.Lock()
+		delete(c.flights, key.entry)
+		c.mu.Unlock()
+		close(f.done)
+	}()
+	f.entry, f.src, f.err = c.resolve(ctx, key, load, pol)
+}
+
+// Invalidate drops scope's entries tagged with any of tags (rendered tags,
+// see Tags.Render) and returns how many stored entries it deleted. Loads of
+// those entries in flight cannot store what they loaded (their fence is
+// bumped). An entry of another scope is never touched: invalidate a tag of
+// shared entries with Shared(), a tenant's with Tenant(tenant).
+func (c *Cache) Invalidate(ctx context.Context, scope Scope, tags []string) (int, error) {
+	if len(tags) == 0 {
+		return 0, nil
+	}
+	n, err := c.store.invalidate(ctx, scope, tags)
+	if err != nil {
+		return n, fmt.Errorf("cache: invalidate: %w", err)
+	}
+	return n, nil
+}
+
+// storeError counts err and logs it at most once per 10 seconds.
+func (c *Cache) storeError(op string, err error) {
+	n := c.stats.storeErrors.Add(1)
+	now := time.Now().UnixNano()
+	last := c.lastLog.Load()
+	if now-last < int64(10*time.Second) || !c.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	c.log.Warn("cache: store error; serving without the cache where needed", "op", op, "err", err, "store_errors", n)
+}

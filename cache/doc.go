@@ -1,0 +1,120 @@
+// Package cache is mcpgate's tool-result cache: cache-aside with negative
+// entries, TTL jitter, stampede protection (in-process single flight plus a
+// distributed lock with fencing), XFetch early refresh, tag invalidation and
+// warming. It works on its own — an MCP server author can wrap any loader —
+// and inside the gateway.
+//
+// # Model
+//
+// An entry is named by a Key: a Scope (one tenant's entries, or the entries
+// every tenant shares), a tool name and the SHA-256 of the canonical JSON of
+// the call's arguments (mcp.CanonicalArguments: member order, whitespace and
+// number format do not matter). Tenants never see each other's entries, and
+// no tenant name reaches the shared scope. Values are opaque bytes: the
+// gateway stores the JSON-RPC result and puts each request's own id around
+// it.
+//
+// Get returns a fresh stored value (Hit) or runs the Loader once for every
+// concurrent Get of the key:
+//
+//   - In one process, concurrent Gets share one flight. The flight runs
+//     detached from the callers' contexts (context.WithoutCancel, bounded by
+//     Options.LoadTimeout): a caller that gives up gets its ctx error, the
+//     others still get the value.
+//   - Across processes sharing a store, the flight takes the entry's lock
+//     (SET NX PX with a random owner token; released by compare-and-delete)
+//     together with a fence, a number that only grows (INCR, at least the
+//     server clock in µs). The commit stores the value only if the fence is
+//     still the entry's current one: a loader whose lock expired and was
+//     taken over, or whose entry was invalidated meanwhile, cannot overwrite
+//     the newer state. Commit and release publish on the entry's shard
+//     channel (SPUBLISH, in the entry's slot); waiters subscribed with
+//     SSUBSCRIBE re-check at once, and otherwise when the holder's lock
+//     expires (then one of them takes it over). After Options.WaitTimeout a
+//     waiter serves the stale copy (Stale) if one is left, else calls its
+//     Loader itself without storing the result (no second stampede on the
+//     store, and the lock holder's result still lands).
+//   - The Loader's negative flag marks an isError result, stored for
+//     Policy.NegativeTTL (0: not stored). A Loader error — timeout, protocol
+//     error, 429, upstream 5xx — reaches every caller of that flight and is
+//     never stored.
+//   - A stored value keeps its load time (delta). Each hit refreshes it in
+//     the background, under the lock, when now - delta*Beta*ln(rand()) >=
+//     expiry (XFetch; the remaining life is the server's PTTL), while
+//     readers keep getting the current value. Under steady load a popular
+//     entry is refreshed before it expires, by one loader.
+//   - An entry's key lives TTL (shortened by up to Policy.Jitter) plus
+//     Options.StaleWindow; the stale copy is only served when waiting for a
+//     fresh one times out.
+//
+// Tags: Policy.Tags (rendered from templates such as "product:{{args.id}}"
+// by Tags.Render) are registered in per-tag indexes before the load starts,
+// so an invalidation after a mutation either sees the entry (and bumps its
+// fence: the load in flight is not stored) or happened before the load read
+// anything. Invalidate deletes each tagged entry of one scope. An index is a
+// sorted set in its own slot, pruned of ended memberships on every write; no
+// command spans two Cluster slots.
+//
+// # Stores
+//
+// NewMemoryStore keeps everything in the process (the embedded default;
+// Caches of one process may share it). NewRedisStore uses Redis, Valkey or
+// Redis Cluster through rueidis; every gateway instance sharing it
+// coalesces its loads with the others. Sharded pub/sub needs Redis 7 (or
+// Valkey); on older servers waiters poll every Options.PollInterval. Give
+// the cache its own server with an evicting policy (CheckEviction warns
+// about a layout that can evict rate-limit counters or refuse cache writes).
+//
+// A store error never fails a Get: the value is loaded without the store
+// and counted in Stats.StoreErrors.
+//
+// # Gateway integration
+//
+// At startup (cfg is a *policy.Config):
+//
+//	var store cache.Store
+//	if client == nil { // neither cache.redis nor store.redis
+//		store, err = cache.NewMemoryStore(nil)
+//	} else { // a client for cfg.Cache.Redis, else the store's client
+//		store, err = cache.NewRedisStore(client)
+//		_, warn, err := cache.CheckEviction(ctx, client, cache.RoleCache) // log warn once
+//	}
+//	c, err := cache.New(store, &cache.Options{Logger: logger})
+//	tags, err := cache.CompileTags(tool.Cache.Tags)          // per cacheable tool
+//	invalidates, err := cache.CompileTags(tool.Invalidates)  // per mutating tool
+//
+// On a tools/call of a tool with a Cache (after auth, limits and quota):
+//
+//	scope := cache.Tenant(principal.Tenant)
+//	if tc.Shared {
+//		scope = cache.Shared()
+//	}
+//	key, err := cache.NewKey(scope, name, args) // ErrInvalidArguments: forward without the cache
+//	rendered, err := tags.Render(args)
+//	pol := cache.Policy{TTL: tc.TTL, Jitter: tc.Jitter, NegativeTTL: tc.NegativeTTL, Tags: rendered}
+//	entry, src, err := c.Get(ctx, key, func(ctx context.Context) ([]byte, bool, error) {
+//		// Forward upstream with ctx (detached from the agent's request).
+//		// Return the JSON-RPC "result" (SSE: the final result event) and
+//		// its isError; return an error for anything that is not a result
+//		// (wrap the upstream response in it to relay it as is).
+//	}, pol)
+//	// reply {"jsonrpc":"2.0","id":<this request's id>,"result":entry.Value};
+//	// src (hit, miss, stale, coalesced) is for headers and metrics.
+//
+// The Loader runs once for many callers, with the first caller's context
+// values: a cacheable tool's result must not depend on who asks within the
+// scope (subject, session), which is what per-tenant or shared caching
+// means.
+//
+// After a successful call of a tool with Invalidates, and for POST
+// /admin/cache/invalidate {"tenant": T, "tags": [...]}:
+//
+//	t, err := invalidates.Render(args)             // admin: the tags as given
+//	n, err := c.Invalidate(ctx, cache.Tenant(T), t)
+//	m, err := c.Invalidate(ctx, cache.Shared(), t) // if any shared tool is tagged
+//
+// Warm-up, before /readyz reports ready: one WarmItem per cfg.Cache.Warm
+// entry (args marshalled to JSON for NewKey; Load calls the upstream as that
+// tenant), then c.Warm(ctx, items). On shutdown, c.Close waits for loads in
+// flight. c.Stats feeds metrics.
+package cache

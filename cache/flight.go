@@ -1,0 +1,240 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"runtime/debug"
+	"time"
+)
+
+// This file is a flight's work: find or load a value under the store's
+// lock, wait for another loader, refresh early.
+
+// maxResubscribe bounds how often one wait re-subscribes after the store
+// dropped its subscription, before falling back to polling.
+const maxResubscribe = 3
+
+// resolve finds or loads the value of key for one flight: it takes the
+// lock and loads, or waits for the lock holder's value (woken by the
+// store), and when waiting times out serves the stale copy or loads
+// without storing.
+func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy) (Entry, Source, error) {
+	deadline := time.Now().Add(c.wait)
+	var sub subscription
+	defer func() {
+		if sub != nil {
+			sub.close()
+		}
+	}()
+	subscribes := 0
+	for {
+		if sub != nil {
+			sub.arm()
+		}
+		token := c.token()
+		res := c.acquireOne(ctx, key, pol, modeMiss, 0, token)
+		switch {
+		case res.err != nil:
+			c.storeError("lock", res.err)
+			return c.loadUncached(ctx, load)
+		case res.status == statusFresh:
+			return res.rec.entry(), Coalesced, nil
+		case res.status == statusLocked:
+			return c.loadLocked(ctx, key, load, pol, res.fence, token, false)
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		// Busy: subscribe, then check again before waiting, so that a
+		// value landing meanwhile is not missed.
+		if (sub == nil || !sub.alive()) && subscribes <= maxResubscribe {
+			if sub != nil {
+				sub.close()
+				sub = nil
+			}
+			subscribes++
+			sctx, cancel := context.WithTimeout(ctx, c.timeout)
+			s, err := c.store.subscribe(sctx, key.entry)
+			cancel()
+			if err == nil {
+				sub = s
+				continue
+			}
+			if !errors.Is(err, errNoPubSub) {
+				c.storeError("subscribe", err)
+			}
+		}
+		wait := min(left, res.wait+time.Millisecond)
+		var wake <-chan struct{}
+		if sub != nil && sub.alive() {
+			wake = sub.wake()
+		} else {
+			wait = min(wait, c.poll)
+		}
+		if res.wait <= 0 {
+			wait = min(wait, c.poll)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	if rec, ok := c.read(ctx, key.entry); ok {
+		if rec.fresh() > 0 {
+			return rec.entry(), Coalesced, nil
+		}
+		return rec.entry(), Stale, nil
+	}
+	return c.loadUncached(ctx, load)
+}
+
+func (c *Cache) acquireOne(ctx context.Context, key Key, pol Policy, mode acquireMode, seen uint64, token string) acquireRes {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	return c.store.acquire(ctx, []acquireReq{c.acquireReq(key, pol, mode, seen, token)})[0]
+}
+
+func (c *Cache) acquireReq(key Key, pol Policy, mode acquireMode, seen uint64, token string) acquireReq {
+	return acquireReq{
+		entry: key.entry, scope: key.scope, tags: pol.Tags,
+		// The membership outlives the longest life the entry can get
+		// from a load starting now: a load longer than LoadTimeout is
+		// not stored, and its commit takes at most Timeout.
+		tagLife: c.loadTimeout + c.timeout + max(pol.TTL, pol.NegativeTTL) + c.stale + 100*time.Millisecond,
+		token:   token, lockTTL: c.lockTTL, fenceTTL: c.fenceTTL, mode: mode, seen: seen,
+	}
+}
+
+// call runs load under the load timeout, turning a panic into
+// ErrLoaderPanic, and measures it.
+func (c *Cache) call(ctx context.Context, load Loader) (v []byte, neg bool, delta time.Duration, err error) {
+	c.stats.loads.Add(1)
+	ctx, cancel := context.WithTimeout(ctx, c.loadTimeout)
+	defer cancel()
+	start := time.Now()
+	defer func() {
+		delta = time.Since(start)
+		if r := recover(); r != nil {
+			c.log.Error("cache: loader panicked", "panic", r, "stack", string(debug.Stack()))
+			v, neg, err = nil, false, fmt.Errorf("%w: %v", ErrLoaderPanic, r)
+		}
+	}()
+	v, neg, err = load(ctx)
+	return v, neg, 0, err
+}
+
+// loadLocked loads under the lock (fence) and stores the result if it is
+// cacheable and the fence is still current. An early refresh (refresh set)
+// does not store a negative result: the positive value it would replace is
+// still fresh.
+func (c *Cache) loadLocked(ctx context.Context, key Key, load Loader, pol Policy, fence uint64, token string, refresh bool) (Entry, Source, error) {
+	v, neg, delta, err := c.call(ctx, load)
+	if err != nil || (neg && (pol.NegativeTTL == 0 || refresh)) {
+		c.release(ctx, []releaseReq{{entry: key.entry, token: token}})
+		if err != nil {
+			return Entry{}, 0, err
+		}
+		return Entry{Value: v, Negative: true}, Miss, nil
+	}
+	if delta > c.loadTimeout {
+		// A Loader that ignored its context: its entry could outlive its
+		// tag memberships (sized for LoadTimeout), so do not store it.
+		c.stats.uncached.Add(1)
+		c.release(ctx, []releaseReq{{entry: key.entry, token: token}})
+		return Entry{Value: v, Negative: neg}, Miss, nil
+	}
+	rec := c.newRecord(v, neg, fence, delta, pol)
+	cctx, cancel := context.WithTimeout(ctx, c.timeout)
+	res := c.store.commit(cctx, []commitReq{{entry: key.entry, token: token, rec: rec}})[0]
+	cancel()
+	c.committed(res)
+	return Entry{Value: v, Negative: neg, TTL: rec.fresh()}, Miss, nil
+}
+
+func (c *Cache) committed(res commitRes) {
+	switch {
+	case res.err != nil:
+		c.storeError("commit", res.err)
+	case !res.stored:
+		c.stats.rejected.Add(1)
+	}
+}
+
+// newRecord builds the stored form of a loaded value: the TTL shortened by
+// jitter, the stale window (none for negative results).
+func (c *Cache) newRecord(v []byte, neg bool, fence uint64, delta time.Duration, pol Policy) record {
+	ttl, stale := pol.TTL, c.stale
+	if neg {
+		ttl, stale = pol.NegativeTTL, 0
+	}
+	if pol.Jitter > 0 {
+		ttl -= time.Duration(float64(ttl) * pol.Jitter * mrand.Float64())
+	}
+	ttl = max(ttl, time.Millisecond)
+	// A load measured as instant still gets a positive delta, as Redis
+	// stores it: XFetch never refreshes an entry whose delta is 0.
+	delta = max(delta, time.Millisecond)
+	return record{value: v, negative: neg, fence: fence, delta: delta, stale: stale, life: ttl + stale}
+}
+
+func (c *Cache) release(ctx context.Context, reqs []releaseReq) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	for _, err := range c.store.release(ctx, reqs) {
+		if err != nil {
+			c.storeError("unlock", err)
+		}
+	}
+}
+
+// loadUncached loads without the lock; the result is not stored.
+func (c *Cache) loadUncached(ctx context.Context, load Loader) (Entry, Source, error) {
+	c.stats.uncached.Add(1)
+	v, neg, _, err := c.call(ctx, load)
+	if err != nil {
+		return Entry{}, 0, err
+	}
+	return Entry{Value: v, Negative: neg}, Miss, nil
+}
+
+// refresh starts an early refresh of key in the background, unless one is
+// running or a flight is loading the key.
+func (c *Cache) refresh(ctx context.Context, key Key, load Loader, pol Policy, seen uint64) {
+	c.mu.Lock()
+	_, busy := c.refreshing[key.entry]
+	_, loading := c.flights[key.entry]
+	if c.closed || busy || loading {
+		c.mu.Unlock()
+		return
+	}
+	c.refreshing[key.entry] = struct{}{}
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.wg.Done()
+		defer func() {
+			c.mu.Lock()
+			delete(c.refreshing, key.entry)
+			c.mu.Unlock()
+		}()
+		ctx := context.WithoutCancel(ctx)
+		token := c.token()
+		res := c.acquireOne(ctx, key, pol, modeRefresh, seen, token)
+		if res.err != nil {
+			c.storeError("lock", res.err)
+			return
+		}
+		if res.status != statusLocked {
+			return
+		}
+		c.stats.refreshes.Add(1)
+		if _, _, err := c.loadLocked(ctx, key, load, pol, res.fence, token, true); err != nil {
+			c.log.Debug("cache: early refresh failed", "tool", key.tool, "err", err)
+		}
+	}()
+}

@@ -1,0 +1,371 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/mcpgate/mcpgate/keyspace"
+)
+
+// RedisStore keeps entries in Redis, Valkey or Redis Cluster, shared by
+// every gateway instance, through rueidis.
+//
+// An entry is one string (a small header and the value) whose key TTL is
+// its fresh life plus the stale window; its lock, fence and wake-up channel
+// share its hash tag (package keyspace), so each script touches one slot. A
+// tag index is a sorted set in its own slot, of entry keys scored by when
+// the membership ends; expired members are pruned on every write to it and
+// on every invalidation. No command spans two slots.
+//
+// Waiters are woken by sharded pub/sub (SPUBLISH from the commit and
+// release scripts, SSUBSCRIBE on the entry's channel: Redis 7 or Valkey).
+// On a server without it, waiters re-check every Options.PollInterval.
+//
+// Use an eviction policy that evicts (allkeys-lfu, volatile-lru, ...) on the
+// cache's server, and a separate server for rate-limit counters: see
+// CheckEviction.
+type RedisStore struct {
+	client rueidis.Client
+	// pollOnly is set once SSUBSCRIBE was refused: later waits poll
+	// without trying again.
+	pollOnly atomic.Bool
+}
+
+var _ Store = (*RedisStore)(nil)
+
+// NewRedisStore returns a RedisStore on client (standalone, Cluster or
+// Sentinel). The store does not own client: closing it is the caller's job.
+// Keep client-side caching off for this client (DisableCache): entries are
+// read once per Get, and tracking them would cost the server memory.
+func NewRedisStore(client rueidis.Client) (*RedisStore, error) {
+	if client == nil {
+		return nil, errors.New("cache: nil Redis client")
+	}
+	return &RedisStore{client: client}, nil
+}
+
+// errReply means a script answered something the store does not expect.
+var errReply = errors.New("cache: unexpected reply from Redis")
+
+type scriptCall struct {
+	s    *script
+	keys []string
+	args []string
+}
+
+// run sends calls in one pipeline (rueidis splits it by node in a cluster)
+// with EVALSHA, then sends again with EVAL those that got NOSCRIPT (which
+// did not run).
+func (r *RedisStore) run(ctx context.Context, calls []scriptCall) []rueidis.RedisResult {
+	cmds := make(rueidis.Commands, len(calls))
+	for i, c := range calls {
+		cmds[i] = r.client.B().Evalsha().Sha1(c.s.sha).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()
+	}
+	res := r.client.DoMulti(ctx, cmds...)
+	var again []int
+	for i := range res {
+		if e, ok := rueidis.IsRedisErr(res[i].Error()); ok && e.IsNoScript() {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		cmds = cmds[:0]
+		for _, i := range again {
+			c := calls[i]
+			cmds = append(cmds, r.client.B().Eval().Script(c.s.src).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build())
+		}
+		for j, x := range r.client.DoMulti(ctx, cmds...) {
+			res[again[j]] = x
+		}
+	}
+	return res
+}
+
+func (r *RedisStore) read(ctx context.Context, entry string) (record, bool, error) {
+	res := r.client.DoMulti(ctx,
+		r.client.B().Get().Key(entry).Build(),
+		r.client.B().Pttl().Key(entry).Build())
+	b, err := res[0].AsBytes()
+	if rueidis.IsRedisNil(err) {
+		return record{}, false, nil
+	}
+	if err != nil {
+		return record{}, false, err
+	}
+	pttl, err := res[1].AsInt64()
+	if err != nil {
+		return record{}, false, err
+	}
+	life, ok := lifeOf(pttl)
+	if !ok {
+		return record{}, false, nil
+	}
+	rec, ok := decodeBlob(b, life)
+	return rec, ok, nil
+}
+
+// lifeOf converts a PTTL reply: -2 (gone) is no entry, -1 (no expiry, which
+// this package never sets) is a very long life.
+func lifeOf(pttl int64) (time.Duration, bool) {
+	switch {
+	case pttl == -1:
+		return math.MaxInt64 / 2, true
+	case pttl < 0:
+		return 0, false
+	}
+	return time.Duration(pttl) * time.Millisecond, true
+}
+
+func ms(d time.Duration) string { return strconv.FormatInt(max(millis(d), 1), 10) }
+
+func (r *RedisStore) acquire(ctx context.Context, reqs []acquireReq) []acquireRes {
+	var calls []scriptCall
+	for _, q := range reqs {
+		// Tag registrations first in the pipeline: they complete before
+		// the lock reply reaches the loader.
+		for _, tag := range q.tags {
+			calls = append(calls, scriptCall{tagScript, []string{keyspace.CacheTag(q.scope, tag)}, []string{q.entry, ms(q.tagLife)}})
+		}
+		mode, seen := "m", ""
+		if q.mode == modeRefresh {
+			mode, seen = "r", fenceBytes(q.seen)
+		}
+		calls = append(calls, scriptCall{acquireScript,
+			[]string{q.entry, keyspace.CacheLock(q.entry), keyspace.CacheFence(q.entry)},
+			[]string{q.token, ms(q.lockTTL), ms(q.fenceTTL), mode, seen}})
+	}
+	res := r.run(ctx, calls)
+	out := make([]acquireRes, len(reqs))
+	i := 0
+	for k, q := range reqs {
+		var tagErr error
+		for range q.tags {
+			if err := res[i].Error(); err != nil && tagErr == nil {
+				tagErr = fmt.Errorf("tag index: %w", err)
+			}
+			i++
+		}
+		out[k] = parseAcquire(res[i])
+		i++
+		if tagErr != nil && out[k].err == nil {
+			// An entry that may be missing from a tag index must not be
+			// loaded under the lock: an invalidation could miss it.
+			if out[k].status == statusLocked {
+				r.release(ctx, []releaseReq{{entry: q.entry, token: q.token}})
+			}
+			out[k] = acquireRes{err: tagErr}
+		}
+	}
+	return out
+}
+
+func parseAcquire(res rueidis.RedisResult) acquireRes {
+	arr, err := res.ToArray()
+	if err != nil {
+		return acquireRes{err: err}
+	}
+	if len(arr) == 0 {
+		return acquireRes{err: errReply}
+	}
+	status, err := arr[0].AsInt64()
+	if err != nil {
+		return acquireRes{err: err}
+	}
+	switch {
+	case status == 0 && len(arr) == 3:
+		b, err1 := arr[1].AsBytes()
+		pttl, err2 := arr[2].AsInt64()
+		life, ok := lifeOf(pttl)
+		if err := errors.Join(err1, err2); err != nil || !ok {
+			return acquireRes{err: fmt.Errorf("%w: %w", errReply, err)}
+		}
+		rec, ok := decodeBlob(b, life)
+		if !ok {
+			return acquireRes{err: errReply}
+		}
+		return acquireRes{status: statusFresh, rec: rec}
+	case status == 1 && len(arr) == 2:
+		f, err := arr[1].AsInt64()
+		if err != nil {
+			return acquireRes{err: err}
+		}
+		return acquireRes{status: statusLocked, fence: uint64(f)}
+	case status == 2 && len(arr) == 2:
+		p, err := arr[1].AsInt64()
+		if err != nil {
+			return acquireRes{err: err}
+		}
+		return acquireRes{status: statusBusy, wait: time.Duration(p) * time.Millisecond}
+	case status == 3:
+		return acquireRes{status: statusSkip}
+	}
+	return acquireRes{err: errReply}
+}
+
+func (r *RedisStore) commit(ctx context.Context, reqs []commitReq) []commitRes {
+	calls := make([]scriptCall, len(reqs))
+	for i, q := range reqs {
+		calls[i] = scriptCall{commitScript,
+			[]string{q.entry, keyspace.CacheLock(q.entry), keyspace.CacheFence(q.entry)},
+			[]string{q.token, strconv.FormatUint(q.rec.fence, 10), rueidis.BinaryString(encodeBlob(&q.rec)),
+				ms(q.rec.life), keyspace.CacheChannel(q.entry)}}
+	}
+	out := make([]commitRes, len(reqs))
+	for i, res := range r.run(ctx, calls) {
+		n, err := res.AsInt64()
+		out[i] = commitRes{stored: err == nil && n == 1, err: err}
+	}
+	return out
+}
+
+func (r *RedisStore) release(ctx context.Context, reqs []releaseReq) []error {
+	calls := make([]scriptCall, len(reqs))
+	for i, q := range reqs {
+		calls[i] = scriptCall{releaseScript, []string{keyspace.CacheLock(q.entry)}, []string{q.token, keyspace.CacheChannel(q.entry)}}
+	}
+	out := make([]error, len(reqs))
+	for i, res := range r.run(ctx, calls) {
+		out[i] = res.Error()
+	}
+	return out
+}
+
+// invalidateBatch bounds one pipeline of entry deletions.
+const invalidateBatch = 512
+
+func (r *RedisStore) invalidate(ctx context.Context, scope Scope, tags []string) (int, error) {
+	calls := make([]scriptCall, len(tags))
+	for i, tag := range tags {
+		calls[i] = scriptCall{membersScript, []string{keyspace.CacheTag(scope, tag)}, nil}
+	}
+	seen := make(map[string]bool)
+	var members []string
+	for _, res := range r.run(ctx, calls) {
+		ms, err := res.AsStrSlice()
+		if err != nil {
+			return 0, err
+		}
+		for _, m := range ms {
+			if !seen[m] {
+				seen[m] = true
+				members = append(members, m)
+			}
+		}
+	}
+	// The fence must outlive any load in flight; a day is far beyond any
+	// LoadTimeout, and the key only exists where a load recently ran.
+	fenceTTL := strconv.FormatInt((24 * time.Hour).Milliseconds(), 10)
+	n := 0
+	for len(members) > 0 {
+		batch := members[:min(len(members), invalidateBatch)]
+		members = members[len(batch):]
+		calls = calls[:0]
+		for _, m := range batch {
+			calls = append(calls, scriptCall{dropScript, []string{m, keyspace.CacheFence(m)}, []string{fenceTTL}})
+		}
+		for _, res := range r.run(ctx, calls) {
+			d, err := res.AsInt64()
+			if err != nil {
+				return n, err
+			}
+			n += int(d)
+		}
+	}
+	return n, nil
+}
+
+func (r *RedisStore) subscribe(ctx context.Context, entry string) (subscription, error) {
+	if r.pollOnly.Load() {
+		return nil, errNoPubSub
+	}
+	ch := keyspace.CacheChannel(entry)
+	s := &redisSub{sig: make(chan struct{}, 1), done: make(chan struct{})}
+	ready := make(chan struct{})
+	var once sync.Once
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancel = cancel
+	rctx = rueidis.WithOnSubscriptionHook(rctx, func(p rueidis.PubSubSubscription) {
+		if p.Kind == "ssubscribe" && p.Channel == ch {
+			once.Do(func() { close(ready) })
+		}
+	})
+	// Receive leaves the server-side subscription behind when it returns.
+	rctx = rueidis.WithOnReceiveReturnHook(rctx, func(err error, cc rueidis.CommandClient) error {
+		uctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = cc.Do(uctx, cc.B().Sunsubscribe().Channel(ch).Build()).Error()
+		return err
+	})
+	go func() {
+		s.err = r.client.Receive(rctx, r.client.B().Ssubscribe().Channel(ch).Build(), func(rueidis.PubSubMessage) {
+			s.signal()
+		})
+		close(s.done)
+		s.signal()
+	}()
+	select {
+	case <-ready:
+		return s, nil
+	case <-s.done:
+		cancel()
+		if e, ok := rueidis.IsRedisErr(s.err); ok && strings.Contains(strings.ToLower(e.Error()), "unknown command") {
+			// The server refuses SSUBSCRIBE (Redis before 7): poll.
+			r.pollOnly.Store(true)
+		}
+		return nil, fmt.Errorf("cache: subscribe: %w", s.err)
+	case <-ctx.Done():
+		cancel()
+		return nil, fmt.Errorf("cache: subscribe: %w", ctx.Err())
+	}
+}
+
+var errNoPubSub = errors.New("cache: the server has no sharded pub/sub; polling")
+
+// redisSub is one SSUBSCRIBE held by a Receive goroutine. Messages
+// coalesce into sig (capacity 1): a waiter only needs to know that
+// something happened since it armed.
+type redisSub struct {
+	sig    chan struct{}
+	done   chan struct{}
+	err    error
+	cancel context.CancelFunc
+}
+
+func (s *redisSub) signal() {
+	select {
+	case s.sig <- struct{}{}:
+	default:
+	}
+}
+
+func (s *redisSub) arm() {
+	select {
+	case <-s.sig:
+	default:
+	}
+}
+
+func (s *redisSub) wake() <-chan struct{} { return s.sig }
+
+func (s *redisSub) alive() bool {
+	select {
+	case <-s.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (s *redisSub) close() {
+	s.cancel()
+	<-s.done
+}

@@ -1,0 +1,105 @@
+package cache
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/mcpgate/mcpgate/internal/testenv"
+)
+
+// TestRedisDown checks that a Redis outage degrades to calling the loader:
+// Gets still succeed, nothing is stored, errors are counted.
+func TestRedisDown(t *testing.T) {
+	r := testenv.StartRedis(t, nil)
+	opt := r.ClientOption()
+	opt.DisableRetry = true
+	client, err := rueidis.NewClient(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(client.Close)
+	c := newCache(t, mustRedisStore(t, client), &Options{Timeout: 200 * time.Millisecond})
+	k := mustKey(t, scope(t), "search", `{}`)
+	var l loads
+	if _, src := get(t, c, k, l.fixed("v", 0), minute); src != Miss {
+		t.Fatalf("first Get: %v", src)
+	}
+	r.Kill()
+	for range 3 {
+		if v, src := get(t, c, k, l.fixed("v2", 0), minute); v != "v2" || src != Miss {
+			t.Fatalf("Get with Redis down: %q %v, want the loader's value", v, src)
+		}
+	}
+	if st := c.Stats(); st.StoreErrors < 3 || st.Uncached != 3 || l.count() != 4 {
+		t.Fatalf("stats with Redis down: %+v, %d loads", st, l.count())
+	}
+}
+
+// TestRedisPollFallback checks waiters on a server without sharded pub/sub
+// (forced here): they poll every PollInterval instead of being woken.
+func TestRedisPollFallback(t *testing.T) {
+	r := testenv.StartRedis(t, nil)
+	a := newCache(t, mustRedisStore(t, r.Client(t)), nil)
+	bs := mustRedisStore(t, r.Client(t)).(*RedisStore)
+	bs.pollOnly.Store(true)
+	b := newCache(t, bs, &Options{PollInterval: 50 * time.Millisecond})
+	k := mustKey(t, scope(t), "search", `{}`)
+	started, finish := make(chan struct{}), make(chan struct{})
+	slow := goGet(context.Background(), a, k, gated("v", started, finish), minute)
+	<-started
+	var lb loads
+	waiter := goGet(context.Background(), b, k, lb.fixed("b's", 0), minute)
+	time.Sleep(200 * time.Millisecond)
+	landed := time.Now()
+	close(finish)
+	res := <-waiter
+	if res.err != nil || res.v != "v" || res.src != Coalesced || lb.count() != 0 {
+		t.Fatalf("polling waiter: %+v", res)
+	}
+	if d := res.at.Sub(landed); d > time.Second {
+		t.Fatalf("polling waiter returned %v after the value landed", d)
+	}
+	if st := b.Stats(); st.StoreErrors != 0 {
+		t.Fatalf("polling counted as store errors: %+v", st)
+	}
+	<-slow
+}
+
+func TestCheckEviction(t *testing.T) {
+	ctx := context.Background()
+	servers := []struct {
+		name         string
+		args         []string
+		policy       string
+		store, cache string // substrings of the warnings; "" means none
+	}{
+		{"default", nil, "noeviction", "", ""},
+		{"lru with limit", []string{"--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"}, "allkeys-lru", "can evict rate-limit", ""},
+		{"volatile with limit", []string{"--maxmemory", "100mb", "--maxmemory-policy", "volatile-lfu"}, "volatile-lfu", "can evict rate-limit", ""},
+		{"noeviction with limit", []string{"--maxmemory", "100mb", "--maxmemory-policy", "noeviction"}, "noeviction", "", "cache writes fail"},
+		{"lfu without limit", []string{"--maxmemory-policy", "allkeys-lfu"}, "allkeys-lfu", "", ""},
+		{"config refused", []string{"--rename-command", "CONFIG", ""}, "", "CONFIG GET refused", "CONFIG GET refused"},
+	}
+	for _, s := range servers {
+		t.Run(s.name, func(t *testing.T) {
+			client := testenv.StartRedis(t, &testenv.RedisOptions{Args: s.args}).Client(t)
+			for role, want := range map[Role]string{RoleStore: s.store, RoleCache: s.cache} {
+				policy, warning, err := CheckEviction(ctx, client, role)
+				if err != nil || policy != s.policy {
+					t.Fatalf("%s: policy %q, err %v; want %q", role, policy, err, s.policy)
+				}
+				if (want == "") != (warning == "") || !strings.Contains(warning, want) {
+					t.Fatalf("%s: warning %q, want one containing %q", role, warning, want)
+				}
+			}
+		})
+	}
+	client := testenv.StartRedis(t, nil).Client(t)
+	if _, _, err := CheckEviction(ctx, client, "both"); err == nil {
+		t.Fatal("unknown role accepted")
+	}
+}

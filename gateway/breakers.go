@@ -1,0 +1,213 @@
+package gateway
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/mcp"
+	"github.com/mcpgate/mcpgate/policy"
+)
+
+// Bounds of the in-process breaker cache.
+const (
+	// breakerCacheSize bounds the open breakers remembered in process.
+	breakerCacheSize = 100_000
+	// breakerCacheHold caps how long an open breaker is answered in process
+	// without asking the store, so that DELETE /admin/breakers/{key} on one
+	// instance reaches the others within this time.
+	breakerCacheHold = time.Second
+)
+
+// breakerCache answers open breakers in process until they may close (at
+// most breakerCacheHold at a time), and counts the denials the local denial
+// cache answered, so that they count toward consecutive_denials.
+type breakerCache struct {
+	now   func() time.Time
+	alert func(limit.BreakerSpec, limit.BreakerState)
+
+	mu      sync.Mutex
+	open    map[string]openBreaker
+	denials map[string]int64
+}
+
+type openBreaker struct {
+	until time.Time // when a probe may go
+	hold  time.Time // when to ask the store again
+	state limit.BreakerState
+}
+
+func newBreakerCache(now func() time.Time, alert func(limit.BreakerSpec, limit.BreakerState)) *breakerCache {
+	return &breakerCache{now: now, alert: alert, open: make(map[string]openBreaker), denials: make(map[string]int64)}
+}
+
+// lookup returns the state of a breaker known open, with RetryAfter counted
+// down to now.
+func (c *breakerCache) lookup(key string) (limit.BreakerState, bool) {
+	if c == nil {
+		return limit.BreakerState{}, false
+	}
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.open[key]
+	if !ok {
+		return limit.BreakerState{}, false
+	}
+	if !now.Before(e.hold) {
+		delete(c.open, key)
+		return limit.BreakerState{}, false
+	}
+	st := e.state
+	st.Open, st.Opened, st.Probe = true, false, false
+	st.RetryAfter = max(e.until.Sub(now), time.Millisecond)
+	return st, true
+}
+
+// observe records what the store said about a breaker: remembers it while
+// open, and alerts when this operation opened it.
+func (c *breakerCache) observe(b *limit.BreakerSpec, st limit.BreakerState) {
+	if c == nil || b == nil {
+		return
+	}
+	if st.Opened {
+		c.alert(*b, st)
+	}
+	if !st.Open && !st.Opened {
+		return
+	}
+	now := c.now()
+	until := now.Add(st.RetryAfter)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.open) >= breakerCacheSize {
+		for k, e := range c.open {
+			if !now.Before(e.hold) || len(c.open) >= breakerCacheSize {
+				delete(c.open, k)
+			}
+		}
+	}
+	c.open[b.Key] = openBreaker{until: until, hold: minTime(until, now.Add(breakerCacheHold)), state: st}
+	delete(c.denials, b.Key)
+}
+
+func (c *breakerCache) forget(key string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	delete(c.open, key)
+	delete(c.denials, key)
+	c.mu.Unlock()
+}
+
+// deniedLocally counts a denial the local denial cache answered; once they
+// add up to the threshold they are sent to the store in one call, which may
+// open the breaker.
+func (c *breakerCache) deniedLocally(ctx context.Context, store limit.Store, b *limit.BreakerSpec) {
+	if c == nil || b == nil || b.ConsecutiveDenials == 0 {
+		return
+	}
+	gs, ok := store.(limit.GuardedStore)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	c.denials[b.Key]++
+	n := c.denials[b.Key]
+	if n < b.ConsecutiveDenials {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.denials, b.Key)
+	c.mu.Unlock()
+	st, err := gs.AddDenials(ctx, *b, n)
+	if err == nil {
+		c.observe(b, st)
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// evaluate runs the tenant batch with its meter and breaker in one store
+// call. An open breaker sets v.breakerOpen.
+func (l *limiter) evaluate(ctx context.Context, store limit.Store, checks []limit.Check, meter *limit.Meter, br *limit.BreakerSpec, cost int64, v *verdict) (limit.Decision, limit.MeterResult, error) {
+	if br == nil {
+		return store.(limit.MeteredStore).TakeMetered(ctx, checks, *meter, cost)
+	}
+	out, err := store.(limit.GuardedStore).Evaluate(ctx, limit.Request{Checks: checks, Meter: meter, Breaker: br, Cost: cost})
+	if err != nil {
+		return out.Decision, out.Meter, err
+	}
+	v.breaker = out.Breaker
+	l.breakers.observe(br, out.Breaker)
+	if out.Breaker.Open {
+		v.breakerOpen = true
+	}
+	if meter == nil {
+		out.Meter = limit.MeterResult{Allowed: true}
+	}
+	return out.Decision, out.Meter, nil
+}
+
+// ms rounds d up to whole milliseconds (breaker durations are kept in ms).
+func ms(d time.Duration) time.Duration {
+	return (d + time.Millisecond - 1).Truncate(time.Millisecond)
+}
+
+// breakerSpec is the loop breaker of a call, or nil when the config has none.
+// The identity follows breaker.key: the subject (default), the tenant, or the
+// MCP session (falling back to the subject without one).
+func breakerSpec(cfg *policy.Config, p auth.Principal, session, tool string, args json.RawMessage) *limit.BreakerSpec {
+	b := cfg.Breaker
+	if !b.Enabled() {
+		return nil
+	}
+	id := "subject:" + p.Subject
+	switch {
+	case b.Key == "tenant":
+		id = "tenant"
+	case b.Key == "session" && session != "":
+		id = "session:" + session
+	}
+	spec := &limit.BreakerSpec{
+		Key: keyspace.Breaker(p.Tenant, id), Tenant: p.Tenant, Subject: p.Subject, ID: id,
+		ConsecutiveDenials:  int64(b.ConsecutiveDenials),
+		ConsecutiveFailures: int64(b.ConsecutiveFailures),
+		Cooldown:            ms(b.Cooldown),
+		MaxCooldown:         ms(max(b.MaxCooldown, b.Cooldown)),
+		ProbeLease:          ms(cfg.Upstream.Timeout + 5*time.Second),
+	}
+	if b.IdenticalCalls.Count > 1 {
+		spec.IdenticalKey = keyspace.BreakerCall(p.Tenant, id, fingerprint(tool, args))
+		spec.IdenticalCount = int64(b.IdenticalCalls.Count)
+		spec.IdenticalWithin = ms(b.IdenticalCalls.Within)
+	}
+	return spec
+}
+
+// fingerprint identifies a call for the identical-calls trigger: the tool
+// and its canonical arguments (key order, whitespace and number spelling do
+// not matter).
+func fingerprint(tool string, args json.RawMessage) string {
+	canon, err := mcp.CanonicalArguments(args)
+	if err != nil {
+		canon = args
+	}
+	h := sha256.New()
+	h.Write([]byte(tool))
+	h.Write([]byte{0})
+	h.Write(canon)
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}

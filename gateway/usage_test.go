@@ -1,0 +1,1060 @@
+package gateway
+
+// Usage metering and monthly quotas, end to end: real gateways in front of
+// the demo upstream, meters in a real redis-server or the memory store, the
+// durable totals in real SQLite files or dynalite. The upstream's own call
+// counter is the reference ("what was served") that the durable totals must
+// match. The helpers (clock, stores, a network partition, the 429 check)
+// are at the end of this file.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/internal/testenv"
+	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/usage"
+	"github.com/mcpgate/mcpgate/usage/dynamodb"
+	"github.com/mcpgate/mcpgate/usage/sqlite"
+)
+
+// Two instances share Redis and a quota of 60 cost units: a storm of cost-1
+// and cost-3 calls through both is admitted exactly up to the quota, every
+// denial is the quota's 429, and the upstream serves exactly what the quota
+// admits.
+func TestQuotaExactAcrossInstances(t *testing.T) {
+	const quota = 60
+	r := testenv.StartRedis(t, nil)
+	st := openUsageDB(t, "")
+	now := time.Date(2031, 1, 31, 23, 59, 0, 0, time.UTC) // a minute before the month ends
+	end := time.Date(2031, 2, 1, 0, 0, 0, 0, time.UTC)
+	clk := newClock(now)
+	e := newEnv(t, setup{Redis: r, Instances: 2, Usage: st, Now: clk.Now, Upstream: stateless, Config: fmt.Sprintf(`
+store: {redis: "@@REDIS@@", timeout: 2s}
+usage: {flush_interval: 50ms}
+default_tier: free
+tiers:
+  free:
+    monthly_quota: %d
+    limits:
+      - {name: per_tenant, per: tenant, algorithm: fixed_window, limit: 100000, period: 1m}
+tools:
+  search: {cost: 3}
+`, quota)})
+	tok := token(t, "acme", "alice")
+
+	var (
+		mu             sync.Mutex
+		admitted, cost int64
+		denied         int
+	)
+	const calls = 80 // 40 of cost 1 and 40 of cost 3: 160 units asked, 60 granted
+	run(16, calls, func(i int) {
+		tool, args, c := "echo", map[string]any{"text": "x"}, int64(1)
+		if i%2 == 1 {
+			tool, args, c = "search", map[string]any{"query": "q"}, 3
+		}
+		resp, err := postCtx(t.Context(), e.mcpURL(i), tok, callBody(i, tool, args), nil)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case resp.Status == http.StatusOK && resp.Msg.Result != nil:
+			admitted++
+			cost += c
+		case resp.Status == http.StatusTooManyRequests:
+			denied++
+			checkQuotaDenial(t, resp, strconv.Itoa(i), quota, now, end)
+		default:
+			t.Errorf("call %d: %d %s", i, resp.Status, resp.Body)
+		}
+	})
+	if cost > quota || admitted+int64(denied) != calls {
+		t.Fatalf("storm: %d admitted costing %d, %d denied; want at most %d units and %d answers", admitted, cost, denied, quota, calls)
+	}
+	// The storm may leave a unit or two that only a cost-1 call fits.
+	for i := 0; ; i++ {
+		resp := e.callRaw(i, tok, "fill", "echo", map[string]any{"text": "x"})
+		if resp.Status == http.StatusTooManyRequests {
+			checkQuotaDenial(t, resp, `"fill"`, quota, now, end)
+			break
+		}
+		if resp.Status != http.StatusOK || i > quota {
+			t.Fatalf("fill call %d: %d %s", i, resp.Status, resp.Body)
+		}
+		admitted++
+		cost++
+	}
+	served := e.up.Calls("echo") + 3*e.up.Calls("search")
+	if cost != quota || served != quota || e.up.TotalCalls() != admitted {
+		t.Fatalf("admitted %d calls costing %d; upstream served %d calls costing %d; want cost %d on both sides (meter %+v)",
+			admitted, cost, e.up.TotalCalls(), served, quota, e.live(0, "acme", "2031-01"))
+	}
+	want := limit.Usage{Charged: quota, Calls: admitted}
+	for i := range e.gws {
+		if got := e.live(i, "acme", "2031-01"); got != want {
+			t.Fatalf("live meter seen by instance %d = %+v, want %+v", i, got, want)
+		}
+	}
+	// The denial tracks the clock: 30 s later, 30 s are left.
+	clk.Set(now.Add(30 * time.Second))
+	resp := e.callRaw(1, tok, 1000, "search", map[string]any{"query": "q"})
+	checkQuotaDenial(t, resp, "1000", quota, now.Add(30*time.Second), end)
+	if ra := resp.Header.Get("Retry-After"); ra != "30" {
+		t.Fatalf("Retry-After 30 s before the month ends = %q", ra)
+	}
+	waitDurable(t, st, "acme", "2031-01", want)
+}
+
+// A tool with cost {estimate, from_result}: the estimate is charged on
+// admission and corrected to the reported tokens (extra charge or refund);
+// a result without the value, or with one that is not a count, keeps the
+// estimate.
+func TestCostFromResult(t *testing.T) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			s := setup{Usage: openUsageDB(t, ""), Upstream: stateless, Config: `
+usage: {flush_interval: 50ms}
+tools:
+  llm_complete: {cost: {estimate: 150, from_result: _meta.usage.tokens}}
+  echo: {cost: {estimate: 150, from_result: _meta.usage.tokens}}        # reports nothing
+  search: {cost: {estimate: 150, from_result: structuredContent.query}} # reports a string
+`}
+			if store == "redis" {
+				s.Redis, s.Instances = testenv.StartRedis(t, nil), 2
+				s.Config += redisStore
+				s.Upstream.JSONResponse = true // OnResult on both kinds of answer
+			}
+			e := newEnv(t, s)
+			tok := token(t, "acme", "alice")
+			const llmCalls, otherCalls = 40, 10
+			tokens := func(i int) int64 {
+				if i%4 == 0 {
+					return 150 // exactly the estimate: no correction
+				}
+				return 1 + int64(i*97%600) // both sides of 150
+			}
+			var want limit.Usage
+			for i := range llmCalls {
+				n := tokens(i)
+				want.Charged += 150 + max(0, n-150)
+				want.Refunded += max(0, 150-n)
+				want.Calls++
+			}
+			want.Charged += otherCalls * 150
+			want.Calls += otherCalls
+			run(8, llmCalls+otherCalls, func(i int) {
+				tool, args := "llm_complete", map[string]any{"prompt": "p", "tokens": tokens(i)}
+				if i >= llmCalls {
+					tool, args = "echo", map[string]any{"text": "x"}
+					if i%2 == 0 {
+						tool, args = "search", map[string]any{"query": "q"}
+					}
+				}
+				resp, err := postCtx(t.Context(), e.mcpURL(i), tok, callBody(i, tool, args), nil)
+				if err != nil || resp.Status != http.StatusOK || resp.Msg.Result == nil {
+					t.Errorf("call %d (%s): %v %+v", i, tool, err, resp)
+				}
+			})
+			for i := range e.gws {
+				e.srvs[i].Close() // the corrections run as each call ends: wait for them
+			}
+			if got := e.live(0, "acme", usage.Period(time.Now())); got != want {
+				t.Fatalf("live meter = %+v (used %d), want %+v (used %d)", got, got.Used(), want, want.Used())
+			}
+			var sum int64
+			for i := range llmCalls {
+				sum += tokens(i)
+			}
+			if want.Used() != sum+otherCalls*150 {
+				t.Fatalf("test arithmetic: %d != %d", want.Used(), sum+otherCalls*150)
+			}
+			for outcome, n := range map[string]float64{"applied": llmCalls * 3 / 4, "unchanged": llmCalls / 4, "invalid": otherCalls} {
+				var got float64
+				for _, g := range e.gws {
+					got += counterValue(t, g.metrics.CostCorrections.WithLabelValues(outcome))
+				}
+				if got != n {
+					t.Errorf("cost corrections %s = %v, want %v", outcome, got, n)
+				}
+			}
+			for i := range e.gws {
+				e.stop(i)
+			}
+			if got := durable(t, s.Usage, "acme", usage.Period(time.Now())); got != want {
+				t.Fatalf("durable = %+v, want %+v", got, want)
+			}
+		})
+	}
+}
+
+// The usage store is down for a while (an SQLite store closed, then opened
+// again on its file; dynalite killed, then restarted) while calls go on: no
+// call waits for it or is refused, also not a new tenant's whose meter needs
+// the durable total, and once it is back the totals are exact.
+func TestUsageStoreDownThenBack(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) {
+		path := t.TempDir() + "/usage.db"
+		sw := &switchableStore{s: openUsageDB(t, path)}
+		testStoreOutage(t, setup{Usage: sw},
+			func() { sw.cur().Close() },
+			func() { sw.swap(openUsageDB(t, path)) })
+	})
+	t.Run("dynamodb", func(t *testing.T) {
+		d := testenv.StartDynaliteServer(t)
+		st := openDynamo(t, d.Endpoint, "usage_outage")
+		testStoreOutage(t, setup{Usage: st, Redis: testenv.StartRedis(t, nil), Config: redisStore},
+			func() { d.Kill(t) },
+			func() { d.Restart(t) })
+	})
+	// A dead server refuses connections at once; a partitioned one lets
+	// requests hang. Neither may hold a call.
+	t.Run("dynamodb partitioned", func(t *testing.T) {
+		d := testenv.StartDynaliteServer(t)
+		p := newPartition(t, strings.TrimPrefix(d.Endpoint, "http://"))
+		st := openDynamo(t, p.endpoint(), "usage_partition")
+		testStoreOutage(t, setup{Usage: st, Redis: testenv.StartRedis(t, nil), Config: redisStore}, p.cut, p.heal)
+	})
+}
+
+func testStoreOutage(t *testing.T, s setup, down, up func()) {
+	s.Config += "usage: {flush_interval: 50ms}\n"
+	s.Upstream = stateless
+	e := newEnv(t, s)
+	period := usage.Period(time.Now())
+	acme, initech := token(t, "acme", "a"), token(t, "initech", "i")
+	load := func(tok string, n int) time.Duration {
+		var mu sync.Mutex
+		var slowest time.Duration
+		run(4, n, func(i int) {
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			start := time.Now()
+			resp, err := postCtx(ctx, e.mcpURL(0), tok, callBody(i, "echo", map[string]any{"text": "x"}), nil)
+			d := time.Since(start)
+			if err != nil || resp.Status != http.StatusOK || resp.Msg.Result == nil {
+				t.Errorf("call %d: %v %+v", i, err, resp)
+			}
+			mu.Lock()
+			slowest = max(slowest, d)
+			mu.Unlock()
+		})
+		return slowest
+	}
+	load(acme, 10)
+	waitDurable(t, s.Usage, "acme", period, limit.Usage{Charged: 10, Calls: 10})
+
+	down()
+	slowest := load(acme, 20)
+	// initech has no meter yet: it would be seeded from the durable total,
+	// which cannot be read now; its usage waits in process.
+	slowest = max(slowest, load(initech, 5))
+	t.Logf("slowest call while the usage store was down: %v", slowest)
+	if slowest > time.Second {
+		t.Errorf("a call took %v while the usage store was down: calls must not wait for it", slowest)
+	}
+	time.Sleep(300 * time.Millisecond) // several failed flushes
+	if e.up.TotalCalls() != 35 {
+		t.Fatalf("upstream served %d calls, want 35", e.up.TotalCalls())
+	}
+
+	up()
+	waitDurable(t, s.Usage, "acme", period, limit.Usage{Charged: 30, Calls: 30})
+	waitDurable(t, s.Usage, "initech", period, limit.Usage{Charged: 5, Calls: 5})
+	load(initech, 3)
+	e.stop(0)
+	if n := e.gws[0].lim.meters.pendingCount(); n != 0 {
+		t.Fatalf("%d meters still pending after the store came back", n)
+	}
+	if got, want := durable(t, s.Usage, "initech", period), (limit.Usage{Charged: 8, Calls: 8}); got != want {
+		t.Fatalf("initech durable = %+v, want %+v", got, want)
+	}
+}
+
+// Calls on both sides of a month's end land in their own periods, and the
+// quota starts again with the new month. A call admitted in January whose
+// cost is corrected after midnight is corrected in January.
+func TestMonthRollover(t *testing.T) {
+	const quota = 10
+	st := openUsageDB(t, "")
+	jan := time.Date(2031, 1, 31, 23, 59, 30, 0, time.UTC)
+	feb := time.Date(2031, 2, 1, 0, 0, 1, 0, time.UTC)
+	clk := newClock(jan)
+	var midnight sync.Once
+	var crossing atomic.Bool
+	e := newEnv(t, setup{Usage: st, Now: clk.Now,
+		// The llm call reaches the upstream in January and its answer
+		// comes back in February.
+		Upstream: upstreamHook(func() {
+			if crossing.Load() {
+				midnight.Do(func() { clk.Set(feb) })
+			}
+		}),
+		Config: fmt.Sprintf(`
+usage: {flush_interval: 1h}
+default_tier: free
+tiers:
+  free: {monthly_quota: %d}
+tools:
+  llm_complete: {cost: {estimate: 1, from_result: _meta.usage.tokens}}
+`, quota)})
+	tok := token(t, "acme", "alice")
+	echo := func(id int) *response { return e.callRaw(0, tok, id, "echo", map[string]any{"text": "x"}) }
+	for i := range quota - 1 {
+		if r := echo(i); r.Status != http.StatusOK {
+			t.Fatalf("January call %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	crossing.Store(true)
+	if r := e.callRaw(0, tok, "llm", "llm_complete", map[string]any{"prompt": "p", "tokens": 5}); r.Status != http.StatusOK {
+		t.Fatalf("llm call: %d %s", r.Status, r.Body)
+	}
+	if !clk.Now().Equal(feb) {
+		t.Fatal("the clock did not cross midnight during the llm call")
+	}
+	// February: a fresh quota.
+	for i := range quota {
+		if r := echo(100 + i); r.Status != http.StatusOK {
+			t.Fatalf("February call %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	r := echo(200)
+	checkQuotaDenial(t, r, "200", quota, feb, time.Date(2031, 3, 1, 0, 0, 0, 0, time.UTC))
+	// An instance whose clock still says January sees January's quota used
+	// up (9 + 5 reported tokens).
+	clk.Set(jan.Add(10 * time.Second))
+	r = echo(201)
+	checkQuotaDenial(t, r, "201", quota, jan.Add(10*time.Second), time.Date(2031, 2, 1, 0, 0, 0, 0, time.UTC))
+	if r.Header.Get("Retry-After") != "20" {
+		t.Fatalf("Retry-After = %q, want 20", r.Header.Get("Retry-After"))
+	}
+	e.stop(0)
+	if got, want := durable(t, st, "acme", "2031-01"), (limit.Usage{Charged: 14, Calls: 10}); got != want {
+		t.Fatalf("January = %+v, want %+v", got, want)
+	}
+	if got, want := durable(t, st, "acme", "2031-02"), (limit.Usage{Charged: quota, Calls: quota}); got != want {
+		t.Fatalf("February = %+v, want %+v", got, want)
+	}
+	if e.up.Calls("echo") != 2*quota-1 || e.up.Calls("llm_complete") != 1 {
+		t.Fatalf("upstream served %d echo and %d llm calls", e.up.Calls("echo"), e.up.Calls("llm_complete"))
+	}
+}
+
+// Redis loses its data (FLUSHALL) after a flush: the live counter is
+// re-seeded from the durable total, and the quota stays exact — the calls
+// admitted after the loss plus the durable total are exactly the quota.
+func TestRedisDataLossReseeds(t *testing.T) {
+	const quota = 40
+	r := testenv.StartRedis(t, nil)
+	st := openUsageDB(t, "")
+	e := newEnv(t, setup{Redis: r, Instances: 2, Usage: st, Upstream: stateless, Config: fmt.Sprintf(`
+store: {redis: "@@REDIS@@", timeout: 2s}
+usage: {flush_interval: 1h}
+default_tier: free
+tiers:
+  free: {monthly_quota: %d}
+`, quota)})
+	period := usage.Period(time.Now())
+	tok := token(t, "acme", "alice")
+	echo := func(i int) *response { return e.callRaw(i, tok, i, "echo", map[string]any{"text": "x"}) }
+	for i := range 25 {
+		if r := echo(i); r.Status != http.StatusOK {
+			t.Fatalf("call %d: %d", i, r.Status)
+		}
+	}
+	// One instance's sweep writes what both charged.
+	if err := e.gws[1].lim.meters.flusher.Sweep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	flushed := durable(t, st, "acme", period)
+	if flushed != (limit.Usage{Charged: 25, Calls: 25}) {
+		t.Fatalf("durable after the sweep = %+v", flushed)
+	}
+	for i := range 5 { // charged, never flushed: Redis loses them
+		if r := echo(25 + i); r.Status != http.StatusOK {
+			t.Fatalf("call %d: %d", 25+i, r.Status)
+		}
+	}
+	c := r.Client(t)
+	if err := c.Do(t.Context(), c.B().Flushall().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	after := 0
+	run(12, quota, func(i int) {
+		resp, err := postCtx(t.Context(), e.mcpURL(i), tok, callBody(100+i, "echo", map[string]any{"text": "x"}), nil)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		switch resp.Status {
+		case http.StatusOK:
+			mu.Lock()
+			after++
+			mu.Unlock()
+		case http.StatusTooManyRequests:
+		default:
+			t.Errorf("call %d: %d %s", i, resp.Status, resp.Body)
+		}
+	})
+	if int64(after)+flushed.Used() != quota {
+		t.Fatalf("after the loss %d calls were admitted on top of the durable %d: want exactly %d in all", after, flushed.Used(), quota)
+	}
+	if got := e.up.TotalCalls(); got != 30+int64(after) {
+		t.Fatalf("upstream served %d, want %d", got, 30+after)
+	}
+	e.stop(0)
+	e.stop(1)
+	// The 5 unflushed calls went with Redis's data: the documented loss
+	// bound of a Redis without persistence.
+	if got := durable(t, st, "acme", period); got != (limit.Usage{Charged: quota, Calls: quota}) {
+		t.Fatalf("durable = %+v, want the quota %d exactly", got, quota)
+	}
+}
+
+// A store deadline far too short (8ms, and the race detector) makes many
+// metered scripts time out; on_error: open admits those calls. A timed-out
+// script may have run after its deadline, so its usage is never placed again
+// (that would count it twice whenever it had run): the meter never exceeds
+// what the upstream served, and every call it may miss is counted in
+// mcpgate_unmetered_calls_total. Without the deadline trouble, see
+// TestQuotaExactAcrossInstances.
+func TestStoreTimeoutsNeverDoubleCount(t *testing.T) {
+	r := testenv.StartRedis(t, nil)
+	e := newEnv(t, setup{Redis: r, Instances: 2, Usage: openUsageDB(t, ""), Upstream: stateless, Config: `
+store: {redis: "@@REDIS@@", timeout: 8ms, on_error: open}
+usage: {flush_interval: 50ms}
+tools:
+  search: {cost: 3}
+`})
+	tok := token(t, "acme", "alice")
+	run(16, 80, func(i int) {
+		tool, args := "echo", map[string]any{"text": "x"}
+		if i%2 == 1 {
+			tool, args = "search", map[string]any{"query": "q"}
+		}
+		resp, err := postCtx(t.Context(), e.mcpURL(i), tok, callBody(i, tool, args), nil)
+		if err != nil || resp.Status != http.StatusOK {
+			t.Errorf("call %d: %v %+v", i, err, resp)
+		}
+	})
+	// Usage that never reached Redis (breaker open, dial failed) is placed
+	// once Redis answers again.
+	eventually(t, 15*time.Second, "pending usage to be placed", func() bool {
+		return e.gws[0].lim.meters.pendingCount() == 0 && e.gws[1].lim.meters.pendingCount() == 0
+	})
+	c := r.Client(t)
+	fields, err := c.Do(t.Context(), c.B().Hgetall().Key(keyspace.Usage("acme", usage.Period(time.Now()))).Build()).AsStrMap()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := map[string]int64{}
+	for _, f := range []string{"c", "n"} {
+		h[f], _ = strconv.ParseInt(fields[f], 10, 64)
+	}
+	served, servedCost := e.up.TotalCalls(), e.up.Calls("echo")+3*e.up.Calls("search")
+	var unmetered float64
+	for _, g := range e.gws {
+		unmetered += counterValue(t, g.metrics.Unmetered)
+	}
+	t.Logf("served %d calls costing %d; meter %d calls costing %d; %v calls unmetered", served, servedCost, h["n"], h["c"], unmetered)
+	if h["n"] > served || h["c"] > servedCost {
+		t.Fatalf("the meter counts %d calls costing %d; the upstream served %d costing %d: counted twice", h["n"], h["c"], served, servedCost)
+	}
+	if float64(served-h["n"]) > unmetered {
+		t.Fatalf("%d served calls are not on the meter, only %v are counted as unmetered", served-h["n"], unmetered)
+	}
+}
+
+// Redis keeps the meters, DynamoDB the totals: a flush whose write landed
+// but whose MarkFlushed was lost, flushed again twice by both instances while
+// both sweep, counts once; so does a flush retried with the same snapshot.
+// (usage/flusher_test.go's TestRetriedFlushDoesNotDoubleCount proves the same
+// for the memory store and SQLite at the package level; usagetest's
+// testMonotonic proves Put itself idempotent on both backends.)
+func TestRetriedFlushNoDoubleCount(t *testing.T) {
+	d := testenv.StartDynaliteServer(t)
+	st := openDynamo(t, d.Endpoint, "usage_retry")
+	e := newEnv(t, setup{Redis: testenv.StartRedis(t, nil), Instances: 2, Usage: st, Upstream: stateless,
+		Config: redisStore + "usage: {flush_interval: 1h}\n"})
+	period := usage.Period(time.Now())
+	key := keyspace.Usage("acme", period)
+	tok := token(t, "acme", "alice")
+	calls := func(n int) {
+		for i := range n {
+			if r := e.callRaw(i, tok, i, "echo", map[string]any{"text": "x"}); r.Status != http.StatusOK {
+				t.Fatalf("call %d: %d %s", i, r.Status, r.Body)
+			}
+		}
+	}
+	calls(20)
+	snap := e.live(0, "acme", period)
+	if err := st.Put(t.Context(), []usage.Record{{Tenant: "acme", Period: period, Usage: snap}}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for _, g := range e.gws {
+		f := g.lim.meters.flusher
+		f.Track(key)
+		for range 2 {
+			wg.Go(func() {
+				if err := f.Flush(t.Context()); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Go(func() {
+			if err := f.Sweep(t.Context()); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if got := durable(t, st, "acme", period); got != snap || snap != (limit.Usage{Charged: 20, Calls: 20}) {
+		t.Fatalf("durable = %+v after duplicated flushes of %+v", got, snap)
+	}
+	calls(5)
+	for range 2 {
+		e.gws[0].lim.meters.flusher.Track(key)
+		if err := e.gws[0].lim.meters.flusher.Flush(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.stop(0)
+	e.stop(1)
+	if got := durable(t, st, "acme", period); got != (limit.Usage{Charged: 25, Calls: 25}) || e.up.TotalCalls() != 25 {
+		t.Fatalf("durable = %+v, upstream served %d; want 25 both", got, e.up.TotalCalls())
+	}
+}
+
+// Gateway.Close flushes: with a flush interval that never comes, the
+// durable totals equal what the upstream served as soon as Close returns —
+// also usage admitted while Redis was down, kept in process, and placed on
+// its meter during the shutdown.
+func TestCloseFlushes(t *testing.T) {
+	for _, mode := range []string{"memory", "redis", "redis down"} {
+		t.Run(mode, func(t *testing.T) {
+			st := openUsageDB(t, "")
+			s := setup{Usage: st, Upstream: stateless, Config: "usage: {flush_interval: 1h}\n"}
+			if mode != "memory" {
+				s.Redis, s.Instances = testenv.StartRedis(t, nil), 2
+				s.Config += redisStore
+			}
+			e := newEnv(t, s)
+			if mode == "redis down" {
+				s.Redis.Kill()
+			}
+			tok := token(t, "acme", "alice")
+			run(8, 40, func(i int) {
+				resp, err := postCtx(t.Context(), e.mcpURL(i), tok, callBody(i, "echo", map[string]any{"text": "x"}), nil)
+				if err != nil || resp.Status != http.StatusOK {
+					t.Errorf("call %d: %v %+v", i, err, resp)
+				}
+			})
+			if mode == "redis down" {
+				if n := e.gws[0].lim.meters.pendingCount() + e.gws[1].lim.meters.pendingCount(); n == 0 {
+					t.Fatal("no usage pending while Redis was down")
+				}
+				s.Redis.Restart(t)
+				eventually(t, 5*time.Second, "the store breakers to close", func() bool {
+					return e.gws[0].guard.Available() && e.gws[1].guard.Available()
+				})
+			}
+			for i := range e.gws {
+				e.stop(i)
+			}
+			// With Redis killed, a call whose script was sent on a
+			// connection that then broke cannot know that it was not
+			// run: it is unmetered (see TestStoreTimeoutsNeverDoubleCount).
+			// Here none ran, so the durable total misses exactly those.
+			var unmetered int64
+			for _, g := range e.gws {
+				unmetered += int64(counterValue(t, g.metrics.Unmetered))
+			}
+			served := e.up.TotalCalls() - unmetered
+			if got, want := durable(t, st, "acme", usage.Period(time.Now())), (limit.Usage{Charged: served, Calls: served}); got != want || e.up.TotalCalls() != 40 {
+				t.Fatalf("durable right after Close = %+v, want %+v (40 served, %d unmetered)", got, want, unmetered)
+			}
+			if mode != "redis down" && unmetered != 0 {
+				t.Fatalf("%d calls unmetered with Redis up", unmetered)
+			}
+		})
+	}
+}
+
+// GET /admin/usage: the admin token is required; the JSON has tenant,
+// period, used, quota and calls, from the live meter while it is ahead of
+// the durable total.
+func TestAdminUsage(t *testing.T) {
+	st := openUsageDB(t, "")
+	e := newEnv(t, setup{Usage: st, Upstream: stateless, Config: `
+usage: {flush_interval: 1h}
+default_tier: free
+tiers:
+  free: {monthly_quota: 100}
+  pro: {monthly_quota: 0}
+tools:
+  search: {cost: 3}
+`})
+	tok := token(t, "acme", "alice")
+	for i := range 5 {
+		tool, args := "echo", map[string]any{"text": "x"}
+		if i < 2 {
+			tool, args = "search", map[string]any{"query": "q"}
+		}
+		if r := e.callRaw(0, tok, i, tool, args); r.Status != http.StatusOK {
+			t.Fatalf("call %d: %d", i, r.Status)
+		}
+	}
+	url := e.base[0] + "/admin/usage?tenant=acme"
+	for _, bad := range []string{"", "wrong", tok} {
+		if r := get(t, url, bad); r.Status != http.StatusUnauthorized || r.Header.Get("WWW-Authenticate") == "" {
+			t.Fatalf("GET /admin/usage with token %q: %d %s", bad, r.Status, r.Body)
+		}
+	}
+	period := usage.Period(time.Now())
+	report := func(query string, status int) map[string]any {
+		t.Helper()
+		r := get(t, e.base[0]+"/admin/usage?"+query, testAdmin)
+		if r.Status != status {
+			t.Fatalf("GET /admin/usage?%s: %d %s", query, r.Status, r.Body)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(r.Body, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	wantFields := func(m map[string]any, want map[string]any) {
+		t.Helper()
+		for k, v := range want {
+			if fmt.Sprint(m[k]) != fmt.Sprint(v) {
+				t.Fatalf("%s = %v, want %v (in %v)", k, m[k], v, m)
+			}
+		}
+	}
+	m := report("tenant=acme", http.StatusOK)
+	wantFields(m, map[string]any{"tenant": "acme", "period": period, "used": 9, "quota": 100, "calls": 5, "remaining": 91, "store": "live"})
+	if err := e.gws[0].lim.meters.flusher.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	m = report("tenant=acme&period="+period, http.StatusOK)
+	wantFields(m, map[string]any{"used": 9, "calls": 5, "found": true, "store": e.cfg.Usage.Store})
+	if m["updated_at"] == nil {
+		t.Fatalf("no updated_at once flushed: %v", m)
+	}
+	wantFields(report("tenant=acme&tier=pro", http.StatusOK), map[string]any{"quota": 0, "remaining": nil, "used": 9})
+	wantFields(report("tenant=acme&period=2020-01", http.StatusOK), map[string]any{"used": 0, "calls": 0, "found": false})
+	for _, q := range []string{"", "tenant=acme&period=2020-13", "tenant=acme&tier=nope"} {
+		report(q, http.StatusBadRequest)
+	}
+}
+
+// Not a pass/fail test: the latency of tools/call through a gateway with
+// metering on (Options.Usage set) against one with it off, same process,
+// interleaved, on the memory store and on Redis. Run it without -race, and
+// longer, for meaningful figures:
+//
+//	MCPGATE_OVERHEAD_ROUNDS=200 go test -run TestMeteringOverhead -v ./gateway/
+func TestMeteringOverhead(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a measurement")
+	}
+	cfg := `
+usage: {flush_interval: 1s}
+default_tier: free
+tiers:
+  free:
+    monthly_quota: 1000000000
+    limits:
+      - {name: per_tenant, per: tenant, algorithm: token_bucket, limit: 1000000, period: 1s}
+`
+	var r *testenv.Redis
+	for _, store := range []string{"memory", "redis"} {
+		s := setup{Config: cfg, Upstream: upstream.Options{JSONResponse: true, Stateless: true}}
+		if store == "redis" {
+			r = testenv.StartRedis(t, nil)
+			s.Redis, s.Config = r, cfg+"store: {redis: \"@@REDIS@@\"}\n"
+		}
+		off := newEnv(t, s)
+		s.Usage = openUsageDB(t, "")
+		on := newEnv(t, s)
+		tok := token(t, "acme", "alice")
+		body := callBody(1, "echo", map[string]any{"text": "x"})
+		var lat [2][]time.Duration // on, off
+		rounds, per := 12, 25
+		if n, err := strconv.Atoi(os.Getenv("MCPGATE_OVERHEAD_ROUNDS")); err == nil && n > 0 {
+			rounds = n // for a steadier figure than the suite's quick one
+		}
+		for round := range rounds + 1 {
+			for k := range 2 {
+				idx := (k + round) % 2 // alternate which goes first
+				e := [2]*env{on, off}[idx]
+				for range per {
+					start := time.Now()
+					resp := post(t, e.mcpURL(0), tok, body, nil)
+					d := time.Since(start)
+					if resp.Status != http.StatusOK {
+						t.Fatalf("%d %s", resp.Status, resp.Body)
+					}
+					if round > 0 { // round 0 warms up
+						lat[idx] = append(lat[idx], d)
+					}
+				}
+			}
+		}
+		pOn, pOff := percentile(lat[0], 50), percentile(lat[1], 50)
+		mOn, mOff := mean(lat[0]), mean(lat[1])
+		t.Logf("%s store, %d calls each: metering on p50 %v mean %v; off p50 %v mean %v; ratio on/off p50 %.3f mean %.3f",
+			store, len(lat[0]), pOn, mOn, pOff, mOff, float64(pOn)/float64(pOff), float64(mOn)/float64(mOff))
+	}
+}
+
+func percentile(ds []time.Duration, p int) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[(len(s)-1)*p/100]
+}
+
+func mean(ds []time.Duration) time.Duration {
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return sum / time.Duration(len(ds))
+}
+
+// counterValue reads a counter.
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// fakeClock is a settable Options.Now, safe for concurrent use.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newClock(t time.Time) *fakeClock {
+	c := &fakeClock{}
+	c.Set(t)
+	return c
+}
+
+func (c *fakeClock) Now() time.Time  { return time.Unix(0, c.ns.Load()).UTC() }
+func (c *fakeClock) Set(t time.Time) { c.ns.Store(t.UnixNano()) }
+
+// upstreamHook runs f for every HTTP request reaching the upstream.
+func upstreamHook(f func()) upstream.Options {
+	return upstream.Options{Stateless: true, OnRequest: func(*http.Request) { f() }}
+}
+
+// redisStore is the store section of the tests that count exactly. The
+// deadline is far above store.timeout's 25ms default: a script that times out
+// under the race detector on two busy cores admits its call under on_error
+// (open), unmetered, which is TestStoreTimeoutsNeverDoubleCount's subject,
+// not theirs.
+const redisStore = "store: {redis: \"@@REDIS@@\", timeout: 2s}\n"
+
+// stateless is the upstream of raw calls (no initialize first), answering
+// with SSE.
+var stateless = upstream.Options{Stateless: true}
+
+// openUsageDB opens and initializes an SQLite usage store at path (a new
+// temporary file when ""), closed when the test ends.
+func openUsageDB(t *testing.T, path string) *sqlite.Store {
+	t.Helper()
+	if path == "" {
+		path = filepath.Join(t.TempDir(), "usage.db")
+	}
+	st, err := sqlite.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if err := st.Init(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// openDynamo points the standard AWS environment at a dynalite, as a
+// deployment points it at DynamoDB (the SDK's own retries left on), and
+// returns an initialized store of table.
+func openDynamo(t *testing.T, endpoint, table string) *dynamodb.Store {
+	t.Helper()
+	for k, v := range map[string]string{
+		"AWS_ENDPOINT_URL_DYNAMODB": endpoint, "AWS_REGION": "us-east-1",
+		"AWS_ACCESS_KEY_ID": "AKIDTEST", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_SESSION_TOKEN": "",
+		"AWS_CONFIG_FILE": t.TempDir() + "/none", "AWS_SHARED_CREDENTIALS_FILE": t.TempDir() + "/none",
+		"AWS_PROFILE": "", "AWS_EC2_METADATA_DISABLED": "true",
+	} {
+		t.Setenv(k, v)
+	}
+	st, err := dynamodb.Open(t.Context(), table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := st.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// durable is the durable total of tenant in period (zero when none).
+func durable(t *testing.T, st usage.Store, tenant, period string) limit.Usage {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	rec, _, err := st.Get(ctx, tenant, period)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec.Usage
+}
+
+// waitDurable waits until the durable total of tenant in period is want.
+func waitDurable(t *testing.T, st usage.Store, tenant, period string, want limit.Usage) {
+	t.Helper()
+	var got limit.Usage
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		rec, _, err := st.Get(ctx, tenant, period)
+		cancel()
+		if err == nil {
+			if got = rec.Usage; got == want {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("durable total of %s in %s = %+v (err %v), want %+v", tenant, period, got, err, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// live is the meter of tenant in period as instance i's store holds it.
+func (e *env) live(i int, tenant, period string) limit.Usage {
+	e.t.Helper()
+	st, ok, err := e.gws[i].lim.meters.store.ReadMeter(e.t.Context(), keyspace.Usage(tenant, period))
+	if err != nil || !ok {
+		e.t.Fatalf("meter of %s in %s: found %v, %v", tenant, period, ok, err)
+	}
+	return st.Live
+}
+
+// stop closes instance i's server, waiting for the calls in flight (and
+// their cost corrections), then the Gateway: its final flush.
+func (e *env) stop(i int) {
+	e.t.Helper()
+	e.srvs[i].Close()
+	if err := e.gws[i].Close(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// checkQuotaDenial checks a monthly quota's 429 for the request with JSON
+// id, made at now in a period ending at end. It may run on any goroutine.
+func checkQuotaDenial(t *testing.T, r *response, id string, quota int64, now, end time.Time) {
+	t.Helper()
+	if r.Status != http.StatusTooManyRequests || r.Msg.Error == nil {
+		t.Errorf("want the quota's 429, got %d %s", r.Status, r.Body)
+		return
+	}
+	var d denied
+	if err := json.Unmarshal(r.Msg.Error.Data, &d); err != nil {
+		t.Errorf("429 data %s: %v", r.Msg.Error.Data, err)
+		return
+	}
+	ra := strconv.FormatInt(int64(math.Ceil(end.Sub(now).Seconds())), 10)
+	window := int64(end.Sub(end.AddDate(0, -1, 0)).Seconds())
+	h := r.Header
+	for _, c := range []struct{ what, got, want string }{
+		{"id", string(r.Msg.ID), id},
+		{"code", strconv.Itoa(r.Msg.Error.Code), strconv.Itoa(CodeRateLimited)},
+		{"data.scope", d.Scope, "quota"},
+		{"data.rule", d.Rule, "monthly_quota"},
+		{"data.limit", strconv.FormatInt(d.Limit, 10), strconv.FormatInt(quota, 10)},
+		{"data.retry_after_seconds", strconv.FormatInt(d.RetryAfterSeconds, 10), ra},
+		{"Retry-After", h.Get("Retry-After"), ra},
+		{"X-RateLimit-Limit", h.Get("X-RateLimit-Limit"), strconv.FormatInt(quota, 10)},
+		{"X-RateLimit-Remaining", h.Get("X-RateLimit-Remaining"), strconv.FormatInt(d.Remaining, 10)},
+		{"X-RateLimit-Reset", h.Get("X-RateLimit-Reset"), strconv.FormatInt(end.Unix(), 10)},
+		{"RateLimit-Policy", h.Get("RateLimit-Policy"), fmt.Sprintf(`"monthly_quota";q=%d;w=%d`, quota, window)},
+		{"RateLimit", h.Get("RateLimit"), fmt.Sprintf(`"monthly_quota";r=%d;t=%s`, d.Remaining, ra)},
+	} {
+		if c.got != c.want {
+			t.Errorf("quota 429 %s = %q, want %q (body %s)", c.what, c.got, c.want, r.Body)
+		}
+	}
+	if d.Remaining < 0 || d.Remaining > 2 { // no call here costs more than 3
+		t.Errorf("quota 429 leaves %d units: a call that fits was denied", d.Remaining)
+	}
+}
+
+// partition is a TCP proxy in front of a server that can cut the network:
+// while cut it accepts connections and forwards nothing, and stalls the
+// connections already open, so a client waits as it does for a host that
+// vanished (rather than one that refuses connections). heal drops every
+// connection and forwards again.
+type partition struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	isCut  bool
+	healed chan struct{}
+	conns  map[net.Conn]struct{}
+}
+
+func newPartition(t *testing.T, target string) *partition {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &partition{ln: ln, target: target, healed: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	go p.accept()
+	t.Cleanup(func() {
+		ln.Close()
+		p.heal()
+	})
+	return p
+}
+
+func (p *partition) endpoint() string { return "http://" + p.ln.Addr().String() }
+
+func (p *partition) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.isCut {
+		p.isCut, p.healed = true, make(chan struct{})
+	}
+}
+
+func (p *partition) heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.isCut {
+		p.isCut = false
+		close(p.healed)
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+// track records c, reporting whether the network is cut (and when it heals).
+func (p *partition) track(c net.Conn) (cut bool, healed <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conns[c] = struct{}{}
+	return p.isCut, p.healed
+}
+
+func (p *partition) state() (cut bool, healed <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.isCut, p.healed
+}
+
+func (p *partition) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if cut, _ := p.track(c); cut {
+			continue // held, unanswered, until heal closes it
+		}
+		go func() {
+			u, err := net.Dial("tcp", p.target)
+			if err != nil {
+				c.Close()
+				return
+			}
+			p.track(u)
+			go p.pipe(u, c)
+			p.pipe(c, u)
+		}()
+	}
+}
+
+// pipe copies src to dst, stalling while the network is cut.
+func (p *partition) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	defer src.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if cut, healed := p.state(); cut {
+				<-healed // heal has closed both ends
+				return
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// switchableStore is a real SQLite usage store that a test closes (an
+// outage: every call fails as on a closed database) and replaces with one
+// opened again on the same file (the store is back).
+type switchableStore struct {
+	mu sync.Mutex
+	s  *sqlite.Store
+}
+
+func (w *switchableStore) cur() *sqlite.Store {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.s
+}
+
+func (w *switchableStore) swap(s *sqlite.Store) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.s = s
+}
+
+func (w *switchableStore) Init(ctx context.Context) error  { return w.cur().Init(ctx) }
+func (w *switchableStore) Check(ctx context.Context) error { return w.cur().Check(ctx) }
+func (w *switchableStore) Put(ctx context.Context, recs []usage.Record) error {
+	return w.cur().Put(ctx, recs)
+}
+func (w *switchableStore) Get(ctx context.Context, tenant, period string) (usage.Record, bool, error) {
+	return w.cur().Get(ctx, tenant, period)
+}
+func (w *switchableStore) Close() error { return w.cur().Close() }

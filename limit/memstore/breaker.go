@@ -1,0 +1,400 @@
+package memstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/limit/internal/algo"
+)
+
+// Loop breakers (limit.GuardedStore). A breaker's state and its
+// identical-calls counters live in the shards next to the counters, each in
+// its key's shard; a guarded call locks the shards of its checks, meter,
+// breaker and identical-calls counter together, in the one ascending order
+// every call uses, and runs limit/internal/algo's breaker functions on
+// them. State is dropped at its algo.BreakerExpiry (a closed breaker with
+// no counts is not kept at all), a counter at the end of its window; both
+// are lost with the process, like the counters.
+
+var _ limit.GuardedStore = (*Store)(nil)
+
+// breakerMaps holds a shard's breakers and identical-calls counters; made
+// on first use, so that a store without breakers pays one nil pointer per
+// shard.
+type breakerMaps struct {
+	states map[string]*algo.Breaker
+	calls  map[string]*algo.CallCounter
+}
+
+func (sh *shard) breakers() *breakerMaps {
+	if sh.br == nil {
+		sh.br = &breakerMaps{states: map[string]*algo.Breaker{}, calls: map[string]*algo.CallCounter{}}
+	}
+	return sh.br
+}
+
+// breaker returns a copy of key's live state (the zero Breaker when the
+// shard holds none) and whether it held one; an expired one is dropped.
+// Call with sh.mu held.
+func (sh *shard) breaker(key string, now int64) (algo.Breaker, bool) {
+	if sh.br == nil {
+		return algo.Breaker{}, false
+	}
+	b := sh.br.states[key]
+	if b == nil {
+		return algo.Breaker{}, false
+	}
+	if b.ExpiresAt <= now {
+		delete(sh.br.states, key)
+		return algo.Breaker{}, false
+	}
+	return *b, true
+}
+
+// putBreaker stores b as key's state with its expiry, or deletes the state
+// when b holds nothing. The spec's names are stored with it, for listing.
+func (sh *shard) putBreaker(key string, b algo.Breaker, spec *limit.BreakerSpec, p algo.BreakerParams, now int64, held bool) {
+	exp := algo.BreakerExpiry(&b, p, now)
+	if exp == 0 {
+		if held {
+			delete(sh.br.states, key)
+		}
+		return
+	}
+	b.ExpiresAt, b.Tenant, b.Subject, b.ID = exp, spec.Tenant, spec.Subject, spec.ID
+	m := sh.breakers().states
+	if cur := m[key]; cur != nil {
+		*cur = b
+	} else {
+		m[key] = &b
+	}
+}
+
+// calls returns a copy of key's live identical-calls counter (zero when
+// none). Call with sh.mu held.
+func (sh *shard) calls(key string, now int64) algo.CallCounter {
+	if sh.br == nil {
+		return algo.CallCounter{}
+	}
+	if n := sh.br.calls[key]; n != nil && n.ExpiresAt > now {
+		return *n
+	}
+	return algo.CallCounter{}
+}
+
+func (sh *shard) putCalls(key string, n algo.CallCounter) {
+	m := sh.breakers().calls
+	if cur := m[key]; cur != nil {
+		*cur = n
+	} else {
+		m[key] = &n
+	}
+}
+
+// Evaluate is Take (no meter) or TakeMetered (a meter) with an optional loop
+// breaker, in one atomic step. Without a breaker it is exactly those calls.
+// With one:
+//
+//   - an open breaker (or a half-open one whose probe is in flight) denies
+//     the call before anything else is read: nothing is charged or counted,
+//     Outcome.Breaker.Open is set with RetryAfter, and the Decision is
+//     denied with the zero Rule and one zero Result per check (MeterResult
+//     is zero too: check Breaker.Open first);
+//   - otherwise the call is evaluated as TakeMetered or Take would (with no
+//     checks and no meter, it is admitted), and then counted by the breaker
+//     as limit/internal/algo documents: a denial by the checks or the quota
+//     toward ConsecutiveDenials, an admission as an identical call; either
+//     may open the breaker (Outcome.Breaker.Opened, RetryAfter then the
+//     cooldown). A call the meter could not judge (NeedSeed) is not counted.
+//   - Outcome.Breaker.Probe marks the admitted half-open probe, whose
+//     outcome the caller reports with ReportOutcome(..., probe = true).
+//     Identical is the call's fingerprint count when the call was counted
+//     (else the count that opened the breaker, if identical calls did).
+//
+// Errors (nothing charged, nothing counted): ctx.Err(), those of
+// limit.ValidateRequest, and the meter's errors of TakeMetered.
+func (s *Store) Evaluate(ctx context.Context, req limit.Request) (limit.Outcome, error) {
+	if req.Breaker == nil {
+		if req.Meter == nil {
+			d, err := s.Take(ctx, req.Checks, req.Cost)
+			return limit.Outcome{Decision: d}, err
+		}
+		d, mr, err := s.TakeMetered(ctx, req.Checks, *req.Meter, req.Cost)
+		return limit.Outcome{Decision: d, Meter: mr}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return limit.Outcome{}, err
+	}
+	if err := limit.ValidateRequest(req); err != nil {
+		return limit.Outcome{}, err
+	}
+	results := make([]limit.Result, len(req.Checks))
+	lease, mr, bs, gated, err := s.c.guarded(req.Checks, req.Meter, req.Breaker, req.Cost, results)
+	if err != nil {
+		return limit.Outcome{}, err
+	}
+	d := algo.GuardedDecision(req, results, lease, mr.Allowed, gated)
+	return limit.Outcome{Decision: d, Meter: mr, Breaker: bs}, nil
+}
+
+// guarded evaluates checks, the meter m and the breaker spec (either may
+// be nil) atomically: it fills results and returns the lease (when a
+// concurrency slot was taken), the meter's and the breaker's results, and
+// whether the breaker's gate denied the call.
+func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.BreakerSpec, cost int64, results []limit.Result) (lease string, mr limit.MeterResult, bs limit.BreakerState, gated bool, err error) {
+	var ib, lb [batchSize]int
+	var sb [batchSize]*algo.State
+	idx, locks := ib[:0], lb[:0]
+	for _, ch := range checks {
+		i := c.shardOf(ch.Key)
+		idx = append(idx, i)
+		locks = insertShard(locks, i)
+	}
+	var ms, bsi, csi int
+	if m != nil {
+		ms = c.shardOf(m.Key)
+		locks = insertShard(locks, ms)
+	}
+	var p algo.BreakerParams
+	if spec != nil {
+		p = algo.Params(*spec)
+		bsi = c.shardOf(spec.Key)
+		locks = insertShard(locks, bsi)
+		if p.Identical > 0 {
+			csi = c.shardOf(spec.IdenticalKey)
+			locks = insertShard(locks, csi)
+		}
+	}
+	for _, i := range locks {
+		c.shards[i].mu.Lock()
+	}
+	defer c.unlock(locks)
+	now := c.now()
+
+	// The breaker's gate: an open breaker denies before anything is read.
+	var b algo.Breaker
+	var held, probe bool
+	if spec != nil {
+		b, held = c.shards[bsi].breaker(spec.Key, now)
+		deny, retry, pr := algo.BreakerGate(&b, p, now)
+		if deny {
+			bs = algo.BreakerView(&b, p, now, false)
+			bs.Open, bs.RetryAfter = true, time.Duration(retry)*time.Microsecond
+			return "", mr, bs, true, nil
+		}
+		probe = pr
+	}
+
+	states := sb[:0]
+	admit := true
+	for i, ch := range checks {
+		st := c.shards[idx[i]].get(ch.Key, now)
+		states = append(states, st)
+		if st == nil {
+			var fresh algo.State
+			results[i] = algo.Eval(ch.Rule, &fresh, now, cost, "", false)
+		} else {
+			results[i] = algo.Eval(ch.Rule, st, now, cost, "", false)
+		}
+		if !results[i].Allowed && !ch.Rule.Shadow {
+			admit = false
+		}
+	}
+	defer func() {
+		for i, st := range states {
+			c.shards[idx[i]].release(checks[i].Key, st)
+		}
+	}()
+
+	var mt *algo.Meter
+	var exp int64
+	if m != nil {
+		msh := &c.shards[ms]
+		exp = expireUS(m.ExpireAt)
+		var created bool
+		var mst algo.MeterStatus
+		mt, created, mst = algo.MeterOpen(msh.meter(m.Key, now), *m, now, exp)
+		if mst == algo.MeterOK {
+			mst = algo.MeterEval(mt, m.Quota, cost)
+		}
+		if err := meterErr(mst); err != nil {
+			return "", limit.MeterResult{}, bs, false, err
+		}
+		if created { // whatever the call decides: the Seed is no charge
+			msh.putMeter(m.Key, mt)
+		}
+		mr = limit.MeterResult{Allowed: mst == algo.MeterOK, NeedSeed: mst == algo.MeterNeedSeed}
+		admit = admit && mr.Allowed
+	}
+	if admit {
+		for i, ch := range checks {
+			if ch.Rule.Algorithm == limit.Concurrency && results[i].Allowed {
+				lease = c.newLease()
+				break
+			}
+		}
+		for i, ch := range checks {
+			if !results[i].Allowed {
+				continue
+			}
+			st := states[i]
+			if st == nil {
+				st = new(algo.State)
+				c.shards[idx[i]].put(ch.Key, st)
+				states[i] = st
+			}
+			// Same state, time and request as the dry run: same result.
+			algo.Eval(ch.Rule, st, now, cost, lease, true)
+		}
+		if mt != nil {
+			algo.MeterCharge(mt, cost, exp)
+		}
+	}
+	if mt != nil {
+		mr.Usage = mt.Live
+	}
+
+	if spec != nil {
+		v := algo.Admitted
+		switch {
+		case mr.NeedSeed:
+			v = algo.Unjudged
+		case !admit:
+			v = algo.Denied
+		}
+		var calls algo.CallCounter
+		if p.Identical > 0 {
+			calls = c.shards[csi].calls(spec.IdenticalKey, now)
+		}
+		opened, counted := algo.BreakerAfter(&b, p, now, v, probe, &calls, spec.IdenticalKey)
+		c.shards[bsi].putBreaker(spec.Key, b, spec, p, now, held)
+		bs = algo.BreakerView(&b, p, now, opened)
+		bs.Probe = probe && v == algo.Admitted
+		if counted {
+			c.shards[csi].putCalls(spec.IdenticalKey, calls)
+			bs.Identical = calls.N
+		}
+	}
+	return lease, mr, bs, false, nil
+}
+
+// ReportOutcome records the outcome of a call the breaker b admitted:
+// failed counts toward ConsecutiveFailures (the threshold opens a closed
+// breaker) or, with probe on a half-open breaker, reopens it for twice its
+// cooldown (at most MaxCooldown); a success resets the count and, with
+// probe on a half-open breaker, closes it. On a breaker another call opened
+// meanwhile it only updates the counts. The result's Open and RetryAfter
+// say whether a call made now would be denied, and for how long; Opened
+// that this report opened the breaker. Errors: ctx.Err(),
+// limit.ErrInvalidBreaker.
+func (s *Store) ReportOutcome(ctx context.Context, b limit.BreakerSpec, failed, probe bool) (limit.BreakerState, error) {
+	return s.c.updateBreaker(ctx, b, func(st *algo.Breaker, p algo.BreakerParams, now int64) bool {
+		return algo.BreakerReport(st, p, now, failed, probe)
+	})
+}
+
+// AddDenials counts n denials answered without the store (1 <= n <=
+// limit.MaxBreakerCount) toward ConsecutiveDenials: reaching the threshold
+// opens a closed breaker. The result is as ReportOutcome's. Errors:
+// ctx.Err(), limit.ErrInvalidBreaker.
+func (s *Store) AddDenials(ctx context.Context, b limit.BreakerSpec, n int64) (limit.BreakerState, error) {
+	if err := limit.ValidateDenials(n); err != nil {
+		return limit.BreakerState{}, err
+	}
+	return s.c.updateBreaker(ctx, b, func(st *algo.Breaker, p algo.BreakerParams, now int64) bool {
+		return algo.BreakerAddDenials(st, p, now, n)
+	})
+}
+
+// updateBreaker applies f to the breaker of spec under its shard's lock.
+func (c *core) updateBreaker(ctx context.Context, spec limit.BreakerSpec, f func(*algo.Breaker, algo.BreakerParams, int64) bool) (limit.BreakerState, error) {
+	if err := ctx.Err(); err != nil {
+		return limit.BreakerState{}, err
+	}
+	if err := limit.ValidateBreaker(spec); err != nil {
+		return limit.BreakerState{}, err
+	}
+	p := algo.Params(spec)
+	sh := &c.shards[c.shardOf(spec.Key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := c.now()
+	b, held := sh.breaker(spec.Key, now)
+	opened := f(&b, p, now)
+	sh.putBreaker(spec.Key, b, &spec, p, now, held)
+	st := algo.BreakerView(&b, p, now, opened)
+	blocked, retry := algo.BreakerBlocking(&b, now)
+	st.Open, st.RetryAfter = blocked, time.Duration(retry)*time.Microsecond
+	return st, nil
+}
+
+// ListBreakers calls fn with every open or half-open breaker, in no
+// particular order. Each shard is read under its lock and fn is called
+// after the lock is released, so fn may call the store. A breaker changed
+// while the listing runs may be reported as it was, or not at all. It stops
+// at the first error of fn, or when ctx is done, and returns that error.
+func (s *Store) ListBreakers(ctx context.Context, fn func(limit.BreakerInfo) error) error {
+	c := s.c
+	var batch []limit.BreakerInfo
+	for i := range c.shards {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		sh := &c.shards[i]
+		batch = batch[:0]
+		sh.mu.Lock()
+		if sh.br != nil {
+			now := c.now()
+			for k, b := range sh.br.states {
+				if b.ExpiresAt <= now {
+					continue
+				}
+				if info, ok := algo.BreakerInfo(k, b, toTime); ok {
+					batch = append(batch, info)
+				}
+			}
+		}
+		sh.mu.Unlock()
+		for _, info := range batch {
+			if err := fn(info); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// toTime converts the store's µs to a time.
+func toTime(us int64) time.Time { return Epoch.Add(time.Duration(us) * time.Microsecond) }
+
+// ResetBreaker closes the breaker key: its state is deleted (counts,
+// cooldown), and so is the identical-calls counter that opened it, if one
+// did (other fingerprints' counters run out with their windows). It
+// reports whether the store held the breaker. Errors: ctx.Err(),
+// limit.ErrInvalidBreaker (empty key).
+func (s *Store) ResetBreaker(ctx context.Context, key string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	if key == "" {
+		return false, limit.ErrInvalidBreaker
+	}
+	c := s.c
+	sh := &c.shards[c.shardOf(key)]
+	sh.mu.Lock()
+	b, held := sh.breaker(key, c.now())
+	if held {
+		delete(sh.br.states, key)
+	}
+	sh.mu.Unlock()
+	if b.CallKey != "" {
+		csh := &c.shards[c.shardOf(b.CallKey)]
+		csh.mu.Lock()
+		if csh.br != nil {
+			delete(csh.br.calls, b.CallKey)
+		}
+		csh.mu.Unlock()
+	}
+	return held, nil
+}
