@@ -28,6 +28,7 @@ func commands() []command {
 		{"demo", "run the gateway and a demo MCP server on embedded defaults: demo [--listen ADDR]", runDemo},
 		{"check", "validate a config file: check --config FILE", runCheck},
 		{"usage", "show a tenant's usage: usage --config FILE --tenant T [--period YYYY-MM] [--json]; usage init --config FILE", runUsage},
+		{"invalidate", "drop cached results by tag: invalidate --config FILE --tenant T --tag TAG [--tag TAG...]", runInvalidate},
 		{"version", "print the version", runVersion},
 	}
 }

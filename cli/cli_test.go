@@ -14,9 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"net/http/httptest"
+
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/examples/upstream"
-	"net/http/httptest"
 )
 
 // syncBuffer is a bytes.Buffer safe for a writer goroutine and a reader.

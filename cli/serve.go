@@ -14,8 +14,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/gateway"
+	"github.com/mcpgate/mcpgate/limit/redisstore"
 	"github.com/mcpgate/mcpgate/policy"
 	usagestore "github.com/mcpgate/mcpgate/usage"
 )
@@ -117,7 +121,17 @@ func newGateway(ctx context.Context, cfg *policy.Config, a *auth.Authenticator, 
 	opts := gateway.Options{Config: cfg, Auth: a, Reload: reload, Logger: log, SessionKey: key, Usage: us}
 	if shared != nil {
 		opts.SharedStore, opts.Probe = shared.store, shared.probe
+		checkEviction(ctx, log, shared.client, cache.RoleStore, "store.redis")
 	}
+	c, cacheClient, err := buildCache(ctx, cfg, shared, log)
+	if err != nil {
+		if shared != nil {
+			shared.client.Close()
+		}
+		us.Close()
+		return nil, nil, err
+	}
+	opts.Cache = c
 	if env := cfg.Auth.AdminTokenEnv; env != "" {
 		opts.AdminToken = os.Getenv(env)
 		if opts.AdminToken == "" {
@@ -133,6 +147,10 @@ func newGateway(ctx context.Context, cfg *policy.Config, a *auth.Authenticator, 
 		return nil, nil, err
 	}
 	cleanup := func() {
+		_ = c.Close()
+		if cacheClient != nil {
+			cacheClient.Close()
+		}
 		us.Close()
 		if shared != nil {
 			shared.client.Close()
@@ -221,4 +239,56 @@ func sessionKey(cfg *policy.Config, log *slog.Logger) ([]byte, error) {
 	}
 	log.Warn("MCP session ids are bound with a random per-process key: with several instances, set auth.session_secret_env so that any instance accepts any session")
 	return nil, nil
+}
+
+// buildCache builds the result cache: on cache.redis, else on the shared
+// store's Redis, else in process. The client it returns (nil when it reuses
+// the store's or has none) is the caller's to close.
+func buildCache(ctx context.Context, cfg *policy.Config, shared *sharedStore, log *slog.Logger) (*cache.Cache, rueidis.Client, error) {
+	var (
+		store cache.Store
+		own   rueidis.Client
+		err   error
+	)
+	switch {
+	case len(cfg.Cache.Redis) > 0:
+		opt, err := redisstore.ClientOption(cfg.Cache.Redis...)
+		if err != nil {
+			return nil, nil, fmt.Errorf("cache.redis: %w", err)
+		}
+		if own, err = rueidis.NewClient(opt); err != nil {
+			return nil, nil, fmt.Errorf("cache.redis: cannot connect: %w", err)
+		}
+		checkEviction(ctx, log, own, cache.RoleCache, "cache.redis")
+		store, err = cache.NewRedisStore(own)
+	case shared != nil:
+		checkEviction(ctx, log, shared.client, cache.RoleCache, "store.redis (used by the cache)")
+		store, err = cache.NewRedisStore(shared.client)
+	default:
+		store, err = cache.NewMemoryStore(nil)
+	}
+	if err == nil {
+		var c *cache.Cache
+		if c, err = cache.New(store, &cache.Options{Logger: log}); err == nil {
+			return c, own, nil
+		}
+	}
+	if own != nil {
+		own.Close()
+	}
+	return nil, nil, fmt.Errorf("cache: %w", err)
+}
+
+// checkEviction warns once about a maxmemory-policy that can evict rate-limit
+// counters or make cache writes fail (see docs/design.md).
+func checkEviction(ctx context.Context, log *slog.Logger, client rueidis.Client, role cache.Role, what string) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	pol, warning, err := cache.CheckEviction(ctx, client, role)
+	switch {
+	case err != nil:
+		log.Warn("cannot read maxmemory-policy", "redis", what, "err", err)
+	case warning != "":
+		log.Warn(warning, "redis", what, "maxmemory_policy", pol)
+	}
 }

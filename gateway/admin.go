@@ -26,13 +26,8 @@ func (g *Gateway) adminRoutes(mux *http.ServeMux) {
 	}
 	admin("GET /admin/limits", g.adminLimits)
 	admin("POST /admin/reload", g.adminReload)
-	notYet := func(what string) http.HandlerFunc {
-		return func(w http.ResponseWriter, _ *http.Request) {
-			writeJSON(w, http.StatusNotImplemented, map[string]string{"error": what + " is not active in this version"})
-		}
-	}
 	admin("GET /admin/usage", g.adminUsage)
-	admin("POST /admin/cache/invalidate", notYet("the result cache"))
+	admin("POST /admin/cache/invalidate", g.adminInvalidate)
 	admin("GET /admin/breakers", g.adminBreakers)
 	admin("DELETE /admin/breakers/{key}", g.adminResetBreaker)
 	admin("/admin/", func(w http.ResponseWriter, _ *http.Request) {
@@ -230,4 +225,32 @@ func (g *Gateway) adminResetBreaker(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "closed", "key": key})
+}
+
+// invalidateRequest is the body of POST /admin/cache/invalidate.
+type invalidateRequest struct {
+	Tenant string   `json:"tenant"`
+	Tags   []string `json:"tags"`
+}
+
+// adminInvalidate drops the tenant's cache entries carrying any of tags (and
+// the shared entries carrying them, when shared tools are tagged).
+func (g *Gateway) adminInvalidate(w http.ResponseWriter, r *http.Request) {
+	var req invalidateRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body: " + err.Error()})
+		return
+	}
+	if req.Tenant == "" || len(req.Tags) == 0 {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `body needs "tenant" and a non-empty "tags"`})
+		return
+	}
+	n, err := g.invalidate(r.Context(), g.rt.Load(), req.Tenant, req.Tags)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "cache: " + err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tenant": req.Tenant, "tags": req.Tags, "invalidated": n})
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/limit/memstore"
 	"github.com/mcpgate/mcpgate/mcp"
@@ -54,6 +55,9 @@ type Options struct {
 	// flusher writes the totals every Config.Usage.FlushInterval. Nil: no
 	// metering, no quotas.
 	Usage usage.Store
+	// Cache holds the results of tools configured with a cache. Nil: an
+	// in-process cache owned (and closed) by the Gateway.
+	Cache *cache.Cache
 	// SessionKey binds MCP session ids to the caller that opened them (see
 	// DeriveSessionKey). Every instance must share it. Nil: a random key,
 	// so a session works only through the instance that opened it.
@@ -68,9 +72,11 @@ type Options struct {
 
 // runtime is what a config reload replaces, swapped atomically.
 type runtime struct {
-	cfg   *policy.Config
-	auth  *auth.Authenticator
-	proxy *mcp.Proxy
+	cfg        *policy.Config
+	auth       *auth.Authenticator
+	proxy      *mcp.Proxy
+	caching    map[string]toolCaching
+	sharedTags bool // a shared cached tool has tags: invalidations also cover the shared scope
 }
 
 // Gateway is the mcpgate http.Handler. It is safe for concurrent use.
@@ -90,6 +96,9 @@ type Gateway struct {
 	stopMeter  context.CancelFunc // nil without metering
 	stopAlerts context.CancelFunc
 	alerts     *alerter
+	cache      *cache.Cache
+	ownCache   bool
+	ready      atomic.Bool // false while the cache warms up
 	closeOnce  sync.Once
 	meterDone  chan struct{}
 }
@@ -168,6 +177,17 @@ func New(opts Options) (*Gateway, error) {
 			g.lim.meters.run(ctx)
 		}()
 	}
+	g.cache = opts.Cache
+	if g.cache == nil {
+		cs, err := cache.NewMemoryStore(nil)
+		if err != nil {
+			return nil, err
+		}
+		if g.cache, err = cache.New(cs, &cache.Options{Logger: g.log}); err != nil {
+			return nil, err
+		}
+		g.ownCache = true
+	}
 	g.alerts = newAlerter(opts.Config.Breaker.AlertWebhook, g.log, g.metrics)
 	g.lim.breakers = newBreakerCache(g.now, g.breakerOpened)
 	bctx, bcancel := context.WithCancel(context.Background())
@@ -177,6 +197,11 @@ func New(opts Options) (*Gateway, error) {
 	if err != nil {
 		g.Close()
 		return nil, err
+	}
+	if len(opts.Config.Cache.Warm) == 0 {
+		g.ready.Store(true)
+	} else {
+		go g.warm(bctx, opts.Config)
 	}
 	g.rt.Store(rt)
 	g.routes()
@@ -192,7 +217,11 @@ func newRuntime(cfg *policy.Config, a *auth.Authenticator) (*runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway: upstream: %w", err)
 	}
-	return &runtime{cfg: cfg, auth: a, proxy: proxy}, nil
+	caching, sharedTags, err := compileCaching(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	return &runtime{cfg: cfg, auth: a, proxy: proxy, caching: caching, sharedTags: sharedTags}, nil
 }
 
 // Apply swaps in a new configuration and authenticator (a reload). Requests
@@ -229,6 +258,9 @@ func (g *Gateway) Close() error {
 			<-g.meterDone
 		}
 	})
+	if g.ownCache {
+		_ = g.cache.Close()
+	}
 	if g.guard != nil {
 		g.guard.Close()
 	}
@@ -256,6 +288,11 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.Serv
 
 func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if !g.ready.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, "warming the cache")
+		return
+	}
 	if g.probe != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
 		defer cancel()

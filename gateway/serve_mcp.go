@@ -156,7 +156,8 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 	// The cost of an unmetered call is not corrected: a correction of a
 	// charge that never landed would leave a refund without its charge.
 	correct := meter != nil && toolCost.FromResult != "" && !v.unmetered
-	if correct || br != nil {
+	tc := rt.caching[tool]
+	if correct || br != nil || tc.invalidates != nil {
 		fwd.OnResult = func(result, rpcErr json.RawMessage) {
 			reported, failed = result, rpcErr != nil || isErrorResult(result)
 		}
@@ -172,7 +173,18 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		if br != nil && r.Context().Err() == nil {
 			g.reportOutcome(context.WithoutCancel(r.Context()), br, v.breaker, failed || status >= 500)
 		}
+		if tc.invalidates != nil && !failed && status > 0 && status < 300 {
+			g.invalidateAfter(context.WithoutCancel(r.Context()), rt, p.Tenant, tc, msg.Arguments)
+		}
 	}()
+	if tc.policy != nil {
+		// Cached answers pass auth, limits, quota and the breaker like any
+		// call (and are charged the tool's cost); only the load that fills
+		// the cache reaches the upstream, and its reported cost corrects
+		// that one call's charge.
+		failed, reported, status = g.cachedCall(w, r, rt, fwd, p, tc)
+		return
+	}
 	status = g.forward(w, r, rt, fwd, "tools/call")
 }
 

@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"strings"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"github.com/mcpgate/mcpgate/limit/redisstore"
 	"github.com/mcpgate/mcpgate/metrics"
 	"github.com/mcpgate/mcpgate/policy"
+	"github.com/mcpgate/mcpgate/usage/sqlite"
 )
 
 // Target names, in the order Run interleaves them.
@@ -107,6 +109,10 @@ type Options struct {
 	// RedisCPU, when set, reports the CPU time the redis-server at
 	// RedisAddr has used so far; results then carry its cost per call.
 	RedisCPU func() (time.Duration, error)
+	// NoUsage leaves usage metering out. By default each gateway meters
+	// every admitted call into its own SQLite usage store (in a temporary
+	// directory), as `mcpgate serve` does with its default usage.store.
+	NoUsage bool
 }
 
 // Target is one endpoint under load.
@@ -208,7 +214,7 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 		if redis != "" {
 			cfgText = strings.Replace(cfgText, "store:\n", "store:\n  redis: "+redis+"\n", 1)
 		}
-		g, err := newGateway(ctx, cfgText, o.Logger)
+		g, err := newGateway(ctx, cfgText, !o.NoUsage, o.Logger)
 		if err != nil {
 			return fmt.Errorf("loadgen: %s: %w", name, err)
 		}
@@ -294,16 +300,28 @@ func (b *builtGateway) degraded() float64 {
 
 // newGateway wires a gateway from config text as cli/serve.go and
 // cli/build.go do for `mcpgate serve`: policy.Parse, auth from the config's
-// auth section, the Redis store (redisstore.ClientOption, rueidis client,
-// store timeout from the config) when store.redis is set, gateway.New.
-func newGateway(ctx context.Context, cfgText string, log *slog.Logger) (*builtGateway, error) {
+// auth section, the session key derived from the HS256 secret, a SQLite
+// usage store (initialized; in a temporary directory rather than the
+// default file) when usage is set, the Redis store (redisstore.ClientOption,
+// rueidis client, store timeout from the config) when store.redis is set,
+// gateway.New.
+func newGateway(ctx context.Context, cfgText string, usage bool, log *slog.Logger) (_ *builtGateway, err error) {
 	cfg, err := policy.Parse("loadgen.yaml", []byte(cfgText))
 	if err != nil {
 		return nil, err
 	}
+	var cleanups []func()
+	defer func() {
+		if err != nil {
+			for i := len(cleanups) - 1; i >= 0; i-- {
+				cleanups[i]()
+			}
+		}
+	}()
 	j := cfg.Auth.JWT
+	secret := []byte(os.Getenv(j.HS256SecretEnv))
 	a, err := auth.New(ctx, auth.Options{
-		HS256Secret: []byte(os.Getenv(j.HS256SecretEnv)),
+		HS256Secret: secret,
 		Issuer:      j.Issuer,
 		Audience:    j.Audience,
 		TenantClaim: j.TenantClaim,
@@ -315,23 +333,37 @@ func newGateway(ctx context.Context, cfgText string, log *slog.Logger) (*builtGa
 	if err != nil {
 		return nil, err
 	}
+	cleanups = append(cleanups, func() { a.Close() })
 	m := metrics.New()
-	opts := gateway.Options{Config: cfg, Auth: a, Logger: log, Metrics: m}
-	var client rueidis.Client
+	opts := gateway.Options{Config: cfg, Auth: a, Logger: log, Metrics: m, SessionKey: gateway.DeriveSessionKey(secret)}
+	if usage {
+		dir, err := os.MkdirTemp("", "loadgen-usage-")
+		if err != nil {
+			return nil, err
+		}
+		cleanups = append(cleanups, func() { os.RemoveAll(dir) })
+		us, err := sqlite.Open(filepath.Join(dir, "usage.db"))
+		if err != nil {
+			return nil, fmt.Errorf("usage store: %w", err)
+		}
+		cleanups = append(cleanups, func() { us.Close() })
+		if err := us.Init(ctx); err != nil {
+			return nil, fmt.Errorf("usage store: %w", err)
+		}
+		opts.Usage = us
+	}
 	if len(cfg.Store.Redis) > 0 {
 		copt, err := redisstore.ClientOption(cfg.Store.Redis...)
 		if err != nil {
-			a.Close()
 			return nil, err
 		}
-		if client, err = rueidis.NewClient(copt); err != nil {
-			a.Close()
+		client, err := rueidis.NewClient(copt)
+		if err != nil {
 			return nil, fmt.Errorf("store.redis: %w", err)
 		}
+		cleanups = append(cleanups, client.Close)
 		st, err := redisstore.New(client, &redisstore.Options{Timeout: cfg.Store.Timeout})
 		if err != nil {
-			client.Close()
-			a.Close()
 			return nil, err
 		}
 		opts.SharedStore = st
@@ -339,18 +371,13 @@ func newGateway(ctx context.Context, cfgText string, log *slog.Logger) (*builtGa
 	}
 	g, err := gateway.New(opts)
 	if err != nil {
-		if client != nil {
-			client.Close()
-		}
-		a.Close()
 		return nil, err
 	}
 	return &builtGateway{gw: g, metrics: m, close: func() {
-		g.Close()
-		if client != nil {
-			client.Close()
+		g.Close() // flushes the usage meter before its store closes
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
 		}
-		a.Close()
 	}}, nil
 }
 

@@ -53,6 +53,7 @@ func run() error {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memprofile := flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
 	verbose := flag.Bool("v", false, "print every measurement as it is taken")
+	noUsage := flag.Bool("no-usage", false, "gateways without usage metering (by default each meters into its own SQLite store, as mcpgate serve does)")
 	flag.Parse()
 
 	var counts []int
@@ -89,7 +90,7 @@ func run() error {
 	}
 
 	env, err := loadgen.Start(ctx, &loadgen.Options{
-		Rules: *rules, RedisAddr: addr, Tenants: *tenants, RedisCPU: redisCPU,
+		Rules: *rules, RedisAddr: addr, Tenants: *tenants, RedisCPU: redisCPU, NoUsage: *noUsage,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 	})
 	if err != nil {
@@ -105,7 +106,8 @@ func run() error {
 
 	fmt.Printf("machine: %d CPUs (GOMAXPROCS %d), %s; %s; redis-server %s\n",
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), cpuModel(), runtime.Version(), redisVersion)
-	fmt.Printf("rules: %s; tool: echo; rounds %d x (%v warm-up + %v counted) per target\n", *rules, *rounds, *warmup, *duration)
+	fmt.Printf("rules: %s; usage metering: %v; tool: echo; rounds %d x (%v warm-up + %v counted) per target\n",
+		*rules, !*noUsage, *rounds, *warmup, *duration)
 
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
