@@ -158,6 +158,7 @@ type Options struct {
 // Authenticator verifies bearer tokens. It is safe for concurrent use; its
 // configuration is fixed at New (build a new one to reload).
 type Authenticator struct {
+	cache       tokenCache
 	keys        keySource
 	now         func() time.Time
 	validate    []jwt.ValidateOption
@@ -292,41 +293,65 @@ func (a *Authenticator) FromRequest(ctx context.Context, r *http.Request) (Princ
 // Verify checks token (a JWS compact serialization) and returns its
 // Principal. Every failure wraps ErrInvalidToken. ctx bounds the one JWKS
 // refresh that an unknown kid may trigger.
+//
+// A verified token is remembered (up to TokenCacheSize of them) for at most
+// TokenCacheTTL and never past its exp: agents send one token with every
+// call, and verifying it again each time is the largest part of the
+// gateway's own cost. A key removed from a JWKS therefore stops being
+// honoured for tokens already seen up to TokenCacheTTL later.
 func (a *Authenticator) Verify(ctx context.Context, token string) (Principal, error) {
+	now := a.now()
+	if p, ok := a.cache.get(token, now); ok {
+		return p, nil
+	}
+	p, exp, err := a.verifyToken(ctx, token)
+	if err != nil {
+		return p, err
+	}
+	until := now.Add(TokenCacheTTL)
+	if !exp.IsZero() && exp.Before(until) {
+		until = exp
+	}
+	a.cache.put(token, p, until)
+	return p, nil
+}
+
+func (a *Authenticator) verifyToken(ctx context.Context, token string) (Principal, time.Time, error) {
+	fail := func(err error) (Principal, time.Time, error) { return Principal{}, time.Time{}, err }
 	if token == "" {
-		return Principal{}, invalid("empty token")
+		return fail(invalid("empty token"))
 	}
 	if len(token) > MaxTokenBytes {
-		return Principal{}, invalid("token is %d bytes, more than %d", len(token), MaxTokenBytes)
+		return fail(invalid("token is %d bytes, more than %d", len(token), MaxTokenBytes))
 	}
 	raw := []byte(token)
 	hdrB64, _, _, err := jwsbb.SplitCompact(raw)
 	if err != nil {
-		return Principal{}, invalid("not a JWS compact token: %v", err)
+		return fail(invalid("not a JWS compact token: %v", err))
 	}
 	hdr := jwsbb.HeaderParseCompact(hdrB64)
 	alg, err := jwsbb.HeaderGetString(hdr, jws.AlgorithmKey)
 	if err != nil {
-		return Principal{}, invalid("header has no usable alg: %v", err)
+		return fail(invalid("header has no usable alg: %v", err))
 	}
 	if alg == "" || strings.EqualFold(alg, jwa.NoSignature().String()) {
-		return Principal{}, invalid("alg %q is never accepted", alg)
+		return fail(invalid("alg %q is never accepted", alg))
 	}
 	// We understand no critical extension (RFC 7515 §4.1.11), and "b64"
 	// (RFC 7797) changes what the signature covers.
 	for _, h := range []string{jws.CriticalKey, "b64"} {
 		if jwsbb.HeaderHas(hdr, h) {
-			return Principal{}, invalid("header %q is not supported", h)
+			return fail(invalid("header %q is not supported", h))
 		}
 	}
 	kid, err := jwsbb.HeaderGetString(hdr, jws.KeyIDKey)
 	if err != nil && !errors.Is(err, jwsbb.ErrHeaderNotFound()) && !errors.Is(err, jwsbb.ErrFieldNotFound()) {
-		return Principal{}, invalid("bad kid header: %v", err)
+		return fail(invalid("bad kid header: %v", err))
 	}
 
 	keys, err := a.keys.candidates(ctx, kid)
 	if err != nil {
-		return Principal{}, invalid("%v", err)
+		return fail(invalid("%v", err))
 	}
 	var payload []byte
 	var tried []string
@@ -348,67 +373,68 @@ func (a *Authenticator) Verify(ctx context.Context, token string) (Principal, er
 	}
 	if payload == nil {
 		if lastErr == nil {
-			return Principal{}, invalid("alg %q is not accepted by the configured key (accepted: %s)", alg, strings.Join(dedupe(tried), ", "))
+			return fail(invalid("alg %q is not accepted by the configured key (accepted: %s)", alg, strings.Join(dedupe(tried), ", ")))
 		}
-		return Principal{}, invalid("bad signature: %v", lastErr)
+		return fail(invalid("bad signature: %v", lastErr))
 	}
 	return a.claims(payload)
 }
 
 // claims validates the verified payload and extracts the Principal.
-func (a *Authenticator) claims(payload []byte) (Principal, error) {
+func (a *Authenticator) claims(payload []byte) (Principal, time.Time, error) {
 	// Decode the payload as claims only: a payload that is itself a JWS is
 	// not unwrapped (no nested tokens).
 	if p := bytes.TrimLeft(payload, " \t\r\n"); len(p) == 0 || p[0] != '{' {
-		return Principal{}, invalid("payload is not a JSON object")
+		return Principal{}, time.Time{}, invalid("payload is not a JSON object")
 	}
 	tok := jwt.New()
 	if err := json.Unmarshal(payload, tok); err != nil {
-		return Principal{}, invalid("bad claims: %v", err)
+		return Principal{}, time.Time{}, invalid("bad claims: %v", err)
 	}
 	if err := jwt.Validate(tok, a.validate...); err != nil {
-		return Principal{}, invalid("%s", validationReason(err))
+		return Principal{}, time.Time{}, invalid("%s", validationReason(err))
 	}
 
 	var p Principal
 	tenant, ok, err := stringClaim(tok, a.tenantClaim)
 	switch {
 	case err != nil:
-		return Principal{}, invalid("tenant claim %q: %v", a.tenantClaim, err)
+		return Principal{}, time.Time{}, invalid("tenant claim %q: %v", a.tenantClaim, err)
 	case !ok || tenant == "":
-		return Principal{}, invalid("missing tenant claim %q", a.tenantClaim)
+		return Principal{}, time.Time{}, invalid("missing tenant claim %q", a.tenantClaim)
 	}
 	if err := checkIdentity(tenant, MaxTenantBytes); err != nil {
-		return Principal{}, invalid("tenant claim %q: %v", a.tenantClaim, err)
+		return Principal{}, time.Time{}, invalid("tenant claim %q: %v", a.tenantClaim, err)
 	}
 	p.Tenant = tenant
 
 	sub, ok, err := stringClaim(tok, jwt.SubjectKey)
 	switch {
 	case err != nil:
-		return Principal{}, invalid("sub claim: %v", err)
+		return Principal{}, time.Time{}, invalid("sub claim: %v", err)
 	case !ok && a.requireSub:
-		return Principal{}, invalid("missing sub claim")
+		return Principal{}, time.Time{}, invalid("missing sub claim")
 	}
 	if err := checkIdentity(sub, MaxSubjectBytes); err != nil {
-		return Principal{}, invalid("sub claim: %v", err)
+		return Principal{}, time.Time{}, invalid("sub claim: %v", err)
 	}
 	p.Subject = sub
 
 	tier, _, err := stringClaim(tok, a.tierClaim)
 	if err != nil {
-		return Principal{}, invalid("tier claim %q: %v", a.tierClaim, err)
+		return Principal{}, time.Time{}, invalid("tier claim %q: %v", a.tierClaim, err)
 	}
 	if err := checkIdentity(tier, MaxTenantBytes); err != nil {
-		return Principal{}, invalid("tier claim %q: %v", a.tierClaim, err)
+		return Principal{}, time.Time{}, invalid("tier claim %q: %v", a.tierClaim, err)
 	}
 	p.Tier = orDefault(tier, a.defaultTier)
 
 	p.Scopes, err = scopeClaim(tok, a.scopeClaim)
 	if err != nil {
-		return Principal{}, invalid("scope claim %q: %v", a.scopeClaim, err)
+		return Principal{}, time.Time{}, invalid("scope claim %q: %v", a.scopeClaim, err)
 	}
-	return p, nil
+	exp, _ := tok.Expiration()
+	return p, exp, nil
 }
 
 // validationReason names the failed check in words an operator greps for.

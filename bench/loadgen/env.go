@@ -4,8 +4,9 @@
 // gateways built as `mcpgate serve` builds them (memory store, Redis store),
 // and the denial path (a tenant whose limit is exhausted: every call a 429).
 //
-// Env starts the servers; Drive sends the load to one Target; Run
-// interleaves targets over rounds and Report prints medians and ratios.
+// Start starts the servers (an Env); Drive sends the load to one Target;
+// Run interleaves targets over rounds and Results.Print reports medians and
+// ratios.
 package loadgen
 
 import (
@@ -21,6 +22,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -41,7 +43,6 @@ const (
 	GatewayRed   = "gateway-redis"
 	DenyMem      = "deny-mem"
 	DenyRedis    = "deny-redis"
-	secretEnv    = "MCPGATE_LOADGEN_SECRET"
 	tenantTier   = "bench"
 	deniedTier   = "exhausted"
 	deniedTenant = "exhausted-tenant"
@@ -66,7 +67,7 @@ upstream:
   identity_headers: true
 auth:
   jwt:
-    hs256_secret_env: ` + secretEnv + `
+    hs256_secret_env: SECRETENV
 store:
   # 1s rather than the 25ms default: on this shared 2-core machine a starved
   # Take can miss 25ms, and a call admitted without Redis (on_error: open,
@@ -153,16 +154,18 @@ func (e *Env) server(name string, h http.Handler) (string, error) {
 			pprof.Do(r.Context(), labels, func(context.Context) { h.ServeHTTP(w, r) })
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          nil,
 	}
 	go srv.Serve(ln)
 	e.closers = append(e.closers, func() { srv.Close() })
 	return "http://" + ln.Addr().String() + "/mcp", nil
 }
 
+// secretEnvs numbers the environment variables of the Envs' secrets.
+var secretEnvs atomic.Int64
+
 // Start starts the upstream and the gateways. The secret of the tokens is
-// random and set in the process environment, which the config names, as
-// `mcpgate serve` reads it.
+// random and set in the process environment (a variable of its own per
+// Env), which the config names, as `mcpgate serve` reads it.
 func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 	var o Options
 	if opts != nil {
@@ -193,22 +196,25 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 	if err != nil {
 		return nil, err
 	}
-	secret := make([]byte, 32)
-	_, _ = rand.Read(secret)
-	os.Setenv(secretEnv, hex.EncodeToString(secret))
+	raw := make([]byte, 32)
+	_, _ = rand.Read(raw)
+	secret := hex.EncodeToString(raw)
+	secretEnv := fmt.Sprintf("MCPGATE_LOADGEN_SECRET_%d", secretEnvs.Add(1))
+	os.Setenv(secretEnv, secret)
+	e.closers = append(e.closers, func() { os.Unsetenv(secretEnv) })
 	tokens := make([]string, o.Tenants)
 	for i := range tokens {
-		if tokens[i], err = token(fmt.Sprintf("tenant-%d", i), tenantTier); err != nil {
+		if tokens[i], err = token(secret, fmt.Sprintf("tenant-%d", i), tenantTier); err != nil {
 			return nil, err
 		}
 	}
-	denied, err := token(deniedTenant, deniedTier)
+	denied, err := token(secret, deniedTenant, deniedTier)
 	if err != nil {
 		return nil, err
 	}
 	e.Targets = append(e.Targets, Target{Name: Direct, URL: upURL, Tokens: tokens, Status: http.StatusOK})
 
-	text := strings.NewReplacer("UPSTREAM", upURL, "RULES", rules[0], "GLOBAL", rules[1]).Replace(configTemplate)
+	text := strings.NewReplacer("UPSTREAM", upURL, "SECRETENV", secretEnv, "RULES", rules[0], "GLOBAL", rules[1]).Replace(configTemplate)
 	add := func(name, deny, redis string) error {
 		cfgText := text
 		if redis != "" {
@@ -267,8 +273,8 @@ func (e *Env) Close() {
 	e.closers = nil
 }
 
-func token(tenant, tier string) (string, error) {
-	return auth.SignHS256([]byte(os.Getenv(secretEnv)), map[string]any{
+func token(secret, tenant, tier string) (string, error) {
+	return auth.SignHS256([]byte(secret), map[string]any{
 		"tenant_id": tenant, "sub": tenant + "-agent", "tier": tier, "scope": "tools:*",
 		"exp": time.Now().Add(24 * time.Hour).Unix(),
 	})

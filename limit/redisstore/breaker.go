@@ -340,7 +340,7 @@ func (s *Store) ListBreakers(ctx context.Context, fn func(limit.BreakerInfo) err
 
 // clock is the scripts' clock: the server's TIME plus the offset.
 func (s *Store) clock(ctx context.Context) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.deadline(ctx)
 	defer cancel()
 	arr, err := s.client.Do(ctx, s.client.B().Time().Build()).AsStrSlice()
 	if err != nil {

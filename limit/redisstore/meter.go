@@ -166,7 +166,7 @@ func (s *Store) ReadMeter(ctx context.Context, key string) (limit.MeterState, bo
 	if key == "" {
 		return limit.MeterState{}, false, fmt.Errorf("redisstore: read meter: %w: empty key", limit.ErrInvalidMeter)
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.deadline(ctx)
 	defer cancel()
 	h, err := s.client.Do(ctx, s.client.B().Hgetall().Key(key).Build()).AsStrMap()
 	if err != nil {
@@ -349,7 +349,7 @@ func (b *batch) meter(m *limit.Meter) {
 
 // exec runs the script with b's KEYS and ARGV under the store's deadline.
 func (s *Store) exec(ctx context.Context, b *batch) ([]rueidis.RedisMessage, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.deadline(ctx)
 	defer cancel()
 	return script.Exec(ctx, s.client, b.keys, b.args).ToArray()
 }

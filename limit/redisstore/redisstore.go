@@ -370,7 +370,7 @@ func (s *Store) run(ctx context.Context, op string, checks []limit.Check, cost i
 	b := batches.Get().(*batch)
 	defer b.release()
 	b.build(op, s.offset.Load(), checks, cost, lease)
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.deadline(ctx)
 	defer cancel()
 	// Exec copies keys and args into its own command, so b can be reused
 	// as soon as it returns, even if the command is still queued.
@@ -448,4 +448,16 @@ func (b *batch) build(op string, offset int64, checks []limit.Check, cost int64,
 		args = append(args, algCode(c.Rule.Algorithm), next(), next(), next(), shadow)
 	}
 	b.keys, b.args = keys, args
+}
+
+func noCancel() {}
+
+// deadline bounds ctx by the store's timeout. A ctx that already ends no
+// later keeps its own deadline: no second timer (a measurable part of a
+// Take's client-side cost when the caller sets one deadline per request).
+func (s *Store) deadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= s.timeout {
+		return ctx, noCancel
+	}
+	return context.WithTimeout(ctx, s.timeout)
 }
