@@ -475,7 +475,7 @@ func (d *decoder) breaker(n *yaml.Node, path string, b *Breaker) {
 				d.errf(v, join(p, "within"), "required when count is set")
 			}
 		},
-		"cooldown":      func(v *yaml.Node, p string) { b.Cooldown, _ = d.positiveDuration(v, p) },
+		"cooldown": func(v *yaml.Node, p string) { b.Cooldown, _ = d.positiveDuration(v, p) },
 		"max_cooldown": func(v *yaml.Node, p string) {
 			b.MaxCooldown, _ = d.positiveDuration(v, p)
 			if b.Cooldown > 0 && b.MaxCooldown > 0 && b.MaxCooldown < b.Cooldown {
