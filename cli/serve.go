@@ -252,12 +252,12 @@ func buildCache(ctx context.Context, cfg *policy.Config, shared *sharedStore, lo
 	)
 	switch {
 	case len(cfg.Cache.Redis) > 0:
-		opt, err := redisstore.ClientOption(cfg.Cache.Redis...)
-		if err != nil {
-			return nil, nil, fmt.Errorf("cache.redis: %w", err)
+		opt, oerr := redisstore.ClientOption(cfg.Cache.Redis...)
+		if oerr != nil {
+			return nil, nil, fmt.Errorf("cache.redis: %w", oerr)
 		}
-		if own, err = rueidis.NewClient(opt); err != nil {
-			return nil, nil, fmt.Errorf("cache.redis: cannot connect: %w", err)
+		if own, oerr = rueidis.NewClient(opt); oerr != nil {
+			return nil, nil, fmt.Errorf("cache.redis: cannot connect: %w", oerr)
 		}
 		checkEviction(ctx, log, own, cache.RoleCache, "cache.redis")
 		store, err = cache.NewRedisStore(own)
