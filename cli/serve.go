@@ -163,9 +163,6 @@ func logConfigNotes(log *slog.Logger, cfg *policy.Config) {
 	for _, w := range cfg.Warnings {
 		log.Warn(w)
 	}
-	for _, n := range inactiveFeatures(cfg) {
-		log.Warn(n)
-	}
 }
 
 // serveUntilDone serves g on addr until ctx ends or SIGINT/SIGTERM arrives;

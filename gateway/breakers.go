@@ -32,9 +32,16 @@ type breakerCache struct {
 	now   func() time.Time
 	alert func(limit.BreakerSpec, limit.BreakerState)
 
-	mu      sync.Mutex
-	open    map[string]openBreaker
-	denials map[string]int64
+	mu   sync.Mutex
+	open map[string]openBreaker
+	// denials is the store's count of a breaker's consecutive denials as
+	// last seen, when not zero.
+	denials map[string]seenDenials
+}
+
+type seenDenials struct {
+	n  int64
+	at time.Time
 }
 
 type openBreaker struct {
@@ -44,7 +51,7 @@ type openBreaker struct {
 }
 
 func newBreakerCache(now func() time.Time, alert func(limit.BreakerSpec, limit.BreakerState)) *breakerCache {
-	return &breakerCache{now: now, alert: alert, open: make(map[string]openBreaker), denials: make(map[string]int64)}
+	return &breakerCache{now: now, alert: alert, open: make(map[string]openBreaker), denials: make(map[string]seenDenials)}
 }
 
 // lookup returns the state of a breaker known open, with RetryAfter counted
@@ -71,7 +78,8 @@ func (c *breakerCache) lookup(key string) (limit.BreakerState, bool) {
 }
 
 // observe records what the store said about a breaker: remembers it while
-// open, and alerts when this operation opened it.
+// open (and forgets it otherwise), keeps its count of denials, and alerts
+// when this operation opened it.
 func (c *breakerCache) observe(b *limit.BreakerSpec, st limit.BreakerState) {
 	if c == nil || b == nil {
 		return
@@ -79,13 +87,26 @@ func (c *breakerCache) observe(b *limit.BreakerSpec, st limit.BreakerState) {
 	if st.Opened {
 		c.alert(*b, st)
 	}
-	if !st.Open && !st.Opened {
-		return
-	}
 	now := c.now()
-	until := now.Add(st.RetryAfter)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	switch {
+	case st.Denials == 0:
+		delete(c.denials, b.Key)
+	default:
+		if len(c.denials) >= breakerCacheSize {
+			clear(c.denials) // only costs round trips: an unknown count is asked of the store
+		}
+		c.denials[b.Key] = seenDenials{n: st.Denials, at: now}
+	}
+	if !st.Open && !st.Opened {
+		// Closed, or half-open with no probe in flight: an entry held for
+		// it is stale (say, a refusal answered while a probe ran that has
+		// just closed it), and would refuse calls the store admits.
+		delete(c.open, b.Key)
+		return
+	}
+	until := now.Add(st.RetryAfter)
 	if len(c.open) >= breakerCacheSize {
 		for k, e := range c.open {
 			if !now.Before(e.hold) || len(c.open) >= breakerCacheSize {
@@ -94,7 +115,6 @@ func (c *breakerCache) observe(b *limit.BreakerSpec, st limit.BreakerState) {
 		}
 	}
 	c.open[b.Key] = openBreaker{until: until, hold: minTime(until, now.Add(breakerCacheHold)), state: st}
-	delete(c.denials, b.Key)
 }
 
 func (c *breakerCache) forget(key string) {
@@ -107,30 +127,38 @@ func (c *breakerCache) forget(key string) {
 	c.mu.Unlock()
 }
 
-// deniedLocally counts a denial the local denial cache answered; once they
-// add up to the threshold they are sent to the store in one call, which may
-// open the breaker.
-func (c *breakerCache) deniedLocally(ctx context.Context, store limit.Store, b *limit.BreakerSpec) {
+// deniedLocally counts toward consecutive_denials a denial that the local
+// denial cache answered, and reports whether the breaker is open, opened by
+// an earlier call (the call is then the breaker's to answer, as the store
+// would). The denial is sent to the store (AddDenials, one round trip) while
+// the store's count, as last seen, is below the threshold: the breaker then
+// opens after exactly consecutive_denials denials, however many instances
+// answered them, at the cost of fewer round trips than that per opening.
+// Once the store's count has reached the threshold without opening the
+// breaker (it is half-open: denials do not reopen it), denials are not sent
+// for breakerCacheHold, so that an agent looping on a denied key costs the
+// store at most one call a second.
+func (c *breakerCache) deniedLocally(ctx context.Context, store limit.Store, b *limit.BreakerSpec) (limit.BreakerState, bool) {
 	if c == nil || b == nil || b.ConsecutiveDenials == 0 {
-		return
+		return limit.BreakerState{}, false
 	}
 	gs, ok := store.(limit.GuardedStore)
 	if !ok {
-		return
+		return limit.BreakerState{}, false
 	}
+	now := c.now()
 	c.mu.Lock()
-	c.denials[b.Key]++
-	n := c.denials[b.Key]
-	if n < b.ConsecutiveDenials {
-		c.mu.Unlock()
-		return
-	}
-	delete(c.denials, b.Key)
+	seen, ok := c.denials[b.Key]
 	c.mu.Unlock()
-	st, err := gs.AddDenials(ctx, *b, n)
-	if err == nil {
-		c.observe(b, st)
+	if ok && seen.n >= b.ConsecutiveDenials && now.Sub(seen.at) < breakerCacheHold {
+		return limit.BreakerState{}, false
 	}
+	st, err := gs.AddDenials(ctx, *b, 1)
+	if err != nil {
+		return limit.BreakerState{}, false
+	}
+	c.observe(b, st)
+	return st, st.Open && !st.Opened
 }
 
 func minTime(a, b time.Time) time.Time {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/cache"
@@ -69,26 +70,60 @@ func (c *captureWriter) WriteHeader(status int) {
 }
 func (c *captureWriter) Flush() {}
 
-// uncacheable is a loader's answer that is not a result: a JSON-RPC error
-// object, or an HTTP failure. It reaches every caller of the flight and is
-// never stored.
+// uncacheable is a loader's answer that is not a cacheable result: a
+// JSON-RPC error object, an HTTP failure (5xx, 429, a timeout), or a
+// result that came with a non-2xx status. It reaches every caller of the
+// flight, each with its own id, and is never stored.
 type uncacheable struct {
-	status int
-	rpcErr json.RawMessage
+	status     int
+	member     string          // "error" or "result"; "" with value nil
+	value      json.RawMessage // nil: no JSON-RPC answer to relay
+	retryAfter string          // the upstream's Retry-After (429, 503)
 }
 
 func (u *uncacheable) Error() string {
-	if u.rpcErr != nil {
-		return "upstream answered a JSON-RPC error"
+	if u.member == "error" {
+		return fmt.Sprintf("upstream answered HTTP %d with a JSON-RPC error", u.status)
 	}
 	return fmt.Sprintf("upstream answered HTTP %d", u.status)
 }
 
+// load calls the upstream for a cache flight and returns the JSON-RPC
+// result (from a JSON answer or the final result event of a stream) and its
+// isError; anything else is an *uncacheable.
+func load(ctx context.Context, r *http.Request, rt *runtime, fwd mcp.Forward) ([]byte, bool, error) {
+	cw := &captureWriter{header: make(http.Header)}
+	var result, rpcErr json.RawMessage
+	fwd.OnResult = func(res, e json.RawMessage) { result, rpcErr = res, e }
+	_, err := rt.proxy.Serve(cw, r.Clone(ctx), fwd)
+	status := cw.status
+	if status == 0 {
+		// Nothing written: the proxy gave up (the load's own deadline, as
+		// the detached request never goes away otherwise).
+		status = http.StatusBadGateway
+		if errors.Is(err, mcp.ErrClientGone) || errors.Is(err, mcp.ErrUpstreamTimeout) || ctx.Err() != nil {
+			status = http.StatusGatewayTimeout
+		}
+	}
+	u := &uncacheable{status: status, retryAfter: cw.header.Get("Retry-After")}
+	switch {
+	case result != nil && status/100 == 2:
+		return result, isErrorResult(result), nil
+	case result != nil:
+		u.member, u.value = "result", result
+	case rpcErr != nil:
+		u.member, u.value = "error", rpcErr
+	case status/100 == 2:
+		u.status = http.StatusBadGateway // a 2xx without the call's response
+	}
+	return nil, false, u
+}
+
 // cachedCall answers a tools/call of a cacheable tool from the cache, the
 // upstream being called at most once for all concurrent callers of the
-// same key. It reports whether the answer was an error result (for the
-// breaker) and the result this caller's own load produced (for a cost
-// correction; nil on a hit).
+// same key. It reports whether the answer was an error (for the breaker),
+// the result this caller's own load produced (for a cost correction; nil
+// unless this caller's flight loaded it) and the HTTP status written.
 func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, p auth.Principal, tc toolCaching) (failed bool, loaded json.RawMessage, status int) {
 	msg := fwd.Msg
 	scope := cache.Tenant(p.Tenant)
@@ -106,48 +141,49 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		g.log.Warn("cache tags cannot be rendered", "tool", msg.ToolName, "err", err)
 	}
 	pol := cache.Policy{TTL: tc.policy.TTL, Jitter: tc.policy.Jitter, NegativeTTL: tc.policy.NegativeTTL, Tags: tags}
-	var mine json.RawMessage
+	// The loader may also run after this call returned (an early refresh
+	// started by a hit): it must not touch this call's variables.
 	entry, src, err := g.cache.Get(r.Context(), key, func(ctx context.Context) ([]byte, bool, error) {
-		cw := &captureWriter{header: make(http.Header)}
-		var result, rpcErr json.RawMessage
-		f := fwd
-		f.OnResult = func(res, e json.RawMessage) { result, rpcErr = res, e }
-		st, err := rt.proxy.Serve(cw, r.Clone(ctx), f)
-		switch {
-		case result != nil:
-			mine = result
-			return result, isErrorResult(result), nil
-		case rpcErr != nil:
-			return nil, false, &uncacheable{status: http.StatusOK, rpcErr: rpcErr}
-		case err != nil && st == 0:
-			return nil, false, &uncacheable{status: http.StatusBadGateway}
-		default:
-			return nil, false, &uncacheable{status: max(st, http.StatusBadGateway)}
-		}
+		start := time.Now()
+		defer func() { g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds()) }()
+		return load(ctx, r, rt, fwd)
 	}, pol)
 	if err != nil {
 		var u *uncacheable
 		switch {
-		case errors.As(err, &u) && u.rpcErr != nil:
-			writeRPC(w, http.StatusOK, msg.ID, "error", u.rpcErr)
-			return true, nil, http.StatusOK
 		case errors.As(err, &u):
-			mcp.WriteError(w, u.status, msg.ID, mcp.CodeInternalError, "upstream unavailable", nil)
+			outcome := "admitted" // as forward counts them: relayed below 500
+			if u.status >= 500 {
+				outcome = "upstream_error"
+			}
+			g.metrics.Requests.WithLabelValues("tools/call", outcome).Inc()
+			if u.retryAfter != "" {
+				w.Header().Set("Retry-After", u.retryAfter)
+			}
+			if u.value != nil {
+				writeRPC(w, u.status, msg.ID, u.member, u.value)
+			} else {
+				mcp.WriteError(w, u.status, msg.ID, mcp.CodeInternalError, "upstream MCP server unavailable", nil)
+			}
 			return true, nil, u.status
 		case r.Context().Err() != nil:
 			return false, nil, 0 // the caller went away
 		default:
-			mcp.WriteError(w, http.StatusBadGateway, msg.ID, mcp.CodeInternalError, "upstream unavailable: "+err.Error(), nil)
+			g.metrics.Requests.WithLabelValues("tools/call", "upstream_error").Inc()
+			mcp.WriteError(w, http.StatusBadGateway, msg.ID, mcp.CodeInternalError, "upstream MCP server unavailable: "+err.Error(), nil)
 			return true, nil, http.StatusBadGateway
 		}
 	}
+	g.metrics.Requests.WithLabelValues("tools/call", "admitted").Inc()
 	g.metrics.CacheRequests.WithLabelValues(src.String()).Inc()
 	w.Header().Set("X-Mcp-Cache", src.String())
 	writeRPC(w, http.StatusOK, msg.ID, "result", entry.Value)
-	if src != cache.Miss {
-		mine = nil
+	if src == cache.Miss {
+		// Miss: this caller's own flight ran the loader, so the value is
+		// what its upstream call returned.
+		loaded = entry.Value
 	}
-	return entry.Negative, mine, http.StatusOK
+	return entry.Negative, loaded, http.StatusOK
 }
 
 // writeRPC writes a JSON-RPC response with the caller's id around a result

@@ -28,6 +28,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/limit/redisstore"
@@ -71,6 +72,15 @@ type setup struct {
 	// Usage is Options.Usage of every instance (they share it, as
 	// instances share one usage store); nil: no metering.
 	Usage usage.Store
+	// CacheRedis, when set, gives every instance its own cache.Cache on
+	// cache.NewRedisStore over its own client of this server, as
+	// cli/serve.go builds one per process for cache.redis. Nil: each
+	// instance's in-process cache (unless CacheOptions is set).
+	CacheRedis *testenv.Redis
+	// CacheOptions, when set, are the options of each instance's cache (on
+	// CacheRedis, else on its own memory store); the quiet logger when
+	// Logger is nil.
+	CacheOptions *cache.Options
 }
 
 // seenRequest is one HTTP request that reached the upstream.
@@ -194,6 +204,9 @@ func (e *env) newGateway(cfg *policy.Config, s setup) *Gateway {
 		SessionKey: DeriveSessionKey([]byte(testSecret)),
 		Usage:      s.Usage,
 	}
+	if s.CacheRedis != nil || s.CacheOptions != nil {
+		opts.Cache = newTestCache(t, s.CacheRedis, s.CacheOptions)
+	}
 	if len(cfg.Store.Redis) > 0 {
 		client := newRedisClient(t, cfg.Store.Redis...)
 		st, err := redisstore.New(client, &redisstore.Options{Timeout: cfg.Store.Timeout})
@@ -209,6 +222,36 @@ func (e *env) newGateway(cfg *policy.Config, s setup) *Gateway {
 	}
 	t.Cleanup(func() { _ = g.Close() })
 	return g
+}
+
+// newTestCache builds a cache as cli/serve.go's buildCache does: on its own
+// client of redis, or in process when redis is nil. It is closed when the
+// test ends, after the gateway using it (cleanups run in reverse order).
+func newTestCache(t *testing.T, redis *testenv.Redis, o *cache.Options) *cache.Cache {
+	t.Helper()
+	var opts cache.Options
+	if o != nil {
+		opts = *o
+	}
+	if opts.Logger == nil {
+		opts.Logger = quietLogger()
+	}
+	var store cache.Store
+	var err error
+	if redis != nil {
+		store, err = cache.NewRedisStore(redis.Client(t))
+	} else {
+		store, err = cache.NewMemoryStore(nil)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cache.New(store, &opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 func newRedisClient(t *testing.T, addrs ...string) rueidis.Client {

@@ -102,7 +102,9 @@ func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limi
 		for _, rs := range []ruleSet{tenant, global} {
 			if d, ok := l.denials.lookup(rs.checks, cost); ok {
 				l.stats.DenialCacheHits.Inc()
-				l.breakers.deniedLocally(ctx, l.shared, br)
+				if bs, open := l.breakers.deniedLocally(ctx, l.shared, br); open {
+					return verdict{breaker: bs, breakerOpen: true, release: noRelease}
+				}
 				return verdict{decision: d, scope: rs.scopeOf(d), fromCache: true, release: noRelease}
 			}
 		}

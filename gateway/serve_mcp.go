@@ -152,7 +152,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 			"tenant", meter.Tenant, "period", meter.Period, "tool", tool, "cost", cost)
 	}
 	var reported json.RawMessage
-	var failed bool
+	var failed, outcomeReported bool
 	// The cost of an unmetered call is not corrected: a correction of a
 	// charge that never landed would leave a refund without its charge.
 	correct := meter != nil && toolCost.FromResult != "" && !v.unmetered
@@ -160,6 +160,13 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 	if correct || br != nil || tc.invalidates != nil {
 		fwd.OnResult = func(result, rpcErr json.RawMessage) {
 			reported, failed = result, rpcErr != nil || isErrorResult(result)
+			if br != nil {
+				// Before the client sees the answer (an SSE answer is
+				// flushed before Serve returns): its next call must meet
+				// the breaker this outcome opens or closes.
+				outcomeReported = true
+				g.reportOutcome(context.WithoutCancel(r.Context()), br, v.breaker, failed)
+			}
 		}
 	}
 	var status int
@@ -170,7 +177,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		if correct && reported != nil {
 			g.correctCost(context.WithoutCancel(r.Context()), meter, v.metered, cost, toolCost.FromResult, reported)
 		}
-		if br != nil && r.Context().Err() == nil {
+		if br != nil && !outcomeReported && r.Context().Err() == nil {
 			g.reportOutcome(context.WithoutCancel(r.Context()), br, v.breaker, failed || status >= 500)
 		}
 		if tc.invalidates != nil && !failed && status > 0 && status < 300 {

@@ -1,0 +1,686 @@
+package gateway
+
+// End-to-end tests of the loop breaker: real redis-server, two gateway
+// instances sharing it, the demo upstream (SDK sessions and SSE answers
+// unless a test says otherwise), a real HTTP server as the alert webhook.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/internal/testenv"
+	"github.com/mcpgate/mcpgate/keyspace"
+)
+
+// newBreakerEnv starts two gateways sharing redis (a new one when nil) with
+// cfg after the store section.
+func newBreakerEnv(t *testing.T, redis *testenv.Redis, cfg string, up upstream.Options) *env {
+	t.Helper()
+	if redis == nil {
+		redis = testenv.StartRedis(t, nil)
+	}
+	return newEnv(t, setup{Redis: redis, Instances: 2, Upstream: up, Config: storeYAML(true) + cfg})
+}
+
+// agent is one caller: a token and, with a stateful upstream, the id of an
+// SDK session it opened, which its raw calls carry.
+type agent struct {
+	t        *testing.T
+	e        *env
+	tok, sid string
+	ids      atomic.Int64
+}
+
+// newAgent opens an SDK session (initialize) for tenant/subject on instance
+// 0 unless stateless.
+func newAgent(t *testing.T, e *env, tenant, subject string, stateless bool) *agent {
+	t.Helper()
+	a := &agent{t: t, e: e, tok: token(t, tenant, subject)}
+	if !stateless {
+		a.sid = connect(t, e.mcpURL(0), a.tok, "").ID()
+		if a.sid == "" {
+			t.Fatal("the SDK session has no id")
+		}
+	}
+	return a
+}
+
+// call makes one raw tools/call through instance i.
+func (a *agent) call(i int, tool string, args map[string]any) *response {
+	a.t.Helper()
+	r, err := a.callCtx(context.Background(), i, tool, args)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	return r
+}
+
+func (a *agent) callCtx(ctx context.Context, i int, tool string, args map[string]any) (*response, error) {
+	var hdr http.Header
+	if a.sid != "" {
+		hdr = http.Header{"Mcp-Session-Id": {a.sid}}
+	}
+	return postCtx(ctx, a.e.mcpURL(i), a.tok, callBody(a.ids.Add(1), tool, args), hdr)
+}
+
+// Arguments of calls whose arguments do not matter.
+var (
+	failArgs = map[string]any{"message": "boom"}
+	echoArgs = map[string]any{"text": "hi"}
+)
+
+// mustPass fails unless r is a tool result that reached the upstream
+// (isError results included).
+func mustPass(t *testing.T, r *response, what string) {
+	t.Helper()
+	if r.Status != http.StatusOK || r.Msg.Error != nil || r.Msg.Result == nil {
+		t.Fatalf("%s: %d %s, want a tool result", what, r.Status, r.Body)
+	}
+}
+
+// mustDeny fails unless r is a 429 with data.scope scope; it returns
+// Retry-After, checked against the body's retry_after_seconds.
+func mustDeny(t *testing.T, r *response, scope, what string) int64 {
+	t.Helper()
+	if r.Status != http.StatusTooManyRequests || r.code() != CodeRateLimited {
+		t.Fatalf("%s: %d %s, want 429 (scope %s)", what, r.Status, r.Body, scope)
+	}
+	d := r.denial(t)
+	if d.Scope != scope {
+		t.Fatalf("%s: scope %q (%s), want %q", what, d.Scope, r.Body, scope)
+	}
+	ra := intHeader(t, r.Header, "Retry-After")
+	if ra < 1 || ra != d.RetryAfterSeconds {
+		t.Fatalf("%s: Retry-After %d, retry_after_seconds %d: want equal and >= 1", what, ra, d.RetryAfterSeconds)
+	}
+	if scope == "breaker" && d.Rule != breakerRule {
+		t.Fatalf("%s: rule %q, want %q", what, d.Rule, breakerRule)
+	}
+	return ra
+}
+
+// hook is an alert webhook: a real HTTP server recording the events POSTed
+// to it. The first failFirst attempts answer 500; with hang, every request
+// blocks until the client gives up or the test ends.
+type hook struct {
+	srv      *httptest.Server
+	attempts atomic.Int64
+	mu       sync.Mutex
+	events   []BreakerEvent
+	raw      []map[string]any
+	times    []time.Time
+}
+
+func newHook(t *testing.T, failFirst int64, hang bool) *hook {
+	h := &hook{}
+	release := make(chan struct{})
+	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := h.attempts.Add(1)
+		if hang {
+			select {
+			case <-r.Context().Done():
+			case <-release:
+			}
+			return
+		}
+		if r.Method != http.MethodPost || r.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("webhook got %s with Content-Type %q", r.Method, r.Header.Get("Content-Type"))
+		}
+		if n <= failFirst {
+			http.Error(w, "down for now", http.StatusInternalServerError)
+			return
+		}
+		var ev BreakerEvent
+		var raw map[string]any
+		dec := json.NewDecoder(r.Body)
+		if err := dec.Decode(&raw); err != nil {
+			t.Errorf("webhook body: %v", err)
+		}
+		b, _ := json.Marshal(raw)
+		_ = json.Unmarshal(b, &ev)
+		h.mu.Lock()
+		h.events, h.raw, h.times = append(h.events, ev), append(h.raw, raw), append(h.times, time.Now())
+		h.mu.Unlock()
+	}))
+	t.Cleanup(h.srv.Close)
+	t.Cleanup(func() { close(release) }) // runs first: hanging handlers return
+	return h
+}
+
+// eventsFor returns the events received for breaker key.
+func (h *hook) eventsFor(key string) (evs []BreakerEvent, raw []map[string]any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, ev := range h.events {
+		if ev.Key == key {
+			evs, raw = append(evs, ev), append(raw, h.raw[i])
+		}
+	}
+	return evs, raw
+}
+
+// waitEvent waits for the one event of key and checks it.
+func (h *hook) waitEvent(t *testing.T, key, tenant, subject, reason string, counts BreakerCounts, cooldown time.Duration) BreakerEvent {
+	t.Helper()
+	eventually(t, 5*time.Second, "the breaker event of "+key, func() bool { evs, _ := h.eventsFor(key); return len(evs) > 0 })
+	time.Sleep(100 * time.Millisecond) // a duplicate would show up by now
+	evs, raw := h.eventsFor(key)
+	if len(evs) != 1 {
+		t.Fatalf("%d events for %s, want exactly 1: %+v", len(evs), key, evs)
+	}
+	for _, f := range []string{"event", "tenant", "subject", "key", "reason", "counts", "opened_at", "until"} {
+		if _, ok := raw[0][f]; !ok {
+			t.Fatalf("event %v has no %q", raw[0], f)
+		}
+	}
+	ev := evs[0]
+	if ev.Event != "breaker_opened" || ev.Tenant != tenant || ev.Subject != subject || ev.Reason != reason || ev.Counts != counts {
+		t.Fatalf("event %+v, want tenant %s subject %s reason %s counts %+v", ev, tenant, subject, reason, counts)
+	}
+	if d := ev.Until.Sub(ev.OpenedAt); d < cooldown-50*time.Millisecond || d > cooldown+50*time.Millisecond {
+		t.Fatalf("event until - opened_at = %v, want the cooldown %v", d, cooldown)
+	}
+	if late := time.Since(ev.OpenedAt); late < 0 || late > 10*time.Second {
+		t.Fatalf("event opened_at %v is %v from now", ev.OpenedAt, late)
+	}
+	return ev
+}
+
+// triggersConfig has every trigger on; each subtest fires one of them with
+// its own subject (and tool, so that upstream counts stay apart).
+const triggersConfig = `
+tools:
+  search:
+    limits:
+      - {name: search_cap, per: subject, algorithm: fixed_window, limit: 2, period: 1h}
+breaker:
+  consecutive_denials: 4
+  consecutive_failures: 3
+  identical_calls: {count: 5, within: 1m}
+  cooldown: 30s
+  alert_webhook: %s
+`
+
+// Each trigger opens the breaker after exactly its count, counted across two
+// instances (calls alternate between them): the call after is refused with
+// scope "breaker" and Retry-After = the cooldown left, on both instances and
+// from a fresh SDK session, and the upstream sees nothing more. The webhook
+// gets one event per breaker.
+func TestBreakerTriggers(t *testing.T) {
+	t.Parallel()
+	h := newHook(t, 0, false)
+	e := newBreakerEnv(t, nil, fmt.Sprintf(triggersConfig, h.srv.URL), upstream.Options{})
+	const tenant = "acme"
+	cases := []struct {
+		name, subject, tool, reason string
+		// args of the i-th call
+		args func(i int) map[string]any
+		// admitted before the trigger, then denied by the rate limit
+		passed, limited int
+		counts          BreakerCounts
+	}{
+		{"consecutive_denials", "den", "search", "consecutive_denials",
+			func(i int) map[string]any { return map[string]any{"query": fmt.Sprint("q", i)} },
+			2, 4, BreakerCounts{Denials: 4}},
+		{"consecutive_failures", "fails", "fail", "consecutive_failures",
+			func(i int) map[string]any { return map[string]any{"message": fmt.Sprint("boom ", i)} },
+			3, 0, BreakerCounts{Failures: 3}},
+		{"identical_calls", "ident", "echo", "identical_calls",
+			func(int) map[string]any { return map[string]any{"text": "same again"} },
+			5, 0, BreakerCounts{Identical: 5}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			a := newAgent(t, e, tenant, c.subject, false)
+			i := 0
+			for ; i < c.passed; i++ {
+				r := a.call(i, c.tool, c.args(i))
+				mustPass(t, r, fmt.Sprintf("call %d", i+1))
+				if failed := isErrorResult(r.Msg.Result); failed != (c.tool == "fail") {
+					t.Fatalf("call %d: isError %t: %s", i+1, failed, r.Body)
+				}
+			}
+			for ; i < c.passed+c.limited; i++ {
+				mustDeny(t, a.call(i, c.tool, c.args(i)), "subject", fmt.Sprintf("call %d", i+1))
+			}
+			opened := time.Now()
+			ra := mustDeny(t, a.call(i, c.tool, c.args(i)), "breaker", fmt.Sprintf("call %d (after the trigger)", i+1))
+			if ra < 29 || ra > 30 {
+				t.Fatalf("Retry-After %d right after opening, want the cooldown left (30s)", ra)
+			}
+			if got := e.up.Calls(c.tool); got != int64(c.passed) {
+				t.Fatalf("upstream saw %d %s calls, want exactly %d", got, c.tool, c.passed)
+			}
+			// Both instances refuse, with any arguments and any tool.
+			for j := range 6 {
+				mustDeny(t, a.call(j, c.tool, c.args(100+j)), "breaker", fmt.Sprintf("instance %d while open", j%2))
+				mustDeny(t, a.call(j, "echo", map[string]any{"text": fmt.Sprint("other ", j)}), "breaker", "another tool while open")
+			}
+			// A fresh session (a new initialize through the SDK) does not escape.
+			cs := connect(t, e.mcpURL(1), a.tok, "")
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := callTool(ctx, cs, c.tool, c.args(200)); !isRateLimited(err) {
+				t.Fatalf("fresh SDK session: %v, want 429", err)
+			}
+			fresh := &agent{t: t, e: e, tok: a.tok, sid: cs.ID()}
+			ra = mustDeny(t, fresh.call(0, c.tool, c.args(201)), "breaker", "fresh session")
+			if left := 30*time.Second - time.Since(opened); ra < int64(left/time.Second) || ra > 30 {
+				t.Fatalf("Retry-After %d, want the cooldown left (%v)", ra, left)
+			}
+			if got := e.up.Calls(c.tool); got != int64(c.passed) {
+				t.Fatalf("upstream saw %d %s calls after the breaker opened, want still %d", got, c.tool, c.passed)
+			}
+			h.waitEvent(t, keyspace.Breaker(tenant, "subject:"+c.subject), tenant, c.subject, c.reason, c.counts, 30*time.Second)
+		})
+	}
+}
+
+// After the cooldown exactly one probe goes through, however many callers
+// race for it on both instances; its success closes the breaker. A failed
+// probe reopens it for twice the cooldown, capped by max_cooldown. An
+// identical-calls window that ran out starts over.
+func TestBreakerHalfOpenProbe(t *testing.T) {
+	t.Parallel()
+	e := newBreakerEnv(t, nil, `
+breaker:
+  consecutive_failures: 2
+  identical_calls: {count: 3, within: 600ms}
+  cooldown: 1s
+  max_cooldown: 3s
+`, upstream.Options{})
+	a := newAgent(t, e, "acme", "prober", false)
+	n := 0
+	msg := func() map[string]any { n++; return map[string]any{"message": fmt.Sprint("m", n)} }
+	text := func() map[string]any { n++; return map[string]any{"text": fmt.Sprint("t", n)} }
+	open := func(what string) int64 {
+		t.Helper()
+		mustPass(t, a.call(0, "fail", msg()), what+": failure 1")
+		mustPass(t, a.call(1, "fail", msg()), what+": failure 2")
+		return mustDeny(t, a.call(0, "echo", text()), "breaker", what)
+	}
+	if ra := open("opened"); ra != 1 {
+		t.Fatalf("Retry-After %d, want 1 (cooldown 1s)", ra)
+	}
+	time.Sleep(time.Second + 50*time.Millisecond)
+
+	// Half-open: 16 concurrent callers on both instances, one probe.
+	const callers = 16
+	slowBefore := e.up.Calls("slow")
+	var start sync.WaitGroup
+	start.Add(1)
+	var mu sync.Mutex
+	var passed []int
+	var deniedRA []int64
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			start.Wait()
+			r, err := a.callCtx(context.Background(), i, "slow", map[string]any{"ms": 300})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case r.Status == http.StatusOK && r.Msg.Error == nil:
+				passed = append(passed, i)
+			case r.Status == http.StatusTooManyRequests && r.denial(t).Scope == "breaker":
+				deniedRA = append(deniedRA, intHeader(t, r.Header, "Retry-After"))
+			default:
+				t.Errorf("caller %d: %d %s", i, r.Status, r.Body)
+			}
+		})
+	}
+	start.Done()
+	wg.Wait()
+	if len(passed) != 1 || e.up.Calls("slow")-slowBefore != 1 {
+		t.Fatalf("%d callers passed, upstream saw %d slow calls; want exactly one probe", len(passed), e.up.Calls("slow")-slowBefore)
+	}
+	t.Logf("callers refused while the probe ran were told Retry-After %v", deniedRA)
+	// Its success closed the breaker: at once on the probe's instance, and
+	// within the in-process hold on the other.
+	mustPass(t, a.call(passed[0], "echo", text()), "after a successful probe, on its instance")
+	closed := time.Now()
+	eventually(t, 2*time.Second, "the other instance to see the breaker closed", func() bool {
+		return a.call(passed[0]+1, "echo", text()).Status == http.StatusOK
+	})
+	if d := time.Since(closed); d > breakerCacheHold+300*time.Millisecond {
+		t.Fatalf("the other instance refused for %v after the breaker closed", d)
+	}
+
+	// Failed probes double the cooldown, up to max_cooldown.
+	if ra := open("reopened"); ra != 1 {
+		t.Fatalf("Retry-After %d after a close, want the base cooldown again (1)", ra)
+	}
+	for _, want := range []int64{2, 3} {
+		time.Sleep(time.Duration(want-1)*time.Second + 50*time.Millisecond)
+		failBefore := e.up.Calls("fail")
+		r := a.call(1, "fail", msg())
+		mustPass(t, r, "probe")
+		if !isErrorResult(r.Msg.Result) || e.up.Calls("fail") != failBefore+1 {
+			t.Fatalf("probe: %s", r.Body)
+		}
+		for j := range 2 {
+			if ra := mustDeny(t, a.call(j, "echo", text()), "breaker", "after a failed probe"); ra != want {
+				t.Fatalf("after a failed probe, instance %d: Retry-After %d, want %d", j, ra, want)
+			}
+		}
+	}
+
+	// identical_calls counts within a window: one that ran out starts over.
+	w := newAgent(t, e, "acme", "windowed", false)
+	same := map[string]any{"text": "again"}
+	echoes := e.up.Calls("echo")
+	mustPass(t, w.call(0, "echo", same), "identical 1")
+	mustPass(t, w.call(1, "echo", same), "identical 2")
+	time.Sleep(700 * time.Millisecond)
+	for k := range 3 {
+		mustPass(t, w.call(k, "echo", same), fmt.Sprintf("identical %d of a new window", k+1))
+	}
+	mustDeny(t, w.call(1, "echo", same), "breaker", "identical 4 of the new window")
+	if got := e.up.Calls("echo") - echoes; got != 5 {
+		t.Fatalf("upstream saw %d identical echoes, want 5", got)
+	}
+}
+
+// A webhook that fails the first attempts still gets the event (retried with
+// backoff); a webhook that hangs never slows a call down.
+func TestBreakerWebhookDelivery(t *testing.T) {
+	t.Parallel()
+	redis := testenv.StartRedis(t, nil)
+	cfg := `
+breaker:
+  consecutive_failures: 1
+  cooldown: 30s
+  alert_webhook: %s
+`
+	t.Run("retried", func(t *testing.T) {
+		t.Parallel()
+		h := newHook(t, 2, false)
+		e := newBreakerEnv(t, redis, fmt.Sprintf(cfg, h.srv.URL), upstream.Options{Stateless: true, JSONResponse: true})
+		a := newAgent(t, e, "hooked", "alice", true)
+		start := time.Now()
+		mustPass(t, a.call(0, "fail", failArgs), "the failure")
+		mustDeny(t, a.call(1, "echo", echoArgs), "breaker", "after the failure")
+		ev := h.waitEvent(t, keyspace.Breaker("hooked", "subject:alice"), "hooked", "alice", "consecutive_failures", BreakerCounts{Failures: 1}, 30*time.Second)
+		if got := h.attempts.Load(); got != 3 {
+			t.Fatalf("webhook attempts %d, want 3 (two failures, then delivered)", got)
+		}
+		// backoff 250ms then 500ms before the third attempt
+		if d := h.times[0].Sub(start); d < 700*time.Millisecond {
+			t.Fatalf("delivered %v after the failure: no backoff between attempts", d)
+		}
+		t.Logf("event delivered on attempt 3, %v after the call: %+v", h.times[0].Sub(start), ev)
+	})
+	t.Run("hanging", func(t *testing.T) {
+		t.Parallel()
+		h := newHook(t, 0, true)
+		e := newBreakerEnv(t, redis, fmt.Sprintf(cfg, h.srv.URL), upstream.Options{Stateless: true, JSONResponse: true})
+		var worst time.Duration
+		for i := range 20 {
+			a := newAgent(t, e, "hanging", fmt.Sprint("agent", i), true)
+			for j, tool := range []string{"fail", "echo", "echo"} {
+				start := time.Now()
+				r := a.call(i+j, tool, map[string]any{})
+				worst = max(worst, time.Since(start))
+				if j == 0 {
+					mustPass(t, r, "the failure")
+				} else {
+					mustDeny(t, r, "breaker", "after the failure")
+				}
+			}
+		}
+		eventually(t, 5*time.Second, "the webhook to be called", func() bool { return h.attempts.Load() > 0 })
+		if worst > 500*time.Millisecond {
+			t.Fatalf("slowest call %v with a hanging webhook (its timeout is %v): calls wait for alerts", worst, alertTimeout)
+		}
+		t.Logf("20 breakers opened against a hanging webhook; slowest call %v", worst)
+	})
+}
+
+// GET /admin/breakers lists an open breaker; DELETE /admin/breakers/{key}
+// closes it: calls pass at once on that instance, within the in-process
+// hold on the other.
+func TestBreakerAdmin(t *testing.T) {
+	t.Parallel()
+	e := newBreakerEnv(t, nil, `
+breaker:
+  consecutive_failures: 2
+  cooldown: 30s
+`, upstream.Options{Stateless: true, JSONResponse: true})
+	a := newAgent(t, e, "acme", "alice", true)
+	mustPass(t, a.call(0, "fail", failArgs), "failure 1")
+	mustPass(t, a.call(1, "fail", failArgs), "failure 2")
+	for i := range 4 {
+		mustDeny(t, a.call(i, "echo", echoArgs), "breaker", "open") // both instances now hold it in process
+	}
+	key := keyspace.Breaker("acme", "subject:alice")
+	admin := "Bearer " + testAdmin
+	r := adminReq(t, http.MethodGet, e.base[1]+"/admin/breakers", admin)
+	var list struct{ Breakers []breakerView }
+	if err := json.Unmarshal(r.Body, &list); r.Status != http.StatusOK || err != nil {
+		t.Fatalf("GET /admin/breakers: %d %s %v", r.Status, r.Body, err)
+	}
+	if len(list.Breakers) != 1 {
+		t.Fatalf("listed %s, want one breaker", r.Body)
+	}
+	b := list.Breakers[0]
+	if b.Key != key || b.Tenant != "acme" || b.Subject != "alice" || b.ID != "subject:alice" || b.Reason != "consecutive_failures" ||
+		b.HalfOpen || b.Failures != 2 || b.Cooldown != "30s" {
+		t.Fatalf("listed %+v", b)
+	}
+	if left := time.Until(b.Until); left < 25*time.Second || left > 31*time.Second {
+		t.Fatalf("until %v is %v away, want ~30s", b.Until, left)
+	}
+
+	r = adminReq(t, http.MethodDelete, e.base[0]+"/admin/breakers/"+url.PathEscape(key), admin)
+	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"closed"`) {
+		t.Fatalf("DELETE: %d %s", r.Status, r.Body)
+	}
+	deleted := time.Now()
+	mustPass(t, a.call(0, "echo", echoArgs), "right after DELETE, same instance")
+	eventually(t, 2*time.Second, "the other instance to let calls pass", func() bool {
+		return a.call(1, "echo", echoArgs).Status == http.StatusOK
+	})
+	if d := time.Since(deleted); d > breakerCacheHold+300*time.Millisecond {
+		t.Fatalf("the other instance refused for %v after DELETE", d)
+	}
+	if r := adminReq(t, http.MethodGet, e.base[1]+"/admin/breakers", admin); r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"breakers":[]`) {
+		t.Fatalf("GET after DELETE: %d %s", r.Status, r.Body)
+	}
+	if r := adminReq(t, http.MethodDelete, e.base[1]+"/admin/breakers/"+url.PathEscape(key), admin); r.Status != http.StatusNotFound {
+		t.Fatalf("second DELETE: %d %s, want 404", r.Status, r.Body)
+	}
+	if got := e.up.Calls("fail") + e.up.Calls("echo"); got != 4 {
+		t.Fatalf("upstream saw %d calls, want 4 (2 failures, 2 after the reset)", got)
+	}
+}
+
+// breaker.key tenant: one subject's loop stops its whole tenant, not others.
+// breaker.key session: each MCP session has its own breaker; without a
+// session id the subject's is used.
+func TestBreakerKeys(t *testing.T) {
+	t.Parallel()
+	redis := testenv.StartRedis(t, nil)
+	cfg := `
+breaker:
+  key: %s
+  consecutive_failures: 2
+  cooldown: 30s
+`
+	t.Run("tenant", func(t *testing.T) {
+		t.Parallel()
+		e := newBreakerEnv(t, redis, fmt.Sprintf(cfg, "tenant"), upstream.Options{Stateless: true, JSONResponse: true})
+		alice, bob := newAgent(t, e, "t1", "alice", true), newAgent(t, e, "t1", "bob", true)
+		mustPass(t, alice.call(0, "fail", failArgs), "alice fails")
+		mustPass(t, bob.call(1, "fail", failArgs), "bob fails") // the tenant's second failure in a row
+		mustDeny(t, alice.call(0, "echo", echoArgs), "breaker", "alice")
+		mustDeny(t, bob.call(1, "echo", echoArgs), "breaker", "bob")
+		mustDeny(t, newAgent(t, e, "t1", "carol", true).call(0, "echo", echoArgs), "breaker", "carol of the same tenant")
+		mustPass(t, newAgent(t, e, "t2", "alice", true).call(1, "echo", echoArgs), "alice of another tenant")
+		listed := adminReq(t, http.MethodGet, e.base[0]+"/admin/breakers", "Bearer "+testAdmin)
+		if !strings.Contains(string(listed.Body), `"id":"tenant"`) || !strings.Contains(string(listed.Body), `"key":"`+keyspace.Breaker("t1", "tenant")+`"`) {
+			t.Fatalf("listed %s", listed.Body)
+		}
+	})
+	t.Run("session", func(t *testing.T) {
+		t.Parallel()
+		e := newBreakerEnv(t, redis, fmt.Sprintf(cfg, "session"), upstream.Options{})
+		first := newAgent(t, e, "t3", "alice", false)
+		mustPass(t, first.call(0, "fail", failArgs), "failure 1")
+		mustPass(t, first.call(1, "fail", failArgs), "failure 2")
+		mustDeny(t, first.call(0, "echo", echoArgs), "breaker", "the session that failed")
+		mustDeny(t, first.call(1, "echo", echoArgs), "breaker", "the session that failed, other instance")
+		second := newAgent(t, e, "t3", "alice", false)
+		mustPass(t, second.call(1, "echo", echoArgs), "another session of the same subject")
+		if got := e.up.Calls("echo"); got != 1 {
+			t.Fatalf("upstream saw %d echo calls, want 1", got)
+		}
+	})
+	t.Run("session-fallback", func(t *testing.T) {
+		t.Parallel()
+		e := newBreakerEnv(t, redis, fmt.Sprintf(cfg, "session"), upstream.Options{Stateless: true, JSONResponse: true})
+		a, b := newAgent(t, e, "t4", "alice", true), newAgent(t, e, "t4", "alice", true)
+		mustPass(t, a.call(0, "fail", failArgs), "failure 1")
+		mustPass(t, b.call(1, "fail", failArgs), "failure 2, another connection of the subject")
+		mustDeny(t, a.call(1, "echo", echoArgs), "breaker", "the subject, no session")
+		mustPass(t, newAgent(t, e, "t4", "bob", true).call(0, "echo", echoArgs), "another subject")
+		listed := adminReq(t, http.MethodGet, e.base[0]+"/admin/breakers", "Bearer "+testAdmin)
+		if !strings.Contains(string(listed.Body), `"key":"`+keyspace.Breaker("t4", "subject:alice")+`"`) {
+			t.Fatalf("listed %s, want the subject's breaker", listed.Body)
+		}
+	})
+}
+
+// raceEnabled reports whether the test binary was built with -race.
+func raceEnabled() bool {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "-race" {
+				return s.Value == "true"
+			}
+		}
+	}
+	return false
+}
+
+// redisCommands reads INFO commandstats: the calls of each command, INFO's
+// own left out.
+func redisCommands(t *testing.T, c rueidis.Client) map[string]int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for line := range strings.Lines(info) {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_info" {
+			continue
+		}
+		var n int64
+		if _, err := fmt.Sscanf(rest, "%d,", &n); err != nil {
+			t.Fatalf("INFO line %q: %v", line, err)
+		}
+		out[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return out
+}
+
+// commandsSince returns the commands run since before, in total and by name.
+func commandsSince(t *testing.T, c rueidis.Client, before map[string]int64) (int64, map[string]int64) {
+	t.Helper()
+	var total int64
+	by := map[string]int64{}
+	for name, n := range redisCommands(t, c) {
+		if d := n - before[name]; d != 0 {
+			by[name] = d
+			total += d
+		}
+	}
+	return total, by
+}
+
+// A runaway agent looping 1000 calls on a denied key, then on an open
+// breaker, through both instances: at most one Redis command per 20 calls,
+// and p99 under 1ms on loopback (under -race, reported and held to 5ms).
+func TestBreakerRunawayLoop(t *testing.T) {
+	// Not parallel: latencies are measured with the rest of the package idle.
+	redis := testenv.StartRedis(t, nil)
+	e := newBreakerEnv(t, redis, `
+tools:
+  search:
+    limits:
+      - {name: search_cap, per: subject, algorithm: fixed_window, limit: 1, period: 1h}
+breaker:
+  consecutive_failures: 2
+  cooldown: 1m
+`, upstream.Options{Stateless: true, JSONResponse: true})
+	rc := newRedisClient(t, redis.URL)
+	const calls = 1000
+	budget := time.Millisecond
+	if raceEnabled() {
+		budget = 5 * time.Millisecond
+	}
+	loop := func(name string, a *agent, tool, scope string) {
+		t.Helper()
+		upBefore := e.up.TotalCalls()
+		before := redisCommands(t, rc)
+		lat := make([]time.Duration, calls)
+		body := callBody(1, tool, map[string]any{"query": "stuck"})
+		for i := range calls {
+			start := time.Now()
+			r, err := postCtx(context.Background(), e.mcpURL(i), a.tok, body, nil)
+			lat[i] = time.Since(start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 || i == calls-1 {
+				mustDeny(t, r, scope, name)
+			} else if r.Status != http.StatusTooManyRequests {
+				t.Fatalf("%s: call %d: %d %s", name, i, r.Status, r.Body)
+			}
+		}
+		cmds, byName := commandsSince(t, rc, before)
+		slices.Sort(lat)
+		p50, p99 := lat[calls/2], lat[calls*99/100]
+		t.Logf("%s: %d calls, %d Redis commands %v, p50 %v, p99 %v, max %v (race %t)", name, calls, cmds, byName, p50, p99, lat[calls-1], raceEnabled())
+		if cmds > calls/20 {
+			t.Errorf("%s: %d Redis commands for %d calls, want at most %d", name, cmds, calls, calls/20)
+		}
+		if p99 > budget {
+			t.Errorf("%s: p99 %v, want under %v", name, p99, budget)
+		}
+		if got := e.up.TotalCalls() - upBefore; got != 0 {
+			t.Errorf("%s: upstream saw %d calls", name, got)
+		}
+	}
+
+	denied := newAgent(t, e, "loop", "denied", true)
+	mustPass(t, denied.call(0, "search", map[string]any{"query": "first"}), "the one admitted search")
+	loop("denied key", denied, "search", "subject")
+
+	stuck := newAgent(t, e, "loop", "stuck", true)
+	mustPass(t, stuck.call(0, "fail", failArgs), "failure 1")
+	mustPass(t, stuck.call(1, "fail", failArgs), "failure 2")
+	loop("open breaker", stuck, "echo", "breaker")
+}
