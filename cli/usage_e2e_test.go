@@ -323,6 +323,9 @@ tools:
 
 	// Phase 3: SIGTERM mid-load: calls in flight finish, the final flush
 	// writes them; nothing is cut off between admission and the upstream.
+	if c, k := served(); c != calls1 || k != cost1 {
+		t.Logf("DIAG LATE: upstream counted %d calls costing %d after calls1 was read (%d/%d -> %d/%d)", c-calls1, k-cost1, calls1, cost1, c, k)
+	}
 	lb := startLoad(t, b.addr, token, 8)
 	for target, end := calls1+150, time.Now().Add(5*time.Second); up.TotalCalls() < target && time.Now().Before(end); {
 		time.Sleep(5 * time.Millisecond)
@@ -339,8 +342,8 @@ tools:
 	calls2, cost2 := served()
 	final := durableTotal(t, db, "acme", period)
 	if final.NetCalls()-afterKill.NetCalls() != calls2-calls1 || final.Used()-afterKill.Used() != cost2-cost1 {
-		t.Fatalf("after SIGTERM the durable total grew by %d calls costing %d; the upstream served %d costing %d meanwhile",
-			final.NetCalls()-afterKill.NetCalls(), final.Used()-afterKill.Used(), calls2-calls1, cost2-cost1)
+		t.Fatalf("after SIGTERM the durable total grew by %d calls costing %d; the upstream served %d costing %d meanwhile\nB:\n%s",
+			final.NetCalls()-afterKill.NetCalls(), final.Used()-afterKill.Used(), calls2-calls1, cost2-cost1, b.stderr.String())
 	}
 	if !strings.Contains(b.stderr.String(), "usage: final flush done") {
 		t.Fatalf("no final flush in the log:\n%s", b.stderr.String())

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/mcpgate/mcpgate/auth"
@@ -79,6 +80,41 @@ type uncacheable struct {
 	member     string          // "error" or "result"; "" with value nil
 	value      json.RawMessage // nil: no JSON-RPC answer to relay
 	retryAfter string          // the upstream's Retry-After (429, 503)
+	// interim: a 2xx result that is not the call's final answer (MCP
+	// 2026-07-28 "input_required": the server asks the client for input
+	// and the client calls again with it).
+	interim bool
+}
+
+// finalResult reports whether a tools/call result is the call's answer:
+// "resultType" absent or "complete". Anything else ("input_required")
+// belongs to the caller it was sent to and to that moment.
+func finalResult(result json.RawMessage) bool {
+	var r struct {
+		ResultType string `json:"resultType"`
+	}
+	return json.Unmarshal(result, &r) == nil && (r.ResultType == "" || r.ResultType == "complete")
+}
+
+// keyedParams are the members of tools/call params a cache key covers
+// (_meta carries a progress token or tracing, not input).
+var keyedParams = map[string]bool{"name": true, "arguments": true, "_meta": true}
+
+// cacheableParams reports whether the answer to a tools/call can depend on
+// no more than its name and arguments: params with other members (the
+// inputResponses and requestState of an MCP 2026-07-28 retry, a task
+// request) go to the upstream.
+func cacheableParams(params json.RawMessage) bool {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(params, &m) != nil {
+		return false
+	}
+	for k := range m {
+		if !keyedParams[k] {
+			return false
+		}
+	}
+	return true
 }
 
 func (u *uncacheable) Error() string {
@@ -107,10 +143,11 @@ func load(ctx context.Context, r *http.Request, rt *runtime, fwd mcp.Forward) ([
 	}
 	u := &uncacheable{status: status, retryAfter: cw.header.Get("Retry-After")}
 	switch {
-	case result != nil && status/100 == 2:
+	case result != nil && status/100 == 2 && finalResult(result):
 		return result, isErrorResult(result), nil
 	case result != nil:
 		u.member, u.value = "result", result
+		u.interim = status/100 == 2
 	case rpcErr != nil:
 		u.member, u.value = "error", rpcErr
 	case status/100 == 2:
@@ -126,14 +163,34 @@ func load(ctx context.Context, r *http.Request, rt *runtime, fwd mcp.Forward) ([
 // unless this caller's flight loaded it) and the HTTP status written.
 func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, p auth.Principal, tc toolCaching) (failed bool, loaded json.RawMessage, status int) {
 	msg := fwd.Msg
+	// bypass forwards the call without the cache, reporting what the
+	// proxy reports (the caller overwrites its own record with the values
+	// returned).
+	bypass := func() (bool, json.RawMessage, int) {
+		g.metrics.CacheRequests.WithLabelValues("bypass").Inc()
+		var failed bool
+		var loaded json.RawMessage
+		report := fwd.OnResult
+		f := fwd
+		f.OnResult = func(result, rpcErr json.RawMessage) {
+			failed, loaded = rpcErr != nil || isErrorResult(result), result
+			if report != nil {
+				report(result, rpcErr)
+			}
+		}
+		status := g.forward(w, r, rt, f, "tools/call")
+		return failed || status >= 500, loaded, status
+	}
+	if !cacheableParams(msg.Params) {
+		return bypass()
+	}
 	scope := cache.Tenant(p.Tenant)
 	if tc.policy.Shared {
 		scope = cache.Shared()
 	}
 	key, err := cache.NewKey(scope, msg.ToolName, msg.Arguments)
 	if err != nil {
-		g.metrics.CacheRequests.WithLabelValues("bypass").Inc()
-		return false, nil, g.forward(w, r, rt, fwd, "tools/call")
+		return bypass()
 	}
 	tags, err := tc.tags.Render(msg.Arguments)
 	if err != nil {
@@ -142,8 +199,10 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 	}
 	pol := cache.Policy{TTL: tc.policy.TTL, Jitter: tc.policy.Jitter, NegativeTTL: tc.policy.NegativeTTL, Tags: tags}
 	// The loader may also run after this call returned (an early refresh
-	// started by a hit): it must not touch this call's variables.
+	// started by a hit): it must not touch this call's variables but ran.
+	var ran atomic.Bool
 	entry, src, err := g.cache.Get(r.Context(), key, func(ctx context.Context) ([]byte, bool, error) {
+		ran.Store(true)
 		start := time.Now()
 		defer func() { g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds()) }()
 		return load(ctx, r, rt, fwd)
@@ -151,6 +210,11 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 	if err != nil {
 		var u *uncacheable
 		switch {
+		case errors.As(err, &u) && u.interim && !ran.Load():
+			// Another caller's load got an interim answer: it is that
+			// caller's (its request state, its input to give). Ask for
+			// this caller's own.
+			return bypass()
 		case errors.As(err, &u):
 			outcome := "admitted" // as forward counts them: relayed below 500
 			if u.status >= 500 {
@@ -165,7 +229,7 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 			} else {
 				mcp.WriteError(w, u.status, msg.ID, mcp.CodeInternalError, "upstream MCP server unavailable", nil)
 			}
-			return true, nil, u.status
+			return !u.interim || isErrorResult(u.value), nil, u.status
 		case r.Context().Err() != nil:
 			return false, nil, 0 // the caller went away
 		default:
@@ -205,12 +269,17 @@ func writeRPC(w http.ResponseWriter, status int, id json.RawMessage, member stri
 }
 
 // invalidateAfter drops the cache entries a successful call of a mutating
-// tool made stale.
+// tool made stale. For a forwarded call it runs before the answer is
+// relayed (from the proxy's OnResult), so that the caller's next read
+// cannot get a stale entry.
 func (g *Gateway) invalidateAfter(ctx context.Context, rt *runtime, tenant string, tc toolCaching, args json.RawMessage) {
 	tags, err := tc.invalidates.Render(args)
 	if err != nil || len(tags) == 0 {
 		return
 	}
+	// The caller's answer waits for this: bounded like a slot release.
+	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	defer cancel()
 	if _, err := g.invalidate(ctx, rt, tenant, tags); err != nil {
 		g.log.Warn("cache invalidation failed", "tenant", tenant, "tags", tags, "err", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -556,9 +557,14 @@ func TestCacheWarmUp(t *testing.T) {
 	}
 
 	acme := token(t, "acme", "alice")
-	expectResult(t, "warmed search", e.callRaw(0, acme, 1, "search", map[string]any{"query": "pricing"}), "hit")
+	warmed := expectResult(t, "warmed search", e.callRaw(0, acme, 1, "search", map[string]any{"query": "pricing"}), "hit")
 	expectResult(t, "warmed shared echo", e.callRaw(0, token(t, "globex", "gina"), 2, "echo", map[string]any{"text": "hello"}), "hit")
-	expectResult(t, "another tenant's search", e.callRaw(0, token(t, "globex", "gina"), 3, "search", map[string]any{"query": "pricing"}), "miss")
+	loaded := expectResult(t, "another tenant's search", e.callRaw(0, token(t, "globex", "gina"), 3, "search", map[string]any{"query": "pricing"}), "miss")
+	// The warm-up (the SDK's client) stores the result a gateway load stores.
+	var a, b any
+	if json.Unmarshal(warmed, &a) != nil || json.Unmarshal(loaded, &b) != nil || !reflect.DeepEqual(a, b) {
+		t.Fatalf("warmed result %s differs from the loaded %s", warmed, loaded)
+	}
 	if s, c := e.up.Calls("search"), e.up.Calls("echo"); s != 2 || c != 1 {
 		t.Fatalf("the upstream saw %d search and %d echo calls, want 2 and 1", s, c)
 	}
@@ -712,4 +718,88 @@ func TestCacheHitLatencyVsUpstream(t *testing.T) {
 	}
 	t.Logf("cache hit through the gateway: median %v, mean %v; direct upstream call: median %v, mean %v; ratio (hit/direct) median %.2f, mean %.2f (n=%d, %d upstream search calls)",
 		hitMed, hitMean, upMed, upMean, float64(hitMed)/float64(upMed), float64(hitMean)/float64(upMean), n, e.up.Calls("search"))
+}
+
+// An MCP 2026-07-28 "input_required" answer (the server asks the client for
+// input, and the client calls again with it) is relayed, never stored, and
+// the call carrying the input reaches the upstream. Callers that arrive
+// while another caller's call is being asked get their own question (its
+// request state is theirs), not a copy of the other caller's: every SDK
+// client gets the answer to its own input.
+func TestCacheInputRequiredIsNotCached(t *testing.T) {
+	t.Parallel()
+	var asked, answered atomic.Int64
+	srv := sdk.NewServer(&sdk.Implementation{Name: "mrtr-upstream", Version: "1"}, nil)
+	type askIn struct {
+		Q string `json:"q"`
+	}
+	sdk.AddTool(srv, &sdk.Tool{Name: "ask", Description: "asks the caller to confirm"},
+		func(_ context.Context, req *sdk.CallToolRequest, in askIn) (*sdk.CallToolResult, any, error) {
+			subject := req.Extra.Header.Get("X-Mcp-Subject")
+			resp, ok := req.Params.InputResponses["confirm"].(*sdk.ElicitResult)
+			if !ok {
+				asked.Add(1)
+				time.Sleep(300 * time.Millisecond) // let concurrent callers pile up
+				return &sdk.CallToolResult{
+					InputRequests: sdk.InputRequestMap{"confirm": &sdk.ElicitParams{
+						Mode: "form", Message: "confirm " + in.Q,
+						RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{"who": map[string]any{"type": "string"}}},
+					}},
+					RequestState: "for-" + subject,
+				}, nil, nil
+			}
+			answered.Add(1)
+			if req.Params.RequestState != "for-"+subject {
+				return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{
+					Text: fmt.Sprintf("%s retried with request state %q", subject, req.Params.RequestState)}}}, nil, nil
+			}
+			return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: fmt.Sprintf("%s confirmed by %v", in.Q, resp.Content["who"])}}}, nil, nil
+		})
+	up := httptest.NewServer(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return srv },
+		&sdk.StreamableHTTPOptions{Stateless: true, JSONResponse: true}))
+	t.Cleanup(up.Close)
+	e := newEnv(t, setup{UpstreamURL: up.URL, Config: `
+tools:
+  ask:
+    cache: {ttl: 10m}
+`})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	subjects := []string{"alice", "bob", "carol", "dave", "erin"}
+	errs := make([]error, len(subjects))
+	var wg sync.WaitGroup
+	for i, who := range subjects {
+		client := sdk.NewClient(&sdk.Implementation{Name: "gateway-test", Version: "1"}, &sdk.ClientOptions{
+			ElicitationHandler: func(context.Context, *sdk.ElicitRequest) (*sdk.ElicitResult, error) {
+				return &sdk.ElicitResult{Action: "accept", Content: map[string]any{"who": who}}, nil
+			},
+		})
+		cs, err := client.Connect(ctx, transport(e.mcpURL(0), bearer{token: token(t, "acme", who)}), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cs.Close() })
+		wg.Go(func() {
+			res, err := callTool(ctx, cs, "ask", map[string]any{"q": "x"})
+			switch {
+			case err != nil:
+				errs[i] = err
+			case res.IsError || len(res.Content) != 1:
+				errs[i] = fmt.Errorf("result %+v", res.Content)
+			default:
+				if txt, ok := res.Content[0].(*sdk.TextContent); !ok || txt.Text != "x confirmed by "+who {
+					errs[i] = fmt.Errorf("%+v, want the answer to %s's input", res.Content[0], who)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("%s: %v", subjects[i], err)
+		}
+	}
+	if a, b := asked.Load(), answered.Load(); a != int64(len(subjects)) || b != int64(len(subjects)) {
+		t.Fatalf("upstream asked %d times and answered %d times, want %d and %d", a, b, len(subjects), len(subjects))
+	}
 }

@@ -35,11 +35,13 @@ func setRateHeaders(h http.Header, d limit.Decision, now time.Time) {
 	}
 	reset := ceilSeconds(d.ResetAfter)
 	name := sfString(d.Rule.Name)
-	h.Set("X-RateLimit-Limit", strconv.FormatInt(d.Limit, 10))
-	h.Set("X-RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(now.Add(d.ResetAfter).Add(time.Second-1).Unix(), 10))
-	h.Set("RateLimit-Policy", name+";q="+strconv.FormatInt(d.Limit, 10)+";w="+strconv.FormatInt(max(1, ceilSeconds(d.Rule.Period)), 10))
-	h.Set("RateLimit", name+";r="+strconv.FormatInt(d.Remaining, 10)+";t="+strconv.FormatInt(reset, 10))
+	// Keys are written in canonical form directly: Header.Set would
+	// canonicalise them again on every call.
+	h["X-Ratelimit-Limit"] = []string{strconv.FormatInt(d.Limit, 10)}
+	h["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(d.Remaining, 10)}
+	h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(now.Add(d.ResetAfter).Add(time.Second-1).Unix(), 10)}
+	h["Ratelimit-Policy"] = []string{name + ";q=" + strconv.FormatInt(d.Limit, 10) + ";w=" + strconv.FormatInt(max(1, ceilSeconds(d.Rule.Period)), 10)}
+	h["Ratelimit"] = []string{name + ";r=" + strconv.FormatInt(d.Remaining, 10) + ";t=" + strconv.FormatInt(reset, 10)}
 }
 
 // sfString quotes s as a Structured Field string (RFC 8941): printable ASCII

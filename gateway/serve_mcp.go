@@ -152,7 +152,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 			"tenant", meter.Tenant, "period", meter.Period, "tool", tool, "cost", cost)
 	}
 	var reported json.RawMessage
-	var failed, outcomeReported bool
+	var failed, outcomeReported, invalidated bool
 	// The cost of an unmetered call is not corrected: a correction of a
 	// charge that never landed would leave a refund without its charge.
 	correct := meter != nil && toolCost.FromResult != "" && !v.unmetered
@@ -167,6 +167,12 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 				outcomeReported = true
 				g.reportOutcome(context.WithoutCancel(r.Context()), br, v.breaker, failed)
 			}
+			if tc.invalidates != nil && !failed {
+				// Before the answer is relayed too: a caller reading right
+				// after its write must not get the entry it made stale.
+				invalidated = true
+				g.invalidateAfter(context.WithoutCancel(r.Context()), rt, p.Tenant, tc, msg.Arguments)
+			}
 		}
 	}
 	var status int
@@ -180,7 +186,9 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		if br != nil && !outcomeReported && r.Context().Err() == nil {
 			g.reportOutcome(context.WithoutCancel(r.Context()), br, v.breaker, failed || status >= 500)
 		}
-		if tc.invalidates != nil && !failed && status > 0 && status < 300 {
+		if tc.invalidates != nil && !invalidated && !failed && status > 0 && status < 300 {
+			// a mutating tool that is also cached: cachedCall reports no
+			// result on the way
 			g.invalidateAfter(context.WithoutCancel(r.Context()), rt, p.Tenant, tc, msg.Arguments)
 		}
 	}()

@@ -19,6 +19,13 @@ import (
 // ready with whatever was warmed (a slow upstream must not keep it down).
 const warmTimeout = time.Minute
 
+// warmProtocol is the MCP version of warm-up sessions. A warmed value is
+// served to callers of every version, and under 2026-07-28 a server adds
+// members of that version to results (resultType, _meta serverInfo): warm
+// up with the last version whose results every client reads alike (a
+// 2026-07-28 client takes a result without resultType as complete).
+const warmProtocol = "2025-11-25"
+
 // headerTransport adds fixed headers to every request.
 type headerTransport struct {
 	base   http.RoundTripper
@@ -122,7 +129,7 @@ func (s *warmSessions) get(ctx context.Context, tenant string) (*sdk.ClientSessi
 		HTTPClient:           &http.Client{Transport: headerTransport{base: http.DefaultTransport, header: h}},
 		MaxRetries:           -1,
 		DisableStandaloneSSE: true,
-	}, nil)
+	}, &sdk.ClientSessionOptions{ProtocolVersion: warmProtocol})
 	if err != nil {
 		return nil, fmt.Errorf("connect to the upstream: %w", err)
 	}

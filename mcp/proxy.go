@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -472,6 +473,12 @@ func resultResponse(id, result json.RawMessage) []byte {
 }
 
 func mediaType(v string) string {
+	// The two types MCP servers send, as they send them, skip the general
+	// parser (a measurable part of the proxy's per-call cost).
+	switch v {
+	case "application/json", "text/event-stream", "application/json; charset=utf-8":
+		return strings.TrimSuffix(v, "; charset=utf-8")
+	}
 	t, _, err := mime.ParseMediaType(v)
 	if err != nil {
 		return ""
