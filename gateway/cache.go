@@ -49,12 +49,13 @@ func compileCaching(cfg *policy.Config) (map[string]toolCaching, bool, error) {
 	return out, sharedTags, nil
 }
 
-// captureWriter records an upstream answer relayed by the proxy, for a
-// cache loader (the answer goes to several callers, each with its own id).
+// captureWriter takes an upstream answer relayed by the proxy, for a cache
+// loader: it keeps the status and headers; the body is dropped, as the
+// result (or error) comes from the proxy's OnResult and goes to several
+// callers, each with its own id.
 type captureWriter struct {
 	header http.Header
 	status int
-	body   bytes.Buffer
 }
 
 func (c *captureWriter) Header() http.Header { return c.header }
@@ -62,7 +63,7 @@ func (c *captureWriter) Write(b []byte) (int, error) {
 	if c.status == 0 {
 		c.status = http.StatusOK
 	}
-	return c.body.Write(b)
+	return len(b), nil
 }
 func (c *captureWriter) WriteHeader(status int) {
 	if c.status == 0 {
@@ -84,6 +85,13 @@ type uncacheable struct {
 	// 2026-07-28 "input_required": the server asks the client for input
 	// and the client calls again with it).
 	interim bool
+}
+
+func (u *uncacheable) Error() string {
+	if u.member == "error" {
+		return fmt.Sprintf("upstream answered HTTP %d with a JSON-RPC error", u.status)
+	}
+	return fmt.Sprintf("upstream answered HTTP %d", u.status)
 }
 
 // finalResult reports whether a tools/call result is the call's answer:
@@ -115,13 +123,6 @@ func cacheableParams(params json.RawMessage) bool {
 		}
 	}
 	return true
-}
-
-func (u *uncacheable) Error() string {
-	if u.member == "error" {
-		return fmt.Sprintf("upstream answered HTTP %d with a JSON-RPC error", u.status)
-	}
-	return fmt.Sprintf("upstream answered HTTP %d", u.status)
 }
 
 // load calls the upstream for a cache flight and returns the JSON-RPC

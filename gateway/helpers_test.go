@@ -79,7 +79,7 @@ type setup struct {
 	CacheRedis *testenv.Redis
 	// CacheOptions, when set, are the options of each instance's cache (on
 	// CacheRedis, else on its own memory store); the quiet logger when
-	// Logger is nil.
+	// Logger is nil, a 2s Timeout when Timeout is zero.
 	CacheOptions *cache.Options
 }
 
@@ -235,6 +235,12 @@ func newTestCache(t *testing.T, redis *testenv.Redis, o *cache.Options) *cache.C
 	}
 	if opts.Logger == nil {
 		opts.Logger = quietLogger()
+	}
+	if opts.Timeout == 0 {
+		// A store operation over the timeout degrades to an uncached load
+		// (by design); the default 100ms is within reach of a loaded test
+		// machine under -race, which would make hits flaky.
+		opts.Timeout = 2 * time.Second
 	}
 	var store cache.Store
 	var err error
