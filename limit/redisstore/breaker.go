@@ -317,25 +317,9 @@ func (s *Store) ListBreakers(ctx context.Context, fn func(limit.BreakerInfo) err
 		return fmt.Errorf("redisstore: list breakers: %w", err)
 	}
 	seen := map[string]struct{}{}
-	cluster := s.client.Mode() == rueidis.ClientModeCluster
-	for addr, node := range s.client.Nodes() {
-		if cluster && isReplica(ctx, node) {
-			continue
-		}
-		for cursor := uint64(0); ; {
-			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(keyspace.BreakerPattern).Count(scanCount).Build()).AsScanEntry()
-			if err != nil {
-				return fmt.Errorf("redisstore: list breakers on %s: %w", addr, err)
-			}
-			if err := s.readBreakers(ctx, now, e.Elements, seen, fn); err != nil {
-				return err
-			}
-			if cursor = e.Cursor; cursor == 0 {
-				break
-			}
-		}
-	}
-	return nil
+	return s.scanMasters(ctx, keyspace.BreakerPattern, "list breakers", func(keys []string) error {
+		return s.readBreakers(ctx, now, keys, seen, fn)
+	})
 }
 
 // clock is the scripts' clock: the server's TIME plus the offset.

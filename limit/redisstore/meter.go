@@ -248,17 +248,26 @@ func (s *Store) MarkFlushed(ctx context.Context, key string, u limit.Usage) erro
 // of Redis, and returns it.
 func (s *Store) ScanMeters(ctx context.Context, fn func(limit.MeterState) error) error {
 	seen := map[string]struct{}{}
+	return s.scanMasters(ctx, keyspace.UsagePattern, "scan meters", func(keys []string) error {
+		return s.readMeters(ctx, keys, seen, fn)
+	})
+}
+
+// scanMasters SCANs for pattern on every master (the one server when
+// standalone) and hands each page of keys to page. A key may be seen twice
+// (a failover during the scan): page deduplicates.
+func (s *Store) scanMasters(ctx context.Context, pattern, what string, page func(keys []string) error) error {
 	cluster := s.client.Mode() == rueidis.ClientModeCluster
 	for addr, node := range s.client.Nodes() {
 		if cluster && isReplica(ctx, node) {
 			continue
 		}
 		for cursor := uint64(0); ; {
-			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(keyspace.UsagePattern).Count(scanCount).Build()).AsScanEntry()
+			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(pattern).Count(scanCount).Build()).AsScanEntry()
 			if err != nil {
-				return fmt.Errorf("redisstore: scan meters on %s: %w", addr, err)
+				return fmt.Errorf("redisstore: %s on %s: %w", what, addr, err)
 			}
-			if err := s.readMeters(ctx, e.Elements, seen, fn); err != nil {
+			if err := page(e.Elements); err != nil {
 				return err
 			}
 			if cursor = e.Cursor; cursor == 0 {
