@@ -204,10 +204,16 @@ func serveUntilDone(ctx context.Context, g *gateway.Gateway, addr string, log *s
 			log.Info("shutting down: waiting for calls in flight", "grace", shutdownGrace)
 			sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 			defer cancel()
-			if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-				return err
+			err := srv.Shutdown(sctx)
+			if errors.Is(err, context.DeadlineExceeded) {
+				// The final flush (g.Close) runs with these calls still
+				// going: a cost correction they make after it stays in the
+				// live counter (for another instance's sweep) or is lost
+				// with the in-process store.
+				log.Warn("calls still in flight after the shutdown grace: stopping without them", "grace", shutdownGrace)
+				return nil
 			}
-			return nil
+			return err
 		}
 	}
 }
