@@ -161,6 +161,18 @@ func TestStoreFailurePolicies(t *testing.T) {
 	eventually(t, 10*time.Second, "/readyz to recover", func() bool {
 		return get(t, e.base[0]+"/readyz", "").Status == http.StatusOK
 	})
+	// rueidis spreads commands over several connections: each one still
+	// open to the dead server fails once (EOF) before it is replaced, and
+	// such a failure is a degraded decision. Let every one of them fail on
+	// a PING first, so that the counts below are Redis's alone.
+	eventually(t, 10*time.Second, "every connection to the restarted Redis", func() bool {
+		for range 16 {
+			if g.probe(context.Background()) != nil {
+				return false
+			}
+		}
+		return true
+	})
 	// The local store spent llm_cap: an admitted call now is Redis's
 	// decision (its data set is empty after the restart).
 	eventually(t, 10*time.Second, "decisions to go back to Redis", func() bool {
