@@ -36,20 +36,20 @@ type Cluster struct {
 }
 
 // StartCluster starts six cluster-enabled redis-servers (cluster bus on its
-// own free port, cluster-node-timeout 2000), joins them as `redis-cli
-// --cluster create ... --cluster-replicas 1 --cluster-yes` would (with the
-// same commands sent directly, which is faster), and waits until
+// own free port, cluster-node-timeout 2000), joins them with `redis-cli
+// --cluster create ... --cluster-replicas 1 --cluster-yes` (the way an
+// operator makes a cluster), and waits until
 // every node reports cluster_state:ok, all 16384 slots assigned and ok, six
 // known nodes, and every replica's link to its master up. When a start
 // fails (usually a port taken by another process meanwhile), it is retried
-// from scratch with new ports, up to 3 times. It takes about 2.1s, most of it
-// redis's own 2s delay before a new master reports cluster_state:ok; a
+// from scratch with new ports, up to 3 times. It takes 2.1 to 3.1s, most of
+// it redis's own 2s delay before a new master reports cluster_state:ok; a
 // package with several cluster tests should share one cluster. The nodes
 // are killed when the test ends. Missing binaries skip or fail the test as
 // RequireBinary does.
 func StartCluster(tb testing.TB) *Cluster {
 	tb.Helper()
-	return startClusterWith(tb, false)
+	return startClusterWith(tb, true)
 }
 
 // startClusterWith is StartCluster; withRedisCLI joins the nodes with

@@ -382,11 +382,11 @@ func TestCluster(t *testing.T) {
 	}
 }
 
-// TestClusterRedisCLI checks the reference way of joining the nodes, which
-// StartCluster does not use (it is slower).
-func TestClusterRedisCLI(t *testing.T) {
+// TestClusterDirectJoin checks the other way of joining the nodes: the
+// commands redis-cli sends, sent directly (StartCluster uses redis-cli).
+func TestClusterDirectJoin(t *testing.T) {
 	t.Parallel()
-	cl := startClusterWith(t, true)
+	cl := startClusterWith(t, false)
 	c := cl.Client(t)
 	ctx := ctxT(t, 10*time.Second)
 	for i := range 100 {
