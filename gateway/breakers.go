@@ -23,6 +23,12 @@ const (
 	// without asking the store, so that DELETE /admin/breakers/{key} on one
 	// instance reaches the others within this time.
 	breakerCacheHold = time.Second
+	// probeRetry caps the Retry-After of a call refused because another
+	// call's half-open probe is in flight, and how long such a refusal is
+	// answered in process: the store's retry time is the probe's lease
+	// (the upstream timeout and more), but the probe's outcome, which
+	// closes or reopens the breaker, usually comes within a second.
+	probeRetry = time.Second
 )
 
 // breakerCache answers open breakers in process until they may close (at
@@ -106,6 +112,9 @@ func (c *breakerCache) observe(b *limit.BreakerSpec, st limit.BreakerState) {
 		delete(c.open, b.Key)
 		return
 	}
+	if st.HalfOpen {
+		st.RetryAfter = min(st.RetryAfter, probeRetry)
+	}
 	until := now.Add(st.RetryAfter)
 	if len(c.open) >= breakerCacheSize {
 		for k, e := range c.open {
@@ -115,6 +124,18 @@ func (c *breakerCache) observe(b *limit.BreakerSpec, st limit.BreakerState) {
 		}
 	}
 	c.open[b.Key] = openBreaker{until: until, hold: minTime(until, now.Add(breakerCacheHold)), state: st}
+}
+
+// unhold stops answering key in process (its probe's lease was released:
+// the next call should reach the store and become the probe), keeping its
+// count of denials.
+func (c *breakerCache) unhold(key string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	delete(c.open, key)
+	c.mu.Unlock()
 }
 
 func (c *breakerCache) forget(key string) {
@@ -159,6 +180,32 @@ func (c *breakerCache) deniedLocally(ctx context.Context, store limit.Store, b *
 	}
 	c.observe(b, st)
 	return st, st.Open && !st.Opened
+}
+
+// releaseProbe frees the lease of the half-open probe st says this call
+// was, when the call will report no outcome (a later stage denied it, or
+// its client went away before a result): without it the breaker would
+// refuse every call until the lease ran out. A failed release is logged;
+// the lease then runs out by itself.
+func (l *limiter) releaseProbe(ctx context.Context, b *limit.BreakerSpec, st limit.BreakerState) {
+	if b == nil || !st.Probe {
+		return
+	}
+	var store limit.Store = l.local
+	if l.shared != nil {
+		store = l.shared
+	}
+	gs, ok := store.(limit.GuardedStore)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := gs.ReleaseProbe(ctx, *b); err != nil {
+		l.log.Warn("releasing a loop breaker's probe failed: the breaker refuses calls until its lease runs out", "key", b.Key, "err", err)
+		return
+	}
+	l.breakers.unhold(b.Key)
 }
 
 func minTime(a, b time.Time) time.Time {

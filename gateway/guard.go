@@ -216,6 +216,15 @@ func (g *guardedStore) AddDenials(ctx context.Context, b limit.BreakerSpec, n in
 	return st, err
 }
 
+func (g *guardedStore) ReleaseProbe(ctx context.Context, b limit.BreakerSpec) error {
+	if g.open.Load() {
+		return ErrStoreDown
+	}
+	err := g.guarded().ReleaseProbe(ctx, b)
+	g.observe(ctx, err)
+	return err
+}
+
 func (g *guardedStore) ListBreakers(ctx context.Context, fn func(limit.BreakerInfo) error) error {
 	if g.open.Load() {
 		return ErrStoreDown

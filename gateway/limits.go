@@ -141,6 +141,9 @@ func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limi
 			if v.metered {
 				l.meters.adjust(context.WithoutCancel(ctx), *meter, limit.Usage{Refunded: cost, RefundedCalls: 1})
 			}
+			// The call will not go: if it was the breaker's probe, the next
+			// call may be.
+			l.releaseProbe(ctx, br, v.breaker)
 		}
 		if err != nil || v.unavailable {
 			return v

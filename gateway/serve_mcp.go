@@ -183,8 +183,15 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		if correct && reported != nil {
 			g.correctCost(context.WithoutCancel(r.Context()), meter, v.metered, cost, toolCost.FromResult, reported)
 		}
-		if br != nil && !outcomeReported && r.Context().Err() == nil {
+		switch {
+		case br == nil || outcomeReported:
+		case r.Context().Err() == nil:
 			g.reportOutcome(context.WithoutCancel(r.Context()), br, v.breaker, failed || status >= 500)
+		default:
+			// The client went away before a result: the call says nothing
+			// of the agent, and a probe's lease would refuse every call
+			// until it ran out.
+			g.lim.releaseProbe(r.Context(), br, v.breaker)
 		}
 		if tc.invalidates != nil && !invalidated && !failed && status > 0 && status < 300 {
 			// a mutating tool that is also cached: cachedCall reports no
@@ -207,12 +214,18 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 const breakerRule = "loop_breaker"
 
 // breakerDecision describes an open breaker as a limit.Decision, for the
-// same headers and body as other denials.
+// same headers and body as other denials. A refusal because another call's
+// probe is in flight says retry within probeRetry, not at the end of the
+// probe's lease: the probe's outcome is usually known by then.
 func breakerDecision(b *limit.BreakerSpec, st limit.BreakerState) limit.Decision {
+	retry := st.RetryAfter
+	if st.HalfOpen {
+		retry = min(retry, probeRetry)
+	}
 	return limit.Decision{
 		Rule:       limit.Rule{Name: breakerRule, Period: max(st.Cooldown, b.Cooldown)},
-		ResetAfter: st.RetryAfter,
-		RetryAfter: st.RetryAfter,
+		ResetAfter: retry,
+		RetryAfter: retry,
 	}
 }
 

@@ -49,6 +49,12 @@ type BreakerState struct {
 	// denied this call; RetryAfter is the time left before a probe may go.
 	Open       bool
 	RetryAfter time.Duration
+	// HalfOpen: Open because the breaker is half-open and another call's
+	// probe is in flight. RetryAfter is then the rest of that probe's lease,
+	// an upper bound: the probe's outcome (which closes or reopens the
+	// breaker) usually comes within a second, so a caller should retry
+	// sooner than RetryAfter says.
+	HalfOpen bool
 	// Opened: this operation opened (or reopened) the breaker: alert.
 	Opened bool
 	// Probe: this call is the half-open probe; report its outcome with
@@ -106,6 +112,14 @@ type GuardedStore interface {
 	// AddDenials counts n denials answered without the store (the local
 	// denial cache) toward ConsecutiveDenials.
 	AddDenials(ctx context.Context, b BreakerSpec, n int64) (BreakerState, error)
+	// ReleaseProbe frees the lease of the probe in flight of a half-open
+	// breaker (its lease ends now), so that the next call becomes the
+	// probe; on any other breaker it does nothing. Call it when the call
+	// Evaluate made the probe (Outcome.Breaker.Probe) will report no
+	// outcome: a later stage denied it, or its client went away before a
+	// result. Without it the breaker denies every call until the lease
+	// runs out.
+	ReleaseProbe(ctx context.Context, b BreakerSpec) error
 	// ListBreakers calls fn for every open or half-open breaker.
 	ListBreakers(ctx context.Context, fn func(BreakerInfo) error) error
 	// ResetBreaker closes a breaker and clears its counters; false when the

@@ -28,6 +28,7 @@ var breakerScenarios = []scenario{
 	{name: "half_open", run: testBreakerHalfOpen},
 	{name: "backoff", run: testBreakerBackoff},
 	{name: "probe_lease", run: testBreakerProbeLease},
+	{name: "release_probe", run: testBreakerReleaseProbe},
 	{name: "add_denials", run: testBreakerAddDenials},
 	{name: "list_reset", run: testBreakerListReset},
 	{name: "ttl", run: testBreakerTTL},
@@ -168,10 +169,10 @@ func (c *tcase) addDenials(label string, sp limit.BreakerSpec, n int64) limit.Br
 // brWant is what a breaker state must show; retry anyDuration is not
 // checked.
 type brWant struct {
-	open, opened, probe          bool
-	reason                       string
-	denials, failures, identical int64
-	cooldown, retry              time.Duration
+	open, opened, probe, halfOpen bool
+	reason                        string
+	denials, failures, identical  int64
+	cooldown, retry               time.Duration
 }
 
 func (c *tcase) expectBreaker(label string, got limit.BreakerState, w brWant) {
@@ -179,7 +180,7 @@ func (c *tcase) expectBreaker(label string, got limit.BreakerState, w brWant) {
 	if w.cooldown == 0 {
 		w.cooldown = brCooldown
 	}
-	if got.Open != w.open || got.Opened != w.opened || got.Probe != w.probe || got.Reason != w.reason ||
+	if got.Open != w.open || got.Opened != w.opened || got.Probe != w.probe || got.HalfOpen != w.halfOpen || got.Reason != w.reason ||
 		got.Denials != w.denials || got.Failures != w.failures || got.Identical != w.identical || got.Cooldown != w.cooldown {
 		c.t.Errorf("%s: breaker %+v, want %+v", label, got, w)
 		return

@@ -19,7 +19,7 @@ import (
 
 // testBreakerModel drives two breakers with a random sequence of Evaluate
 // (with and without a check, with and without a fingerprint),
-// ReportOutcome, AddDenials and clock advances, and compares every state
+// ReportOutcome, AddDenials, ReleaseProbe and clock advances, and compares every state
 // with limit/internal/algo's. As in the model scenario, the clock moves by
 // whole ticks and every duration is a whole number of ticks, so a store
 // whose clock also follows real time decides as the model does.
@@ -66,8 +66,10 @@ func testBreakerModel(c *tcase) {
 			m.eval(sp, checks)
 		case p < 70:
 			m.report(sp, m.rnd.IntN(10) < 6, m.rnd.IntN(2) == 0)
-		case p < 75:
+		case p < 73:
 			m.addDenials(sp, 1+m.rnd.Int64N(2))
+		case p < 76:
+			m.releaseProbe(sp)
 		default:
 			d := time.Duration([]int64{1, 3, 6, 12, 24}[m.rnd.IntN(5)]) * tick
 			c.advance(d)
@@ -81,7 +83,7 @@ func testBreakerModel(c *tcase) {
 			c.t.Fatalf("the sequence took %v of real time: more than half a tick, decisions may differ from the model's", time.Since(c.began))
 		}
 	}
-	c.t.Logf("%d openings, %d probes, %d calls denied by an open breaker", m.opened, m.probes, m.gated)
+	c.t.Logf("%d openings, %d probes, %d calls denied by an open breaker, %d probes released", m.opened, m.probes, m.gated, m.released)
 	if m.opened == 0 || m.probes == 0 || m.gated == 0 {
 		c.t.Errorf("the sequence did not open, probe and deny (seed %d)", seed)
 	}
@@ -97,7 +99,7 @@ type brModel struct {
 	calls    map[string]*algo.CallCounter
 	history  []string
 
-	opened, probes, gated int
+	opened, probes, gated, released int
 }
 
 func (m *brModel) log(format string, args ...any) {
@@ -142,7 +144,10 @@ func (m *brModel) eval(sp limit.BreakerSpec, checks []limit.Check) {
 	if deny {
 		m.gated++
 		want = algo.BreakerView(&b, p, m.now, false)
-		want.Open, want.RetryAfter = true, time.Duration(retry)*time.Microsecond
+		algo.BreakerBlocked(&want, &b, m.now)
+		if !want.Open || want.RetryAfter != time.Duration(retry)*time.Microsecond {
+			c.t.Fatalf("model: the gate denied for %dµs, BreakerBlocked says %+v", retry, want)
+		}
 	} else {
 		allowed = true
 		if len(checks) > 0 {
@@ -203,6 +208,23 @@ func (m *brModel) addDenials(sp limit.BreakerSpec, n int64) {
 	})
 }
 
+// releaseProbe frees the lease of a probe in flight, in the store and the
+// model (ReleaseProbe returns no state: the operations after it compare).
+func (m *brModel) releaseProbe(sp limit.BreakerSpec) {
+	c := m.c
+	c.t.Helper()
+	if err := c.gs().ReleaseProbe(c.ctx, sp); err != nil {
+		c.t.Fatalf("model: ReleaseProbe: %v", err)
+	}
+	b := m.breaker(sp.Key)
+	released := algo.BreakerReleaseProbe(&b, m.now)
+	if released {
+		m.put(sp.Key, b, algo.Params(sp))
+		m.released++
+	}
+	m.log("release probe %s: released=%v", sp.Subject, released)
+}
+
 func (m *brModel) update(sp limit.BreakerSpec, got limit.BreakerState, op string, f func(*algo.Breaker, algo.BreakerParams) bool) {
 	m.c.t.Helper()
 	p := algo.Params(sp)
@@ -210,8 +232,7 @@ func (m *brModel) update(sp limit.BreakerSpec, got limit.BreakerState, op string
 	opened := f(&b, p)
 	m.put(sp.Key, b, p)
 	want := algo.BreakerView(&b, p, m.now, opened)
-	blocked, retry := algo.BreakerBlocking(&b, m.now)
-	want.Open, want.RetryAfter = blocked, time.Duration(retry)*time.Microsecond
+	algo.BreakerBlocked(&want, &b, m.now)
 	if opened {
 		m.opened++
 	}

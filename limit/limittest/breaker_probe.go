@@ -48,7 +48,7 @@ func testBreakerHalfOpen(c *tcase) {
 			switch {
 			case o.Breaker.Probe && o.Decision.Allowed:
 				probes++
-			case o.Breaker.Open && o.Breaker.RetryAfter > 0 && o.Breaker.RetryAfter <= brLease:
+			case o.Breaker.Open && o.Breaker.HalfOpen && o.Breaker.RetryAfter > 0 && o.Breaker.RetryAfter <= brLease:
 				denied++
 			default:
 				c.t.Errorf("a caller of the half-open breaker got %+v", o)
@@ -123,7 +123,7 @@ func testBreakerProbeLease(c *tcase) {
 	c.advance(brCooldown)
 	probe := brWant{probe: true, reason: limit.ReasonFailures, failures: 1}
 	c.expectBreaker("first probe", c.eval("probe", alone(sp)).Breaker, probe)
-	held := brWant{open: true, reason: limit.ReasonFailures, failures: 1, retry: brLease}
+	held := brWant{open: true, halfOpen: true, reason: limit.ReasonFailures, failures: 1, retry: brLease}
 	c.expectBreaker("probe in flight", c.eval("in flight", alone(sp)).Breaker, held)
 	c.advance(brLease - c.step())
 	held.retry = c.step()
@@ -147,6 +147,62 @@ func testBreakerProbeLease(c *tcase) {
 	c.expectBreaker("probe after denied ones", c.eval("probe", alone(sp)).Breaker, probe)
 	c.expectBreaker("the probe's failure", c.report("failed probe", sp, true, true),
 		brWant{open: true, opened: true, reason: limit.ReasonProbeFailed, failures: 2, cooldown: 2 * brCooldown, retry: 2 * brCooldown})
+}
+
+// testBreakerReleaseProbe: ReleaseProbe frees the lease of the probe in
+// flight (the next call becomes the probe, and may close the breaker), and
+// leaves any other breaker as it is: closed, open, half-open with no probe
+// in flight, or one the store does not hold.
+func testBreakerReleaseProbe(c *tcase) {
+	c.align()
+	tenant := "br-release-" + c.id
+	release := func(label string, sp limit.BreakerSpec) {
+		c.t.Helper()
+		if err := c.gs().ReleaseProbe(c.ctx, sp); err != nil {
+			c.t.Fatalf("%s: ReleaseProbe: %v", label, err)
+		}
+	}
+	// Not held, closed with counts: nothing to do, nothing created.
+	none := breakerSpec(tenant, "none")
+	none.ConsecutiveFailures = 1
+	release("unknown breaker", none)
+	if ttl, ok := c.tenantTTLs(tenant)[none.Key]; ok {
+		c.t.Errorf("ReleaseProbe created the breaker it was not holding (TTL %v)", ttl)
+	}
+	closed := breakerSpec(tenant, "closed")
+	closed.ConsecutiveFailures = 3
+	c.report("one failure", closed, true, false)
+	release("closed breaker", closed)
+	c.expectBreaker("closed after ReleaseProbe", c.report("second failure", closed, true, false), brWant{failures: 2})
+
+	sp := breakerSpec(tenant, "r")
+	sp.ConsecutiveFailures = 1
+	c.openByFailure("open", sp)
+	release("open breaker", sp) // no probe to free: still open for the cooldown
+	c.advance(brCooldown - c.step())
+	c.expectBreaker("open after ReleaseProbe", c.eval("open", alone(sp)).Breaker,
+		brWant{open: true, reason: limit.ReasonFailures, failures: 1, retry: c.step()})
+	c.advance(c.step())
+
+	probe := brWant{probe: true, reason: limit.ReasonFailures, failures: 1}
+	held := brWant{open: true, halfOpen: true, reason: limit.ReasonFailures, failures: 1, retry: brLease}
+	c.expectBreaker("first probe", c.eval("probe", alone(sp)).Breaker, probe)
+	c.expectBreaker("probe in flight", c.eval("in flight", alone(sp)).Breaker, held)
+	release("probe in flight", sp)
+	c.expectBreaker("next call after the release", c.eval("probe", alone(sp)).Breaker, probe)
+	c.expectBreaker("its probe in flight", c.eval("in flight", alone(sp)).Breaker, held)
+	c.advance(c.step())
+	release("second probe", sp)
+	release("again", sp) // half-open with no probe in flight: nothing
+	c.expectBreaker("third probe", c.eval("probe", alone(sp)).Breaker, probe)
+	c.expectBreaker("the third probe's success", c.report("probe success", sp, false, true), brWant{})
+	release("closed by the probe", sp)
+	c.expectBreaker("closed", c.eval("closed", alone(sp)).Breaker, brWant{})
+	if ttl, ok := c.tenantTTLs(tenant)[sp.Key]; ok {
+		c.t.Errorf("a closed breaker with no counts is still held after ReleaseProbe (TTL %v)", ttl)
+	}
+
+	c.expectErr("ReleaseProbe without a key", c.gs().ReleaseProbe(c.ctx, limit.BreakerSpec{Cooldown: brCooldown, MaxCooldown: brMax, ProbeLease: brLease}), limit.ErrInvalidBreaker)
 }
 
 // testBreakerAddDenials: denials answered elsewhere count toward

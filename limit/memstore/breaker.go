@@ -177,10 +177,11 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 	var held, probe bool
 	if spec != nil {
 		b, held = c.shards[bsi].breaker(spec.Key, now)
-		deny, retry, pr := algo.BreakerGate(&b, p, now)
+		deny, _, pr := algo.BreakerGate(&b, p, now)
 		if deny {
+			// b is unchanged: BreakerBlocked says what the gate did
 			bs = algo.BreakerView(&b, p, now, false)
-			bs.Open, bs.RetryAfter = true, time.Duration(retry)*time.Microsecond
+			algo.BreakerBlocked(&bs, &b, now)
 			return "", mr, bs, true, nil
 		}
 		probe = pr
@@ -324,9 +325,30 @@ func (c *core) updateBreaker(ctx context.Context, spec limit.BreakerSpec, f func
 	opened := f(&b, p, now)
 	sh.putBreaker(spec.Key, b, &spec, p, now, held)
 	st := algo.BreakerView(&b, p, now, opened)
-	blocked, retry := algo.BreakerBlocking(&b, now)
-	st.Open, st.RetryAfter = blocked, time.Duration(retry)*time.Microsecond
+	algo.BreakerBlocked(&st, &b, now)
 	return st, nil
+}
+
+// ReleaseProbe frees the lease of the probe in flight of the half-open
+// breaker b (its lease ends now), so that the next call becomes the probe;
+// any other breaker, or one the store does not hold, is left as it is.
+// Errors: ctx.Err(), limit.ErrInvalidBreaker.
+func (s *Store) ReleaseProbe(ctx context.Context, b limit.BreakerSpec) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := limit.ValidateBreaker(b); err != nil {
+		return err
+	}
+	c := s.c
+	sh := &c.shards[c.shardOf(b.Key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := c.now()
+	if st, held := sh.breaker(b.Key, now); held && algo.BreakerReleaseProbe(&st, now) {
+		sh.putBreaker(b.Key, st, &b, algo.Params(b), now, held)
+	}
+	return nil
 }
 
 // ListBreakers calls fn with every open or half-open breaker, in no

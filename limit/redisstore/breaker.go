@@ -29,6 +29,9 @@ var scriptEpoch = time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
 // blockLen is the length of the breaker's part of a reply.
 const blockLen = 9
 
+// opReleaseProbe is the script's op that frees a probe's lease.
+const opReleaseProbe = "p"
+
 // Evaluate is Take (no meter) or TakeMetered (a meter) with an optional loop
 // breaker, in one script. Without a breaker it is exactly those calls, with
 // the same KEYS and ARGV. With one, the breaker's key and its
@@ -160,7 +163,8 @@ func parseBlock(arr []rueidis.RedisMessage) (limit.BreakerState, error) {
 		}
 	}
 	return limit.BreakerState{
-		Open:       v[0] == 1,
+		Open:       v[0] == 1 || v[0] == 2,
+		HalfOpen:   v[0] == 2,
 		RetryAfter: dur(v[1]),
 		Probe:      v[2] == 1,
 		Opened:     v[3] == 1,
@@ -233,6 +237,16 @@ func (s *Store) AddDenials(ctx context.Context, b limit.BreakerSpec, n int64) (l
 		return limit.BreakerState{}, fmt.Errorf("redisstore: add denials: %w", err)
 	}
 	return s.update(ctx, "add denials", opAddDenials, b, n)
+}
+
+// ReleaseProbe frees the lease of the probe in flight of the half-open
+// breaker b (its lease ends now), in one script, so that the next call
+// becomes the probe; any other breaker, or one Redis does not hold, is left
+// as it is. Errors: limit.ErrInvalidBreaker, context.DeadlineExceeded or
+// the client's error (the release may then have been applied, once).
+func (s *Store) ReleaseProbe(ctx context.Context, b limit.BreakerSpec) error {
+	_, err := s.update(ctx, "release probe", opReleaseProbe, b)
+	return err
 }
 
 func boolNum(v bool) int64 {

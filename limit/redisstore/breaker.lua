@@ -5,16 +5,17 @@
 --
 -- Ops: b take with a breaker, n take metered with a breaker (both laid out
 -- as t and m, with the breaker block as the last 10 ARGV), o report an
--- outcome, d add denials, x reset.
+-- outcome, d add denials, p release a probe's lease, x reset.
 --
 -- KEYS for b and n: the checks, the meter (n), the breaker, and the
--- identical-calls counter when the identical count is above 0. For o, d
--- and x: KEYS[1] the breaker.
+-- identical-calls counter when the identical count is above 0. For o, d,
+-- p and x: KEYS[1] the breaker.
 --
 -- The breaker block, ARGV[k+1..k+10] (k = #ARGV - 10 for b and n, k = 4 for
 -- o and d): tenant, subject, id, consecutive denials, consecutive failures,
 -- identical count (0: no identical-calls key), identical window (µs),
--- cooldown (µs), max cooldown (µs), probe lease (µs). Then for o
+-- cooldown (µs), max cooldown (µs), probe lease (µs); k = 4 for p too.
+-- Then for o
 -- ARGV[15] failed and ARGV[16] probe ("1"/"0"), for d ARGV[15] the count.
 --
 -- A breaker is a hash: s phase (0 closed, 1 open, 2 half-open), u until,
@@ -25,17 +26,18 @@
 -- with no counts is deleted. An identical-calls counter is a string
 -- "<end of window> <count>" with the window's end as TTL.
 --
--- Reply block (9 values): open (1: the breaker denied the call, or for o
--- and d would deny one now), retry (µs), probe (1: the admitted half-open
+-- Reply block (9 values): open (1: the breaker denied the call, or for o,
+-- d and p would deny one now; 2: the same, because it is half-open with a
+-- probe in flight), retry (µs), probe (1: the admitted half-open
 -- probe), opened (1: this call opened the breaker), reason, denials,
 -- failures, identical, cooldown (µs). b and n reply take's or take
 -- metered's reply then the block, or {now, block} when the breaker denied
--- the call (nothing else was read); o and d reply {now, block}; x replies
+-- the call (nothing else was read); o, d and p reply {now, block}; x replies
 -- {now, 1 if the breaker was held else 0, the key of the counter that
 -- opened it or ""}.
 
 local brRead, brParams, brGate, brAfter, brCalls, brSetCalls, brWrite, brView
-if op == 'b' or op == 'n' or op == 'o' or op == 'd' or op == 'x' then
+if op == 'b' or op == 'n' or op == 'o' or op == 'd' or op == 'p' or op == 'x' then
   -- brRead returns the state of the breaker key (the zero state when it is
   -- missing or past x) and whether the key exists.
   brRead = function(key)
@@ -149,11 +151,17 @@ if op == 'b' or op == 'n' or op == 'o' or op == 'd' or op == 'x' then
     return o
   end
 
-  if op == 'o' or op == 'd' then
+  if op == 'o' or op == 'd' or op == 'p' then
     local key, p = KEYS[1], brParams(4)
     local st, exists = brRead(key)
     local opened = false
-    if op == 'd' then
+    local write = true
+    if op == 'p' then
+      -- algo.BreakerReleaseProbe; anything else is left as it is, expiry
+      -- included
+      write = st.s == 2 and now < st.pu
+      if write then st.pu = now end
+    elseif op == 'd' then
       -- algo.BreakerAddDenials
       st.d = st.d + tonumber(ARGV[15])
       if st.s == 0 and p.den > 0 and st.d >= p.den then
@@ -178,14 +186,14 @@ if op == 'b' or op == 'n' or op == 'o' or op == 'd' or op == 'x' then
         opened = true
       end
     end
-    brWrite(key, st, p, exists)
+    if write then brWrite(key, st, p, exists) end
     local out = { now }
     brView(out, st, p, opened)
     -- algo.BreakerBlocking
     if st.s == 1 and now < st.u then
       out[2], out[3] = 1, st.u - now
     elseif st.s == 2 and now < st.pu then
-      out[2], out[3] = 1, st.pu - now
+      out[2], out[3] = 2, st.pu - now
     else
       out[2], out[3] = 0, 0
     end

@@ -9,7 +9,7 @@
 --                     'm' take metered, 'a' adjust a meter, 'f' mark a meter flushed,
 --                     and the loop breakers' ops (see breaker.lua): 'b' take and
 --                     'n' take metered with a breaker, 'o' report an outcome,
---                     'd' add denials, 'x' reset
+--                     'd' add denials, 'p' release a probe, 'x' reset
 -- ARGV[2]             microseconds added to the server clock (tests only; "0")
 -- ARGV[3]             cost (take, take metered and refund; "0" otherwise)
 -- ARGV[4]             lease id ("" when the batch has no concurrency check)
@@ -216,7 +216,7 @@ if op == 't' or op == 'm' or op == 'b' or op == 'n' then
     if deny then
       local out = { now }
       brView(out, bst, bp, false)
-      out[2], out[3] = 1, retry
+      out[2], out[3] = bst.s == 2 and 2 or 1, retry
       return out
     end
   end

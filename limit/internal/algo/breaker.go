@@ -241,6 +241,29 @@ func BreakerBlocking(b *Breaker, now int64) (bool, int64) {
 	return false, 0
 }
 
+// BreakerBlocked sets st's Open, RetryAfter and HalfOpen to what b makes of
+// a call at now (BreakerBlocking): HalfOpen when a probe in flight is what
+// denies it, RetryAfter then being the rest of the probe's lease, an upper
+// bound (the probe's outcome usually comes much sooner).
+func BreakerBlocked(st *limit.BreakerState, b *Breaker, now int64) {
+	blocked, retry := BreakerBlocking(b, now)
+	st.Open, st.RetryAfter = blocked, dur(retry)
+	st.HalfOpen = blocked && b.Phase == HalfOpen
+}
+
+// BreakerReleaseProbe frees the lease of the probe in flight of a
+// half-open breaker at now, so that the next call becomes the probe; it
+// reports whether there was one. The caller knows its probe neither went
+// to the upstream nor will report an outcome (a later stage denied it, its
+// client went away). Any other breaker is left as it is.
+func BreakerReleaseProbe(b *Breaker, now int64) bool {
+	if b.Phase != HalfOpen || now >= b.ProbeUntil {
+		return false
+	}
+	b.ProbeUntil = now
+	return true
+}
+
 // BreakerView is the limit.BreakerState of b after an operation at now
 // that opened it (opened) or not; the caller sets Open and RetryAfter for
 // a call the gate denied, Probe, and Identical.

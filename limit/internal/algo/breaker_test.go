@@ -149,3 +149,42 @@ func TestGuardedDecision(t *testing.T) {
 		}
 	}
 }
+
+// TestBreakerReleaseProbe: only a probe in flight is released, and a call
+// refused because of it is HalfOpen.
+func TestBreakerReleaseProbe(t *testing.T) {
+	p := testParams
+	b := Breaker{Phase: Open, Until: 10, Cooldown: p.Cooldown}
+	var st limit.BreakerState
+	BreakerBlocked(&st, &b, 5)
+	if !st.Open || st.HalfOpen || st.RetryAfter != dur(5) {
+		t.Errorf("open: %+v", st)
+	}
+	if BreakerReleaseProbe(&b, 5) || b != (Breaker{Phase: Open, Until: 10, Cooldown: p.Cooldown}) {
+		t.Errorf("an open breaker was released: %+v", b)
+	}
+	if deny, _, probe := BreakerGate(&b, p, 10); deny || !probe || b.ProbeUntil != 14 {
+		t.Fatalf("gate at the end of the cooldown: deny %v probe %v, %+v", deny, probe, b)
+	}
+	BreakerBlocked(&st, &b, 11)
+	if !st.Open || !st.HalfOpen || st.RetryAfter != dur(3) {
+		t.Errorf("probe in flight: %+v, want Open and HalfOpen for the rest of the lease", st)
+	}
+	if !BreakerReleaseProbe(&b, 11) || b.ProbeUntil != 11 || b.Phase != HalfOpen {
+		t.Fatalf("release of the probe in flight: %+v", b)
+	}
+	if BreakerReleaseProbe(&b, 11) {
+		t.Error("a released probe was released again")
+	}
+	BreakerBlocked(&st, &b, 11)
+	if st.Open || st.HalfOpen || st.RetryAfter != 0 {
+		t.Errorf("after the release: %+v, want not blocked", st)
+	}
+	if deny, _, probe := BreakerGate(&b, p, 11); deny || !probe {
+		t.Errorf("after the release the next call is not the probe: deny %v probe %v", deny, probe)
+	}
+	var closed Breaker
+	if BreakerReleaseProbe(&closed, 11) || closed != (Breaker{}) {
+		t.Errorf("a closed breaker was released: %+v", closed)
+	}
+}
