@@ -59,6 +59,12 @@ func TestCheckAcceptsTheContractExample(t *testing.T) {
 	}
 }
 
+func TestCheckAcceptsTheDocumentedExample(t *testing.T) {
+	if code, _, errOut := run(t, "check", "--config", "../examples/mcpgate.example.yaml"); code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+	}
+}
+
 func TestCheckReportsFileLineFieldProblem(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "bad.yaml")
 	cfg := "listen: 127.0.0.1:8080\nupstream:\n  url: http://127.0.0.1:9000/mcp\nauth:\n  jwt:\n    hs256_secret_env: S\nstore:\n  redsi: x\n  on_error: sometimes\n"
