@@ -80,7 +80,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer cleanup()
-	return serveUntilDone(ctx, g, cfg.Listen, log, nil, func(addr string) {
+	return serveUntilDone(ctx, g, cfg.Listen, log, nil, nil, func(addr string) {
 		printDemo(stdout, addr, token, admin)
 	})
 }

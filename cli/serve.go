@@ -38,6 +38,11 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "mcpgate serve: --config FILE is required")
 		return errUsage
 	}
+	// Catch SIGHUP from the start: its default action would kill a gateway
+	// that is still connecting to its stores. Reloads wait until serving.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	log, err := newLogger(stderr, *level)
 	if err != nil {
 		fmt.Fprintln(stderr, "mcpgate serve:", err)
@@ -73,7 +78,10 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 			na.Close()
 			return fmt.Errorf("reload refused, the old config stays in force: %w", err)
 		}
-		current.Close()
+		// Requests that loaded the old config just before the swap may
+		// still verify with the old authenticator: close it a little later.
+		old := current
+		time.AfterFunc(10*time.Second, func() { old.Close() })
 		current = na
 		logConfigNotes(log, cfg)
 		log.Info("config reloaded", "config", *path)
@@ -84,7 +92,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	defer cleanup()
-	return serveUntilDone(ctx, g, cfg.Listen, log, reload, nil)
+	return serveUntilDone(ctx, g, cfg.Listen, log, hup, reload, nil)
 }
 
 // newGateway builds the stores and the gateway for cfg. The usage store
@@ -166,8 +174,9 @@ func logConfigNotes(log *slog.Logger, cfg *policy.Config) {
 }
 
 // serveUntilDone serves g on addr until ctx ends or SIGINT/SIGTERM arrives;
-// SIGHUP calls reload. ready, when set, is told the bound address.
-func serveUntilDone(ctx context.Context, g *gateway.Gateway, addr string, log *slog.Logger, reload func(context.Context) error, ready func(addr string)) error {
+// a signal on hup calls reload (nil: no reloads). ready, when set, is told
+// the bound address.
+func serveUntilDone(ctx context.Context, g *gateway.Gateway, addr string, log *slog.Logger, hup <-chan os.Signal, reload func(context.Context) error, ready func(addr string)) error {
 	defer g.Close()
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -180,6 +189,9 @@ func serveUntilDone(ctx context.Context, g *gateway.Gateway, addr string, log *s
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	// Server-initiated streams (GET) never go idle: end them when the
+	// shutdown starts, so that it waits for calls only.
+	srv.RegisterOnShutdown(g.EndStreams)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("mcpgate listening", "addr", ln.Addr().String())
@@ -187,11 +199,6 @@ func serveUntilDone(ctx context.Context, g *gateway.Gateway, addr string, log *s
 		ready(ln.Addr().String())
 	}
 
-	hup := make(chan os.Signal, 1)
-	if reload != nil {
-		signal.Notify(hup, syscall.SIGHUP)
-		defer signal.Stop(hup)
-	}
 	for {
 		select {
 		case <-hup:
@@ -211,6 +218,7 @@ func serveUntilDone(ctx context.Context, g *gateway.Gateway, addr string, log *s
 				// live counter (for another instance's sweep) or is lost
 				// with the in-process store.
 				log.Warn("calls still in flight after the shutdown grace: stopping without them", "grace", shutdownGrace)
+				_ = srv.Close()
 				return nil
 			}
 			return err

@@ -191,8 +191,10 @@ func (g *Gateway) adminBreakers(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": "the limit store keeps no loop breakers"})
 		return
 	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
 	out := []breakerView{}
-	err := gs.ListBreakers(r.Context(), func(b limit.BreakerInfo) error {
+	err := gs.ListBreakers(ctx, func(b limit.BreakerInfo) error {
 		out = append(out, breakerView{Key: b.Key, Tenant: b.Tenant, Subject: b.Subject, ID: b.ID, Reason: b.Reason,
 			HalfOpen: b.HalfOpen, Until: b.Until.UTC(), Cooldown: b.Cooldown.String(),
 			Denials: b.Denials, Failures: b.Failures, Identical: b.Identical})

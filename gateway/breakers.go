@@ -286,3 +286,18 @@ func fingerprint(tool string, args json.RawMessage) string {
 	h.Write(canon)
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
+
+// deniedGlobally counts a denial by a global rule (decided outside the
+// tenant's script, which saw an admission) toward consecutive_denials.
+func (c *breakerCache) deniedGlobally(ctx context.Context, store limit.Store, b *limit.BreakerSpec) {
+	if c == nil || b == nil || b.ConsecutiveDenials == 0 {
+		return
+	}
+	gs, ok := store.(limit.GuardedStore)
+	if !ok {
+		return
+	}
+	if st, err := gs.AddDenials(ctx, *b, 1); err == nil {
+		c.observe(b, st)
+	}
+}

@@ -100,6 +100,9 @@ type Gateway struct {
 	ownCache   bool
 	ready      atomic.Bool // false while the cache warms up
 	closeOnce  sync.Once
+	streams    context.Context // ends server-initiated streams (GET) on shutdown
+	endStreams context.CancelFunc
+	warming    sync.WaitGroup
 	meterDone  chan struct{}
 }
 
@@ -177,6 +180,7 @@ func New(opts Options) (*Gateway, error) {
 			g.lim.meters.run(ctx)
 		}()
 	}
+	g.streams, g.endStreams = context.WithCancel(context.Background())
 	g.cache = opts.Cache
 	if g.cache == nil {
 		cs, err := cache.NewMemoryStore(nil)
@@ -201,7 +205,7 @@ func New(opts Options) (*Gateway, error) {
 	if len(opts.Config.Cache.Warm) == 0 {
 		g.ready.Store(true)
 	} else {
-		go g.warm(bctx, opts.Config)
+		g.warming.Go(func() { g.warm(bctx, opts.Config) })
 	}
 	g.rt.Store(rt)
 	g.routes()
@@ -234,8 +238,22 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 	}
 	old := g.rt.Swap(rt)
 	g.lim.denials.forget()
-	if fmt.Sprint(old.cfg.Store.Redis) != fmt.Sprint(cfg.Store.Redis) {
-		g.log.Warn("store.redis changed: restart mcpgate to use the new store")
+	for _, f := range []struct {
+		name    string
+		was, is any
+	}{
+		{"store.redis", old.cfg.Store.Redis, cfg.Store.Redis},
+		{"store.timeout", old.cfg.Store.Timeout, cfg.Store.Timeout},
+		{"cache.redis", old.cfg.Cache.Redis, cfg.Cache.Redis},
+		{"usage.store", old.cfg.Usage.Store, cfg.Usage.Store},
+		{"usage.flush_interval", old.cfg.Usage.FlushInterval, cfg.Usage.FlushInterval},
+		{"breaker.alert_webhook", old.cfg.Breaker.AlertWebhook, cfg.Breaker.AlertWebhook},
+		{"auth.admin_token_env", old.cfg.Auth.AdminTokenEnv, cfg.Auth.AdminTokenEnv},
+		{"auth.session_secret_env", old.cfg.Auth.SessionSecretEnv, cfg.Auth.SessionSecretEnv},
+	} {
+		if fmt.Sprint(f.was) != fmt.Sprint(f.is) {
+			g.log.Warn("this setting is read at start only: restart mcpgate to apply it", "field", f.name)
+		}
 	}
 	return nil
 }
@@ -248,26 +266,29 @@ func (g *Gateway) Config() *policy.Config { return g.rt.Load().cfg }
 // authenticator passed in Options. Close the HTTP server first, so that no
 // call is admitted after the final flush.
 func (g *Gateway) Close() error {
+	var err error
 	g.closeOnce.Do(func() {
+		g.EndStreams()
 		if g.stopAlerts != nil {
-			g.stopAlerts()
+			g.stopAlerts() // also ends a warm-up in progress
 		}
+		g.warming.Wait()
 		if g.stopMeter != nil {
 			// the final flush: what was admitted reaches the usage store
 			g.stopMeter()
 			<-g.meterDone
 		}
+		if g.ownCache {
+			_ = g.cache.Close()
+		}
+		if g.guard != nil {
+			g.guard.Close()
+		}
+		if g.ownLocal != nil {
+			err = g.ownLocal.Close()
+		}
 	})
-	if g.ownCache {
-		_ = g.cache.Close()
-	}
-	if g.guard != nil {
-		g.guard.Close()
-	}
-	if g.ownLocal != nil {
-		return g.ownLocal.Close()
-	}
-	return nil
+	return err
 }
 
 func (g *Gateway) routes() {
@@ -331,3 +352,8 @@ func (g *Gateway) breakerOpened(b limit.BreakerSpec, st limit.BreakerState) {
 		OpenedAt: now.UTC(), Until: now.Add(st.RetryAfter).UTC(),
 	})
 }
+
+// EndStreams ends every server-initiated stream (GET /mcp) in progress, so
+// that a graceful shutdown waits for calls only (register it with
+// http.Server.RegisterOnShutdown). Clients reconnect to another instance.
+func (g *Gateway) EndStreams() { g.endStreams() }

@@ -85,6 +85,8 @@ type limiter struct {
 
 func noRelease(context.Context) {}
 
+// admit decides a call: cost is what the call charges the rules (one per
+// call), meter.Cost what it charges its usage meter and quota.
 func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy) verdict {
 	v := verdict{allowed: true, release: noRelease}
 	if len(tenant.checks) == 0 && len(global.checks) == 0 && meter == nil && br == nil {
@@ -139,7 +141,7 @@ func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limi
 		if err != nil || v.unavailable || (s != nil && !d.Allowed) {
 			l.refund(tStore, tenant.checks, cost, td)
 			if v.metered {
-				l.meters.adjust(context.WithoutCancel(ctx), *meter, limit.Usage{Refunded: cost, RefundedCalls: 1})
+				l.meters.adjust(context.WithoutCancel(ctx), *meter, limit.Usage{Refunded: meter.Cost, RefundedCalls: 1})
 			}
 			// The call will not go: if it was the breaker's probe, the next
 			// call may be.
@@ -151,6 +153,9 @@ func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limi
 		gd, gStore = d, s
 		if s != nil && !d.Allowed {
 			l.rememberDenial(s, global.checks, cost, d)
+			// The tenant script counted this call as admitted; the breaker
+			// must see the denial all the same.
+			l.breakers.deniedGlobally(ctx, s, br)
 			return verdict{decision: d, scope: global.scopeOf(d), degraded: v.degraded, release: noRelease}
 		}
 	}

@@ -378,9 +378,11 @@ func TestDenialScopes(t *testing.T) {
 	}
 }
 
-// A call of cost N charges N; a call whose cost exceeds a rule's capacity is
-// denied with 429 and never admitted, however long it waits.
-func TestCost(t *testing.T) {
+// Rate-limit rules count calls, whatever a tool costs: the cost (here 5 and
+// 150) goes to the usage meter and the monthly quota, so a costly tool is
+// not "never admitted" by a rule of fewer units (the example config's
+// llm_complete, estimate 150, under a 20-call burst).
+func TestRulesCountCallsNotCost(t *testing.T) {
 	t.Parallel()
 	for _, m := range storeModes {
 		t.Run(m.name, func(t *testing.T) {
@@ -388,44 +390,35 @@ func TestCost(t *testing.T) {
 			e := newLimitEnv(t, m.redis, m.instances, `
 tools:
   llm_complete:
-    cost: 5
+    cost: {estimate: 150, from_result: _meta.usage.tokens}
     limits:
       - {name: llm_burst, per: tenant_tool, algorithm: token_bucket, limit: 3, period: 1m}
   search:
-    cost: 3
+    cost: 5
     limits:
-      - {name: search_units, per: tenant_tool, algorithm: fixed_window, limit: 7, period: 1h}
+      - {name: search_calls, per: tenant_tool, algorithm: fixed_window, limit: 2, period: 1h}
 `, upstream.Options{Stateless: true, JSONResponse: true})
 			tok := token(t, "acme", "alice")
-			for i := range 3 {
+			for i, want := range []int64{2, 1, 0} {
 				r := e.callRaw(i, tok, i, "llm_complete", map[string]any{"prompt": "p"})
-				if r.Status != http.StatusTooManyRequests {
-					t.Fatalf("cost 5 > capacity 3: %d %s", r.Status, r.Body)
-				}
-				d := r.denial(t)
-				if d.Rule != "llm_burst" || d.RetryAfterSeconds != 60 || intHeader(t, r.Header, "Retry-After") != 60 {
-					t.Fatalf("denial %+v, Retry-After %s: want llm_burst, a whole period", d, r.Header.Get("Retry-After"))
-				}
-				if !strings.Contains(r.Msg.Error.Message, "never") {
-					t.Errorf("message %q does not say the call can never be admitted", r.Msg.Error.Message)
-				}
-			}
-			if n := e.up.Calls("llm_complete"); n != 0 {
-				t.Fatalf("%d over-capacity calls reached the upstream", n)
-			}
-			// cost 3 against 7 units: 2 calls (remaining 4, then 1), then denied.
-			for i, want := range []int64{4, 1} {
-				r := e.callRaw(i, tok, i, "search", map[string]any{"query": "q"})
 				if r.Status != http.StatusOK || intHeader(t, r.Header, "X-RateLimit-Remaining") != want {
-					t.Fatalf("search %d: %d remaining %s, want 200 and %d", i, r.Status, r.Header.Get("X-RateLimit-Remaining"), want)
+					t.Fatalf("llm_complete %d: %d remaining %s, want 200 and %d (%s)", i, r.Status, r.Header.Get("X-RateLimit-Remaining"), want, r.Body)
 				}
 			}
-			r := e.callRaw(0, tok, 9, "search", map[string]any{"query": "q"})
-			if r.Status != http.StatusTooManyRequests || r.denial(t).Remaining != 1 {
+			r := e.callRaw(0, tok, 9, "llm_complete", map[string]any{"prompt": "p"})
+			if r.Status != http.StatusTooManyRequests || r.denial(t).Rule != "llm_burst" || strings.Contains(r.Msg.Error.Message, "never") {
+				t.Fatalf("fourth llm_complete: %d %s, want an ordinary 429 from llm_burst", r.Status, r.Body)
+			}
+			for i := range 2 {
+				if r := e.callRaw(i, tok, i, "search", map[string]any{"query": "q"}); r.Status != http.StatusOK {
+					t.Fatalf("search %d: %d %s", i, r.Status, r.Body)
+				}
+			}
+			if r := e.callRaw(0, tok, 9, "search", map[string]any{"query": "q"}); r.Status != http.StatusTooManyRequests {
 				t.Fatalf("third search: %d %s", r.Status, r.Body)
 			}
-			if n := e.up.Calls("search"); n != 2 {
-				t.Fatalf("upstream saw %d search calls, want 2", n)
+			if a, b := e.up.Calls("llm_complete"), e.up.Calls("search"); a != 3 || b != 2 {
+				t.Fatalf("upstream saw %d llm_complete and %d search calls, want 3 and 2", a, b)
 			}
 		})
 	}

@@ -66,6 +66,12 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		}
 		r.Header.Set(mcp.HeaderSessionID, upstreamID)
 	}
+	if r.Method == http.MethodGet {
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		defer context.AfterFunc(g.streams, cancel)()
+		r = r.WithContext(ctx)
+	}
 	if r.Method != http.MethodPost {
 		// GET opens the server-initiated stream, DELETE ends a session:
 		// nothing to limit, but the caller must still be authenticated.
@@ -115,9 +121,13 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 	if g.lim.meters != nil {
 		_, tier, _ := rt.cfg.ResolveTier(p.Tier)
 		meter = g.lim.meters.meterFor(p.Tenant, tier.MonthlyQuota, now)
+		meter.Cost = cost
 	}
 	br := breakerSpec(rt.cfg, p, r.Header.Get(mcp.HeaderSessionID), tool, msg.Arguments)
-	v := g.lim.admit(r.Context(), buildRuleSet(tenantRules, owner), buildRuleSet(globalRules, owner), meter, br, cost, rt.cfg.ToolOnError(tool))
+	// Rules count calls (the config's limits are calls per period); the
+	// cost goes to the usage meter and the monthly quota.
+	const callUnits = 1
+	v := g.lim.admit(r.Context(), buildRuleSet(tenantRules, owner), buildRuleSet(globalRules, owner), meter, br, callUnits, rt.cfg.ToolOnError(tool))
 	switch {
 	case v.unavailable:
 		g.metrics.Requests.WithLabelValues("tools/call", "unavailable").Inc()
@@ -185,7 +195,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		}
 		switch {
 		case br == nil || outcomeReported:
-		case r.Context().Err() == nil:
+		case r.Context().Err() == nil && status != mcp.StatusClientClosedRequest:
 			g.reportOutcome(context.WithoutCancel(r.Context()), br, v.breaker, failed || status >= 500)
 		default:
 			// The client went away before a result: the call says nothing
@@ -316,7 +326,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, f
 		}
 	}
 	g.metrics.Requests.WithLabelValues(class, outcome).Inc()
-	if err != nil && status < 500 {
+	if err != nil && status < 500 && !errors.Is(err, mcp.ErrClientGone) {
 		status = http.StatusBadGateway
 	}
 	return status

@@ -47,6 +47,12 @@ type Meter struct {
 	// Quota is the most net cost units (Usage.Used) the period may use; 0
 	// means no quota: usage is counted, never denied.
 	Quota int64
+	// Cost is what the call charges on the meter (Charged += Cost) and what
+	// the quota must fit; 0 means the request's cost. It lets rate-limit
+	// rules count calls (the checks are charged the request's cost, often 1)
+	// while the meter counts units such as estimated tokens. Adjust ignores
+	// it (its delta says what to add).
+	Cost int64
 	// Seed re-creates a counter the store does not hold (a new period, a
 	// restart of the memory store, Redis data loss): the durable total of
 	// the period. Seeded false means the caller does not know it; a store
@@ -56,6 +62,15 @@ type Meter struct {
 	// ExpireAt is when the store may drop the counter: the end of the period
 	// plus enough grace for its last flush.
 	ExpireAt time.Time
+}
+
+// CostFor is what a call of the request cost cost charges on m: m.Cost
+// when set, else cost.
+func (m Meter) CostFor(cost int64) int64 {
+	if m.Cost > 0 {
+		return m.Cost
+	}
+	return cost
 }
 
 // MeterResult is the usage side of a metered decision.
@@ -74,8 +89,9 @@ type MeterResult struct {
 type MeteredStore interface {
 	Store
 	// TakeMetered is Take with a meter: the checks and the meter's quota are
-	// evaluated together and, if all admit, the checks and the meter (cost
-	// units, one call) are charged in one atomic step.
+	// evaluated together and, if all admit, the checks (cost units each) and
+	// the meter (m.CostFor(cost) units, one call) are charged in one atomic
+	// step.
 	TakeMetered(ctx context.Context, checks []Check, m Meter, cost int64) (Decision, MeterResult, error)
 	// Adjust adds delta to a meter (a cost corrected from the tool's result,
 	// or a refund). Fields of delta must not be negative. A missing counter

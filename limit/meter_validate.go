@@ -7,8 +7,8 @@ import (
 )
 
 // MaxUsage bounds every number a meter holds or is given: each field of a
-// Usage (a counter, a Seed, a delta, a flushed snapshot), a Quota and a
-// cost. Twice it stays below 2^53, so a store adds any two of them exactly
+// Usage (a counter, a Seed, a delta, a flushed snapshot), a Quota, a
+// Meter.Cost and a cost. Twice it stays below 2^53, so a store adds any two of them exactly
 // (the Redis store computes in Lua doubles). About 1.1e15 units: a tenant
 // charged a million units a second reaches it after 35 years.
 const MaxUsage = 1 << 50
@@ -38,7 +38,8 @@ var (
 )
 
 // ValidateMeter checks a meter and the cost of a call before a store charges
-// it: a non-empty Key, 0 <= Quota <= MaxUsage, a Seed that passes
+// it: a non-empty Key, 0 <= Quota <= MaxUsage, 0 <= Cost <= MaxUsage (0:
+// the call's cost), a Seed that passes
 // ValidateUsage (when Seeded), an ExpireAt from 2020-01-01 to 2200-01-01
 // UTC, and 1 <= cost <= MaxUsage. A cost below 1 is ErrInvalidCost; every
 // other error wraps ErrInvalidMeter.
@@ -57,6 +58,8 @@ func ValidateMeter(m Meter, cost int64) error {
 		return bad("empty key")
 	case cost > MaxUsage:
 		return bad("cost %d is above MaxUsage (%d)", cost, int64(MaxUsage))
+	case m.Cost < 0 || m.Cost > MaxUsage:
+		return bad("meter cost must be between 0 and %d, got %d", int64(MaxUsage), m.Cost)
 	case m.Quota < 0 || m.Quota > MaxUsage:
 		return bad("quota must be between 0 and %d, got %d", int64(MaxUsage), m.Quota)
 	case m.ExpireAt.Before(minExpireAt) || m.ExpireAt.After(maxExpireAt):

@@ -23,6 +23,7 @@ var meterScenarios = []scenario{
 	{name: "all_or_nothing", run: testMeterAllOrNothing},
 	{name: "zero_checks", run: testMeterZeroChecks},
 	{name: "cost", run: testMeterCost},
+	{name: "separate_cost", run: testMeterSeparateCost},
 	{name: "seed", run: testMeterSeed},
 	{name: "adjust", run: testMeterAdjust},
 	{name: "mark_flushed", run: testMeterMarkFlushed},

@@ -203,6 +203,8 @@ func testMeterInvalid(c *tcase) {
 	call("empty key", bad(func(m *limit.Meter) { m.Key = "" }), 1, limit.ErrInvalidMeter, ch)
 	call("negative quota", bad(func(m *limit.Meter) { m.Quota = -1 }), 1, limit.ErrInvalidMeter)
 	call("quota above MaxUsage", bad(func(m *limit.Meter) { m.Quota = limit.MaxUsage + 1 }), 1, limit.ErrInvalidMeter)
+	call("negative meter cost", bad(func(m *limit.Meter) { m.Cost = -1 }), 1, limit.ErrInvalidMeter, ch)
+	call("meter cost above MaxUsage", bad(func(m *limit.Meter) { m.Cost = limit.MaxUsage + 1 }), 1, limit.ErrInvalidMeter, ch)
 	call("no ExpireAt", bad(func(m *limit.Meter) { m.ExpireAt = time.Time{} }), 1, limit.ErrInvalidMeter)
 	call("negative seed", bad(func(m *limit.Meter) { m.Seed.Refunded = -1 }), 1, limit.ErrInvalidMeter)
 	call("meter key is a check key", bad(func(m *limit.Meter) { m.Key = ch.Key }), 1, limit.ErrDuplicateKey, ch)
@@ -218,6 +220,9 @@ func testMeterInvalid(c *tcase) {
 	top := c.meter(tenant+"-top", 0)
 	top.Seed = use(limit.MaxUsage-1, 0, 0, 0)
 	call("charge past MaxUsage", top, 2, limit.ErrUsageOverflow)
+	topCost := top
+	topCost.Cost = 2 // the meter's charge overflows, not the request's cost 1
+	call("meter cost past MaxUsage", topCost, 1, limit.ErrUsageOverflow)
 	c.absent("after an overflow", top.Key)
 	if d, mr := c.takeM(top, 1); !d.Allowed || mr.Usage.Charged != limit.MaxUsage {
 		c.t.Errorf("charge up to MaxUsage: %+v, %+v; want admitted", d, mr)

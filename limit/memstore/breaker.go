@@ -209,15 +209,16 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 	}()
 
 	var mt *algo.Meter
-	var exp int64
+	var exp, mcost int64
 	if m != nil {
+		mcost = m.CostFor(cost)
 		msh := &c.shards[ms]
 		exp = expireUS(m.ExpireAt)
 		var created bool
 		var mst algo.MeterStatus
 		mt, created, mst = algo.MeterOpen(msh.meter(m.Key, now), *m, now, exp)
 		if mst == algo.MeterOK {
-			mst = algo.MeterEval(mt, m.Quota, cost)
+			mst = algo.MeterEval(mt, m.Quota, mcost)
 		}
 		if err := meterErr(mst); err != nil {
 			return "", limit.MeterResult{}, bs, false, err
@@ -249,7 +250,7 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 			algo.Eval(ch.Rule, st, now, cost, lease, true)
 		}
 		if mt != nil {
-			algo.MeterCharge(mt, cost, exp)
+			algo.MeterCharge(mt, mcost, exp)
 		}
 	}
 	if mt != nil {

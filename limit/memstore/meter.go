@@ -60,8 +60,9 @@ func meterErr(st algo.MeterStatus) error {
 
 // TakeMetered is Take with the usage meter m, atomically: the checks (there
 // may be none) and m's quota are evaluated together and, if every enforced
-// check allows and Quota is 0 or Used()+cost <= Quota, the checks are
-// charged as Take charges them and the meter by cost units and one call;
+// check allows and Quota is 0 or Used()+mc <= Quota (mc is
+// m.CostFor(cost): m.Cost when set, else cost), the checks are charged as
+// Take charges them (cost units) and the meter by mc units and one call;
 // otherwise nothing is charged. The decision is limit.CombineMetered's: when
 // the quota alone denies, Decision.Rule is the zero Rule.
 //

@@ -88,7 +88,7 @@ func (s *Store) evaluate(ctx context.Context, req limit.Request) (limit.Outcome,
 	defer b.release()
 	b.build(op, s.offset.Load(), req.Checks, req.Cost, lease)
 	if req.Meter != nil {
-		b.meter(req.Meter)
+		b.meter(req.Meter, req.Meter.CostFor(req.Cost))
 	}
 	b.keys = append(b.keys, req.Breaker.Key)
 	if req.Breaker.IdenticalKey != "" {

@@ -22,7 +22,11 @@
 --   ARGV[b+1] tenant, ARGV[b+2] period, ARGV[b+3] seeded ("1"/"0"),
 --   ARGV[b+4] expire time (ms since 1970, for PEXPIREAT),
 --   ARGV[b+5..b+8] seed: charged, refunded, calls, refunded calls,
---   ARGV[b+9] quota (0: none), and for 'a' ARGV[b+10..b+13] the delta.
+--   ARGV[b+9] quota (0: none),
+--   ARGV[b+10] meter cost: what 'm' charges on the meter (c += it) and what
+--   the quota must fit (limit.Meter.CostFor; the checks keep ARGV[3]); 'a'
+--   sends 0 and ignores it,
+--   and for 'a' ARGV[b+11..b+14] the delta.
 -- For 'f', ARGV[5..8] is the flushed snapshot.
 -- A meter is a hash: c, r, n, rn the live usage (charged, refunded, calls,
 -- refunded calls), fc, fr, fn, frn the part flushed to the durable store,
@@ -387,9 +391,10 @@ if op == 't' or op == 'm' or op == 'b' or op == 'n' then
     mkey, mb = KEYS[n + 1], 4 + 5 * n
     mst, mu, mcreate = meterOpen(mkey, mb)
     if mst == 1 then
-      if mu[1] + cost > MAXU or mu[3] + 1 > MAXU then
+      local mcost = tonumber(ARGV[mb + 10])
+      if mu[1] + mcost > MAXU or mu[3] + 1 > MAXU then
         mst = 4
-      elseif not (tonumber(ARGV[mb + 9]) == 0 or mu[1] - mu[2] + cost <= tonumber(ARGV[mb + 9])) then
+      elseif not (tonumber(ARGV[mb + 9]) == 0 or mu[1] - mu[2] + mcost <= tonumber(ARGV[mb + 9])) then
         mst = 0
       end
     end
@@ -434,7 +439,7 @@ if op == 't' or op == 'm' or op == 'b' or op == 'n' then
   end
   if metered then
     if admit then
-      mu[1], mu[3] = mu[1] + cost, mu[3] + 1
+      mu[1], mu[3] = mu[1] + tonumber(ARGV[mb + 10]), mu[3] + 1
       meterWrite(mkey, mb, mu, mcreate)
     elseif mcreate then
       meterWrite(mkey, mb, mu, true) -- created from the seed whatever the decision
@@ -542,7 +547,7 @@ elseif op == 'a' then
   if st == 1 then
     local nu = {}
     for i = 1, 4 do
-      nu[i] = u[i] + tonumber(ARGV[13 + i])
+      nu[i] = u[i] + tonumber(ARGV[14 + i])
       if nu[i] > MAXU then st = 4 end
     end
     if st == 1 then

@@ -33,9 +33,10 @@ const scanCount = 200
 
 // TakeMetered is Take with the usage meter m, in one script: the checks
 // (there may be none) and m's quota are evaluated together and, if every
-// enforced check allows and Quota is 0 or Used()+cost <= Quota, the checks
-// are charged as Take charges them and the meter by cost units and one
-// call; otherwise nothing is charged. The decision is
+// enforced check allows and Quota is 0 or Used()+mc <= Quota (mc is
+// m.CostFor(cost): m.Cost when set, else cost), the checks are charged as
+// Take charges them (cost units) and the meter by mc units and one call;
+// otherwise nothing is charged. The decision is
 // limit.CombineMetered's: when the quota alone denies, Decision.Rule is the
 // zero Rule.
 //
@@ -68,7 +69,7 @@ func (s *Store) takeMetered(ctx context.Context, checks []limit.Check, m limit.M
 	if hasConcurrency(checks) {
 		lease = newLease()
 	}
-	arr, err := s.runMeter(ctx, opTakeMetered, checks, cost, lease, &m)
+	arr, err := s.runMeter(ctx, opTakeMetered, checks, cost, lease, &m, m.CostFor(cost))
 	if err != nil {
 		return nil, "", mr, 0, wrap(err)
 	}
@@ -145,7 +146,7 @@ func (s *Store) Adjust(ctx context.Context, m limit.Meter, delta limit.Usage) (l
 	if err := limit.ValidateUsage(delta); err != nil {
 		return limit.MeterResult{}, wrap(fmt.Errorf("delta: %w", err))
 	}
-	arr, err := s.runMeter(ctx, opAdjust, nil, 0, "", &m, delta.Charged, delta.Refunded, delta.Calls, delta.RefundedCalls)
+	arr, err := s.runMeter(ctx, opAdjust, nil, 0, "", &m, 0, delta.Charged, delta.Refunded, delta.Calls, delta.RefundedCalls)
 	if err != nil {
 		return limit.MeterResult{}, wrap(err)
 	}
@@ -333,19 +334,21 @@ func isReplica(ctx context.Context, node rueidis.Client) bool {
 	return r == "slave" || r == "replica"
 }
 
-// runMeter runs op for checks and the meter m (whose key follows theirs),
-// then the numbers tail, under the store's deadline.
-func (s *Store) runMeter(ctx context.Context, op string, checks []limit.Check, cost int64, lease string, m *limit.Meter, tail ...int64) ([]rueidis.RedisMessage, error) {
+// runMeter runs op for checks and the meter m (whose key follows theirs)
+// charged mcost, then the numbers tail, under the store's deadline.
+func (s *Store) runMeter(ctx context.Context, op string, checks []limit.Check, cost int64, lease string, m *limit.Meter, mcost int64, tail ...int64) ([]rueidis.RedisMessage, error) {
 	b := batches.Get().(*batch)
 	defer b.release()
 	b.build(op, s.offset.Load(), checks, cost, lease)
-	b.meter(m)
+	b.meter(m, mcost)
 	b.nums(tail...)
 	return s.exec(ctx, b)
 }
 
-// meter appends the meter's key to KEYS and its block to ARGV (limit.lua).
-func (b *batch) meter(m *limit.Meter) {
+// meter appends the meter's key to KEYS and its block to ARGV (limit.lua),
+// with mcost as the meter's charge (m.CostFor of the call's cost; 0 for an
+// adjust, which does not read it).
+func (b *batch) meter(m *limit.Meter, mcost int64) {
 	b.keys = append(b.keys, m.Key)
 	seeded := "0"
 	if m.Seeded {
@@ -353,7 +356,7 @@ func (b *batch) meter(m *limit.Meter) {
 	}
 	b.args = append(b.args, m.Tenant, m.Period, seeded)
 	sd := m.Seed
-	b.nums(expireMS(m.ExpireAt), sd.Charged, sd.Refunded, sd.Calls, sd.RefundedCalls, m.Quota)
+	b.nums(expireMS(m.ExpireAt), sd.Charged, sd.Refunded, sd.Calls, sd.RefundedCalls, m.Quota, mcost)
 }
 
 // exec runs the script with b's KEYS and ARGV under the store's deadline.

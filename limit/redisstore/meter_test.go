@@ -161,22 +161,24 @@ func TestMeterRawScript(t *testing.T) {
 	exp := fmt.Sprint(m.ExpireAt.UnixMilli())
 	check := tenantChecks("raw", rule("fw", limit.FixedWindow, 10, time.Hour))[0]
 	keys := []string{check.Key, m.Key}
-	// op, offset, cost, lease; the check; tenant, period, seeded, expire, seed x4, quota
+	// op, offset, cost, lease; the check; tenant, period, seeded, expire,
+	// seed x4, quota, meter cost (the check is charged 2, the meter 3)
 	args := []string{"m", "0", "2", "", "f", "10", "3600000000", "10", "0",
-		"raw", "2026-11", "1", exp, "1", "0", "1", "0", "5"}
+		"raw", "2026-11", "1", exp, "1", "0", "1", "0", "5", "3"}
 	arr, err := script.Exec(ctx, c, keys, args).AsIntSlice()
 	if err != nil {
 		t.Fatal(err)
 	}
 	// now, check (allowed, remaining, reset, retry), status, c, r, n, rn
-	if len(arr) != 10 || arr[1] != 1 || arr[2] != 8 || fmt.Sprint(arr[5:]) != "[1 3 0 2 0]" {
-		t.Errorf("take metered reply %v, want the check allowed with 8 left, then status 1 and usage 3 0 2 0", arr)
+	if len(arr) != 10 || arr[1] != 1 || arr[2] != 8 || fmt.Sprint(arr[5:]) != "[1 4 0 2 0]" {
+		t.Errorf("take metered reply %v, want the check allowed with 8 left, then status 1 and usage 4 0 2 0", arr)
 	}
-	arr, err = script.Exec(ctx, c, []string{m.Key}, []string{"a", "0", "0", "", "raw", "2026-11", "0", exp, "0", "0", "0", "0", "0", "4", "1", "0", "0"}).AsIntSlice()
-	if err != nil || fmt.Sprint(arr[1:]) != "[1 7 1 2 0]" {
-		t.Errorf("adjust reply %v, %v; want status 1 and usage 7 1 2 0", arr, err)
+	// adjust: the meter block with quota 0 and an unused meter cost 0, then the delta
+	arr, err = script.Exec(ctx, c, []string{m.Key}, []string{"a", "0", "0", "", "raw", "2026-11", "0", exp, "0", "0", "0", "0", "0", "0", "4", "1", "0", "0"}).AsIntSlice()
+	if err != nil || fmt.Sprint(arr[1:]) != "[1 8 1 2 0]" {
+		t.Errorf("adjust reply %v, %v; want status 1 and usage 8 1 2 0", arr, err)
 	}
-	arr, err = script.Exec(ctx, c, []string{m.Key}, []string{"f", "0", "0", "", "7", "1", "2", "0"}).AsIntSlice()
+	arr, err = script.Exec(ctx, c, []string{m.Key}, []string{"f", "0", "0", "", "8", "1", "2", "0"}).AsIntSlice()
 	if err != nil || len(arr) != 2 || arr[1] != 1 {
 		t.Errorf("mark flushed reply %v, %v", arr, err)
 	}

@@ -46,7 +46,8 @@ func MeterOpen(mt *Meter, m limit.Meter, now, expireAt int64) (out *Meter, creat
 	return &Meter{Live: m.Seed, Flushed: m.Seed, Tenant: m.Tenant, Period: m.Period, ExpiresAt: expireAt}, true, MeterOK
 }
 
-// MeterEval decides whether mt admits cost under quota (0: no quota):
+// MeterEval decides whether mt admits cost under quota (0: no quota); cost
+// is the meter's charge (limit.Meter.CostFor), not the checks':
 // MeterOverflow when Charged or Calls would pass limit.MaxUsage, else
 // MeterOK when Used()+cost <= quota, else MeterDenied. It changes nothing.
 func MeterEval(mt *Meter, quota, cost int64) MeterStatus {
