@@ -230,25 +230,7 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 		admit = admit && mr.Allowed
 	}
 	if admit {
-		for i, ch := range checks {
-			if ch.Rule.Algorithm == limit.Concurrency && results[i].Allowed {
-				lease = c.newLease()
-				break
-			}
-		}
-		for i, ch := range checks {
-			if !results[i].Allowed {
-				continue
-			}
-			st := states[i]
-			if st == nil {
-				st = new(algo.State)
-				c.shards[idx[i]].put(ch.Key, st)
-				states[i] = st
-			}
-			// Same state, time and request as the dry run: same result.
-			algo.Eval(ch.Rule, st, now, cost, lease, true)
-		}
+		lease = c.commit(checks, results, states, idx, now, cost)
 		if mt != nil {
 			algo.MeterCharge(mt, mcost, exp)
 		}

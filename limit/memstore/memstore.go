@@ -303,27 +303,37 @@ func (c *core) takeMany(checks []limit.Check, cost int64, results []limit.Result
 		}
 	}
 	if admit {
-		for i, ch := range checks {
-			if ch.Rule.Algorithm == limit.Concurrency && results[i].Allowed {
-				lease = c.newLease()
-				break
-			}
-		}
-		for i, ch := range checks {
-			if !results[i].Allowed {
-				continue
-			}
-			st := states[i]
-			if st == nil {
-				st = new(algo.State)
-				c.shards[idx[i]].put(ch.Key, st)
-			}
-			// Same state, time and request as the dry run: same result.
-			algo.Eval(ch.Rule, st, now, cost, lease, true)
-		}
+		lease = c.commit(checks, results, states, idx, now, cost)
 	}
 	for i, st := range states {
 		c.shards[idx[i]].release(checks[i].Key, st)
+	}
+	return lease
+}
+
+// commit charges, after an admitting dry run, every check whose result
+// allowed, taking a lease when a concurrency check is among them; a state
+// the dry run found missing is created (and recorded in states). The
+// shards must be locked.
+func (c *core) commit(checks []limit.Check, results []limit.Result, states []*algo.State, idx []int, now, cost int64) (lease string) {
+	for i, ch := range checks {
+		if ch.Rule.Algorithm == limit.Concurrency && results[i].Allowed {
+			lease = c.newLease()
+			break
+		}
+	}
+	for i, ch := range checks {
+		if !results[i].Allowed {
+			continue
+		}
+		st := states[i]
+		if st == nil {
+			st = new(algo.State)
+			c.shards[idx[i]].put(ch.Key, st)
+			states[i] = st
+		}
+		// Same state, time and request as the dry run: same result.
+		algo.Eval(ch.Rule, st, now, cost, lease, true)
 	}
 	return lease
 }
