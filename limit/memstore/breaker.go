@@ -187,21 +187,8 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 		probe = pr
 	}
 
-	states := sb[:0]
-	admit := true
-	for i, ch := range checks {
-		st := c.shards[idx[i]].get(ch.Key, now)
-		states = append(states, st)
-		if st == nil {
-			var fresh algo.State
-			results[i] = algo.Eval(ch.Rule, &fresh, now, cost, "", false)
-		} else {
-			results[i] = algo.Eval(ch.Rule, st, now, cost, "", false)
-		}
-		if !results[i].Allowed && !ch.Rule.Shadow {
-			admit = false
-		}
-	}
+	states, admit := c.dryRun(checks, idx, sb[:0], results, now, cost)
+
 	defer func() {
 		for i, st := range states {
 			c.shards[idx[i]].release(checks[i].Key, st)

@@ -287,7 +287,21 @@ func (c *core) takeMany(checks []limit.Check, cost int64, results []limit.Result
 	idx, locks := c.lock(checks, ib[:0], lb[:0])
 	defer c.unlock(locks)
 	now := c.now()
-	states := sb[:0]
+	states, admit := c.dryRun(checks, idx, sb[:0], results, now, cost)
+
+	if admit {
+		lease = c.commit(checks, results, states, idx, now, cost)
+	}
+	for i, st := range states {
+		c.shards[idx[i]].release(checks[i].Key, st)
+	}
+	return lease
+}
+
+// dryRun evaluates every check without charging: it appends each check's
+// state (nil when the counter does not exist) to states, fills results, and
+// reports whether every enforced check allows. The shards must be locked.
+func (c *core) dryRun(checks []limit.Check, idx []int, states []*algo.State, results []limit.Result, now, cost int64) ([]*algo.State, bool) {
 	admit := true
 	for i, ch := range checks {
 		st := c.shards[idx[i]].get(ch.Key, now)
@@ -302,13 +316,7 @@ func (c *core) takeMany(checks []limit.Check, cost int64, results []limit.Result
 			admit = false
 		}
 	}
-	if admit {
-		lease = c.commit(checks, results, states, idx, now, cost)
-	}
-	for i, st := range states {
-		c.shards[idx[i]].release(checks[i].Key, st)
-	}
-	return lease
+	return states, admit
 }
 
 // commit charges, after an admitting dry run, every check whose result

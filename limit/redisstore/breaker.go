@@ -358,21 +358,10 @@ func (s *Store) clock(ctx context.Context) (int64, error) {
 // readBreakers reads the breakers among keys not seen yet in one round trip
 // and calls fn with the open and half-open ones.
 func (s *Store) readBreakers(ctx context.Context, now int64, keys []string, seen map[string]struct{}, fn func(limit.BreakerInfo) error) error {
-	cmds := make(rueidis.Commands, 0, len(keys))
-	fresh := keys[:0:0]
-	for _, k := range keys {
-		if _, ok := seen[k]; ok || strings.Contains(k, ":call:") {
-			continue
-		}
-		seen[k] = struct{}{}
-		fresh = append(fresh, k)
-		cmds = append(cmds, s.client.B().Hgetall().Key(k).Build())
-	}
-	if len(cmds) == 0 {
-		return nil
-	}
+	// identical-calls counters share the breakers' prefix
+	fresh, replies := s.readNew(ctx, keys, seen, func(k string) bool { return strings.Contains(k, ":call:") })
 	toTime := func(us int64) time.Time { return scriptEpoch.Add(time.Duration(us) * time.Microsecond) }
-	for i, r := range s.client.DoMulti(ctx, cmds...) {
+	for i, r := range replies {
 		h, err := r.AsStrMap()
 		if _, isRedis := rueidis.IsRedisErr(err); isRedis {
 			continue // WRONGTYPE: not a breaker

@@ -254,6 +254,25 @@ func (s *Store) ScanMeters(ctx context.Context, fn func(limit.MeterState) error)
 	})
 }
 
+// readNew reads with HGETALL, in one round trip through the client (which
+// routes each key to its slot's master), the keys of a SCAN page not seen
+// yet and not skipped, and marks them seen. replies[i] is fresh[i]'s.
+func (s *Store) readNew(ctx context.Context, keys []string, seen map[string]struct{}, skip func(string) bool) (fresh []string, replies []rueidis.RedisResult) {
+	cmds := make(rueidis.Commands, 0, len(keys))
+	for _, k := range keys {
+		if _, ok := seen[k]; ok || skip != nil && skip(k) {
+			continue
+		}
+		seen[k] = struct{}{}
+		fresh = append(fresh, k)
+		cmds = append(cmds, s.client.B().Hgetall().Key(k).Build())
+	}
+	if len(cmds) == 0 {
+		return nil, nil
+	}
+	return fresh, s.client.DoMulti(ctx, cmds...)
+}
+
 // scanMasters SCANs for pattern on every master (the one server when
 // standalone) and hands each page of keys to page. A key may be seen twice
 // (a failover during the scan): page deduplicates.
@@ -283,20 +302,8 @@ func (s *Store) scanMasters(ctx context.Context, pattern, what string, page func
 // the client (which routes each key to its slot's master), and calls fn
 // with the unflushed ones.
 func (s *Store) readMeters(ctx context.Context, keys []string, seen map[string]struct{}, fn func(limit.MeterState) error) error {
-	cmds := make(rueidis.Commands, 0, len(keys))
-	fresh := keys[:0:0]
-	for _, k := range keys {
-		if _, ok := seen[k]; ok {
-			continue
-		}
-		seen[k] = struct{}{}
-		fresh = append(fresh, k)
-		cmds = append(cmds, s.client.B().Hgetall().Key(k).Build())
-	}
-	if len(cmds) == 0 {
-		return nil
-	}
-	for i, r := range s.client.DoMulti(ctx, cmds...) {
+	fresh, replies := s.readNew(ctx, keys, seen, nil)
+	for i, r := range replies {
 		h, err := r.AsStrMap()
 		if _, isRedis := rueidis.IsRedisErr(err); isRedis {
 			continue // WRONGTYPE: not a meter
