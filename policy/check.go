@@ -121,6 +121,13 @@ func (d *decoder) rule(n *yaml.Node, path string, scope ruleScope) (r Rule, name
 			r.Burst, _ = d.count(v, p)
 		},
 		"shadow": func(v *yaml.Node, p string) { r.Shadow, _ = d.bool(v, p) },
+		"methods": func(v *yaml.Node, p string) {
+			if scope == scopeTool {
+				d.errf(v, p, "not allowed in a tool's rules (they count calls of that tool); name methods in a tier's or the global rules")
+				return
+			}
+			r.Methods = d.methods(v, p)
+		},
 	})
 	if n.Kind != yaml.MappingNode {
 		return r, nil, false
@@ -145,6 +152,30 @@ func (d *decoder) rule(n *yaml.Node, path string, scope ruleScope) (r Rule, name
 		return r, nameNode, false
 	}
 	return r, nameNode, true
+}
+
+// methods decodes a rule's methods: a non-empty list of names from
+// RequestMethods, or "*".
+func (d *decoder) methods(n *yaml.Node, path string) []string {
+	var out []string
+	seen := map[string]bool{}
+	d.list(n, path, func(i int, v *yaml.Node, p string) {
+		s, ok := d.str(v, p)
+		switch {
+		case !ok:
+		case !knownMethod(s):
+			d.errf(v, p, "unknown MCP request method %q (want \"*\" or one of %s)", s, strings.Join(RequestMethods, ", "))
+		case seen[s]:
+			d.errf(v, p, "method %q is listed twice", s)
+		default:
+			seen[s] = true
+			out = append(out, s)
+		}
+	})
+	if n.Kind == yaml.SequenceNode && len(n.Content) == 0 {
+		d.errf(n, path, "empty: list the methods the rule counts, or leave methods out for tools/call")
+	}
+	return out
 }
 
 func algorithmList() string {
@@ -269,6 +300,21 @@ func (d *decoder) httpURL(n *yaml.Node, path string) string {
 func checkHTTPURL(s string) bool {
 	u, err := url.Parse(s)
 	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
+}
+
+// checkOrigin accepts "*" or an origin as browsers send it:
+// scheme://host[:port], without path, query or user info.
+func (d *decoder) checkOrigin(n *yaml.Node, path, s string) bool {
+	if s == "*" {
+		return true
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
+		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+		d.errf(n, path, "bad origin %q: want scheme://host[:port] (as a browser sends it) or \"*\"", s)
+		return false
+	}
+	return true
 }
 
 func (d *decoder) checkEnvName(n *yaml.Node, path, s string) bool {
@@ -528,7 +574,7 @@ func (d *decoder) checkSharedCounters() {
 			if k.per != keyspace.PerTenant && k.per != keyspace.PerSubject {
 				continue // the key holds the tool: no sharing across tools
 			}
-			if first, ok := byKey[k]; ok && first.rule != r.rule {
+			if first, ok := byKey[k]; ok && !sameRule(first.rule, r.rule) {
 				d.errf(r.name, r.path, "rule %q per %s shares a counter with %s (line %d) but has different settings; rules that share a counter must be identical",
 					k.name, k.per, strings.TrimSuffix(first.path, ".name"), first.name.Line)
 				continue

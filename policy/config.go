@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"slices"
 	"strings"
 	"time"
 
@@ -22,6 +23,16 @@ const (
 	DefaultTenantClaim   = "tenant_id"
 	DefaultTierClaim     = "tier"
 	DefaultScopeClaim    = "scope"
+
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 60 * time.Second
+	DefaultIdleTimeout       = 180 * time.Second
+	DefaultWriteTimeout      = 60 * time.Second
+	DefaultMaxConnections    = 1024
+	DefaultLeeway            = 30 * time.Second
+	DefaultSessionsPerTenant = 100
+	DefaultSessionsPerSubj   = 10
+	DefaultSessionIdle       = 30 * time.Minute
 )
 
 // Config is a validated configuration. Parse returns it fully defaulted; it
@@ -40,14 +51,23 @@ type Config struct {
 	Cache       Cache
 	Tools       map[string]Tool
 	Breaker     Breaker
+	Server      Server
+	Sessions    Sessions
 	// Warnings are non-fatal problems, each "file:line: field: problem"
 	// (for example an unset ${VAR}). The caller decides whether to log them.
 	Warnings []string
 
-	// rules[tier][tool] is the tier's rules followed by the tool's; the
-	// entry for tool "" holds the tier's rules alone. Built by Parse so that
-	// RulesFor does not allocate on the request path.
+	// rules[tier][tool] is the tier's tools/call rules followed by the
+	// tool's; the entry for tool "" holds the tier's rules alone. Built by
+	// Parse so that RulesFor does not allocate on the request path.
 	rules map[string]map[string][]Rule
+	// methodRules[tier][method] are the tier's rules of a method other than
+	// tools/call (with the built-in defaults where the tier has none), and
+	// methodRules[tier][""] those of methods no rule names. methodGlobal is
+	// the same for the global list.
+	methodRules  map[string]map[string][]Rule
+	methodGlobal map[string][]Rule
+	global       []Rule // the global rules of tools/call
 }
 
 // Upstream is the MCP server the gateway forwards to.
@@ -60,8 +80,14 @@ type Upstream struct {
 	IdentityHeaders bool
 	// MaxBodyBytes caps a request body read from a client (default 4 MiB).
 	MaxBodyBytes int64
-	// Timeout bounds one upstream call (default 60s).
+	// Timeout is the idle timeout of one upstream call (default 60s): the
+	// call fails when the upstream sends nothing for this long. Each event
+	// of a streamed answer (progress, a log message, a server request)
+	// starts it again.
 	Timeout time.Duration
+	// MaxDuration, when positive, is a hard cap on one upstream call
+	// however much it streams. Zero means none.
+	MaxDuration time.Duration
 }
 
 // JWT says how tokens are verified. Exactly one key source is set:
@@ -76,6 +102,15 @@ type JWT struct {
 	TenantClaim    string // default "tenant_id"; a token without it is refused
 	TierClaim      string // default "tier"; missing or unknown: Config.DefaultTier
 	ScopeClaim     string // default "scope"; space-separated "tools:*" or "tools:<name>"
+	// RequireExpiry refuses tokens without an exp claim (default true: a
+	// token that never expires cannot be revoked by waiting).
+	RequireExpiry bool
+	// RequireSubject refuses tokens without a sub claim (default false:
+	// such tokens share one per-subject limit and breaker per tenant).
+	RequireSubject bool
+	// Leeway is the clock skew allowed on exp, nbf and iat (default 30s,
+	// at most 5m).
+	Leeway time.Duration
 }
 
 // Auth is the authentication of agents and of the admin API.
@@ -135,10 +170,68 @@ type Tier struct {
 	Limits       []Rule // Per is never keyspace.PerGlobal; default keyspace.PerTenant
 }
 
-// Rule is a limit.Rule together with the scope of its counter.
+// Rule is a limit.Rule together with the scope of its counter and the MCP
+// methods it counts.
 type Rule struct {
 	limit.Rule
 	Per keyspace.Per
+	// Methods are the JSON-RPC request methods the rule counts: nil means
+	// tools/call only; "*" means every request method. See Applies.
+	Methods []string
+}
+
+// AllMethods in Rule.Methods selects every request method.
+const AllMethods = "*"
+
+// Applies reports whether r counts calls of method.
+func (r Rule) Applies(method string) bool {
+	if r.Methods == nil {
+		return method == MethodToolsCall
+	}
+	for _, m := range r.Methods {
+		if m == method || m == AllMethods {
+			return true
+		}
+	}
+	return false
+}
+
+// sameRule reports whether a and b are the same rule in every setting.
+func sameRule(a, b Rule) bool {
+	return a.Rule == b.Rule && a.Per == b.Per && slices.Equal(a.Methods, b.Methods)
+}
+
+// Server protects the HTTP listener against slow, idle and hostile clients.
+// Every field is positive after Parse.
+type Server struct {
+	ReadHeaderTimeout time.Duration // request headers must arrive within this [10s]
+	// ReadTimeout bounds reading one request body: a stalled POST body is
+	// cut after it [60s].
+	ReadTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection that carries no request
+	// for this long [180s].
+	IdleTimeout time.Duration
+	// WriteTimeout bounds one write to the client. A streamed answer (SSE)
+	// gets a new deadline for each event, so a long stream lives as long
+	// as it keeps moving and a client that stops reading is cut [60s].
+	WriteTimeout time.Duration
+	// MaxConnections caps concurrent client connections; further ones
+	// wait in the kernel's accept queue [1024].
+	MaxConnections int
+	// AllowedOrigins are the Origin header values accepted besides the
+	// gateway's own host ("*" accepts any). A request without Origin is
+	// accepted (non-browser clients send none); any other is refused 403.
+	AllowedOrigins []string
+}
+
+// Sessions caps the MCP sessions one caller may keep open upstream: each
+// initialize that opens a session holds a slot until the session ends
+// (DELETE) or stays unused for IdleTimeout, when the gateway ends it
+// upstream.
+type Sessions struct {
+	MaxPerTenant  int           // live sessions of one tenant [100]
+	MaxPerSubject int           // live sessions of one subject of a tenant [10]
+	IdleTimeout   time.Duration // [30m]
 }
 
 // Cost is what one call of a tool charges against limits, quotas and usage.
@@ -228,13 +321,13 @@ func (c *Config) ResolveTier(name string) (resolved string, t Tier, ok bool) {
 	return c.DefaultTier, t, ok
 }
 
-// RulesFor returns the rules of one call: the tier's rules followed by the
-// tool's (all tenant-scoped, to be evaluated together in the tenant's slot),
-// and the global rules. An unknown tier means DefaultTier. The slices are
-// shared and must not be modified (appending to them is safe: they have no
-// spare capacity).
+// RulesFor returns the rules of one tools/call: the tier's rules followed
+// by the tool's (all tenant-scoped, to be evaluated together in the
+// tenant's slot), and the global rules. An unknown tier means DefaultTier.
+// The slices are shared and must not be modified (appending to them is
+// safe: they have no spare capacity).
 func (c *Config) RulesFor(tier, tool string) (tenantScoped []Rule, global []Rule) {
-	global = c.Global[:len(c.Global):len(c.Global)]
+	global = c.global
 	tier, t, _ := c.ResolveTier(tier)
 	if byTool, ok := c.rules[tier]; ok {
 		if r, ok := byTool[tool]; ok {
@@ -243,7 +336,29 @@ func (c *Config) RulesFor(tier, tool string) (tenantScoped []Rule, global []Rule
 		r := byTool[""]
 		return r, global
 	}
-	return combine(t.Limits, c.Tools[tool].Limits), global
+	return combine(forMethod(t.Limits, MethodToolsCall), c.Tools[tool].Limits), global
+}
+
+// RulesForMethod returns the rules of one request of a method other than
+// tools/call (for tools/call use RulesFor): the tier's rules that name the
+// method, or the built-in default rule for it (DefaultInitializeRule,
+// DefaultRequestsRule) when the tier has none, and the global rules that
+// name it. The slices are shared and must not be modified.
+func (c *Config) RulesForMethod(tier, method string) (tenantScoped []Rule, global []Rule) {
+	if method == MethodToolsCall {
+		return c.RulesFor(tier, "")
+	}
+	tier, _, _ = c.ResolveTier(tier)
+	byMethod := c.methodRules[tier]
+	r, ok := byMethod[method]
+	if !ok {
+		r = byMethod[""]
+	}
+	g, ok := c.methodGlobal[method]
+	if !ok {
+		g = c.methodGlobal[""]
+	}
+	return r, g
 }
 
 // ToolOnError returns the failure policy of tool: its own, else the store's,
@@ -277,9 +392,10 @@ func combine(a, b []Rule) []Rule {
 	return append(out, b...)
 }
 
-// index builds c.rules.
+// index builds c.rules, c.methodRules, c.methodGlobal and c.global.
 func (c *Config) index() {
 	c.rules = map[string]map[string][]Rule{}
+	c.methodRules = map[string]map[string][]Rule{}
 	tiers := make([]string, 0, len(c.Tiers)+1)
 	for name := range c.Tiers {
 		tiers = append(tiers, name)
@@ -289,10 +405,43 @@ func (c *Config) index() {
 	}
 	for _, name := range tiers {
 		t := c.Tiers[name]
-		byTool := map[string][]Rule{"": combine(t.Limits, nil)}
+		calls := forMethod(t.Limits, MethodToolsCall)
+		byTool := map[string][]Rule{"": combine(calls, nil)}
 		for tool, tc := range c.Tools {
-			byTool[tool] = combine(t.Limits, tc.Limits)
+			byTool[tool] = combine(calls, tc.Limits)
 		}
 		c.rules[name] = byTool
+		byMethod := map[string][]Rule{}
+		for _, m := range append(RequestMethods[:len(RequestMethods):len(RequestMethods)], "") {
+			if m == MethodToolsCall {
+				continue
+			}
+			r := forMethod(t.Limits, m)
+			if r == nil {
+				r = []Rule{defaultRuleFor(m)}
+			}
+			byMethod[m] = r
+		}
+		c.methodRules[name] = byMethod
 	}
+	c.global = forMethod(c.Global, MethodToolsCall)
+	c.methodGlobal = map[string][]Rule{}
+	for _, m := range append(RequestMethods[:len(RequestMethods):len(RequestMethods)], "") {
+		if m != MethodToolsCall {
+			c.methodGlobal[m] = forMethod(c.Global, m)
+		}
+	}
+}
+
+// forMethod returns the rules of rs that count method ("" stands for a
+// method no rule can name: only "*" rules count it), in a new slice
+// without spare capacity, or nil.
+func forMethod(rs []Rule, method string) []Rule {
+	var out []Rule
+	for _, r := range rs {
+		if method == "" && slices.Contains(r.Methods, AllMethods) || method != "" && r.Applies(method) {
+			out = append(out, r)
+		}
+	}
+	return out[:len(out):len(out)]
 }

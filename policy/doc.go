@@ -30,11 +30,16 @@
 //	upstream.headers           name: value added to every upstream request
 //	upstream.identity_headers  send X-Mcp-Tenant and X-Mcp-Subject upstream [false]
 //	upstream.max_body_bytes    largest request body accepted from a client [4194304]
-//	upstream.timeout           bound on one upstream call [60s]
+//	upstream.timeout           idle timeout of one upstream call: it fails when the upstream
+//	                           sends nothing for this long; each streamed event restarts it [60s]
+//	upstream.max_duration      hard cap on one upstream call however much it streams [0: none]
 //	auth.jwt                   exactly one key source: hs256_secret_env (name of an
 //	                           environment variable), jwks_url, jwks_file, public_key_file;
 //	                           issuer and audience are checked when set; tenant_claim
-//	                           [tenant_id], tier_claim [tier], scope_claim [scope]
+//	                           [tenant_id], tier_claim [tier], scope_claim [scope],
+//	                           require_expiry (refuse tokens without exp) [true],
+//	                           require_subject (refuse tokens without sub) [false],
+//	                           leeway (clock skew on exp, nbf, iat; 0s to 5m) [30s]
 //	auth.admin_token_env       environment variable holding the admin bearer token [none]
 //	auth.session_secret_env    environment variable holding the key binding MCP session ids
 //	                           to callers; shared by all instances [derived from the HS256
@@ -67,8 +72,19 @@
 //	breaker.cooldown           [30s]
 //	breaker.max_cooldown       cap of the cooldown, doubled by each failed probe [10m, at least cooldown]
 //	breaker.alert_webhook      http(s) URL POSTed when a breaker opens [none]
+//	server.read_header_timeout request headers must arrive within this [10s]
+//	server.read_timeout        a request body must arrive within this (a stalled body is cut) [60s]
+//	server.idle_timeout        an idle keep-alive connection is closed after this [180s]
+//	server.write_timeout       bound on one write to a client; a stream gets a new deadline
+//	                           for each event, so it lives as long as it keeps moving [60s]
+//	server.max_connections     concurrent client connections; more wait to be accepted [1024]
+//	server.allowed_origins     Origin values accepted besides the gateway's own host ("*": any);
+//	                           requests without Origin are accepted, others get 403 [none]
+//	sessions.max_per_tenant    live upstream MCP sessions one tenant may hold [100]
+//	sessions.max_per_subject   live upstream MCP sessions one subject may hold [10]
+//	sessions.idle_timeout      a session unused this long is ended upstream, freeing its slot [30m]
 //
-// A rule is {name, per, algorithm, limit, period, burst, shadow}. name (1 to
+// A rule is {name, per, algorithm, limit, period, burst, shadow, methods}. name (1 to
 // 64 of [A-Za-z0-9_.-]), algorithm (see limit.Algorithms), limit (at least
 // 1) and period are required; burst only applies to token_bucket and gcra;
 // every rule must pass limit.Rule.Validate. per is global, tenant,
@@ -78,6 +94,15 @@
 // tier's rule (the two would count on one key). Tool rules per tenant or
 // subject of different tools with the same name share one counter, which
 // is allowed only when they are identical.
+//
+// methods (tier and global rules only) lists the JSON-RPC request methods a
+// rule counts (see RequestMethods), or "*" for all; without it a rule counts
+// tools/call. Every other method is governed too: where no rule of the tier
+// names a method, DefaultInitializeRule (initialize: 10 per minute per
+// tenant) or DefaultRequestsRule (any other request: 600 per minute, burst
+// 120, per tenant) applies. For a method other than tools/call, the "tool"
+// of tenant_tool and subject_tool is the method and its target (the prompt
+// name, the resource URI).
 //
 // Tag templates are text with {{args.NAME}} or {{args.NAME.FIELD}} holes
 // filled from the call's arguments, e.g. "product:{{args.id}}".

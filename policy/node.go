@@ -32,6 +32,8 @@ type decoder struct {
 	toolRules map[string][]ruleRef
 	lastRules []ruleRef // of the latest rules call
 	warmAt    []warmRef // one per Cache.Warm entry
+
+	expirySet, leewaySet bool // auth.jwt.require_expiry / leeway given (their defaults are not zero)
 }
 
 type warmRef struct {

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
@@ -168,9 +169,58 @@ func (d *decoder) config(root *yaml.Node, c *Config) {
 		"global": func(v *yaml.Node, p string) {
 			c.Global = d.rules(v, p, scopeGlobal)
 		},
-		"cache":   func(v *yaml.Node, p string) { d.cache(v, p, &c.Cache) },
-		"tools":   func(v *yaml.Node, p string) { c.Tools = d.tools(v, p) },
-		"breaker": func(v *yaml.Node, p string) { d.breaker(v, p, &c.Breaker) },
+		"cache":    func(v *yaml.Node, p string) { d.cache(v, p, &c.Cache) },
+		"tools":    func(v *yaml.Node, p string) { c.Tools = d.tools(v, p) },
+		"breaker":  func(v *yaml.Node, p string) { d.breaker(v, p, &c.Breaker) },
+		"server":   func(v *yaml.Node, p string) { d.server(v, p, &c.Server) },
+		"sessions": func(v *yaml.Node, p string) { d.sessions(v, p, &c.Sessions) },
+	})
+}
+
+func (d *decoder) server(n *yaml.Node, path string, s *Server) {
+	dur := func(dst *time.Duration) func(v *yaml.Node, p string) {
+		return func(v *yaml.Node, p string) { *dst, _ = d.positiveDuration(v, p) }
+	}
+	d.object(n, path, fields{
+		"read_header_timeout": dur(&s.ReadHeaderTimeout),
+		"read_timeout":        dur(&s.ReadTimeout),
+		"idle_timeout":        dur(&s.IdleTimeout),
+		"write_timeout":       dur(&s.WriteTimeout),
+		"max_connections": func(v *yaml.Node, p string) {
+			if x, ok := d.smallCount(v, p); ok {
+				if x < 1 {
+					d.errf(v, p, "must be at least 1, got %d", x)
+				} else {
+					s.MaxConnections = x
+				}
+			}
+		},
+		"allowed_origins": func(v *yaml.Node, p string) {
+			d.list(v, p, func(_ int, v *yaml.Node, p string) {
+				if o, ok := d.str(v, p); ok && d.checkOrigin(v, p, o) {
+					s.AllowedOrigins = append(s.AllowedOrigins, o)
+				}
+			})
+		},
+	})
+}
+
+func (d *decoder) sessions(n *yaml.Node, path string, s *Sessions) {
+	limit := func(dst *int) func(v *yaml.Node, p string) {
+		return func(v *yaml.Node, p string) {
+			if x, ok := d.smallCount(v, p); ok {
+				if x < 1 {
+					d.errf(v, p, "must be at least 1, got %d", x)
+				} else {
+					*dst = x
+				}
+			}
+		}
+	}
+	d.object(n, path, fields{
+		"max_per_tenant":  limit(&s.MaxPerTenant),
+		"max_per_subject": limit(&s.MaxPerSubject),
+		"idle_timeout":    func(v *yaml.Node, p string) { s.IdleTimeout, _ = d.positiveDuration(v, p) },
 	})
 }
 
@@ -234,7 +284,8 @@ func (d *decoder) upstream(n *yaml.Node, path string, u *Upstream) {
 				}
 			}
 		},
-		"timeout": func(v *yaml.Node, p string) { u.Timeout, _ = d.positiveDuration(v, p) },
+		"timeout":      func(v *yaml.Node, p string) { u.Timeout, _ = d.positiveDuration(v, p) },
+		"max_duration": func(v *yaml.Node, p string) { u.MaxDuration, _ = d.positiveDuration(v, p) },
 	})
 }
 
@@ -265,6 +316,23 @@ func (d *decoder) auth(n *yaml.Node, path string, a *Auth) {
 				"tenant_claim":     str(&j.TenantClaim),
 				"tier_claim":       str(&j.TierClaim),
 				"scope_claim":      str(&j.ScopeClaim),
+				"require_expiry": func(v *yaml.Node, p string) {
+					if b, ok := d.bool(v, p); ok {
+						j.RequireExpiry = b
+						d.expirySet = true
+					}
+				},
+				"require_subject": func(v *yaml.Node, p string) { j.RequireSubject, _ = d.bool(v, p) },
+				"leeway": func(v *yaml.Node, p string) {
+					if x, ok := d.duration(v, p); ok {
+						if x < 0 || x > 5*time.Minute {
+							d.errf(v, p, "must be between 0s and 5m, got %v", x)
+							return
+						}
+						j.Leeway = x
+						d.leewaySet = true
+					}
+				},
 			})
 		},
 		"admin_token_env":    envName(&a.AdminTokenEnv),
@@ -509,6 +577,34 @@ func (d *decoder) defaults(c *Config) {
 	}
 	if c.Upstream.Timeout == 0 {
 		c.Upstream.Timeout = DefaultUpstreamWait
+	}
+	if !d.expirySet {
+		c.Auth.JWT.RequireExpiry = true
+	}
+	if !d.leewaySet {
+		c.Auth.JWT.Leeway = DefaultLeeway
+	}
+	sv := &c.Server
+	for _, f := range []struct {
+		dst *time.Duration
+		def time.Duration
+	}{
+		{&sv.ReadHeaderTimeout, DefaultReadHeaderTimeout}, {&sv.ReadTimeout, DefaultReadTimeout},
+		{&sv.IdleTimeout, DefaultIdleTimeout}, {&sv.WriteTimeout, DefaultWriteTimeout},
+		{&c.Sessions.IdleTimeout, DefaultSessionIdle},
+	} {
+		if *f.dst == 0 {
+			*f.dst = f.def
+		}
+	}
+	if sv.MaxConnections == 0 {
+		sv.MaxConnections = DefaultMaxConnections
+	}
+	if c.Sessions.MaxPerTenant == 0 {
+		c.Sessions.MaxPerTenant = DefaultSessionsPerTenant
+	}
+	if c.Sessions.MaxPerSubject == 0 {
+		c.Sessions.MaxPerSubject = min(DefaultSessionsPerSubj, c.Sessions.MaxPerTenant)
 	}
 	if c.Store.Timeout == 0 {
 		c.Store.Timeout = DefaultStoreTimeout

@@ -39,7 +39,7 @@ func TestExampleLoads(t *testing.T) {
 	if !reflect.DeepEqual(c.Upstream, wantUp) {
 		t.Errorf("upstream = %+v, want %+v", c.Upstream, wantUp)
 	}
-	wantAuth := Auth{JWT: JWT{HS256SecretEnv: "MCPGATE_JWT_SECRET", TenantClaim: "tenant_id", TierClaim: "tier", ScopeClaim: "scope"}, AdminTokenEnv: "MCPGATE_ADMIN_TOKEN"}
+	wantAuth := Auth{JWT: JWT{HS256SecretEnv: "MCPGATE_JWT_SECRET", TenantClaim: "tenant_id", TierClaim: "tier", ScopeClaim: "scope", RequireExpiry: true, Leeway: 30 * time.Second}, AdminTokenEnv: "MCPGATE_ADMIN_TOKEN"}
 	if c.Auth != wantAuth {
 		t.Errorf("auth = %+v", c.Auth)
 	}
@@ -122,15 +122,18 @@ func TestDefaults(t *testing.T) {
 		Path:        "m.yaml",
 		Listen:      "127.0.0.1:8080",
 		Upstream:    Upstream{URL: "http://127.0.0.1:9000/mcp", Headers: map[string]string{}, MaxBodyBytes: 4 << 20, Timeout: time.Minute},
-		Auth:        Auth{JWT: JWT{HS256SecretEnv: "SECRET", TenantClaim: "tenant_id", TierClaim: "tier", ScopeClaim: "scope"}},
+		Auth:        Auth{JWT: JWT{HS256SecretEnv: "SECRET", TenantClaim: "tenant_id", TierClaim: "tier", ScopeClaim: "scope", RequireExpiry: true, Leeway: 30 * time.Second}},
 		Store:       Store{Timeout: 25 * time.Millisecond, OnError: FailOpen},
 		Usage:       Usage{Store: "sqlite:mcpgate-usage.db", FlushInterval: time.Second},
 		DefaultTier: "free",
 		Tiers:       map[string]Tier{},
 		Tools:       map[string]Tool{},
 		Breaker:     Breaker{Key: "subject", Cooldown: 30 * time.Second, MaxCooldown: 10 * time.Minute},
+		Server: Server{ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 180 * time.Second,
+			WriteTimeout: 60 * time.Second, MaxConnections: 1024},
+		Sessions: Sessions{MaxPerTenant: 100, MaxPerSubject: 10, IdleTimeout: 30 * time.Minute},
 	}
-	c.rules = nil
+	c.rules, c.methodRules, c.methodGlobal, c.global = nil, nil, nil, nil
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %+v\nwant %+v", c, want)
 	}

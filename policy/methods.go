@@ -1,0 +1,81 @@
+package policy
+
+import (
+	"time"
+
+	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// MethodToolsCall is the method rules count when they name none.
+const MethodToolsCall = "tools/call"
+
+// MethodInitialize opens an MCP session.
+const MethodInitialize = "initialize"
+
+// RequestMethods are the JSON-RPC request methods of MCP (2025-06-18,
+// 2025-11-25 and 2026-07-28) that a rule's methods may name. A request of
+// another method is governed by the rules that name "*" (and by
+// DefaultRequestsRule when the tier has none).
+var RequestMethods = []string{
+	"initialize",
+	"ping",
+	"tools/list",
+	"tools/call",
+	"resources/list",
+	"resources/templates/list",
+	"resources/read",
+	"resources/subscribe",
+	"resources/unsubscribe",
+	"prompts/list",
+	"prompts/get",
+	"completion/complete",
+	"logging/setLevel",
+	"tasks/get",
+	"tasks/result",
+	"tasks/list",
+	"tasks/cancel",
+	"subscriptions/listen",
+}
+
+// The built-in rules of methods a tier's rules do not name. Every method is
+// governed: a tenant whose tools/call limits are spent must not be able to
+// make the upstream do unbounded work through other methods. Their names
+// start with "default_" so that they never share a counter with a rule of
+// the file (rule names there are free, but a "default_" rule of the file
+// replaces these only for the methods it names).
+var (
+	// DefaultInitializeRule counts initialize per tenant: each one may open
+	// an upstream session.
+	DefaultInitializeRule = Rule{
+		Rule: limit.Rule{Name: "default_initialize", Algorithm: limit.TokenBucket, Limit: 10, Period: time.Minute, Burst: 10},
+		Per:  keyspace.PerTenant, Methods: []string{MethodInitialize},
+	}
+	// DefaultRequestsRule counts every other request method but tools/call
+	// per tenant (tools/list, ping, resources/read, prompts/get, ...).
+	DefaultRequestsRule = Rule{
+		Rule: limit.Rule{Name: "default_requests", Algorithm: limit.TokenBucket, Limit: 600, Period: time.Minute, Burst: 120},
+		Per:  keyspace.PerTenant, Methods: []string{AllMethods},
+	}
+)
+
+// defaultRuleFor returns the built-in rule of method (not tools/call).
+func defaultRuleFor(method string) Rule {
+	if method == MethodInitialize {
+		return DefaultInitializeRule
+	}
+	return DefaultRequestsRule
+}
+
+// knownMethod reports whether m may be named in a rule's methods.
+func knownMethod(m string) bool {
+	if m == AllMethods {
+		return true
+	}
+	for _, k := range RequestMethods {
+		if k == m {
+			return true
+		}
+	}
+	return false
+}
