@@ -285,7 +285,15 @@ func (d *decoder) upstream(n *yaml.Node, path string, u *Upstream) {
 			}
 		},
 		"timeout":      func(v *yaml.Node, p string) { u.Timeout, _ = d.positiveDuration(v, p) },
-		"max_duration": func(v *yaml.Node, p string) { u.MaxDuration, _ = d.positiveDuration(v, p) },
+		"max_duration": func(v *yaml.Node, p string) {
+			if x, ok := d.duration(v, p); ok {
+				if x < 0 {
+					d.errf(v, p, "must not be negative (0s means no cap), got %v", x)
+					return
+				}
+				u.MaxDuration = x
+			}
+		},
 	})
 }
 
