@@ -284,7 +284,7 @@ func (d *decoder) upstream(n *yaml.Node, path string, u *Upstream) {
 				}
 			}
 		},
-		"timeout":      func(v *yaml.Node, p string) { u.Timeout, _ = d.positiveDuration(v, p) },
+		"timeout": func(v *yaml.Node, p string) { u.Timeout, _ = d.positiveDuration(v, p) },
 		"max_duration": func(v *yaml.Node, p string) {
 			if x, ok := d.duration(v, p); ok {
 				if x < 0 {
