@@ -1,5 +1,6 @@
 // Package auth turns a bearer JWT into a Principal: who is calling (tenant,
-// subject), on which tier, and which tools they may use.
+// subject), on which tier, and which tools, resources and prompts they may
+// use.
 //
 // Verification is strict by construction:
 //
@@ -10,7 +11,9 @@
 //   - Tokens longer than MaxTokenBytes are refused before any parsing, only
 //     the JWS compact form is accepted, and a "crit" header is refused.
 //   - exp, nbf and iat are checked with a small leeway, iss and aud when
-//     configured, and the tenant claim must be a non-empty string.
+//     configured, and the tenant claim must be a non-empty string. A token
+//     without exp is refused only with Options.RequireExpiry (the zero
+//     value accepts it; mcpgate's config sets it by default).
 //
 // Claims map to the Principal as follows. The tenant claim is required (a
 // string of at most MaxTenantBytes, no control characters, since it travels
@@ -19,7 +22,7 @@
 // one per-subject limit and breaker, which errs on the restrictive side, and
 // identity providers that issue client-credential tokens without sub keep
 // working. A missing tier claim means Options.DefaultTier. A missing scope
-// claim grants no tool.
+// claim grants no tool, resource or prompt (see Scopes).
 //
 // With a JWKS URL the key set is fetched once by New (which fails if it
 // cannot be fetched: fail fast), refreshed in the background, and refreshed
@@ -83,7 +86,7 @@ type Principal struct {
 	Tier string
 	// Subject is the sub claim; "" when the token has none (see Options.RequireSubject).
 	Subject string
-	// Scopes are the tools the caller may use.
+	// Scopes are the tools, resources and prompts the caller may use.
 	Scopes Scopes
 }
 
@@ -121,7 +124,8 @@ type Options struct {
 	// be a string.
 	TierClaim string
 	// ScopeClaim names the scope claim; "" means "scope". It is a
-	// space-separated string or a JSON array of strings; missing means no tools.
+	// space-separated string or a JSON array of strings (see ParseScopes);
+	// missing means no tools, resources or prompts.
 	ScopeClaim string
 	// DefaultTier is the tier of a token without (or with an empty) tier claim.
 	DefaultTier string
@@ -130,8 +134,10 @@ type Options struct {
 	// token is accepted with Subject "", so all of a tenant's tokens without
 	// sub share one per-subject limit and breaker: restrictive, not a bypass.
 	RequireSubject bool
-	// RequireExpiry refuses tokens without an exp claim. Off by default
-	// because some service tokens carry none; platforms that can should set it.
+	// RequireExpiry refuses tokens without an exp claim. The zero value
+	// (false) accepts them for ever, which only suits service tokens that are
+	// revoked by rotating the key; callers should set it. mcpgate's config
+	// turns it on unless auth.jwt.require_expiry is false.
 	RequireExpiry bool
 
 	// Leeway is the clock skew allowed on exp, nbf and iat: 0 means

@@ -5,24 +5,80 @@ import (
 	"strings"
 )
 
-// toolScopePrefix starts every scope that grants a tool: "tools:<name>" grants
-// one tool and "tools:*" grants them all.
-const toolScopePrefix = "tools:"
+// The prefixes of the scopes that grant something. Any other scope is
+// ignored.
+const (
+	// toolScopePrefix: "tools:<name>" grants one tool, "tools:*" all tools.
+	toolScopePrefix = "tools:"
+	// resourceScopePrefix: "resources:<glob>" grants the resources whose URI
+	// the glob matches (see MatchGlob); "resources:*" grants them all.
+	resourceScopePrefix = "resources:"
+	// promptScopePrefix: "prompts:<name>" grants one prompt, "prompts:*" all
+	// prompts.
+	promptScopePrefix = "prompts:"
+)
 
-// Scopes is the set of tools a caller may use, parsed from the scope claim.
+// Scopes is what a caller may use, parsed from the scope claim: tools and
+// prompts by name, resources by URI glob.
 //
-// The zero value grants no tool: a token without a scope claim can
-// authenticate but cannot call anything (zero trust). A Scopes is immutable
-// once built and safe for concurrent use.
+// The zero value grants nothing: a token without a scope claim can
+// authenticate but cannot call a tool, read a resource or get a prompt
+// (zero trust), and each kind must be granted on its own ("tools:*" grants
+// no resource). A Scopes is immutable once built and safe for concurrent
+// use.
 type Scopes struct {
-	all   bool
-	tools map[string]struct{}
+	tools     nameSet
+	prompts   nameSet
+	resources []string // globs, sorted and without duplicates
 }
 
-// ParseScopes parses a space-separated scope string (RFC 6749 §3.3). "tools:*"
-// grants every tool and "tools:<name>" grants the tool called name; any other
-// scope, including a bare "tools:", is ignored. Tool names are matched exactly
-// (case-sensitive), as MCP names tools.
+// nameSet is a set of exact names, or every name.
+type nameSet struct {
+	all   bool
+	names map[string]struct{}
+}
+
+func (n *nameSet) add(name string) {
+	if name == "*" {
+		n.all = true
+		return
+	}
+	if n.names == nil {
+		n.names = make(map[string]struct{})
+	}
+	n.names[name] = struct{}{}
+}
+
+func (n nameSet) allows(name string) bool {
+	if n.all {
+		return true
+	}
+	_, ok := n.names[name]
+	return ok
+}
+
+func (n nameSet) sorted() []string {
+	out := make([]string, 0, len(n.names))
+	for name := range n.names {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// ParseScopes parses a space-separated scope string (RFC 6749 §3.3):
+//
+//   - "tools:<name>" grants the tool called name, "tools:*" every tool;
+//   - "prompts:<name>" grants the prompt called name, "prompts:*" every
+//     prompt;
+//   - "resources:<glob>" grants every resource whose URI the glob matches
+//     (MatchGlob: '*' matches any run of characters, '/' included), so
+//     "resources:*" grants every resource and "resources:file:///docs/*"
+//     everything under file:///docs/.
+//
+// Names and URIs are matched exactly (case-sensitive), as MCP names them.
+// Any other scope, including a bare "tools:", "prompts:" or "resources:",
+// is ignored.
 func ParseScopes(s string) Scopes {
 	return parseScopeList(strings.Fields(s))
 }
@@ -32,55 +88,130 @@ func ParseScopes(s string) Scopes {
 func parseScopeList(list []string) Scopes {
 	var sc Scopes
 	for _, s := range list {
-		name, ok := strings.CutPrefix(s, toolScopePrefix)
-		if !ok || name == "" {
-			continue
+		if name, ok := strings.CutPrefix(s, toolScopePrefix); ok && name != "" {
+			sc.tools.add(name)
+		} else if name, ok := strings.CutPrefix(s, promptScopePrefix); ok && name != "" {
+			sc.prompts.add(name)
+		} else if glob, ok := strings.CutPrefix(s, resourceScopePrefix); ok && glob != "" {
+			sc.resources = append(sc.resources, glob)
 		}
-		if name == "*" {
-			sc.all = true
-			continue
-		}
-		if sc.tools == nil {
-			sc.tools = make(map[string]struct{})
-		}
-		sc.tools[name] = struct{}{}
 	}
+	slices.Sort(sc.resources)
+	sc.resources = slices.Compact(sc.resources)
 	return sc
 }
 
 // AllowsTool reports whether the caller may see and call the tool called name.
-func (s Scopes) AllowsTool(name string) bool {
-	if s.all {
-		return true
+func (s Scopes) AllowsTool(name string) bool { return s.tools.allows(name) }
+
+// AllowsPrompt reports whether the caller may see and get the prompt called
+// name.
+func (s Scopes) AllowsPrompt(name string) bool { return s.prompts.allows(name) }
+
+// AllowsResource reports whether the caller may see and read the resource
+// at uri: whether one of its "resources:" globs matches uri.
+func (s Scopes) AllowsResource(uri string) bool {
+	for _, g := range s.resources {
+		if MatchGlob(g, uri) {
+			return true
+		}
 	}
-	_, ok := s.tools[name]
-	return ok
+	return false
+}
+
+// AllowsResourceTemplate reports whether the caller may see the resource
+// template tmpl (an RFC 6570 URI template, as resources/templates/list
+// lists them). It errs on the side of hiding: a template is shown only when
+// every URI it can expand to is allowed, which is decided from its literal
+// prefix, the text before its first '{':
+//
+//   - a template without '{' is one URI, shown if AllowsResource allows it;
+//   - otherwise it is shown if the caller holds a glob made of a literal L
+//     and one final '*' (such as "*" or "file:///docs/*") where L is a
+//     prefix of the template's literal prefix: every expansion starts with
+//     that prefix, so the glob matches them all.
+//
+// Other globs ("file:///*.md", "*/docs/*") may allow some expansions but do
+// not show the template; the resources they allow can still be read.
+func (s Scopes) AllowsResourceTemplate(tmpl string) bool {
+	prefix, _, expands := strings.Cut(tmpl, "{")
+	if !expands {
+		return s.AllowsResource(tmpl)
+	}
+	for _, g := range s.resources {
+		lit, ok := strings.CutSuffix(g, "*")
+		if ok && !strings.Contains(lit, "*") && strings.HasPrefix(prefix, lit) {
+			return true
+		}
+	}
+	return false
 }
 
 // AllTools reports whether the scopes hold "tools:*".
-func (s Scopes) AllTools() bool { return s.all }
+func (s Scopes) AllTools() bool { return s.tools.all }
 
 // Tools returns the tools granted one by one ("tools:<name>"), sorted. It does
 // not reflect "tools:*"; see AllTools.
-func (s Scopes) Tools() []string {
-	out := make([]string, 0, len(s.tools))
-	for name := range s.tools {
-		out = append(out, name)
-	}
-	slices.Sort(out)
-	return out
-}
+func (s Scopes) Tools() []string { return s.tools.sorted() }
 
-// String returns the tool scopes in canonical form: space-separated, sorted,
-// with "tools:*" first when present. Scopes that ParseScopes ignores are not
-// kept, so the result can differ from the claim.
+// AllPrompts reports whether the scopes hold "prompts:*".
+func (s Scopes) AllPrompts() bool { return s.prompts.all }
+
+// Prompts returns the prompts granted one by one ("prompts:<name>"),
+// sorted. It does not reflect "prompts:*"; see AllPrompts.
+func (s Scopes) Prompts() []string { return s.prompts.sorted() }
+
+// Resources returns the resource globs granted ("resources:<glob>"),
+// sorted, "*" included when granted.
+func (s Scopes) Resources() []string { return slices.Clone(s.resources) }
+
+// String returns the scopes in canonical form: space-separated, tools then
+// prompts then resources, each kind sorted with its "*" first when present.
+// Scopes that ParseScopes ignores are not kept, so the result can differ
+// from the claim.
 func (s Scopes) String() string {
 	var parts []string
-	if s.all {
-		parts = append(parts, toolScopePrefix+"*")
+	for _, k := range []struct {
+		prefix string
+		set    nameSet
+	}{{toolScopePrefix, s.tools}, {promptScopePrefix, s.prompts}} {
+		if k.set.all {
+			parts = append(parts, k.prefix+"*")
+		}
+		for _, name := range k.set.sorted() {
+			parts = append(parts, k.prefix+name)
+		}
 	}
-	for _, name := range s.Tools() {
-		parts = append(parts, toolScopePrefix+name)
+	for _, g := range s.resources {
+		parts = append(parts, resourceScopePrefix+g)
 	}
 	return strings.Join(parts, " ")
+}
+
+// MatchGlob reports whether glob matches s entirely. In a glob, '*' matches
+// any run of characters, empty or not, '/' included; every other character,
+// '?', '[' and '\' among them, matches only itself (there is no escape, so
+// a glob cannot match a literal '*' alone). Matching works on bytes and is
+// case-sensitive. It runs in time linear in len(glob)+len(s) times the
+// number of '*' at most, without backtracking.
+func MatchGlob(glob, s string) bool {
+	parts := strings.Split(glob, "*")
+	if len(parts) == 1 {
+		return glob == s
+	}
+	first, last := parts[0], parts[len(parts)-1]
+	if len(s) < len(first)+len(last) || !strings.HasPrefix(s, first) || !strings.HasSuffix(s, last) {
+		return false
+	}
+	// Between the fixed head and tail, taking each middle part at its
+	// leftmost occurrence is optimal: it leaves the most room for the rest.
+	mid := s[len(first) : len(s)-len(last)]
+	for _, p := range parts[1 : len(parts)-1] {
+		i := strings.Index(mid, p)
+		if i < 0 {
+			return false
+		}
+		mid = mid[i+len(p):]
+	}
+	return true
 }

@@ -1,8 +1,11 @@
 package auth
 
 import (
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestParseScopes(t *testing.T) {
@@ -49,4 +52,139 @@ func TestParseScopes(t *testing.T) {
 	if zero.AllowsTool("x") || zero.AllTools() || zero.String() != "" {
 		t.Fatal("zero Scopes grants something")
 	}
+}
+
+func TestParseScopesPromptsAndResources(t *testing.T) {
+	s := ParseScopes("tools:* prompts:summarize prompts:review resources:file:///docs/* resources:mem://a resources:file:///docs/* prompts: resources: Prompts:x")
+	if !s.AllowsTool("x") || s.AllPrompts() {
+		t.Fatal("tools:* or prompts mis-parsed")
+	}
+	for name, want := range map[string]bool{"summarize": true, "review": true, "Summarize": false, "": false, "x": false, "*": false} {
+		if s.AllowsPrompt(name) != want {
+			t.Errorf("AllowsPrompt(%q) = %v", name, !want)
+		}
+	}
+	for uri, want := range map[string]bool{
+		"file:///docs/a.md": true, "file:///docs/sub/dir/b": true, "file:///docs/": true,
+		"file:///docs": false, "file:///secret/docs/a": false, "mem://a": true, "mem://ab": false, "": false,
+	} {
+		if s.AllowsResource(uri) != want {
+			t.Errorf("AllowsResource(%q) = %v", uri, !want)
+		}
+	}
+	if got := s.Resources(); !slices.Equal(got, []string{"file:///docs/*", "mem://a"}) {
+		t.Errorf("Resources = %v", got)
+	}
+	if got, want := s.String(), "tools:* prompts:review prompts:summarize resources:file:///docs/* resources:mem://a"; got != want {
+		t.Errorf("String = %q, want %q", got, want)
+	}
+	all := ParseScopes("prompts:* resources:*")
+	if !all.AllPrompts() || !all.AllowsPrompt("any") || !all.AllowsResource("x://y/z") || !all.AllowsResource("") || all.AllowsTool("t") {
+		t.Fatal("prompts:* resources:* mis-parsed")
+	}
+	var zero Scopes
+	if zero.AllowsPrompt("p") || zero.AllowsResource("file:///a") || zero.AllowsResourceTemplate("file:///{x}") || zero.AllowsResourceTemplate("") {
+		t.Fatal("zero Scopes grants a prompt or a resource")
+	}
+	if tools := ParseScopes("tools:*"); tools.AllowsPrompt("p") || tools.AllowsResource("a") {
+		t.Fatal("tools:* grants prompts or resources")
+	}
+}
+
+func TestAllowsResourceTemplate(t *testing.T) {
+	cases := []struct {
+		scopes, tmpl string
+		want         bool
+	}{
+		{"resources:*", "file:///{path}", true},
+		{"resources:*", "{+any}", true},
+		{"resources:file:///docs/*", "file:///docs/{name}", true},
+		{"resources:file:///docs/*", "file:///docs/api/{name}{?v}", true},
+		{"resources:file:///*", "file:///docs/{name}", true},
+		{"resources:file:///docs/*", "file:///{dir}/readme", false},      // expands outside docs
+		{"resources:file:///docs/*", "file:///docsx/{name}", false},      // "docsx" is not under "docs/"
+		{"resources:file:///docs/*.md", "file:///docs/{name}.md", false}, // not a prefix glob
+		{"resources:*/docs/*", "file:///docs/{name}", false},
+		{"resources:file:///docs/{name}", "file:///docs/{name}", false}, // the glob is a literal URI
+		{"resources:file:///docs/a", "file:///docs/a", true},            // no expression: one URI
+		{"resources:file:///docs/*", "file:///docs/a", true},
+		{"resources:file:///docs/*", "file:///other", false},
+		{"tools:* prompts:*", "file:///{x}", false},
+	}
+	for _, c := range cases {
+		if got := ParseScopes(c.scopes).AllowsResourceTemplate(c.tmpl); got != c.want {
+			t.Errorf("%q: AllowsResourceTemplate(%q) = %v, want %v", c.scopes, c.tmpl, got, c.want)
+		}
+	}
+}
+
+func TestMatchGlob(t *testing.T) {
+	cases := []struct {
+		glob, s string
+		want    bool
+	}{
+		{"", "", true},
+		{"", "a", false},
+		{"*", "", true},
+		{"*", "any/thing:at all", true},
+		{"abc", "abc", true},
+		{"abc", "abcd", false},
+		{"abc", "ab", false},
+		{"a*", "a", true},
+		{"a*", "ab/c", true},
+		{"a*", "ba", false},
+		{"*a", "ba", true},
+		{"*a", "ab", false},
+		{"a*a", "a", false}, // head and tail must not overlap
+		{"a*a", "aa", true},
+		{"a*b*c", "abc", true},
+		{"a*b*c", "a/x/b/y/c", true},
+		{"a*b*c", "acb", false},
+		{"a*b*b", "abb", true},
+		{"*b*b", "bb", true},
+		{"*b*b", "b", false},
+		{"**", "x", true},
+		{"file:///docs/*", "file:///docs/a/b.md", true},
+		{"file:///docs/*", "file:///docs", false},
+		{"file:///*.md", "file:///docs/a.md", true},
+		{"file:///*.md", "file:///docs/a.mdx", false},
+		{"a?c", "abc", false}, // '?' is literal
+		{"a?c", "a?c", true},
+		{"[ab]", "a", false},   // '[' is literal
+		{`a\*`, `a\xyz`, true}, // no escape: '\' is literal, '*' still a wildcard
+		{"ABC", "abc", false},
+		{"é*", "é!", true},
+	}
+	for _, c := range cases {
+		if got := MatchGlob(c.glob, c.s); got != c.want {
+			t.Errorf("MatchGlob(%q, %q) = %v, want %v", c.glob, c.s, got, c.want)
+		}
+		if got := globOracle(c.glob).MatchString(c.s); got != c.want {
+			t.Errorf("oracle(%q, %q) = %v: the table is wrong", c.glob, c.s, got)
+		}
+	}
+}
+
+// globOracle is MatchGlob's definition as a regular expression: each '*'
+// becomes "any run of bytes", everything else matches itself.
+func globOracle(glob string) *regexp.Regexp {
+	parts := strings.Split(glob, "*")
+	for i, p := range parts {
+		parts[i] = regexp.QuoteMeta(p)
+	}
+	return regexp.MustCompile(`(?s)\A` + strings.Join(parts, ".*") + `\z`)
+}
+
+func FuzzMatchGlob(f *testing.F) {
+	for _, seed := range [][2]string{{"a*b", "axxb"}, {"*", ""}, {"file:///docs/*", "file:///docs/x"}, {"a*a*a", "aaaa"}, {"*.md", "x.md"}} {
+		f.Add(seed[0], seed[1])
+	}
+	f.Fuzz(func(t *testing.T, glob, s string) {
+		if !utf8.ValidString(glob) || !utf8.ValidString(s) {
+			t.Skip() // the oracle's regexp works on runes
+		}
+		if got, want := MatchGlob(glob, s), globOracle(glob).MatchString(s); got != want {
+			t.Fatalf("MatchGlob(%q, %q) = %v, oracle says %v", glob, s, got, want)
+		}
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/redis/rueidis"
 
@@ -19,16 +20,19 @@ import (
 func authOptions(cfg *policy.Config, log *slog.Logger) (auth.Options, error) {
 	j := cfg.Auth.JWT
 	opts := auth.Options{
-		PublicKeyFile: j.PublicKeyFile,
-		JWKSFile:      j.JWKSFile,
-		JWKSURL:       j.JWKSURL,
-		Issuer:        j.Issuer,
-		Audience:      j.Audience,
-		TenantClaim:   j.TenantClaim,
-		TierClaim:     j.TierClaim,
-		ScopeClaim:    j.ScopeClaim,
-		DefaultTier:   cfg.DefaultTier,
-		Logger:        log,
+		PublicKeyFile:  j.PublicKeyFile,
+		JWKSFile:       j.JWKSFile,
+		JWKSURL:        j.JWKSURL,
+		Issuer:         j.Issuer,
+		Audience:       j.Audience,
+		TenantClaim:    j.TenantClaim,
+		TierClaim:      j.TierClaim,
+		ScopeClaim:     j.ScopeClaim,
+		DefaultTier:    cfg.DefaultTier,
+		RequireExpiry:  j.RequireExpiry,
+		RequireSubject: j.RequireSubject,
+		Leeway:         authLeeway(j.Leeway),
+		Logger:         log,
 	}
 	if j.HS256SecretEnv != "" {
 		secret := os.Getenv(j.HS256SecretEnv)
@@ -38,6 +42,16 @@ func authOptions(cfg *policy.Config, log *slog.Logger) (auth.Options, error) {
 		opts.HS256Secret = []byte(secret)
 	}
 	return opts, nil
+}
+
+// authLeeway maps auth.jwt.leeway, where 0s means no leeway (the config
+// fills in its default), to auth.Options.Leeway, where 0 means auth's
+// default and a negative value means none.
+func authLeeway(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 func buildAuth(ctx context.Context, cfg *policy.Config, log *slog.Logger) (*auth.Authenticator, error) {

@@ -130,7 +130,12 @@ func startMain(t *testing.T, stdout io.Writer, args ...string) string {
 
 func callEcho(t *testing.T, addr, token string) *http.Response {
 	t.Helper()
-	body := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hi"}}}`
+	return callMCP(t, addr, token, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hi"}}}`)
+}
+
+// callMCP posts one JSON-RPC request to the gateway at addr.
+func callMCP(t *testing.T, addr, token, body string) *http.Response {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/mcp", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+token)
 	req.Header.Set("Content-Type", "application/json")
@@ -180,7 +185,7 @@ tiers:
 		t.Fatalf("usage init: exit %d: %s", code, errOut)
 	}
 	addr := startMain(t, io.Discard, "serve", "--config", path)
-	token, err := auth.SignHS256([]byte(secret), map[string]any{"tenant_id": "t1", "sub": "u", "scope": "tools:*"})
+	token, err := auth.SignHS256([]byte(secret), map[string]any{"tenant_id": "t1", "sub": "u", "scope": "tools:*", "exp": time.Now().Add(time.Hour).Unix()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,6 +277,18 @@ func TestDemoPrintsAWorkingToken(t *testing.T) {
 	}
 	if resp := callEcho(t, addr, token); resp.StatusCode != http.StatusOK || resp.Header.Get("X-RateLimit-Limit") == "" {
 		t.Fatalf("demo call: status %d, headers %v", resp.StatusCode, resp.Header)
+	}
+	// The demo token reaches the demo's resources and prompts as well.
+	for _, body := range []string{
+		`{"jsonrpc":"2.0","id":8,"method":"resources/read","params":{"uri":"file:///docs/readme.md"}}`,
+		`{"jsonrpc":"2.0","id":9,"method":"prompts/get","params":{"name":"summarize","arguments":{"text":"x"}}}`,
+	} {
+		if resp := callMCP(t, addr, token, body); resp.StatusCode != http.StatusOK {
+			t.Fatalf("demo %s: status %d", body, resp.StatusCode)
+		}
+	}
+	if !strings.Contains(stdout.String(), `"tools:* resources:* prompts:*"`) || !strings.Contains(stdout.String(), "expires in 24h") {
+		t.Fatalf("demo output does not state the token's scopes and expiry:\n%s", stdout.String())
 	}
 	if resp := callEcho(t, addr, "not-a-token"); resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("bad token: status %d, want 401", resp.StatusCode)

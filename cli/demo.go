@@ -69,7 +69,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	defer a.Close()
 	token, err := auth.SignHS256([]byte(secret), map[string]any{
-		"tenant_id": "demo", "sub": "demo-user", "tier": "free", "scope": "tools:*",
+		"tenant_id": "demo", "sub": "demo-user", "tier": "free", "scope": "tools:* resources:* prompts:*",
 		"exp": time.Now().Add(24 * time.Hour).Unix(),
 	})
 	if err != nil {
@@ -88,11 +88,12 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 func printDemo(w io.Writer, addr, token, admin string) {
 	url := "http://" + addr + "/mcp"
 	fmt.Fprintf(w, `
-mcpgate demo is running: gateway %s -> demo MCP server (tools: %s)
+mcpgate demo is running: gateway %s -> demo MCP server (tools: %s; prompts: %s; resources under file:///docs/ and file:///secret/)
 Store: in-process. Tier "free": 20-call burst per tenant, 10 calls per minute per tool,
 a monthly quota of 1000 cost units (llm_complete is charged what it reports in _meta.usage.tokens).
 
-Token (tenant demo, subject demo-user, tier free, all tools, valid 24h):
+Token (tenant demo, subject demo-user, tier free, scopes "tools:* resources:* prompts:*",
+expires in 24h: tokens without exp are refused, see auth.jwt.require_expiry):
 
   export TOKEN=%s
 
@@ -108,7 +109,7 @@ Admin API:   curl -H "Authorization: Bearer %s" 'http://%s/admin/usage?tenant=de
 Metrics:     curl http://%s/metrics
 Any MCP client speaking Streamable HTTP works too: point it at %s with the bearer token.
 Stop with Ctrl-C.
-`, addr, strings.Join(upstream.ToolNames, ", "), token, url, admin, addr, addr, url)
+`, addr, strings.Join(upstream.ToolNames, ", "), strings.Join(upstream.PromptNames, ", "), token, url, admin, addr, addr, url)
 }
 
 func randomHex(n int) string {

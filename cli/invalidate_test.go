@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/examples/upstream"
@@ -77,11 +78,11 @@ tools:
 		t.Fatal(err)
 	}
 
-	acme, err := auth.SignHS256([]byte(secret), map[string]any{"tenant_id": "acme", "sub": "u", "scope": "tools:*"})
+	acme, err := auth.SignHS256([]byte(secret), map[string]any{"tenant_id": "acme", "sub": "u", "scope": "tools:*", "exp": time.Now().Add(time.Hour).Unix()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	globex, err := auth.SignHS256([]byte(secret), map[string]any{"tenant_id": "globex", "sub": "g", "scope": "tools:*"})
+	globex, err := auth.SignHS256([]byte(secret), map[string]any{"tenant_id": "globex", "sub": "g", "scope": "tools:*", "exp": time.Now().Add(time.Hour).Unix()})
 	if err != nil {
 		t.Fatal(err)
 	}

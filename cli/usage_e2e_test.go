@@ -276,7 +276,7 @@ tools:
 	// sweeps at start and flushes when it stops.
 	cfgA, cfgB := config("a.yaml", urlA, "100ms"), config("b.yaml", urlB, "1h")
 	mcpgateCmd(t, bin, "usage", "init", "--config", cfgA)
-	token, err := auth.SignHS256([]byte(e2eSecret), map[string]any{"tenant_id": "acme", "sub": "agent", "scope": "tools:*"})
+	token, err := auth.SignHS256([]byte(e2eSecret), map[string]any{"tenant_id": "acme", "sub": "agent", "scope": "tools:*", "exp": time.Now().Add(time.Hour).Unix()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -84,6 +84,7 @@ func TestAuthFailuresAre401(t *testing.T) {
 		{"RS256 against an HS256 key", []string{"Bearer " + string(rs256)}, true},
 		{"tampered payload", []string{"Bearer " + tamper(t, sign(t, valid()))}, true},
 		{"expired", []string{"Bearer " + sign(t, with(valid(), "exp", now.Add(-time.Hour).Unix()))}, true},
+		{"no exp (auth.jwt.require_expiry defaults to true)", []string{"Bearer " + sign(t, without(valid(), "exp"))}, true},
 		{"not yet valid", []string{"Bearer " + sign(t, with(valid(), "nbf", now.Add(time.Hour).Unix()))}, true},
 		{"issued in the future", []string{"Bearer " + sign(t, with(valid(), "iat", now.Add(time.Hour).Unix()))}, true},
 		{"wrong issuer", []string{"Bearer " + sign(t, with(valid(), "iss", "https://evil.example"))}, true},

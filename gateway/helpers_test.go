@@ -8,6 +8,7 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -81,6 +82,8 @@ type setup struct {
 	// CacheRedis, else on its own memory store); the quiet logger when
 	// Logger is nil, a 2s Timeout when Timeout is zero.
 	CacheOptions *cache.Options
+	// Logger is Options.Logger of every instance; nil means quietLogger().
+	Logger *slog.Logger
 }
 
 // seenRequest is one HTTP request that reached the upstream.
@@ -176,7 +179,11 @@ func authFor(t *testing.T, cfg *policy.Config, tweak func(*auth.Options)) *auth.
 		TierClaim:   j.TierClaim,
 		ScopeClaim:  j.ScopeClaim,
 		DefaultTier: cfg.DefaultTier,
-		Logger:      quietLogger(),
+		// auth.jwt.leeway 0s means none, auth's 0 its default
+		RequireExpiry:  j.RequireExpiry,
+		RequireSubject: j.RequireSubject,
+		Leeway:         cmp.Or(j.Leeway, -1),
+		Logger:         quietLogger(),
 	}
 	if tweak != nil {
 		tweak(&opts)
@@ -199,7 +206,7 @@ func (e *env) newGateway(cfg *policy.Config, s setup) *Gateway {
 		Auth:       authFor(t, cfg, nil),
 		AdminToken: testAdmin,
 		Reload:     s.Reload,
-		Logger:     quietLogger(),
+		Logger:     cmp.Or(s.Logger, quietLogger()),
 		Now:        s.Now,
 		SessionKey: DeriveSessionKey([]byte(testSecret)),
 		Usage:      s.Usage,

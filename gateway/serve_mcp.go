@@ -24,7 +24,7 @@ import (
 const (
 	CodeRateLimited  = -33029 // 429: rate limit, quota or breaker
 	CodeUnauthorized = -33001 // 401: no or bad credentials
-	CodeForbidden    = -33003 // 403: tool outside the caller's scopes
+	CodeForbidden    = -33003 // 403: tool, resource or prompt outside the caller's scopes
 	CodeUnavailable  = -33503 // 503: limit store unavailable under a closed policy
 )
 
@@ -42,13 +42,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 	}
 	p, err := rt.auth.FromRequest(r.Context(), r)
 	if err != nil {
-		g.metrics.Requests.WithLabelValues("any", "unauthorized").Inc()
-		challenge := `Bearer realm="mcpgate"`
-		if !errors.Is(err, auth.ErrNoToken) {
-			challenge += `, error="invalid_token"`
-		}
-		w.Header().Set("WWW-Authenticate", challenge)
-		mcp.WriteError(w, http.StatusUnauthorized, nil, CodeUnauthorized, "unauthorized: "+err.Error(), nil)
+		g.unauthorized(w, r, err)
 		return
 	}
 	fwd := mcp.Forward{Header: g.identityHeaders(rt, p), SessionID: func(upstream string) string {
@@ -97,8 +91,8 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fwd.Body, fwd.Msg = body, msg
-	if msg.Method == "tools/list" {
-		fwd.AllowTool = p.Scopes.AllowsTool
+	if !g.authorized(w, p, &fwd) {
+		return
 	}
 	if msg.Method != "tools/call" {
 		g.forward(w, r, rt, fwd, methodClass(msg))

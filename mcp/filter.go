@@ -4,16 +4,51 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strings"
 )
 
-// filterTools removes from a tools/list result the tools allow refuses. It
+// List names a list method whose results the proxy can filter: the member
+// of the result holding the array, and the member of each entry that a
+// Filter's Allow judges.
+type List struct {
+	Method string // e.g. "resources/list"
+	Member string // e.g. "resources"
+	Key    string // e.g. "uri"
+}
+
+// The list methods MCP servers answer with entries a caller may not see.
+var (
+	ToolsList             = List{Method: MethodToolsList, Member: "tools", Key: "name"}
+	ResourcesList         = List{Method: MethodResourcesList, Member: "resources", Key: "uri"}
+	ResourceTemplatesList = List{Method: MethodResourceTemplatesList, Member: "resourceTemplates", Key: "uriTemplate"}
+	PromptsList           = List{Method: MethodPromptsList, Member: "prompts", Key: "name"}
+)
+
+// Filter removes from the result of one list method the entries Allow
+// refuses. The zero Filter (nil Allow) filters nothing.
+type Filter struct {
+	List List
+	// Allow is given each entry's List.Key (a tool or prompt name, a
+	// resource URI or URI template) and reports whether the caller may see
+	// the entry.
+	Allow func(key string) bool
+}
+
+// applies reports whether f filters the answer to m.
+func (f Filter) applies(m *Message) bool {
+	return f.Allow != nil && m.IsCall() && m.Method == f.List.Method
+}
+
+// filterList removes from a list result the entries f.Allow refuses. It
 // keeps every other member and the order of everything, compacting the
-// result. A result it cannot read unambiguously (tools not an array of
-// objects, a duplicate "tools") is an error: an unfiltered list must not
-// reach the client. A tool without a single string name is dropped.
-func filterTools(result json.RawMessage, allow func(string) bool) (json.RawMessage, error) {
+// result. A result it cannot read unambiguously (the list member missing,
+// duplicated, or not an array of objects) is an error: an unfiltered list
+// must not reach the client. An entry without a single string key is
+// dropped.
+func filterList(result json.RawMessage, f Filter) (json.RawMessage, error) {
+	l := f.List
 	bad := func(why string) (json.RawMessage, error) {
-		return nil, fmt.Errorf("%w: tools/list result: %s", ErrBadUpstreamResponse, why)
+		return nil, fmt.Errorf("%w: %s result: %s", ErrBadUpstreamResponse, l.Method, why)
 	}
 	s := scanner{data: result}
 	if s.peek() != '{' {
@@ -21,7 +56,7 @@ func filterTools(result json.RawMessage, allow func(string) bool) (json.RawMessa
 	}
 	out := make([]byte, 0, len(result))
 	out = append(out, '{')
-	seenTools := false
+	seen := false
 	var problem string
 	err := s.object(func(key string) error {
 		v, err := s.skipValue()
@@ -33,15 +68,15 @@ func filterTools(result json.RawMessage, allow func(string) bool) (json.RawMessa
 		}
 		out = appendCanonicalString(out, key)
 		out = append(out, ':')
-		if key != "tools" {
+		if key != l.Member {
 			return compactInto(&out, v)
 		}
-		if seenTools {
-			problem = "duplicate tools member"
+		if seen {
+			problem = "duplicate " + l.Member + " member"
 			return nil
 		}
-		seenTools = true
-		kept, why := keepTools(v, allow)
+		seen = true
+		kept, why := keepEntries(v, f)
 		if why != "" {
 			problem = why
 			return nil
@@ -57,36 +92,36 @@ func filterTools(result json.RawMessage, allow func(string) bool) (json.RawMessa
 		return bad(err.Error())
 	case problem != "":
 		return bad(problem)
-	case !seenTools:
-		return bad("no tools member")
+	case !seen:
+		return bad("no " + l.Member + " member")
 	}
 	return append(out, '}'), nil
 }
 
-// keepTools filters the tools array v; why is non-empty if v is unusable.
-func keepTools(v []byte, allow func(string) bool) (kept []byte, why string) {
+// keepEntries filters the list array v; why is non-empty if v is unusable.
+func keepEntries(v []byte, f Filter) (kept []byte, why string) {
 	s := scanner{data: v}
 	if s.peek() != '[' {
-		return nil, "tools is not an array"
+		return nil, f.List.Member + " is not an array"
 	}
 	kept = append(kept, '[')
 	err := s.array(func() error {
-		tool, err := s.skipValue()
+		entry, err := s.skipValue()
 		if err != nil {
 			return err
 		}
-		if tool[0] != '{' {
-			why = "a tool is not an object"
+		if entry[0] != '{' {
+			why = "an entry of " + f.List.Member + " is not an object"
 			return nil
 		}
-		name, ok := toolName(tool)
-		if !ok || !allow(name) {
+		key, ok := entryKey(entry, f.List.Key)
+		if !ok || !f.Allow(key) {
 			return nil
 		}
 		if len(kept) > 1 {
 			kept = append(kept, ',')
 		}
-		return compactInto(&kept, tool)
+		return compactInto(&kept, entry)
 	})
 	if err != nil {
 		return nil, err.Error()
@@ -94,23 +129,29 @@ func keepTools(v []byte, allow func(string) bool) (kept []byte, why string) {
 	return append(kept, ']'), why
 }
 
-// toolName returns the tool's name if it has exactly one string "name".
-func toolName(tool []byte) (string, bool) {
-	s := scanner{data: tool}
-	var name json.RawMessage
+// entryKey returns the member called key of a list entry if the entry has
+// exactly one such member and it is a string. A case-insensitive twin
+// ("Name" beside "name") makes the entry ambiguous, as in Parse: a client
+// decoding with encoding/json could read the twin instead.
+func entryKey(entry []byte, key string) (string, bool) {
+	s := scanner{data: entry}
+	var val json.RawMessage
 	dup := false
-	_ = s.object(func(key string) error {
+	_ = s.object(func(k string) error {
 		v, err := s.skipValue()
-		if key == "name" {
-			dup = dup || name != nil
-			name = v
+		switch {
+		case k == key:
+			dup = dup || val != nil
+			val = v
+		case strings.EqualFold(k, key):
+			dup = true
 		}
 		return err
 	})
 	if dup {
 		return "", false
 	}
-	return decodeString(name)
+	return decodeString(val)
 }
 
 func compactInto(dst *[]byte, v []byte) error {

@@ -84,3 +84,82 @@ func TestProxyToolsListUnfilterableFailsClosed(t *testing.T) {
 		}
 	}
 }
+
+func listUpstream(t *testing.T, sse bool, id, result string) *httptest.Server {
+	return fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		resp := `{"jsonrpc":"2.0","id":` + id + `,"result":` + result + `}`
+		if !sse {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, resp)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "event: message\ndata: "+resp+"\n\n")
+	})
+}
+
+// Every list Filter names trims its own method's answer, by its own key, in
+// JSON and SSE answers, and leaves other methods' answers alone.
+func TestProxyListFilters(t *testing.T) {
+	hidden := func(key string) bool { return !strings.Contains(key, "secret") }
+	cases := []struct {
+		list           List
+		result, want   string
+		otherMethodRaw bool // a request of another method passes unfiltered
+	}{
+		{ResourcesList,
+			`{"resources":[{"uri":"file:///docs/a","name":"a"},{"uri":"file:///secret/k","name":"k"},{"name":"no uri"},{"uri":"file:///docs/b","URI":"file:///secret/x"}],"nextCursor":"c"}`,
+			`{"resources":[{"uri":"file:///docs/a","name":"a"}],"nextCursor":"c"}`, true},
+		{ResourceTemplatesList,
+			`{"resourceTemplates":[{"uriTemplate":"file:///docs/{n}","name":"d"},{"uriTemplate":"file:///secret/{n}","name":"s"},{"uri":"file:///docs/x"}]}`,
+			`{"resourceTemplates":[{"uriTemplate":"file:///docs/{n}","name":"d"}]}`, true},
+		{PromptsList,
+			`{"prompts":[{"name":"summarize","arguments":[{"name":"secret"}]},{"name":"secret-plan"},{"name":"review","name":"secret"}]}`,
+			`{"prompts":[{"name":"summarize","arguments":[{"name":"secret"}]}]}`, true},
+		{ToolsList, `{"tools":[{"name":"a"},{"name":"secret"}]}`, `{"tools":[{"name":"a"}]}`, true},
+	}
+	for _, c := range cases {
+		for _, sse := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/sse=%v", c.list.Method, sse), func(t *testing.T) {
+				g, gs := newGateway(t, ProxyOptions{Upstream: listUpstream(t, sse, `7`, c.result).URL})
+				g.filter = Filter{List: c.list, Allow: hidden}
+				resp := post(t, gs.URL, `{"jsonrpc":"2.0","id":7,"method":"`+c.list.Method+`"}`, nil)
+				body := readAll(t, resp)
+				if sse {
+					body = strings.TrimSuffix(strings.TrimPrefix(body, "event: message\ndata: "), "\n\n")
+				}
+				m, err := Parse([]byte(body))
+				if err != nil || string(m.Result) != c.want {
+					t.Fatalf("result %s (%v)\nwant   %s", body, err, c.want)
+				}
+				if s := g.next(t); s.err != nil || string(s.result) != c.want {
+					t.Fatalf("served %+v", s)
+				}
+				// Another method's answer is relayed as is.
+				other := `{"jsonrpc":"2.0","id":7,"method":"other/list"}`
+				resp = post(t, gs.URL, other, nil)
+				if body := readAll(t, resp); !strings.Contains(body, "secret") {
+					t.Fatalf("other method filtered: %s", body)
+				}
+				g.next(t)
+			})
+		}
+	}
+}
+
+func TestProxyListFilterUnfilterableFailsClosed(t *testing.T) {
+	for _, result := range []string{`{"prompts":{"name":"secret"}}`, `{"prompts":[],"prompts":[{"name":"secret"}]}`, `{"other":"secret"}`, `{"prompts":["secret"]}`} {
+		for _, sse := range []bool{false, true} {
+			g, gs := newGateway(t, ProxyOptions{Upstream: listUpstream(t, sse, `1`, result).URL})
+			g.filter = Filter{List: PromptsList, Allow: func(string) bool { return true }}
+			resp := post(t, gs.URL, `{"jsonrpc":"2.0","id":1,"method":"prompts/list"}`, nil)
+			body := readAll(t, resp)
+			if strings.Contains(body, "secret") || !strings.Contains(body, "-32603") {
+				t.Fatalf("result %s sse=%v: client got %d %s", result, sse, resp.StatusCode, body)
+			}
+			if s := g.next(t); !errors.Is(s.err, ErrBadUpstreamResponse) {
+				t.Fatalf("served %+v", s)
+			}
+		}
+	}
+}

@@ -54,6 +54,10 @@ const (
 	MethodToolsCall     = "tools/call"
 	MethodPromptsGet    = "prompts/get"
 	MethodResourcesRead = "resources/read"
+	// The list methods whose answers a Filter can trim.
+	MethodResourcesList         = "resources/list"
+	MethodResourceTemplatesList = "resources/templates/list"
+	MethodPromptsList           = "prompts/list"
 	// MethodSubscriptionsListen (MCP 2026-07-28) opens a long-lived stream of
 	// server notifications, the stateless replacement of the GET stream.
 	MethodSubscriptionsListen = "subscriptions/listen"

@@ -25,8 +25,8 @@ var (
 	// ProxyOptions.Timeout. Serve answered 504 if nothing had been sent yet.
 	ErrUpstreamTimeout = errors.New("mcp: upstream timed out")
 	// ErrBadUpstreamResponse means the upstream's answer could not be
-	// inspected as Forward required (too large, or a tools/list result that
-	// cannot be filtered). Serve answered 502 rather than relay it unchecked.
+	// inspected as Forward required (too large, or a list result that cannot
+	// be filtered). Serve answered 502 rather than relay it unchecked.
 	ErrBadUpstreamResponse = errors.New("mcp: bad upstream response")
 	// ErrClientGone means the client went away before the answer was fully
 	// relayed; the upstream request was cancelled.
@@ -62,7 +62,7 @@ type ProxyOptions struct {
 	// bounded: GET, and the subscriptions/listen POST of MCP 2026-07-28.
 	Timeout time.Duration
 	// MaxResponseBytes bounds a JSON answer the proxy must inspect (when
-	// Forward has OnResult, or AllowTool on tools/list). Zero means
+	// Forward has OnResult, or a Filter for the request's method). Zero means
 	// DefaultMaxResponseBytes. Answers relayed without inspection are not
 	// bounded.
 	MaxResponseBytes int64
@@ -140,12 +140,18 @@ type Forward struct {
 	// Header holds extra headers for this upstream request, set after
 	// ProxyOptions.Headers (e.g. X-Mcp-Tenant, X-Mcp-Subject).
 	Header http.Header
-	// AllowTool, when set and Msg is a tools/list request, removes from the
-	// result every tool whose name it refuses, in JSON and SSE answers alike.
-	// A tools/list result that cannot be filtered is not relayed (502).
+	// Filter, when its Allow is set and Msg is a request of its List's
+	// method, removes from the result every entry Allow refuses, in JSON and
+	// SSE answers alike. A result that cannot be filtered is not relayed
+	// (502, or an error event on a stream that has begun).
+	Filter Filter
+	// AllowTool is the Filter of a tools/list: when set and Filter is not,
+	// it acts as Filter{List: ToolsList, Allow: AllowTool}.
+	//
+	// Deprecated: set Filter.
 	AllowTool func(name string) bool
 	// OnResult, when set and Msg is a request, is called once with the
-	// JSON-RPC response to Msg.ID: its result (after AllowTool filtering) or
+	// JSON-RPC response to Msg.ID: its result (after filtering) or
 	// its error object. It runs before that response is written to the
 	// client. When the upstream gives no such response, OnResult receives the
 	// error object describing what happened instead (the one sent to the
@@ -224,6 +230,9 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, f Forward) (status
 		req.Header[http.CanonicalHeaderKey(k)] = append([]string(nil), v...)
 	}
 
+	if f.Filter.Allow == nil && f.AllowTool != nil {
+		f.Filter = Filter{List: ToolsList, Allow: f.AllowTool}
+	}
 	x := &exchange{p: p, w: w, r: r, ctx: ctx, f: f}
 	resp, err := p.client.Do(req)
 	if err != nil {
@@ -247,9 +256,7 @@ type exchange struct {
 	reported bool // OnResult was called
 }
 
-func (x *exchange) filtering() bool {
-	return x.f.AllowTool != nil && x.f.Msg.IsCall() && x.f.Msg.Method == MethodToolsList
-}
+func (x *exchange) filtering() bool { return x.f.Filter.applies(x.f.Msg) }
 
 func (x *exchange) report(result, rpcErr json.RawMessage) {
 	if x.reported || x.f.OnResult == nil || !x.f.Msg.IsCall() {
@@ -348,7 +355,7 @@ func (x *exchange) relayBody(resp *http.Response) (int, error) {
 			matched = true
 			result := m.Result
 			if x.filtering() && ok2xx && result != nil {
-				filtered, err := filterTools(result, x.f.AllowTool)
+				filtered, err := filterList(result, x.f.Filter)
 				if err != nil {
 					return x.p.fail(w, x.r, x.f, x, err)
 				}
@@ -359,7 +366,7 @@ func (x *exchange) relayBody(resp *http.Response) (int, error) {
 	}
 	if !matched {
 		if x.filtering() && ok2xx {
-			return x.p.fail(w, x.r, x.f, x, fmt.Errorf("%w: tools/list answer is not its JSON-RPC response", ErrBadUpstreamResponse))
+			return x.p.fail(w, x.r, x.f, x, fmt.Errorf("%w: %s answer is not its JSON-RPC response", ErrBadUpstreamResponse, x.f.Msg.Method))
 		}
 		x.report(nil, errorObject(CodeInternalError, "upstream answered HTTP "+strconv.Itoa(resp.StatusCode)+" without a JSON-RPC response"))
 	}
@@ -406,9 +413,9 @@ func (x *exchange) relaySSE(resp *http.Response) (int, error) {
 				answered = true
 				result := m.Result
 				if x.filtering() && result != nil {
-					filtered, err := filterTools(result, x.f.AllowTool)
+					filtered, err := filterList(result, x.f.Filter)
 					if err != nil {
-						x.p.log.Warn("mcp upstream tools/list unfilterable", "err", err)
+						x.p.log.Warn("mcp upstream list result unfilterable", "rpc_method", x.f.Msg.Method, "err", err)
 						msg := "upstream MCP server sent an unusable response"
 						x.report(nil, errorObject(CodeInternalError, msg))
 						_, _ = w.Write(errorEvent(m.ID, CodeInternalError, msg))

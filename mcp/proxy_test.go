@@ -33,7 +33,8 @@ type served struct {
 // gateway is a minimal gateway: ReadBody, Parse, CheckHeaders, then Serve.
 type gateway struct {
 	proxy  *Proxy
-	allow  func(string) bool
+	allow  func(string) bool // Forward.AllowTool
+	filter Filter
 	header http.Header
 
 	mu   sync.Mutex
@@ -55,7 +56,7 @@ func newGateway(t *testing.T, opts ProxyOptions) (*gateway, *httptest.Server) {
 
 func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s := &served{}
-	f := Forward{Header: g.header, AllowTool: g.allow}
+	f := Forward{Header: g.header, AllowTool: g.allow, Filter: g.filter}
 	if r.Method == http.MethodPost {
 		body, e := ReadBody(r, 1<<20)
 		if e != nil {

@@ -101,7 +101,7 @@ type JWT struct {
 	Audience       string // checked when not empty
 	TenantClaim    string // default "tenant_id"; a token without it is refused
 	TierClaim      string // default "tier"; missing or unknown: Config.DefaultTier
-	ScopeClaim     string // default "scope"; space-separated "tools:*" or "tools:<name>"
+	ScopeClaim     string // default "scope"; tools:<name>|*, prompts:<name>|*, resources:<uri glob> (auth.ParseScopes)
 	// RequireExpiry refuses tokens without an exp claim (default true: a
 	// token that never expires cannot be revoked by waiting).
 	RequireExpiry bool

@@ -36,7 +36,11 @@
 //	auth.jwt                   exactly one key source: hs256_secret_env (name of an
 //	                           environment variable), jwks_url, jwks_file, public_key_file;
 //	                           issuer and audience are checked when set; tenant_claim
-//	                           [tenant_id], tier_claim [tier], scope_claim [scope],
+//	                           [tenant_id], tier_claim [tier], scope_claim [scope]: a
+//	                           space-separated string or array of tools:<name> / tools:*,
+//	                           prompts:<name> / prompts:*, resources:<uri glob> / resources:*
+//	                           ('*' matches any run of characters, '/' included; what no
+//	                           scope grants is refused with 403 and hidden from lists);
 //	                           require_expiry (refuse tokens without exp) [true],
 //	                           require_subject (refuse tokens without sub) [false],
 //	                           leeway (clock skew on exp, nbf, iat; 0s to 5m) [30s]

@@ -14,6 +14,9 @@
 //	llm_complete    {prompt, tokens?} returns a completion whose result carries
 //	                                  _meta.usage.tokens (tokens, or ~len(prompt)/4)
 //	update_product  {id, price?}      pretends to update a product
+//
+// Resources (ResourceURIs, and the templates ResourceTemplates) and prompts
+// (PromptNames) are served too, for the gateway's resource and prompt scopes.
 package upstream
 
 import (
@@ -90,6 +93,8 @@ func New(opts *Options) *Server {
 	s.sdk = mcp.NewServer(&mcp.Implementation{Name: o.Name, Version: "1.0.0"}, &mcp.ServerOptions{Logger: o.Logger})
 	s.sdk.AddReceivingMiddleware(s.count)
 	s.addTools()
+	s.addResources()
+	s.addPrompts()
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.sdk }, &mcp.StreamableHTTPOptions{
 		JSONResponse:   o.JSONResponse,
 		Stateless:      o.Stateless,

@@ -1,0 +1,67 @@
+package gateway
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/mcp"
+)
+
+// maxDeniedName bounds the tool name, resource URI or prompt name quoted in
+// a 403: it comes from the caller and may be as long as the body.
+const maxDeniedName = 256
+
+// denial is a request the caller's scopes do not allow.
+type denial struct {
+	kind string // "tool", "resource" or "prompt": the data member naming it
+	name string // the tool, resource URI or prompt, cut to maxDeniedName
+}
+
+// authorize checks msg against the caller's scopes and sets fwd.Filter to
+// the list filter msg's answer needs. tools/call, resources/read and
+// prompts/get outside the scopes are denied (zero trust: a kind the scopes
+// do not mention is wholly denied); tools/list, resources/list,
+// resources/templates/list and prompts/list answers are trimmed to what the
+// scopes allow (see auth.Scopes.AllowsResourceTemplate for templates).
+// Other methods pass unchanged.
+func authorize(p auth.Principal, msg *mcp.Message, fwd *mcp.Forward) *denial {
+	sc := p.Scopes
+	deny := func(kind string, allowed bool) *denial {
+		if allowed {
+			return nil
+		}
+		return &denial{kind: kind, name: cutForLog(msg.Name, maxDeniedName)}
+	}
+	switch msg.Method {
+	case mcp.MethodToolsCall:
+		return deny("tool", sc.AllowsTool(msg.Name))
+	case mcp.MethodResourcesRead:
+		return deny("resource", sc.AllowsResource(msg.Name))
+	case mcp.MethodPromptsGet:
+		return deny("prompt", sc.AllowsPrompt(msg.Name))
+	case mcp.MethodToolsList:
+		fwd.Filter = mcp.Filter{List: mcp.ToolsList, Allow: sc.AllowsTool}
+	case mcp.MethodResourcesList:
+		fwd.Filter = mcp.Filter{List: mcp.ResourcesList, Allow: sc.AllowsResource}
+	case mcp.MethodResourceTemplatesList:
+		fwd.Filter = mcp.Filter{List: mcp.ResourceTemplatesList, Allow: sc.AllowsResourceTemplate}
+	case mcp.MethodPromptsList:
+		fwd.Filter = mcp.Filter{List: mcp.PromptsList, Allow: sc.AllowsPrompt}
+	}
+	return nil
+}
+
+// authorized runs authorize for a request whose caller is p; it answers a
+// denial itself (403, a JSON-RPC error naming what was refused, nothing
+// forwarded) and then returns false.
+func (g *Gateway) authorized(w http.ResponseWriter, p auth.Principal, fwd *mcp.Forward) bool {
+	d := authorize(p, fwd.Msg, fwd)
+	if d == nil {
+		return true
+	}
+	g.metrics.Requests.WithLabelValues(methodClass(fwd.Msg), "forbidden").Inc()
+	mcp.WriteError(w, http.StatusForbidden, fwd.Msg.ID, CodeForbidden,
+		fmt.Sprintf("%s %q is not in the caller's scopes", d.kind, d.name), map[string]any{d.kind: d.name})
+	return false
+}
