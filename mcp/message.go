@@ -18,9 +18,12 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 )
 
 // Kind classifies a JSON-RPC message.
@@ -58,6 +61,66 @@ const (
 	// server notifications, the stateless replacement of the GET stream.
 	MethodSubscriptionsListen = "subscriptions/listen"
 )
+
+// knownMethods is every request and notification method of MCP 2025-06-18,
+// 2025-11-25 and 2026-07-28, in both directions (the go-sdk's method table,
+// plus the 2025-11-25 tasks methods it does not implement). It is the one
+// list: read it through KnownMethods and IsKnownMethod.
+var knownMethods = []string{
+	// requests
+	MethodInitialize, "ping",
+	MethodToolsList, MethodToolsCall,
+	"resources/list", "resources/templates/list", MethodResourcesRead,
+	"resources/subscribe", "resources/unsubscribe",
+	"prompts/list", MethodPromptsGet,
+	"completion/complete", "logging/setLevel",
+	"sampling/createMessage", "elicitation/create", "roots/list",
+	"tasks/get", "tasks/result", "tasks/list", "tasks/cancel", // 2025-11-25
+	"server/discover", MethodSubscriptionsListen, // 2026-07-28
+	// notifications
+	"notifications/initialized", "notifications/cancelled", "notifications/progress",
+	"notifications/message",
+	"notifications/resources/list_changed", "notifications/resources/updated",
+	"notifications/prompts/list_changed", "notifications/tools/list_changed",
+	"notifications/roots/list_changed",
+	"notifications/elicitation/complete", "notifications/tasks/status", // 2025-11-25
+	"notifications/subscriptions/acknowledged", // 2026-07-28
+}
+
+// KnownMethods returns the names of every MCP method package mcp knows:
+// the requests and notifications of protocol versions 2025-06-18,
+// 2025-11-25 and 2026-07-28, client to server and server to client. The
+// slice is a fresh copy the caller may modify.
+func KnownMethods() []string { return slices.Clone(knownMethods) }
+
+// IsKnownMethod reports whether name is exactly (byte for byte) one of
+// KnownMethods.
+func IsKnownMethod(name string) bool { return slices.Contains(knownMethods, name) }
+
+// inexactMethod says why name is not an exact method name, or "" when it
+// is. A name is inexact when it has leading or trailing whitespace (Unicode
+// spaces and the BOM, which some runtimes trim), contains a control
+// character (C0, DEL or C1: a NUL ends the name in C strings), or equals a
+// known method under Unicode case folding without being that method.
+// Unknown names are otherwise exact: the upstream answers them.
+func inexactMethod(name string) string {
+	trimmed := strings.TrimFunc(name, func(r rune) bool { return unicode.IsSpace(r) || r == '\uFEFF' })
+	if trimmed != name {
+		return "it has leading or trailing whitespace"
+	}
+	if strings.IndexFunc(name, unicode.IsControl) >= 0 {
+		return "it contains a control character"
+	}
+	if IsKnownMethod(name) {
+		return ""
+	}
+	for _, k := range knownMethods {
+		if strings.EqualFold(name, k) {
+			return "method names are case-sensitive (did you mean " + strconv.Quote(k) + "?)"
+		}
+	}
+	return ""
+}
 
 // Message is the envelope of one JSON-RPC 2.0 message. Its raw fields are
 // sub-slices of the body given to Parse (no copy): the body must not be
@@ -126,12 +189,27 @@ const maxSafeID = 1<<53 - 1
 // envelopeFields are the top-level members Parse reads.
 var envelopeFields = []string{"jsonrpc", "id", "method", "params", "result", "error"}
 
-// Parse parses exactly one JSON-RPC 2.0 message. Batches (arrays) are
-// refused: MCP removed them in 2025-06-18. On failure the error is an *Error
-// with HTTP status 400 and code CodeParseError (not JSON), CodeInvalidRequest
-// (not a valid message) or CodeInvalidParams (tools/call without a string
-// params.name, or with non-object arguments), carrying the message's id when
-// it could be read.
+// Parse parses exactly one JSON-RPC 2.0 message. On failure the error is an
+// *Error with HTTP status 400 and code CodeParseError (not JSON),
+// CodeInvalidRequest (not a valid message) or CodeInvalidParams (tools/call
+// without a string params.name, or with non-object arguments), carrying the
+// message's id when it could be read.
+//
+// Batches (a top-level array) are refused whatever protocol version was
+// negotiated, 2025-03-26 included: 400, CodeInvalidRequest, message
+// BatchRefusedMessage, matching ErrBatch. The gateway admits, limits and
+// meters one call per request; a batch would need all of that per element.
+//
+// The body must be one JSON value followed by nothing but JSON whitespace:
+// trailing bytes, a NUL byte included, are a parse error, since a parser
+// that reads on would see a second message.
+//
+// A method name must be exact (ErrMethodNotExact, CodeInvalidRequest): one
+// with leading or trailing whitespace or a control character anywhere, or
+// one equal to a KnownMethods name under case folding but not byte for byte
+// ("Tools/call", "TOOLS/LIST"), is refused. The gateway governs methods by
+// exact name, so such a variant would pass ungoverned to an upstream that
+// trims, folds or stops at a NUL.
 //
 // Rules beyond plain JSON validity: "jsonrpc" must be "2.0"; an id must be a
 // string or an integer within ±(2^53-1) (null only in an error response);
@@ -146,7 +224,7 @@ var envelopeFields = []string{"jsonrpc", "id", "method", "params", "result", "er
 func Parse(body []byte) (*Message, error) {
 	s := scanner{data: body}
 	switch first := s.peek(); first {
-	case 0:
+	case eof:
 		return nil, newError(http.StatusBadRequest, CodeParseError, nil, "empty body")
 	case '{':
 	default:
@@ -158,7 +236,9 @@ func Parse(body []byte) (*Message, error) {
 		case err != nil:
 			return nil, newError(http.StatusBadRequest, CodeParseError, nil, "parse error: %v", err)
 		case first == '[':
-			return nil, newError(http.StatusBadRequest, CodeInvalidRequest, nil, "JSON-RPC batches are not supported")
+			e := newError(http.StatusBadRequest, CodeInvalidRequest, nil, "%s", BatchRefusedMessage)
+			e.Err = ErrBatch
+			return nil, e
 		default:
 			return nil, newError(http.StatusBadRequest, CodeInvalidRequest, nil, "a JSON-RPC message must be an object")
 		}
@@ -220,6 +300,11 @@ func Parse(body []byte) (*Message, error) {
 			return invalid(CodeInvalidRequest, `"method" must be a string`)
 		}
 		m.Method = name
+		if why := inexactMethod(name); why != "" {
+			e := newError(http.StatusBadRequest, CodeInvalidRequest, m.ID, "method name %s is not exact: %s", quoteCapped(name), why)
+			e.Err = ErrMethodNotExact
+			return nil, e
+		}
 		if result != nil || rpcErr != nil {
 			return invalid(CodeInvalidRequest, "a request must not carry a result or an error")
 		}
@@ -416,17 +501,29 @@ func SameID(a, b json.RawMessage) bool {
 // matches the Go SDK's default request limit.
 const DefaultMaxBody = 4 << 20
 
+// initialBodyBuffer is the most ReadBody allocates before any byte has
+// arrived. A declared Content-Length is a promise, not data: sizing the
+// buffer to it let idle connections each pin DefaultMaxBody of memory.
+const initialBodyBuffer = 16 << 10
+
 // ReadBody reads the whole request body, refusing more than max bytes
-// (DefaultMaxBody when max <= 0) with a 413 *Error (code
-// CodeInvalidRequest) before reading it all: a declared Content-Length over
-// the limit is refused without reading. A failed read is a 400 *Error (code
-// CodeParseError).
+// (DefaultMaxBody when max <= 0) with a 413 *Error (code CodeInvalidRequest,
+// matching ErrBodyTooLarge): a declared Content-Length over the limit is
+// refused without reading, and a body that turns out longer is refused once
+// max+1 bytes have arrived. A failed read is a 400 *Error (code
+// CodeParseError). A request without a body gives nil and no error.
+//
+// Memory follows the bytes received, never the bytes declared: the buffer
+// starts at min(Content-Length+1, 16 KiB) and doubles as it fills, so a
+// client declaring 4 MiB and sending one byte costs about 16 KiB.
 func ReadBody(r *http.Request, max int64) ([]byte, *Error) {
 	if max <= 0 {
 		max = DefaultMaxBody
 	}
 	tooLarge := func() *Error {
-		return newError(http.StatusRequestEntityTooLarge, CodeInvalidRequest, nil, "request body exceeds %d bytes", max)
+		e := newError(http.StatusRequestEntityTooLarge, CodeInvalidRequest, nil, "request body exceeds %d bytes", max)
+		e.Err = ErrBodyTooLarge
+		return e
 	}
 	if r.ContentLength > max {
 		return nil, tooLarge()
@@ -434,20 +531,57 @@ func ReadBody(r *http.Request, max int64) ([]byte, *Error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	var buf bytes.Buffer
-	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength))
-	}
-	n, err := buf.ReadFrom(io.LimitReader(r.Body, max+1))
-	if n > max {
+	body, err := readGrowing(r.Body, r.ContentLength, max)
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.Is(err, errOverLimit), errors.As(err, &mbe):
 		return nil, tooLarge()
-	}
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, tooLarge()
-		}
+	case err != nil:
 		return nil, newError(http.StatusBadRequest, CodeParseError, nil, "reading request body: %v", err)
 	}
-	return buf.Bytes(), nil
+	return body, nil
+}
+
+// errOverLimit means readGrowing received more than its limit.
+var errOverLimit = errors.New("body over the limit")
+
+// readGrowing reads rd to EOF, refusing (errOverLimit) more than max bytes.
+// The buffer grows with the data: it starts at initialBodyBuffer (or
+// declared+1 when smaller, declared < 0 meaning unknown) and doubles only
+// when full; a doubling that reaches the declared length stops at declared+1
+// (the extra byte lets the final read see EOF without growing again), and
+// none goes past max+1 (one byte past the limit proves the body too long).
+func readGrowing(rd io.Reader, declared, max int64) ([]byte, error) {
+	limit := max
+	if max < math.MaxInt64 {
+		limit = max + 1
+	}
+	size := min(int64(initialBodyBuffer), limit)
+	if declared >= 0 {
+		size = min(size, declared+1)
+	}
+	buf := make([]byte, 0, size)
+	for {
+		if len(buf) == cap(buf) { // then len(buf) < limit: more would have been refused
+			c := int64(cap(buf))
+			next := 2 * c
+			if declared >= 0 && c <= declared && next >= declared {
+				next = declared + 1
+			}
+			next = min(next, limit)
+			grown := make([]byte, len(buf), next)
+			copy(grown, buf)
+			buf = grown
+		}
+		n, err := rd.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		switch {
+		case int64(len(buf)) > max:
+			return nil, errOverLimit
+		case err == io.EOF:
+			return buf, nil
+		case err != nil:
+			return nil, err
+		}
+	}
 }
