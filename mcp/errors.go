@@ -70,21 +70,30 @@ func (e *Error) Error() string {
 // Unwrap returns e.Err, so that errors.Is(err, ErrBatch) works.
 func (e *Error) Unwrap() error { return e.Err }
 
-// maxQuoted bounds how many bytes of a client's value an error message
-// repeats: enough to recognise it, not enough to amplify a huge one.
+// maxQuoted bounds the length of a client's value quoted in an error
+// message, quotes and escapes included: enough to recognise the value, not
+// enough to amplify a huge one.
 const maxQuoted = 64
 
-// quoteCapped quotes s like strconv.Quote, keeping at most maxQuoted bytes
-// (cut at a rune boundary) and marking a cut with "...".
+// quoteCapped quotes s like strconv.Quote in at most maxQuoted bytes,
+// cutting s at a rune boundary (escapes can make a byte four, a rune ten)
+// and marking a cut with "...".
 func quoteCapped(s string) string {
 	if len(s) <= maxQuoted {
-		return strconv.Quote(s)
+		if q := strconv.Quote(s); len(q) <= maxQuoted {
+			return q
+		}
 	}
-	cut := maxQuoted
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
+	cut := min(len(s), maxQuoted)
+	for {
+		for cut > 0 && cut < len(s) && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		if q := strconv.Quote(s[:cut]); len(q) <= maxQuoted || cut == 0 {
+			return q + "..."
+		}
 		cut--
 	}
-	return strconv.Quote(s[:cut]) + "..."
 }
 
 // Respond writes e as a JSON-RPC error response (see WriteError).

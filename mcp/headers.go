@@ -135,8 +135,8 @@ var interpretedHeaders = [...]string{
 // The result is nil when the headers are acceptable, else a 400 *Error with
 // code CodeInvalidRequest, no id (the body is not read yet), matching
 // ErrBadHeader, whose message names the first offending header in the order
-// above. It quotes at most 64 bytes of a value, and never an Authorization
-// value (a credential). h is only read.
+// above. A value is quoted in at most 64 bytes (cut and marked "..."), and
+// an Authorization value (a credential) never. h is only read.
 func CheckRequestHeaders(h http.Header) *Error {
 	var count [len(interpretedHeaders)]int
 	var value [len(interpretedHeaders)]string // the value, when count is 1

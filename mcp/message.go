@@ -1,16 +1,19 @@
 // Package mcp is mcpgate's view of the Model Context Protocol wire format:
 // it parses the JSON-RPC 2.0 envelope of one message (Parse), canonicalises
 // tool arguments for cache and loop-breaker keys (CanonicalArguments),
-// validates the MCP 2026-07-28 routing headers (CheckHeaders) and relays
-// Streamable HTTP exchanges to an upstream MCP server (Proxy), streaming
-// server-sent events one by one.
+// refuses ambiguous request headers (CheckRequestHeaders), validates the
+// MCP 2026-07-28 routing headers (CheckHeaders) and relays Streamable HTTP
+// exchanges to an upstream MCP server (Proxy), streaming server-sent events
+// one by one.
 //
 // The gateway reads only the envelope it needs (method, id, params.name,
 // the raw params.arguments) and forwards the client's bytes unchanged, so
 // the upstream sees exactly what the client sent. The parser is strict where
 // a lenient one would let a client show the gateway one thing and the
 // upstream another: member names are matched exactly, and a duplicate or
-// case-folded twin of a member the gateway reads makes the message invalid.
+// case-folded twin of a member the gateway reads makes the message invalid;
+// method names are exact; the body is one JSON value and nothing after it;
+// and every header the gateway interprets appears once, not empty.
 package mcp
 
 import (
@@ -20,10 +23,8 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
-	"unicode"
 )
 
 // Kind classifies a JSON-RPC message.
@@ -61,66 +62,6 @@ const (
 	// server notifications, the stateless replacement of the GET stream.
 	MethodSubscriptionsListen = "subscriptions/listen"
 )
-
-// knownMethods is every request and notification method of MCP 2025-06-18,
-// 2025-11-25 and 2026-07-28, in both directions (the go-sdk's method table,
-// plus the 2025-11-25 tasks methods it does not implement). It is the one
-// list: read it through KnownMethods and IsKnownMethod.
-var knownMethods = []string{
-	// requests
-	MethodInitialize, "ping",
-	MethodToolsList, MethodToolsCall,
-	"resources/list", "resources/templates/list", MethodResourcesRead,
-	"resources/subscribe", "resources/unsubscribe",
-	"prompts/list", MethodPromptsGet,
-	"completion/complete", "logging/setLevel",
-	"sampling/createMessage", "elicitation/create", "roots/list",
-	"tasks/get", "tasks/result", "tasks/list", "tasks/cancel", // 2025-11-25
-	"server/discover", MethodSubscriptionsListen, // 2026-07-28
-	// notifications
-	"notifications/initialized", "notifications/cancelled", "notifications/progress",
-	"notifications/message",
-	"notifications/resources/list_changed", "notifications/resources/updated",
-	"notifications/prompts/list_changed", "notifications/tools/list_changed",
-	"notifications/roots/list_changed",
-	"notifications/elicitation/complete", "notifications/tasks/status", // 2025-11-25
-	"notifications/subscriptions/acknowledged", // 2026-07-28
-}
-
-// KnownMethods returns the names of every MCP method package mcp knows:
-// the requests and notifications of protocol versions 2025-06-18,
-// 2025-11-25 and 2026-07-28, client to server and server to client. The
-// slice is a fresh copy the caller may modify.
-func KnownMethods() []string { return slices.Clone(knownMethods) }
-
-// IsKnownMethod reports whether name is exactly (byte for byte) one of
-// KnownMethods.
-func IsKnownMethod(name string) bool { return slices.Contains(knownMethods, name) }
-
-// inexactMethod says why name is not an exact method name, or "" when it
-// is. A name is inexact when it has leading or trailing whitespace (Unicode
-// spaces and the BOM, which some runtimes trim), contains a control
-// character (C0, DEL or C1: a NUL ends the name in C strings), or equals a
-// known method under Unicode case folding without being that method.
-// Unknown names are otherwise exact: the upstream answers them.
-func inexactMethod(name string) string {
-	trimmed := strings.TrimFunc(name, func(r rune) bool { return unicode.IsSpace(r) || r == '\uFEFF' })
-	if trimmed != name {
-		return "it has leading or trailing whitespace"
-	}
-	if strings.IndexFunc(name, unicode.IsControl) >= 0 {
-		return "it contains a control character"
-	}
-	if IsKnownMethod(name) {
-		return ""
-	}
-	for _, k := range knownMethods {
-		if strings.EqualFold(name, k) {
-			return "method names are case-sensitive (did you mean " + strconv.Quote(k) + "?)"
-		}
-	}
-	return ""
-}
 
 // Message is the envelope of one JSON-RPC 2.0 message. Its raw fields are
 // sub-slices of the body given to Parse (no copy): the body must not be
@@ -222,10 +163,46 @@ var envelopeFields = []string{"jsonrpc", "id", "method", "params", "result", "er
 // refused, since other parsers would pick a different one. Other members are
 // validated and ignored.
 func Parse(body []byte) (*Message, error) {
+	raw, problem, perr := readEnvelope(body)
+	if perr != nil {
+		return nil, perr
+	}
+	version, id, method := raw[0], raw[1], raw[2]
+	m := &Message{Params: raw[3], Result: raw[4], Error: raw[5]}
+	// The id first, so that every later error can carry it.
+	if id != nil {
+		if ok, isNull := checkID(id); !ok && !isNull {
+			return nil, m.invalid("id must be a string or an integer within ±(2^53-1)")
+		}
+		m.ID = id // null: only acceptable in an error response, checked below
+	}
+	if problem != "" {
+		return nil, m.invalid("%s", problem)
+	}
+	if v, ok := decodeString(version); !ok || v != "2.0" {
+		return nil, m.invalid(`"jsonrpc" must be "2.0"`)
+	}
+	var e *Error
+	if method != nil {
+		e = m.finishRequest(method)
+	} else {
+		e = m.finishResponse()
+	}
+	if e != nil {
+		return nil, e
+	}
+	return m, nil
+}
+
+// readEnvelope checks that body is one JSON object and nothing else, and
+// returns its envelope members (indexed like envelopeFields) and the first
+// problem with their names (a duplicate or a case twin), "" if none. A body
+// that is not an object, a batch included, is an *Error.
+func readEnvelope(body []byte) (raw [6]json.RawMessage, problem string, _ *Error) {
 	s := scanner{data: body}
 	switch first := s.peek(); first {
 	case eof:
-		return nil, newError(http.StatusBadRequest, CodeParseError, nil, "empty body")
+		return raw, "", newError(http.StatusBadRequest, CodeParseError, nil, "empty body")
 	case '{':
 	default:
 		_, err := s.skipValue()
@@ -234,18 +211,15 @@ func Parse(body []byte) (*Message, error) {
 		}
 		switch {
 		case err != nil:
-			return nil, newError(http.StatusBadRequest, CodeParseError, nil, "parse error: %v", err)
+			return raw, "", newError(http.StatusBadRequest, CodeParseError, nil, "parse error: %v", err)
 		case first == '[':
 			e := newError(http.StatusBadRequest, CodeInvalidRequest, nil, "%s", BatchRefusedMessage)
 			e.Err = ErrBatch
-			return nil, e
+			return raw, "", e
 		default:
-			return nil, newError(http.StatusBadRequest, CodeInvalidRequest, nil, "a JSON-RPC message must be an object")
+			return raw, "", newError(http.StatusBadRequest, CodeInvalidRequest, nil, "a JSON-RPC message must be an object")
 		}
 	}
-
-	var raw [6]json.RawMessage // indexed like envelopeFields
-	var problem string         // first semantic problem, reported after the syntax check
 	err := s.object(func(key string) error {
 		v, err := s.skipValue()
 		if err != nil {
@@ -267,79 +241,62 @@ func Parse(body []byte) (*Message, error) {
 		err = s.end()
 	}
 	if err != nil {
-		return nil, newError(http.StatusBadRequest, CodeParseError, nil, "parse error: %v", err)
+		return raw, "", newError(http.StatusBadRequest, CodeParseError, nil, "parse error: %v", err)
 	}
-	version, id, method, params, result, rpcErr := raw[0], raw[1], raw[2], raw[3], raw[4], raw[5]
+	return raw, problem, nil
+}
 
-	m := &Message{Params: params, Result: result, Error: rpcErr}
-	invalid := func(code int, format string, args ...any) (*Message, error) {
-		return nil, newError(http.StatusBadRequest, code, m.ID, format, args...)
-	}
-	// The id first, so that every later error can carry it.
-	if id != nil {
-		switch ok, isNull := checkID(id); {
-		case isNull:
-			m.ID = id // null: only acceptable in an error response, checked below
-		case ok:
-			m.ID = id
-		default:
-			return invalid(CodeInvalidRequest, "id must be a string or an integer within ±(2^53-1)")
-		}
-	}
-	if problem != "" {
-		return invalid(CodeInvalidRequest, "%s", problem)
-	}
-	if v, ok := decodeString(version); !ok || v != "2.0" {
-		return invalid(CodeInvalidRequest, `"jsonrpc" must be "2.0"`)
-	}
-	isNullID := id != nil && string(id) == "null"
+// invalid is a 400 CodeInvalidRequest error carrying m's id.
+func (m *Message) invalid(format string, args ...any) *Error {
+	return newError(http.StatusBadRequest, CodeInvalidRequest, m.ID, format, args...)
+}
 
-	if method != nil {
-		name, ok := decodeString(method)
-		if !ok {
-			return invalid(CodeInvalidRequest, `"method" must be a string`)
-		}
-		m.Method = name
-		if why := inexactMethod(name); why != "" {
-			e := newError(http.StatusBadRequest, CodeInvalidRequest, m.ID, "method name %s is not exact: %s", quoteCapped(name), why)
-			e.Err = ErrMethodNotExact
-			return nil, e
-		}
-		if result != nil || rpcErr != nil {
-			return invalid(CodeInvalidRequest, "a request must not carry a result or an error")
-		}
-		switch {
-		case isNullID:
-			return invalid(CodeInvalidRequest, "a request id must not be null")
-		case id != nil:
-			m.Kind = Request
-		default:
-			m.Kind = Notification
-		}
-		if params != nil && params[0] != '{' && params[0] != '[' {
-			return invalid(CodeInvalidRequest, `"params" must be an object or an array`)
-		}
-		if e := m.parseParams(); e != nil {
-			return nil, e
-		}
-		return m, nil
+// finishRequest completes a request or notification whose raw method member
+// is method, m.ID and the raw members being set.
+func (m *Message) finishRequest(method json.RawMessage) *Error {
+	name, ok := decodeString(method)
+	if !ok {
+		return m.invalid(`"method" must be a string`)
 	}
-
-	// A response.
+	m.Method = name
+	if why := inexactMethod(name); why != "" {
+		e := m.invalid("method name %s is not exact: %s", quoteCapped(name), why)
+		e.Err = ErrMethodNotExact
+		return e
+	}
+	if m.Result != nil || m.Error != nil {
+		return m.invalid("a request must not carry a result or an error")
+	}
 	switch {
-	case id == nil:
-		return invalid(CodeInvalidRequest, `a message needs a "method" or an "id"`)
-	case params != nil:
-		return invalid(CodeInvalidRequest, "a response must not carry params")
-	case (result == nil) == (rpcErr == nil):
-		return invalid(CodeInvalidRequest, "a response carries exactly one of result and error")
-	case rpcErr != nil && rpcErr[0] != '{':
-		return invalid(CodeInvalidRequest, `"error" must be an object`)
-	case isNullID && rpcErr == nil:
-		return invalid(CodeInvalidRequest, "only an error response may have a null id")
+	case string(m.ID) == "null":
+		return m.invalid("a request id must not be null")
+	case m.ID != nil:
+		m.Kind = Request
+	default:
+		m.Kind = Notification
+	}
+	if m.Params != nil && m.Params[0] != '{' && m.Params[0] != '[' {
+		return m.invalid(`"params" must be an object or an array`)
+	}
+	return m.parseParams()
+}
+
+// finishResponse completes a message without a method: a response.
+func (m *Message) finishResponse() *Error {
+	switch {
+	case m.ID == nil:
+		return m.invalid(`a message needs a "method" or an "id"`)
+	case m.Params != nil:
+		return m.invalid("a response must not carry params")
+	case (m.Result == nil) == (m.Error == nil):
+		return m.invalid("a response carries exactly one of result and error")
+	case m.Error != nil && m.Error[0] != '{':
+		return m.invalid(`"error" must be an object`)
+	case string(m.ID) == "null" && m.Error == nil:
+		return m.invalid("only an error response may have a null id")
 	}
 	m.Kind = Response
-	return m, nil
+	return nil
 }
 
 // parseParams reads the params members the gateway needs: the tool name and

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -328,5 +329,21 @@ func TestCheckRequestHeaders(t *testing.T) {
 	CheckRequestHeaders(http.Header{"Mcp-Name": {"a", "b"}}).Respond(rec)
 	if m, err := Parse(rec.Body.Bytes()); rec.Code != 400 || err != nil || m.Kind != Response || string(m.ID) != "null" {
 		t.Fatalf("response %d %s: %v", rec.Code, rec.Body, err)
+	}
+}
+
+func TestQuoteCapped(t *testing.T) {
+	for _, s := range []string{"", "abc", strings.Repeat("a", 62), strings.Repeat("a", 63), strings.Repeat("a", 5000),
+		strings.Repeat("\xf6", 64), strings.Repeat("\u00e9", 100), strings.Repeat("\U0010FFFF", 40), "\x00\x01\x02" + strings.Repeat("\ufeff", 30)} {
+		q := quoteCapped(s)
+		if len(q) > maxQuoted+len("...") {
+			t.Errorf("quoteCapped(%d bytes) = %d bytes", len(s), len(q))
+		}
+		if full := strconv.Quote(s); len(full) <= maxQuoted && q != full {
+			t.Errorf("quoteCapped(%q) = %s, want %s", s, q, full)
+		}
+		if unq, err := strconv.Unquote(strings.TrimSuffix(q, "...")); err != nil || !strings.HasPrefix(s, unq) {
+			t.Errorf("quoteCapped(%q) = %s: not a quoted prefix (%v)", s, q, err)
+		}
 	}
 }
