@@ -32,6 +32,13 @@ const (
 const releaseTimeout = time.Second
 
 func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
+	// First, before auth: every later stage reads these headers, and a
+	// repeated or empty one could be read differently upstream.
+	if herr := mcp.CheckRequestHeaders(r.Header); herr != nil {
+		g.metrics.Requests.WithLabelValues("any", "bad_request").Inc()
+		herr.Respond(w)
+		return
+	}
 	rt := g.rt.Load()
 	switch r.Method {
 	case http.MethodPost, http.MethodGet, http.MethodDelete:

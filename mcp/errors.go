@@ -2,8 +2,11 @@ package mcp
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"unicode/utf8"
 )
 
 // JSON-RPC error codes used by mcpgate. The first five are JSON-RPC 2.0's own;
@@ -25,19 +28,72 @@ const (
 	CodeRateLimited = -33029
 )
 
+// BatchRefusedMessage is the error message of the 400 (CodeInvalidRequest)
+// answering a JSON-RPC batch.
+const BatchRefusedMessage = "JSON-RPC batches are not supported: MCP 2025-06-18 removed them; send one message per request"
+
+// Sentinels an *Error matches with errors.Is, for the refusals a caller may
+// want to tell apart from other malformed requests.
+var (
+	// ErrBatch means the body was a JSON-RPC batch (a top-level array).
+	ErrBatch = errors.New("mcp: JSON-RPC batch")
+	// ErrMethodNotExact means a method name was a whitespace, control
+	// character or case variant of a name (see Parse).
+	ErrMethodNotExact = errors.New("mcp: method name is not exact")
+	// ErrBadHeader means an interpreted header was repeated, empty or held
+	// a control character (see CheckRequestHeaders).
+	ErrBadHeader = errors.New("mcp: ambiguous request header")
+	// ErrBodyTooLarge means the request body was, or was declared, over the
+	// limit (see ReadBody).
+	ErrBodyTooLarge = errors.New("mcp: request body too large")
+)
+
 // Error is a JSON-RPC error together with the HTTP status it is sent with.
-// Parse, ReadBody and CheckHeaders return it; Respond writes it.
+// Parse, ReadBody, CheckRequestHeaders and CheckHeaders return it; Respond
+// writes it.
 type Error struct {
 	HTTPStatus int             // HTTP status of the response, e.g. 400
 	Code       int             // JSON-RPC error code, e.g. CodeInvalidRequest
 	Message    string          // human-readable description
 	ID         json.RawMessage // id of the offending request when known, else nil (sent as null)
 	Data       any             // optional error.data; nil omits it
+	// Err is the sentinel (ErrBatch, ...) the error matches with errors.Is,
+	// nil when none applies. It is not sent.
+	Err error
 }
 
 // Error implements the error interface.
 func (e *Error) Error() string {
 	return fmt.Sprintf("jsonrpc error %d (HTTP %d): %s", e.Code, e.HTTPStatus, e.Message)
+}
+
+// Unwrap returns e.Err, so that errors.Is(err, ErrBatch) works.
+func (e *Error) Unwrap() error { return e.Err }
+
+// maxQuoted bounds the length of a client's value quoted in an error
+// message, quotes and escapes included: enough to recognise the value, not
+// enough to amplify a huge one.
+const maxQuoted = 64
+
+// quoteCapped quotes s like strconv.Quote in at most maxQuoted bytes,
+// cutting s at a rune boundary (escapes can make a byte four, a rune ten)
+// and marking a cut with "...".
+func quoteCapped(s string) string {
+	if len(s) <= maxQuoted {
+		if q := strconv.Quote(s); len(q) <= maxQuoted {
+			return q
+		}
+	}
+	cut := min(len(s), maxQuoted)
+	for {
+		for cut > 0 && cut < len(s) && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		if q := strconv.Quote(s[:cut]); len(q) <= maxQuoted || cut == 0 {
+			return q + "..."
+		}
+		cut--
+	}
 }
 
 // Respond writes e as a JSON-RPC error response (see WriteError).

@@ -1,7 +1,9 @@
 package mcp
 
 import (
+	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -97,4 +99,122 @@ func CheckHeaders(r *http.Request, m *Message) *Error {
 		}
 	}
 	return nil
+}
+
+// interpretedHeaders are the request headers the gateway reads and acts on
+// (canonical form): each must carry one value that every reader agrees on.
+var interpretedHeaders = [...]string{
+	HeaderSessionID,
+	HeaderProtocolVersion,
+	"Authorization",
+	HeaderMethod,
+	HeaderName,
+	HeaderLastEventID,
+}
+
+// CheckRequestHeaders refuses a request whose interpreted headers could be
+// read two ways. Each of Mcp-Session-Id, MCP-Protocol-Version,
+// Authorization, Mcp-Method, Mcp-Name and Last-Event-ID, when present, must
+//
+//   - appear once: one value in total over every key of h that equals the
+//     name ignoring ASCII case (a non-canonical key counts too);
+//   - not be empty once leading and trailing spaces and tabs (HTTP's
+//     optional whitespace) are removed;
+//   - contain no control character (0x00-0x1F or 0x7F; a tab inside the
+//     value included).
+//
+// Why: the gateway reads one value (Header.Get returns the first) and
+// forwards them all, and an upstream may read another. An empty first
+// Mcp-Session-Id once made the gateway skip its session-binding check while
+// an upstream reading the last value ran the call in another tenant's
+// session; two Authorization values could authenticate one caller and
+// attribute the call to another. Refusing is the only reading both sides
+// share. Absent headers are not checked here (whether a header is required
+// depends on the method and the protocol version).
+//
+// The result is nil when the headers are acceptable, else a 400 *Error with
+// code CodeInvalidRequest, no id (the body is not read yet), matching
+// ErrBadHeader, whose message names the first offending header in the order
+// above. A value is quoted in at most 64 bytes (cut and marked "..."), and
+// an Authorization value (a credential) never. h is only read.
+func CheckRequestHeaders(h http.Header) *Error {
+	var count [len(interpretedHeaders)]int
+	var value [len(interpretedHeaders)]string // the value, when count is 1
+	for k, vs := range h {
+		if i := interpretedIndex(k); i >= 0 {
+			count[i] += len(vs)
+			if len(vs) > 0 {
+				value[i] = vs[0]
+			}
+		}
+	}
+	for i, name := range interpretedHeaders {
+		if why := headerProblem(name, count[i], value[i]); why != "" {
+			e := newError(http.StatusBadRequest, CodeInvalidRequest, nil, "header %s %s", name, why)
+			e.Err = ErrBadHeader
+			return e
+		}
+	}
+	return nil
+}
+
+// interpretedIndex returns the index in interpretedHeaders of the header
+// key names (ignoring ASCII case), or -1.
+func interpretedIndex(key string) int {
+	for i, name := range interpretedHeaders {
+		if key == name {
+			return i
+		}
+	}
+	for i, name := range interpretedHeaders {
+		if asciiEqualFold(key, name) {
+			return i
+		}
+	}
+	return -1
+}
+
+// headerProblem says what is wrong with a header sent n times whose (only,
+// when n is 1) value is v, or "" when nothing is.
+func headerProblem(name string, n int, v string) string {
+	switch {
+	case n == 0:
+		return ""
+	case n > 1:
+		return "appears " + strconv.Itoa(n) + " times: send it once"
+	}
+	v = strings.Trim(v, " \t")
+	if v == "" {
+		return "is empty"
+	}
+	i := strings.IndexFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f })
+	if i < 0 {
+		return ""
+	}
+	why := fmt.Sprintf("contains a control character (0x%02x at byte %d)", v[i], i)
+	if name == "Authorization" {
+		return why
+	}
+	return why + ": " + quoteCapped(v)
+}
+
+// asciiEqualFold reports whether a and b are equal ignoring ASCII case, the
+// only folding HTTP applies to field names.
+func asciiEqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }

@@ -45,17 +45,23 @@ func (s *scanner) ws() {
 	}
 }
 
-// peek returns the next byte after whitespace, or 0 at the end of input.
-func (s *scanner) peek() byte {
+// eof is what peek returns at the end of input. It is outside the byte range
+// so that a NUL byte in the input (0) is never mistaken for the end: when
+// peek returned 0 for both, "{...}\x00{...}" passed for one value followed
+// by nothing, while a parser reading on would see a second message.
+const eof = -1
+
+// peek returns the next byte after whitespace, or eof at the end of input.
+func (s *scanner) peek() int {
 	s.ws()
 	if s.i >= len(s.data) {
-		return 0
+		return eof
 	}
-	return s.data[s.i]
+	return int(s.data[s.i])
 }
 
 func (s *scanner) expect(c byte) error {
-	if s.peek() != c {
+	if s.peek() != int(c) {
 		return s.errorf("expected %q", c)
 	}
 	s.i++
@@ -96,10 +102,10 @@ func (s *scanner) skipValue() ([]byte, error) {
 		err = s.literal("null")
 	case c == '-' || (c >= '0' && c <= '9'):
 		_, err = s.number()
-	case c == 0:
+	case c == eof:
 		err = s.errorf("unexpected end of input")
 	default:
-		err = s.errorf("unexpected character %q", c)
+		err = s.errorf("unexpected character %q", byte(c))
 	}
 	if err != nil {
 		return nil, err
@@ -350,10 +356,11 @@ func (s *scanner) digits() int {
 	return n
 }
 
-// end checks that only whitespace follows.
+// end checks that only JSON whitespace (space, tab, LF, CR) follows: any
+// other byte, a NUL included, is data a parser reading further would see.
 func (s *scanner) end() error {
-	if s.peek() != 0 {
-		return s.errorf("data after the top-level value")
+	if c := s.peek(); c != eof {
+		return s.errorf("unexpected %q after the top-level value", byte(c))
 	}
 	return nil
 }

@@ -1,16 +1,19 @@
 // Package mcp is mcpgate's view of the Model Context Protocol wire format:
 // it parses the JSON-RPC 2.0 envelope of one message (Parse), canonicalises
 // tool arguments for cache and loop-breaker keys (CanonicalArguments),
-// validates the MCP 2026-07-28 routing headers (CheckHeaders) and relays
-// Streamable HTTP exchanges to an upstream MCP server (Proxy), streaming
-// server-sent events one by one.
+// refuses ambiguous request headers (CheckRequestHeaders), validates the
+// MCP 2026-07-28 routing headers (CheckHeaders) and relays Streamable HTTP
+// exchanges to an upstream MCP server (Proxy), streaming server-sent events
+// one by one.
 //
 // The gateway reads only the envelope it needs (method, id, params.name,
 // the raw params.arguments) and forwards the client's bytes unchanged, so
 // the upstream sees exactly what the client sent. The parser is strict where
 // a lenient one would let a client show the gateway one thing and the
 // upstream another: member names are matched exactly, and a duplicate or
-// case-folded twin of a member the gateway reads makes the message invalid.
+// case-folded twin of a member the gateway reads makes the message invalid;
+// method names are exact; the body is one JSON value and nothing after it;
+// and every header the gateway interprets appears once, not empty.
 package mcp
 
 import (
@@ -18,6 +21,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -130,12 +134,27 @@ const maxSafeID = 1<<53 - 1
 // envelopeFields are the top-level members Parse reads.
 var envelopeFields = []string{"jsonrpc", "id", "method", "params", "result", "error"}
 
-// Parse parses exactly one JSON-RPC 2.0 message. Batches (arrays) are
-// refused: MCP removed them in 2025-06-18. On failure the error is an *Error
-// with HTTP status 400 and code CodeParseError (not JSON), CodeInvalidRequest
-// (not a valid message) or CodeInvalidParams (tools/call without a string
-// params.name, or with non-object arguments), carrying the message's id when
-// it could be read.
+// Parse parses exactly one JSON-RPC 2.0 message. On failure the error is an
+// *Error with HTTP status 400 and code CodeParseError (not JSON),
+// CodeInvalidRequest (not a valid message) or CodeInvalidParams (tools/call
+// without a string params.name, or with non-object arguments), carrying the
+// message's id when it could be read.
+//
+// Batches (a top-level array) are refused whatever protocol version was
+// negotiated, 2025-03-26 included: 400, CodeInvalidRequest, message
+// BatchRefusedMessage, matching ErrBatch. The gateway admits, limits and
+// meters one call per request; a batch would need all of that per element.
+//
+// The body must be one JSON value followed by nothing but JSON whitespace:
+// trailing bytes, a NUL byte included, are a parse error, since a parser
+// that reads on would see a second message.
+//
+// A method name must be exact (ErrMethodNotExact, CodeInvalidRequest): one
+// with leading or trailing whitespace or a control character anywhere, or
+// one equal to a KnownMethods name under case folding but not byte for byte
+// ("Tools/call", "TOOLS/LIST"), is refused. The gateway governs methods by
+// exact name, so such a variant would pass ungoverned to an upstream that
+// trims, folds or stops at a NUL.
 //
 // Rules beyond plain JSON validity: "jsonrpc" must be "2.0"; an id must be a
 // string or an integer within ±(2^53-1) (null only in an error response);
@@ -148,10 +167,46 @@ var envelopeFields = []string{"jsonrpc", "id", "method", "params", "result", "er
 // refused, since other parsers would pick a different one. Other members are
 // validated and ignored.
 func Parse(body []byte) (*Message, error) {
+	raw, problem, perr := readEnvelope(body)
+	if perr != nil {
+		return nil, perr
+	}
+	version, id, method := raw[0], raw[1], raw[2]
+	m := &Message{Params: raw[3], Result: raw[4], Error: raw[5]}
+	// The id first, so that every later error can carry it.
+	if id != nil {
+		if ok, isNull := checkID(id); !ok && !isNull {
+			return nil, m.invalid("id must be a string or an integer within ±(2^53-1)")
+		}
+		m.ID = id // null: only acceptable in an error response, checked below
+	}
+	if problem != "" {
+		return nil, m.invalid("%s", problem)
+	}
+	if v, ok := decodeString(version); !ok || v != "2.0" {
+		return nil, m.invalid(`"jsonrpc" must be "2.0"`)
+	}
+	var e *Error
+	if method != nil {
+		e = m.finishRequest(method)
+	} else {
+		e = m.finishResponse()
+	}
+	if e != nil {
+		return nil, e
+	}
+	return m, nil
+}
+
+// readEnvelope checks that body is one JSON object and nothing else, and
+// returns its envelope members (indexed like envelopeFields) and the first
+// problem with their names (a duplicate or a case twin), "" if none. A body
+// that is not an object, a batch included, is an *Error.
+func readEnvelope(body []byte) (raw [6]json.RawMessage, problem string, _ *Error) {
 	s := scanner{data: body}
 	switch first := s.peek(); first {
-	case 0:
-		return nil, newError(http.StatusBadRequest, CodeParseError, nil, "empty body")
+	case eof:
+		return raw, "", newError(http.StatusBadRequest, CodeParseError, nil, "empty body")
 	case '{':
 	default:
 		_, err := s.skipValue()
@@ -160,16 +215,15 @@ func Parse(body []byte) (*Message, error) {
 		}
 		switch {
 		case err != nil:
-			return nil, newError(http.StatusBadRequest, CodeParseError, nil, "parse error: %v", err)
+			return raw, "", newError(http.StatusBadRequest, CodeParseError, nil, "parse error: %v", err)
 		case first == '[':
-			return nil, newError(http.StatusBadRequest, CodeInvalidRequest, nil, "JSON-RPC batches are not supported")
+			e := newError(http.StatusBadRequest, CodeInvalidRequest, nil, "%s", BatchRefusedMessage)
+			e.Err = ErrBatch
+			return raw, "", e
 		default:
-			return nil, newError(http.StatusBadRequest, CodeInvalidRequest, nil, "a JSON-RPC message must be an object")
+			return raw, "", newError(http.StatusBadRequest, CodeInvalidRequest, nil, "a JSON-RPC message must be an object")
 		}
 	}
-
-	var raw [6]json.RawMessage // indexed like envelopeFields
-	var problem string         // first semantic problem, reported after the syntax check
 	err := s.object(func(key string) error {
 		v, err := s.skipValue()
 		if err != nil {
@@ -191,74 +245,62 @@ func Parse(body []byte) (*Message, error) {
 		err = s.end()
 	}
 	if err != nil {
-		return nil, newError(http.StatusBadRequest, CodeParseError, nil, "parse error: %v", err)
+		return raw, "", newError(http.StatusBadRequest, CodeParseError, nil, "parse error: %v", err)
 	}
-	version, id, method, params, result, rpcErr := raw[0], raw[1], raw[2], raw[3], raw[4], raw[5]
+	return raw, problem, nil
+}
 
-	m := &Message{Params: params, Result: result, Error: rpcErr}
-	invalid := func(code int, format string, args ...any) (*Message, error) {
-		return nil, newError(http.StatusBadRequest, code, m.ID, format, args...)
-	}
-	// The id first, so that every later error can carry it.
-	if id != nil {
-		switch ok, isNull := checkID(id); {
-		case isNull:
-			m.ID = id // null: only acceptable in an error response, checked below
-		case ok:
-			m.ID = id
-		default:
-			return invalid(CodeInvalidRequest, "id must be a string or an integer within ±(2^53-1)")
-		}
-	}
-	if problem != "" {
-		return invalid(CodeInvalidRequest, "%s", problem)
-	}
-	if v, ok := decodeString(version); !ok || v != "2.0" {
-		return invalid(CodeInvalidRequest, `"jsonrpc" must be "2.0"`)
-	}
-	isNullID := id != nil && string(id) == "null"
+// invalid is a 400 CodeInvalidRequest error carrying m's id.
+func (m *Message) invalid(format string, args ...any) *Error {
+	return newError(http.StatusBadRequest, CodeInvalidRequest, m.ID, format, args...)
+}
 
-	if method != nil {
-		name, ok := decodeString(method)
-		if !ok {
-			return invalid(CodeInvalidRequest, `"method" must be a string`)
-		}
-		m.Method = name
-		if result != nil || rpcErr != nil {
-			return invalid(CodeInvalidRequest, "a request must not carry a result or an error")
-		}
-		switch {
-		case isNullID:
-			return invalid(CodeInvalidRequest, "a request id must not be null")
-		case id != nil:
-			m.Kind = Request
-		default:
-			m.Kind = Notification
-		}
-		if params != nil && params[0] != '{' && params[0] != '[' {
-			return invalid(CodeInvalidRequest, `"params" must be an object or an array`)
-		}
-		if e := m.parseParams(); e != nil {
-			return nil, e
-		}
-		return m, nil
+// finishRequest completes a request or notification whose raw method member
+// is method, m.ID and the raw members being set.
+func (m *Message) finishRequest(method json.RawMessage) *Error {
+	name, ok := decodeString(method)
+	if !ok {
+		return m.invalid(`"method" must be a string`)
 	}
-
-	// A response.
+	m.Method = name
+	if why := inexactMethod(name); why != "" {
+		e := m.invalid("method name %s is not exact: %s", quoteCapped(name), why)
+		e.Err = ErrMethodNotExact
+		return e
+	}
+	if m.Result != nil || m.Error != nil {
+		return m.invalid("a request must not carry a result or an error")
+	}
 	switch {
-	case id == nil:
-		return invalid(CodeInvalidRequest, `a message needs a "method" or an "id"`)
-	case params != nil:
-		return invalid(CodeInvalidRequest, "a response must not carry params")
-	case (result == nil) == (rpcErr == nil):
-		return invalid(CodeInvalidRequest, "a response carries exactly one of result and error")
-	case rpcErr != nil && rpcErr[0] != '{':
-		return invalid(CodeInvalidRequest, `"error" must be an object`)
-	case isNullID && rpcErr == nil:
-		return invalid(CodeInvalidRequest, "only an error response may have a null id")
+	case string(m.ID) == "null":
+		return m.invalid("a request id must not be null")
+	case m.ID != nil:
+		m.Kind = Request
+	default:
+		m.Kind = Notification
+	}
+	if m.Params != nil && m.Params[0] != '{' && m.Params[0] != '[' {
+		return m.invalid(`"params" must be an object or an array`)
+	}
+	return m.parseParams()
+}
+
+// finishResponse completes a message without a method: a response.
+func (m *Message) finishResponse() *Error {
+	switch {
+	case m.ID == nil:
+		return m.invalid(`a message needs a "method" or an "id"`)
+	case m.Params != nil:
+		return m.invalid("a response must not carry params")
+	case (m.Result == nil) == (m.Error == nil):
+		return m.invalid("a response carries exactly one of result and error")
+	case m.Error != nil && m.Error[0] != '{':
+		return m.invalid(`"error" must be an object`)
+	case string(m.ID) == "null" && m.Error == nil:
+		return m.invalid("only an error response may have a null id")
 	}
 	m.Kind = Response
-	return m, nil
+	return nil
 }
 
 // parseParams reads the params members the gateway needs: the tool name and
@@ -420,17 +462,29 @@ func SameID(a, b json.RawMessage) bool {
 // matches the Go SDK's default request limit.
 const DefaultMaxBody = 4 << 20
 
+// initialBodyBuffer is the most ReadBody allocates before any byte has
+// arrived. A declared Content-Length is a promise, not data: sizing the
+// buffer to it let idle connections each pin DefaultMaxBody of memory.
+const initialBodyBuffer = 16 << 10
+
 // ReadBody reads the whole request body, refusing more than max bytes
-// (DefaultMaxBody when max <= 0) with a 413 *Error (code
-// CodeInvalidRequest) before reading it all: a declared Content-Length over
-// the limit is refused without reading. A failed read is a 400 *Error (code
-// CodeParseError).
+// (DefaultMaxBody when max <= 0) with a 413 *Error (code CodeInvalidRequest,
+// matching ErrBodyTooLarge): a declared Content-Length over the limit is
+// refused without reading, and a body that turns out longer is refused once
+// max+1 bytes have arrived. A failed read is a 400 *Error (code
+// CodeParseError). A request without a body gives nil and no error.
+//
+// Memory follows the bytes received, never the bytes declared: the buffer
+// starts at min(Content-Length+1, 16 KiB) and doubles as it fills, so a
+// client declaring 4 MiB and sending one byte costs about 16 KiB.
 func ReadBody(r *http.Request, max int64) ([]byte, *Error) {
 	if max <= 0 {
 		max = DefaultMaxBody
 	}
 	tooLarge := func() *Error {
-		return newError(http.StatusRequestEntityTooLarge, CodeInvalidRequest, nil, "request body exceeds %d bytes", max)
+		e := newError(http.StatusRequestEntityTooLarge, CodeInvalidRequest, nil, "request body exceeds %d bytes", max)
+		e.Err = ErrBodyTooLarge
+		return e
 	}
 	if r.ContentLength > max {
 		return nil, tooLarge()
@@ -438,20 +492,57 @@ func ReadBody(r *http.Request, max int64) ([]byte, *Error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	var buf bytes.Buffer
-	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength))
-	}
-	n, err := buf.ReadFrom(io.LimitReader(r.Body, max+1))
-	if n > max {
+	body, err := readGrowing(r.Body, r.ContentLength, max)
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.Is(err, errOverLimit), errors.As(err, &mbe):
 		return nil, tooLarge()
-	}
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, tooLarge()
-		}
+	case err != nil:
 		return nil, newError(http.StatusBadRequest, CodeParseError, nil, "reading request body: %v", err)
 	}
-	return buf.Bytes(), nil
+	return body, nil
+}
+
+// errOverLimit means readGrowing received more than its limit.
+var errOverLimit = errors.New("body over the limit")
+
+// readGrowing reads rd to EOF, refusing (errOverLimit) more than max bytes.
+// The buffer grows with the data: it starts at initialBodyBuffer (or
+// declared+1 when smaller, declared < 0 meaning unknown) and doubles only
+// when full; a doubling that reaches the declared length stops at declared+1
+// (the extra byte lets the final read see EOF without growing again), and
+// none goes past max+1 (one byte past the limit proves the body too long).
+func readGrowing(rd io.Reader, declared, max int64) ([]byte, error) {
+	limit := max
+	if max < math.MaxInt64 {
+		limit = max + 1
+	}
+	size := min(int64(initialBodyBuffer), limit)
+	if declared >= 0 {
+		size = min(size, declared+1)
+	}
+	buf := make([]byte, 0, size)
+	for {
+		if len(buf) == cap(buf) { // then len(buf) < limit: more would have been refused
+			c := int64(cap(buf))
+			next := 2 * c
+			if declared >= 0 && c <= declared && next >= declared {
+				next = declared + 1
+			}
+			next = min(next, limit)
+			grown := make([]byte, len(buf), next)
+			copy(grown, buf)
+			buf = grown
+		}
+		n, err := rd.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		switch {
+		case int64(len(buf)) > max:
+			return nil, errOverLimit
+		case err == io.EOF:
+			return buf, nil
+		case err != nil:
+			return nil, err
+		}
+	}
 }
