@@ -177,7 +177,7 @@ func TestScannerNULIsNotEndOfInput(t *testing.T) {
 			t.Errorf("skipValue(%q) = %v, want an unexpected-character error", v, err)
 		}
 	}
-	if _, err := filterTools([]byte(`{"tools":[]}`+"\x00"+`{"tools":[{"name":"hidden"}]}`), func(string) bool { return true }); err == nil {
+	if _, err := filterList([]byte(`{"tools":[]}`+"\x00"+`{"tools":[{"name":"hidden"}]}`), Filter{List: ToolsList, Allow: func(string) bool { return true }}); err == nil {
 		t.Error("filterTools accepted a result followed by a NUL and a second object")
 	}
 }
