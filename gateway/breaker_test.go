@@ -314,7 +314,12 @@ func TestBreakerTriggers(t *testing.T) {
 // slips through. Twenty agents, each on its own instance pair and session.
 func TestBreakerFailureOpensBeforeTheAnswer(t *testing.T) {
 	t.Parallel()
+	// twenty sessions of one tenant: above the default initialize rule
 	e := newBreakerEnv(t, nil, `
+tiers:
+  free:
+    limits:
+      - {name: inits, per: tenant, methods: [initialize], algorithm: token_bucket, limit: 100, period: 1m}
 breaker:
   consecutive_failures: 3
   cooldown: 30s

@@ -104,6 +104,9 @@ type Gateway struct {
 	endStreams context.CancelFunc
 	warming    sync.WaitGroup
 	meterDone  chan struct{}
+	tracker    *sessionTracker
+	stopSweep  context.CancelFunc
+	sweepDone  chan struct{}
 }
 
 // New builds a Gateway from opts.
@@ -208,6 +211,7 @@ func New(opts Options) (*Gateway, error) {
 		g.warming.Go(func() { g.warm(bctx, opts.Config) })
 	}
 	g.rt.Store(rt)
+	g.startSessions()
 	g.routes()
 	return g, nil
 }
@@ -269,6 +273,10 @@ func (g *Gateway) Close() error {
 	var err error
 	g.closeOnce.Do(func() {
 		g.EndStreams()
+		if g.stopSweep != nil {
+			g.stopSweep()
+			<-g.sweepDone
+		}
 		if g.stopAlerts != nil {
 			g.stopAlerts() // also ends a warm-up in progress
 		}

@@ -18,6 +18,10 @@ import (
 type ruleSet struct {
 	checks []limit.Check
 	per    []keyspace.Per
+	// kept is how many trailing checks are concurrency slots that outlive
+	// the call (a session's): the verdict's release leaves them held, and
+	// verdict.lease names them.
+	kept int
 }
 
 func buildRuleSet(rules []policy.Rule, owner keyspace.Owner) ruleSet {
@@ -32,7 +36,7 @@ func buildRuleSet(rules []policy.Rule, owner keyspace.Owner) ruleSet {
 // scopeOf returns the scope (`per`) of the rule that made d.
 func (rs ruleSet) scopeOf(d limit.Decision) keyspace.Per {
 	for i, c := range rs.checks {
-		if c.Rule.Name == d.Rule.Name {
+		if c.Rule == d.Rule {
 			return rs.per[i]
 		}
 	}
@@ -68,6 +72,10 @@ type verdict struct {
 	breaker     limit.BreakerState
 	breakerOpen bool
 	release     func(context.Context)
+	// lease and leaseStore name the slots of the tenant set's kept checks
+	// (see ruleSet.kept) when the call was admitted with them taken.
+	lease      string
+	leaseStore limit.Store
 }
 
 // limiter is the limit stage: tenant-scoped rules and the usage meter in one
@@ -167,9 +175,12 @@ func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limi
 	case gStore != nil:
 		v.decision, v.scope = gd, global.scopeOf(gd)
 	}
+	if tenant.kept > 0 && tStore != nil {
+		v.lease, v.leaseStore = td.Lease, tStore
+	}
 	if (tStore != nil && td.Lease != "") || (gStore != nil && gd.Lease != "") {
 		v.release = func(ctx context.Context) {
-			l.releaseLease(ctx, tStore, tenant.checks, td.Lease)
+			l.releaseLease(ctx, tStore, tenant.checks[:len(tenant.checks)-tenant.kept], td.Lease)
 			l.releaseLease(ctx, gStore, global.checks, gd.Lease)
 		}
 	}
@@ -343,7 +354,7 @@ func (l *limiter) refund(s limit.Store, checks []limit.Check, cost int64, d limi
 }
 
 func (l *limiter) releaseLease(ctx context.Context, s limit.Store, checks []limit.Check, lease string) {
-	if s == nil || lease == "" {
+	if s == nil || lease == "" || len(checks) == 0 {
 		return
 	}
 	if err := s.Release(ctx, checks, lease); err != nil {

@@ -56,7 +56,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		return g.sessions.wrap(p, upstream)
 	}}
 	if id := r.Header.Get(mcp.HeaderSessionID); id != "" {
-		upstreamID, ok := g.sessions.unwrap(p, id)
+		upstreamID, lease, ok := g.sessions.unwrap(p, id)
 		if !ok {
 			// Not a session this caller opened (or one from before a key
 			// change): MCP's answer to an unknown session is 404, which
@@ -66,6 +66,11 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		r.Header.Set(mcp.HeaderSessionID, upstreamID)
+		done, live := g.useSession(w, r, rt, p, upstreamID, lease)
+		if !live {
+			return
+		}
+		defer done()
 	}
 	if r.Method == http.MethodGet {
 		ctx, cancel := context.WithCancel(r.Context())
@@ -102,7 +107,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if msg.Method != "tools/call" {
-		g.forward(w, r, rt, fwd, methodClass(msg))
+		g.serveMethod(w, r, rt, fwd, p, msg)
 		return
 	}
 

@@ -5,13 +5,15 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"strings"
 
 	"github.com/mcpgate/mcpgate/auth"
 )
 
 // sessionBinder binds MCP session ids to the caller that opened them. The
-// upstream's id reaches the client as "<id>.<mac>", the mac an HMAC of the
+// upstream's id reaches the client as "<id>.<mac>" (or "<id>.<lease>.<mac>"
+// when the session holds a slot, see wrapLease), the mac an HMAC of the
 // caller's tenant, subject and the id; a request whose session id was not
 // issued to its caller is refused before it reaches the upstream. Without
 // it, anyone who learned another tenant's session id could act inside that
@@ -60,13 +62,51 @@ func (b *sessionBinder) wrap(p auth.Principal, upstream string) string {
 	return upstream + "." + b.mac(p, upstream)
 }
 
-// unwrap returns the upstream session id of a client's id, or false when the
-// id was not issued to p (forged, another caller's, or from another key).
-func (b *sessionBinder) unwrap(p auth.Principal, client string) (string, bool) {
+// wrapLease is wrap for a session holding a slot under lease (see
+// sessions.go): "<id>.<lease>.<mac>", the mac covering the lease too, so any
+// instance can renew and release the slot and no caller can name another
+// lease. lease must not contain '.' (the stores' leases never do); an empty
+// lease gives wrap's form.
+func (b *sessionBinder) wrapLease(p auth.Principal, upstream, lease string) string {
+	if lease == "" || strings.IndexByte(lease, '.') >= 0 {
+		return b.wrap(p, upstream)
+	}
+	return upstream + "." + lease + "." + b.leaseMAC(p, upstream, lease)
+}
+
+// leaseMAC is the mac of the lease form. Its input starts with a label and
+// frames every field with its length, so it never equals the input of mac
+// for any id: an id of one form cannot be passed off as the other.
+func (b *sessionBinder) leaseMAC(p auth.Principal, id, lease string) string {
+	m := hmac.New(sha256.New, b.key)
+	m.Write([]byte("mcpgate session lease v2"))
+	for _, f := range []string{p.Tenant, p.Subject, id, lease} {
+		m.Write(binary.BigEndian.AppendUint64(nil, uint64(len(f))))
+		m.Write([]byte(f))
+	}
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))[:sessionMACLen]
+}
+
+// unwrap returns the upstream session id of a client's id and the lease of
+// its slot ("" for ids of wrap's form, issued without one or before slots
+// existed, which stay valid), or false when the id was not issued to p
+// (forged, another caller's, or from another key).
+func (b *sessionBinder) unwrap(p auth.Principal, client string) (upstream, lease string, ok bool) {
 	i := strings.LastIndexByte(client, '.')
 	if i < 0 || len(client)-i-1 != sessionMACLen {
-		return "", false
+		return "", "", false
 	}
-	id := client[:i]
-	return id, hmac.Equal([]byte(client[i+1:]), []byte(b.mac(p, id)))
+	body, mac := client[:i], []byte(client[i+1:])
+	if hmac.Equal(mac, []byte(b.mac(p, body))) {
+		return body, "", true
+	}
+	j := strings.LastIndexByte(body, '.')
+	if j < 0 {
+		return "", "", false
+	}
+	id, lease := body[:j], body[j+1:]
+	if lease == "" || !hmac.Equal(mac, []byte(b.leaseMAC(p, id, lease))) {
+		return "", "", false
+	}
+	return id, lease, true
 }

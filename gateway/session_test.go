@@ -92,22 +92,55 @@ func TestSessionBinderRoundTrip(t *testing.T) {
 	other := newSessionBinder([]byte("other key"))
 	p := principal("t", "s")
 	id := b.wrap(p, "abc.def")
-	if got, ok := b.unwrap(p, id); !ok || got != "abc.def" {
+	if got, _, ok := b.unwrap(p, id); !ok || got != "abc.def" {
 		t.Fatalf("unwrap(wrap) = %q, %v", got, ok)
 	}
 	for _, bad := range []string{"", "abc.def", id + "x", id[:len(id)-1], "." + id[len(id)-sessionMACLen:]} {
-		if _, ok := b.unwrap(p, bad); ok {
+		if _, _, ok := b.unwrap(p, bad); ok {
 			t.Errorf("unwrap(%q) accepted", bad)
 		}
 	}
-	if _, ok := other.unwrap(p, id); ok {
+	if _, _, ok := other.unwrap(p, id); ok {
 		t.Error("an id bound with another key was accepted")
 	}
-	if _, ok := b.unwrap(principal("t", "s2"), id); ok {
+	if _, _, ok := b.unwrap(principal("t", "s2"), id); ok {
 		t.Error("another subject's id was accepted")
 	}
 	// tenant/subject boundaries cannot be shifted
-	if _, ok := b.unwrap(principal("ts", ""), b.wrap(principal("t", "s"), "x")); ok {
+	if _, _, ok := b.unwrap(principal("ts", ""), b.wrap(principal("t", "s"), "x")); ok {
 		t.Error("tenant+subject concatenation is ambiguous")
+	}
+}
+
+// TestSessionBinderLease: the lease form round-trips, binds the lease (no
+// caller can swap in another lease, or strip it to pass as the old form),
+// and ids of the old form stay valid.
+func TestSessionBinderLease(t *testing.T) {
+	b := newSessionBinder([]byte("k"))
+	p := principal("t", "s")
+	id := b.wrapLease(p, "abc.def", "0123abcd")
+	if got, lease, ok := b.unwrap(p, id); !ok || got != "abc.def" || lease != "0123abcd" {
+		t.Fatalf("unwrap(wrapLease) = %q, %q, %v", got, lease, ok)
+	}
+	mac := id[len(id)-sessionMACLen:]
+	for _, bad := range []string{
+		"abc.def.0123abce." + mac, // another lease
+		"abc.def." + mac,          // lease stripped
+		"abc.def0123abcd." + mac,  // boundary moved
+		"abc.def.." + mac,         // empty lease
+	} {
+		if _, _, ok := b.unwrap(p, bad); ok {
+			t.Errorf("unwrap(%q) accepted", bad)
+		}
+	}
+	if _, _, ok := b.unwrap(principal("t", "s2"), id); ok {
+		t.Error("another subject's id was accepted")
+	}
+	old := b.wrap(p, "abc.def.0123abcd")
+	if got, lease, ok := b.unwrap(p, old); !ok || got != "abc.def.0123abcd" || lease != "" {
+		t.Errorf("old form: unwrap = %q, %q, %v", got, lease, ok)
+	}
+	if got := b.wrapLease(p, "x", ""); got != b.wrap(p, "x") {
+		t.Errorf("wrapLease without a lease = %q, want the old form", got)
 	}
 }

@@ -15,6 +15,8 @@
 //	mcpgate:rl:{<tenant>}:subject:<rule>:<subject>
 //	mcpgate:rl:{<tenant>}:subject_tool:<rule>:<subject>:<tool>
 //	mcpgate:usage:{<tenant>}:<period>                      usage meter of a billing period
+//	mcpgate:sess:{<tenant>}:tenant                         live MCP sessions of a tenant
+//	mcpgate:sess:{<tenant>}:subject:<subject>              live MCP sessions of one subject
 //
 // Counter builds rate-limit keys with "<algorithm>.<rule>" as the rule part.
 package keyspace
@@ -183,6 +185,20 @@ func Breaker(tenant, id string) string {
 // tool and its canonical arguments) of a breaker.
 func BreakerCall(tenant, id, fingerprint string) string {
 	return Breaker(tenant, id) + ":call:" + Escape(fingerprint)
+}
+
+// TenantSessions returns the key of the concurrency counter of tenant's live
+// MCP sessions: mcpgate:sess:{<tenant>}:tenant. It is apart from every rule's
+// counter (a rule of any name cannot reach it) and in the tenant's slot, so
+// it is taken in one batch with SubjectSessions.
+func TenantSessions(tenant string) string {
+	return Prefix + "sess:{" + Escape(tenant) + "}:tenant"
+}
+
+// SubjectSessions returns the key of the concurrency counter of the live MCP
+// sessions of one subject of tenant: mcpgate:sess:{<tenant>}:subject:<subject>.
+func SubjectSessions(tenant, subject string) string {
+	return Prefix + "sess:{" + Escape(tenant) + "}:subject:" + Escape(subject)
 }
 
 // BreakerPattern matches breaker keys (and their call counters, which carry

@@ -216,6 +216,20 @@ type Store interface {
 	Release(ctx context.Context, checks []Check, lease string) error
 }
 
+// Renewer is a Store whose Concurrency leases can be extended, so that a
+// slot held longer than one Period (an MCP session in use) keeps its lease
+// instead of taking a new one. Both stores of this module implement it.
+type Renewer interface {
+	// Renew makes the Concurrency slots held under lease by checks last at
+	// least a full Period from now (a lease is never shortened, so a check
+	// with a short Period asks whether the lease is held without extending
+	// it); other algorithms are unaffected. held is false when
+	// the lease is empty or any of those slots is no longer held (released
+	// or expired): such a slot is not taken again. A batch without a
+	// Concurrency check is held.
+	Renew(ctx context.Context, checks []Check, lease string) (held bool, err error)
+}
+
 // Errors shared by the stores.
 var (
 	// ErrInvalidCost means a cost below 1 was passed to Take or Refund.

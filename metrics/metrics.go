@@ -47,6 +47,12 @@ type Metrics struct {
 	AlertsFailed prometheus.Counter
 	// CacheRequests counts cacheable calls by outcome (hit, miss, stale, coalesced, bypass).
 	CacheRequests *prometheus.CounterVec
+	// UpstreamSessions is the number of upstream MCP sessions this instance
+	// tracks (renews while used, ends when idle).
+	UpstreamSessions prometheus.Gauge
+	// SessionsEnded counts upstream sessions the gateway ended itself (idle,
+	// or without a slot), by sending the upstream a DELETE.
+	SessionsEnded prometheus.Counter
 }
 
 // New creates and registers the collectors (plus the Go and process
@@ -99,10 +105,16 @@ func New() *Metrics {
 		CacheRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mcpgate_cache_requests_total", Help: "Calls of cacheable tools, by outcome.",
 		}, []string{"outcome"}),
+		UpstreamSessions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mcpgate_upstream_sessions", Help: "Upstream MCP sessions tracked by this instance.",
+		}),
+		SessionsEnded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mcpgate_upstream_sessions_ended_total", Help: "Upstream sessions the gateway ended (idle, or without a slot).",
+		}),
 	}
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
 		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
-		m.BreakersOpened, m.AlertsFailed, m.CacheRequests)
+		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.UpstreamSessions, m.SessionsEnded)
 	// The runtime collectors too carry the prefix: every name we serve starts
 	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).
 	prometheus.WrapRegistererWithPrefix("mcpgate_", r).MustRegister(

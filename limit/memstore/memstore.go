@@ -423,6 +423,37 @@ func (s *Store) Release(ctx context.Context, checks []limit.Check, lease string)
 	return nil
 }
 
+// Renew implements limit.Renewer: the concurrency slots held under lease
+// get a full period from now. Errors: ctx.Err(), and the validation errors
+// of Take.
+func (s *Store) Renew(ctx context.Context, checks []limit.Check, lease string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	if err := validate(checks, 1); err != nil {
+		return false, err
+	}
+	want, renewed := 0, 0
+	for _, ch := range checks {
+		if ch.Rule.Algorithm == limit.Concurrency {
+			want++
+		}
+	}
+	if want == 0 {
+		return true, nil
+	}
+	if lease == "" {
+		return false, nil
+	}
+	// apply skips missing counters: a slot in none is not held
+	s.c.apply(checks, func(ch limit.Check, st *algo.State, now int64) {
+		if ch.Rule.Algorithm == limit.Concurrency && algo.Renew(ch.Rule, st, now, lease) {
+			renewed++
+		}
+	})
+	return renewed == want, nil
+}
+
 // apply runs f on the live counter of each check, under the batch's locks,
 // and drops the counters left empty.
 func (c *core) apply(checks []limit.Check, f func(limit.Check, *algo.State, int64)) {

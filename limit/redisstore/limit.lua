@@ -5,7 +5,7 @@
 -- the tests hold the script to algo.
 --
 -- KEYS[i]             counter of check i (all keys in one Cluster slot)
--- ARGV[1]             op: 't' take, 'r' refund, 'l' release,
+-- ARGV[1]             op: 't' take, 'r' refund, 'l' release, 'e' renew leases,
 --                     'm' take metered, 'a' adjust a meter, 'f' mark a meter flushed,
 --                     and the loop breakers' ops (see breaker.lua): 'b' take and
 --                     'n' take metered with a breaker, 'o' report an outcome,
@@ -49,6 +49,7 @@
 -- Reply: take    {now, then per check: allowed (1/0), remaining, reset, retry}
 --                (reset and retry in µs; a negative value means never)
 --        refund, release  {now}
+--        renew         {now, number of concurrency checks whose lease was live}
 --        take metered  take's reply, then status, c, r, n, rn
 --        adjust        {now, status, c, r, n, rn}
 --        mark flushed  {now, 1 if the meter exists else 0}
@@ -539,6 +540,25 @@ elseif op == 'l' then
     if rule(i) == 'k' then redis.pcall('ZREM', KEYS[i], lease) end
   end
   return { now }
+
+elseif op == 'e' then
+  -- algo.Renew: a live lease lasts at least a full period from now (never
+  -- shortened; the key's TTL covers it); a lease that is gone is not taken
+  -- again
+  local held = 0
+  for i = 1, #KEYS do
+    local alg, _, p = rule(i)
+    if alg == 'k' then
+      local exp = redis.pcall('ZSCORE', KEYS[i], lease)
+      if type(exp) == 'string' and tonumber(exp) > now then
+        held = held + 1
+        redis.call('ZADD', KEYS[i], 'XX', int(max(tonumber(exp), now + p)), lease)
+        local latest = tonumber(redis.call('ZREVRANGE', KEYS[i], 0, 0, 'WITHSCORES')[2])
+        redis.call('PEXPIRE', KEYS[i], px(latest))
+      end
+    end
+  end
+  return { now, held }
 
 elseif op == 'a' then
   -- algo.MeterAdjust: add the delta, no quota

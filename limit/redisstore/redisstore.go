@@ -125,6 +125,7 @@ const (
 	opTake        = "t"
 	opRefund      = "r"
 	opRelease     = "l"
+	opRenew       = "e"
 	opTakeMetered = "m"
 	opAdjust      = "a"
 	opMarkFlushed = "f"
@@ -318,6 +319,36 @@ func (s *Store) Release(ctx context.Context, checks []limit.Check, lease string)
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
 	return nil
+}
+
+// Renew implements limit.Renewer: the concurrency slots held under lease
+// get a full period from now (Redis time), in one script. With no
+// concurrency check it does no I/O and reports held.
+func (s *Store) Renew(ctx context.Context, checks []limit.Check, lease string) (bool, error) {
+	if err := validate(checks, 1); err != nil {
+		return false, fmt.Errorf("redisstore: renew: %w", err)
+	}
+	want := 0
+	for _, c := range checks {
+		if c.Rule.Algorithm == limit.Concurrency {
+			want++
+		}
+	}
+	if want == 0 || lease == "" {
+		return want == 0, nil
+	}
+	arr, err := s.run(ctx, opRenew, checks, 1, lease)
+	if err == nil && len(arr) != 2 {
+		err = fmt.Errorf("%w: %d values", errReply, len(arr))
+	}
+	var n int64
+	if err == nil {
+		n, err = arr[1].AsInt64()
+	}
+	if err != nil {
+		return false, fmt.Errorf("redisstore: renew: %w", err)
+	}
+	return n == int64(want), nil
 }
 
 func hasConcurrency(checks []limit.Check) bool {

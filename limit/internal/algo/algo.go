@@ -275,6 +275,22 @@ func Refund(r limit.Rule, s *State, now, cost int64, lease string) {
 	}
 }
 
+// Renew makes the concurrency slot held under lease last at least a full
+// period from now (it never shortens a lease) and reports whether it was
+// still held at now. Other algorithms: true.
+func Renew(r limit.Rule, s *State, now int64, lease string) bool {
+	if r.Algorithm != limit.Concurrency {
+		return true
+	}
+	exp, ok := s.Leases[lease]
+	if !s.Used || !ok || exp <= now {
+		return false
+	}
+	s.Leases[lease] = max(exp, now+us(r.Period))
+	s.ExpiresAt = max(s.ExpiresAt, now+us(r.Period))
+	return true
+}
+
 // Release frees the concurrency slot held under lease.
 func Release(r limit.Rule, s *State, lease string) {
 	if r.Algorithm == limit.Concurrency && s.Used {

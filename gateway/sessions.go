@@ -1,0 +1,245 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/mcp"
+	"github.com/mcpgate/mcpgate/policy"
+)
+
+// Live upstream sessions are capped per tenant and per subject
+// (sessions.max_per_tenant, sessions.max_per_subject). An admitted
+// initialize takes one slot of each, in the same atomic batch as its rate
+// rules, with the limit store's concurrency algorithm: a slot is held under
+// a lease that expires after sessions.idle_timeout unless renewed. The lease
+// travels in the session id the client sees (sessionBinder.wrapLease), so
+// any instance can renew it while the session is used and release it on
+// DELETE. Each instance tracks the sessions it serves (sessionTracker): it
+// renews their leases while they are used and ends them upstream when they
+// stay unused for idle_timeout. docs/design.md describes the behaviour with
+// several instances.
+
+// Names of the session caps in 429s and metrics.
+const (
+	ruleSessionsTenant  = "max_sessions_per_tenant"
+	ruleSessionsSubject = "max_sessions_per_subject"
+	// scopeSessions is the scope of a session-cap denial.
+	scopeSessions keyspace.Per = "sessions"
+)
+
+// DefaultMaxTrackedSessions bounds the sessions one instance tracks. A
+// session beyond it still works and its slot is still released on DELETE,
+// but this instance neither renews its lease (it lapses idle_timeout after
+// its last renewal elsewhere) nor ends it when idle.
+const DefaultMaxTrackedSessions = 100_000
+
+// endTimeout bounds the DELETE that ends an idle session upstream.
+const endTimeout = 10 * time.Second
+
+// startSessions starts the session tracker's sweeper; Close stops it.
+func (g *Gateway) startSessions() {
+	g.tracker = newSessionTracker(g, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	g.stopSweep, g.sweepDone = cancel, make(chan struct{})
+	go func() {
+		defer close(g.sweepDone)
+		g.tracker.run(ctx)
+	}()
+}
+
+// sessionChecks are the two slots of a session of tenant's subject.
+func sessionChecks(cfg *policy.Config, tenant, subject string) []limit.Check {
+	period := sessionPeriod(cfg.Sessions.IdleTimeout)
+	rule := func(name string, n int) limit.Rule {
+		return limit.Rule{Name: name, Algorithm: limit.Concurrency, Limit: int64(max(n, 1)), Period: period}
+	}
+	return []limit.Check{
+		{Rule: rule(ruleSessionsTenant, cfg.Sessions.MaxPerTenant), Key: keyspace.TenantSessions(tenant)},
+		{Rule: rule(ruleSessionsSubject, cfg.Sessions.MaxPerSubject), Key: keyspace.SubjectSessions(tenant, subject)},
+	}
+}
+
+// sessionPeriod is idle as a valid lease: whole microseconds within the
+// bounds of limit.Rule.
+func sessionPeriod(idle time.Duration) time.Duration {
+	return min(max(idle.Truncate(time.Microsecond), limit.MinPeriod), limit.MaxPeriod)
+}
+
+// primaryStore is the store session leases carried in ids live in: the
+// shared store, or the in-process one when there is none.
+func (l *limiter) primaryStore() limit.Store {
+	if l.shared != nil {
+		return l.shared
+	}
+	return l.local
+}
+
+// openSession forwards an admitted initialize that holds session slots
+// under v.lease. The slots are freed at once when the upstream opens no
+// session (a stateless upstream, or a failure); otherwise the session id
+// the client gets carries the lease and the session is tracked.
+func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, p auth.Principal, v verdict, class string) {
+	inID := ""
+	if v.leaseStore != nil && v.leaseStore == g.lim.primaryStore() {
+		inID = v.lease // a fallback lease is valid on this instance only
+	}
+	var opened atomic.Pointer[string]
+	fwd.SessionID = func(upstream string) string {
+		opened.Store(&upstream)
+		return g.sessions.wrapLease(p, upstream, inID)
+	}
+	status := g.forward(w, r, rt, fwd, class)
+	up := opened.Load()
+	if up == nil || status >= http.StatusMultipleChoices {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
+		g.lim.releaseLease(ctx, v.leaseStore, sessionChecks(rt.cfg, p.Tenant, p.Subject), v.lease)
+		cancel()
+		return
+	}
+	g.tracker.add(*up, p, v.lease, v.leaseStore, r.Header.Get(mcp.HeaderProtocolVersion), true)
+}
+
+// useSession runs for every request naming a session the caller owns,
+// before it is forwarded. A DELETE frees the session's slots; any other
+// request marks the session used until done is called. ok is false when
+// the session has ended (its slots lapsed or were released) and a 404 was
+// written: MCP's answer that tells the client to start a new session.
+func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, rt *runtime, p auth.Principal, upstream, lease string) (done func(), ok bool) {
+	if r.Method == http.MethodDelete {
+		e := g.tracker.remove(upstream)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
+		defer cancel()
+		checks := sessionChecks(rt.cfg, p.Tenant, p.Subject)
+		if lease != "" {
+			g.lim.releaseLease(ctx, g.lim.primaryStore(), checks, lease)
+		}
+		if e != nil && e.lease != "" && e.lease != lease {
+			g.lim.releaseLease(ctx, e.store, checks, e.lease)
+		}
+		return func() {}, true
+	}
+	store := g.lim.primaryStore()
+	if lease == "" {
+		store = nil
+	}
+	e, live := g.tracker.use(upstream, p, lease, store, r.Header.Get(mcp.HeaderProtocolVersion))
+	if !live {
+		g.metrics.Requests.WithLabelValues("any", "bad_session").Inc()
+		mcp.WriteError(w, http.StatusNotFound, nil, mcp.CodeInvalidRequest, "session ended: start a new one", nil)
+		return nil, false
+	}
+	return func() { g.tracker.done(e) }, true
+}
+
+// sessionEntry is one session an instance tracks. Its fields are guarded by
+// the tracker's mutex.
+type sessionEntry struct {
+	upstream         string // the upstream's session id
+	tenant, subject  string
+	lease            string      // "" when the session holds no slot
+	store            limit.Store // holds lease
+	protocol         string      // MCP-Protocol-Version last seen, for the DELETE
+	active           int         // requests in progress
+	lastUse          time.Time   // when the last request began or ended
+	renewed          time.Time   // when this instance last took or renewed the lease
+	usedSinceRenewal bool
+	dead             bool // its slots are gone: the next request gets 404
+}
+
+// sessionTracker is an instance's view of the sessions it serves. It is
+// safe for concurrent use; run drives its sweeps.
+type sessionTracker struct {
+	g   *Gateway
+	max int
+	mu  sync.Mutex
+	m   map[string]*sessionEntry // by upstream session id
+	hc  *http.Client
+	now func() time.Time
+}
+
+func newSessionTracker(g *Gateway, size int) *sessionTracker {
+	if size <= 0 {
+		size = DefaultMaxTrackedSessions
+	}
+	return &sessionTracker{g: g, max: size, m: map[string]*sessionEntry{}, now: time.Now,
+		hc: &http.Client{Timeout: endTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+}
+
+// add records a session that was just opened (opened) or first seen here.
+func (t *sessionTracker) add(upstream string, p auth.Principal, lease string, store limit.Store, protocol string, opened bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	e := t.m[upstream]
+	if e == nil {
+		if len(t.m) >= t.max {
+			t.g.log.Warn("too many sessions tracked on this instance: this one is not renewed nor ended when idle", "max", t.max)
+			return
+		}
+		e = &sessionEntry{upstream: upstream, tenant: p.Tenant, subject: p.Subject, lastUse: now}
+		t.m[upstream] = e
+		t.g.metrics.UpstreamSessions.Set(float64(len(t.m)))
+	}
+	if lease != "" && e.lease == "" {
+		e.lease, e.store = lease, store
+	}
+	if opened {
+		e.renewed = now // the lease was just taken
+	} else {
+		e.usedSinceRenewal = true
+	}
+	if protocol != "" {
+		e.protocol = protocol
+	}
+}
+
+// use marks upstream in use by one request; live is false when the session
+// has ended.
+func (t *sessionTracker) use(upstream string, p auth.Principal, lease string, store limit.Store, protocol string) (e *sessionEntry, live bool) {
+	t.add(upstream, p, lease, store, protocol, false)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e = t.m[upstream]
+	if e == nil {
+		return nil, true // not tracked (the tracker is full)
+	}
+	if e.dead {
+		t.dropLocked(upstream)
+		return nil, false
+	}
+	e.active++
+	e.lastUse = t.now()
+	return e, true
+}
+
+// done ends one request of e (nil: an untracked session).
+func (t *sessionTracker) done(e *sessionEntry) {
+	if e == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e.active--
+	e.lastUse, e.usedSinceRenewal = t.now(), true
+}
+
+// remove stops tracking upstream and returns its entry, if any.
+func (t *sessionTracker) remove(upstream string) *sessionEntry {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.m[upstream]
+	t.dropLocked(upstream)
+	return e
+}
+
+func (t *sessionTracker) dropLocked(upstream string) {
+	delete(t.m, upstream)
+	t.g.metrics.UpstreamSessions.Set(float64(len(t.m)))
+}

@@ -1,0 +1,174 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/mcp"
+)
+
+// minSweep bounds how often the tracker sweeps, whatever idle_timeout is.
+const minSweep = 10 * time.Millisecond
+
+// run sweeps every quarter of sessions.idle_timeout (read again after each
+// sweep, so a reload applies) until ctx ends.
+func (t *sessionTracker) run(ctx context.Context) {
+	for {
+		idle := sessionPeriod(t.g.rt.Load().cfg.Sessions.IdleTimeout)
+		timer := time.NewTimer(max(idle/4, minSweep))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+		t.sweep(ctx, idle)
+	}
+}
+
+// sweepJob is one store or upstream call a sweep makes, outside the lock.
+type sweepJob struct {
+	e     *sessionEntry
+	renew bool // renew the lease of a session in use; else end an idle one
+	// copied under the lock
+	upstream, tenant, subject, lease, protocol string
+	store                                      limit.Store
+}
+
+// sweep renews the leases of sessions used since the last sweep (so a slot
+// never lapses while its session is in use: the lease lasts idle after the
+// renewal, and the next sweep comes after idle/4) and ends the sessions
+// unused for idle.
+func (t *sessionTracker) sweep(ctx context.Context, idle time.Duration) {
+	for _, j := range t.plan(idle) {
+		if ctx.Err() != nil {
+			return
+		}
+		if j.renew {
+			t.renew(ctx, j)
+		} else {
+			t.endIdle(ctx, j)
+		}
+	}
+}
+
+// plan picks the sweep's jobs. A session is idle when no request of it ran
+// for idle and, when it holds a lease, this instance's last renewal is idle
+// old too: its lease has then run out unless another instance renewed it.
+func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	var jobs []sweepJob
+	for up, e := range t.m {
+		j := sweepJob{e: e, upstream: up, tenant: e.tenant, subject: e.subject, lease: e.lease, protocol: e.protocol, store: e.store}
+		switch {
+		case e.dead:
+			if now.Sub(e.lastUse) >= idle {
+				t.dropLocked(up) // never asked for again
+			}
+		case e.active > 0 || e.usedSinceRenewal:
+			e.usedSinceRenewal = false
+			if e.lease != "" && e.store != nil {
+				j.renew = true
+				jobs = append(jobs, j)
+			}
+		case now.Sub(e.lastUse) >= idle && (e.lease == "" || now.Sub(e.renewed) >= idle):
+			t.dropLocked(up)
+			jobs = append(jobs, j)
+		}
+	}
+	return jobs
+}
+
+// renew extends the lease of a session in use. A lease that is gone (a
+// DELETE through another instance, an outage longer than idle) means the
+// session no longer holds a slot: it is ended upstream and its next request
+// gets 404.
+func (t *sessionTracker) renew(ctx context.Context, j sweepJob) {
+	rn, ok := j.store.(limit.Renewer)
+	if !ok {
+		return
+	}
+	cfg := t.g.rt.Load().cfg
+	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	held, err := rn.Renew(rctx, sessionChecks(cfg, j.tenant, j.subject), j.lease)
+	cancel()
+	t.mu.Lock()
+	switch {
+	case err != nil:
+		j.e.usedSinceRenewal = true // again at the next sweep
+	case held:
+		j.e.renewed = t.now()
+	default:
+		j.e.dead = true
+	}
+	t.mu.Unlock()
+	if err != nil {
+		t.g.log.Warn("renewing a session's slot failed: retried at the next sweep", "tenant", j.tenant, "err", err)
+		return
+	}
+	if !held {
+		t.g.log.Info("session lost its slot: ending it upstream", "tenant", j.tenant, "subject", j.subject)
+		t.endUpstream(ctx, j)
+	}
+}
+
+// endIdle ends an idle session, unless its lease is still held: then
+// another instance renewed it (the session is in use there, and that
+// instance tracks it), and this one just forgets it. The check cannot
+// extend the lease: a renewal never shortens one, and it asks for the
+// shortest period.
+func (t *sessionTracker) endIdle(ctx context.Context, j sweepJob) {
+	if rn, ok := j.store.(limit.Renewer); ok && j.lease != "" {
+		checks := sessionChecks(t.g.rt.Load().cfg, j.tenant, j.subject)
+		for i := range checks {
+			checks[i].Rule.Period = limit.MinPeriod
+		}
+		rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+		held, err := rn.Renew(rctx, checks, j.lease)
+		cancel()
+		if err != nil {
+			t.g.log.Warn("checking an idle session's slot failed: ending the session", "tenant", j.tenant, "err", err)
+		} else if held {
+			return
+		}
+		rctx, cancel = context.WithTimeout(ctx, releaseTimeout)
+		t.g.lim.releaseLease(rctx, j.store, sessionChecks(t.g.rt.Load().cfg, j.tenant, j.subject), j.lease)
+		cancel()
+	}
+	t.endUpstream(ctx, j)
+}
+
+// endUpstream sends the upstream the DELETE that ends a session, with the
+// configured upstream and identity headers.
+func (t *sessionTracker) endUpstream(ctx context.Context, j sweepJob) {
+	rt := t.g.rt.Load()
+	ctx, cancel := context.WithTimeout(ctx, endTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, rt.cfg.Upstream.URL, nil)
+	if err != nil {
+		t.g.log.Warn("ending an idle session upstream failed", "err", err)
+		return
+	}
+	for k, v := range rt.cfg.Upstream.Headers {
+		req.Header.Set(k, v)
+	}
+	if rt.cfg.Upstream.IdentityHeaders {
+		req.Header.Set("X-Mcp-Tenant", headerSafe(j.tenant))
+		req.Header.Set("X-Mcp-Subject", headerSafe(j.subject))
+	}
+	req.Header.Set(mcp.HeaderSessionID, j.upstream)
+	if j.protocol != "" {
+		req.Header.Set(mcp.HeaderProtocolVersion, j.protocol)
+	}
+	resp, err := t.hc.Do(req)
+	if err != nil {
+		t.g.log.Warn("ending an idle session upstream failed", "err", err)
+		return
+	}
+	_ = resp.Body.Close()
+	t.g.metrics.SessionsEnded.Inc()
+}
