@@ -319,9 +319,10 @@ func sign(t *testing.T, c map[string]any) string {
 	return tok
 }
 
-// token is a valid token for tenant and subject with every tool in scope.
+// token is a valid token for tenant and subject with every tool, resource
+// and prompt in scope.
 func token(t *testing.T, tenant, sub string) string {
-	return sign(t, claims(tenant, sub, "tools:*"))
+	return sign(t, claims(tenant, sub, "tools:* resources:* prompts:*"))
 }
 
 // bearer is an http.RoundTripper adding "Authorization: Bearer <token>", as
