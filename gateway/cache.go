@@ -49,29 +49,6 @@ func compileCaching(cfg *policy.Config) (map[string]toolCaching, bool, error) {
 	return out, sharedTags, nil
 }
 
-// captureWriter takes an upstream answer relayed by the proxy, for a cache
-// loader: it keeps the status and headers; the body is dropped, as the
-// result (or error) comes from the proxy's OnResult and goes to several
-// callers, each with its own id.
-type captureWriter struct {
-	header http.Header
-	status int
-}
-
-func (c *captureWriter) Header() http.Header { return c.header }
-func (c *captureWriter) Write(b []byte) (int, error) {
-	if c.status == 0 {
-		c.status = http.StatusOK
-	}
-	return len(b), nil
-}
-func (c *captureWriter) WriteHeader(status int) {
-	if c.status == 0 {
-		c.status = status
-	}
-}
-func (c *captureWriter) Flush() {}
-
 // uncacheable is a loader's answer that is not a cacheable result: a
 // JSON-RPC error object, an HTTP failure (5xx, 429, a timeout), or a
 // result that came with a non-2xx status. It reaches every caller of the
@@ -125,15 +102,18 @@ func cacheableParams(params json.RawMessage) bool {
 	return true
 }
 
-// load calls the upstream for a cache flight and returns the JSON-RPC
-// result (from a JSON answer or the final result event of a stream) and its
-// isError; anything else is an *uncacheable.
-func load(ctx context.Context, r *http.Request, rt *runtime, fwd mcp.Forward) ([]byte, bool, error) {
-	cw := &captureWriter{header: make(http.Header)}
+// load calls the upstream for a cache flight, relaying into lw, and
+// returns the JSON-RPC result (from a JSON answer or the final result event
+// of a stream) and its isError; anything else is an *uncacheable.
+func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd mcp.Forward, lw *leaderWriter) ([]byte, bool, error) {
+	defer lw.finish()
 	var result, rpcErr json.RawMessage
-	fwd.OnResult = func(res, e json.RawMessage) { result, rpcErr = res, e }
-	_, err := rt.proxy.Serve(cw, r.Clone(ctx), fwd)
-	status := cw.status
+	fwd.OnResult = func(res, e json.RawMessage) {
+		result, rpcErr = res, e
+		lw.report(res, e)
+	}
+	_, err := g.serveOrdered(lw, r.Clone(ctx), rt, fwd)
+	status, _, _ := lw.outcome()
 	if status == 0 {
 		// Nothing written: the proxy gave up (the load's own deadline, as
 		// the detached request never goes away otherwise).
@@ -142,7 +122,7 @@ func load(ctx context.Context, r *http.Request, rt *runtime, fwd mcp.Forward) ([
 			status = http.StatusGatewayTimeout
 		}
 	}
-	u := &uncacheable{status: status, retryAfter: cw.header.Get("Retry-After")}
+	u := &uncacheable{status: status, retryAfter: lw.Header().Get("Retry-After")}
 	switch {
 	case result != nil && status/100 == 2 && finalResult(result):
 		return result, isErrorResult(result), nil
@@ -159,15 +139,19 @@ func load(ctx context.Context, r *http.Request, rt *runtime, fwd mcp.Forward) ([
 
 // cachedCall answers a tools/call of a cacheable tool from the cache, the
 // upstream being called at most once for all concurrent callers of the
-// same key. It reports whether the answer was an error (for the breaker),
-// the result this caller's own load produced (for a cost correction; nil
-// unless this caller's flight loaded it) and the HTTP status written.
-func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, p auth.Principal, tc toolCaching) (failed bool, loaded json.RawMessage, status int) {
+// same key. The caller whose load runs (a miss) gets an event-stream answer
+// streamed as it comes, progress and server→client requests included; the
+// others get the final result as JSON with their own id. It reports whether
+// the answer was an error (for the breaker), the result this caller's own
+// load produced (for a cost correction; nil unless this caller's flight
+// loaded it) and the HTTP status written.
+func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, p auth.Principal, tc toolCaching, call *liveCall) (failed bool, loaded json.RawMessage, status int) {
 	msg := fwd.Msg
 	// bypass forwards the call without the cache, reporting what the
 	// proxy reports (the caller overwrites its own record with the values
 	// returned).
 	bypass := func() (bool, json.RawMessage, int) {
+		call.cached.Store(false)
 		g.metrics.CacheRequests.WithLabelValues("bypass").Inc()
 		var failed bool
 		var loaded json.RawMessage
@@ -200,14 +184,23 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 	}
 	pol := cache.Policy{TTL: tc.policy.TTL, Jitter: tc.policy.Jitter, NegativeTTL: tc.policy.NegativeTTL, Tags: tags}
 	// The loader may also run after this call returned (an early refresh
-	// started by a hit): it must not touch this call's variables but ran.
+	// started by a hit): it must not touch this call's variables but ran
+	// and lw, which is made for it.
 	var ran atomic.Bool
+	lw := newLeaderWriter(w)
+	call.cached.Store(true)
 	entry, src, err := g.cache.Get(r.Context(), key, func(ctx context.Context) ([]byte, bool, error) {
 		ran.Store(true)
 		start := time.Now()
 		defer func() { g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds()) }()
-		return load(ctx, r, rt, fwd)
+		return g.load(ctx, r, rt, fwd, lw)
 	}, pol)
+	if lw.release() {
+		// This caller's own load streams the answer to it (or, rarely, an
+		// early refresh its hit started got there first): that is its
+		// answer, whatever the flight's outcome.
+		return g.streamedAnswer(r, lw)
+	}
 	if err != nil {
 		var u *uncacheable
 		switch {
@@ -217,20 +210,12 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 			// this caller's own.
 			return bypass()
 		case errors.As(err, &u):
-			outcome := "admitted" // as forward counts them: relayed below 500
-			if u.status >= 500 {
-				outcome = "upstream_error"
-			}
-			g.metrics.Requests.WithLabelValues("tools/call", outcome).Inc()
-			if u.retryAfter != "" {
-				w.Header().Set("Retry-After", u.retryAfter)
-			}
-			if u.value != nil {
-				writeRPC(w, u.status, msg.ID, u.member, u.value)
-			} else {
-				mcp.WriteError(w, u.status, msg.ID, mcp.CodeInternalError, "upstream MCP server unavailable", nil)
-			}
-			return !u.interim || isErrorResult(u.value), nil, u.status
+			return g.uncacheableAnswer(w, msg, u)
+		case errors.Is(context.Cause(r.Context()), mcp.ErrCancelled):
+			// MCP: a cancelled request gets no response.
+			g.metrics.Requests.WithLabelValues("tools/call", "cancelled").Inc()
+			w.WriteHeader(http.StatusAccepted)
+			return false, nil, http.StatusAccepted
 		case r.Context().Err() != nil:
 			return false, nil, 0 // the caller went away
 		default:
@@ -249,6 +234,54 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		loaded = entry.Value
 	}
 	return entry.Negative, loaded, http.StatusOK
+}
+
+// streamedAnswer waits until the load streaming its answer to the caller
+// has ended (or the caller left: the load goes on for the flight without
+// it), sends the held response event, and reports that answer as a
+// forwarded call's.
+func (g *Gateway) streamedAnswer(r *http.Request, lw *leaderWriter) (failed bool, loaded json.RawMessage, status int) {
+	select {
+	case <-lw.done:
+		lw.flushHeld()
+	case <-r.Context().Done():
+	}
+	lw.detach()
+	g.metrics.CacheRequests.WithLabelValues(cache.Miss.String()).Inc()
+	status, result, rpcErr := lw.outcome()
+	switch {
+	case errors.Is(context.Cause(r.Context()), mcp.ErrCancelled):
+		g.metrics.Requests.WithLabelValues("tools/call", "cancelled").Inc()
+		return false, nil, status
+	case r.Context().Err() != nil:
+		return false, nil, status // gone: says nothing of the agent
+	}
+	failed = rpcErr != nil || isErrorResult(result) || status >= 500
+	outcome := "admitted"
+	if status >= 500 {
+		outcome = "upstream_error"
+	}
+	g.metrics.Requests.WithLabelValues("tools/call", outcome).Inc()
+	return failed, result, status
+}
+
+// uncacheableAnswer writes a load's answer that is not cached, with the
+// caller's id.
+func (g *Gateway) uncacheableAnswer(w http.ResponseWriter, msg *mcp.Message, u *uncacheable) (failed bool, loaded json.RawMessage, status int) {
+	outcome := "admitted" // as forward counts them: relayed below 500
+	if u.status >= 500 {
+		outcome = "upstream_error"
+	}
+	g.metrics.Requests.WithLabelValues("tools/call", outcome).Inc()
+	if u.retryAfter != "" {
+		w.Header().Set("Retry-After", u.retryAfter)
+	}
+	if u.value != nil {
+		writeRPC(w, u.status, msg.ID, u.member, u.value)
+	} else {
+		mcp.WriteError(w, u.status, msg.ID, mcp.CodeInternalError, "upstream MCP server unavailable", nil)
+	}
+	return !u.interim || isErrorResult(u.value), nil, u.status
 }
 
 // writeRPC writes a JSON-RPC response with the caller's id around a result

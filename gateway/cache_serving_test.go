@@ -23,8 +23,10 @@ import (
 )
 
 // An upstream answering with an event stream is cached from its final
-// result and served as JSON, to raw clients and to the SDK's client.
-func TestCacheSSEAnswersServedAsJSON(t *testing.T) {
+// result: the miss is the upstream's stream (streamed to the caller whose
+// load it is), hits are served as JSON, to raw clients and to the SDK's
+// client.
+func TestCacheSSEAnswers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, setup{Config: cacheConfig, Upstream: upstream.Options{Stateless: true}})
 	tok := token(t, "acme", "alice")
@@ -39,11 +41,15 @@ func TestCacheSSEAnswersServedAsJSON(t *testing.T) {
 	for i, src := range []string{"miss", "hit"} {
 		r := e.callRaw(0, tok, i+10, "search", q)
 		res := expectResult(t, src, r, src)
-		if ct := r.Header.Get("Content-Type"); ct != "application/json" {
-			t.Fatalf("%s: Content-Type %q, want application/json", src, ct)
+		wantCT, body := "application/json", r.Body
+		if src == "miss" {
+			wantCT, body = "text/event-stream", []byte(parseEvents(r.Body)[len(parseEvents(r.Body))-1].data)
+		}
+		if ct := r.Header.Get("Content-Type"); ct != wantCT {
+			t.Fatalf("%s: Content-Type %q, want %s", src, ct, wantCT)
 		}
 		var m map[string]json.RawMessage
-		if err := json.Unmarshal(r.Body, &m); err != nil || string(m["id"]) != fmt.Sprint(i+10) {
+		if err := json.Unmarshal(body, &m); err != nil || string(m["id"]) != fmt.Sprint(i+10) {
 			t.Fatalf("%s: body is not one JSON-RPC response with id %d: %s", src, i+10, r.Body)
 		}
 		if want == nil {

@@ -88,6 +88,8 @@ type Gateway struct {
 	probe      func(ctx context.Context) error
 	adminToken []byte
 	sessions   *sessionBinder
+	inflight   inflight      // tools/call in progress, for notifications/cancelled
+	order      *sessionOrder // a session's POST waits for its GET to be accepted upstream
 	reload     func(ctx context.Context) error
 	log        *slog.Logger
 	metrics    *metrics.Metrics
@@ -121,6 +123,7 @@ func New(opts Options) (*Gateway, error) {
 		probe:      opts.Probe,
 		adminToken: []byte(opts.AdminToken),
 		sessions:   newSessionBinder(opts.SessionKey),
+		order:      newSessionOrder(defaultOrderWait),
 		reload:     opts.Reload,
 		log:        opts.Logger,
 		metrics:    opts.Metrics,
@@ -221,7 +224,8 @@ func newRuntime(cfg *policy.Config, a *auth.Authenticator) (*runtime, error) {
 	for k, v := range cfg.Upstream.Headers {
 		headers.Set(k, v)
 	}
-	proxy, err := mcp.NewProxy(mcp.ProxyOptions{Upstream: cfg.Upstream.URL, Headers: headers, Timeout: cfg.Upstream.Timeout})
+	proxy, err := mcp.NewProxy(mcp.ProxyOptions{Upstream: cfg.Upstream.URL, Headers: headers,
+		Timeout: cfg.Upstream.Timeout, MaxDuration: cfg.Upstream.MaxDuration})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: upstream: %w", err)
 	}

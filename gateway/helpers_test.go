@@ -66,6 +66,9 @@ type setup struct {
 	// UpstreamURL, when set, replaces the demo upstream's URL in the config
 	// (e.g. a port nothing listens on).
 	UpstreamURL string
+	// UpstreamYAML is added to the upstream section (lines indented by two
+	// spaces, e.g. "  timeout: 1s\n").
+	UpstreamYAML string
 	// Reload is Options.Reload.
 	Reload func(context.Context) error
 	// Now is Options.Now.
@@ -157,6 +160,7 @@ func (e *env) configYAML(s setup) string {
 	if s.MaxBodyBytes > 0 {
 		fmt.Fprintf(&b, "  max_body_bytes: %d\n", s.MaxBodyBytes)
 	}
+	b.WriteString(s.UpstreamYAML)
 	fmt.Fprintf(&b, "auth:\n  jwt:\n    hs256_secret_env: MCPGATE_GATEWAY_TEST_SECRET\n    issuer: %s\n    audience: %s\n", testIssuer, testAudience)
 	cfg := s.Config
 	if s.Redis != nil {

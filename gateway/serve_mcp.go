@@ -107,6 +107,10 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if msg.Method != "tools/call" {
+		if msg.Method == "notifications/cancelled" && !g.cancelCall(r, p, msg) {
+			w.WriteHeader(http.StatusAccepted) // the cancelled call was cached: kept from the upstream
+			return
+		}
 		g.serveMethod(w, r, rt, fwd, p, msg)
 		return
 	}
@@ -167,6 +171,11 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		g.log.Warn("call admitted after a meter charge with no answer: it may have been charged and is not charged again",
 			"tenant", meter.Tenant, "period", meter.Period, "tool", tool, "cost", cost)
 	}
+	// From here on the call is the caller's to cancel (notifications/cancelled).
+	caller := ownerOf(p, r)
+	ctx, call := g.inflight.begin(r.Context(), caller, msg.ID)
+	defer g.inflight.end(caller, call) // last: after the slots and the probe are released
+	r = r.WithContext(ctx)
 	var reported json.RawMessage
 	var failed, outcomeReported, invalidated bool
 	// The cost of an unmetered call is not corrected: a correction of a
@@ -204,14 +213,15 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		case r.Context().Err() == nil && status != mcp.StatusClientClosedRequest:
 			g.reportOutcome(context.WithoutCancel(r.Context()), br, v.breaker, failed || status >= 500)
 		default:
-			// The client went away before a result: the call says nothing
-			// of the agent, and a probe's lease would refuse every call
-			// until it ran out.
+			// The client went away before a result, or cancelled the call
+			// (its context is then cancelled too): the call says nothing of
+			// the agent, and a probe's lease would refuse every call until
+			// it ran out.
 			g.lim.releaseProbe(r.Context(), br, v.breaker)
 		}
 		if tc.invalidates != nil && !invalidated && !failed && status > 0 && status < 300 {
 			// a mutating tool that is also cached: cachedCall reports no
-			// result on the way
+			// result on the way (a cancelled call too: it may have written)
 			g.invalidateAfter(context.WithoutCancel(r.Context()), rt, p.Tenant, tc, msg.Arguments)
 		}
 	}()
@@ -220,7 +230,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		// call (and are charged the tool's cost); only the load that fills
 		// the cache reaches the upstream, and its reported cost corrects
 		// that one call's charge.
-		failed, reported, status = g.cachedCall(w, r, rt, fwd, p, tc)
+		failed, reported, status = g.cachedCall(w, r, rt, fwd, p, tc, call)
 		return
 	}
 	status = g.forward(w, r, rt, fwd, "tools/call")
@@ -322,17 +332,20 @@ func (g *Gateway) correctCost(ctx context.Context, meter *limit.Meter, metered b
 
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, class string) int {
 	start := time.Now()
-	status, err := rt.proxy.Serve(w, r, fwd)
+	status, err := g.serveOrdered(w, r, rt, fwd)
 	g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds())
 	outcome := "admitted"
-	if err != nil || status >= 500 {
+	switch {
+	case errors.Is(err, mcp.ErrCancelled):
+		outcome = "cancelled"
+	case err != nil || status >= 500:
 		outcome = "upstream_error"
 		if err != nil && r.Context().Err() == nil {
 			g.log.Warn("upstream call failed", "status", status, "err", err)
 		}
 	}
 	g.metrics.Requests.WithLabelValues(class, outcome).Inc()
-	if err != nil && status < 500 && !errors.Is(err, mcp.ErrClientGone) {
+	if err != nil && status < 500 && !errors.Is(err, mcp.ErrClientGone) && !errors.Is(err, mcp.ErrCancelled) {
 		status = http.StatusBadGateway
 	}
 	return status

@@ -21,8 +21,10 @@ var (
 	// ErrUpstreamUnavailable means the upstream could not be reached or broke
 	// off its answer. Serve answered 502 if nothing had been sent yet.
 	ErrUpstreamUnavailable = errors.New("mcp: upstream unavailable")
-	// ErrUpstreamTimeout means the upstream did not finish within
-	// ProxyOptions.Timeout. Serve answered 504 if nothing had been sent yet.
+	// ErrUpstreamTimeout means the upstream went silent for longer than
+	// ProxyOptions.Timeout, or did not finish within
+	// ProxyOptions.MaxDuration. Serve answered 504 if nothing had been sent
+	// yet, else ended an SSE answer with a JSON-RPC error event.
 	ErrUpstreamTimeout = errors.New("mcp: upstream timed out")
 	// ErrBadUpstreamResponse means the upstream's answer could not be
 	// inspected as Forward required (too large, or a list result that cannot
@@ -31,7 +33,18 @@ var (
 	// ErrClientGone means the client went away before the answer was fully
 	// relayed; the upstream request was cancelled.
 	ErrClientGone = errors.New("mcp: client went away")
+	// ErrCancelled means the client cancelled its request while it was
+	// relayed: the caller of Serve cancelled the request's context with
+	// this error as the cause (context.WithCancelCause), typically on the
+	// client's notifications/cancelled. The upstream request was cancelled
+	// and, as MCP asks, the request got no answer: an SSE answer ended
+	// without an error event; before anything was sent, Serve answered 202
+	// Accepted with no body.
+	ErrCancelled = errors.New("mcp: request cancelled by the client")
 )
+
+// errMaxDuration is the cause of a call cut by ProxyOptions.MaxDuration.
+var errMaxDuration = fmt.Errorf("%w: over the maximum duration", ErrUpstreamTimeout)
 
 // StatusClientClosedRequest is the status Serve reports (it is never sent)
 // when the client went away before any status was written.
@@ -56,11 +69,19 @@ type ProxyOptions struct {
 	// should be zero: a server-initiated GET stream lives for the whole
 	// session.
 	Client *http.Client
-	// Timeout bounds a POST or DELETE exchange from sending the request to
-	// the end of the answer, SSE streams included. Zero means
-	// DefaultTimeout; negative means no limit. Notification streams are not
-	// bounded: GET, and the subscriptions/listen POST of MCP 2026-07-28.
+	// Timeout is the idle timeout of a POST or DELETE exchange: it fails
+	// with ErrUpstreamTimeout when the upstream sends nothing for this long,
+	// from sending the request to the response headers, between two events
+	// of an SSE answer (each event, a progress notification or a comment
+	// included, starts it again), and between two reads of a JSON answer.
+	// Zero means DefaultTimeout; negative means none. Notification streams
+	// are not bounded: GET, and the subscriptions/listen POST of MCP
+	// 2026-07-28.
 	Timeout time.Duration
+	// MaxDuration, when positive, caps the whole POST or DELETE exchange
+	// however much the upstream streams (ErrUpstreamTimeout past it). Zero
+	// or negative means no cap. Notification streams are not capped.
+	MaxDuration time.Duration
 	// MaxResponseBytes bounds a JSON answer the proxy must inspect (when
 	// Forward has OnResult, or a Filter for the request's method). Zero means
 	// DefaultMaxResponseBytes. Answers relayed without inspection are not
@@ -79,7 +100,8 @@ type Proxy struct {
 	upstream string
 	headers  http.Header
 	client   *http.Client
-	timeout  time.Duration
+	timeout  time.Duration // idle; <= 0: none
+	maxDur   time.Duration // <= 0: none
 	maxResp  int64
 	maxEvent int
 	log      *slog.Logger
@@ -102,6 +124,7 @@ func NewProxy(opts ProxyOptions) (*Proxy, error) {
 		headers:  opts.Headers.Clone(),
 		client:   opts.Client,
 		timeout:  opts.Timeout,
+		maxDur:   opts.MaxDuration,
 		maxResp:  opts.MaxResponseBytes,
 		maxEvent: opts.MaxEventBytes,
 		log:      opts.Logger,
@@ -163,6 +186,11 @@ type Forward struct {
 	// SessionID, when set, rewrites the Mcp-Session-Id the upstream answers
 	// before the client sees it (the gateway binds sessions to callers).
 	SessionID func(upstream string) string
+	// OnResponse, when set, is called once, from Serve's goroutine, when
+	// the upstream's response headers arrived or the request failed before
+	// them; not at all when Serve refused the request itself (405, a body
+	// that does not parse). It runs before anything is relayed.
+	OnResponse func()
 }
 
 // Serve relays the client request r to the upstream and the upstream's
@@ -178,10 +206,15 @@ type Forward struct {
 // by event with a flush after each and X-Accel-Buffering: no, never buffered
 // whole.
 //
+// The upstream request dies with the client's: a client that goes away
+// cancels it (ErrClientGone), and so does a cancellation of r's context with
+// cause ErrCancelled (see there). POST and DELETE exchanges are bounded by
+// ProxyOptions.Timeout (idle) and MaxDuration.
+//
 // It returns the HTTP status sent to the client (StatusClientClosedRequest
 // if none was) and nil, or an error matching ErrUpstreamUnavailable,
-// ErrUpstreamTimeout, ErrBadUpstreamResponse or ErrClientGone, or the
-// *Error of an unparsable body.
+// ErrUpstreamTimeout, ErrBadUpstreamResponse, ErrClientGone or
+// ErrCancelled, or the *Error of an unparsable body.
 func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, f Forward) (status int, err error) {
 	switch r.Method {
 	case http.MethodPost:
@@ -202,17 +235,8 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, f Forward) (status
 		return http.StatusMethodNotAllowed, nil
 	}
 
-	// The upstream request dies with the client's: a client that goes away
-	// cancels the upstream call.
-	var ctx context.Context
-	var cancel context.CancelFunc
-	long := r.Method == http.MethodGet || methodOf(f.Msg) == MethodSubscriptionsListen
-	if p.timeout > 0 && !long {
-		ctx, cancel = context.WithTimeoutCause(r.Context(), p.timeout, ErrUpstreamTimeout)
-	} else {
-		ctx, cancel = context.WithCancel(r.Context())
-	}
-	defer cancel()
+	ctx, idle, stop := p.deadlines(r, f)
+	defer stop()
 
 	var body io.Reader
 	if r.Method == http.MethodPost {
@@ -233,12 +257,16 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, f Forward) (status
 	if f.Filter.Allow == nil && f.AllowTool != nil {
 		f.Filter = Filter{List: ToolsList, Allow: f.AllowTool}
 	}
-	x := &exchange{p: p, w: w, r: r, ctx: ctx, f: f}
+	x := &exchange{p: p, w: w, r: r, ctx: ctx, f: f, idle: idle}
 	resp, err := p.client.Do(req)
+	if f.OnResponse != nil {
+		f.OnResponse()
+	}
 	if err != nil {
 		return p.fail(w, r, f, x, err)
 	}
 	defer resp.Body.Close()
+	idle.touch()
 
 	if mediaType(resp.Header.Get("Content-Type")) == "text/event-stream" && resp.StatusCode/100 == 2 {
 		return x.relaySSE(resp)
@@ -253,7 +281,8 @@ type exchange struct {
 	r        *http.Request
 	ctx      context.Context // upstream request context
 	f        Forward
-	reported bool // OnResult was called
+	idle     *idleTimer // nil: no idle timeout
+	reported bool       // OnResult was called
 }
 
 func (x *exchange) filtering() bool { return x.f.Filter.applies(x.f.Msg) }
@@ -269,10 +298,12 @@ func (x *exchange) report(result, rpcErr json.RawMessage) {
 // cause classifies a failure of the upstream exchange.
 func (x *exchange) cause(err error) error {
 	switch {
+	case errors.Is(context.Cause(x.r.Context()), ErrCancelled):
+		return ErrCancelled
 	case x.r.Context().Err() != nil:
 		return ErrClientGone
 	case errors.Is(context.Cause(x.ctx), ErrUpstreamTimeout):
-		return ErrUpstreamTimeout
+		return context.Cause(x.ctx) // ErrUpstreamTimeout, maybe wrapped
 	case errors.Is(err, ErrBadUpstreamResponse):
 		return err
 	}
@@ -293,6 +324,12 @@ func (p *Proxy) fail(w http.ResponseWriter, r *http.Request, f Forward, x *excha
 	switch {
 	case errors.Is(err, ErrClientGone):
 		return StatusClientClosedRequest, err
+	case errors.Is(err, ErrCancelled):
+		// MCP: a cancelled request gets no response. The client may still
+		// wait for its HTTP answer; 202 with no body is what the SDK
+		// clients accept for a message that has none.
+		w.WriteHeader(http.StatusAccepted)
+		return http.StatusAccepted, err
 	case errors.Is(err, ErrUpstreamTimeout):
 		status, msg = http.StatusGatewayTimeout, "upstream MCP server timed out"
 	case errors.Is(err, ErrBadUpstreamResponse):
@@ -332,16 +369,17 @@ func methodOf(m *Message) string {
 func (x *exchange) relayBody(resp *http.Response) (int, error) {
 	w := x.w
 	inspect := x.f.Msg.IsCall() && (x.f.OnResult != nil || x.filtering())
+	body := x.idle.reader(resp.Body)
 	if !inspect {
 		x.copyResponseHeaders(resp)
 		w.WriteHeader(resp.StatusCode)
-		if _, err := io.Copy(w, resp.Body); err != nil {
+		if _, err := io.Copy(w, body); err != nil {
 			return resp.StatusCode, x.cause(err)
 		}
 		return resp.StatusCode, nil
 	}
 
-	data, err := io.ReadAll(io.LimitReader(resp.Body, x.p.maxResp+1))
+	data, err := io.ReadAll(io.LimitReader(body, x.p.maxResp+1))
 	if err == nil && int64(len(data)) > x.p.maxResp {
 		err = fmt.Errorf("%w: answer over %d bytes", ErrBadUpstreamResponse, x.p.maxResp)
 	}
@@ -406,6 +444,7 @@ func (x *exchange) relaySSE(resp *http.Response) (int, error) {
 			}
 			break
 		}
+		x.idle.touch()
 		resumable = resumable || ev.hasID
 		out := ev.raw
 		if call && !answered && ev.data != nil && (ev.name == "" || ev.name == "message") {
@@ -442,8 +481,8 @@ func (x *exchange) relaySSE(resp *http.Response) (int, error) {
 			streamErr = fmt.Errorf("%w: %v", ErrBadUpstreamResponse, streamErr)
 		}
 		err = x.cause(streamErr)
-		if errors.Is(err, ErrClientGone) {
-			return status, err
+		if errors.Is(err, ErrClientGone) || errors.Is(err, ErrCancelled) {
+			return status, err // no answer: nobody reads it, or MCP forbids it
 		}
 		x.p.log.Warn("mcp upstream stream broke", "rpc_method", methodOf(x.f.Msg), "err", err)
 	}

@@ -1,0 +1,144 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/usage"
+)
+
+// cancelConfig: two failures in a row open the breaker; one slow call at a
+// time.
+const cancelConfig = `
+usage: {flush_interval: 50ms}
+breaker:
+  consecutive_failures: 2
+  cooldown: 1m
+tools:
+  slow:
+    limits:
+      - {name: slow_one, per: tenant_tool, algorithm: concurrency, limit: 1, period: 1m}
+`
+
+// A call the go-sdk client cancels (it sends notifications/cancelled when
+// the context of CallTool ends) is no failure for the loop breaker, frees
+// its concurrency slot before the cancellation reaches the upstream, and is
+// still metered. Twice in a row under consecutive_failures: 2.
+func TestCancelledCallIsNoFailure(t *testing.T) {
+	t.Parallel()
+	for _, m := range []struct {
+		name string
+		json bool
+	}{{"sse", false}, {"json", true}} {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, setup{Config: cancelConfig, Usage: openUsageDB(t, ""), Upstream: upstream.Options{JSONResponse: m.json}})
+			tok := token(t, "acme", "alice")
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			cs, err := sdkClient().Connect(ctx, transport(e.mcpURL(0), bearer{token: tok}), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cs.Close() })
+			for i := range 2 {
+				before := e.up.Requests("notifications/cancelled")
+				cctx, ccancel := context.WithCancel(ctx)
+				errc := make(chan error, 1)
+				go func() {
+					_, err := callTool(cctx, cs, "slow", map[string]any{"ms": 60000})
+					errc <- err
+				}()
+				eventually(t, 10*time.Second, "the slow call to reach the upstream", func() bool { return e.up.Calls("slow") == int64(i+1) })
+				ccancel()
+				if err := <-errc; !errors.Is(err, context.Canceled) {
+					t.Fatalf("cancelled call %d: %v", i, err)
+				}
+				// The gateway sends the cancellation on once the call has
+				// ended: its slot is free when the upstream gets it.
+				eventually(t, 10*time.Second, "the cancellation to reach the upstream", func() bool {
+					return e.up.Requests("notifications/cancelled") > before
+				})
+				if n := e.gws[0].inflight.size(); n != 0 {
+					t.Fatalf("%d calls still registered after the cancellation", n)
+				}
+			}
+			// Breaker closed, slot free: the next call is admitted at once.
+			res, err := callTool(ctx, cs, "slow", map[string]any{"ms": 1})
+			if err != nil || res.IsError {
+				t.Fatalf("the call after two cancellations: %v %+v", err, res)
+			}
+			if got := e.live(0, "acme", usage.Period(time.Now())); got.Calls != 3 || got.Used() != 3 {
+				t.Fatalf("usage %+v, want the 3 admitted calls, cancelled ones included", got)
+			}
+		})
+	}
+}
+
+// A client that keeps the call's request open after notifications/cancelled
+// (as the TypeScript SDK's does; the go-sdk's aborts it) gets no answer: a
+// pending JSON answer is 202 with no body, an event stream ends without a
+// response. Twice in a row, the breaker stays closed and the slot is free
+// at once. A notifications/cancelled cancels only its sender's calls in its
+// session.
+func TestCancelKeptOpenAndIsolation(t *testing.T) {
+	t.Parallel()
+	for _, m := range []struct {
+		name string
+		json bool
+	}{{"sse", false}, {"json", true}} {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, setup{Config: cancelConfig, Upstream: upstream.Options{JSONResponse: m.json}})
+			owner := newAgent(t, e, "acme", "alice", false)
+			others := []*agent{
+				newAgent(t, e, "acme", "alice", false), // the same caller, another session
+				newAgent(t, e, "acme", "bob", false),   // another subject
+				newAgent(t, e, "other", "alice", false),
+			}
+			for i := range 2 {
+				id := 40 + i
+				done := make(chan *response, 1)
+				go func() {
+					r, err := postCtx(context.Background(), e.mcpURL(0), owner.tok, callBody(id, "slow", map[string]any{"ms": 60000}),
+						http.Header{"Mcp-Session-Id": {owner.sid}})
+					if err != nil {
+						t.Error(err)
+					}
+					done <- r
+				}()
+				eventually(t, 10*time.Second, "the slow call to reach the upstream", func() bool { return e.up.Calls("slow") == int64(i+1) })
+				cancelID := fmt.Sprintf(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":%d,"reason":"test"}}`, id)
+				for k, a := range others {
+					if r := a.post(0, cancelID); r.Status != http.StatusAccepted {
+						t.Fatalf("other caller %d: cancellation answered %d %s", k, r.Status, r.Body)
+					}
+					if n := e.gws[0].inflight.size(); n != 1 {
+						t.Fatalf("after other caller %d's cancellation: %d calls registered, want the owner's 1", k, n)
+					}
+				}
+				// 41.0 is 41: ids compare as JSON-RPC values.
+				if r := owner.post(0, strings.Replace(cancelID, fmt.Sprint(id), fmt.Sprint(id)+".0", 1)); r.Status != http.StatusAccepted {
+					t.Fatalf("owner's cancellation answered %d %s", r.Status, r.Body)
+				}
+				r := <-done
+				// Before the upstream's headers: 202. The SDK server sends
+				// none before its first event, so an open stream (200) is
+				// only possible with SSE, and must end without a response.
+				accepted := r.Status == http.StatusAccepted && len(r.Body) == 0
+				streamed := !m.json && r.Status == http.StatusOK && r.Msg.Result == nil && r.Msg.Error == nil
+				if !accepted && !streamed {
+					t.Fatalf("the cancelled call was answered %d %q, want no answer", r.Status, r.Body)
+				}
+				eventually(t, 10*time.Second, "the upstream tool to stop", func() bool { return e.up.Cancelled() == int64(i+1) })
+			}
+			mustPass(t, owner.call(0, "slow", map[string]any{"ms": 1}), "the call after two cancellations")
+		})
+	}
+}

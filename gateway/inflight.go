@@ -1,0 +1,152 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/mcp"
+)
+
+// cancelWait bounds how long a client's notifications/cancelled waits for
+// the call it cancels to end (its slots released, its probe given back)
+// before the notification goes on upstream.
+const cancelWait = 3 * time.Second
+
+// inflight registers the admitted tools/call requests being served, so that
+// a client's notifications/cancelled ends its own call: the call gets no
+// answer, its upstream request is cancelled, and it counts as no failure.
+// Entries live exactly as long as their call: the registry holds no more
+// than the calls in progress. Safe for concurrent use; the zero value is
+// ready.
+type inflight struct {
+	mu    sync.Mutex
+	calls map[callOwner][]*liveCall
+}
+
+// callOwner is whose calls an entry is: a notification cancels only calls
+// of its own caller (tenant and subject) in its own session ("" without
+// one), so that no one can cancel another's call by guessing its id.
+type callOwner struct {
+	tenant, subject, session string
+}
+
+func ownerOf(p auth.Principal, r *http.Request) callOwner {
+	return callOwner{tenant: p.Tenant, subject: p.Subject, session: r.Header.Get(mcp.HeaderSessionID)}
+}
+
+// liveCall is one registered call.
+type liveCall struct {
+	id        json.RawMessage
+	cancel    context.CancelCauseFunc
+	done      chan struct{} // closed by end
+	cancelled atomic.Bool   // a notifications/cancelled ended it
+	// cached: the call is served through the cache, whose load goes on for
+	// the other callers of its flight: a cancellation must not reach the
+	// upstream, where it would end that load for all of them.
+	cached atomic.Bool
+}
+
+// Cancelled reports whether a client's notifications/cancelled ended the
+// call. A nil *liveCall is never cancelled.
+func (c *liveCall) Cancelled() bool { return c != nil && c.cancelled.Load() }
+
+// begin registers a call with id for o and returns its context, derived
+// from ctx and cancelled with cause mcp.ErrCancelled when the client
+// cancels the call. end must follow, once the call's work is all done.
+func (f *inflight) begin(ctx context.Context, o callOwner, id json.RawMessage) (context.Context, *liveCall) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	c := &liveCall{id: id, cancel: cancel, done: make(chan struct{})}
+	f.mu.Lock()
+	if f.calls == nil {
+		f.calls = make(map[callOwner][]*liveCall)
+	}
+	f.calls[o] = append(f.calls[o], c)
+	f.mu.Unlock()
+	return ctx, c
+}
+
+// end removes c and wakes a cancellation waiting for it.
+func (f *inflight) end(o callOwner, c *liveCall) {
+	f.mu.Lock()
+	list := f.calls[o]
+	for i, x := range list {
+		if x == c {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(f.calls, o)
+	} else {
+		f.calls[o] = list
+	}
+	f.mu.Unlock()
+	c.cancel(nil)
+	close(c.done)
+}
+
+// cancel ends o's call with id, when exactly one matches (a client that
+// reuses an id in flight gets neither cancelled), and waits until it ended
+// or ctx is done. It returns the call, nil when none matched.
+func (f *inflight) cancel(ctx context.Context, o callOwner, id json.RawMessage) *liveCall {
+	f.mu.Lock()
+	var match *liveCall
+	n := 0
+	for _, c := range f.calls[o] {
+		if mcp.SameID(c.id, id) {
+			match, n = c, n+1
+		}
+	}
+	if n != 1 {
+		match = nil
+	} else {
+		match.cancelled.Store(true) // under mu: before end can run
+	}
+	f.mu.Unlock()
+	if match == nil {
+		return nil
+	}
+	match.cancel(mcp.ErrCancelled)
+	select {
+	case <-match.done:
+	case <-ctx.Done():
+	}
+	return match
+}
+
+// size is the number of calls registered.
+func (f *inflight) size() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, l := range f.calls {
+		n += len(l)
+	}
+	return n
+}
+
+// cancelledParams are the params of notifications/cancelled.
+type cancelledParams struct {
+	RequestID json.RawMessage `json:"requestId"`
+}
+
+// cancelCall handles a client's notifications/cancelled before it is
+// forwarded: the caller's call with that id in that session ends now. It
+// reports whether the notification should still go upstream: not when it
+// cancelled a cached call (the upstream request belongs to the cache's
+// flight, which goes on for its other callers).
+func (g *Gateway) cancelCall(r *http.Request, p auth.Principal, msg *mcp.Message) (forward bool) {
+	var params cancelledParams
+	if json.Unmarshal(msg.Params, &params) != nil || len(params.RequestID) == 0 {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), cancelWait)
+	defer cancel()
+	c := g.inflight.cancel(ctx, ownerOf(p, r), params.RequestID)
+	return c == nil || !c.cached.Load()
+}
