@@ -47,6 +47,9 @@ type Metrics struct {
 	AlertsFailed prometheus.Counter
 	// CacheRequests counts cacheable calls by outcome (hit, miss, stale, coalesced, bypass).
 	CacheRequests *prometheus.CounterVec
+	// OpenConnections is the number of client connections accepted and not
+	// yet closed (at most server.max_connections).
+	OpenConnections prometheus.Gauge
 }
 
 // New creates and registers the collectors (plus the Go and process
@@ -99,10 +102,13 @@ func New() *Metrics {
 		CacheRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mcpgate_cache_requests_total", Help: "Calls of cacheable tools, by outcome.",
 		}, []string{"outcome"}),
+		OpenConnections: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mcpgate_open_connections", Help: "Client connections accepted and not yet closed.",
+		}),
 	}
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
 		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
-		m.BreakersOpened, m.AlertsFailed, m.CacheRequests)
+		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.OpenConnections)
 	// The runtime collectors too carry the prefix: every name we serve starts
 	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).
 	prometheus.WrapRegistererWithPrefix("mcpgate_", r).MustRegister(
