@@ -6,6 +6,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -101,29 +102,35 @@ func (c *rawConn) waitEOF(t *testing.T, what string) {
 // inReadBody counts goroutines inside mcp.ReadBody.
 func inReadBody(buf []byte) int {
 	n := goruntime.Stack(buf, true)
-	return strings.Count(string(buf[:n]), "mcp.ReadBody(")
+	return bytes.Count(buf[:n], []byte("mcp.ReadBody("))
 }
 
 // heapSampler records the peak HeapInuse (and how many bodies were being
-// read at once) until stopped.
+// read at once) from start until finish. Its buffer is allocated by
+// newHeapSampler, before the baseline is measured.
 type heapSampler struct {
+	buf          []byte
 	stop         chan struct{}
 	done         chan struct{}
 	peak         uint64
 	peakReadBody int
+	peakG        int
 	samples      int
 }
 
-func sampleHeap() *heapSampler {
-	s := &heapSampler{stop: make(chan struct{}), done: make(chan struct{})}
+func newHeapSampler() *heapSampler {
+	return &heapSampler{buf: make([]byte, 4<<20), stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+func (s *heapSampler) start() {
 	go func() {
 		defer close(s.done)
-		buf := make([]byte, 8<<20)
 		for {
 			var ms goruntime.MemStats
 			goruntime.ReadMemStats(&ms)
 			s.peak = max(s.peak, ms.HeapInuse)
-			s.peakReadBody = max(s.peakReadBody, inReadBody(buf))
+			s.peakReadBody = max(s.peakReadBody, inReadBody(s.buf))
+			s.peakG = max(s.peakG, goruntime.NumGoroutine())
 			s.samples++
 			select {
 			case <-s.stop:
@@ -132,7 +139,6 @@ func sampleHeap() *heapSampler {
 			}
 		}
 	}()
-	return s
 }
 
 func (s *heapSampler) finish() { close(s.stop); <-s.done }
@@ -156,8 +162,7 @@ func TestStalledAndIdleConnectionsAreClosed(t *testing.T) {
 	})
 	addr := serveReal(t, e)
 	tok := token(t, "acme", "alice")
-	// Settle what the environment started, then measure.
-	time.Sleep(100 * time.Millisecond)
+	sampler := newHeapSampler()
 	baseG, baseHeap := goruntime.NumGoroutine(), heapInuse()
 
 	conns := make([]*rawConn, 0, idle+stalled)
@@ -166,7 +171,7 @@ func TestStalledAndIdleConnectionsAreClosed(t *testing.T) {
 		c.healthz(t)
 		conns = append(conns, c)
 	}
-	sampler := sampleHeap()
+	sampler.start()
 	head := fmt.Sprintf("POST /mcp HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
 		"Accept: application/json, text/event-stream\r\nContent-Length: %d\r\n\r\n{", tok, declared)
 	for range stalled {
@@ -203,7 +208,8 @@ func TestStalledAndIdleConnectionsAreClosed(t *testing.T) {
 		return afterG <= baseG+5
 	})
 	delta := int64(sampler.peak) - int64(baseHeap)
-	t.Logf("goroutines: before %d, during %d (%d connections), after %d", baseG, duringG, idle+stalled, afterG)
+	t.Logf("goroutines: before %d, during %d after the last connection opened (peak %d; %d connections), after %d",
+		baseG, duringG, sampler.peakG, idle+stalled, afterG)
 	t.Logf("heap in use: baseline %d KiB, peak %d KiB while %d bodies of %d bytes were declared (delta %d KiB; at most %d bodies in mcp.ReadBody at once, %d samples)",
 		baseHeap>>10, sampler.peak>>10, stalled, declared, delta>>10, sampler.peakReadBody, sampler.samples)
 	if n := len(e.requests()); n != 0 {
