@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"sync"
@@ -184,11 +183,9 @@ func serveUntilDone(ctx context.Context, g *gateway.Gateway, addr string, log *s
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := &http.Server{
-		Handler:           g,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
+	// server.* timeouts and the connection cap (see gateway.HTTPServer).
+	srv := g.HTTPServer(slog.NewLogLogger(log.Handler(), slog.LevelWarn))
+	ln = g.Listener(ln)
 	// Server-initiated streams (GET) never go idle: end them when the
 	// shutdown starts, so that it waits for calls only.
 	srv.RegisterOnShutdown(g.EndStreams)

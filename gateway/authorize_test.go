@@ -53,7 +53,7 @@ func listAll(t *testing.T, cs *sdk.ClientSession) listed {
 	return l
 }
 
-func readBody(uri string) string {
+func resourceReadBody(uri string) string {
 	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": "r", "method": "resources/read", "params": map[string]any{"uri": uri}})
 	return string(b)
 }
@@ -122,10 +122,10 @@ func TestResourceAndPromptScopes(t *testing.T) {
 			reads, gets := e.up.Requests("resources/read"), e.up.Requests("prompts/get")
 			long := "file:///secret/" + strings.Repeat("x", 10_000)
 			denied := []struct{ body, kind, name string }{
-				{readBody("file:///secret/keys.txt"), "resource", "file:///secret/keys.txt"},
-				{readBody("file:///secret/other"), "resource", "file:///secret/other"},
-				{readBody("file:///docs"), "resource", "file:///docs"},
-				{readBody(long), "resource", long[:maxDeniedName-len("…")] + "…"},
+				{resourceReadBody("file:///secret/keys.txt"), "resource", "file:///secret/keys.txt"},
+				{resourceReadBody("file:///secret/other"), "resource", "file:///secret/other"},
+				{resourceReadBody("file:///docs"), "resource", "file:///docs"},
+				{resourceReadBody(long), "resource", long[:maxDeniedName-len("…")] + "…"},
 				{promptBody("review"), "prompt", "review"},
 				{promptBody("Summarize"), "prompt", "Summarize"},
 				{callBody(1, "search", nil), "tool", "search"},

@@ -258,6 +258,9 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 		{"breaker.alert_webhook", old.cfg.Breaker.AlertWebhook, cfg.Breaker.AlertWebhook},
 		{"auth.admin_token_env", old.cfg.Auth.AdminTokenEnv, cfg.Auth.AdminTokenEnv},
 		{"auth.session_secret_env", old.cfg.Auth.SessionSecretEnv, cfg.Auth.SessionSecretEnv},
+		{"server.read_header_timeout", old.cfg.Server.ReadHeaderTimeout, cfg.Server.ReadHeaderTimeout},
+		{"server.idle_timeout", old.cfg.Server.IdleTimeout, cfg.Server.IdleTimeout},
+		{"server.max_connections", old.cfg.Server.MaxConnections, cfg.Server.MaxConnections},
 	} {
 		if fmt.Sprint(f.was) != fmt.Sprint(f.is) {
 			g.log.Warn("this setting is read at start only: restart mcpgate to apply it", "field", f.name)
@@ -305,7 +308,7 @@ func (g *Gateway) Close() error {
 
 func (g *Gateway) routes() {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/mcp", g.serveMCP)
+	mux.HandleFunc("/mcp", g.protect(g.serveMCP))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")

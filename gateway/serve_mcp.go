@@ -85,7 +85,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	body, perr := mcp.ReadBody(r, rt.cfg.Upstream.MaxBodyBytes)
+	body, perr := readBody(w, r, rt.cfg.Upstream.MaxBodyBytes)
 	if perr != nil {
 		g.metrics.Requests.WithLabelValues("any", "bad_request").Inc()
 		mcp.WriteError(w, perr.HTTPStatus, perr.ID, perr.Code, perr.Message, perr.Data)

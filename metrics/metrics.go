@@ -53,6 +53,9 @@ type Metrics struct {
 	// SessionsEnded counts upstream sessions the gateway ended itself (idle,
 	// or without a slot), by sending the upstream a DELETE.
 	SessionsEnded prometheus.Counter
+	// OpenConnections is the number of client connections accepted and not
+	// yet closed (at most server.max_connections).
+	OpenConnections prometheus.Gauge
 }
 
 // New creates and registers the collectors (plus the Go and process
@@ -111,10 +114,13 @@ func New() *Metrics {
 		SessionsEnded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mcpgate_upstream_sessions_ended_total", Help: "Upstream sessions the gateway ended (idle, or without a slot).",
 		}),
+		OpenConnections: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mcpgate_open_connections", Help: "Client connections accepted and not yet closed.",
+		}),
 	}
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
 		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
-		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.UpstreamSessions, m.SessionsEnded)
+		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.UpstreamSessions, m.SessionsEnded, m.OpenConnections)
 	// The runtime collectors too carry the prefix: every name we serve starts
 	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).
 	prometheus.WrapRegistererWithPrefix("mcpgate_", r).MustRegister(

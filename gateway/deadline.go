@@ -1,0 +1,100 @@
+package gateway
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/mcpgate/mcpgate/mcp"
+)
+
+// protect bounds what one client can hold on the MCP endpoint, before
+// anything else runs: every write to the client gets server.write_timeout
+// (deadlineWriter), a POST's body must arrive within server.read_timeout
+// (readBody lifts that deadline once it holds the body), and a request from
+// a foreign Origin is refused with 403 (checkOrigin) before it is
+// authenticated or forwarded. The settings are those of the config in force.
+//
+// The read deadline is armed before any answer so that it also bounds what
+// net/http reads after the handler returns early (a 401 or 403 to a POST
+// whose body still trickles in: the server drains up to 256 KiB of it to
+// reuse the connection).
+func (g *Gateway) protect(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s := g.rt.Load().cfg.Server
+		dw := &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: s.WriteTimeout}
+		if r.Method == http.MethodPost && s.ReadTimeout > 0 {
+			dw.readBy = time.Now().Add(s.ReadTimeout)
+			_ = dw.rc.SetReadDeadline(dw.readBy)
+		}
+		if err := checkOrigin(r, s.AllowedOrigins); err != nil {
+			g.refuseOrigin(dw, r, err)
+			return
+		}
+		next(dw, r)
+		// net/http flushes what is still buffered after the handler
+		// returns: that write gets its own deadline as well.
+		dw.arm()
+	}
+}
+
+// readBody reads a POST body (see mcp.ReadBody) under the read deadline
+// protect armed, then lifts that deadline: once the body is in, net/http's
+// background read watches the connection for the client going away, and a
+// deadline expiring there would cancel the request, ending a long call or
+// its stream. A body that did not arrive in time is a 408; the deadline
+// stays on any failure, so that net/http's drain of the rest stays bounded.
+func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *mcp.Error) {
+	body, perr := mcp.ReadBody(r, max)
+	dw, _ := w.(*deadlineWriter)
+	if perr != nil {
+		if dw != nil && !dw.readBy.IsZero() && !time.Now().Before(dw.readBy) {
+			w.Header().Set("Connection", "close")
+			return nil, &mcp.Error{HTTPStatus: http.StatusRequestTimeout, Code: mcp.CodeInvalidRequest,
+				Message: "request body not received within server.read_timeout"}
+		}
+		return nil, perr
+	}
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	return body, nil
+}
+
+// deadlineWriter gives each write to the client a deadline of its own:
+// Write and Flush first move the connection's write deadline to now +
+// timeout. A stream that keeps sending lives as long as it keeps moving (a
+// deadline that passes between two writes does nothing, no write is
+// waiting), while a write the client does not take within timeout fails,
+// which ends the request and closes its connection. A zero timeout sets no
+// deadline. Unwrap lets http.NewResponseController reach the server's
+// writer (deadlines, flushing) through it. Like any ResponseWriter it is
+// used by one goroutine at a time.
+type deadlineWriter struct {
+	http.ResponseWriter
+	rc      *http.ResponseController // of the wrapped writer
+	timeout time.Duration
+	readBy  time.Time // the body's read deadline; zero: none
+}
+
+func (d *deadlineWriter) arm() {
+	if d.timeout > 0 {
+		_ = d.rc.SetWriteDeadline(time.Now().Add(d.timeout))
+	}
+}
+
+// Write writes p under a fresh write deadline.
+func (d *deadlineWriter) Write(p []byte) (int, error) {
+	d.arm()
+	return d.ResponseWriter.Write(p)
+}
+
+// Flush implements http.Flusher (errors are dropped; see FlushError).
+func (d *deadlineWriter) Flush() { _ = d.FlushError() }
+
+// FlushError sends what is buffered under a fresh write deadline; it is
+// what http.ResponseController.Flush calls.
+func (d *deadlineWriter) FlushError() error {
+	d.arm()
+	return d.rc.Flush()
+}
+
+// Unwrap returns the wrapped writer.
+func (d *deadlineWriter) Unwrap() http.ResponseWriter { return d.ResponseWriter }
