@@ -268,7 +268,7 @@ func buildCache(ctx context.Context, cfg *policy.Config, shared *sharedStore, lo
 	}
 	if err == nil {
 		var c *cache.Cache
-		if c, err = cache.New(store, &cache.Options{Logger: log}); err == nil {
+		if c, err = cache.New(store, &cache.Options{Logger: log, Timeout: cfg.Cache.Timeout}); err == nil {
 			return c, own, nil
 		}
 	}

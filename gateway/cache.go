@@ -241,6 +241,7 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 	}
 	g.metrics.Requests.WithLabelValues("tools/call", "admitted").Inc()
 	g.metrics.CacheRequests.WithLabelValues(src.String()).Inc()
+	g.countDegraded(entry)
 	w.Header().Set("X-Mcp-Cache", src.String())
 	writeRPC(w, http.StatusOK, msg.ID, "result", entry.Value)
 	if src == cache.Miss {
@@ -249,6 +250,19 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		loaded = entry.Value
 	}
 	return entry.Negative, loaded, http.StatusOK
+}
+
+// countDegraded counts an answer the cache loaded without its store (the
+// cache logs the store's state changes).
+func (g *Gateway) countDegraded(e cache.Entry) {
+	if e.StoreErr == nil {
+		return
+	}
+	reason := "error"
+	if errors.Is(e.StoreErr, cache.ErrStoreSkipped) {
+		reason = "skipped"
+	}
+	g.metrics.CacheDegraded.WithLabelValues(reason).Inc()
 }
 
 // writeRPC writes a JSON-RPC response with the caller's id around a result

@@ -47,6 +47,10 @@ type Metrics struct {
 	AlertsFailed prometheus.Counter
 	// CacheRequests counts cacheable calls by outcome (hit, miss, stale, coalesced, bypass).
 	CacheRequests *prometheus.CounterVec
+	// CacheDegraded counts cacheable calls answered without the cache
+	// store, as if uncached, by reason: skipped (its breaker is open) or
+	// error (a store operation failed or timed out).
+	CacheDegraded *prometheus.CounterVec
 }
 
 // New creates and registers the collectors (plus the Go and process
@@ -99,10 +103,13 @@ func New() *Metrics {
 		CacheRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mcpgate_cache_requests_total", Help: "Calls of cacheable tools, by outcome.",
 		}, []string{"outcome"}),
+		CacheDegraded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcpgate_cache_degraded_total", Help: "Calls of cacheable tools answered without the cache store (skipped by its breaker, or a failed or timed-out store operation), by reason.",
+		}, []string{"reason"}),
 	}
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
 		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
-		m.BreakersOpened, m.AlertsFailed, m.CacheRequests)
+		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.CacheDegraded)
 	// The runtime collectors too carry the prefix: every name we serve starts
 	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).
 	prometheus.WrapRegistererWithPrefix("mcpgate_", r).MustRegister(
