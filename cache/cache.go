@@ -62,10 +62,23 @@ type Options struct {
 	// Negative (isError) results never keep a stale copy. Default
 	// DefaultStaleWindow.
 	StaleWindow time.Duration
-	// Timeout is the deadline of one store operation (a read, a lock, a
-	// commit). A read that times out counts as a miss. Default
+	// Timeout is the deadline of one store operation: a read, a lock, a
+	// commit, an unlock, a wait's subscription, one round trip of an
+	// invalidation. A Get whose read or lock fails or times out is served
+	// by its Loader without the store (Entry.StoreErr). Default
 	// DefaultTimeout.
 	Timeout time.Duration
+	// BreakerFailures consecutive failed store operations (timeouts,
+	// connection errors; not error replies) open the store's breaker:
+	// operations are then skipped (ErrStoreSkipped), so an outage adds no
+	// timeout to a Get, until a background probe (PING every
+	// ProbeInterval) sees the store answer. Only stores that do I/O have
+	// one (RedisStore). Default DefaultBreakerFailures; negative: no
+	// breaker.
+	BreakerFailures int
+	// ProbeInterval is how often the probe of an open breaker runs.
+	// Default DefaultProbeInterval.
+	ProbeInterval time.Duration
 	// Beta scales XFetch early refresh: a value whose load took delta is
 	// refreshed before expiry when now - delta*Beta*ln(rand()) >= expiry.
 	// Larger refreshes earlier; negative disables early refresh. Default
@@ -128,6 +141,11 @@ type Entry struct {
 	// TTL is the remaining fresh life: the full TTL after a load, zero or
 	// negative when the value is stale, zero when the value was not stored.
 	TTL time.Duration
+	// StoreErr is nil unless the value was loaded without the store
+	// because a store operation failed, timed out, or was skipped by the
+	// breaker (errors.Is(StoreErr, ErrStoreSkipped)): the call was served
+	// as if the tool were not cached.
+	StoreErr error
 }
 
 // Source says where an Entry came from.
@@ -168,12 +186,19 @@ type Stats struct {
 	Refreshes                      int64 // early (XFetch) refreshes that took the lock
 	Uncached                       int64 // loads whose result could not be stored (wait timed out without a stale copy, store error)
 	Rejected                       int64 // commits refused by the fence: a newer load or an invalidation won
-	StoreErrors                    int64
+	StoreErrors                    int64 // store operations that failed or timed out
+	// Degraded counts successful Gets served without the store (Entry.StoreErr
+	// set); they are counted in Misses or Coalesced too.
+	Degraded int64
+	// StoreSkipped counts store operations not attempted: the breaker was
+	// open.
+	StoreSkipped int64
 }
 
 type counters struct {
 	hits, misses, stale, coalesced                    atomic.Int64
 	loads, refreshes, uncached, rejected, storeErrors atomic.Int64
+	degraded                                          atomic.Int64
 }
 
 // Cache is a tool-result cache (cache-aside with single flight, a
@@ -181,7 +206,8 @@ type counters struct {
 // Store. It is safe for concurrent use. Build it with New.
 type Cache struct {
 	store       Store
-	remote      bool // the store does I/O: bound each call by timeout
+	guard       *guardedStore // the breaker around store; nil: none
+	remote      bool          // the store does I/O: bound each call by timeout
 	lockTTL     time.Duration
 	loadTimeout time.Duration
 	wait        time.Duration
@@ -214,8 +240,10 @@ type flight struct {
 	err   error
 }
 
-// New returns a Cache over store. It fails with ErrInvalidOptions on a
-// negative duration, a NaN Beta or a negative WarmConcurrency.
+// New returns a Cache over store, behind a breaker (see
+// Options.BreakerFailures) when store does I/O. It fails with
+// ErrInvalidOptions on a negative duration, a NaN Beta or a negative
+// WarmConcurrency.
 func New(store Store, opts *Options) (*Cache, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidOptions)
@@ -225,7 +253,7 @@ func New(store Store, opts *Options) (*Cache, error) {
 		o = *opts
 	}
 	for name, d := range map[string]time.Duration{"LockTTL": o.LockTTL, "LoadTimeout": o.LoadTimeout,
-		"WaitTimeout": o.WaitTimeout, "Timeout": o.Timeout, "PollInterval": o.PollInterval} {
+		"WaitTimeout": o.WaitTimeout, "Timeout": o.Timeout, "PollInterval": o.PollInterval, "ProbeInterval": o.ProbeInterval} {
 		if d < 0 {
 			return nil, fmt.Errorf("%w: negative %s %v", ErrInvalidOptions, name, d)
 		}
@@ -263,6 +291,14 @@ func New(store Store, opts *Options) (*Cache, error) {
 	if c.log == nil {
 		c.log = slog.Default()
 	}
+	if p, ok := store.(pinger); ok && o.BreakerFailures >= 0 {
+		failures := o.BreakerFailures
+		if failures == 0 {
+			failures = DefaultBreakerFailures
+		}
+		c.guard = newGuardedStore(store, p, failures, or(o.ProbeInterval, DefaultProbeInterval), max(c.timeout, 100*time.Millisecond), c.log)
+		c.store = c.guard
+	}
 	return c, nil
 }
 
@@ -290,18 +326,33 @@ func (c *Cache) Stats() Stats {
 	return Stats{
 		Hits: s.hits.Load(), Misses: s.misses.Load(), Stale: s.stale.Load(), Coalesced: s.coalesced.Load(),
 		Loads: s.loads.Load(), Refreshes: s.refreshes.Load(), Uncached: s.uncached.Load(),
-		Rejected: s.rejected.Load(), StoreErrors: s.storeErrors.Load(),
+		Rejected: s.rejected.Load(), StoreErrors: s.storeErrors.Load(), Degraded: s.degraded.Load(),
+		StoreSkipped: c.skipped(),
 	}
 }
 
-// Close stops early refreshes and waits for the loads in flight (each
-// bounded by LoadTimeout). Later Gets fail with ErrClosed. The store is not
-// closed.
+func (c *Cache) skipped() int64 {
+	if c.guard == nil {
+		return 0
+	}
+	return c.guard.skipped.Load()
+}
+
+// StoreAvailable reports whether store operations are attempted: false
+// while the store's breaker is open.
+func (c *Cache) StoreAvailable() bool { return c.guard == nil || c.guard.available() }
+
+// Close stops early refreshes and the breaker's probe, and waits for the
+// loads in flight (each bounded by LoadTimeout). Later Gets fail with
+// ErrClosed. The store is not closed.
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
 	c.wg.Wait()
+	if c.guard != nil {
+		c.guard.close()
+	}
 	return nil
 }
 
@@ -313,8 +364,10 @@ func (c *Cache) Close() error {
 //
 // A caller whose ctx ends stops waiting and gets ctx's error; the load goes
 // on for the others. A Loader error is returned to every caller waiting for
-// that load and is never stored. Errors of the store never fail a Get: the
-// value is then loaded without the store (counted in Stats.StoreErrors).
+// that load and is never stored. Errors of the store never fail a Get: when
+// the read or the lock fails, times out or is skipped by the breaker, the
+// value is loaded without the store (Entry.StoreErr, Stats.Degraded), with
+// no further store operation for that Get.
 func (c *Cache) Get(ctx context.Context, key Key, load Loader, pol Policy) (Entry, Source, error) {
 	if key.IsZero() {
 		return Entry{}, 0, ErrInvalidKey
@@ -325,18 +378,20 @@ func (c *Cache) Get(ctx context.Context, key Key, load Loader, pol Policy) (Entr
 	if err := pol.validate(); err != nil {
 		return Entry{}, 0, err
 	}
-	if rec, ok := c.read(ctx, key.entry); ok && rec.fresh() > 0 {
+	rec, ok, err := c.read(ctx, key.entry)
+	if ok && rec.fresh() > 0 {
 		c.stats.hits.Add(1)
 		if c.early(&rec) {
 			c.refresh(ctx, key, load, pol, rec.fence)
 		}
 		return rec.entry(), Hit, nil
 	}
-	return c.join(ctx, key, load, pol)
+	return c.join(ctx, key, load, pol, err)
 }
 
-// read is the store's read under the operation timeout; an error is a miss.
-func (c *Cache) read(ctx context.Context, entry string) (record, bool) {
+// read is the store's read under the operation timeout; an error (counted
+// and logged) comes with ok false.
+func (c *Cache) read(ctx context.Context, entry string) (record, bool, error) {
 	if c.remote {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
@@ -345,9 +400,9 @@ func (c *Cache) read(ctx context.Context, entry string) (record, bool) {
 	rec, ok, err := c.store.read(ctx, entry)
 	if err != nil {
 		c.storeError("read", err)
-		return record{}, false
+		return record{}, false, err
 	}
-	return rec, ok
+	return rec, ok, nil
 }
 
 // early is the XFetch condition: now - delta*beta*ln(U) >= expiry, that is
@@ -359,7 +414,9 @@ func (c *Cache) early(rec *record) bool {
 	return float64(rec.delta)*c.beta*-math.Log(mrand.Float64()) >= float64(rec.fresh())
 }
 
-func (c *Cache) join(ctx context.Context, key Key, load Loader, pol Policy) (Entry, Source, error) {
+// join runs or joins the in-process flight of key. storeErr, from the
+// caller's read, makes a new flight load without the store.
+func (c *Cache) join(ctx context.Context, key Key, load Loader, pol Policy, storeErr error) (Entry, Source, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -370,7 +427,7 @@ func (c *Cache) join(ctx context.Context, key Key, load Loader, pol Policy) (Ent
 		f = &flight{done: make(chan struct{})}
 		c.flights[key.entry] = f
 		c.wg.Add(1)
-		go c.fly(context.WithoutCancel(ctx), key, load, pol, f)
+		go c.fly(context.WithoutCancel(ctx), key, load, pol, f, storeErr)
 	}
 	c.mu.Unlock()
 	select {
@@ -385,6 +442,9 @@ func (c *Cache) join(ctx context.Context, key Key, load Loader, pol Policy) (Ent
 	if follower && src == Miss {
 		src = Coalesced
 	}
+	if f.entry.StoreErr != nil {
+		c.stats.degraded.Add(1)
+	}
 	switch src {
 	case Miss:
 		c.stats.misses.Add(1)
@@ -396,7 +456,7 @@ func (c *Cache) join(ctx context.Context, key Key, load Loader, pol Policy) (Ent
 	return f.entry, src, nil
 }
 
-func (c *Cache) fly(ctx context.Context, key Key, load Loader, pol Policy, f *flight) {
+func (c *Cache) fly(ctx context.Context, key Key, load Loader, pol Policy, f *flight, storeErr error) {
 	defer c.wg.Done()
 	defer func() {
 		c.mu.Lock()
@@ -404,6 +464,12 @@ func (c *Cache) fly(ctx context.Context, key Key, load Loader, pol Policy, f *fl
 		c.mu.Unlock()
 		close(f.done)
 	}()
+	if storeErr != nil {
+		// The store just failed this key's read: asking it for the lock
+		// would most likely cost another timeout.
+		f.entry, f.src, f.err = c.loadDegraded(ctx, load, storeErr)
+		return
+	}
 	f.entry, f.src, f.err = c.resolve(ctx, key, load, pol)
 }
 
@@ -416,15 +482,23 @@ func (c *Cache) Invalidate(ctx context.Context, scope Scope, tags []string) (int
 	if len(tags) == 0 {
 		return 0, nil
 	}
-	n, err := c.store.invalidate(ctx, scope, tags)
+	var step time.Duration
+	if c.remote {
+		step = c.timeout
+	}
+	n, err := c.store.invalidate(ctx, scope, tags, step)
 	if err != nil {
 		return n, fmt.Errorf("cache: invalidate: %w", err)
 	}
 	return n, nil
 }
 
-// storeError counts err and logs it at most once per 10 seconds.
+// storeError counts err and logs it at most once per 10 seconds. A skipped
+// operation is neither: the breaker counts it and logs its state changes.
 func (c *Cache) storeError(op string, err error) {
+	if errors.Is(err, ErrStoreSkipped) {
+		return
+	}
 	n := c.stats.storeErrors.Add(1)
 	now := time.Now().UnixNano()
 	last := c.lastLog.Load()

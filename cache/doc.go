@@ -65,8 +65,15 @@
 // the cache its own server with an evicting policy (CheckEviction warns
 // about a layout that can evict rate-limit counters or refuse cache writes).
 //
-// A store error never fails a Get: the value is loaded without the store
-// and counted in Stats.StoreErrors.
+// A store error never fails a Get: the value is loaded without the store,
+// as if the tool were not cached (Entry.StoreErr, Stats.Degraded). Every
+// store operation has a deadline (Options.Timeout), and a store that does
+// I/O sits behind a breaker: after Options.BreakerFailures consecutive
+// timeouts or connection errors its operations are skipped
+// (ErrStoreSkipped), so an outage adds no timeout to a Get, until a
+// background PING succeeds. Waiters for another instance's load stop
+// waiting when the breaker opens. The breaker logs when it opens and
+// closes; StoreAvailable reports its state.
 //
 // # Gateway integration
 //

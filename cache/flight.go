@@ -33,12 +33,18 @@ func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy) (
 		if sub != nil {
 			sub.arm()
 		}
+		// Taken before the lock attempt, so that a breaker opening after
+		// it ends the wait below.
+		var down <-chan struct{} // nil without a breaker: never ready
+		if c.guard != nil {
+			down = c.guard.opened()
+		}
 		token := c.token()
 		res := c.acquireOne(ctx, key, pol, modeMiss, 0, token)
 		switch {
 		case res.err != nil:
 			c.storeError("lock", res.err)
-			return c.loadUncached(ctx, load)
+			return c.loadDegraded(ctx, load, res.err)
 		case res.status == statusFresh:
 			return res.rec.entry(), Coalesced, nil
 		case res.status == statusLocked:
@@ -67,30 +73,42 @@ func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy) (
 				c.storeError("subscribe", err)
 			}
 		}
-		wait := min(left, res.wait+time.Millisecond)
-		var wake <-chan struct{}
-		if sub != nil && sub.alive() {
-			wake = sub.wake()
-		} else {
-			wait = min(wait, c.poll)
-		}
-		if res.wait <= 0 {
-			wait = min(wait, c.poll)
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-wake:
-		case <-t.C:
-		}
-		t.Stop()
+		c.pause(sub, res.wait, left, down)
 	}
-	if rec, ok := c.read(ctx, key.entry); ok {
-		if rec.fresh() > 0 {
-			return rec.entry(), Coalesced, nil
-		}
-		return rec.entry(), Stale, nil
+	rec, ok, err := c.read(ctx, key.entry)
+	switch {
+	case err != nil:
+		return c.loadDegraded(ctx, load, err)
+	case !ok:
+		return c.loadUncached(ctx, load)
+	case rec.fresh() > 0:
+		return rec.entry(), Coalesced, nil
 	}
-	return c.loadUncached(ctx, load)
+	return rec.entry(), Stale, nil
+}
+
+// pause waits, at most left, for a wake-up of sub, the end of the lock
+// (lockWait; 0: unknown), a poll interval when sub cannot wake it, or the
+// breaker opening (down): then the next lock attempt is skipped and the
+// flight loads without the store.
+func (c *Cache) pause(sub subscription, lockWait, left time.Duration, down <-chan struct{}) {
+	wait := min(left, lockWait+time.Millisecond)
+	var wake <-chan struct{}
+	if sub != nil && sub.alive() {
+		wake = sub.wake()
+	} else {
+		wait = min(wait, c.poll)
+	}
+	if lockWait <= 0 {
+		wait = min(wait, c.poll)
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-wake:
+	case <-t.C:
+	case <-down:
+	}
 }
 
 func (c *Cache) acquireOne(ctx context.Context, key Key, pol Policy, mode acquireMode, seen uint64, token string) acquireRes {
@@ -200,6 +218,15 @@ func (c *Cache) loadUncached(ctx context.Context, load Loader) (Entry, Source, e
 		return Entry{}, 0, err
 	}
 	return Entry{Value: v, Negative: neg}, Miss, nil
+}
+
+// loadDegraded is loadUncached because the store failed with storeErr.
+func (c *Cache) loadDegraded(ctx context.Context, load Loader, storeErr error) (Entry, Source, error) {
+	e, src, err := c.loadUncached(ctx, load)
+	if err == nil {
+		e.StoreErr = storeErr
+	}
+	return e, src, err
 }
 
 // refresh starts an early refresh of key in the background, unless one is

@@ -277,7 +277,7 @@ func (s *MemoryStore) release(_ context.Context, reqs []releaseReq) []error {
 	return make([]error, len(reqs))
 }
 
-func (s *MemoryStore) invalidate(_ context.Context, scope Scope, tags []string) (int, error) {
+func (s *MemoryStore) invalidate(_ context.Context, scope Scope, tags []string, _ time.Duration) (int, error) {
 	now := time.Now()
 	members := make(map[string]struct{})
 	s.tagMu.Lock()

@@ -53,6 +53,11 @@ func NewRedisStore(client rueidis.Client) (*RedisStore, error) {
 	return &RedisStore{client: client}, nil
 }
 
+// ping checks that the server answers: the breaker's probe.
+func (r *RedisStore) ping(ctx context.Context) error {
+	return r.client.Do(ctx, r.client.B().Ping().Build()).Error()
+}
+
 // errReply means a script answered something the store does not expect.
 var errReply = errors.New("cache: unexpected reply from Redis")
 
@@ -242,14 +247,24 @@ func (r *RedisStore) release(ctx context.Context, reqs []releaseReq) []error {
 // invalidateBatch bounds one pipeline of entry deletions.
 const invalidateBatch = 512
 
-func (r *RedisStore) invalidate(ctx context.Context, scope Scope, tags []string) (int, error) {
+// runStep is run bounded by step (0: by ctx alone).
+func (r *RedisStore) runStep(ctx context.Context, step time.Duration, calls []scriptCall) []rueidis.RedisResult {
+	if step > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, step)
+		defer cancel()
+	}
+	return r.run(ctx, calls)
+}
+
+func (r *RedisStore) invalidate(ctx context.Context, scope Scope, tags []string, step time.Duration) (int, error) {
 	calls := make([]scriptCall, len(tags))
 	for i, tag := range tags {
 		calls[i] = scriptCall{membersScript, []string{keyspace.CacheTag(scope, tag)}, nil}
 	}
 	seen := make(map[string]bool)
 	var members []string
-	for _, res := range r.run(ctx, calls) {
+	for _, res := range r.runStep(ctx, step, calls) {
 		ms, err := res.AsStrSlice()
 		if err != nil {
 			return 0, err
@@ -272,7 +287,7 @@ func (r *RedisStore) invalidate(ctx context.Context, scope Scope, tags []string)
 		for _, m := range batch {
 			calls = append(calls, scriptCall{dropScript, []string{m, keyspace.CacheFence(m)}, []string{fenceTTL}})
 		}
-		for _, res := range r.run(ctx, calls) {
+		for _, res := range r.runStep(ctx, step, calls) {
 			d, err := res.AsInt64()
 			if err != nil {
 				return n, err
@@ -299,8 +314,14 @@ func (r *RedisStore) subscribe(ctx context.Context, entry string) (subscription,
 		}
 	})
 	// Receive leaves the server-side subscription behind when it returns.
+	// Unsubscribing is bounded like subscribing (ctx's deadline), so that
+	// closing a wait on a stalled server does not hold the caller longer.
+	unsub := time.Second
+	if d, ok := ctx.Deadline(); ok {
+		unsub = max(time.Until(d), time.Millisecond)
+	}
 	rctx = rueidis.WithOnReceiveReturnHook(rctx, func(err error, cc rueidis.CommandClient) error {
-		uctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		uctx, cancel := context.WithTimeout(context.Background(), unsub)
 		defer cancel()
 		_ = cc.Do(uctx, cc.B().Sunsubscribe().Channel(ch).Build()).Error()
 		return err

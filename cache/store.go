@@ -28,7 +28,8 @@ type Store interface {
 	subscribe(ctx context.Context, entry string) (subscription, error)
 	// invalidate deletes scope's entries tagged with any of tags and bumps
 	// their fences, so loads in flight cannot store what they read before.
-	invalidate(ctx context.Context, scope Scope, tags []string) (int, error)
+	// Each round trip to the server is bounded by step (0: only by ctx).
+	invalidate(ctx context.Context, scope Scope, tags []string, step time.Duration) (int, error)
 }
 
 type acquireMode uint8

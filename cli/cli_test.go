@@ -18,6 +18,7 @@ import (
 
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/internal/testenv"
 )
 
 // syncBuffer is a bytes.Buffer safe for a writer goroutine and a reader.
@@ -177,13 +178,7 @@ tiers:
 	if err := os.WriteFile(path, []byte(config(3)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// serve refuses an uninitialized usage store, naming the fix
-	if code, _, errOut := run(t, "serve", "--config", path); code != 1 || !strings.Contains(errOut, "mcpgate usage init") {
-		t.Fatalf("serve before usage init: exit %d, stderr %q", code, errOut)
-	}
-	if code, _, errOut := run(t, "usage", "init", "--config", path); code != 0 {
-		t.Fatalf("usage init: exit %d: %s", code, errOut)
-	}
+	// No usage init: serve creates the SQLite schema itself.
 	addr := startMain(t, io.Discard, "serve", "--config", path)
 	token, err := auth.SignHS256([]byte(secret), map[string]any{"tenant_id": "t1", "sub": "u", "scope": "tools:*", "exp": time.Now().Add(time.Hour).Unix()})
 	if err != nil {
@@ -293,4 +288,36 @@ func TestDemoPrintsAWorkingToken(t *testing.T) {
 	if resp := callEcho(t, addr, "not-a-token"); resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("bad token: status %d, want 401", resp.StatusCode)
 	}
+}
+
+// DynamoDB tables are not created by serve: it refuses to start without
+// one, saying what to run, and starts once that was run.
+func TestServeNamesUsageInitForAMissingDynamoDBTable(t *testing.T) {
+	endpoint := testenv.StartDynalite(t)
+	for k, v := range map[string]string{
+		"AWS_ENDPOINT_URL_DYNAMODB": endpoint, "AWS_REGION": "us-east-1",
+		"AWS_ACCESS_KEY_ID": "AKIDTEST", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_SESSION_TOKEN": "",
+		"AWS_CONFIG_FILE": filepath.Join(t.TempDir(), "none"), "AWS_SHARED_CREDENTIALS_FILE": filepath.Join(t.TempDir(), "none"),
+		"AWS_PROFILE": "", "AWS_EC2_METADATA_DISABLED": "true",
+		"CLI_TEST_SECRET": strings.Repeat("k", 32),
+	} {
+		t.Setenv(k, v)
+	}
+	path := filepath.Join(t.TempDir(), "mcpgate.yaml")
+	cfg := "listen: 127.0.0.1:0\nupstream: {url: http://127.0.0.1:9/mcp}\nusage: {store: \"dynamodb:mcpgate-usage-cli\"}\nauth:\n  jwt: {hs256_secret_env: CLI_TEST_SECRET}\n"
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := run(t, "serve", "--config", path)
+	want := `usage table "mcpgate-usage-cli" does not exist: run 'mcpgate usage init --config ` + path + `' once`
+	if code != 1 || !strings.Contains(errOut, want) {
+		t.Fatalf("serve without the table: exit %d, stderr:\n%s\nwant it to say %q", code, errOut, want)
+	}
+	if code, out, errOut := run(t, "usage", "init", "--config", path); code != 0 || !strings.Contains(out, "created the DynamoDB table") {
+		t.Fatalf("usage init: exit %d: %s%s", code, out, errOut)
+	}
+	if code, out, errOut := run(t, "usage", "init", "--config", path); code != 0 || !strings.Contains(out, "already initialized") {
+		t.Fatalf("second usage init: exit %d: %s%s", code, out, errOut)
+	}
+	startMain(t, io.Discard, "serve", "--config", path)
 }

@@ -20,7 +20,6 @@ import (
 	"github.com/mcpgate/mcpgate/gateway"
 	"github.com/mcpgate/mcpgate/limit/redisstore"
 	"github.com/mcpgate/mcpgate/policy"
-	usagestore "github.com/mcpgate/mcpgate/usage"
 )
 
 // shutdownGrace is how long a stopping gateway waits for calls in flight.
@@ -94,31 +93,20 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	return serveUntilDone(ctx, g, cfg.Listen, log, hup, reload, nil)
 }
 
-// newGateway builds the stores and the gateway for cfg. The usage store
-// must be initialized (mcpgate usage init), unless initUsage is set (the demo
-// creates its own). The gateway's Close flushes usage; closing the usage
-// store is left to the caller through the returned func.
+// newGateway builds the stores and the gateway for cfg. An SQLite usage
+// store creates its schema itself; a DynamoDB one must exist (mcpgate usage
+// init), unless initUsage is set (the demo creates its own). The gateway's
+// Close flushes usage; closing the usage store is left to the caller
+// through the returned func.
 func newGateway(ctx context.Context, cfg *policy.Config, a *auth.Authenticator, reload func(context.Context) error, log *slog.Logger, initUsage bool) (*gateway.Gateway, func(), error) {
 	logConfigNotes(log, cfg)
 	key, err := sessionKey(cfg, log)
 	if err != nil {
 		return nil, nil, err
 	}
-	us, err := openUsageStore(ctx, cfg.Usage.Store)
+	us, err := openServeUsage(ctx, cfg, initUsage, log)
 	if err != nil {
 		return nil, nil, err
-	}
-	if initUsage {
-		err = us.Init(ctx)
-	} else {
-		err = us.Check(ctx)
-	}
-	if err != nil {
-		us.Close()
-		if errors.Is(err, usagestore.ErrNotInitialized) {
-			return nil, nil, fmt.Errorf("usage store %s is not initialized: run `mcpgate usage init --config %s` once (%w)", cfg.Usage.Store, cfg.Path, err)
-		}
-		return nil, nil, fmt.Errorf("usage store %s: %w", cfg.Usage.Store, err)
 	}
 	shared, err := buildSharedStore(cfg)
 	if err != nil {
@@ -277,7 +265,7 @@ func buildCache(ctx context.Context, cfg *policy.Config, shared *sharedStore, lo
 	}
 	if err == nil {
 		var c *cache.Cache
-		if c, err = cache.New(store, &cache.Options{Logger: log}); err == nil {
+		if c, err = cache.New(store, &cache.Options{Logger: log, Timeout: cfg.Cache.Timeout}); err == nil {
 			return c, own, nil
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -79,7 +80,7 @@ func runUsage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if kind, target := cfg.Usage.Backend(); kind == "sqlite" {
 		// Reading must not leave an empty database behind a typo.
 		if _, err := os.Stat(target); err != nil {
-			return fmt.Errorf("usage store %s: %w (nothing flushed yet? initialize it with: mcpgate usage init --config %s)", spec, err, *path)
+			return fmt.Errorf("usage store %s: %w (nothing flushed yet? mcpgate serve creates it, or create it now with: mcpgate usage init --config %s)", spec, err, *path)
 		}
 	}
 	st, err := openUsageStore(ctx, spec)
@@ -145,7 +146,8 @@ With --json it prints one object with at least tenant, period, used, quota
 (0: no quota) and calls.
 
 The second form creates the usage store's table (SQLite file or DynamoDB
-table); it is idempotent.
+table); it is idempotent. Only DynamoDB needs it: mcpgate serve creates or
+upgrades an SQLite file's schema itself.
 
 Flags:
 `)
@@ -174,6 +176,14 @@ func runUsageInit(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer st.Close()
+	if s, ok := st.(*sqlite.Store); ok {
+		// Opening the file brought its schema up to date.
+		if err := s.Check(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "usage store %s: %s\n", spec, describeMigration(s.Migration()))
+		return nil
+	}
 	err = st.Check(ctx)
 	switch {
 	case err == nil:
@@ -188,12 +198,53 @@ func runUsageInit(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := st.Check(ctx); err != nil {
 		return fmt.Errorf("usage store %s: initialized, but: %w", spec, err)
 	}
-	what := "created the usage table"
-	if kind, target := cfg.Usage.Backend(); kind == "dynamodb" {
-		what = "created the DynamoDB table " + target + " (on-demand billing) and it is ACTIVE"
-	}
-	fmt.Fprintf(stdout, "usage store %s: %s\n", spec, what)
+	_, table := cfg.Usage.Backend()
+	fmt.Fprintf(stdout, "usage store %s: created the DynamoDB table %s (on-demand billing) and it is ACTIVE\n", spec, table)
 	return nil
+}
+
+func describeMigration(m sqlite.Migration) string {
+	switch {
+	case m.Created:
+		return fmt.Sprintf("created the usage table (schema version %d)", m.To)
+	case m.From != m.To:
+		return fmt.Sprintf("upgraded the schema from version %d to %d", m.From, m.To)
+	}
+	return fmt.Sprintf("already initialized (schema version %d), nothing to do", m.To)
+}
+
+// usageOpenTimeout bounds serve's opening of the usage store: an SQLite
+// migration waiting for another process's lock, or a DynamoDB endpoint that
+// does not answer.
+const usageOpenTimeout = 30 * time.Second
+
+// openServeUsage opens the usage store for a gateway: an SQLite file gets
+// its schema created or upgraded on open; a DynamoDB table must exist
+// (mcpgate usage init), unless create is set (the demo's own store).
+func openServeUsage(ctx context.Context, cfg *policy.Config, create bool, log *slog.Logger) (usagestore.Store, error) {
+	ctx, cancel := context.WithTimeout(ctx, usageOpenTimeout)
+	defer cancel()
+	spec := cfg.Usage.Store
+	us, err := openUsageStore(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	if s, ok := us.(*sqlite.Store); ok && s.Migration().From != s.Migration().To {
+		log.Info("usage store: "+describeMigration(s.Migration()), "store", spec)
+	}
+	if create {
+		err = us.Init(ctx)
+	} else {
+		err = us.Check(ctx)
+	}
+	if err == nil {
+		return us, nil
+	}
+	us.Close()
+	if kind, table := cfg.Usage.Backend(); kind == "dynamodb" && errors.Is(err, usagestore.ErrNotInitialized) {
+		return nil, fmt.Errorf("usage table %q does not exist: run 'mcpgate usage init --config %s' once (%w)", table, cfg.Path, err)
+	}
+	return nil, fmt.Errorf("usage store %s: %w", spec, err)
 }
 
 // loadConfig loads and validates the config, printing its problems.
@@ -208,13 +259,14 @@ func loadConfig(path string, stderr io.Writer) (*policy.Config, error) {
 
 // openUsageStore opens the durable usage store named by a usage.store value:
 // "sqlite:PATH" (a file, created if missing; a relative PATH is relative to
-// the working directory) or "dynamodb:TABLE" (region, endpoint and
-// credentials from the standard AWS environment). It does not initialize it.
+// the working directory; its schema is created or upgraded on open) or
+// "dynamodb:TABLE" (region, endpoint and credentials from the standard AWS
+// environment; the table is not created).
 func openUsageStore(ctx context.Context, spec string) (usagestore.Store, error) {
 	kind, target, _ := strings.Cut(spec, ":")
 	switch kind {
 	case "sqlite":
-		s, err := sqlite.Open(target)
+		s, err := sqlite.OpenContext(ctx, target)
 		if err != nil {
 			return nil, err
 		}

@@ -75,8 +75,15 @@ func e2eEnv() []string {
 // The process is killed when the test ends if it is still running.
 func startServe(t *testing.T, bin, cfg string) *gatewayProc {
 	t.Helper()
+	return startServeIn(t, bin, "", cfg)
+}
+
+// startServeIn is startServe in the working directory dir ("": this one).
+func startServeIn(t *testing.T, bin, dir, cfg string) *gatewayProc {
+	t.Helper()
 	p := &gatewayProc{stderr: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, "serve", "--config", cfg)
+	p.cmd.Dir = dir
 	p.cmd.Env = e2eEnv()
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {

@@ -195,6 +195,7 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		defer func() { g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds()) }()
 		return g.load(ctx, r, rt, fwd, lw)
 	}, pol)
+	g.countDegraded(entry)
 	if lw.release() {
 		// This caller's own load streams the answer to it (or, rarely, an
 		// early refresh its hit started got there first): that is its
@@ -282,6 +283,19 @@ func (g *Gateway) uncacheableAnswer(w http.ResponseWriter, msg *mcp.Message, u *
 		mcp.WriteError(w, u.status, msg.ID, mcp.CodeInternalError, "upstream MCP server unavailable", nil)
 	}
 	return !u.interim || isErrorResult(u.value), nil, u.status
+}
+
+// countDegraded counts an answer the cache loaded without its store (the
+// cache logs the store's state changes).
+func (g *Gateway) countDegraded(e cache.Entry) {
+	if e.StoreErr == nil {
+		return
+	}
+	reason := "error"
+	if errors.Is(e.StoreErr, cache.ErrStoreSkipped) {
+		reason = "skipped"
+	}
+	g.metrics.CacheDegraded.WithLabelValues(reason).Inc()
 }
 
 // writeRPC writes a JSON-RPC response with the caller's id around a result

@@ -253,6 +253,7 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 		{"store.redis", old.cfg.Store.Redis, cfg.Store.Redis},
 		{"store.timeout", old.cfg.Store.Timeout, cfg.Store.Timeout},
 		{"cache.redis", old.cfg.Cache.Redis, cfg.Cache.Redis},
+		{"cache.timeout", old.cfg.Cache.Timeout, cfg.Cache.Timeout},
 		{"usage.store", old.cfg.Usage.Store, cfg.Usage.Store},
 		{"usage.flush_interval", old.cfg.Usage.FlushInterval, cfg.Usage.FlushInterval},
 		{"breaker.alert_webhook", old.cfg.Breaker.AlertWebhook, cfg.Breaker.AlertWebhook},

@@ -56,6 +56,10 @@ type Metrics struct {
 	// OpenConnections is the number of client connections accepted and not
 	// yet closed (at most server.max_connections).
 	OpenConnections prometheus.Gauge
+	// CacheDegraded counts cacheable calls answered without the cache
+	// store, as if uncached, by reason: skipped (its breaker is open) or
+	// error (a store operation failed or timed out).
+	CacheDegraded *prometheus.CounterVec
 }
 
 // New creates and registers the collectors (plus the Go and process
@@ -117,10 +121,14 @@ func New() *Metrics {
 		OpenConnections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "mcpgate_open_connections", Help: "Client connections accepted and not yet closed.",
 		}),
+		CacheDegraded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcpgate_cache_degraded_total", Help: "Calls of cacheable tools answered without the cache store (skipped by its breaker, or a failed or timed-out store operation), by reason.",
+		}, []string{"reason"}),
 	}
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
 		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
-		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.UpstreamSessions, m.SessionsEnded, m.OpenConnections)
+		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.CacheDegraded,
+		m.UpstreamSessions, m.SessionsEnded, m.OpenConnections)
 	// The runtime collectors too carry the prefix: every name we serve starts
 	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).
 	prometheus.WrapRegistererWithPrefix("mcpgate_", r).MustRegister(

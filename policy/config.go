@@ -273,10 +273,18 @@ type Tool struct {
 	Invalidates []string      // tag templates dropped after a successful call
 }
 
+// DefaultCacheTimeout is Cache.Timeout when the file leaves it out.
+const DefaultCacheTimeout = 25 * time.Millisecond
+
 // Cache is the tool-result cache.
 type Cache struct {
 	Redis []string // like Store.Redis; nil: use Store.Redis
-	Warm  []Warm   // calls made at startup, before the gateway reports ready
+	// Timeout is the deadline of one cache store operation (a read, a
+	// lock, a write, a wait's subscription, an invalidation round trip): a
+	// cached call whose store operation misses it is served uncached.
+	// Default DefaultCacheTimeout.
+	Timeout time.Duration
+	Warm    []Warm // calls made at startup, before the gateway reports ready
 }
 
 // Warm is one call made to fill the cache at startup.

@@ -61,6 +61,8 @@
 //	tiers.NAME.limits          rules, per defaults to tenant
 //	global                     rules counted across all tenants; per is always global
 //	cache.redis                like store.redis; "" uses store.redis
+//	cache.timeout              deadline of one cache store operation; a cached call whose
+//	                           store operation misses it is served uncached [25ms]
 //	cache.warm[]               {tool, args, tenant}: calls made at startup; the tool must
 //	                           have a cache, and tenant is required unless it is shared
 //	tools.NAME.cost            N (fixed, at least 1) or {estimate: N [1], from_result: PATH} [1]

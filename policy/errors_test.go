@@ -41,6 +41,8 @@ var badConfigs = []struct {
 		[]string{`m.yaml:3: breaker.cooldown: bad duration "1d" (Go durations have no "d" unit: write 24h for a day)`}},
 	{"zero timeout", "store: {timeout: 0s}\n",
 		[]string{`m.yaml:3: store.timeout: must be positive`}},
+	{"zero cache timeout", "cache: {timeout: 0s}\n",
+		[]string{`m.yaml:3: cache.timeout: must be positive`}},
 	{"negative duration", "upstream2: 1\nbreaker: {cooldown: -1s}\n",
 		[]string{`m.yaml:3: upstream2: unknown field (did you mean "upstream"?)`, `m.yaml:4: breaker.cooldown: must not be negative, got -1s`}},
 	{"percentage without %", "tools: {s: {cache: {ttl: 1m, jitter: 10}}}\n",

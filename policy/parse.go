@@ -405,7 +405,8 @@ func (d *decoder) tiers(n *yaml.Node, path string) map[string]Tier {
 
 func (d *decoder) cache(n *yaml.Node, path string, c *Cache) {
 	d.object(n, path, fields{
-		"redis": func(v *yaml.Node, p string) { c.Redis = d.redis(v, p) },
+		"redis":   func(v *yaml.Node, p string) { c.Redis = d.redis(v, p) },
+		"timeout": func(v *yaml.Node, p string) { c.Timeout, _ = d.positiveDuration(v, p) },
 		"warm": func(v *yaml.Node, p string) {
 			d.list(v, p, func(_ int, v *yaml.Node, p string) {
 				w := Warm{Args: map[string]any{}}
@@ -616,6 +617,9 @@ func (d *decoder) defaults(c *Config) {
 	}
 	if c.Store.Timeout == 0 {
 		c.Store.Timeout = DefaultStoreTimeout
+	}
+	if c.Cache.Timeout == 0 {
+		c.Cache.Timeout = DefaultCacheTimeout
 	}
 	if c.Usage.FlushInterval == 0 {
 		c.Usage.FlushInterval = DefaultFlushInterval

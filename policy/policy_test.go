@@ -69,7 +69,7 @@ func TestExampleLoads(t *testing.T) {
 	if !reflect.DeepEqual(c.Global, wantGlobal) {
 		t.Errorf("global = %+v", c.Global)
 	}
-	wantCache := Cache{Warm: []Warm{{Tool: "search", Args: map[string]any{"query": "pricing"}, Tenant: "acme"}}}
+	wantCache := Cache{Timeout: DefaultCacheTimeout, Warm: []Warm{{Tool: "search", Args: map[string]any{"query": "pricing"}, Tenant: "acme"}}}
 	if !reflect.DeepEqual(c.Cache, wantCache) {
 		t.Errorf("cache = %+v", c.Cache)
 	}
@@ -125,6 +125,7 @@ func TestDefaults(t *testing.T) {
 		Auth:        Auth{JWT: JWT{HS256SecretEnv: "SECRET", TenantClaim: "tenant_id", TierClaim: "tier", ScopeClaim: "scope", RequireExpiry: true, Leeway: 30 * time.Second}},
 		Store:       Store{Timeout: 25 * time.Millisecond, OnError: FailOpen},
 		Usage:       Usage{Store: "sqlite:mcpgate-usage.db", FlushInterval: time.Second},
+		Cache:       Cache{Timeout: 25 * time.Millisecond},
 		DefaultTier: "free",
 		Tiers:       map[string]Tier{},
 		Tools:       map[string]Tool{},
@@ -173,6 +174,7 @@ tools:
   v: {<<: [{cost: 3, on_error: closed}, {cost: 4, invalidates: ["x"]}], on_error: open}
 cache:
   redis: "rediss://u:p@cache:6380/2"
+  timeout: 40ms
   warm:
     - tool: t
       args: {s: x, i: -3, f: 2.5, b: false, "n": null, l: [1, {k: v}], ts: 2024-01-02, q: "7"}
@@ -192,7 +194,7 @@ cache:
 	if !reflect.DeepEqual(c.Store.Redis, []string{"10.0.0.1:7000", "10.0.0.2:7001"}) || c.Store.OnError != FailLocal {
 		t.Errorf("store %+v", c.Store)
 	}
-	if !reflect.DeepEqual(c.Cache.Redis, []string{"rediss://u:p@cache:6380/2"}) {
+	if !reflect.DeepEqual(c.Cache.Redis, []string{"rediss://u:p@cache:6380/2"}) || c.Cache.Timeout != 40*time.Millisecond {
 		t.Errorf("cache %+v", c.Cache)
 	}
 	if k, tb := c.Usage.Backend(); k != "dynamodb" || tb != "mcpgate-usage" || c.Usage.FlushInterval != 250*time.Millisecond {

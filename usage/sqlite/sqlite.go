@@ -10,6 +10,13 @@
 // synchronous=FULL (a committed flush survives a power loss: the flusher marks
 // a meter flushed only after the commit) and a busy timeout, so that the
 // gateway and the mcpgate usage command can share the file.
+//
+// Open creates the schema, or upgrades it, itself: the file's header keeps
+// its schema version (PRAGMA user_version) and Open applies, in order and
+// each in one transaction, the migrations the file lacks (see SchemaVersion).
+// A file from before versioning (version 0, made by mcpgate usage init) holds
+// exactly version 1's table and is adopted as it is. A file newer than this
+// build is refused (ErrSchemaTooNew), never written.
 package sqlite
 
 import (
@@ -17,6 +24,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -29,17 +37,6 @@ import (
 // BusyTimeout is how long a statement waits for another connection or
 // process holding the database lock before failing with ErrUnavailable.
 const BusyTimeout = 5 * time.Second
-
-const schema = `CREATE TABLE IF NOT EXISTS usage (
-	tenant         TEXT    NOT NULL,
-	period         TEXT    NOT NULL,
-	charged        INTEGER NOT NULL DEFAULT 0,
-	refunded       INTEGER NOT NULL DEFAULT 0,
-	calls          INTEGER NOT NULL DEFAULT 0,
-	refunded_calls INTEGER NOT NULL DEFAULT 0,
-	updated_at     TEXT    NOT NULL,
-	PRIMARY KEY (tenant, period)
-) WITHOUT ROWID`
 
 const columns = `tenant, period, charged, refunded, calls, refunded_calls, updated_at`
 
@@ -61,15 +58,36 @@ WHERE excluded.charged > charged OR excluded.refunded > refunded
 // Store is a usage.Store in one SQLite file. It is safe for concurrent use,
 // also by several processes sharing the file.
 type Store struct {
-	db   *sql.DB
-	path string
+	db        *sql.DB
+	path      string
+	migration Migration // set by Open
 }
 
 var _ usage.Store = (*Store)(nil)
 
-// Open opens (creating it if needed) the SQLite file at path. The table is
-// created by Init, not by Open. path must not contain '?'.
+// Migration is what Open did to the file's schema.
+type Migration struct {
+	From, To int  // the schema version Open found and the one it left; equal when it changed nothing
+	Created  bool // the file had no usage table: Open created it (From is 0)
+}
+
+// openTimeout bounds Open: connecting, and migrations that may each wait
+// BusyTimeout for another process's write lock.
+const openTimeout = 2*BusyTimeout + time.Second
+
+// Open is OpenContext bounded by a deadline of a few busy timeouts.
 func Open(path string) (*Store, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	return OpenContext(ctx, path)
+}
+
+// OpenContext opens the SQLite file at path, creating it if needed, and
+// brings its schema to SchemaVersion (see the package doc); ctx bounds that
+// I/O. It fails, leaving the file unchanged, with an error wrapping
+// ErrSchemaTooNew for a file of a newer schema and ErrUnexpectedSchema for a
+// usage table mcpgate did not create. path must not contain '?'.
+func OpenContext(ctx context.Context, path string) (*Store, error) {
 	switch {
 	case path == "":
 		return nil, errors.New("usage/sqlite: empty path")
@@ -86,44 +104,77 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("usage/sqlite: open %s: %w", path, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), BusyTimeout+time.Second)
-	defer cancel()
+	s := &Store{db: db, path: path}
 	// Connecting applies the pragmas: a file that cannot be created or is
 	// not a database fails here rather than at the first flush.
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("usage/sqlite: open %s: %w", path, err)
 	}
-	return &Store{db: db, path: path}, nil
+	if err := s.migrateOnOpen(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
 }
+
+func (s *Store) migrateOnOpen(ctx context.Context) error {
+	cols, err := tableColumns(ctx, s.db, "usage")
+	if err != nil {
+		return fmt.Errorf("usage/sqlite: open %s: %w", s.path, err)
+	}
+	from, err := migrate(ctx, s.db, migrations)
+	if err != nil {
+		return fmt.Errorf("usage/sqlite: open %s: %w", s.path, err)
+	}
+	s.migration = Migration{From: from, To: SchemaVersion, Created: from == 0 && len(cols) == 0}
+	return nil
+}
+
+// Migration reports what Open did to the file's schema.
+func (s *Store) Migration() Migration { return s.migration }
 
 // Path returns the file the Store was opened on.
 func (s *Store) Path() string { return s.path }
 
-// Init creates the usage table if it does not exist.
+// Init brings the schema to SchemaVersion, as Open does: on a file that is
+// up to date it changes nothing. (It matters only when something reset the
+// file after Open.)
 func (s *Store) Init(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, schema); err != nil {
+	if _, err := migrate(ctx, s.db, migrations); err != nil {
+		if errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrUnexpectedSchema) {
+			return fmt.Errorf("usage/sqlite: init %s: %w", s.path, err)
+		}
 		return s.fail("init", err)
 	}
 	return nil
 }
 
-// Check returns nil when the usage table exists with the expected columns,
-// an error wrapping usage.ErrNotInitialized when it does not exist.
+// Check returns nil when the file is at SchemaVersion with the expected usage
+// table; an error wrapping usage.ErrNotInitialized when its schema is older
+// or the table is missing (the file was changed after Open), ErrSchemaTooNew
+// when it is newer, ErrUnexpectedSchema when the table is not mcpgate's.
 func (s *Store) Check(ctx context.Context) error {
-	var n int
-	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'usage'`).Scan(&n)
+	v, err := userVersion(ctx, s.db)
 	if err != nil {
 		return s.fail("check", err)
 	}
-	if n == 0 {
-		return fmt.Errorf("%w: %s has no usage table (run mcpgate usage init)", usage.ErrNotInitialized, s.path)
+	switch {
+	case v > SchemaVersion:
+		return fmt.Errorf("usage/sqlite: check %s: %w", s.path, tooNew(v, SchemaVersion))
+	case v < SchemaVersion:
+		return fmt.Errorf("%w: %s is at schema version %d, want %d (run mcpgate usage init)", usage.ErrNotInitialized, s.path, v, SchemaVersion)
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT `+columns+` FROM usage LIMIT 0`)
-	if err != nil {
-		return fmt.Errorf("usage/sqlite: %s: the usage table has an unexpected schema: %w", s.path, err)
+	cols, err := tableColumns(ctx, s.db, "usage")
+	switch {
+	case err != nil:
+		return s.fail("check", err)
+	case len(cols) == 0:
+		return fmt.Errorf("%w: %s is at schema version %d but has no usage table: it was changed outside mcpgate", usage.ErrNotInitialized, s.path, v)
+	case !slices.Equal(cols, usageColumns):
+		return fmt.Errorf("usage/sqlite: check %s: %w: the usage table has the columns %v, want %v", s.path, ErrUnexpectedSchema, cols, usageColumns)
 	}
-	return rows.Close()
+	return nil
 }
 
 // Put raises the stored totals to recs in one transaction: either every
