@@ -1,0 +1,18 @@
+// Package conformance holds the test that runs the official MCP conformance
+// suite (npm @modelcontextprotocol/conformance) through mcpgate: the suite's
+// server scenarios run against the suite's reference server directly, then
+// three times through a gateway in front of it, and every scenario that
+// passes directly must pass through the gateway in all three runs.
+//
+// The suite, its reference server and the Node 22 that runs them are an npm
+// project under testdata/node, pinned by its package-lock.json. scripts/test
+// installs it; by hand:
+//
+//	npm ci --prefix internal/conformance/testdata/node --ignore-scripts
+//	npm rebuild --prefix internal/conformance/testdata/node node
+//
+// (the second command runs the one install script needed: the node package
+// fetching its Node 22 binary from the npm registry).
+//
+// The package has no API: everything is in its tests.
+package conformance
