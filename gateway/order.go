@@ -23,11 +23,29 @@ const defaultOrderWait = 2 * time.Second
 // headers not received), a POST of that session waits, at most wait, then
 // proceeds. Other sessions never wait. Entries live while a GET is being
 // accepted. Safe for concurrent use.
+//
+// The client fires its GET when the answer to notifications/initialized
+// arrives and may send its first request at once, on another connection:
+// that request can reach the gateway before the GET does (seen with the
+// TypeScript SDK client, a few milliseconds apart). So for grace after a
+// session's initialized notification was answered, a request of that
+// session that finds no GET yet waits (at most the rest of grace) for one
+// to arrive. A client that opens no GET pays this once, on a request sent
+// within grace of its initialization.
 type sessionOrder struct {
 	wait    time.Duration
+	grace   time.Duration
 	mu      sync.Mutex
 	opening map[string]*openingGET // by upstream session id
-	waiting atomic.Int64           // POSTs waiting now
+	fresh   map[string]*freshSession
+	waiting atomic.Int64 // requests waiting now
+}
+
+// freshSession is a session initialized less than grace ago whose GET has
+// not arrived.
+type freshSession struct {
+	until time.Time
+	got   chan struct{} // closed when the session's first GET arrives
 }
 
 // openingGET is the GETs of one session not yet accepted upstream.
@@ -37,7 +55,34 @@ type openingGET struct {
 }
 
 func newSessionOrder(wait time.Duration) *sessionOrder {
-	return &sessionOrder{wait: wait, opening: make(map[string]*openingGET)}
+	return &sessionOrder{wait: wait, grace: defaultGETGrace, opening: make(map[string]*openingGET), fresh: make(map[string]*freshSession)}
+}
+
+// defaultGETGrace is how long after its initialization a session's request
+// waits for the session's first GET.
+const defaultGETGrace = 200 * time.Millisecond
+
+// initialized records that session's notifications/initialized was
+// answered: its client is about to open the GET stream.
+func (o *sessionOrder) initialized(session string) {
+	if session == "" || o.grace <= 0 {
+		return
+	}
+	f := &freshSession{until: time.Now().Add(o.grace), got: make(chan struct{})}
+	o.mu.Lock()
+	if _, ok := o.fresh[session]; !ok {
+		o.fresh[session] = f
+		time.AfterFunc(o.grace, func() { o.forgetFresh(session, f) })
+	}
+	o.mu.Unlock()
+}
+
+func (o *sessionOrder) forgetFresh(session string, f *freshSession) {
+	o.mu.Lock()
+	if o.fresh[session] == f {
+		delete(o.fresh, session)
+	}
+	o.mu.Unlock()
 }
 
 // open records a GET of session being forwarded. The function returned marks
@@ -47,6 +92,10 @@ func (o *sessionOrder) open(session string) (accepted func()) {
 		return func() {}
 	}
 	o.mu.Lock()
+	if f := o.fresh[session]; f != nil {
+		delete(o.fresh, session)
+		close(f.got)
+	}
 	g := o.opening[session]
 	if g == nil {
 		g = &openingGET{accepted: make(chan struct{})}
@@ -68,10 +117,26 @@ func (o *sessionOrder) open(session string) (accepted func()) {
 }
 
 // await returns once no GET of session is waiting to be accepted upstream,
-// after o.wait, or when ctx is done, whichever comes first.
-func (o *sessionOrder) await(ctx context.Context, session string) {
+// after o.wait, or when ctx is done, whichever comes first. A request (not
+// a notification) of a session initialized less than grace ago first waits
+// for the session's first GET to arrive, until grace has passed.
+func (o *sessionOrder) await(ctx context.Context, session string, request bool) {
 	if session == "" {
 		return
+	}
+	o.mu.Lock()
+	f := o.fresh[session]
+	o.mu.Unlock()
+	if f != nil && request {
+		o.waiting.Add(1)
+		t := time.NewTimer(time.Until(f.until))
+		select {
+		case <-f.got:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		o.waiting.Add(-1)
 	}
 	o.mu.Lock()
 	g := o.opening[session]
@@ -97,11 +162,17 @@ func (g *Gateway) serveOrdered(w http.ResponseWriter, r *http.Request, rt *runti
 	session := r.Header.Get(mcp.HeaderSessionID)
 	switch r.Method {
 	case http.MethodGet:
-		accepted := g.order.open(session)
-		defer accepted()
-		fwd.OnResponse = accepted
+		if fwd.OnResponse == nil { // serveMCP records it as soon as it knows the session
+			accepted := g.order.open(session)
+			defer accepted()
+			fwd.OnResponse = accepted
+		}
 	case http.MethodPost:
-		g.order.await(r.Context(), session)
+		g.order.await(r.Context(), session, fwd.Msg.IsCall())
 	}
-	return rt.proxy.Serve(w, r, fwd)
+	status, err := rt.proxy.Serve(w, r, fwd)
+	if r.Method == http.MethodPost && err == nil && status/100 == 2 && fwd.Msg != nil && fwd.Msg.Method == mcp.MethodInitialized {
+		g.order.initialized(session)
+	}
+	return status, err
 }

@@ -124,12 +124,46 @@ func TestSessionOrderBounded(t *testing.T) {
 	t.Parallel()
 	o := newSessionOrder(time.Millisecond)
 	accepted := o.open("s1")
-	o.await(context.Background(), "s1") // returns: bounded
-	o.await(context.Background(), "s2") // another session never waits
-	o.await(context.Background(), "")   // nor requests without a session
+	o.await(context.Background(), "s1", true) // returns: bounded
+	o.await(context.Background(), "s2", true) // another session never waits
+	o.await(context.Background(), "", true)   // nor requests without a session
 	accepted()
 	accepted() // idempotent
 	if len(o.opening) != 0 || o.waiting.Load() != 0 {
 		t.Fatalf("entries %v, waiting %d", o.opening, o.waiting.Load())
 	}
+}
+
+// A request right after its session's initialization waits for the GET the
+// client opens at that moment; a notification does not; the wait ends when
+// the GET arrives, or after the grace.
+func TestSessionOrderWaitsForTheFirstGET(t *testing.T) {
+	t.Parallel()
+	o := newSessionOrder(time.Minute)
+	o.grace = time.Minute
+	o.initialized("s1")
+	o.await(context.Background(), "s1", false) // a notification: no wait
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		o.await(context.Background(), "s1", true)
+	}()
+	eventually(t, 10*time.Second, "the request to wait for the GET", func() bool { return o.waiting.Load() == 1 })
+	accepted := o.open("s1") // the GET arrives: the request goes on to wait for its acceptance
+	eventually(t, 10*time.Second, "the request to wait for the GET's acceptance", func() bool {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return len(o.fresh) == 0 && o.waiting.Load() == 1
+	})
+	accepted()
+	<-done
+
+	o.grace = time.Millisecond
+	o.initialized("s2")
+	o.await(context.Background(), "s2", true) // no GET ever comes: bounded by the grace
+	eventually(t, 10*time.Second, "the fresh entry to be forgotten", func() bool {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return len(o.fresh) == 0
+	})
 }

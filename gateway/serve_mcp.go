@@ -66,6 +66,13 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		r.Header.Set(mcp.HeaderSessionID, upstreamID)
+		if r.Method == http.MethodGet {
+			// Recorded as soon as the session is known: a POST the client
+			// sent right after this GET must not overtake it upstream.
+			accepted := g.order.open(upstreamID)
+			defer accepted()
+			fwd.OnResponse = accepted
+		}
 		done, live := g.useSession(w, r, rt, p, upstreamID, lease)
 		if !live {
 			return

@@ -58,6 +58,9 @@ const (
 	MethodToolsCall     = "tools/call"
 	MethodPromptsGet    = "prompts/get"
 	MethodResourcesRead = "resources/read"
+	// MethodInitialized is the notification that ends a session's
+	// initialization; clients open their GET stream when it is answered.
+	MethodInitialized = "notifications/initialized"
 	// The list methods whose answers a Filter can trim.
 	MethodResourcesList         = "resources/list"
 	MethodResourceTemplatesList = "resources/templates/list"

@@ -30,7 +30,7 @@ func TestConformanceThroughGateway(t *testing.T) {
 	s := requireSuite(t)
 	upstream, upstreamLog := startReference(t, s)
 	gateway, gatewayLog := startGateway(t, upstream)
-	token, err := auth.SignHS256([]byte(secret), map[string]any{"tenant_id": "conformance", "sub": "suite", "scope": "tools:*"})
+	token, err := auth.SignHS256([]byte(secret), map[string]any{"tenant_id": "conformance", "sub": "suite", "scope": "tools:* resources:* prompts:*", "exp": time.Now().Add(time.Hour).Unix()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,6 +164,9 @@ tiers:
   free:
     limits:
       - {name: per_tenant, per: tenant, algorithm: fixed_window, limit: 1000000, period: 1m}
+      # the suite opens a session per scenario, all as one tenant and subject
+      - {name: all_methods, per: tenant, methods: ["*"], algorithm: fixed_window, limit: 1000000, period: 1m}
+sessions: {max_per_tenant: 10000, max_per_subject: 10000}
 `, upstream, "sqlite:"+filepath.Join(dir, "usage.db"))
 	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
