@@ -291,10 +291,10 @@ func TestLongStreamOutlivesWriteTimeout(t *testing.T) {
 	if res.IsError || len(res.Content) == 0 || res.Content[0].(*sdk.TextContent).Text != "ticked" {
 		t.Fatalf("result %+v", res)
 	}
-	t.Logf("stream of %d events lasted %v with write_timeout 1s", events.Load(), time.Since(start).Round(time.Millisecond))
-	if got := events.Load(); got != n {
-		t.Fatalf("%d progress events, want %d", got, n)
-	}
+	t.Logf("stream lasted %v with write_timeout 1s", time.Since(start).Round(time.Millisecond))
+	// The client runs progress handlers asynchronously: the last ones may
+	// be counted after CallTool returned.
+	eventually(t, liveness, fmt.Sprintf("all %d progress events counted", n), func() bool { return events.Load() == n })
 }
 
 // A client that stops reading a stream is cut once a write waits longer
