@@ -296,8 +296,11 @@ func New(store Store, opts *Options) (*Cache, error) {
 		if failures == 0 {
 			failures = DefaultBreakerFailures
 		}
-		c.guard = newGuardedStore(store, p, failures, or(o.ProbeInterval, DefaultProbeInterval), max(c.timeout, 100*time.Millisecond), c.log)
-		c.store = c.guard
+		g, err := newGuardedStore(store, p, failures, or(o.ProbeInterval, DefaultProbeInterval), c.timeout, c.log)
+		if err != nil {
+			return nil, err
+		}
+		c.guard, c.store = g, g
 	}
 	return c, nil
 }
@@ -335,7 +338,7 @@ func (c *Cache) skipped() int64 {
 	if c.guard == nil {
 		return 0
 	}
-	return c.guard.skipped.Load()
+	return c.guard.br.Skipped()
 }
 
 // StoreAvailable reports whether store operations are attempted: false

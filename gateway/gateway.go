@@ -149,13 +149,17 @@ func New(opts Options) (*Gateway, error) {
 	g.lim = &limiter{local: local, denials: newDenialCache(0, g.now), log: g.log, stats: g.metrics}
 	if opts.SharedStore != nil {
 		g.metrics.StoreUp.Set(1)
-		g.guard = newGuardedStore(opts.SharedStore, opts.Probe, opts.Config.Store.Timeout, g.log, func(up bool) {
+		guard, err := newGuardedStore(opts.SharedStore, opts.Probe, opts.Config.Store.Timeout, g.log, func(up bool) {
 			if up {
 				g.metrics.StoreUp.Set(1)
 			} else {
 				g.metrics.StoreUp.Set(0)
 			}
 		})
+		if err != nil {
+			return nil, err
+		}
+		g.guard = guard
 		g.lim.shared = g.guard
 	}
 	if opts.Usage != nil {

@@ -4,10 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/mcpgate/mcpgate/internal/storeguard"
 	"github.com/mcpgate/mcpgate/limit"
 )
 
@@ -15,51 +14,39 @@ import (
 // open: recent calls failed and a background probe has not yet seen it back.
 var ErrStoreDown = errors.New("gateway: limit store unavailable (breaker open)")
 
-// Defaults of the store breaker.
-const (
-	// DefaultStoreFailures consecutive store errors open the breaker.
-	DefaultStoreFailures = 3
-	// DefaultProbeInterval is how often a background probe checks an
-	// unavailable store.
-	DefaultProbeInterval = 250 * time.Millisecond
-)
+// DefaultStoreFailures consecutive store errors open the limit store's
+// breaker.
+const DefaultStoreFailures = storeguard.DefaultFailures
 
-// guardedStore wraps the shared limit store with a breaker: after
-// DefaultStoreFailures errors in a row it stops calling the store (so an
-// outage costs each request nothing instead of a timeout) and a background
-// probe closes the breaker again once the store answers.
+// guardedStore wraps the shared limit store with a breaker
+// (internal/storeguard): after DefaultStoreFailures errors in a row it stops
+// calling the store (so an outage costs each request nothing instead of a
+// timeout) and a background probe closes the breaker again once the store
+// answers.
 type guardedStore struct {
 	limit.Store
-	probe    func(ctx context.Context) error
-	log      *slog.Logger
-	failures atomic.Int32
-	open     atomic.Bool
-	mu       sync.Mutex // serialises probe start
-	probing  bool
-	stop     chan struct{}
-	stopOnce sync.Once
-	interval time.Duration
-	timeout  time.Duration
-	// onState, when set, is told when the breaker opens (false) and closes
-	// again (true): it drives the mcpgate_limit_store_up gauge.
-	onState func(up bool)
+	br *storeguard.Breaker
 }
 
-func newGuardedStore(s limit.Store, probe func(context.Context) error, timeout time.Duration, log *slog.Logger, onState func(up bool)) *guardedStore {
-	return &guardedStore{Store: s, probe: probe, log: log, stop: make(chan struct{}), interval: DefaultProbeInterval, timeout: timeout, onState: onState}
-}
-
-func (g *guardedStore) setState(up bool) {
-	if g.onState != nil {
-		g.onState(up)
+// newGuardedStore wraps s. onState, when set, is told when the breaker
+// opens (false) and closes (true): it drives the mcpgate_limit_store_up
+// gauge.
+func newGuardedStore(s limit.Store, probe func(context.Context) error, timeout time.Duration, log *slog.Logger, onState func(up bool)) (*guardedStore, error) {
+	br, err := storeguard.New(storeguard.Options{Probe: probe, ProbeTimeout: timeout, Name: "limit store", Logger: log, OnState: onState})
+	if err != nil {
+		return nil, err
 	}
+	return &guardedStore{Store: s, br: br}, nil
 }
 
 // Available reports whether calls currently go to the store.
-func (g *guardedStore) Available() bool { return !g.open.Load() }
+func (g *guardedStore) Available() bool { return g.br.Available() }
+
+// down reports whether the breaker is open: the store must not be called.
+func (g *guardedStore) down() bool { return !g.br.Available() }
 
 func (g *guardedStore) Take(ctx context.Context, checks []limit.Check, cost int64) (limit.Decision, error) {
-	if g.open.Load() {
+	if g.down() {
 		return limit.Decision{}, ErrStoreDown
 	}
 	d, err := g.Store.Take(ctx, checks, cost)
@@ -68,7 +55,7 @@ func (g *guardedStore) Take(ctx context.Context, checks []limit.Check, cost int6
 }
 
 func (g *guardedStore) Refund(ctx context.Context, checks []limit.Check, cost int64, lease string) error {
-	if g.open.Load() {
+	if g.down() {
 		return ErrStoreDown
 	}
 	err := g.Store.Refund(ctx, checks, cost, lease)
@@ -84,7 +71,7 @@ func (g *guardedStore) Renew(ctx context.Context, checks []limit.Check, lease st
 	if !ok {
 		return true, nil
 	}
-	if g.open.Load() {
+	if g.down() {
 		return false, ErrStoreDown
 	}
 	held, err := rn.Renew(ctx, checks, lease)
@@ -93,7 +80,7 @@ func (g *guardedStore) Renew(ctx context.Context, checks []limit.Check, lease st
 }
 
 func (g *guardedStore) Release(ctx context.Context, checks []limit.Check, lease string) error {
-	if g.open.Load() {
+	if g.down() {
 		return ErrStoreDown
 	}
 	err := g.Store.Release(ctx, checks, lease)
@@ -101,61 +88,23 @@ func (g *guardedStore) Release(ctx context.Context, checks []limit.Check, lease 
 	return err
 }
 
+// observe feeds one call's error to the breaker: the store's failures
+// count, our own mistakes and a caller that went away do not.
 func (g *guardedStore) observe(ctx context.Context, err error) {
 	switch {
 	case err == nil:
-		g.failures.Store(0)
+		g.br.Observe(nil)
 	case errors.Is(err, limit.ErrInvalidRule), errors.Is(err, limit.ErrInvalidCost), errors.Is(err, limit.ErrNoChecks):
 		// our own mistake, not the store's health
 	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
 		// the caller went away; says nothing about the store
 	default:
-		if g.failures.Add(1) >= DefaultStoreFailures {
-			g.trip(err)
-		}
-	}
-}
-
-func (g *guardedStore) trip(cause error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.probing || g.probe == nil {
-		return
-	}
-	g.open.Store(true)
-	g.probing = true
-	g.setState(false)
-	g.log.Warn("limit store unavailable: skipping it until a probe succeeds", "err", cause)
-	go g.probeLoop()
-}
-
-func (g *guardedStore) probeLoop() {
-	t := time.NewTicker(g.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-g.stop:
-			return
-		case <-t.C:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), max(g.timeout, 100*time.Millisecond))
-		err := g.probe(ctx)
-		cancel()
-		if err == nil {
-			g.mu.Lock()
-			g.failures.Store(0)
-			g.open.Store(false)
-			g.probing = false
-			g.setState(true)
-			g.mu.Unlock()
-			g.log.Info("limit store reachable again")
-			return
-		}
+		g.br.Observe(err)
 	}
 }
 
 // Close stops the background probe.
-func (g *guardedStore) Close() { g.stopOnce.Do(func() { close(g.stop) }) }
+func (g *guardedStore) Close() { g.br.Close() }
 
 // The usage-meter methods go through the same breaker: a meter lives in the
 // shared store like any counter.
@@ -163,7 +112,7 @@ func (g *guardedStore) Close() { g.stopOnce.Do(func() { close(g.stop) }) }
 func (g *guardedStore) metered() limit.MeteredStore { return g.Store.(limit.MeteredStore) }
 
 func (g *guardedStore) TakeMetered(ctx context.Context, checks []limit.Check, m limit.Meter, cost int64) (limit.Decision, limit.MeterResult, error) {
-	if g.open.Load() {
+	if g.down() {
 		return limit.Decision{}, limit.MeterResult{}, ErrStoreDown
 	}
 	d, r, err := g.metered().TakeMetered(ctx, checks, m, cost)
@@ -172,7 +121,7 @@ func (g *guardedStore) TakeMetered(ctx context.Context, checks []limit.Check, m 
 }
 
 func (g *guardedStore) Adjust(ctx context.Context, m limit.Meter, delta limit.Usage) (limit.MeterResult, error) {
-	if g.open.Load() {
+	if g.down() {
 		return limit.MeterResult{}, ErrStoreDown
 	}
 	r, err := g.metered().Adjust(ctx, m, delta)
@@ -181,21 +130,21 @@ func (g *guardedStore) Adjust(ctx context.Context, m limit.Meter, delta limit.Us
 }
 
 func (g *guardedStore) ReadMeter(ctx context.Context, key string) (limit.MeterState, bool, error) {
-	if g.open.Load() {
+	if g.down() {
 		return limit.MeterState{}, false, ErrStoreDown
 	}
 	return g.metered().ReadMeter(ctx, key)
 }
 
 func (g *guardedStore) MarkFlushed(ctx context.Context, key string, u limit.Usage) error {
-	if g.open.Load() {
+	if g.down() {
 		return ErrStoreDown
 	}
 	return g.metered().MarkFlushed(ctx, key, u)
 }
 
 func (g *guardedStore) ScanMeters(ctx context.Context, fn func(limit.MeterState) error) error {
-	if g.open.Load() {
+	if g.down() {
 		return ErrStoreDown
 	}
 	return g.metered().ScanMeters(ctx, fn)
@@ -206,7 +155,7 @@ func (g *guardedStore) ScanMeters(ctx context.Context, fn func(limit.MeterState)
 func (g *guardedStore) guarded() limit.GuardedStore { return g.Store.(limit.GuardedStore) }
 
 func (g *guardedStore) Evaluate(ctx context.Context, req limit.Request) (limit.Outcome, error) {
-	if g.open.Load() {
+	if g.down() {
 		return limit.Outcome{}, ErrStoreDown
 	}
 	o, err := g.guarded().Evaluate(ctx, req)
@@ -215,7 +164,7 @@ func (g *guardedStore) Evaluate(ctx context.Context, req limit.Request) (limit.O
 }
 
 func (g *guardedStore) ReportOutcome(ctx context.Context, b limit.BreakerSpec, failed, probe bool) (limit.BreakerState, error) {
-	if g.open.Load() {
+	if g.down() {
 		return limit.BreakerState{}, ErrStoreDown
 	}
 	st, err := g.guarded().ReportOutcome(ctx, b, failed, probe)
@@ -224,7 +173,7 @@ func (g *guardedStore) ReportOutcome(ctx context.Context, b limit.BreakerSpec, f
 }
 
 func (g *guardedStore) AddDenials(ctx context.Context, b limit.BreakerSpec, n int64) (limit.BreakerState, error) {
-	if g.open.Load() {
+	if g.down() {
 		return limit.BreakerState{}, ErrStoreDown
 	}
 	st, err := g.guarded().AddDenials(ctx, b, n)
@@ -233,7 +182,7 @@ func (g *guardedStore) AddDenials(ctx context.Context, b limit.BreakerSpec, n in
 }
 
 func (g *guardedStore) ReleaseProbe(ctx context.Context, b limit.BreakerSpec) error {
-	if g.open.Load() {
+	if g.down() {
 		return ErrStoreDown
 	}
 	err := g.guarded().ReleaseProbe(ctx, b)
@@ -242,14 +191,14 @@ func (g *guardedStore) ReleaseProbe(ctx context.Context, b limit.BreakerSpec) er
 }
 
 func (g *guardedStore) ListBreakers(ctx context.Context, fn func(limit.BreakerInfo) error) error {
-	if g.open.Load() {
+	if g.down() {
 		return ErrStoreDown
 	}
 	return g.guarded().ListBreakers(ctx, fn)
 }
 
 func (g *guardedStore) ResetBreaker(ctx context.Context, key string) (bool, error) {
-	if g.open.Load() {
+	if g.down() {
 		return false, ErrStoreDown
 	}
 	return g.guarded().ResetBreaker(ctx, key)

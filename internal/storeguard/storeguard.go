@@ -1,0 +1,191 @@
+// Package storeguard is the breaker mcpgate puts around a store it reaches
+// over the network (the limit store, the cache store): after a run of
+// failed operations it stops calling the store, so that an outage costs a
+// request nothing instead of a timeout, and a background probe closes it
+// again once the store answers.
+//
+// The breaker knows nothing of the store: its owner wraps each operation in
+// Skip (before) and Observe (after), and decides what counts as a failure
+// (a timeout or a connection error does; an error reply of a server that
+// answered does not).
+package storeguard
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults of Options.
+const (
+	// DefaultFailures consecutive failures open the breaker.
+	DefaultFailures = 3
+	// DefaultProbeInterval is how often the probe checks an open breaker's
+	// store.
+	DefaultProbeInterval = 250 * time.Millisecond
+	// MinProbeTimeout is the shortest deadline of one probe.
+	MinProbeTimeout = 100 * time.Millisecond
+)
+
+// Options configures a Breaker. Probe is required; a zero field otherwise
+// means its default.
+type Options struct {
+	// Probe checks that the store answers (a PING). Required.
+	Probe func(ctx context.Context) error
+	// Failures is how many consecutive failures open the breaker
+	// (DefaultFailures when zero).
+	Failures int
+	// ProbeInterval is the time between two probes while open
+	// (DefaultProbeInterval when zero).
+	ProbeInterval time.Duration
+	// ProbeTimeout bounds one probe (at least MinProbeTimeout).
+	ProbeTimeout time.Duration
+	// Name names the store in the breaker's log lines ("limit store").
+	Name string
+	// Logger receives one line when the breaker opens and one when it
+	// closes; nil: slog.Default().
+	Logger *slog.Logger
+	// OnState, when set, is called with false when the breaker opens and
+	// true when it closes, under the breaker's lock (keep it short).
+	OnState func(up bool)
+}
+
+// Breaker is a store's breaker. It is closed (calls go to the store) until
+// Failures consecutive failures open it; a probe every ProbeInterval then
+// closes it once the store answers. Safe for concurrent use.
+type Breaker struct {
+	opts        Options
+	consecutive atomic.Int32
+	open        atomic.Bool
+	skipped     atomic.Int64
+
+	mu       sync.Mutex // serialises opening, closing and Close
+	probing  bool
+	down     chan struct{} // closed when the breaker opens; replaced when it closes
+	stop     chan struct{}
+	stopOnce sync.Once
+	probes   sync.WaitGroup
+}
+
+// New returns a closed Breaker.
+func New(opts Options) (*Breaker, error) {
+	if opts.Probe == nil {
+		return nil, errors.New("storeguard: Options.Probe is required")
+	}
+	if opts.Failures <= 0 {
+		opts.Failures = DefaultFailures
+	}
+	if opts.ProbeInterval <= 0 {
+		opts.ProbeInterval = DefaultProbeInterval
+	}
+	opts.ProbeTimeout = max(opts.ProbeTimeout, MinProbeTimeout)
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Name == "" {
+		opts.Name = "store"
+	}
+	return &Breaker{opts: opts, down: make(chan struct{}), stop: make(chan struct{})}, nil
+}
+
+// Available reports whether operations currently go to the store.
+func (b *Breaker) Available() bool { return !b.open.Load() }
+
+// Skip reports whether the breaker is open, counting the skipped operation:
+// the caller then must not call the store.
+func (b *Breaker) Skip() bool {
+	if b.open.Load() {
+		b.skipped.Add(1)
+		return true
+	}
+	return false
+}
+
+// Skipped is the number of operations Skip refused so far.
+func (b *Breaker) Skipped() int64 { return b.skipped.Load() }
+
+// Opened returns a channel closed once the breaker is open (already, or the
+// next time it opens).
+func (b *Breaker) Opened() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.down
+}
+
+// Observe feeds the outcome of one operation to the breaker: a nil cause
+// (the store answered) resets the count of consecutive failures; a failure
+// counts one, and the one that reaches Options.Failures opens the breaker.
+func (b *Breaker) Observe(cause error) {
+	if cause == nil {
+		b.consecutive.Store(0)
+		return
+	}
+	if b.consecutive.Add(1) >= int32(b.opts.Failures) {
+		b.trip(cause)
+	}
+}
+
+func (b *Breaker) trip(cause error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.probing {
+		return
+	}
+	select {
+	case <-b.stop:
+		return // closed: no probe may start
+	default:
+	}
+	b.open.Store(true)
+	b.probing = true
+	close(b.down)
+	if b.opts.OnState != nil {
+		b.opts.OnState(false)
+	}
+	b.opts.Logger.Warn(b.opts.Name+" unavailable: skipping it until a probe succeeds",
+		"err", cause, "consecutive_failures", b.consecutive.Load())
+	b.probes.Add(1)
+	go b.probeLoop()
+}
+
+func (b *Breaker) probeLoop() {
+	defer b.probes.Done()
+	t := time.NewTicker(b.opts.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), b.opts.ProbeTimeout)
+		err := b.opts.Probe(ctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		b.mu.Lock()
+		if b.opts.OnState != nil {
+			b.opts.OnState(true) // before calls resume: Available implies the state was told
+		}
+		b.consecutive.Store(0)
+		b.probing = false
+		b.down = make(chan struct{})
+		b.open.Store(false)
+		b.mu.Unlock()
+		b.opts.Logger.Info(b.opts.Name + " reachable again")
+		return
+	}
+}
+
+// Close stops the probe, if one runs, and waits for it. The breaker stays
+// in its state; it never opens again.
+func (b *Breaker) Close() {
+	b.mu.Lock()
+	b.stopOnce.Do(func() { close(b.stop) })
+	b.mu.Unlock()
+	b.probes.Wait()
+}
