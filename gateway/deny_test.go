@@ -43,7 +43,7 @@ type toolResult struct {
 	IsError           bool    `json:"isError"`
 }
 
-// deniedResult decodes r as a result-mode denial: 200, JSON, a result (no
+// deniedResultOf decodes r as a result-mode denial: 200, JSON, a result (no
 // error) with isError, one text and structuredContent, and a Retry-After
 // equal to its retry_after_seconds.
 func deniedResultOf(t *testing.T, r *response) (toolResult, int64) {
