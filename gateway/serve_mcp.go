@@ -155,17 +155,17 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 	case v.breakerOpen:
 		g.metrics.Requests.WithLabelValues("tools/call", "denied").Inc()
 		g.metrics.Denials.WithLabelValues("breaker", breakerRule).Inc()
-		writeDenied(w, msg.ID, breakerDecision(br, v.breaker), "breaker", now)
+		writeCallDenied(w, rt.cfg.DenyAs(p.Tier, tool), msg.ID, breakerDecision(br, v.breaker), "breaker", now)
 		return
 	case v.quota:
 		g.metrics.Requests.WithLabelValues("tools/call", "denied").Inc()
 		g.metrics.Denials.WithLabelValues("quota", quotaRule).Inc()
-		writeDenied(w, msg.ID, quotaDecision(meter, v.usage, now), "quota", now)
+		writeCallDenied(w, rt.cfg.DenyAs(p.Tier, tool), msg.ID, quotaDecision(meter, v.usage, now), "quota", now)
 		return
 	case !v.allowed:
 		g.metrics.Requests.WithLabelValues("tools/call", "denied").Inc()
 		g.metrics.Denials.WithLabelValues(string(v.scope), v.decision.Rule.Name).Inc()
-		writeDenied(w, msg.ID, v.decision, string(v.scope), now)
+		writeCallDenied(w, rt.cfg.DenyAs(p.Tier, tool), msg.ID, v.decision, string(v.scope), now)
 		return
 	}
 	setRateHeaders(w.Header(), v.decision, now)

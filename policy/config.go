@@ -168,6 +168,10 @@ func (u Usage) Backend() (kind, target string) {
 type Tier struct {
 	MonthlyQuota int64  // cost units per calendar month (UTC); 0 means no quota
 	Limits       []Rule // Per is never keyspace.PerGlobal; default keyspace.PerTenant
+
+	// DenyAs is how the tier's denied tools/calls are answered; "" means
+	// DenyHTTP. A tool's own DenyAs wins (see Config.DenyAs).
+	DenyAs DenyMode
 }
 
 // Rule is a limit.Rule together with the scope of its counter and the MCP
@@ -271,6 +275,10 @@ type Tool struct {
 	OnError     FailurePolicy // "": Store.OnError
 	Limits      []Rule        // Per is never keyspace.PerGlobal; default keyspace.PerTenantTool
 	Invalidates []string      // tag templates dropped after a successful call
+
+	// DenyAs is how denied calls of the tool are answered, whatever the
+	// caller's tier; "" means the tier's (see Config.DenyAs).
+	DenyAs DenyMode
 }
 
 // DefaultCacheTimeout is Cache.Timeout when the file leaves it out.

@@ -59,6 +59,8 @@
 //	                           a tier when tiers is not empty
 //	tiers.NAME.monthly_quota   cost units per calendar month (UTC), 0 for none [0]
 //	tiers.NAME.limits          rules, per defaults to tenant
+//	tiers.NAME.deny_as         http | result: how a denied tools/call (rate limit, quota,
+//	                           breaker) is answered; see "Denials" below [http]
 //	global                     rules counted across all tenants; per is always global
 //	cache.redis                like store.redis; "" uses store.redis
 //	cache.timeout              deadline of one cache store operation; a cached call whose
@@ -71,6 +73,7 @@
 //	tools.NAME.on_error        open | closed | local [store.on_error]
 //	tools.NAME.limits          rules, per defaults to tenant_tool
 //	tools.NAME.invalidates     tag templates dropped after a successful call
+//	tools.NAME.deny_as         http | result, for this tool whatever the tier [the tier's]
 //	breaker.key                subject | tenant | session [subject]
 //	breaker.consecutive_denials, breaker.consecutive_failures
 //	                           thresholds; 0 disables that trigger [0]
@@ -109,6 +112,19 @@
 // 120, per tenant) applies. For a method other than tools/call, the "tool"
 // of tenant_tool and subject_tool is the method and its target (the prompt
 // name, the resource URI).
+//
+// # Denials
+//
+// deny_as: http (the default) answers a denied tools/call with HTTP 429,
+// Retry-After and the rate-limit headers, and a JSON-RPC error (code
+// -33029, data {scope, rule, limit, remaining, retry_after_seconds}).
+// deny_as: result answers it with HTTP 200 and a tools/call result with
+// isError: true, a text telling the model what was limited and when to
+// retry, and the same data as structuredContent; the headers are the same.
+// MCP SDK clients turn a 429 into a transport error without reading its
+// body, so only result lets an agent's model see the retry time. A denied
+// request of another method (initialize, tools/list, ...) has no tool
+// result to carry it and is always answered 429, whatever deny_as says.
 //
 // Tag templates are text with {{args.NAME}} or {{args.NAME.FIELD}} holes
 // filled from the call's arguments, e.g. "product:{{args.id}}".

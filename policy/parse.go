@@ -397,6 +397,7 @@ func (d *decoder) tiers(n *yaml.Node, path string) map[string]Tier {
 				t.Limits = d.rules(v, p, scopeTier)
 				d.tierRules[e.name] = append(d.tierRules[e.name], d.lastRules...)
 			},
+			"deny_as": func(v *yaml.Node, p string) { t.DenyAs = d.denyAs(v, p) },
 		})
 		out[e.name] = t
 	}
@@ -469,6 +470,7 @@ func (d *decoder) tools(n *yaml.Node, path string) map[string]Tool {
 				d.toolRules[e.name] = append(d.toolRules[e.name], d.lastRules...)
 			},
 			"invalidates": func(v *yaml.Node, p string) { t.Invalidates = d.tags(v, p) },
+			"deny_as":     func(v *yaml.Node, p string) { t.DenyAs = d.denyAs(v, p) },
 		})
 		out[e.name] = t
 	}

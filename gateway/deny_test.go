@@ -1,0 +1,308 @@
+package gateway
+
+// deny_as: result. A denied tools/call is answered 200 with a tool result
+// (isError, a text for the model, the retry data as structuredContent) and
+// the same rate-limit headers as a 429; deny_as: http keeps the 429, which
+// the Go SDK client reports without its retry data.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// denyConfig gives tier free deny_as: result and one call per minute of
+// each tool; search overrides it with deny_as: http.
+const denyConfig = `
+default_tier: free
+tiers:
+  free:
+    deny_as: result
+    limits:
+      - {name: per_tool, per: tenant_tool, algorithm: fixed_window, limit: 1, period: 1m}
+tools:
+  search: {deny_as: http}
+`
+
+// toolResult is the part of a CallToolResult a denial fills.
+type toolResult struct {
+	Content []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	} `json:"content"`
+	StructuredContent *denied `json:"structuredContent"`
+	IsError           bool    `json:"isError"`
+}
+
+// deniedResultOf decodes r as a result-mode denial: 200, JSON, a result (no
+// error) with isError, one text and structuredContent, and a Retry-After
+// equal to its retry_after_seconds.
+func deniedResultOf(t *testing.T, r *response) (toolResult, int64) {
+	t.Helper()
+	if r.Status != http.StatusOK || r.Msg.Error != nil || r.Msg.Result == nil {
+		t.Fatalf("want 200 with a result, got %d %s", r.Status, r.Body)
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type %q, want application/json", ct)
+	}
+	var res toolResult
+	if err := json.Unmarshal(r.Msg.Result, &res); err != nil {
+		t.Fatalf("result %s: %v", r.Msg.Result, err)
+	}
+	if !res.IsError || len(res.Content) != 1 || res.Content[0].Type != "text" || res.StructuredContent == nil {
+		t.Fatalf("result %s: want isError, one text content and structuredContent", r.Msg.Result)
+	}
+	ra := intHeader(t, r.Header, "Retry-After")
+	if res.StructuredContent.RetryAfterSeconds != ra {
+		t.Fatalf("retry_after_seconds %d, Retry-After %d", res.StructuredContent.RetryAfterSeconds, ra)
+	}
+	return res, ra
+}
+
+// The raw contract of deny_as: result, on the memory store and on Redis
+// shared by two instances: status, headers, id, text, structuredContent,
+// metrics; the upstream sees only the admitted call.
+func TestDenyAsResultContract(t *testing.T) {
+	t.Parallel()
+	for _, m := range storeModes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			e := newLimitEnv(t, m.redis, m.instances, denyConfig, upstream.Options{Stateless: true, JSONResponse: true})
+			tok := token(t, "acme", "alice")
+			if r := e.callRaw(0, tok, 1, "echo", map[string]any{"text": "x"}); r.Status != http.StatusOK || isErrorResult(r.Msg.Result) {
+				t.Fatalf("first call: %d %s", r.Status, r.Body)
+			}
+			r := e.callRaw(1, tok, "req-7", "echo", map[string]any{"text": "x"})
+			res, ra := deniedResultOf(t, r)
+			if string(r.Msg.ID) != `"req-7"` || r.Msg.JSONRPC != "2.0" {
+				t.Fatalf("envelope %s: want jsonrpc 2.0 and id \"req-7\"", r.Body)
+			}
+			if ra < 1 || ra > 60 {
+				t.Fatalf("Retry-After %d, want 1..60", ra)
+			}
+			if want := (denied{Scope: "tenant_tool", Rule: "per_tool", Limit: 1, Remaining: 0, RetryAfterSeconds: ra}); *res.StructuredContent != want {
+				t.Fatalf("structuredContent %+v, want %+v", *res.StructuredContent, want)
+			}
+			wantText := fmt.Sprintf(`Rate limit reached (tenant_tool rule "per_tool"): retry in %d seconds.`, ra)
+			if ra == 1 {
+				wantText = `Rate limit reached (tenant_tool rule "per_tool"): retry in 1 second.`
+			}
+			if res.Content[0].Text != wantText {
+				t.Fatalf("text %q, want %q", res.Content[0].Text, wantText)
+			}
+			if got := intHeader(t, r.Header, "X-RateLimit-Limit"); got != 1 {
+				t.Errorf("X-RateLimit-Limit %d, want 1", got)
+			}
+			if got := intHeader(t, r.Header, "X-RateLimit-Remaining"); got != 0 {
+				t.Errorf("X-RateLimit-Remaining %d, want 0", got)
+			}
+			if now := time.Now().Unix(); intHeader(t, r.Header, "X-RateLimit-Reset") <= now {
+				t.Errorf("X-RateLimit-Reset %s is not in the future", r.Header.Get("X-RateLimit-Reset"))
+			}
+			if got := r.Header.Get("RateLimit-Policy"); got != `"per_tool";q=1;w=60` {
+				t.Errorf("RateLimit-Policy %q", got)
+			}
+			if got := r.Header.Get("RateLimit"); !strings.HasPrefix(got, `"per_tool";r=0;t=`) {
+				t.Errorf("RateLimit %q", got)
+			}
+			// search says deny_as: http: its second call is the 429.
+			if r := e.callRaw(0, tok, 3, "search", map[string]any{"query": "q"}); r.Status != http.StatusOK {
+				t.Fatalf("first search: %d %s", r.Status, r.Body)
+			}
+			r = e.callRaw(1, tok, 4, "search", map[string]any{"query": "q"})
+			if r.Status != http.StatusTooManyRequests || r.code() != CodeRateLimited || r.denial(t).Rule != "per_tool" {
+				t.Fatalf("search under deny_as: http: %d %s, want the 429", r.Status, r.Body)
+			}
+			if e.up.Calls("echo") != 1 || e.up.Calls("search") != 1 {
+				t.Fatalf("upstream saw %d echo and %d search calls, want 1 each", e.up.Calls("echo"), e.up.Calls("search"))
+			}
+			// Counted as a 429 is: one denial per tool, on the instance that answered.
+			got := scrape(t, e.base[1%len(e.base)])
+			if n := got[`mcpgate_denials_total{rule="per_tool",scope="tenant_tool"}`]; n != 2 {
+				t.Errorf("mcpgate_denials_total per_tool = %v, want 2", n)
+			}
+			if n := got[`mcpgate_requests_total{method="tools/call",outcome="denied"}`]; n != 2 {
+				t.Errorf("denied tools/call requests = %v, want 2", n)
+			}
+		})
+	}
+}
+
+// The Go SDK client: under deny_as: result CallTool returns a result with
+// IsError and the retry time in StructuredContent; under deny_as: http it
+// returns an error that says "Too Many Requests" and nothing else (the SDK
+// does not read the 429's body), which is why result mode exists.
+func TestDenyAsGoSDKClient(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{Config: denyConfig})
+	cs := connect(t, e.mcpURL(0), token(t, "acme", "alice"), "")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for tool, args := range map[string]map[string]any{"echo": {"text": "x"}, "search": {"query": "q"}} {
+		if res, err := callTool(ctx, cs, tool, args); err != nil || res.IsError {
+			t.Fatalf("first %s: %v %+v", tool, err, res)
+		}
+	}
+
+	res, err := callTool(ctx, cs, "echo", map[string]any{"text": "x"})
+	if err != nil {
+		t.Fatalf("denied echo under deny_as: result: the SDK returned an error: %v", err)
+	}
+	if !res.IsError {
+		t.Fatalf("denied echo: IsError false: %+v", res)
+	}
+	sc, ok := res.StructuredContent.(map[string]any)
+	if !ok {
+		t.Fatalf("StructuredContent %T %v, want an object", res.StructuredContent, res.StructuredContent)
+	}
+	ra, ok := sc["retry_after_seconds"].(float64)
+	if !ok || ra < 1 || ra > 60 || ra != float64(int64(ra)) {
+		t.Fatalf("structuredContent.retry_after_seconds = %v, want whole seconds in 1..60 (%v)", sc["retry_after_seconds"], sc)
+	}
+	if sc["scope"] != "tenant_tool" || sc["rule"] != "per_tool" {
+		t.Fatalf("structuredContent %v", sc)
+	}
+	txt, ok := res.Content[0].(*sdk.TextContent)
+	if len(res.Content) != 1 || !ok || !strings.Contains(txt.Text, fmt.Sprintf("retry in %d second", int64(ra))) {
+		t.Fatalf("content %+v: want one text naming the retry in %v seconds", res.Content, ra)
+	}
+
+	_, err = callTool(ctx, cs, "search", map[string]any{"query": "q"})
+	if !isRateLimited(err) {
+		t.Fatalf("denied search under deny_as: http: %v, want the SDK's 429 error", err)
+	}
+	for _, s := range []string{"retry", "per_tool", "33029"} {
+		if strings.Contains(err.Error(), s) {
+			t.Logf("note: the SDK's 429 error now carries %q: %v", s, err)
+		}
+	}
+	// The session survives both denials.
+	if res, err := callTool(ctx, cs, "echo", map[string]any{"text": "x"}); err != nil || !res.IsError {
+		t.Fatalf("echo after the denials: %v %+v, want the same result-mode denial", err, res)
+	}
+}
+
+// A quota denial under deny_as: result is the quota's data in a result, and
+// charges nothing: the meter holds exactly what was admitted.
+func TestDenyAsResultQuota(t *testing.T) {
+	t.Parallel()
+	st := openUsageDB(t, "")
+	now := time.Date(2031, 3, 31, 23, 0, 0, 0, time.UTC) // an hour before the period ends
+	e := newEnv(t, setup{Usage: st, Now: newClock(now).Now, Upstream: stateless, Config: `
+usage: {flush_interval: 50ms}
+default_tier: free
+tiers:
+  free: {monthly_quota: 2, deny_as: result}
+`})
+	tok := token(t, "acme", "alice")
+	for i := range 2 {
+		if r := e.callRaw(0, tok, i, "echo", map[string]any{"text": "x"}); r.Status != http.StatusOK || isErrorResult(r.Msg.Result) {
+			t.Fatalf("call %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	for i := range 3 {
+		res, ra := deniedResultOf(t, e.callRaw(0, tok, 10+i, "echo", map[string]any{"text": "x"}))
+		if want := (denied{Scope: "quota", Rule: quotaRule, Limit: 2, Remaining: 0, RetryAfterSeconds: 3600}); *res.StructuredContent != want || ra != 3600 {
+			t.Fatalf("denial %d: %+v (Retry-After %d), want %+v", i, *res.StructuredContent, ra, want)
+		}
+		if want := `Monthly quota used up (quota rule "monthly_quota", 2 cost units): retry in 3600 seconds.`; res.Content[0].Text != want {
+			t.Fatalf("text %q, want %q", res.Content[0].Text, want)
+		}
+	}
+	want := limit.Usage{Charged: 2, Calls: 2}
+	if got := e.live(0, "acme", "2031-03"); got != want || e.up.Calls("echo") != 2 {
+		t.Fatalf("meter %+v, upstream %d calls: want %+v and 2 calls", got, e.up.Calls("echo"), want)
+	}
+	waitDurable(t, st, "acme", "2031-03", want)
+}
+
+// Result-mode denials still feed the loop breaker: consecutive_denials of
+// them open it, and the breaker's own denial is a result too (across two
+// instances sharing Redis).
+func TestDenyAsResultFeedsBreaker(t *testing.T) {
+	t.Parallel()
+	e := newBreakerEnv(t, nil, `
+tiers:
+  free:
+    deny_as: result
+    limits:
+      - {name: one, per: subject, algorithm: fixed_window, limit: 1, period: 1h}
+breaker:
+  consecutive_denials: 3
+  cooldown: 30s
+`, stateless)
+	tok := token(t, "acme", "loopy")
+	if r := e.callRaw(0, tok, 0, "echo", map[string]any{"text": "x"}); r.Status != http.StatusOK || isErrorResult(r.Msg.Result) {
+		t.Fatalf("first call: %d %s", r.Status, r.Body)
+	}
+	for i := 1; i <= 3; i++ {
+		res, _ := deniedResultOf(t, e.callRaw(i, tok, i, "echo", map[string]any{"text": "x"}))
+		if res.StructuredContent.Scope != "subject" {
+			t.Fatalf("denial %d: %+v, want the rate limit's (subject)", i, *res.StructuredContent)
+		}
+	}
+	for i := 4; i <= 5; i++ {
+		res, ra := deniedResultOf(t, e.callRaw(i, tok, i, "echo", map[string]any{"text": "x"}))
+		if sc := *res.StructuredContent; sc.Scope != "breaker" || sc.Rule != breakerRule || ra < 1 || ra > 30 {
+			t.Fatalf("call %d after 3 denials: %+v (Retry-After %d), want the open breaker's, cooldown 30s", i, sc, ra)
+		}
+		if !strings.HasPrefix(res.Content[0].Text, `Loop breaker open (breaker rule "loop_breaker": `) {
+			t.Fatalf("text %q", res.Content[0].Text)
+		}
+	}
+	if got := e.up.Calls("echo"); got != 1 {
+		t.Fatalf("upstream saw %d calls, want 1", got)
+	}
+}
+
+// Methods other than tools/call have no tool result to carry a denial:
+// under deny_as: result they still get the 429.
+func TestDenyAsResultOtherMethods(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}, Config: `
+tiers:
+  free:
+    deny_as: result
+    limits:
+      - {name: lists, per: tenant, methods: [tools/list], algorithm: fixed_window, limit: 1, period: 1m}
+`})
+	tok := token(t, "acme", "alice")
+	const list = `{"jsonrpc":"2.0","id":9,"method":"tools/list"}`
+	if r := post(t, e.mcpURL(0), tok, list, nil); r.Status != http.StatusOK || r.Msg.Result == nil {
+		t.Fatalf("first tools/list: %d %s", r.Status, r.Body)
+	}
+	r := post(t, e.mcpURL(0), tok, list, nil)
+	if r.Status != http.StatusTooManyRequests || r.code() != CodeRateLimited || r.denial(t).Rule != "lists" || r.Header.Get("Retry-After") == "" {
+		t.Fatalf("second tools/list: %d %s, want the 429", r.Status, r.Body)
+	}
+}
+
+// Text for every kind of denial, including one that can never be admitted.
+func TestDenialText(t *testing.T) {
+	t.Parallel()
+	never := limit.Decision{Rule: limit.Rule{Name: "tiny", Period: time.Minute}, RetryAfter: limit.Never}
+	cases := []struct {
+		d     limit.Decision
+		scope string
+		ra    int64
+		want  string
+	}{
+		{limit.Decision{Rule: limit.Rule{Name: "per_tenant"}}, "tenant", 42, `Rate limit reached (tenant rule "per_tenant"): retry in 42 seconds.`},
+		{limit.Decision{Rule: limit.Rule{Name: "g"}}, "global", 1, `Rate limit reached (global rule "g"): retry in 1 second.`},
+		{never, "tenant_tool", 60, `Call refused: its cost exceeds the capacity of tenant_tool rule "tiny", so it can never be admitted. Do not retry it.`},
+	}
+	for _, c := range cases {
+		if got := denialText(c.d, c.scope, c.ra); got != c.want {
+			t.Errorf("denialText(%s) = %q, want %q", c.d.Rule.Name, got, c.want)
+		}
+	}
+}
