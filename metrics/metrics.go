@@ -72,7 +72,7 @@ func New() *Metrics {
 			Name: "mcpgate_requests_total", Help: "MCP requests by method class and outcome.",
 		}, []string{"method", "outcome"}),
 		Denials: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mcpgate_denials_total", Help: "Calls denied with 429, by scope and rule.",
+			Name: "mcpgate_denials_total", Help: "Calls denied (429 or a deny_as: result answer), by scope and rule.",
 		}, []string{"scope", "rule"}),
 		ShadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mcpgate_shadow_denials_total", Help: "Calls a shadow rule would have denied, by rule.",
