@@ -25,6 +25,7 @@ func (g *Gateway) adminRoutes(mux *http.ServeMux) {
 		})
 	}
 	admin("GET /admin/limits", g.adminLimits)
+	admin("POST /admin/limits/reset", g.adminResetLimits)
 	admin("POST /admin/reload", g.adminReload)
 	admin("GET /admin/usage", g.adminUsage)
 	admin("POST /admin/cache/invalidate", g.adminInvalidate)
@@ -61,15 +62,29 @@ func viewRules(rules []policy.Rule) []ruleView {
 	return out
 }
 
-// adminLimits shows the rules that apply to a tenant, per tier and per tool.
-// (The tier of a tenant comes from its tokens, so every tier is listed.)
+// adminLimits shows the rules that apply to a tenant, per tier and per tool
+// (the tier of a tenant comes from its tokens, so every tier is listed),
+// and under "live" the state of the tenant's counters for one tier (the
+// tier parameter, else the default tier), read without charging anything
+// (see liveLimits); subject adds that subject's counters.
 func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
-	tenant := r.URL.Query().Get("tenant")
+	q := r.URL.Query()
+	tenant, subject := q.Get("tenant"), q.Get("subject")
 	if tenant == "" {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "query parameter tenant is required"})
 		return
 	}
 	cfg := g.rt.Load().cfg
+	tier, _, _ := cfg.ResolveTier(q.Get("tier"))
+	if q.Get("tier") != "" && tier != q.Get("tier") {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "unknown tier " + q.Get("tier")})
+		return
+	}
+	live, err := g.liveLimits(r.Context(), cfg, tier, tenant, subject)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "limit store: " + err.Error()})
+		return
+	}
 	tiers := make(map[string]any, len(cfg.Tiers))
 	for name, t := range cfg.Tiers {
 		tiers[name] = map[string]any{"monthly_quota": t.MonthlyQuota, "limits": viewRules(t.Limits)}
@@ -90,6 +105,7 @@ func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"tenant": tenant, "default_tier": cfg.DefaultTier, "tiers": tiers,
 		"tools": tools, "global": viewRules(cfg.Global), "store": store,
+		"tier": tier, "subject": subject, "live": live,
 	})
 }
 

@@ -67,6 +67,7 @@ func TestAdminAPI(t *testing.T) {
 	base := e.base[0]
 	endpoints := []struct{ method, path string }{
 		{http.MethodGet, "/admin/limits?tenant=acme"},
+		{http.MethodPost, "/admin/limits/reset"},
 		{http.MethodPost, "/admin/reload"},
 		{http.MethodGet, "/admin/usage?tenant=acme"},
 		{http.MethodPost, "/admin/cache/invalidate"},

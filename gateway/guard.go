@@ -203,3 +203,23 @@ func (g *guardedStore) ResetBreaker(ctx context.Context, key string) (bool, erro
 	}
 	return g.guarded().ResetBreaker(ctx, key)
 }
+
+// errNoReset means the limit store is not a limit.Resetter.
+var errNoReset = errors.New("gateway: the limit store cannot reset counters")
+
+// Reset implements limit.Resetter when the wrapped store does (ErrStoreDown
+// while the breaker is open).
+func (g *guardedStore) Reset(ctx context.Context, keys []string) (int, error) {
+	rs, ok := g.Store.(limit.Resetter)
+	if !ok {
+		return 0, errNoReset
+	}
+	if g.down() {
+		return 0, ErrStoreDown
+	}
+	n, err := rs.Reset(ctx, keys)
+	if !errors.Is(err, limit.ErrNotCounter) { // refused before any I/O
+		g.observe(ctx, err)
+	}
+	return n, err
+}

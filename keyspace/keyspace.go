@@ -167,6 +167,15 @@ func Counter(per Per, algorithm, rule string, o Owner) string {
 	return RateLimit(per, algorithm+"."+rule, o)
 }
 
+// counterPrefix starts every rate-limit counter key (RateLimit, Counter).
+const counterPrefix = Prefix + "rl:{"
+
+// IsCounter reports whether key has the form of a rate-limit counter key
+// (RateLimit, Counter), as opposed to a usage meter, breaker, session or
+// cache key: stores check it before dropping counters on an operator's
+// request, so that no such call can reach usage data.
+func IsCounter(key string) bool { return strings.HasPrefix(key, counterPrefix) }
+
 // Usage returns the key of a tenant's usage meter for one billing period
 // (e.g. "2026-11"): mcpgate:usage:{<tenant>}:<period>. It shares the tenant's
 // hash tag, so the meter is charged in the same script as the tenant's limits.

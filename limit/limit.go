@@ -325,3 +325,21 @@ func longer(a, b time.Duration) bool {
 	}
 	return a == Never || a > b
 }
+
+// ErrNotCounter means a key passed to Resetter.Reset is not a rate-limit
+// counter key (keyspace.IsCounter): usage meters, breakers and cache keys
+// are never dropped by Reset.
+var ErrNotCounter = errors.New("limit: not a rate-limit counter key")
+
+// Resetter is a Store whose counters can be dropped, for operators (the
+// admin API's limit reset). Both stores of this module implement it.
+type Resetter interface {
+	// Reset deletes the counters named by keys, each built with package
+	// keyspace (keyspace.Counter): a dropped counter is back to full
+	// capacity, and the Concurrency slots it held are forgotten (their
+	// holders' Release is then harmless). Keys that hold nothing are
+	// skipped. It returns how many of keys held a counter. A key that is
+	// not a counter's fails the whole call with ErrNotCounter before
+	// anything is deleted. Each key is deleted atomically, the batch is not.
+	Reset(ctx context.Context, keys []string) (int, error)
+}

@@ -32,6 +32,15 @@ type Filter struct {
 	// resource URI or URI template) and reports whether the caller may see
 	// the entry.
 	Allow func(key string) bool
+	// Private makes the filtered result say cacheScope "private" (replacing
+	// any value the upstream gave, a case-insensitive twin of the member
+	// too, or adding the member): a list trimmed to one caller's scopes must
+	// not be cached and served to another caller by an intermediary, even
+	// when the upstream called its full list "public". The upstream's ttlMs
+	// is kept. Serve sets it for requests whose MCP-Protocol-Version has
+	// caching hints (HasCachingHints); older versions' results are left
+	// without the member.
+	Private bool
 }
 
 // applies reports whether f filters the answer to m.
@@ -41,7 +50,7 @@ func (f Filter) applies(m *Message) bool {
 
 // filterList removes from a list result the entries f.Allow refuses. It
 // keeps every other member and the order of everything, compacting the
-// result. A result it cannot read unambiguously (the list member missing,
+// result; with f.Private, cacheScope becomes "private". A result it cannot read unambiguously (the list member missing,
 // duplicated, or not an array of objects) is an error: an unfiltered list
 // must not reach the client. An entry without a single string key is
 // dropped.
@@ -56,7 +65,7 @@ func filterList(result json.RawMessage, f Filter) (json.RawMessage, error) {
 	}
 	out := make([]byte, 0, len(result))
 	out = append(out, '{')
-	seen := false
+	seen, scoped := false, false
 	var problem string
 	err := s.object(func(key string) error {
 		v, err := s.skipValue()
@@ -68,6 +77,11 @@ func filterList(result json.RawMessage, f Filter) (json.RawMessage, error) {
 		}
 		out = appendCanonicalString(out, key)
 		out = append(out, ':')
+		if f.Private && asciiEqualFold(key, CacheScopeMember) {
+			scoped = true
+			out = appendCanonicalString(out, CacheScopePrivate)
+			return nil
+		}
 		if key != l.Member {
 			return compactInto(&out, v)
 		}
@@ -94,6 +108,14 @@ func filterList(result json.RawMessage, f Filter) (json.RawMessage, error) {
 		return bad(problem)
 	case !seen:
 		return bad("no " + l.Member + " member")
+	}
+	if f.Private && !scoped {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = appendCanonicalString(out, CacheScopeMember)
+		out = append(out, ':')
+		out = appendCanonicalString(out, CacheScopePrivate)
 	}
 	return append(out, '}'), nil
 }

@@ -257,6 +257,9 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, f Forward) (status
 	if f.Filter.Allow == nil && f.AllowTool != nil {
 		f.Filter = Filter{List: ToolsList, Allow: f.AllowTool}
 	}
+	if HasCachingHints(r.Header.Get(HeaderProtocolVersion)) {
+		f.Filter.Private = true
+	}
 	x := &exchange{p: p, w: w, r: r, ctx: ctx, f: f, idle: idle}
 	resp, err := p.client.Do(req)
 	if f.OnResponse != nil {

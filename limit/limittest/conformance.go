@@ -49,7 +49,7 @@ type Harness struct {
 //
 // Scenarios: burst, refill, cost, refund, release, invalid,
 // all_or_nothing, hostile_keys, noscript (stores with scripts only), ttl,
-// concurrent, and model (a random sequence of calls compared, decision by
+// concurrent, reset (stores that are limit.Resetter), and model (a random sequence of calls compared, decision by
 // decision, with the reference algorithms of limit/internal/algo).
 //
 // When the store is a limit.MeteredStore, the usage-meter scenarios run
@@ -106,6 +106,7 @@ var scenarios = []scenario{
 	{name: "ttl", run: testTTL},
 	{name: "concurrent", run: testConcurrent},
 	{name: "model", run: testModel},
+	{name: "reset", run: testReset},
 }
 
 // tcase is one subtest: a harness, the algorithm under test and an owner

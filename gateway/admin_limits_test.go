@@ -1,0 +1,202 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/limit/memstore"
+)
+
+// Rules whose numbers cannot move during a test: an exact log of an hour,
+// a GCRA refilling one unit every six minutes, and slots of ended calls.
+const liveLimitsConfig = `
+default_tier: free
+tiers:
+  free:
+    limits:
+      - {name: per_tenant, per: tenant, algorithm: sliding_window, limit: 5, period: 1h}
+      - {name: per_user, per: subject, algorithm: sliding_window, limit: 4, period: 1h}
+      - {name: per_tool, per: tenant_tool, algorithm: gcra, limit: 10, period: 1h}
+tools:
+  echo:
+    limits:
+      - {name: echo_in_flight, per: tenant_tool, algorithm: concurrency, limit: 2, period: 1m}
+`
+
+type liveLimits struct {
+	Tenant  string     `json:"tenant"`
+	Tier    string     `json:"tier"`
+	Subject string     `json:"subject"`
+	Live    []liveView `json:"live"`
+}
+
+func getLive(t *testing.T, url string) liveLimits {
+	t.Helper()
+	r := adminReq(t, http.MethodGet, url, "Bearer "+testAdmin)
+	if r.Status != http.StatusOK || !strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+		t.Fatalf("GET %s: %d %s", url, r.Status, r.Body)
+	}
+	var l liveLimits
+	if err := json.Unmarshal(r.Body, &l); err != nil {
+		t.Fatalf("%s: %v", r.Body, err)
+	}
+	return l
+}
+
+// remaining maps "rule/tool" to the remaining of each live counter.
+func (l liveLimits) remaining() map[string]int64 {
+	out := map[string]int64{}
+	for _, v := range l.Live {
+		out[v.Rule+"/"+v.Tool] = v.Remaining
+	}
+	return out
+}
+
+func postReset(t *testing.T, base, authorization, body string) *response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, base+"/admin/limits/reset", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if authorization != "" {
+		req.Header.Set("Authorization", authorization)
+	}
+	r, err := do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func sameCounts(a, b map[string]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// After N calls GET /admin/limits shows remaining L-N for each of the
+// tenant's counters, reading it twice changes nothing (nor does it charge
+// the calls after it), subject counters show with &subject= only, and
+// POST /admin/limits/reset restores L: the tenant's counters first, then
+// the subject's when named. On the memory store and on Redis shared by two
+// gateways (the view and the reset on one, calls on both).
+func TestAdminLiveLimitsAndReset(t *testing.T) {
+	t.Parallel()
+	for _, m := range storeModes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			e := newLimitEnv(t, m.redis, m.instances, liveLimitsConfig, upstream.Options{})
+			base := e.base[0]
+			tok := token(t, "acme", "alice")
+			const n = 3
+			for i := range n {
+				if r := e.callRaw(i, tok, i, "echo", map[string]any{"text": "x"}); r.Status != http.StatusOK {
+					t.Fatalf("call %d: %d %s", i, r.Status, r.Body)
+				}
+			}
+			url := base + "/admin/limits?tenant=acme"
+			first := getLive(t, url)
+			// Only tools listed in the config get per-tool counters.
+			want := map[string]int64{"per_tenant/": 5 - n, "per_tool/echo": 10 - n, "echo_in_flight/echo": 2}
+			if first.Tier != "free" || !sameCounts(first.remaining(), want) {
+				t.Fatalf("live %+v\nwant %v", first, want)
+			}
+			for _, v := range first.Live {
+				if v.Rule == "per_tenant" && (v.Limit != 5 || v.ResetAfterMS <= 0 || v.ResetAfterMS > time.Hour.Milliseconds() || v.Reset < time.Now().Unix()) {
+					t.Fatalf("per_tenant: %+v", v)
+				}
+				if v.Rule == "echo_in_flight" && v.ResetAfterMS != 0 {
+					t.Fatalf("no slot held, yet reset after %dms", v.ResetAfterMS)
+				}
+			}
+			if again := getLive(t, url); !sameCounts(again.remaining(), want) {
+				t.Fatalf("second read %v, want %v", again.remaining(), want)
+			}
+			// The reads charged nothing: one more call leaves L-N-1.
+			if r := e.callRaw(0, tok, "next", "echo", map[string]any{"text": "x"}); r.Status != http.StatusOK {
+				t.Fatalf("call after the reads: %d %s", r.Status, r.Body)
+			}
+			user := getLive(t, url+"&subject=alice")
+			if got := user.remaining()["per_tenant/"]; got != 5-n-1 {
+				t.Fatalf("per_tenant remaining %d after one more call, want %d", got, 5-n-1)
+			}
+			if got := user.remaining()["per_user/"]; user.Subject != "alice" || got != 4-n-1 {
+				t.Fatalf("subject view %+v: per_user remaining %d, want %d", user, got, 4-n-1)
+			}
+
+			if r := postReset(t, base, "", `{"tenant":"acme"}`); r.Status != http.StatusUnauthorized {
+				t.Fatalf("reset without the admin token: %d", r.Status)
+			}
+			for _, bad := range []string{`{}`, `{"tenant":"acme","x":1}`, `not json`} {
+				if r := postReset(t, base, "Bearer "+testAdmin, bad); r.Status != http.StatusBadRequest {
+					t.Fatalf("reset %s: %d %s", bad, r.Status, r.Body)
+				}
+			}
+			if r := postReset(t, base, "Bearer "+testAdmin, `{"tenant":"acme"}`); r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"cleared":2`) {
+				t.Fatalf("reset: %d %s", r.Status, r.Body)
+			}
+			after := getLive(t, url+"&subject=alice").remaining()
+			if after["per_tenant/"] != 5 || after["per_tool/echo"] != 10 || after["per_user/"] != 4-n-1 {
+				t.Fatalf("after the tenant reset: %v", after)
+			}
+			if r := postReset(t, base, "Bearer "+testAdmin, `{"tenant":"acme","subject":"alice"}`); r.Status != http.StatusOK {
+				t.Fatalf("subject reset: %d %s", r.Status, r.Body)
+			}
+			if got := getLive(t, url+"&subject=alice").remaining()["per_user/"]; got != 4 {
+				t.Fatalf("after the subject reset per_user remaining %d, want 4", got)
+			}
+			// Calls are admitted again up to the limit, on every instance.
+			for i := range 4 {
+				if r := e.callRaw(i, tok, i, "echo", map[string]any{"text": "x"}); r.Status != http.StatusOK {
+					t.Fatalf("call %d after reset: %d %s", i, r.Status, r.Body)
+				}
+			}
+		})
+	}
+}
+
+// peek on a batch of concurrency checks alone (the path with the added
+// denying check): a held slot shows as one fewer remaining, the reads take
+// no slot, and the reset time is 0 only when no slot is held.
+func TestPeekConcurrencyTakesNoSlot(t *testing.T) {
+	t.Parallel()
+	s, err := memstore.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	r := limit.Rule{Name: "slots", Algorithm: limit.Concurrency, Limit: 2, Period: time.Minute}
+	ch := limit.Check{Rule: r, Key: keyspace.Counter(keyspace.PerTenant, string(r.Algorithm), r.Name, keyspace.Owner{Tenant: "acme"})}
+	ctx := t.Context()
+	read := func(label string, remaining int64, idle bool) {
+		t.Helper()
+		for range 3 {
+			res, err := peek(ctx, s, "acme", []limit.Check{ch})
+			if err != nil || res[0].Remaining != remaining || (res[0].ResetAfter == 0) != idle {
+				t.Fatalf("%s: %+v, %v; want remaining %d", label, res, err, remaining)
+			}
+		}
+	}
+	read("idle", 2, true)
+	if d, err := s.Take(ctx, []limit.Check{ch}, 1); err != nil || !d.Allowed {
+		t.Fatalf("take: %+v %v", d, err)
+	}
+	read("one held", 1, false)
+	if d, err := s.Take(ctx, []limit.Check{ch}, 1); err != nil || !d.Allowed {
+		t.Fatalf("second slot: %+v %v", d, err)
+	}
+	read("all held", 0, false)
+}

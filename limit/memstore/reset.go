@@ -1,0 +1,38 @@
+package memstore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// Reset implements limit.Resetter: the counters named by keys are deleted
+// (usage meters and breakers live apart and are never touched). It reports
+// how many keys held a live counter. Errors: ctx.Err(), limit.ErrNotCounter
+// (nothing deleted).
+func (s *Store) Reset(ctx context.Context, keys []string) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	for _, k := range keys {
+		if !keyspace.IsCounter(k) {
+			return 0, fmt.Errorf("%w: %q", limit.ErrNotCounter, k)
+		}
+	}
+	c := s.c
+	n := 0
+	for _, k := range keys {
+		sh := &c.shards[c.shardOf(k)]
+		sh.mu.Lock()
+		if st := sh.get(k, c.now()); st != nil {
+			if st.Used {
+				n++
+			}
+			delete(sh.m, k)
+		}
+		sh.mu.Unlock()
+	}
+	return n, nil
+}
