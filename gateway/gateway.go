@@ -46,7 +46,7 @@ type Options struct {
 	// memstore owned (and closed) by the Gateway.
 	LocalStore limit.Store
 	// AdminToken is the bearer token of /admin/*. Empty disables the admin
-	// API (every call answers 401).
+	// API (every call answers 401). SetAdminToken replaces it later.
 	AdminToken string
 	// Reload is called by POST /admin/reload; nil answers 501.
 	Reload func(ctx context.Context) error
