@@ -76,6 +76,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 			na.Close()
 			return fmt.Errorf("reload refused, the old config stays in force: %w", err)
 		}
+		g.SetAdminToken(adminToken(cfg, log))
 		// Requests that loaded the old config just before the swap may
 		// still verify with the old authenticator: close it a little later.
 		old := current
@@ -127,12 +128,7 @@ func newGateway(ctx context.Context, cfg *policy.Config, a *auth.Authenticator, 
 		return nil, nil, err
 	}
 	opts.Cache = c
-	if env := cfg.Auth.AdminTokenEnv; env != "" {
-		opts.AdminToken = os.Getenv(env)
-		if opts.AdminToken == "" {
-			log.Warn("admin API disabled: environment variable is empty", "env", env)
-		}
-	}
+	opts.AdminToken = adminToken(cfg, log)
 	g, err := gateway.New(opts)
 	if err != nil {
 		if shared != nil {

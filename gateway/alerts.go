@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/mcpgate/mcpgate/metrics"
@@ -41,9 +42,13 @@ const (
 	alertTimeout  = 5 * time.Second
 )
 
-// alerter delivers breaker events to a webhook in the background.
+// alerter delivers breaker events to a webhook in the background. The
+// webhook's URL can change at any time (setURL, on a reload): each delivery
+// attempt posts to the URL in force then, so an event queued before a
+// change goes to the new URL, and one still queued when the URL is removed
+// is dropped.
 type alerter struct {
-	url    string
+	url    atomic.Pointer[string] // never nil; "" means no webhook
 	client *http.Client
 	log    *slog.Logger
 	stats  *metrics.Metrics
@@ -51,12 +56,18 @@ type alerter struct {
 }
 
 func newAlerter(url string, log *slog.Logger, stats *metrics.Metrics) *alerter {
-	return &alerter{url: url, client: &http.Client{Timeout: alertTimeout}, log: log, stats: stats, queue: make(chan BreakerEvent, alertQueue)}
+	a := &alerter{client: &http.Client{Timeout: alertTimeout}, log: log, stats: stats, queue: make(chan BreakerEvent, alertQueue)}
+	a.setURL(url)
+	return a
 }
+
+// setURL makes url the webhook of the next deliveries ("" turns alerts
+// off). It is safe to call concurrently with send and run.
+func (a *alerter) setURL(url string) { a.url.Store(&url) }
 
 // send queues ev without blocking.
 func (a *alerter) send(ev BreakerEvent) {
-	if a.url == "" {
+	if *a.url.Load() == "" {
 		return
 	}
 	select {
@@ -103,7 +114,11 @@ func (a *alerter) deliver(ctx context.Context, ev BreakerEvent) error {
 }
 
 func (a *alerter) post(ctx context.Context, body []byte) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.url, bytes.NewReader(body))
+	url := *a.url.Load()
+	if url == "" {
+		return nil // the webhook was removed by a reload since the event was queued
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}

@@ -46,7 +46,7 @@ type Options struct {
 	// memstore owned (and closed) by the Gateway.
 	LocalStore limit.Store
 	// AdminToken is the bearer token of /admin/*. Empty disables the admin
-	// API (every call answers 401).
+	// API (every call answers 401). SetAdminToken replaces it later.
 	AdminToken string
 	// Reload is called by POST /admin/reload; nil answers 501.
 	Reload func(ctx context.Context) error
@@ -86,7 +86,7 @@ type Gateway struct {
 	guard      *guardedStore
 	ownLocal   *memstore.Store
 	probe      func(ctx context.Context) error
-	adminToken []byte
+	adminToken atomic.Pointer[[]byte] // never nil; empty: admin API disabled (SetAdminToken)
 	sessions   *sessionBinder
 	inflight   inflight      // tools/call in progress, for notifications/cancelled
 	order      *sessionOrder // a session's POST waits for its GET to be accepted upstream
@@ -120,14 +120,13 @@ func New(opts Options) (*Gateway, error) {
 		return nil, errors.New("gateway: Options.Probe is required with a SharedStore")
 	}
 	g := &Gateway{
-		probe:      opts.Probe,
-		adminToken: []byte(opts.AdminToken),
-		sessions:   newSessionBinder(opts.SessionKey),
-		order:      newSessionOrder(defaultOrderWait),
-		reload:     opts.Reload,
-		log:        opts.Logger,
-		metrics:    opts.Metrics,
-		now:        opts.Now,
+		probe:    opts.Probe,
+		sessions: newSessionBinder(opts.SessionKey),
+		order:    newSessionOrder(defaultOrderWait),
+		reload:   opts.Reload,
+		log:      opts.Logger,
+		metrics:  opts.Metrics,
+		now:      opts.Now,
 	}
 	if g.log == nil {
 		g.log = slog.Default()
@@ -202,6 +201,7 @@ func New(opts Options) (*Gateway, error) {
 		}
 		g.ownCache = true
 	}
+	g.SetAdminToken(opts.AdminToken)
 	g.alerts = newAlerter(opts.Config.Breaker.AlertWebhook, g.log, g.metrics)
 	g.lim.breakers = newBreakerCache(g.now, g.breakerOpened)
 	bctx, bcancel := context.WithCancel(context.Background())
@@ -241,8 +241,11 @@ func newRuntime(cfg *policy.Config, a *auth.Authenticator) (*runtime, error) {
 }
 
 // Apply swaps in a new configuration and authenticator (a reload). Requests
-// in flight finish under the old ones. Store settings (store.redis) are not
-// reloadable: changing them needs a restart, and Apply logs a warning.
+// in flight, open streams included, finish under the old ones; the next
+// requests use the new. breaker.alert_webhook follows too. The settings
+// that are read at start only (see restartOnly) keep their old values, and
+// Apply logs a warning naming each one that changed. The admin token is not
+// part of cfg: set it with SetAdminToken.
 func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 	rt, err := newRuntime(cfg, a)
 	if err != nil {
@@ -250,26 +253,9 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 	}
 	old := g.rt.Swap(rt)
 	g.lim.denials.forget()
-	for _, f := range []struct {
-		name    string
-		was, is any
-	}{
-		{"store.redis", old.cfg.Store.Redis, cfg.Store.Redis},
-		{"store.timeout", old.cfg.Store.Timeout, cfg.Store.Timeout},
-		{"cache.redis", old.cfg.Cache.Redis, cfg.Cache.Redis},
-		{"cache.timeout", old.cfg.Cache.Timeout, cfg.Cache.Timeout},
-		{"usage.store", old.cfg.Usage.Store, cfg.Usage.Store},
-		{"usage.flush_interval", old.cfg.Usage.FlushInterval, cfg.Usage.FlushInterval},
-		{"breaker.alert_webhook", old.cfg.Breaker.AlertWebhook, cfg.Breaker.AlertWebhook},
-		{"auth.admin_token_env", old.cfg.Auth.AdminTokenEnv, cfg.Auth.AdminTokenEnv},
-		{"auth.session_secret_env", old.cfg.Auth.SessionSecretEnv, cfg.Auth.SessionSecretEnv},
-		{"server.read_header_timeout", old.cfg.Server.ReadHeaderTimeout, cfg.Server.ReadHeaderTimeout},
-		{"server.idle_timeout", old.cfg.Server.IdleTimeout, cfg.Server.IdleTimeout},
-		{"server.max_connections", old.cfg.Server.MaxConnections, cfg.Server.MaxConnections},
-	} {
-		if fmt.Sprint(f.was) != fmt.Sprint(f.is) {
-			g.log.Warn("this setting is read at start only: restart mcpgate to apply it", "field", f.name)
-		}
+	g.alerts.setURL(cfg.Breaker.AlertWebhook)
+	for _, field := range restartOnly(old.cfg, cfg) {
+		g.log.Warn("this setting is read at start only: restart mcpgate to apply it", "field", field)
 	}
 	return nil
 }
@@ -348,7 +334,8 @@ func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
 
 // adminAuthorized checks the admin bearer token in constant time.
 func (g *Gateway) adminAuthorized(r *http.Request) bool {
-	if len(g.adminToken) == 0 {
+	want := *g.adminToken.Load()
+	if len(want) == 0 {
 		return false
 	}
 	const prefix = "Bearer "
@@ -356,7 +343,7 @@ func (g *Gateway) adminAuthorized(r *http.Request) bool {
 	if len(h) < len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
 		return false
 	}
-	return subtle.ConstantTimeCompare([]byte(h[len(prefix):]), g.adminToken) == 1
+	return subtle.ConstantTimeCompare([]byte(h[len(prefix):]), want) == 1
 }
 
 // breakerOpened logs, counts and alerts a loop breaker that just opened.

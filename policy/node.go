@@ -34,6 +34,10 @@ type decoder struct {
 	warmAt    []warmRef // one per Cache.Warm entry
 
 	expirySet, leewaySet bool // auth.jwt.require_expiry / leeway given (their defaults are not zero)
+
+	// offered, when set, is told the path of every key each mapping it
+	// decodes accepts, present or not (see schemaPaths).
+	offered func(path string)
 }
 
 type warmRef struct {
@@ -256,6 +260,11 @@ type fields map[string]func(v *yaml.Node, path string)
 // object decodes mapping n with f; unknown keys are errors at their line.
 // Null values are skipped, so every field keeps its default.
 func (d *decoder) object(n *yaml.Node, path string, f fields) {
+	if d.offered != nil {
+		for k := range f {
+			d.offered(join(path, k))
+		}
+	}
 	ps, _ := d.mapping(n, path)
 	var names []string
 	for _, p := range ps {

@@ -1,0 +1,25 @@
+package cli
+
+import (
+	"log/slog"
+	"os"
+
+	"github.com/mcpgate/mcpgate/policy"
+)
+
+// adminToken is the admin bearer token cfg names: the value of the
+// variable auth.admin_token_env, or "" (admin API disabled, with a warning
+// when the variable is named but empty). It is read at start and on every
+// reload; a process's environment is fixed when it starts, so a reload can
+// switch to another variable that was set then, or turn the API off.
+func adminToken(cfg *policy.Config, log *slog.Logger) string {
+	env := cfg.Auth.AdminTokenEnv
+	if env == "" {
+		return ""
+	}
+	tok := os.Getenv(env)
+	if tok == "" {
+		log.Warn("admin API disabled: environment variable is empty", "env", env)
+	}
+	return tok
+}
