@@ -15,6 +15,7 @@ import (
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcpgate/mcpgate/audit"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/policy"
 )
@@ -325,4 +326,27 @@ func jsonString(s string) string {
 		return string(b)
 	}
 	return `"` + strings.ReplaceAll(s, `"`, `\"`) + `"`
+}
+
+// Lost lines are counted in mcpgate_audit_dropped_total (here: a line
+// logged after Close, which wrote the buffered ones and closed the file).
+func TestAuditDroppedMetric(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	e := newEnv(t, setup{Config: auditConfig(path, ""), Upstream: upstream.Options{Stateless: true, JSONResponse: true}})
+	if r := e.callRaw(0, token(t, "acme", "alice"), 1, "echo", map[string]any{"text": "x"}); r.Status != 200 {
+		t.Fatalf("echo: %d", r.Status)
+	}
+	if v, ok := scrape(t, e.base[0])["mcpgate_audit_dropped_total"]; !ok || v != 0 {
+		t.Fatalf("mcpgate_audit_dropped_total = %v (exported: %v), want 0", v, ok)
+	}
+	if err := e.gws[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(path); err != nil || bytes.Count(data, []byte("\n")) != 1 {
+		t.Fatalf("after Close: %q %v", data, err)
+	}
+	e.gws[0].audit.Log(audit.Record{Decision: "admitted"})
+	if v := scrape(t, e.base[0])["mcpgate_audit_dropped_total"]; v != 1 {
+		t.Errorf("mcpgate_audit_dropped_total = %v, want 1", v)
+	}
 }
