@@ -183,6 +183,9 @@ func serveUntilDone(ctx context.Context, g *gateway.Gateway, addr string, log *s
 	for {
 		select {
 		case <-hup:
+			// SIGHUP is also log rotation's signal: reopen the audit file
+			// first, whether or not the config reloads.
+			_ = g.ReopenAudit(ctx) // a failure is logged; the old file stays
 			if err := reload(ctx); err != nil {
 				log.Error("SIGHUP reload failed", "err", err)
 			}

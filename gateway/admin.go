@@ -110,6 +110,9 @@ func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
 }
 
 func (g *Gateway) adminReload(w http.ResponseWriter, r *http.Request) {
+	// First, and whatever the reload's outcome: after a rotation the audit
+	// lines must go to the new file even if the new config is refused.
+	_ = g.ReopenAudit(r.Context()) // a failure is logged; the old file stays
 	if g.reload == nil {
 		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": "reload is not available: the gateway was not started from a config file"})
 		return

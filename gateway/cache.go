@@ -250,6 +250,7 @@ func (g *Gateway) streamedAnswer(r *http.Request, lw *leaderWriter) (failed bool
 	lw.detach()
 	g.metrics.CacheRequests.WithLabelValues(cache.Miss.String()).Inc()
 	status, result, rpcErr := lw.outcome()
+	noteLoaded(r.Context(), result, rpcErr)
 	switch {
 	case errors.Is(context.Cause(r.Context()), mcp.ErrCancelled):
 		g.metrics.Requests.WithLabelValues("tools/call", "cancelled").Inc()

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mcpgate/mcpgate/audit"
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/limit"
@@ -109,6 +110,7 @@ type Gateway struct {
 	tracker    *sessionTracker
 	stopSweep  context.CancelFunc
 	sweepDone  chan struct{}
+	audit      *audit.Logger // nil: no audit log
 }
 
 // New builds a Gateway from opts.
@@ -207,6 +209,10 @@ func New(opts Options) (*Gateway, error) {
 	bctx, bcancel := context.WithCancel(context.Background())
 	g.stopAlerts = bcancel
 	go g.alerts.run(bctx)
+	if err := g.openAudit(opts.Config.Audit.File); err != nil {
+		g.Close()
+		return nil, fmt.Errorf("gateway: audit.file: %w", err)
+	}
 	rt, err := newRuntime(opts.Config, opts.Auth)
 	if err != nil {
 		g.Close()
@@ -263,8 +269,9 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 // Config returns the configuration in force.
 func (g *Gateway) Config() *policy.Config { return g.rt.Load().cfg }
 
-// Close flushes usage a last time and releases what the Gateway owns (the
-// store probe, its own memory store). It does not close the stores or
+// Close flushes usage a last time, writes the audit lines still buffered,
+// and releases what the Gateway owns (the store probe, its own memory
+// store, the audit file). It does not close the stores or
 // authenticator passed in Options. Close the HTTP server first, so that no
 // call is admitted after the final flush.
 func (g *Gateway) Close() error {
@@ -293,6 +300,8 @@ func (g *Gateway) Close() error {
 		if g.ownLocal != nil {
 			err = g.ownLocal.Close()
 		}
+		// last: the lines of calls that ended during the shutdown
+		err = errors.Join(err, g.audit.Close())
 	})
 	return err
 }

@@ -25,6 +25,7 @@ func (g *Gateway) serveMethod(w http.ResponseWriter, r *http.Request, rt *runtim
 	}
 	tenant, global := methodRuleSets(rt.cfg, p, msg)
 	v := g.lim.admit(r.Context(), tenant, global, nil, nil, 1, storeOnError(rt.cfg))
+	noteVerdict(r.Context(), v, 0)
 	if !g.methodAdmitted(w, msg, class, v) {
 		return
 	}

@@ -58,4 +58,5 @@ var startOnlyFields = []struct {
 	{"server.read_header_timeout", func(c *policy.Config) any { return c.Server.ReadHeaderTimeout }},
 	{"server.idle_timeout", func(c *policy.Config) any { return c.Server.IdleTimeout }},
 	{"server.max_connections", func(c *policy.Config) any { return c.Server.MaxConnections }},
+	{"audit.file", func(c *policy.Config) any { return c.Audit.File }},
 }

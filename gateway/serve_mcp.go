@@ -110,6 +110,8 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fwd.Body, fwd.Msg = body, msg
+	w, r, audited := g.auditCall(w, r, rt, p, msg)
+	defer audited() // the line of a governed call, once it has ended
 	if !g.authorized(w, p, &fwd) {
 		return
 	}
@@ -145,6 +147,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 	// cost goes to the usage meter and the monthly quota.
 	const callUnits = 1
 	v := g.lim.admit(r.Context(), buildRuleSet(tenantRules, owner), buildRuleSet(globalRules, owner), meter, br, callUnits, rt.cfg.ToolOnError(tool))
+	noteVerdict(r.Context(), v, cost)
 	switch {
 	case v.unavailable:
 		g.metrics.Requests.WithLabelValues("tools/call", "unavailable").Inc()
@@ -330,6 +333,7 @@ func (g *Gateway) correctCost(ctx context.Context, meter *limit.Meter, metered b
 		return
 	}
 	g.metrics.CostCorrections.WithLabelValues("applied").Inc()
+	noteCost(ctx, actual)
 	if metered {
 		g.lim.meters.adjust(ctx, *meter, delta)
 		return
@@ -339,7 +343,9 @@ func (g *Gateway) correctCost(ctx context.Context, meter *limit.Meter, metered b
 
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, class string) int {
 	start := time.Now()
+	forwarded := noteForward(r.Context(), &fwd)
 	status, err := g.serveOrdered(w, r, rt, fwd)
+	forwarded(status, err)
 	g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds())
 	outcome := "admitted"
 	switch {

@@ -60,6 +60,9 @@ type Metrics struct {
 	// store, as if uncached, by reason: skipped (its breaker is open) or
 	// error (a store operation failed or timed out).
 	CacheDegraded *prometheus.CounterVec
+	// AuditDropped counts audit lines lost: the audit buffer was full (a
+	// slow disk) or a write failed.
+	AuditDropped prometheus.Counter
 }
 
 // New creates and registers the collectors (plus the Go and process
@@ -124,11 +127,14 @@ func New() *Metrics {
 		CacheDegraded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mcpgate_cache_degraded_total", Help: "Calls of cacheable tools answered without the cache store (skipped by its breaker, or a failed or timed-out store operation), by reason.",
 		}, []string{"reason"}),
+		AuditDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mcpgate_audit_dropped_total", Help: "Audit log lines lost: the audit buffer was full or a write failed.",
+		}),
 	}
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
 		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
 		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.CacheDegraded,
-		m.UpstreamSessions, m.SessionsEnded, m.OpenConnections)
+		m.UpstreamSessions, m.SessionsEnded, m.OpenConnections, m.AuditDropped)
 	// The runtime collectors too carry the prefix: every name we serve starts
 	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).
 	prometheus.WrapRegistererWithPrefix("mcpgate_", r).MustRegister(

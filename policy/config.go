@@ -53,6 +53,7 @@ type Config struct {
 	Breaker     Breaker
 	Server      Server
 	Sessions    Sessions
+	Audit       Audit
 	// Warnings are non-fatal problems, each "file:line: field: problem"
 	// (for example an unset ${VAR}). The caller decides whether to log them.
 	Warnings []string
@@ -226,6 +227,19 @@ type Server struct {
 	// gateway's own host ("*" accepts any). A request without Origin is
 	// accepted (non-browser clients send none); any other is refused 403.
 	AllowedOrigins []string
+}
+
+// Audit configures the audit log: one JSON line per governed call (see
+// package audit). The zero value writes none.
+type Audit struct {
+	// File is the path the lines are appended to, "-" for standard
+	// output, "" for no audit log [""]. It is opened at start (a file that
+	// cannot be opened stops the gateway) and reopened on SIGHUP and
+	// POST /admin/reload, for log rotation.
+	File string
+	// IncludeArguments writes a tools/call's arguments into its line
+	// [false]. Tokens are never written.
+	IncludeArguments bool
 }
 
 // Sessions caps the MCP sessions one caller may keep open upstream: each

@@ -92,6 +92,12 @@
 //	sessions.max_per_tenant    live upstream MCP sessions one tenant may hold [100]
 //	sessions.max_per_subject   live upstream MCP sessions one subject may hold [10]
 //	sessions.idle_timeout      a session unused this long is ended upstream, freeing its slot [30m]
+//	audit.file                 append one JSON line per governed call to this file, "-" for
+//	                           standard output; reopened on SIGHUP and POST /admin/reload
+//	                           (log rotation); a file that cannot be opened stops the start
+//	                           ["": no audit log]
+//	audit.include_arguments    write each tools/call's arguments into its line; tokens are
+//	                           never written [false]
 //
 // A rule is {name, per, algorithm, limit, period, burst, shadow, methods}. name (1 to
 // 64 of [A-Za-z0-9_.-]), algorithm (see limit.Algorithms), limit (at least

@@ -174,6 +174,7 @@ func (d *decoder) config(root *yaml.Node, c *Config) {
 		"breaker":  func(v *yaml.Node, p string) { d.breaker(v, p, &c.Breaker) },
 		"server":   func(v *yaml.Node, p string) { d.server(v, p, &c.Server) },
 		"sessions": func(v *yaml.Node, p string) { d.sessions(v, p, &c.Sessions) },
+		"audit":    func(v *yaml.Node, p string) { d.audit(v, p, &c.Audit) },
 	})
 }
 

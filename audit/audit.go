@@ -1,0 +1,369 @@
+// Package audit writes mcpgate's audit log: one JSON object per line for
+// each governed call, appended to a file (or written to standard output).
+//
+// Writes never block the caller: Log puts the record in a bounded buffer
+// and one writer goroutine encodes and writes it; when the buffer is full
+// the record is dropped and counted (Options.OnDrop, Dropped). Rotation is
+// left to the platform (logrotate, a container runtime): after the file was
+// renamed, Reopen makes new lines go to a new file at the same path. Close
+// writes what is buffered and closes the file.
+package audit
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+)
+
+// Stdout is the path that writes the log to standard output.
+const Stdout = "-"
+
+// DefaultBuffer is the number of records Log may queue ahead of the writer.
+const DefaultBuffer = 4096
+
+// ErrClosed means the Logger was closed: Flush and Reopen have nothing to
+// write to.
+var ErrClosed = errors.New("audit: logger closed")
+
+// Record is one line of the audit log. Strings are written as JSON strings:
+// a tenant or tool name holding newlines, quotes or invalid UTF-8 (replaced
+// by U+FFFD) still makes exactly one valid line.
+type Record struct {
+	// Time is when the call arrived (written in UTC, RFC 3339 with
+	// nanoseconds).
+	Time time.Time `json:"time"`
+	// RequestID is the X-Request-Id the gateway answered with.
+	RequestID string `json:"request_id"`
+	Tenant    string `json:"tenant"`
+	Subject   string `json:"subject"`
+	// Method is the JSON-RPC method (tools/call, initialize, ...).
+	Method string `json:"method"`
+	// Tool, Prompt and Resource name the target of tools/call, prompts/get
+	// and resources/read; at most one is set.
+	Tool     string `json:"tool,omitempty"`
+	Prompt   string `json:"prompt,omitempty"`
+	Resource string `json:"resource,omitempty"`
+	// Decision is the gateway's: admitted, cached, denied, forbidden or
+	// unavailable.
+	Decision string `json:"decision"`
+	// Scope and Rule name what decided: for a denial the denying rule and
+	// its per (or quota / breaker), for a forbidden call "scope"; for an
+	// admitted call the most restrictive rule that admitted it.
+	Scope string `json:"scope,omitempty"`
+	Rule  string `json:"rule,omitempty"`
+	// Degraded is the failure policy applied when the limit store failed.
+	Degraded string `json:"degraded,omitempty"`
+	// Cost is what the call was charged, in the tool's cost units (after a
+	// correction from the result); 0 for a refused call and for methods
+	// other than tools/call.
+	Cost int64 `json:"cost"`
+	// LatencyMS is how long the gateway took over the call, in milliseconds.
+	LatencyMS float64 `json:"latency_ms"`
+	// Status is the HTTP status sent to the caller (0: none, the caller
+	// went away first).
+	Status int `json:"status"`
+	// Upstream is how the upstream call ended, for calls that made one: ok,
+	// tool_error, rpc_error, http_<status>, transport_error or cancelled.
+	Upstream string `json:"upstream,omitempty"`
+	// Cache is where a cacheable tool's answer came from (hit, miss,
+	// stale, coalesced).
+	Cache string `json:"cache,omitempty"`
+	// Arguments are the tools/call arguments, only when the gateway is
+	// configured to include them.
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+}
+
+// Options tune a Logger. The zero value is the defaults.
+type Options struct {
+	// Buffer is the number of records queued ahead of the writer; a record
+	// that finds it full is dropped. Zero: DefaultBuffer.
+	Buffer int
+	// OnDrop is called (from Log's or the writer's goroutine) for each
+	// record lost: dropped on a full buffer or failed to write. Nil: none.
+	OnDrop func()
+	// Logger receives write and reopen failures; nil: slog.Default().
+	Logger *slog.Logger
+}
+
+// Logger is an audit log. Its methods are safe for concurrent use; a nil
+// *Logger logs nothing, so a gateway without an audit log needs no checks.
+type Logger struct {
+	path   string // "" when the writer was given (New): Reopen does nothing
+	queue  chan item
+	onDrop func()
+	log    *slog.Logger
+
+	mu     sync.RWMutex // held for reading while sending to queue, for writing to close it
+	closed bool
+
+	dropped atomic.Int64
+	done    chan struct{} // closed when the writer has finished
+
+	// owned by the writer goroutine
+	file    *os.File  // nil unless the Logger opened it
+	base    io.Writer // what out writes to: file, or the writer given
+	out     *bufio.Writer
+	failing bool // the last write failed: the next success is logged
+}
+
+// item is a record to write, or a request to the writer (ack set).
+type item struct {
+	rec    Record
+	reopen bool
+	ack    chan error
+}
+
+// Open opens the audit log at path for appending (created 0600 if absent),
+// or standard output when path is Stdout. An error names the path.
+func Open(path string, opts *Options) (*Logger, error) {
+	if path == Stdout {
+		return New(os.Stdout, opts), nil
+	}
+	f, err := openFile(path)
+	if err != nil {
+		return nil, err
+	}
+	l := newLogger(f, opts)
+	l.path, l.file = path, f
+	go l.run()
+	return l, nil
+}
+
+// New returns a Logger writing to w, which Reopen leaves as it is and Close
+// does not close.
+func New(w io.Writer, opts *Options) *Logger {
+	l := newLogger(w, opts)
+	go l.run()
+	return l
+}
+
+func newLogger(w io.Writer, opts *Options) *Logger {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Buffer <= 0 {
+		o.Buffer = DefaultBuffer
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return &Logger{queue: make(chan item, o.Buffer), onDrop: o.OnDrop, log: o.Logger,
+		done: make(chan struct{}), base: w, out: bufio.NewWriterSize(w, 64<<10)}
+}
+
+func openFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("audit: cannot open %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// Log queues rec for writing and returns at once. When the buffer is full,
+// or the Logger is closed, rec is dropped and counted.
+func (l *Logger) Log(rec Record) {
+	if l == nil {
+		return
+	}
+	l.mu.RLock()
+	sent := false
+	if !l.closed {
+		select {
+		case l.queue <- item{rec: rec}:
+			sent = true
+		default:
+		}
+	}
+	l.mu.RUnlock()
+	if !sent {
+		l.drop()
+	}
+}
+
+// Dropped is the number of records lost so far (buffer full, closed, or a
+// failed write).
+func (l *Logger) Dropped() int64 {
+	if l == nil {
+		return 0
+	}
+	return l.dropped.Load()
+}
+
+func (l *Logger) drop() {
+	l.dropped.Add(1)
+	if l.onDrop != nil {
+		l.onDrop()
+	}
+}
+
+// Flush waits until every record logged before it is written to the file
+// (not synced to disk), or ctx ends.
+func (l *Logger) Flush(ctx context.Context) error {
+	return l.request(ctx, item{})
+}
+
+// Reopen writes the records queued before it to the current file, then
+// opens the path again: after the file was renamed (rotated), new lines go
+// to a new file at the path. When the path cannot be opened, the old file
+// stays in use and the error is returned. A Logger writing to standard
+// output or a given writer has nothing to reopen.
+func (l *Logger) Reopen(ctx context.Context) error {
+	if l == nil || l.path == "" {
+		return nil
+	}
+	return l.request(ctx, item{reopen: true})
+}
+
+// request hands it to the writer and waits for its answer. The send may
+// wait for room in the buffer: it is not on a request path.
+func (l *Logger) request(ctx context.Context, it item) error {
+	if l == nil {
+		return nil
+	}
+	it.ack = make(chan error, 1)
+	l.mu.RLock()
+	if l.closed {
+		l.mu.RUnlock()
+		return ErrClosed
+	}
+	select {
+	case l.queue <- it:
+	case <-ctx.Done():
+		l.mu.RUnlock()
+		return ctx.Err()
+	}
+	l.mu.RUnlock()
+	select {
+	case err := <-it.ack:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close stops accepting records, writes those queued, and closes the file
+// the Logger opened. It returns the first error of that final write or
+// close. Later calls return nil.
+func (l *Logger) Close() error {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	close(l.queue)
+	l.mu.Unlock()
+	<-l.done
+	err := l.out.Flush()
+	if l.file != nil {
+		err = errors.Join(err, l.file.Close())
+	}
+	return err
+}
+
+// run is the writer: it encodes records into the buffered writer and
+// flushes whenever the queue is empty, so lines reach the file promptly
+// under light load and in batches under heavy load.
+func (l *Logger) run() {
+	defer close(l.done)
+	var line bytes.Buffer
+	for it := range l.queue {
+		switch {
+		case it.ack != nil && it.reopen:
+			it.ack <- l.reopen()
+			continue
+		case it.ack != nil:
+			it.ack <- l.flush()
+			continue
+		}
+		line.Reset()
+		if err := encode(&line, it.rec); err != nil {
+			l.log.Error("audit record cannot be encoded", "err", err)
+			l.drop()
+		} else {
+			_, err = l.out.Write(line.Bytes())
+			l.wrote(err)
+		}
+		if len(l.queue) == 0 {
+			l.wrote(l.out.Flush())
+		}
+	}
+}
+
+func (l *Logger) flush() error {
+	err := l.out.Flush()
+	l.wrote(err)
+	return err
+}
+
+// wrote counts a failed write as a dropped record and logs the changes
+// between failing and working (not every failure: a full disk would flood
+// the log).
+func (l *Logger) wrote(err error) {
+	switch {
+	case err != nil && !l.failing:
+		l.failing = true
+		l.log.Error("audit log write failed: records are dropped until writes succeed", "path", l.path, "err", err)
+	case err == nil && l.failing:
+		l.failing = false
+		l.log.Info("audit log writes succeed again", "path", l.path)
+	}
+	if err != nil {
+		l.drop()
+		// A bufio.Writer keeps its error forever: start afresh on the
+		// same file so that a transient failure does not end the log.
+		l.out.Reset(l.base)
+	}
+}
+
+// reopen flushes to the old file, then swaps in the file now at the path.
+func (l *Logger) reopen() error {
+	ferr := l.out.Flush()
+	l.wrote(ferr)
+	f, err := openFile(l.path)
+	if err != nil {
+		l.log.Error("audit log cannot be reopened: still writing to the file opened before", "err", err)
+		return err
+	}
+	old := l.file
+	l.file, l.base = f, f
+	l.out.Reset(f)
+	if cerr := old.Close(); cerr != nil {
+		l.log.Warn("closing the previous audit file failed", "path", l.path, "err", cerr)
+	}
+	return nil
+}
+
+// encode writes rec as one line. The encoder escapes control characters
+// and replaces invalid UTF-8 in strings, and compacts raw arguments (no
+// newline survives). Raw arguments are valid JSON (the gateway parsed them)
+// but may carry invalid UTF-8 inside their strings, which is replaced the
+// same way first; arguments that are not JSON at all are left out.
+func encode(buf *bytes.Buffer, rec Record) error {
+	rec.Time = rec.Time.UTC()
+	if len(rec.Arguments) > 0 {
+		if !utf8.Valid(rec.Arguments) {
+			rec.Arguments = bytes.ToValidUTF8(rec.Arguments, []byte("\uFFFD"))
+		}
+		if !json.Valid(rec.Arguments) {
+			rec.Arguments = nil
+		}
+	}
+	enc := json.NewEncoder(buf)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(rec) // ends the line with '\n'
+}

@@ -1,0 +1,242 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/mcpgate/mcpgate/audit"
+	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/mcp"
+)
+
+// The audit log has one line per governed call: every JSON-RPC request
+// (tools/call and the other methods) that passed authentication, session
+// binding and parsing, whatever the decision: admitted, cached, denied,
+// forbidden or unavailable. Notifications and responses (nothing to decide)
+// and GET / DELETE streams are not logged, nor requests refused before
+// their caller or message was known (401, 400, 404 for an unknown session):
+// those are in the request metrics. See docs/design.md, "Audit log".
+
+// Decisions of audit lines.
+const (
+	auditAdmitted    = "admitted"
+	auditCached      = "cached"
+	auditDenied      = "denied"
+	auditForbidden   = "forbidden"
+	auditUnavailable = "unavailable"
+)
+
+// auditKey is the context key of a governed call's *auditNote.
+type auditKey struct{}
+
+// auditNote is what the stages of one governed call tell its audit line.
+// Only the request's goroutine writes it. The note functions ignore a nil
+// note (the call is not audited).
+type auditNote struct {
+	decided                         bool // the limiter's verdict is noted
+	decision, scope, rule, degraded string
+	cost                            int64
+	reached                         bool  // an upstream call was made for this caller
+	err                             error // how that call failed (nil: it answered)
+	rpcErr, toolErr                 bool  // its answer was a JSON-RPC error, an isError result
+}
+
+func noteOf(ctx context.Context) *auditNote {
+	n, _ := ctx.Value(auditKey{}).(*auditNote)
+	return n
+}
+
+// auditWriter records the status of the answer.
+type auditWriter struct {
+	http.ResponseWriter
+	status int // 0 until the status line is written
+}
+
+func (a *auditWriter) WriteHeader(code int) {
+	if a.status == 0 && code >= 200 {
+		a.status = code
+	}
+	a.ResponseWriter.WriteHeader(code)
+}
+
+func (a *auditWriter) Write(b []byte) (int, error) {
+	if a.status == 0 {
+		a.status = http.StatusOK
+	}
+	return a.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the writer underneath.
+func (a *auditWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }
+
+func noAudit() {}
+
+// auditCall starts the audit line of msg when it is a request and an audit
+// log is configured: it sets the X-Request-Id the line carries, and
+// returns w wrapped to see the status, r carrying the call's note, and the
+// func that writes the line. The caller defers that func where the
+// governed call ends, so that it runs after the call's slots were released
+// and its cost corrected. Otherwise it returns w and r as they are.
+func (g *Gateway) auditCall(w http.ResponseWriter, r *http.Request, rt *runtime, p auth.Principal, msg *mcp.Message) (http.ResponseWriter, *http.Request, func()) {
+	if g.audit == nil || !msg.IsCall() {
+		return w, r, noAudit
+	}
+	start := time.Now()
+	rec := audit.Record{Time: start, RequestID: requestID(w, r), Tenant: p.Tenant, Subject: p.Subject, Method: msg.Method}
+	switch msg.Method {
+	case mcp.MethodToolsCall:
+		rec.Tool = msg.ToolName
+		if rt.cfg.Audit.IncludeArguments {
+			rec.Arguments = msg.Arguments
+		}
+	case mcp.MethodPromptsGet:
+		rec.Prompt = msg.Name
+	case mcp.MethodResourcesRead:
+		rec.Resource = msg.Name
+	}
+	n := &auditNote{}
+	aw := &auditWriter{ResponseWriter: w}
+	r = r.WithContext(context.WithValue(r.Context(), auditKey{}, n))
+	return aw, r, func() {
+		rec.LatencyMS = float64(time.Since(start).Microseconds()) / 1000
+		rec.Status = aw.status
+		n.fill(&rec, aw.Header().Get("X-Mcp-Cache"))
+		g.audit.Log(rec)
+	}
+}
+
+// fill completes rec from the note, the status and the X-Mcp-Cache header
+// of the answer.
+func (n *auditNote) fill(rec *audit.Record, cacheSource string) {
+	rec.Decision, rec.Scope, rec.Rule, rec.Degraded, rec.Cost = n.decision, n.scope, n.rule, n.degraded, n.cost
+	rec.Cache = cacheSource
+	switch {
+	case !n.decided && rec.Status == http.StatusForbidden:
+		// refused by authorize, before the limiter
+		rec.Decision, rec.Scope, rec.Rule = auditForbidden, "scope", ""
+		return
+	case !n.decided:
+		rec.Decision = "refused" // not reached today: every other path is decided
+		return
+	case rec.Decision != auditAdmitted:
+		return
+	case cacheSource != "" && cacheSource != "miss":
+		rec.Decision = auditCached
+		return
+	}
+	rec.Upstream = n.upstream(rec.Status)
+}
+
+// upstream names how an admitted call's upstream exchange ended.
+func (n *auditNote) upstream(status int) string {
+	switch {
+	case errors.Is(n.err, mcp.ErrCancelled) || errors.Is(n.err, mcp.ErrClientGone):
+		return "cancelled"
+	case n.err != nil:
+		return "transport_error"
+	case status == 0 || (!n.reached && status == http.StatusAccepted):
+		// nothing written (the caller went away), or a cached call's
+		// 202 to its own notifications/cancelled
+		return "cancelled"
+	case status/100 != 2:
+		return "http_" + strconv.Itoa(status)
+	case n.rpcErr:
+		return "rpc_error"
+	case n.toolErr:
+		return "tool_error"
+	}
+	return "ok"
+}
+
+// noteVerdict records the limiter's verdict on a call and, when it was
+// admitted, the cost it is charged.
+func noteVerdict(ctx context.Context, v verdict, cost int64) {
+	n := noteOf(ctx)
+	if n == nil {
+		return
+	}
+	n.decided, n.degraded = true, string(v.degraded)
+	switch {
+	case v.unavailable:
+		n.decision = auditUnavailable
+	case v.breakerOpen:
+		n.decision, n.scope, n.rule = auditDenied, "breaker", breakerRule
+	case v.quota:
+		n.decision, n.scope, n.rule = auditDenied, "quota", quotaRule
+	case !v.allowed:
+		n.decision, n.scope, n.rule = auditDenied, string(v.scope), v.decision.Rule.Name
+	default:
+		n.decision, n.rule, n.cost = auditAdmitted, v.decision.Rule.Name, cost
+	}
+}
+
+// noteCost records the cost a call was charged after a correction.
+func noteCost(ctx context.Context, cost int64) {
+	if n := noteOf(ctx); n != nil {
+		n.cost = cost
+	}
+}
+
+// noteForward records an upstream exchange through forward, and wraps
+// fwd.OnResult, when set, to see the answer. An unset OnResult stays
+// unset: setting it would make the proxy buffer every JSON answer, so
+// without one the line's upstream outcome comes from the status alone.
+func noteForward(ctx context.Context, fwd *mcp.Forward) func(status int, err error) {
+	n := noteOf(ctx)
+	if n == nil {
+		return func(int, error) {}
+	}
+	if report := fwd.OnResult; report != nil {
+		fwd.OnResult = func(result, rpcErr json.RawMessage) {
+			n.sawResult(result, rpcErr)
+			report(result, rpcErr)
+		}
+	}
+	return func(_ int, err error) { n.reached, n.err = true, err }
+}
+
+func (n *auditNote) sawResult(result, rpcErr json.RawMessage) {
+	n.rpcErr, n.toolErr = rpcErr != nil, isErrorResult(result)
+}
+
+// noteLoaded records the answer of a cache load that streamed to this
+// caller; ctx is the call's, which tells a cancellation.
+func noteLoaded(ctx context.Context, result, rpcErr json.RawMessage) {
+	n := noteOf(ctx)
+	if n == nil {
+		return
+	}
+	n.reached = true
+	n.sawResult(result, rpcErr)
+	switch {
+	case errors.Is(context.Cause(ctx), mcp.ErrCancelled):
+		n.err = mcp.ErrCancelled
+	case ctx.Err() != nil:
+		n.err = mcp.ErrClientGone
+	}
+}
+
+// ReopenAudit reopens the audit file (after log rotation renamed it): new
+// lines go to a new file at the configured path. Lines queued before go to
+// the old one. A failure is logged and returned, and the old file stays in
+// use. Without an audit file it does nothing.
+func (g *Gateway) ReopenAudit(ctx context.Context) error {
+	return g.audit.Reopen(ctx)
+}
+
+// openAudit opens the audit log the config names (none for "").
+func (g *Gateway) openAudit(path string) error {
+	if path == "" {
+		return nil
+	}
+	l, err := audit.Open(path, &audit.Options{OnDrop: g.metrics.AuditDropped.Inc, Logger: g.log})
+	if err != nil {
+		return err
+	}
+	g.audit = l
+	return nil
+}
