@@ -109,6 +109,9 @@ type Gateway struct {
 	tracker    *sessionTracker
 	stopSweep  context.CancelFunc
 	sweepDone  chan struct{}
+	// proxyWarned: the warning that forwarded headers met a derived OAuth
+	// resource was logged (once per Gateway).
+	proxyWarned atomic.Bool
 }
 
 // New builds a Gateway from opts.
@@ -317,6 +320,7 @@ func (g *Gateway) routes() {
 	mux.HandleFunc("GET /readyz", g.serveReady)
 	mux.Handle("GET /metrics", g.metrics.Handler())
 	g.adminRoutes(mux)
+	g.wellKnownRoutes(mux)
 	g.mux = mux
 }
 

@@ -110,7 +110,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fwd.Body, fwd.Msg = body, msg
-	if !g.authorized(w, p, &fwd) {
+	if !g.authorized(w, r, rt, p, &fwd) {
 		return
 	}
 	if msg.Method != "tools/call" {
