@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
@@ -255,5 +256,34 @@ func TestResourceConfigured(t *testing.T) {
 	}
 	if r := post(t, e.mcpURL(0), "", callBody(1, "echo", nil), nil); r.Header.Get("WWW-Authenticate") != `Bearer realm="mcpgate"` {
 		t.Errorf("after a reload without authorization servers: challenge %q", r.Header.Get("WWW-Authenticate"))
+	}
+}
+
+// A derived resource behind a proxy is wrong, and the gateway cannot know
+// the right one: the first request with forwarding headers logs a warning
+// (once), and the derivation still ignores those headers.
+func TestForwardedHeadersWarnOnce(t *testing.T) {
+	as := newTestAS(t)
+	logs := &logBuffer{}
+	e := newEnv(t, setup{
+		Upstream: upstream.Options{Stateless: true},
+		Config:   oauthConfig(as, ""),
+		Logger:   slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	const msg = "a request came through a proxy (it carries forwarded headers) and auth.resource is not set: " +
+		"the OAuth resource and metadata URL are derived from what reached mcpgate, not what the client used; set auth.resource"
+	post(t, e.mcpURL(0), "", callBody(1, "echo", nil), nil)
+	if n := len(logs.records(t, msg)); n != 0 {
+		t.Fatalf("%d warnings without forwarding headers", n)
+	}
+	fwd := http.Header{"X-Forwarded-Proto": {"https"}}
+	for range 3 {
+		r := post(t, e.mcpURL(0), "", callBody(1, "echo", nil), fwd)
+		if got := challengeParams(t, r.Header.Get("WWW-Authenticate"))["resource_metadata"]; got != e.base[0]+wellKnown+"/mcp" {
+			t.Fatalf("resource_metadata %q with X-Forwarded-Proto", got)
+		}
+	}
+	if n := len(logs.records(t, msg)); n != 1 {
+		t.Fatalf("%d warnings, want 1", n)
 	}
 }
