@@ -116,6 +116,13 @@ type Options struct {
 	Issuer string
 	// Audience, when not empty, must be one of the aud claim's values.
 	Audience string
+	// Resource, when not empty, is the OAuth resource identifier of this
+	// gateway (RFC 8707, RFC 9728): it must be one of the aud claim's
+	// values too, compared as exact strings. With both Audience and
+	// Resource set a token must name both (an aud array holding the two, or
+	// one value when they are equal). New refuses a Resource CheckResource
+	// refuses.
+	Resource string
 
 	// TenantClaim names the tenant claim; "" means "tenant_id". A token
 	// without it, or where it is not a non-empty string, is refused.
@@ -228,6 +235,14 @@ func New(ctx context.Context, opts Options) (*Authenticator, error) {
 	}
 	if opts.Audience != "" {
 		a.validate = append(a.validate, jwt.WithAudience(opts.Audience))
+	}
+	if opts.Resource != "" {
+		if err := CheckResource(opts.Resource); err != nil {
+			return nil, err
+		}
+		if opts.Resource != opts.Audience {
+			a.validate = append(a.validate, jwt.WithAudience(opts.Resource))
+		}
 	}
 	if opts.RequireExpiry {
 		a.validate = append(a.validate, jwt.WithRequiredClaim(jwt.ExpirationKey))

@@ -25,6 +25,7 @@ func authOptions(cfg *policy.Config, log *slog.Logger) (auth.Options, error) {
 		JWKSURL:        j.JWKSURL,
 		Issuer:         j.Issuer,
 		Audience:       j.Audience,
+		Resource:       cfg.Auth.Resource,
 		TenantClaim:    j.TenantClaim,
 		TierClaim:      j.TierClaim,
 		ScopeClaim:     j.ScopeClaim,

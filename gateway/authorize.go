@@ -14,8 +14,9 @@ const maxDeniedName = 256
 
 // denial is a request the caller's scopes do not allow.
 type denial struct {
-	kind string // "tool", "resource" or "prompt": the data member naming it
-	name string // the tool, resource URI or prompt, cut to maxDeniedName
+	kind  string // "tool", "resource" or "prompt": the data member naming it
+	name  string // the tool, resource URI or prompt, cut to maxDeniedName
+	scope string // the scope that would allow it (auth.NeededScope)
 }
 
 // authorize checks msg against the caller's scopes and sets fwd.Filter to
@@ -31,7 +32,7 @@ func authorize(p auth.Principal, msg *mcp.Message, fwd *mcp.Forward) *denial {
 		if allowed {
 			return nil
 		}
-		return &denial{kind: kind, name: cutForLog(msg.Name, maxDeniedName)}
+		return &denial{kind: kind, name: cutForLog(msg.Name, maxDeniedName), scope: auth.NeededScope(kind, msg.Name)}
 	}
 	switch msg.Method {
 	case mcp.MethodToolsCall:
@@ -52,13 +53,21 @@ func authorize(p auth.Principal, msg *mcp.Message, fwd *mcp.Forward) *denial {
 	return nil
 }
 
-// authorized runs authorize for a request whose caller is p; it answers a
+// authorized runs authorize for request r whose caller is p; it answers a
 // denial itself (403, a JSON-RPC error naming what was refused, nothing
-// forwarded) and then returns false.
-func (g *Gateway) authorized(w http.ResponseWriter, p auth.Principal, fwd *mcp.Forward) bool {
+// forwarded) and then returns false. With authorization servers
+// configured the 403 also carries an insufficient_scope challenge (RFC
+// 6750 §3.1) naming the scope needed and the metadata, from which a client
+// can ask the authorization server for it (MCP's step-up authorization).
+func (g *Gateway) authorized(w http.ResponseWriter, r *http.Request, rt *runtime, p auth.Principal, fwd *mcp.Forward) bool {
 	d := authorize(p, fwd.Msg, fwd)
 	if d == nil {
 		return true
+	}
+	if meta := g.resourceMetadataURL(rt, r); meta != "" {
+		w.Header().Set("WWW-Authenticate", auth.Challenge{
+			Realm: "mcpgate", Error: "insufficient_scope", Scope: d.scope, ResourceMetadata: meta,
+		}.String())
 	}
 	g.metrics.Requests.WithLabelValues(methodClass(fwd.Msg), "forbidden").Inc()
 	mcp.WriteError(w, http.StatusForbidden, fwd.Msg.ID, CodeForbidden,

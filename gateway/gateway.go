@@ -111,6 +111,9 @@ type Gateway struct {
 	stopSweep  context.CancelFunc
 	sweepDone  chan struct{}
 	audit      *audit.Logger // nil: no audit log
+	// proxyWarned: the warning that forwarded headers met a derived OAuth
+	// resource was logged (once per Gateway).
+	proxyWarned atomic.Bool
 }
 
 // New builds a Gateway from opts.
@@ -316,6 +319,7 @@ func (g *Gateway) routes() {
 	mux.HandleFunc("GET /readyz", g.serveReady)
 	mux.Handle("GET /metrics", g.metrics.Handler())
 	g.adminRoutes(mux)
+	g.wellKnownRoutes(mux)
 	g.mux = mux
 }
 

@@ -179,6 +179,7 @@ func authFor(t *testing.T, cfg *policy.Config, tweak func(*auth.Options)) *auth.
 		HS256Secret: []byte(testSecret),
 		Issuer:      j.Issuer,
 		Audience:    j.Audience,
+		Resource:    cfg.Auth.Resource,
 		TenantClaim: j.TenantClaim,
 		TierClaim:   j.TierClaim,
 		ScopeClaim:  j.ScopeClaim,

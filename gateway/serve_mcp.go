@@ -112,7 +112,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 	fwd.Body, fwd.Msg = body, msg
 	w, r, audited := g.auditCall(w, r, rt, p, msg)
 	defer audited() // the line of a governed call, once it has ended
-	if !g.authorized(w, p, &fwd) {
+	if !g.authorized(w, r, rt, p, &fwd) {
 		return
 	}
 	if msg.Method != "tools/call" {

@@ -28,15 +28,19 @@ type unauthorizedData struct {
 func (g *Gateway) unauthorized(w http.ResponseWriter, r *http.Request, err error) {
 	g.metrics.Requests.WithLabelValues("any", "unauthorized").Inc()
 	id := requestID(w, r)
-	challenge := `Bearer realm="mcpgate"`
+	// With authorization servers configured, resource_metadata tells the
+	// client where to get a token (RFC 9728 §5.1). No scope is asked for:
+	// a token without scopes already works (lists come back empty), and a
+	// call outside the scopes gets its own insufficient_scope challenge.
+	challenge := auth.Challenge{Realm: "mcpgate", ResourceMetadata: g.resourceMetadataURL(g.rt.Load(), r)}
 	msg, level := "unauthorized: a bearer token is required", slog.LevelInfo
 	if !errors.Is(err, auth.ErrNoToken) {
-		challenge += `, error="invalid_token"`
+		challenge.Error = "invalid_token"
 		msg, level = "unauthorized: the bearer token was not accepted", slog.LevelWarn
 	}
 	g.log.Log(r.Context(), level, "request refused: authentication failed",
 		"request_id", id, "reason", cutForLog(err.Error(), maxLoggedReason), "method", r.Method, "remote", r.RemoteAddr)
-	w.Header().Set("WWW-Authenticate", challenge)
+	w.Header().Set("WWW-Authenticate", challenge.String())
 	mcp.WriteError(w, http.StatusUnauthorized, nil, CodeUnauthorized, msg, unauthorizedData{RequestID: id})
 }
 

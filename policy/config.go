@@ -125,6 +125,19 @@ type Auth struct {
 	// derived from the HS256 secret, or random per process (sessions then
 	// stay valid on the instance that opened them only).
 	SessionSecretEnv string
+	// AuthorizationServers are the issuer URLs of the OAuth authorization
+	// servers that issue tokens for this gateway (https; http on a loopback
+	// host only). Not empty: the gateway serves RFC 9728 protected-resource
+	// metadata listing them, and its 401s and 403s point at it (MCP
+	// authorization). Empty: no metadata, 401s as without OAuth.
+	AuthorizationServers []string
+	// Resource is the gateway's OAuth resource identifier, its public MCP
+	// URL (e.g. https://mcp.example.com/mcp). Set: tokens must carry it in
+	// aud (as well as JWT.Audience when set), and the metadata names it.
+	// Empty: the metadata derives it from each request (TLS or not, Host,
+	// "/mcp"; forwarded headers are never trusted) and aud is not checked
+	// against it. Set it behind a proxy.
+	Resource string
 }
 
 // FailurePolicy says what a decision does when the store fails or times out.

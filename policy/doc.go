@@ -48,6 +48,19 @@
 //	auth.session_secret_env    environment variable holding the key binding MCP session ids
 //	                           to callers; shared by all instances [derived from the HS256
 //	                           secret, else random per process]
+//	auth.authorization_servers issuer URLs of the OAuth authorization servers that issue
+//	                           tokens for this gateway (https; http only for localhost,
+//	                           127.0.0.1 and [::1]; no query, fragment or user info). Set:
+//	                           RFC 9728 metadata at /.well-known/oauth-protected-resource
+//	                           (and .../mcp), 401s carry resource_metadata, 403s
+//	                           insufficient_scope with the scope needed [none: no metadata]
+//	auth.resource              the gateway's public MCP URL, its OAuth resource identifier
+//	                           (https, as above). Set: tokens must carry it in aud, exactly,
+//	                           and auth.jwt.audience as well when that is set too (both
+//	                           values in an aud array, or one when they are equal). Not
+//	                           set: derived per request from TLS, Host and /mcp, never from
+//	                           X-Forwarded-* or Forwarded headers, and aud is not checked
+//	                           against it; set it behind a proxy [derived]
 //	store.redis                "" (in-process store, one instance), one URL (redis://,
 //	                           rediss://, valkey://, valkeys://, unix://) or host:port,
 //	                           or a list of host:port Cluster seeds [""]

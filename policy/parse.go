@@ -303,6 +303,7 @@ var jwtSources = []string{"hs256_secret_env", "jwks_url", "jwks_file", "public_k
 
 func (d *decoder) auth(n *yaml.Node, path string, a *Auth) {
 	j := &a.JWT
+	var resourceAt *yaml.Node
 	str := func(dst *string) func(v *yaml.Node, p string) {
 		return func(v *yaml.Node, p string) { *dst, _ = d.str(v, p) }
 	}
@@ -346,7 +347,12 @@ func (d *decoder) auth(n *yaml.Node, path string, a *Auth) {
 		},
 		"admin_token_env":    envName(&a.AdminTokenEnv),
 		"session_secret_env": envName(&a.SessionSecretEnv),
+		"authorization_servers": func(v *yaml.Node, p string) {
+			a.AuthorizationServers = d.authorizationServers(v, p)
+		},
+		"resource": func(v *yaml.Node, p string) { a.Resource, resourceAt = d.resource(v, p), v },
 	})
+	d.checkResourceAlone(resourceAt, join(path, "resource"), a)
 }
 
 func (d *decoder) store(n *yaml.Node, path string, s *Store) {

@@ -40,7 +40,7 @@ func TestExampleLoads(t *testing.T) {
 		t.Errorf("upstream = %+v, want %+v", c.Upstream, wantUp)
 	}
 	wantAuth := Auth{JWT: JWT{HS256SecretEnv: "MCPGATE_JWT_SECRET", TenantClaim: "tenant_id", TierClaim: "tier", ScopeClaim: "scope", RequireExpiry: true, Leeway: 30 * time.Second}, AdminTokenEnv: "MCPGATE_ADMIN_TOKEN"}
-	if c.Auth != wantAuth {
+	if !reflect.DeepEqual(c.Auth, wantAuth) {
 		t.Errorf("auth = %+v", c.Auth)
 	}
 	if c.Store.Redis != nil || c.Store.Timeout != 25*time.Millisecond || c.Store.OnError != FailOpen {
