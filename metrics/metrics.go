@@ -60,6 +60,12 @@ type Metrics struct {
 	// store, as if uncached, by reason: skipped (its breaker is open) or
 	// error (a store operation failed or timed out).
 	CacheDegraded *prometheus.CounterVec
+	// UsageFlushFailures counts failed writes of usage to the durable store,
+	// by op (flush, sweep); the usage stays in the live counters meanwhile.
+	UsageFlushFailures *prometheus.CounterVec
+	// TenantQuota exports the tenants nearest their monthly quota (bounded
+	// cardinality, see QuotaUsage).
+	TenantQuota *QuotaUsage
 }
 
 // New creates and registers the collectors (plus the Go and process
@@ -124,11 +130,16 @@ func New() *Metrics {
 		CacheDegraded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mcpgate_cache_degraded_total", Help: "Calls of cacheable tools answered without the cache store (skipped by its breaker, or a failed or timed-out store operation), by reason.",
 		}, []string{"reason"}),
+		UsageFlushFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcpgate_usage_flush_failures_total", Help: "Failed writes of usage to the durable store, by op (flush, sweep).",
+		}, []string{"op"}),
 	}
+	m.TenantQuota, _ = NewQuotaUsage(DefaultQuotaThreshold, DefaultQuotaMaxTenants, nil) // valid constants
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
 		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
 		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.CacheDegraded,
-		m.UpstreamSessions, m.SessionsEnded, m.OpenConnections)
+		m.UpstreamSessions, m.SessionsEnded, m.OpenConnections, m.UsageFlushFailures, m.TenantQuota)
+	presetLabels(m)
 	// The runtime collectors too carry the prefix: every name we serve starts
 	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).
 	prometheus.WrapRegistererWithPrefix("mcpgate_", r).MustRegister(
