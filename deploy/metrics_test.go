@@ -73,15 +73,17 @@ upstream: {url: %s/mcp}
 auth:
   jwt: {hs256_secret_env: DEPLOY_TEST_SECRET}
   admin_token_env: DEPLOY_TEST_ADMIN
-store: {redis: %q, on_error: local}
+store: {redis: %q, on_error: local, timeout: 2s}  # no degraded decision from a slow machine
 usage: {store: "sqlite:%s", flush_interval: 100ms}
 tiers:
   free:
     monthly_quota: 10
     limits:
-      - {name: per_tenant, per: tenant, algorithm: fixed_window, limit: 8, period: 1h}
+      # A bucket of 8 refilling one token in 3h: no window boundary to cross mid-test.
+      - {name: per_tenant, per: tenant, algorithm: token_bucket, limit: 8, period: 24h}
 tools:
   search: {cache: {ttl: 1m}}
+cache: {timeout: 2s}
 breaker: {consecutive_denials: 2}
 `, up.URL, rd.URL, filepath.Join(dir, "usage.db"))
 	path := filepath.Join(dir, "mcpgate.yaml")
