@@ -133,12 +133,16 @@ func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limi
 		td, tStore = d, s
 		if s != nil && !d.Allowed {
 			if metered && !mr.Allowed && d.Rule.Name == "" {
+				l.observeQuota(meter, mr.Usage)
 				return verdict{quota: true, usage: mr.Usage, degraded: v.degraded, release: noRelease}
 			}
 			l.rememberDenial(s, tenant.checks, cost, d)
 			return verdict{decision: d, scope: tenant.scopeOf(d), degraded: v.degraded, release: noRelease}
 		}
 		v.metered, v.usage = metered, mr.Usage
+		if metered {
+			l.observeQuota(meter, mr.Usage)
+		}
 		v.pending = meter != nil && !metered && !v.unmetered
 		if s == l.local {
 			store = l.local // the shared store failed: keep this request on one store

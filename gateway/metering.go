@@ -49,7 +49,8 @@ func newMeterer(store limit.MeteredStore, us usage.Store, every time.Duration, l
 	return &meterer{
 		store:   store,
 		durable: us,
-		flusher: usage.NewFlusher(store, us, &usage.FlusherOptions{Interval: every, Logger: log}),
+		flusher: usage.NewFlusher(store, us, &usage.FlusherOptions{Interval: every, Logger: log,
+			OnFailure: func(op string) { stats.UsageFlushFailures.WithLabelValues(op).Inc() }}),
 		log:     log,
 		stats:   stats,
 		every:   every,

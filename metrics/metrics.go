@@ -63,6 +63,12 @@ type Metrics struct {
 	// AuditDropped counts audit lines lost: the audit buffer was full (a
 	// slow disk) or a write failed.
 	AuditDropped prometheus.Counter
+	// UsageFlushFailures counts failed writes of usage to the durable store,
+	// by op (flush, sweep); the usage stays in the live counters meanwhile.
+	UsageFlushFailures *prometheus.CounterVec
+	// TenantQuota exports the tenants nearest their monthly quota (bounded
+	// cardinality, see QuotaUsage).
+	TenantQuota *QuotaUsage
 }
 
 // New creates and registers the collectors (plus the Go and process
@@ -130,11 +136,16 @@ func New() *Metrics {
 		AuditDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mcpgate_audit_dropped_total", Help: "Audit log lines lost: the audit buffer was full or a write failed.",
 		}),
+		UsageFlushFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcpgate_usage_flush_failures_total", Help: "Failed writes of usage to the durable store, by op (flush, sweep).",
+		}, []string{"op"}),
 	}
+	m.TenantQuota, _ = NewQuotaUsage(DefaultQuotaThreshold, DefaultQuotaMaxTenants, nil) // valid constants
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
 		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
 		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.CacheDegraded,
-		m.UpstreamSessions, m.SessionsEnded, m.OpenConnections, m.AuditDropped)
+		m.UpstreamSessions, m.SessionsEnded, m.OpenConnections, m.AuditDropped, m.UsageFlushFailures, m.TenantQuota)
+	presetLabels(m)
 	// The runtime collectors too carry the prefix: every name we serve starts
 	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).
 	prometheus.WrapRegistererWithPrefix("mcpgate_", r).MustRegister(

@@ -53,6 +53,12 @@ type FlusherOptions struct {
 	// Now stamps Record.UpdatedAt; nil means time.Now. Backoff uses the
 	// real clock whatever Now is.
 	Now func() time.Time
+	// OnFailure, when not nil, is called once after every Flush or Sweep
+	// that returns an error (op is "flush" or "sweep"), Run's final flush
+	// included: the hook for a failure counter, since Run only logs. It is
+	// called on the flushing goroutine with no lock held and must not
+	// block.
+	OnFailure func(op string)
 }
 
 // Flusher writes the usage meters of a limit.MeteredStore to a durable Store.
@@ -81,6 +87,7 @@ type Flusher struct {
 	maxBackoff time.Duration
 	log        *slog.Logger
 	now        func() time.Time
+	onFailure  func(op string)
 
 	seed   maphash.Seed
 	shards [trackShards]trackShard
@@ -141,6 +148,7 @@ func NewFlusher(meters limit.MeteredStore, store Store, opts *FlusherOptions) *F
 		maxBackoff: max(o.MaxBackoff, o.Interval),
 		log:        o.Logger,
 		now:        o.Now,
+		onFailure:  o.OnFailure,
 		seed:       maphash.MakeSeed(),
 		seeding:    make(map[seedKey]*seedCall),
 	}
@@ -312,6 +320,9 @@ func (f *Flusher) write(ctx context.Context, states []limit.MeterState) error {
 // note records the outcome of a flush or sweep for Run's backoff, logging the
 // start and the end of a run of failures.
 func (f *Flusher) note(op string, err error) {
+	if err != nil && f.onFailure != nil {
+		f.onFailure(op)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err == nil {

@@ -533,3 +533,36 @@ func TestPeriod(t *testing.T) {
 		}
 	}
 }
+
+// OnFailure hears of every failed flush and sweep, and of no successful one.
+func TestOnFailureCountsFailedFlushes(t *testing.T) {
+	ms := newMem(t, nil)
+	st := newSQLite(t, "")
+	var (
+		mu  sync.Mutex
+		ops []string
+	)
+	f := usage.NewFlusher(ms, st, &usage.FlusherOptions{Logger: quiet(), OnFailure: func(op string) {
+		mu.Lock()
+		ops = append(ops, op)
+		mu.Unlock()
+	}})
+	charge(t, ms, f, f, "acme", "2026-11", 1)
+	if err := f.Flush(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatalf("Flush = %v", err)
+	}
+	charge(t, ms, f, f, "acme", "2026-11", 1)
+	st.Close()
+	if err := f.Flush(ctxT(t, 10*time.Second)); err == nil {
+		t.Fatal("Flush to a closed store succeeded")
+	}
+	// The meter the failed flush left unflushed is the sweep's to write.
+	if err := f.Sweep(ctxT(t, 10*time.Second)); err == nil {
+		t.Fatal("Sweep to a closed store succeeded")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ops) != 2 || ops[0] != "flush" || ops[1] != "sweep" {
+		t.Fatalf("OnFailure calls = %q, want [flush sweep]", ops)
+	}
+}
