@@ -110,6 +110,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fwd.Body, fwd.Msg = body, msg
+	g.trace.message(r.Context(), p, msg)
 	if !g.authorized(w, p, &fwd) {
 		return
 	}
