@@ -19,6 +19,7 @@ import (
 	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/gateway"
 	"github.com/mcpgate/mcpgate/limit/redisstore"
+	"github.com/mcpgate/mcpgate/metrics"
 	"github.com/mcpgate/mcpgate/policy"
 )
 
@@ -51,6 +52,11 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		fmt.Fprintln(stderr, err)
 		return errReported
 	}
+	shutdownTracing, err := setupTracing(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer shutdownTracing()
 	a, err := buildAuth(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -114,7 +120,8 @@ func newGateway(ctx context.Context, cfg *policy.Config, a *auth.Authenticator, 
 		us.Close()
 		return nil, nil, err
 	}
-	opts := gateway.Options{Config: cfg, Auth: a, Reload: reload, Logger: log, SessionKey: key, Usage: us}
+	opts := gateway.Options{Config: cfg, Auth: a, Reload: reload, Logger: log, SessionKey: key, Usage: us,
+		TracerProvider: metrics.TracerProvider()}
 	if shared != nil {
 		opts.SharedStore, opts.Probe = shared.store, shared.probe
 		checkEviction(ctx, log, shared.client, cache.RoleStore, "store.redis")

@@ -153,6 +153,7 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 	bypass := func() (bool, json.RawMessage, int) {
 		call.cached.Store(false)
 		g.metrics.CacheRequests.WithLabelValues("bypass").Inc()
+		g.trace.cache(r.Context(), "bypass")
 		var failed bool
 		var loaded json.RawMessage
 		report := fwd.OnResult
@@ -227,6 +228,7 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 	}
 	g.metrics.Requests.WithLabelValues("tools/call", "admitted").Inc()
 	g.metrics.CacheRequests.WithLabelValues(src.String()).Inc()
+	g.trace.cache(r.Context(), src.String())
 	w.Header().Set("X-Mcp-Cache", src.String())
 	writeRPC(w, http.StatusOK, msg.ID, "result", entry.Value)
 	if src == cache.Miss {
@@ -249,6 +251,7 @@ func (g *Gateway) streamedAnswer(r *http.Request, lw *leaderWriter) (failed bool
 	}
 	lw.detach()
 	g.metrics.CacheRequests.WithLabelValues(cache.Miss.String()).Inc()
+	g.trace.cache(r.Context(), cache.Miss.String())
 	status, result, rpcErr := lw.outcome()
 	noteLoaded(r.Context(), result, rpcErr)
 	switch {

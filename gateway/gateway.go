@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/mcpgate/mcpgate/audit"
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/cache"
@@ -67,6 +69,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Metrics receives the gateway's metrics; nil: a new set.
 	Metrics *metrics.Metrics
+	// TracerProvider makes the spans of MCP requests (see docs/design.md,
+	// Tracing); nil: tracing off, at no cost.
+	TracerProvider trace.TracerProvider
 	// Now is the clock of rate-limit headers; nil: time.Now.
 	Now func() time.Time
 }
@@ -114,6 +119,7 @@ type Gateway struct {
 	// proxyWarned: the warning that forwarded headers met a derived OAuth
 	// resource was logged (once per Gateway).
 	proxyWarned atomic.Bool
+	trace       *tracing // nil: tracing off
 }
 
 // New builds a Gateway from opts.
@@ -150,7 +156,8 @@ func New(opts Options) (*Gateway, error) {
 		}
 		g.ownLocal, local = ms, ms
 	}
-	g.lim = &limiter{local: local, denials: newDenialCache(0, g.now), log: g.log, stats: g.metrics}
+	g.trace = newTracing(opts.TracerProvider)
+	g.lim = &limiter{local: local, denials: newDenialCache(0, g.now), log: g.log, stats: g.metrics, trace: g.trace}
 	if opts.SharedStore != nil {
 		g.metrics.StoreUp.Set(1)
 		guard, err := newGuardedStore(opts.SharedStore, opts.Probe, opts.Config.Store.Timeout, g.log, func(up bool) {
@@ -311,7 +318,7 @@ func (g *Gateway) Close() error {
 
 func (g *Gateway) routes() {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/mcp", g.protect(g.serveMCP))
+	mux.HandleFunc("/mcp", g.trace.wrap(g.protect(g.serveMCP)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")

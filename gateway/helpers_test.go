@@ -27,6 +27,7 @@ import (
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/redis/rueidis"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/cache"
@@ -87,6 +88,8 @@ type setup struct {
 	CacheOptions *cache.Options
 	// Logger is Options.Logger of every instance; nil means quietLogger().
 	Logger *slog.Logger
+	// TracerProvider is Options.TracerProvider of every instance.
+	TracerProvider trace.TracerProvider
 }
 
 // seenRequest is one HTTP request that reached the upstream.
@@ -215,6 +218,8 @@ func (e *env) newGateway(cfg *policy.Config, s setup) *Gateway {
 		Now:        s.Now,
 		SessionKey: DeriveSessionKey([]byte(testSecret)),
 		Usage:      s.Usage,
+
+		TracerProvider: s.TracerProvider,
 	}
 	if s.CacheRedis != nil || s.CacheOptions != nil {
 		opts.Cache = newTestCache(t, s.CacheRedis, s.CacheOptions)

@@ -89,13 +89,14 @@ type limiter struct {
 	denials  *denialCache
 	log      *slog.Logger
 	stats    *metrics.Metrics
+	trace    *tracing // nil: tracing off
 }
 
 func noRelease(context.Context) {}
 
-// admit decides a call: cost is what the call charges the rules (one per
+// decide decides a call (admit is decide in a span): cost is what the call charges the rules (one per
 // call), meter.Cost what it charges its usage meter and quota.
-func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy) verdict {
+func (l *limiter) decide(ctx context.Context, tenant, global ruleSet, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy) verdict {
 	v := verdict{allowed: true, release: noRelease}
 	if len(tenant.checks) == 0 && len(global.checks) == 0 && meter == nil && br == nil {
 		return v

@@ -170,7 +170,7 @@ func (g *Gateway) serveOrdered(w http.ResponseWriter, r *http.Request, rt *runti
 	case http.MethodPost:
 		g.order.await(r.Context(), session, fwd.Msg.IsCall())
 	}
-	status, err := rt.proxy.Serve(w, r, fwd)
+	status, err := g.serveUpstream(w, r, rt, fwd)
 	if r.Method == http.MethodPost && err == nil && status/100 == 2 && fwd.Msg != nil && fwd.Msg.Method == mcp.MethodInitialized {
 		g.order.initialized(session)
 	}

@@ -110,6 +110,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fwd.Body, fwd.Msg = body, msg
+	g.trace.message(r.Context(), p, msg)
 	w, r, audited := g.auditCall(w, r, rt, p, msg)
 	defer audited() // the line of a governed call, once it has ended
 	if !g.authorized(w, r, rt, p, &fwd) {

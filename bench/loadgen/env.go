@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/examples/upstream"
@@ -38,14 +39,16 @@ import (
 
 // Target names, in the order Run interleaves them.
 const (
-	Direct       = "direct"
-	GatewayMem   = "gateway-mem"
-	GatewayRed   = "gateway-redis"
-	DenyMem      = "deny-mem"
-	DenyRedis    = "deny-redis"
-	tenantTier   = "bench"
-	deniedTier   = "exhausted"
-	deniedTenant = "exhausted-tenant"
+	Direct     = "direct"
+	GatewayMem = "gateway-mem"
+	// GatewayMemTraced is gateway-mem with tracing on (Options.Tracing).
+	GatewayMemTraced = "gateway-mem-traced"
+	GatewayRed       = "gateway-redis"
+	DenyMem          = "deny-mem"
+	DenyRedis        = "deny-redis"
+	tenantTier       = "bench"
+	deniedTier       = "exhausted"
+	deniedTenant     = "exhausted-tenant"
 )
 
 // Rule sets the gateways can be configured with.
@@ -114,6 +117,11 @@ type Options struct {
 	// every admitted call into its own SQLite usage store (in a temporary
 	// directory), as `mcpgate serve` does with its default usage.store.
 	NoUsage bool
+	// Tracing adds the gateway-mem-traced target: gateway-mem with
+	// OpenTelemetry tracing on as `mcpgate serve` turns it on from the
+	// OTEL_* environment, exporting over OTLP/HTTP to a receiver in this
+	// process that discards what it is sent.
+	Tracing bool
 }
 
 // Target is one endpoint under load.
@@ -215,12 +223,12 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 	e.Targets = append(e.Targets, Target{Name: Direct, URL: upURL, Tokens: tokens, Status: http.StatusOK})
 
 	text := strings.NewReplacer("UPSTREAM", upURL, "SECRETENV", secretEnv, "RULES", rules[0], "GLOBAL", rules[1]).Replace(configTemplate)
-	add := func(name, deny, redis string) error {
+	add := func(name, deny, redis string, tp trace.TracerProvider) error {
 		cfgText := text
 		if redis != "" {
 			cfgText = strings.Replace(cfgText, "store:\n", "store:\n  redis: "+redis+"\n", 1)
 		}
-		g, err := newGateway(ctx, cfgText, !o.NoUsage, o.Logger)
+		g, err := newGateway(ctx, cfgText, !o.NoUsage, o.Logger, tp)
 		if err != nil {
 			return fmt.Errorf("loadgen: %s: %w", name, err)
 		}
@@ -229,16 +237,26 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 		if err != nil {
 			return err
 		}
-		e.Targets = append(e.Targets,
-			Target{Name: name, URL: u, Tokens: tokens, Status: http.StatusOK, degraded: g.degraded},
-			Target{Name: deny, URL: u, Tokens: []string{denied}, Status: http.StatusTooManyRequests, degraded: g.degraded})
+		e.Targets = append(e.Targets, Target{Name: name, URL: u, Tokens: tokens, Status: http.StatusOK, degraded: g.degraded})
+		if deny != "" {
+			e.Targets = append(e.Targets, Target{Name: deny, URL: u, Tokens: []string{denied}, Status: http.StatusTooManyRequests, degraded: g.degraded})
+		}
 		return nil
 	}
-	if err := add(GatewayMem, DenyMem, ""); err != nil {
+	if err := add(GatewayMem, DenyMem, "", nil); err != nil {
 		return nil, err
 	}
+	if o.Tracing {
+		tp, err := e.startTracing(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := add(GatewayMemTraced, "", "", tp); err != nil {
+			return nil, err
+		}
+	}
 	if o.RedisAddr != "" {
-		if err := add(GatewayRed, DenyRedis, o.RedisAddr); err != nil {
+		if err := add(GatewayRed, DenyRedis, o.RedisAddr, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -246,7 +264,7 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 		e.Targets[i].redisCPU = o.RedisCPU
 	}
 	// Order: admitted targets first, then the denial paths.
-	order := map[string]int{Direct: 0, GatewayMem: 1, GatewayRed: 2, DenyMem: 3, DenyRedis: 4}
+	order := map[string]int{Direct: 0, GatewayMem: 1, GatewayMemTraced: 2, GatewayRed: 3, DenyMem: 4, DenyRedis: 5}
 	for i := 1; i < len(e.Targets); i++ {
 		for j := i; j > 0 && order[e.Targets[j].Name] < order[e.Targets[j-1].Name]; j-- {
 			e.Targets[j], e.Targets[j-1] = e.Targets[j-1], e.Targets[j]
@@ -310,8 +328,8 @@ func (b *builtGateway) degraded() float64 {
 // usage store (initialized; in a temporary directory rather than the
 // default file) when usage is set, the Redis store (redisstore.ClientOption,
 // rueidis client, store timeout from the config) when store.redis is set,
-// gateway.New.
-func newGateway(ctx context.Context, cfgText string, usage bool, log *slog.Logger) (_ *builtGateway, err error) {
+// gateway.New (with tp, nil: tracing off).
+func newGateway(ctx context.Context, cfgText string, usage bool, log *slog.Logger, tp trace.TracerProvider) (_ *builtGateway, err error) {
 	cfg, err := policy.Parse("loadgen.yaml", []byte(cfgText))
 	if err != nil {
 		return nil, err
@@ -341,7 +359,7 @@ func newGateway(ctx context.Context, cfgText string, usage bool, log *slog.Logge
 	}
 	cleanups = append(cleanups, func() { a.Close() })
 	m := metrics.New()
-	opts := gateway.Options{Config: cfg, Auth: a, Logger: log, Metrics: m, SessionKey: gateway.DeriveSessionKey(secret)}
+	opts := gateway.Options{Config: cfg, Auth: a, Logger: log, Metrics: m, SessionKey: gateway.DeriveSessionKey(secret), TracerProvider: tp}
 	if usage {
 		dir, err := os.MkdirTemp("", "loadgen-usage-")
 		if err != nil {

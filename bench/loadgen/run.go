@@ -145,6 +145,7 @@ func (r *Results) Print(w io.Writer) {
 			us(medianDur(cpu)), us(medianDur(rcpu)), fmt.Sprint(degraded)})
 	}
 	stats.WriteTable(w, rows)
+	r.printTracing(w)
 	if _, ok := r.Rounds[Direct]; !ok || len(r.Order) < 2 {
 		return
 	}

@@ -1,0 +1,305 @@
+package gateway
+
+import (
+	"context"
+	"encoding/hex"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/metrics"
+)
+
+// receiver is an OTLP trace receiver: it keeps the spans of every
+// ExportTraceServiceRequest it is sent, over OTLP/HTTP (protobuf) or gRPC.
+type receiver struct {
+	collectorpb.UnimplementedTraceServiceServer
+	mu    sync.Mutex
+	spans []*tracepb.Span
+}
+
+func (rc *receiver) Export(_ context.Context, req *collectorpb.ExportTraceServiceRequest) (*collectorpb.ExportTraceServiceResponse, error) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, rs := range req.GetResourceSpans() {
+		for _, ss := range rs.GetScopeSpans() {
+			rc.spans = append(rc.spans, ss.GetSpans()...)
+		}
+	}
+	return &collectorpb.ExportTraceServiceResponse{}, nil
+}
+
+func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	req := &collectorpb.ExportTraceServiceRequest{}
+	if err != nil || r.URL.Path != "/v1/traces" || proto.Unmarshal(body, req) != nil {
+		http.Error(w, "bad export", http.StatusBadRequest)
+		return
+	}
+	resp, _ := rc.Export(r.Context(), req)
+	out, _ := proto.Marshal(resp)
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	_, _ = w.Write(out)
+}
+
+func (rc *receiver) all() []*tracepb.Span {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return append([]*tracepb.Span(nil), rc.spans...)
+}
+
+// startReceiver starts rc on loopback for protocol and returns the value of
+// OTEL_EXPORTER_OTLP_ENDPOINT that reaches it.
+func startReceiver(t *testing.T, rc *receiver, protocol string) string {
+	t.Helper()
+	if protocol == metrics.ProtocolHTTP {
+		srv := httptest.NewServer(rc)
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	collectorpb.RegisterTraceServiceServer(s, rc)
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(s.Stop)
+	return "http://" + ln.Addr().String()
+}
+
+func spanNamed(t *testing.T, spans []*tracepb.Span, name string) []*tracepb.Span {
+	t.Helper()
+	var out []*tracepb.Span
+	for _, s := range spans {
+		if s.GetName() == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func attrs(s *tracepb.Span) map[string]string {
+	m := map[string]string{}
+	for _, kv := range s.GetAttributes() {
+		m[kv.GetKey()] = anyValue(kv.GetValue())
+	}
+	return m
+}
+
+func anyValue(v *commonpb.AnyValue) string {
+	switch x := v.GetValue().(type) {
+	case *commonpb.AnyValue_StringValue:
+		return x.StringValue
+	case *commonpb.AnyValue_IntValue:
+		return strconv.FormatInt(x.IntValue, 10)
+	case *commonpb.AnyValue_BoolValue:
+		if x.BoolValue {
+			return "true"
+		}
+		return "false"
+	}
+	return v.String()
+}
+
+// TestTracingExportsSpans turns tracing on through the OTEL_* environment
+// (as mcpgate serve does), with a real OTLP receiver over each protocol,
+// and checks the spans of an admitted and a denied tools/call: the server
+// span is the child of the caller's traceparent, the admit and upstream
+// spans are its children, the attributes say what the gateway decided, and
+// the upstream got the upstream span's traceparent instead of the caller's.
+func TestTracingExportsSpans(t *testing.T) {
+	for _, protocol := range []string{metrics.ProtocolHTTP, metrics.ProtocolGRPC} {
+		t.Run(protocol, func(t *testing.T) {
+			rc := &receiver{}
+			t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+			t.Setenv("OTEL_SDK_DISABLED", "")
+			t.Setenv("OTEL_TRACES_SAMPLER", "")
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", startReceiver(t, rc, protocol))
+			t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+			shutdown, err := metrics.SetupTracing(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			tp := metrics.TracerProvider()
+			if tp == nil {
+				t.Fatal("tracing is off with OTEL_EXPORTER_OTLP_ENDPOINT set")
+			}
+			e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}, TracerProvider: tp, Config: `
+tools:
+  echo:
+    limits:
+      - {name: echo_once, per: tenant_tool, algorithm: fixed_window, limit: 1, period: 1h}
+`})
+			const clientTrace, clientSpan = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+			hdr := http.Header{"Traceparent": {"00-" + clientTrace + "-" + clientSpan + "-01"}, "Tracestate": {"vendor=1"}}
+			tok := token(t, "acme", "alice")
+			if r := post(t, e.mcpURL(0), tok, callBody(1, "echo", map[string]any{"text": "secret-argument"}), hdr); r.Status != http.StatusOK {
+				t.Fatalf("admitted call: %d %s", r.Status, r.Body)
+			}
+			if r := post(t, e.mcpURL(0), tok, callBody(2, "echo", map[string]any{"text": "x"}), nil); r.Status != http.StatusTooManyRequests {
+				t.Fatalf("denied call: %d %s", r.Status, r.Body)
+			}
+			if err := shutdown(context.Background()); err != nil { // flushes every span
+				t.Fatal(err)
+			}
+			checkSpans(t, rc.all(), e.requests(), clientTrace, clientSpan)
+		})
+	}
+}
+
+func checkSpans(t *testing.T, spans []*tracepb.Span, seen []seenRequest, clientTrace, clientSpan string) {
+	t.Helper()
+	servers := spanNamed(t, spans, "mcp tools/call")
+	if len(servers) != 2 {
+		t.Fatalf("%d server spans named mcp tools/call, want 2 (spans: %v)", len(servers), spans)
+	}
+	var admitted, denied *tracepb.Span
+	for _, s := range servers {
+		if hex.EncodeToString(s.GetTraceId()) == clientTrace {
+			admitted = s
+		} else {
+			denied = s
+		}
+	}
+	if admitted == nil {
+		t.Fatalf("no server span in the caller's trace %s", clientTrace)
+	}
+	if got := hex.EncodeToString(admitted.GetParentSpanId()); got != clientSpan {
+		t.Errorf("server span's parent = %s, want the caller's span %s", got, clientSpan)
+	}
+	if admitted.GetKind() != tracepb.Span_SPAN_KIND_SERVER {
+		t.Errorf("server span kind %v", admitted.GetKind())
+	}
+	want := map[string]string{
+		"mcp.method.name": "tools/call", "gen_ai.tool.name": "echo", "mcpgate.tenant": "acme",
+		"mcpgate.decision": "admitted", "mcpgate.rule": "echo_once", "mcpgate.scope": "tenant_tool",
+		"mcpgate.upstream.status": "200", "http.response.status_code": "200",
+	}
+	got := attrs(admitted)
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("admitted server span %s = %q, want %q (all: %v)", k, got[k], v, got)
+		}
+	}
+	if _, ok := got["mcpgate.tier"]; !ok {
+		t.Errorf("admitted server span has no mcpgate.tier: %v", got)
+	}
+	for k, v := range got {
+		if strings.Contains(v, "secret-argument") || strings.Contains(v, "Bearer") {
+			t.Errorf("attribute %s records arguments or a token: %q", k, v)
+		}
+	}
+	dg := attrs(denied)
+	if dg["mcpgate.decision"] != "denied" || dg["mcpgate.rule"] != "echo_once" || dg["http.response.status_code"] != "429" {
+		t.Errorf("denied server span: %v", dg)
+	}
+	if _, ok := dg["mcpgate.upstream.status"]; ok {
+		t.Errorf("denied call has an upstream status: %v", dg)
+	}
+	childOf := func(name string, parent *tracepb.Span) *tracepb.Span {
+		t.Helper()
+		for _, s := range spanNamed(t, spans, name) {
+			if string(s.GetParentSpanId()) == string(parent.GetSpanId()) && string(s.GetTraceId()) == string(parent.GetTraceId()) {
+				return s
+			}
+		}
+		t.Fatalf("no span %q child of the server span", name)
+		return nil
+	}
+	if a := attrs(childOf("mcpgate.admit", admitted)); a["mcpgate.decision"] != "admitted" {
+		t.Errorf("admit span: %v", a)
+	}
+	if a := attrs(childOf("mcpgate.admit", denied)); a["mcpgate.decision"] != "denied" {
+		t.Errorf("admit span of the denied call: %v", a)
+	}
+	up := childOf("upstream tools/call", admitted)
+	if up.GetKind() != tracepb.Span_SPAN_KIND_CLIENT || attrs(up)["http.response.status_code"] != "200" {
+		t.Errorf("upstream span: kind %v, %v", up.GetKind(), attrs(up))
+	}
+	wantParent := "00-" + clientTrace + "-" + hex.EncodeToString(up.GetSpanId()) + "-01"
+	var calls int
+	for _, r := range seen {
+		if r.Method != http.MethodPost {
+			continue
+		}
+		calls++
+		if v := r.Header.Values("Traceparent"); len(v) != 1 || v[0] != wantParent {
+			t.Errorf("upstream got traceparent %q, want the upstream span's %q", v, wantParent)
+		}
+		if v := r.Header.Get("Tracestate"); v != "vendor=1" {
+			t.Errorf("upstream got tracestate %q, want the caller's vendor=1 carried by the span", v)
+		}
+	}
+	if calls != 1 {
+		t.Errorf("%d POSTs reached the upstream, want 1", calls)
+	}
+}
+
+// TestTracingCacheOutcome: a cached tool's server spans say miss, then hit.
+func TestTracingCacheOutcome(t *testing.T) {
+	rc := &receiver{}
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", startReceiver(t, rc, metrics.ProtocolHTTP)+"/v1/traces")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "")
+	t.Setenv("OTEL_SDK_DISABLED", "")
+	shutdown, err := metrics.SetupTracing(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}, TracerProvider: metrics.TracerProvider(), Config: `
+tools:
+  search:
+    cache: {ttl: 10m}
+`})
+	tok := token(t, "acme", "alice")
+	for i := range 2 {
+		if r := post(t, e.mcpURL(0), tok, callBody(i, "search", map[string]any{"query": "q"}), nil); r.Status != http.StatusOK {
+			t.Fatalf("call %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	if err := shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var outcomes []string
+	for _, s := range spanNamed(t, rc.all(), "mcp tools/call") {
+		outcomes = append(outcomes, attrs(s)["mcpgate.cache"])
+	}
+	if strings.Join(outcomes, ",") != "miss,hit" {
+		t.Errorf("cache outcomes %v, want [miss hit]", outcomes)
+	}
+}
+
+// TestTracingOff: without a tracer provider the gateway wraps nothing and
+// the caller's traceparent reaches the upstream as it was sent.
+func TestTracingOff(t *testing.T) {
+	if newTracing(nil) != nil {
+		t.Fatal("newTracing(nil) is not nil (off)")
+	}
+	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}})
+	if e.gws[0].trace != nil {
+		t.Fatal("tracing on without a tracer provider")
+	}
+	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	if r := post(t, e.mcpURL(0), token(t, "acme", "alice"), callBody(1, "echo", map[string]any{"text": "x"}), http.Header{"Traceparent": {tp}}); r.Status != http.StatusOK {
+		t.Fatalf("call: %d %s", r.Status, r.Body)
+	}
+	for _, r := range e.requests() {
+		if r.Method == http.MethodPost && r.Header.Get("Traceparent") != tp {
+			t.Errorf("upstream got traceparent %q, want the caller's %q", r.Header.Get("Traceparent"), tp)
+		}
+	}
+}
