@@ -43,20 +43,28 @@ func tagSize(t testing.TB, s Store, sc Scope, tag string) int {
 // expired entries, so it does not grow with every entry ever tagged.
 func testTagIndexBounded(t *testing.T, e storeEnv) {
 	s := e.store(t)
-	// Memberships last LoadTimeout + Timeout + TTL + 100ms = 300ms.
+	// Memberships last LoadTimeout + Timeout + TTL + 100ms = 1.25s: far
+	// longer than a round of 50 writes takes even under -race on a loaded
+	// machine (with 300ms, the first ones ended before the last was added).
+	const life = 1250 * time.Millisecond
 	c := newCache(t, s, &Options{StaleWindow: -1, LoadTimeout: 50 * time.Millisecond, Timeout: 100 * time.Millisecond})
 	sc := scope(t)
 	var l loads
-	pol := Policy{TTL: 50 * time.Millisecond, Tags: []string{"hot"}}
+	pol := Policy{TTL: time.Second, Tags: []string{"hot"}}
+	// ended waits until every membership added before last has ended, by
+	// the clock Redis and the memory store read.
+	ended := func(last time.Time) { time.Sleep(time.Until(last.Add(life + 50*time.Millisecond))) }
+	var last time.Time
 	for round := range 2 {
 		for i := range 50 {
 			get(t, c, mustKey(t, sc, "search", fmt.Sprintf(`{"r":%d,"i":%d}`, round, i)), l.fixed("v", 0), pol)
 		}
+		last = time.Now()
 		if round == 0 {
 			if n := tagSize(t, s, sc, "hot"); n != 50 {
 				t.Fatalf("tag index holds %d members, want 50", n)
 			}
-			time.Sleep(350 * time.Millisecond) // every membership ends
+			ended(last)
 		}
 	}
 	n := tagSize(t, s, sc, "hot")
@@ -64,7 +72,7 @@ func testTagIndexBounded(t *testing.T, e storeEnv) {
 		t.Fatalf("after the first 50 entries expired and 50 more were tagged, the index holds %d members", n)
 	}
 	// Invalidating the tag finds nothing to delete among expired entries.
-	time.Sleep(350 * time.Millisecond)
+	ended(last)
 	if got, err := c.Invalidate(context.Background(), sc, []string{"hot"}); err != nil || got != 0 {
 		t.Fatalf("Invalidate after expiry = %d, %v", got, err)
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/internal/testenv"
+	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/limit/redisstore"
 	"github.com/mcpgate/mcpgate/policy"
 	"github.com/mcpgate/mcpgate/usage"
@@ -82,6 +83,9 @@ type setup struct {
 	// cli/serve.go builds one per process for cache.redis. Nil: each
 	// instance's in-process cache (unless CacheOptions is set).
 	CacheRedis *testenv.Redis
+	// WrapStore, when set, wraps each instance's Redis store before it
+	// becomes Options.SharedStore (to observe the calls reaching it).
+	WrapStore func(*redisstore.Store) limit.Store
 	// CacheOptions, when set, are the options of each instance's cache (on
 	// CacheRedis, else on its own memory store); the quiet logger when
 	// Logger is nil, a 2s Timeout when Timeout is zero.
@@ -100,7 +104,7 @@ type seenRequest struct {
 
 // env is a running environment.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	up    *upstream.Server
 	upURL string // the upstream's MCP endpoint, for direct calls
 	gws   []*Gateway
@@ -116,7 +120,7 @@ type env struct {
 func (e *env) mcpURL(i int) string { return e.base[i%len(e.base)] + "/mcp" }
 
 // newEnv starts the upstream and the gateways of s.
-func newEnv(t *testing.T, s setup) *env {
+func newEnv(t testing.TB, s setup) *env {
 	t.Helper()
 	e := &env{t: t, redis: s.Redis}
 	uo := s.Upstream
@@ -175,7 +179,7 @@ func (e *env) configYAML(s setup) string {
 
 // authFor maps the auth section to auth.Options as cli/build.go does, with
 // the test secret in place of the environment variable.
-func authFor(t *testing.T, cfg *policy.Config, tweak func(*auth.Options)) *auth.Authenticator {
+func authFor(t testing.TB, cfg *policy.Config, tweak func(*auth.Options)) *auth.Authenticator {
 	t.Helper()
 	j := cfg.Auth.JWT
 	opts := auth.Options{
@@ -231,6 +235,9 @@ func (e *env) newGateway(cfg *policy.Config, s setup) *Gateway {
 			t.Fatal(err)
 		}
 		opts.SharedStore = st
+		if s.WrapStore != nil {
+			opts.SharedStore = s.WrapStore(st)
+		}
 		opts.Probe = func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }
 	}
 	g, err := New(opts)
@@ -244,7 +251,7 @@ func (e *env) newGateway(cfg *policy.Config, s setup) *Gateway {
 // newTestCache builds a cache as cli/serve.go's buildCache does: on its own
 // client of redis, or in process when redis is nil. It is closed when the
 // test ends, after the gateway using it (cleanups run in reverse order).
-func newTestCache(t *testing.T, redis *testenv.Redis, o *cache.Options) *cache.Cache {
+func newTestCache(t testing.TB, redis *testenv.Redis, o *cache.Options) *cache.Cache {
 	t.Helper()
 	var opts cache.Options
 	if o != nil {
@@ -277,7 +284,7 @@ func newTestCache(t *testing.T, redis *testenv.Redis, o *cache.Options) *cache.C
 	return c
 }
 
-func newRedisClient(t *testing.T, addrs ...string) rueidis.Client {
+func newRedisClient(t testing.TB, addrs ...string) rueidis.Client {
 	t.Helper()
 	opt, err := redisstore.ClientOption(addrs...)
 	if err != nil {
@@ -320,7 +327,7 @@ func claims(tenant, sub, scope string) map[string]any {
 	return c
 }
 
-func sign(t *testing.T, c map[string]any) string {
+func sign(t testing.TB, c map[string]any) string {
 	t.Helper()
 	tok, err := auth.SignHS256([]byte(testSecret), c)
 	if err != nil {
@@ -331,7 +338,7 @@ func sign(t *testing.T, c map[string]any) string {
 
 // token is a valid token for tenant and subject with every tool, resource
 // and prompt in scope.
-func token(t *testing.T, tenant, sub string) string {
+func token(t testing.TB, tenant, sub string) string {
 	return sign(t, claims(tenant, sub, "tools:* resources:* prompts:*"))
 }
 
@@ -437,7 +444,7 @@ func (r *response) denial(t *testing.T) denied {
 
 // post sends one raw POST to url. The headers a Streamable HTTP client sends
 // are set unless hdr overrides them; tok "" sends no Authorization.
-func post(t *testing.T, url, tok, body string, hdr http.Header) *response {
+func post(t testing.TB, url, tok, body string, hdr http.Header) *response {
 	t.Helper()
 	resp, err := postCtx(context.Background(), url, tok, body, hdr)
 	if err != nil {

@@ -7,9 +7,7 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -151,80 +149,6 @@ tools:
 	}
 }
 
-// Not a pass/fail test: the latency of tools/call through a gateway with
-// metering on (Options.Usage set) against one with it off, same process,
-// interleaved, on the memory store and on Redis. Run it without -race, and
-// longer, for meaningful figures:
-//
-//	MCPGATE_OVERHEAD_ROUNDS=200 go test -run TestMeteringOverhead -v ./gateway/
-func TestMeteringOverhead(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a measurement")
-	}
-	cfg := `
-usage: {flush_interval: 1s}
-default_tier: free
-tiers:
-  free:
-    monthly_quota: 1000000000
-    limits:
-      - {name: per_tenant, per: tenant, algorithm: token_bucket, limit: 1000000, period: 1s}
-`
-	var r *testenv.Redis
-	for _, store := range []string{"memory", "redis"} {
-		s := setup{Config: cfg, Upstream: upstream.Options{JSONResponse: true, Stateless: true}}
-		if store == "redis" {
-			r = testenv.StartRedis(t, nil)
-			s.Redis, s.Config = r, cfg+"store: {redis: \"@@REDIS@@\"}\n"
-		}
-		off := newEnv(t, s)
-		s.Usage = openUsageDB(t, "")
-		on := newEnv(t, s)
-		tok := token(t, "acme", "alice")
-		body := callBody(1, "echo", map[string]any{"text": "x"})
-		var lat [2][]time.Duration // on, off
-		rounds, per := 12, 25
-		if n, err := strconv.Atoi(os.Getenv("MCPGATE_OVERHEAD_ROUNDS")); err == nil && n > 0 {
-			rounds = n // for a steadier figure than the suite's quick one
-		}
-		for round := range rounds + 1 {
-			for k := range 2 {
-				idx := (k + round) % 2 // alternate which goes first
-				e := [2]*env{on, off}[idx]
-				for range per {
-					start := time.Now()
-					resp := post(t, e.mcpURL(0), tok, body, nil)
-					d := time.Since(start)
-					if resp.Status != http.StatusOK {
-						t.Fatalf("%d %s", resp.Status, resp.Body)
-					}
-					if round > 0 { // round 0 warms up
-						lat[idx] = append(lat[idx], d)
-					}
-				}
-			}
-		}
-		pOn, pOff := percentile(lat[0], 50), percentile(lat[1], 50)
-		mOn, mOff := mean(lat[0]), mean(lat[1])
-		t.Logf("%s store, %d calls each: metering on p50 %v mean %v; off p50 %v mean %v; ratio on/off p50 %.3f mean %.3f",
-			store, len(lat[0]), pOn, mOn, pOff, mOff, float64(pOn)/float64(pOff), float64(mOn)/float64(mOff))
-	}
-}
-
-func percentile(ds []time.Duration, p int) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[(len(s)-1)*p/100]
-}
-
-func mean(ds []time.Duration) time.Duration {
-	var sum time.Duration
-	for _, d := range ds {
-		sum += d
-	}
-	return sum / time.Duration(len(ds))
-}
-
 // counterValue reads a counter.
 func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	t.Helper()
@@ -265,7 +189,7 @@ var stateless = upstream.Options{Stateless: true}
 
 // openUsageDB opens and initializes an SQLite usage store at path (a new
 // temporary file when ""), closed when the test ends.
-func openUsageDB(t *testing.T, path string) *sqlite.Store {
+func openUsageDB(t testing.TB, path string) *sqlite.Store {
 	t.Helper()
 	if path == "" {
 		path = filepath.Join(t.TempDir(), "usage.db")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -354,11 +355,13 @@ func TestErrorTypes(t *testing.T) {
 
 // Hostile documents end quickly with an error instead of hanging or
 // exhausting memory.
-func TestHostileDocuments(t *testing.T) {
+// aliasBomb names one rule 10^6 times through 6 levels of aliased lists and
+// puts the lot into a warm entry's arguments.
+func aliasBomb() []byte {
 	var b strings.Builder
 	b.WriteString(head + "x0: &a0 {name: a, algorithm: fixed_window, limit: 1, period: 1s}\n")
 	prev := "a0"
-	for i := 1; i <= 6; i++ { // 10^6 rule references through 6 levels of lists
+	for i := 1; i <= 6; i++ {
 		b.WriteString("x" + string(rune('0'+i)) + ": &a" + string(rune('0'+i)) + " [")
 		for j := 0; j < 10; j++ {
 			b.WriteString("*" + prev + ", ")
@@ -368,31 +371,57 @@ func TestHostileDocuments(t *testing.T) {
 	}
 	b.WriteString("cache: {warm: [{tool: t, tenant: x, args: {bomb: *a6}}]}\n")
 	b.WriteString("tools: {t: {cache: {ttl: 1s}}}\n")
-	start := time.Now()
-	_, err := Parse("m.yaml", []byte(b.String()))
-	if err == nil || !strings.Contains(err.Error(), "too large (more than 10000 values)") {
-		t.Errorf("alias bomb: %v", err)
-	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("alias bomb took %v", d)
-	}
+	return []byte(b.String())
+}
 
-	// Many tiers sharing a long list of rules: the visit budget stops it.
-	b.Reset()
+// aliasedTiers gives tiers tiers one shared list of 300 rules: about
+// 2700*tiers nodes once aliases are expanded.
+func aliasedTiers(tiers int) []byte {
+	var b strings.Builder
 	b.WriteString(head + "tiers:\n  t0:\n    limits: &l\n")
 	for i := 0; i < 300; i++ {
 		b.WriteString("      - {name: r" + strconv.Itoa(i) + ", algorithm: fixed_window, limit: 1, period: 1s}\n")
 	}
-	for i := 1; i < 400; i++ {
+	for i := 1; i < tiers; i++ {
 		b.WriteString("  t" + strconv.Itoa(i) + ": {limits: *l}\n")
 	}
-	start = time.Now()
-	_, err = Parse("m.yaml", []byte(b.String()))
+	return []byte(b.String())
+}
+
+// mallocs counts the heap allocations f makes. Allocations track the work
+// Parse does node by node, and unlike elapsed time they do not depend on the
+// machine's load or the race detector's speed.
+func mallocs(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.Mallocs - before.Mallocs
+}
+
+// TestHostileDocuments checks that the budgets bound the work of small files
+// that expand to huge ones. The allocation bounds sit several times above what
+// Parse makes with the budgets and several times below what it makes without
+// them (the alias bomb ~30k with maxArgNodes, ~1.7M without; the aliased tiers
+// ~3M with maxVisits, ~30M without). BenchmarkParseHostile gives the speed.
+func TestHostileDocuments(t *testing.T) {
+	var err error
+	n := mallocs(func() { _, err = Parse("m.yaml", aliasBomb()) })
+	if err == nil || !strings.Contains(err.Error(), "too large (more than 10000 values)") {
+		t.Errorf("alias bomb: %v", err)
+	}
+	if limit := uint64(10 * maxArgNodes); n > limit {
+		t.Errorf("alias bomb made %d allocations, want at most %d (10 per warm argument value)", n, limit)
+	}
+
+	// Many tiers sharing a long list of rules (10^7 nodes expanded): the
+	// visit budget stops it.
+	n = mallocs(func() { _, err = Parse("m.yaml", aliasedTiers(4000)) })
 	if err == nil || !strings.Contains(err.Error(), "document too large: more than 1048576 nodes (after expanding aliases)") {
 		t.Errorf("aliased tiers: %.500v", err)
 	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("aliased tiers took %v", d)
+	if limit := uint64(8 * maxVisits); n > limit {
+		t.Errorf("aliased tiers made %d allocations, want at most %d (8 per visited node)", n, limit)
 	}
 	if es := err.(Errors); len(es) > maxErrors+1 {
 		t.Errorf("%d problems reported", len(es))
@@ -402,5 +431,30 @@ func TestHostileDocuments(t *testing.T) {
 	_, err = Parse("m.yaml", []byte(head+"tools: {t: {cache: {ttl: 1s}}}\ncache: {warm: [{tool: t, tenant: x, args: &a {self: *a}}]}\n"))
 	if err == nil || !strings.Contains(err.Error(), "too large") {
 		t.Errorf("recursive args: %v", err)
+	}
+}
+
+// BenchmarkParseHostile measures how long Parse takes to refuse the hostile
+// documents of TestHostileDocuments, next to the example configuration.
+func BenchmarkParseHostile(b *testing.B) {
+	example, err := os.ReadFile("testdata/mcpgate.example.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Setenv("UPSTREAM_TOKEN", "tok")
+	for _, c := range []struct {
+		name string
+		doc  []byte
+	}{
+		{"example", example},
+		{"alias_bomb", aliasBomb()},
+		{"aliased_tiers", aliasedTiers(4000)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				_, _ = Parse("m.yaml", c.doc)
+			}
+		})
 	}
 }
