@@ -167,7 +167,8 @@ type Result struct {
 	// Allowed reports whether this check alone would admit the request.
 	Allowed bool
 	// Remaining is the number of units still available: after this request
-	// when it was admitted, before it when it was denied.
+	// when this check allowed it (even if another check denied the batch and
+	// so nothing was charged), before it when this check denied it.
 	Remaining int64
 	// ResetAfter is the time until the counter is back to full capacity (or,
 	// for window algorithms, until the current window stops counting).
