@@ -109,10 +109,48 @@ func (s Scopes) AllowsTool(name string) bool { return s.tools.allows(name) }
 func (s Scopes) AllowsPrompt(name string) bool { return s.prompts.allows(name) }
 
 // AllowsResource reports whether the caller may see and read the resource
-// at uri: whether one of its "resources:" globs matches uri.
+// at uri: whether one of its "resources:" globs matches uri. Globs match
+// text, not paths, so a URI that an upstream could resolve to another path
+// than the one it spells (see AmbiguousURI: "file:///docs/../etc/passwd")
+// is allowed only by "resources:*", which allows everything anyway.
 func (s Scopes) AllowsResource(uri string) bool {
+	if AmbiguousURI(uri) {
+		return slices.Contains(s.resources, "*")
+	}
 	for _, g := range s.resources {
 		if MatchGlob(g, uri) {
+			return true
+		}
+	}
+	return false
+}
+
+// AmbiguousURI reports whether uri could name, once an upstream resolves
+// it, a resource another glob than its text suggests: it has a dot segment
+// ("." or ".." between slashes, RFC 3986 §5.2.4), raw or percent-encoded
+// (%2e), an encoded slash or backslash (%2f, %5c), a backslash, or a NUL
+// (%00 or raw). Such URIs have a normalised spelling a client can send
+// instead; refusing them keeps "resources:file:///docs/*" inside /docs/.
+func AmbiguousURI(uri string) bool {
+	if strings.ContainsAny(uri, "\\\x00") {
+		return true
+	}
+	lower := strings.ToLower(uri)
+	for _, enc := range []string{"%2f", "%5c", "%00"} {
+		if strings.Contains(lower, enc) {
+			return true
+		}
+	}
+	// Dot segments, with %2e decoded: split what follows the scheme on '/'
+	// and look for a segment of only dots ("." or ".."), ignoring a query or
+	// fragment.
+	rest := lower
+	if i := strings.IndexAny(rest, "?#"); i >= 0 {
+		rest = rest[:i]
+	}
+	rest = strings.ReplaceAll(rest, "%2e", ".")
+	for seg := range strings.SplitSeq(rest, "/") {
+		if seg == "." || seg == ".." {
 			return true
 		}
 	}

@@ -188,3 +188,37 @@ func FuzzMatchGlob(f *testing.F) {
 		}
 	})
 }
+
+// A resource glob is text, so URIs an upstream resolves to another path
+// than they spell are refused unless the caller holds resources:*.
+func TestAllowsResourceRefusesAmbiguousURIs(t *testing.T) {
+	docs := ParseScopes("resources:file:///docs/*")
+	all := ParseScopes("resources:*")
+	for _, uri := range []string{
+		"file:///docs/../etc/passwd",
+		"file:///docs/%2e%2e/secrets",
+		"file:///docs/%2E%2e/secrets",
+		"file:///docs/./../x",
+		"file:///docs/..",
+		"file:///docs/a%2f..%2f..%2fetc",
+		"file:///docs/a%5c..%5cetc",
+		"file:///docs/a\\..\\etc",
+		"file:///docs/a\x00b",
+		"file:///docs/a%00b",
+	} {
+		if !AmbiguousURI(uri) {
+			t.Errorf("AmbiguousURI(%q) = false", uri)
+		}
+		if docs.AllowsResource(uri) {
+			t.Errorf("resources:file:///docs/* allows %q", uri)
+		}
+		if !all.AllowsResource(uri) {
+			t.Errorf("resources:* refuses %q", uri)
+		}
+	}
+	for _, uri := range []string{"file:///docs/a.md", "file:///docs/.hidden", "file:///docs/a..b/c", "file:///docs/x?q=../y"} {
+		if AmbiguousURI(uri) || !docs.AllowsResource(uri) {
+			t.Errorf("file:///docs/* refuses the plain URI %q", uri)
+		}
+	}
+}

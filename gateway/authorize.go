@@ -21,7 +21,8 @@ type denial struct {
 
 // authorize checks msg against the caller's scopes and sets fwd.Filter to
 // the list filter msg's answer needs. tools/call, resources/read and
-// prompts/get outside the scopes are denied (zero trust: a kind the scopes
+// prompts/get outside the scopes are denied, and so are resources/subscribe
+// and resources/unsubscribe of a resource outside them (zero trust: a kind the scopes
 // do not mention is wholly denied); tools/list, resources/list,
 // resources/templates/list and prompts/list answers are trimmed to what the
 // scopes allow (see auth.Scopes.AllowsResourceTemplate for templates).
@@ -37,7 +38,7 @@ func authorize(p auth.Principal, msg *mcp.Message, fwd *mcp.Forward) *denial {
 	switch msg.Method {
 	case mcp.MethodToolsCall:
 		return deny("tool", sc.AllowsTool(msg.Name))
-	case mcp.MethodResourcesRead:
+	case mcp.MethodResourcesRead, mcp.MethodResourcesSubscribe, mcp.MethodResourcesUnsubscribe:
 		return deny("resource", sc.AllowsResource(msg.Name))
 	case mcp.MethodPromptsGet:
 		return deny("prompt", sc.AllowsPrompt(msg.Name))

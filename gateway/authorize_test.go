@@ -58,6 +58,11 @@ func resourceReadBody(uri string) string {
 	return string(b)
 }
 
+func subscribeBody(method, uri string) string {
+	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": "s", "method": method, "params": map[string]any{"uri": uri}})
+	return string(b)
+}
+
 func promptBody(name string) string {
 	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": "p", "method": "prompts/get", "params": map[string]any{"name": name, "arguments": map[string]string{"text": "x"}}})
 	return string(b)
@@ -126,6 +131,14 @@ func TestResourceAndPromptScopes(t *testing.T) {
 				{resourceReadBody("file:///secret/other"), "resource", "file:///secret/other"},
 				{resourceReadBody("file:///docs"), "resource", "file:///docs"},
 				{resourceReadBody(long), "resource", long[:maxDeniedName-len("…")] + "…"},
+				// dot segments and encoded separators would leave /docs/ once
+				// the upstream resolves them
+				{resourceReadBody("file:///docs/../secret/keys.txt"), "resource", "file:///docs/../secret/keys.txt"},
+				{resourceReadBody("file:///docs/%2e%2e/secret/keys.txt"), "resource", "file:///docs/%2e%2e/secret/keys.txt"},
+				{resourceReadBody("file:///docs/a%2f..%2fsecret"), "resource", "file:///docs/a%2f..%2fsecret"},
+				// subscriptions are scoped like reads
+				{subscribeBody("resources/subscribe", "file:///secret/keys.txt"), "resource", "file:///secret/keys.txt"},
+				{subscribeBody("resources/unsubscribe", "file:///secret/keys.txt"), "resource", "file:///secret/keys.txt"},
 				{promptBody("review"), "prompt", "review"},
 				{promptBody("Summarize"), "prompt", "Summarize"},
 				{callBody(1, "search", nil), "tool", "search"},
@@ -143,7 +156,8 @@ func TestResourceAndPromptScopes(t *testing.T) {
 					t.Fatalf("%s: message %q (body %d bytes)", d.kind, r.Msg.Error.Message, len(r.Body))
 				}
 			}
-			if e.up.Requests("resources/read") != reads || e.up.Requests("prompts/get") != gets || e.up.Calls("search") != 0 {
+			if e.up.Requests("resources/read") != reads || e.up.Requests("prompts/get") != gets || e.up.Calls("search") != 0 ||
+				e.up.Requests("resources/subscribe") != 0 || e.up.Requests("resources/unsubscribe") != 0 {
 				t.Fatal("a denied request reached the upstream")
 			}
 			// The SDK client sees the refusal as an error too.

@@ -52,9 +52,9 @@ func methodRuleSets(cfg *policy.Config, p auth.Principal, msg *mcp.Message) (ten
 	if msg.Method == policy.MethodInitialize {
 		slots := sessionChecks(cfg, p.Tenant, p.Subject)
 		tenant.checks = append(tenant.checks, slots...)
-		for range slots {
-			tenant.per = append(tenant.per, scopeSessions)
-		}
+		// The contract's scopes are the counters' per: the tenant's cap, then
+		// the subject's (sessionChecks' order).
+		tenant.per = append(tenant.per, keyspace.PerTenant, keyspace.PerSubject)
 		tenant.kept = len(slots)
 	}
 	return tenant, global

@@ -55,8 +55,12 @@ func wantSessionDenial(t *testing.T, r *response, rule string) {
 	if r.Status != http.StatusTooManyRequests {
 		t.Fatalf("initialize at the cap: %d %s, want 429", r.Status, r.Body)
 	}
-	if d := r.denial(t); d.Scope != "sessions" || d.Rule != rule {
-		t.Fatalf("denial %+v, want scope sessions, rule %s", d, rule)
+	scope := "tenant"
+	if rule == ruleSessionsSubject {
+		scope = "subject"
+	}
+	if d := r.denial(t); d.Scope != scope || d.Rule != rule {
+		t.Fatalf("denial %+v, want scope %s, rule %s", d, scope, rule)
 	}
 	if ra, err := strconv.Atoi(r.Header.Get("Retry-After")); err != nil || ra < 1 {
 		t.Fatalf("Retry-After %q, want at least 1", r.Header.Get("Retry-After"))

@@ -30,8 +30,6 @@ import (
 const (
 	ruleSessionsTenant  = "max_sessions_per_tenant"
 	ruleSessionsSubject = "max_sessions_per_subject"
-	// scopeSessions is the scope of a session-cap denial.
-	scopeSessions keyspace.Per = "sessions"
 )
 
 // DefaultMaxTrackedSessions bounds the sessions one instance tracks. A

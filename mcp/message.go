@@ -58,6 +58,10 @@ const (
 	MethodToolsCall     = "tools/call"
 	MethodPromptsGet    = "prompts/get"
 	MethodResourcesRead = "resources/read"
+	// Subscriptions name a resource like resources/read: they are scoped
+	// like it.
+	MethodResourcesSubscribe   = "resources/subscribe"
+	MethodResourcesUnsubscribe = "resources/unsubscribe"
 	// MethodInitialized is the notification that ends a session's
 	// initialization; clients open their GET stream when it is answered.
 	MethodInitialized = "notifications/initialized"
@@ -89,7 +93,8 @@ type Message struct {
 
 	// Name is the value the Mcp-Name header must carry under MCP 2026-07-28:
 	// params.name of tools/call and prompts/get, params.uri of
-	// resources/read, else "".
+	// resources/read (and of resources/subscribe and unsubscribe, for
+	// scopes), else "".
 	Name string
 	// Params is the raw params member, nil when absent.
 	Params json.RawMessage
@@ -307,13 +312,15 @@ func (m *Message) finishResponse() *Error {
 }
 
 // parseParams reads the params members the gateway needs: the tool name and
-// arguments of tools/call, the name of prompts/get, the uri of resources/read.
+// arguments of tools/call (refusing a task-augmented one), the name of
+// prompts/get, the uri of resources/read, resources/subscribe and
+// resources/unsubscribe.
 func (m *Message) parseParams() *Error {
 	var nameField string
 	switch m.Method {
 	case MethodToolsCall, MethodPromptsGet:
 		nameField = "name"
-	case MethodResourcesRead:
+	case MethodResourcesRead, MethodResourcesSubscribe, MethodResourcesUnsubscribe:
 		nameField = "uri"
 	default:
 		return nil
@@ -324,8 +331,8 @@ func (m *Message) parseParams() *Error {
 	if m.Params == nil || m.Params[0] != '{' {
 		return invalid("%s needs params with a %q", m.Method, nameField)
 	}
-	fields := []string{nameField, "arguments"}
-	var raw [2]json.RawMessage
+	fields := []string{nameField, "arguments", "task"}
+	var raw [3]json.RawMessage
 	var problem string
 	s := scanner{data: m.Params}
 	err := s.object(func(key string) error {
@@ -363,6 +370,13 @@ func (m *Message) parseParams() *Error {
 		return invalid("tools/call needs a non-empty params.name")
 	}
 	m.ToolName = name
+	if task := raw[2]; task != nil && string(task) != "null" {
+		// MCP 2025-11-25 task-augmented calls answer at once with a task
+		// handle and deliver the result through tasks/result: the call's
+		// concurrency slot, cost correction and outcome could not be
+		// governed, so they are refused rather than let through unmetered.
+		return invalid("task-augmented tools/call is not supported through mcpgate: call the tool without params.task")
+	}
 	if args := raw[1]; args != nil {
 		if args[0] != '{' && string(args) != "null" {
 			return invalid("params.arguments must be an object")

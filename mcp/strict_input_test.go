@@ -200,7 +200,7 @@ func requestFor(method string) string {
 	switch method {
 	case MethodToolsCall, MethodPromptsGet:
 		params = `,"params":{"name":"n"}`
-	case MethodResourcesRead:
+	case MethodResourcesRead, MethodResourcesSubscribe, MethodResourcesUnsubscribe:
 		params = `,"params":{"uri":"file:///a"}`
 	}
 	return `{"jsonrpc":"2.0","id":"r1","method":` + string(appendCanonicalString(nil, method)) + params + `}`
@@ -345,5 +345,25 @@ func TestQuoteCapped(t *testing.T) {
 		if unq, err := strconv.Unquote(strings.TrimSuffix(q, "...")); err != nil || !strings.HasPrefix(s, unq) {
 			t.Errorf("quoteCapped(%q) = %s: not a quoted prefix (%v)", s, q, err)
 		}
+	}
+}
+
+// Subscriptions carry their resource in Name (scopes apply to them), and a
+// task-augmented tools/call is refused: its slot, cost and outcome could
+// not be governed.
+func TestParseSubscriptionsAndTasks(t *testing.T) {
+	for _, method := range []string{"resources/subscribe", "resources/unsubscribe"} {
+		m, err := Parse([]byte(`{"jsonrpc":"2.0","id":1,"method":"` + method + `","params":{"uri":"file:///a"}}`))
+		if err != nil || m.Name != "file:///a" {
+			t.Errorf("%s: %v, name %q", method, err, m.Name)
+		}
+	}
+	_, err := Parse([]byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","task":{"ttl":1000}}}`))
+	var e *Error
+	if !errors.As(err, &e) || e.HTTPStatus != 400 || e.Code != CodeInvalidParams || !strings.Contains(e.Message, "task-augmented") {
+		t.Errorf("task-augmented call: %v", err)
+	}
+	if _, err := Parse([]byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","task":null}}`)); err != nil {
+		t.Errorf("task: null refused: %v", err)
 	}
 }
