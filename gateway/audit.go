@@ -50,29 +50,6 @@ func noteOf(ctx context.Context) *auditNote {
 	return n
 }
 
-// auditWriter records the status of the answer.
-type auditWriter struct {
-	http.ResponseWriter
-	status int // 0 until the status line is written
-}
-
-func (a *auditWriter) WriteHeader(code int) {
-	if a.status == 0 && code >= 200 {
-		a.status = code
-	}
-	a.ResponseWriter.WriteHeader(code)
-}
-
-func (a *auditWriter) Write(b []byte) (int, error) {
-	if a.status == 0 {
-		a.status = http.StatusOK
-	}
-	return a.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the writer underneath.
-func (a *auditWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }
-
 func noAudit() {}
 
 // auditCall starts the audit line of msg when it is a request and an audit
@@ -99,7 +76,7 @@ func (g *Gateway) auditCall(w http.ResponseWriter, r *http.Request, rt *runtime,
 		rec.Resource = msg.Name
 	}
 	n := &auditNote{}
-	aw := &auditWriter{ResponseWriter: w}
+	aw := &statusWriter{ResponseWriter: w}
 	r = r.WithContext(context.WithValue(r.Context(), auditKey{}, n))
 	return aw, r, func() {
 		rec.LatencyMS = float64(time.Since(start).Microseconds()) / 1000

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -270,4 +271,33 @@ sessions:
 	}
 	wantSessionDenial(t, initialize(t, e, 0, alice), ruleSessionsSubject)
 	eventually(t, 20*time.Second, "the session ended once unused", func() bool { return openSessions(e) == 0 })
+}
+
+// An upstream that refuses DELETE (405: MCP lets a server keep its
+// sessions) keeps the session, so its slot stays taken: a client cannot
+// DELETE and re-initialize its way past the cap.
+func TestRefusedDeleteKeepsTheSlot(t *testing.T) {
+	t.Parallel()
+	up := upstream.New(nil)
+	var deletes atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodDelete {
+			deletes.Add(1)
+			w.Header().Set("Allow", "GET, POST")
+			http.Error(w, "sessions end on their own", http.StatusMethodNotAllowed)
+			return
+		}
+		up.Handler().ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	e := newEnv(t, setup{UpstreamURL: srv.URL + "/mcp", Config: "sessions: {max_per_subject: 1, idle_timeout: 1h}\n"})
+	alice := token(t, "acme", "alice")
+	r := initialize(t, e, 0, alice)
+	if r.Status != http.StatusOK || r.Header.Get("Mcp-Session-Id") == "" {
+		t.Fatalf("initialize: %d %s", r.Status, r.Body)
+	}
+	if st := deleteSession(t, e, 0, alice, r.Header.Get("Mcp-Session-Id")); st != http.StatusMethodNotAllowed || deletes.Load() != 1 {
+		t.Fatalf("DELETE: %d (upstream saw %d), want the upstream's 405", st, deletes.Load())
+	}
+	wantSessionDenial(t, initialize(t, e, 0, alice), ruleSessionsSubject)
 }

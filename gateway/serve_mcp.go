@@ -73,7 +73,9 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 			defer accepted()
 			fwd.OnResponse = accepted
 		}
-		done, live := g.useSession(w, r, rt, p, upstreamID, lease)
+		var done func()
+		var live bool
+		w, done, live = g.useSession(w, r, rt, p, upstreamID, lease)
 		if !live {
 			return
 		}

@@ -109,19 +109,18 @@ func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtim
 // request marks the session used until done is called. ok is false when
 // the session has ended (its slots lapsed or were released) and a 404 was
 // written: MCP's answer that tells the client to start a new session.
-func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, rt *runtime, p auth.Principal, upstream, lease string) (done func(), ok bool) {
+func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, rt *runtime, p auth.Principal, upstream, lease string) (_ http.ResponseWriter, done func(), ok bool) {
 	if r.Method == http.MethodDelete {
-		e := g.tracker.remove(upstream)
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
-		defer cancel()
-		checks := sessionChecks(rt.cfg, p.Tenant, p.Subject)
-		if lease != "" {
-			g.lim.releaseLease(ctx, g.lim.primaryStore(), checks, lease)
-		}
-		if e != nil && e.lease != "" && e.lease != lease {
-			g.lim.releaseLease(ctx, e.store, checks, e.lease)
-		}
-		return func() {}, true
+		// The slots are freed once the upstream has ended the session (2xx)
+		// or says it is gone (404). An upstream that refuses the DELETE
+		// (405: MCP lets a server keep its sessions) or fails keeps the
+		// session, and so its slots, until the idle sweep ends it.
+		sw := &statusWriter{ResponseWriter: w}
+		return sw, func() {
+			if sw.status/100 == 2 || sw.status == http.StatusNotFound {
+				g.endSession(r, rt, p, upstream, lease)
+			}
+		}, true
 	}
 	store := g.lim.primaryStore()
 	if lease == "" {
@@ -131,9 +130,23 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, rt *runtime
 	if !live {
 		g.metrics.Requests.WithLabelValues("any", "bad_session").Inc()
 		mcp.WriteError(w, http.StatusNotFound, nil, mcp.CodeInvalidRequest, "session ended: start a new one", nil)
-		return nil, false
+		return w, nil, false
 	}
-	return func() { g.tracker.done(e) }, true
+	return w, func() { g.tracker.done(e) }, true
+}
+
+// endSession forgets a session its client ended and frees its slots.
+func (g *Gateway) endSession(r *http.Request, rt *runtime, p auth.Principal, upstream, lease string) {
+	e := g.tracker.remove(upstream)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
+	defer cancel()
+	checks := sessionChecks(rt.cfg, p.Tenant, p.Subject)
+	if lease != "" {
+		g.lim.releaseLease(ctx, g.lim.primaryStore(), checks, lease)
+	}
+	if e != nil && e.lease != "" && e.lease != lease {
+		g.lim.releaseLease(ctx, e.store, checks, e.lease)
+	}
 }
 
 // sessionEntry is one session an instance tracks. Its fields are guarded by
