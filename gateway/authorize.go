@@ -75,3 +75,17 @@ func (g *Gateway) authorized(w http.ResponseWriter, r *http.Request, rt *runtime
 		fmt.Sprintf("%s %q is not in the caller's scopes", d.kind, d.name), map[string]any{d.kind: d.name})
 	return false
 }
+
+// listFilters are the filters authorize sets for a tools/list,
+// resources/list, resources/templates/list and prompts/list of a caller
+// with scopes sc, all four: the Forward.ReplayFilters of that caller's
+// requests, so that a list answer replayed on a resumed stream (GET with
+// Last-Event-ID) is trimmed as its POST's answer was.
+func listFilters(sc auth.Scopes) []mcp.Filter {
+	return []mcp.Filter{
+		{List: mcp.ToolsList, Allow: sc.AllowsTool},
+		{List: mcp.ResourcesList, Allow: sc.AllowsResource},
+		{List: mcp.ResourceTemplatesList, Allow: sc.AllowsResourceTemplate},
+		{List: mcp.PromptsList, Allow: sc.AllowsPrompt},
+	}
+}

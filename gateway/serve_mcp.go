@@ -54,7 +54,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 	}
 	fwd := mcp.Forward{Header: g.identityHeaders(rt, p), SessionID: func(upstream string) string {
 		return g.sessions.wrap(p, upstream)
-	}}
+	}, ReplayFilters: listFilters(p.Scopes)} // a resumed GET replays earlier list answers unfiltered
 	if id := r.Header.Get(mcp.HeaderSessionID); id != "" {
 		upstreamID, lease, ok := g.sessions.unwrap(p, id)
 		if !ok {

@@ -50,10 +50,11 @@ func (f Filter) applies(m *Message) bool {
 
 // filterList removes from a list result the entries f.Allow refuses. It
 // keeps every other member and the order of everything, compacting the
-// result; with f.Private, cacheScope becomes "private". A result it cannot read unambiguously (the list member missing,
-// duplicated, or not an array of objects) is an error: an unfiltered list
-// must not reach the client. An entry without a single string key is
-// dropped.
+// result; with f.Private, cacheScope becomes "private". A result it cannot
+// read unambiguously (the list member missing, duplicated, beside a
+// case-insensitive twin, or not an array of objects) is an error: an
+// unfiltered list must not reach the client. An entry without a single
+// string key is dropped.
 func filterList(result json.RawMessage, f Filter) (json.RawMessage, error) {
 	l := f.List
 	bad := func(why string) (json.RawMessage, error) {
@@ -83,6 +84,12 @@ func filterList(result json.RawMessage, f Filter) (json.RawMessage, error) {
 			return nil
 		}
 		if key != l.Member {
+			if asciiEqualFold(key, l.Member) {
+				// encoding/json would read "Tools" as tools: kept
+				// unfiltered, it could be the list a client sees.
+				problem = "case-insensitive twin of the " + l.Member + " member"
+				return nil
+			}
 			return compactInto(&out, v)
 		}
 		if seen {

@@ -148,7 +148,7 @@ func TestProxyListFilters(t *testing.T) {
 }
 
 func TestProxyListFilterUnfilterableFailsClosed(t *testing.T) {
-	for _, result := range []string{`{"prompts":{"name":"secret"}}`, `{"prompts":[],"prompts":[{"name":"secret"}]}`, `{"other":"secret"}`, `{"prompts":["secret"]}`} {
+	for _, result := range []string{`{"prompts":{"name":"secret"}}`, `{"prompts":[],"prompts":[{"name":"secret"}]}`, `{"prompts":[],"Prompts":[{"name":"secret"}]}`, `{"other":"secret"}`, `{"prompts":["secret"]}`} {
 		for _, sse := range []bool{false, true} {
 			g, gs := newGateway(t, ProxyOptions{Upstream: listUpstream(t, sse, `1`, result).URL})
 			g.filter = Filter{List: PromptsList, Allow: func(string) bool { return true }}

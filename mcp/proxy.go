@@ -168,6 +168,21 @@ type Forward struct {
 	// SSE answers alike. A result that cannot be filtered is not relayed
 	// (502, or an error event on a stream that has begun).
 	Filter Filter
+	// ReplayFilters are applied to responses that reach the client on a
+	// stream whose request the proxy does not know: every JSON-RPC response
+	// with a result on a GET stream (a resumed stream, Last-Event-ID, replays
+	// the answers to earlier POSTs as the upstream stored them, unfiltered),
+	// and on a POST's SSE answer every response other than the one to Msg.
+	// Such a response is judged by its shape: when its result has a
+	// top-level member named like a filter's List.Member (ignoring ASCII
+	// case), that filter is applied as Filter is to Msg's answer (Private
+	// included). An event whose list cannot be filtered, or whose data looks
+	// like a response but does not parse, is dropped and logged, never
+	// relayed unfiltered. Events whose data cannot hold a result
+	// (notifications, mostly) pass unchanged without a full parse. Filters
+	// with a nil Allow are ignored; nil means none (every event relayed as
+	// is). JSON (non-SSE) answers are not screened.
+	ReplayFilters []Filter
 	// AllowTool is the Filter of a tools/list: when set and Filter is not,
 	// it acts as Filter{List: ToolsList, Allow: AllowTool}.
 	//
@@ -181,7 +196,8 @@ type Forward struct {
 	// client when Serve answered 502/504, or one describing the upstream's
 	// HTTP status). It is not called when the client went away first, nor
 	// when an SSE stream carrying event ids ended early (the client may
-	// resume it with a GET, which Serve does not inspect).
+	// resume it with a GET, whose replayed responses only ReplayFilters
+	// screen).
 	OnResult func(result json.RawMessage, rpcErr json.RawMessage)
 	// SessionID, when set, rewrites the Mcp-Session-Id the upstream answers
 	// before the client sees it (the gateway binds sessions to callers).
@@ -257,10 +273,9 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, f Forward) (status
 	if f.Filter.Allow == nil && f.AllowTool != nil {
 		f.Filter = Filter{List: ToolsList, Allow: f.AllowTool}
 	}
-	if HasCachingHints(r.Header.Get(HeaderProtocolVersion)) {
-		f.Filter.Private = true
-	}
-	x := &exchange{p: p, w: w, r: r, ctx: ctx, f: f, idle: idle}
+	private := HasCachingHints(r.Header.Get(HeaderProtocolVersion))
+	f.Filter.Private = f.Filter.Private || private
+	x := &exchange{p: p, w: w, r: r, ctx: ctx, f: f, idle: idle, replay: replayFilters(f.ReplayFilters, private)}
 	resp, err := p.client.Do(req)
 	if f.OnResponse != nil {
 		f.OnResponse()
@@ -285,7 +300,9 @@ type exchange struct {
 	ctx      context.Context // upstream request context
 	f        Forward
 	idle     *idleTimer // nil: no idle timeout
+	replay   []Filter   // f.ReplayFilters, Private set as for f.Filter
 	reported bool       // OnResult was called
+	answered bool       // the response to f.Msg was relayed (SSE)
 }
 
 func (x *exchange) filtering() bool { return x.f.Filter.applies(x.f.Msg) }
@@ -436,7 +453,7 @@ func (x *exchange) relaySSE(resp *http.Response) (int, error) {
 	_ = rc.Flush() // headers now: a GET stream may stay silent for long
 
 	call := x.f.Msg.IsCall()
-	answered, resumable := false, false
+	resumable := false
 	events := newEventReader(resp.Body, x.p.maxEvent)
 	var streamErr error
 	for {
@@ -449,26 +466,14 @@ func (x *exchange) relaySSE(resp *http.Response) (int, error) {
 		}
 		x.idle.touch()
 		resumable = resumable || ev.hasID
-		out := ev.raw
-		if call && !answered && ev.data != nil && (ev.name == "" || ev.name == "message") {
-			if m, err := Parse(ev.data); err == nil && m.Kind == Response && SameID(m.ID, x.f.Msg.ID) {
-				answered = true
-				result := m.Result
-				if x.filtering() && result != nil {
-					filtered, err := filterList(result, x.f.Filter)
-					if err != nil {
-						x.p.log.Warn("mcp upstream list result unfilterable", "rpc_method", x.f.Msg.Method, "err", err)
-						msg := "upstream MCP server sent an unusable response"
-						x.report(nil, errorObject(CodeInternalError, msg))
-						_, _ = w.Write(errorEvent(m.ID, CodeInternalError, msg))
-						_ = rc.Flush()
-						return status, err
-					}
-					result = filtered
-					out = rewriteEventData(ev.raw, resultResponse(m.ID, filtered))
-				}
-				x.report(result, m.Error)
-			}
+		out, stop := x.eventOut(ev)
+		if stop != nil {
+			_, _ = w.Write(out)
+			_ = rc.Flush()
+			return status, stop
+		}
+		if out == nil {
+			continue
 		}
 		if _, err := w.Write(out); err != nil {
 			return status, ErrClientGone
@@ -492,7 +497,7 @@ func (x *exchange) relaySSE(resp *http.Response) (int, error) {
 	// The stream ended without the response. Unless the client can resume it
 	// (event ids were sent, and it was not our timeout that cut it), answer
 	// the call ourselves so the client is not left waiting.
-	if call && !answered && (!resumable || errors.Is(err, ErrUpstreamTimeout)) {
+	if call && !x.answered && (!resumable || errors.Is(err, ErrUpstreamTimeout)) {
 		msg := "upstream MCP server ended the stream without a response"
 		switch {
 		case errors.Is(err, ErrUpstreamTimeout):
@@ -509,6 +514,47 @@ func (x *exchange) relaySSE(resp *http.Response) (int, error) {
 		_ = rc.Flush()
 	}
 	return status, err
+}
+
+// eventOut returns what the client gets for the upstream event ev: ev.raw,
+// a rewritten event, or nil (nothing). A non-nil stop ends the relay after
+// out (an error event) is written.
+func (x *exchange) eventOut(ev sseEvent) (out []byte, stop error) {
+	if ev.data == nil || (ev.name != "" && ev.name != "message") {
+		return ev.raw, nil // not a message: clients ignore it
+	}
+	var m *Message
+	var perr error
+	if x.f.Msg.IsCall() && !x.answered {
+		m, perr = Parse(ev.data)
+		if perr == nil && m.Kind == Response && SameID(m.ID, x.f.Msg.ID) {
+			return x.answer(ev, m)
+		}
+	}
+	if len(x.replay) == 0 {
+		return ev.raw, nil
+	}
+	return x.screenReplay(ev, m, perr), nil
+}
+
+// answer relays m, the response to f.Msg carried by ev: filtered when
+// Forward.Filter applies, and reported to OnResult.
+func (x *exchange) answer(ev sseEvent, m *Message) ([]byte, error) {
+	x.answered = true
+	out, result := ev.raw, m.Result
+	if x.filtering() && result != nil {
+		filtered, err := filterList(result, x.f.Filter)
+		if err != nil {
+			x.p.log.Warn("mcp upstream list result unfilterable", "rpc_method", x.f.Msg.Method, "err", err)
+			msg := "upstream MCP server sent an unusable response"
+			x.report(nil, errorObject(CodeInternalError, msg))
+			return errorEvent(m.ID, CodeInternalError, msg), err
+		}
+		result = filtered
+		out = rewriteEventData(ev.raw, resultResponse(m.ID, filtered))
+	}
+	x.report(result, m.Error)
+	return out, nil
 }
 
 // resultResponse encodes a JSON-RPC success response.

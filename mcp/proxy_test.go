@@ -35,6 +35,7 @@ type gateway struct {
 	proxy  *Proxy
 	allow  func(string) bool // Forward.AllowTool
 	filter Filter
+	replay []Filter // Forward.ReplayFilters
 	header http.Header
 
 	mu   sync.Mutex
@@ -56,7 +57,7 @@ func newGateway(t *testing.T, opts ProxyOptions) (*gateway, *httptest.Server) {
 
 func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s := &served{}
-	f := Forward{Header: g.header, AllowTool: g.allow, Filter: g.filter}
+	f := Forward{Header: g.header, AllowTool: g.allow, Filter: g.filter, ReplayFilters: g.replay}
 	if r.Method == http.MethodPost {
 		body, e := ReadBody(r, 1<<20)
 		if e != nil {
