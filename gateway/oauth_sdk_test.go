@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"net/http"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,8 +79,11 @@ func TestGoSDKOAuthDiscovery(t *testing.T) {
 		t.Fatalf("%d authorization requests, want 1", len(reqs))
 	}
 	q := reqs[0]
-	// No scope in the 401: the client asks for scopes_supported.
-	if q.Get("resource") != mcpURL || q.Get("client_id") != testClientID || q.Get("scope") != "tools:* prompts:* resources:*" {
+	// No scope in the 401: the client asks for scopes_supported (in an
+	// order of its own: the SDK does not keep the document's).
+	scopes := strings.Fields(q.Get("scope"))
+	slices.Sort(scopes)
+	if q.Get("resource") != mcpURL || q.Get("client_id") != testClientID || strings.Join(scopes, " ") != "prompts:* resources:* tools:*" {
 		t.Errorf("authorization request %v", q)
 	}
 	if tr := as.tokenRequests(); len(tr) != 1 || tr[0].Get("resource") != mcpURL {
