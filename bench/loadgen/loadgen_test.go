@@ -3,6 +3,7 @@ package loadgen
 import (
 	"context"
 	"net/http"
+	"net/http/httputil"
 	"strings"
 	"testing"
 	"time"
@@ -122,5 +123,39 @@ func TestBareRatios(t *testing.T) {
 	}
 	if strings.Contains(table, DenyRedis) || strings.Contains(table, "| "+BareProxy+" |") {
 		t.Errorf("bare-proxy table lists a non-gateway target:\n%s", b.String())
+	}
+}
+
+// TestBareProxyIsTransparent holds bare-proxy to being the HTTP hop alone:
+// its answer is the upstream's, byte for byte, headers included (no
+// Content-Encoding: the transport's gzip request must not change what the
+// client reads), except Date.
+func TestBareProxyIsTransparent(t *testing.T) {
+	e := startEnv(t, RulesSingle)
+	dump := func(name string) string {
+		tg, ok := e.Target(name)
+		if !ok {
+			t.Fatalf("no %s target", name)
+		}
+		c := newClient(1)
+		defer c.CloseIdleConnections()
+		req, err := newRequest(context.Background(), tg.URL, tg.Tokens[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Header.Del("Date")
+		b, err := httputil.DumpResponse(resp, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	direct, bare := dump(Direct), dump(BareProxy)
+	if bare != direct || !strings.Contains(bare, `"text":"hello"`) {
+		t.Fatalf("bare-proxy answered\n%s\ndirect answered\n%s", bare, direct)
 	}
 }
