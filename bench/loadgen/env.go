@@ -222,16 +222,9 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 		return nil, err
 	}
 	e.Targets = append(e.Targets, Target{Name: Direct, URL: upURL, Tokens: tokens, Status: http.StatusOK})
-	rp, err := newBareProxy(upURL, o.Logger)
-	if err != nil {
+	if err := e.addBareProxy(upURL, tokens, o.Logger); err != nil {
 		return nil, err
 	}
-	e.closers = append(e.closers, rp.Transport.(*http.Transport).CloseIdleConnections)
-	bareURL, err := e.server(BareProxy, rp)
-	if err != nil {
-		return nil, err
-	}
-	e.Targets = append(e.Targets, Target{Name: BareProxy, URL: bareURL, Tokens: tokens, Status: http.StatusOK})
 
 	text := strings.NewReplacer("UPSTREAM", upURL, "SECRETENV", secretEnv, "RULES", rules[0], "GLOBAL", rules[1]).Replace(configTemplate)
 	add := func(name, deny, redis string, tp trace.TracerProvider) error {
@@ -282,6 +275,22 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 		}
 	}
 	return e, nil
+}
+
+// addBareProxy serves newBareProxy(upstream) and adds it as the bare-proxy
+// target.
+func (e *Env) addBareProxy(upstream string, tokens []string, log *slog.Logger) error {
+	rp, err := newBareProxy(upstream, log)
+	if err != nil {
+		return err
+	}
+	e.closers = append(e.closers, rp.Transport.(*http.Transport).CloseIdleConnections)
+	u, err := e.server(BareProxy, rp)
+	if err != nil {
+		return err
+	}
+	e.Targets = append(e.Targets, Target{Name: BareProxy, URL: u, Tokens: tokens, Status: http.StatusOK})
+	return nil
 }
 
 // Target returns the target called name, or false.
