@@ -1,8 +1,9 @@
 // Package loadgen measures mcpgate end to end, in one process and one run:
 // calls per second and latency percentiles of MCP tools/call requests sent
-// over real HTTP on loopback to the demo upstream directly, and through
-// gateways built as `mcpgate serve` builds them (memory store, Redis store),
-// and the denial path (a tenant whose limit is exhausted: every call a 429).
+// over real HTTP on loopback to the demo upstream directly, through a bare
+// httputil.ReverseProxy (the cost of the HTTP hop alone), through gateways
+// built as `mcpgate serve` builds them (memory store, Redis store), and the
+// denial path (a tenant whose limit is exhausted: every call a 429).
 //
 // Start starts the servers (an Env); Drive sends the load to one Target;
 // Run interleaves targets over rounds and Results.Print reports medians and
@@ -221,6 +222,9 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 		return nil, err
 	}
 	e.Targets = append(e.Targets, Target{Name: Direct, URL: upURL, Tokens: tokens, Status: http.StatusOK})
+	if err := e.addBareProxy(upURL, tokens, o.Logger); err != nil {
+		return nil, err
+	}
 
 	text := strings.NewReplacer("UPSTREAM", upURL, "SECRETENV", secretEnv, "RULES", rules[0], "GLOBAL", rules[1]).Replace(configTemplate)
 	add := func(name, deny, redis string, tp trace.TracerProvider) error {
@@ -264,13 +268,29 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 		e.Targets[i].redisCPU = o.RedisCPU
 	}
 	// Order: admitted targets first, then the denial paths.
-	order := map[string]int{Direct: 0, GatewayMem: 1, GatewayMemTraced: 2, GatewayRed: 3, DenyMem: 4, DenyRedis: 5}
+	order := map[string]int{Direct: 0, BareProxy: 1, GatewayMem: 2, GatewayMemTraced: 3, GatewayRed: 4, DenyMem: 5, DenyRedis: 6}
 	for i := 1; i < len(e.Targets); i++ {
 		for j := i; j > 0 && order[e.Targets[j].Name] < order[e.Targets[j-1].Name]; j-- {
 			e.Targets[j], e.Targets[j-1] = e.Targets[j-1], e.Targets[j]
 		}
 	}
 	return e, nil
+}
+
+// addBareProxy serves newBareProxy(upstream) and adds it as the bare-proxy
+// target.
+func (e *Env) addBareProxy(upstream string, tokens []string, log *slog.Logger) error {
+	rp, err := newBareProxy(upstream, log)
+	if err != nil {
+		return err
+	}
+	e.closers = append(e.closers, rp.Transport.(*http.Transport).CloseIdleConnections)
+	u, err := e.server(BareProxy, rp)
+	if err != nil {
+		return err
+	}
+	e.Targets = append(e.Targets, Target{Name: BareProxy, URL: u, Tokens: tokens, Status: http.StatusOK})
+	return nil
 }
 
 // Target returns the target called name, or false.

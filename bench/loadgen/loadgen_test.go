@@ -3,6 +3,7 @@ package loadgen
 import (
 	"context"
 	"net/http"
+	"net/http/httputil"
 	"strings"
 	"testing"
 	"time"
@@ -37,7 +38,7 @@ func TestRun(t *testing.T) {
 			for _, tg := range e.Targets {
 				names = append(names, tg.Name)
 			}
-			if want := []string{Direct, GatewayMem, GatewayRed, DenyMem, DenyRedis}; strings.Join(names, " ") != strings.Join(want, " ") {
+			if want := []string{Direct, BareProxy, GatewayMem, GatewayRed, DenyMem, DenyRedis}; strings.Join(names, " ") != strings.Join(want, " ") {
 				t.Fatalf("targets %v, want %v", names, want)
 			}
 			res, err := Run(context.Background(), e, RunOptions{Workers: 4, Rounds: 1, Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond})
@@ -56,6 +57,9 @@ func TestRun(t *testing.T) {
 				if !strings.Contains(b.String(), "| "+name+" ") {
 					t.Errorf("report lacks %s:\n%s", name, b.String())
 				}
+			}
+			if !strings.Contains(b.String(), "| vs bare-proxy ") {
+				t.Errorf("report lacks the bare-proxy table:\n%s", b.String())
 			}
 		})
 	}
@@ -82,5 +86,76 @@ func TestDriveCountsWrongStatus(t *testing.T) {
 func TestStartRejectsUnknownRules(t *testing.T) {
 	if _, err := Start(context.Background(), &Options{Rules: "bogus"}); err == nil || !strings.Contains(err.Error(), "bogus") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestBareRatios pairs each round of a gateway with the same round of
+// bare-proxy, and the table lists the admitting gateways only.
+func TestBareRatios(t *testing.T) {
+	round := func(calls int, p99 time.Duration) Result {
+		return Result{Calls: calls, Window: time.Second, P99: p99, CPUPerCall: time.Millisecond}
+	}
+	r := &Results{Order: []string{Direct, BareProxy, GatewayRed, DenyRedis}, Rounds: map[string][]Result{
+		Direct:     {round(1200, time.Millisecond), round(1200, time.Millisecond)},
+		BareProxy:  {round(1000, 10*time.Millisecond), round(500, 20*time.Millisecond)},
+		GatewayRed: {round(900, 15*time.Millisecond), round(500, 20*time.Millisecond)},
+		DenyRedis:  {round(5000, time.Millisecond), round(5000, time.Millisecond)},
+	}}
+	if got := r.BareRatio(GatewayRed); len(got) != 2 || got[0] != 0.9 || got[1] != 1 {
+		t.Errorf("BareRatio = %v, want [0.9 1]", got)
+	}
+	if got := r.BareP99Ratio(GatewayRed); len(got) != 2 || got[0] != 1.5 || got[1] != 1 {
+		t.Errorf("BareP99Ratio = %v, want [1.5 1]", got)
+	}
+	if r.MetBare(GatewayRed) { // medians 0.95 and 1.25: p99 misses
+		t.Error("MetBare with a median p99 ratio of 1.25")
+	}
+	var b strings.Builder
+	r.Print(&b)
+	out := strings.Join(strings.Fields(b.String()), " ") // table cells unpadded
+	i := strings.Index(out, "| vs bare-proxy ")
+	if i < 0 {
+		t.Fatalf("no bare-proxy table:\n%s", b.String())
+	}
+	table := out[i:]
+	if !strings.Contains(table, "| gateway-redis | 0.950 | 0.90 1.00 | yes | 1.250 | 1.50 1.00 | no |") {
+		t.Errorf("bare-proxy table:\n%s", b.String())
+	}
+	if strings.Contains(table, DenyRedis) || strings.Contains(table, "| "+BareProxy+" |") {
+		t.Errorf("bare-proxy table lists a non-gateway target:\n%s", b.String())
+	}
+}
+
+// TestBareProxyIsTransparent holds bare-proxy to being the HTTP hop alone:
+// its answer is the upstream's, byte for byte, headers included (no
+// Content-Encoding: the transport's gzip request must not change what the
+// client reads), except Date.
+func TestBareProxyIsTransparent(t *testing.T) {
+	e := startEnv(t, RulesSingle)
+	dump := func(name string) string {
+		tg, ok := e.Target(name)
+		if !ok {
+			t.Fatalf("no %s target", name)
+		}
+		c := newClient(1)
+		defer c.CloseIdleConnections()
+		req, err := newRequest(context.Background(), tg.URL, tg.Tokens[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Header.Del("Date")
+		b, err := httputil.DumpResponse(resp, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	direct, bare := dump(Direct), dump(BareProxy)
+	if bare != direct || !strings.Contains(bare, `"text":"hello"`) {
+		t.Fatalf("bare-proxy answered\n%s\ndirect answered\n%s", bare, direct)
 	}
 }

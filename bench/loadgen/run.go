@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/mcpgate/mcpgate/bench/internal/stats"
@@ -35,8 +34,8 @@ type Results struct {
 }
 
 // Run measures the targets of e interleaved, one after the other in each
-// round (direct, gateway-mem, gateway-redis, deny-mem, deny-redis, direct,
-// ...), so that the drift of a shared machine spreads over all of them. A
+// round (direct, bare-proxy, gateway-mem, gateway-redis, deny-mem,
+// deny-redis, direct, ...), so that the drift of a shared machine spreads over all of them. A
 // measurement with errors (a wrong status, a transport error) fails the run.
 func Run(ctx context.Context, e *Env, o RunOptions) (*Results, error) {
 	if o.Workers <= 0 {
@@ -121,7 +120,8 @@ func (r *Results) AddedP50(target string) []time.Duration {
 
 // Print writes the medians over rounds per target, then, when direct was
 // measured, each target against direct, with the targets of the issue for
-// the admitting gateways. CPU ratio is CPURatio. Columns: CPU/call is this process's CPU time per
+// the admitting gateways. When bare-proxy was measured, each admitting
+// gateway is also set against it (printBare). CPU ratio is CPURatio. Columns: CPU/call is this process's CPU time per
 // call (load generator, gateways and upstream together), redis CPU/call the
 // redis-server's, degraded the limit decisions a gateway took without its
 // store (summed over rounds; each one a call admitted under on_error: open).
@@ -146,6 +146,7 @@ func (r *Results) Print(w io.Writer) {
 	}
 	stats.WriteTable(w, rows)
 	r.printTracing(w)
+	defer r.printBare(w) // last, after the table against direct if any
 	if _, ok := r.Rounds[Direct]; !ok || len(r.Order) < 2 {
 		return
 	}
@@ -157,17 +158,13 @@ func (r *Results) Print(w io.Writer) {
 			continue
 		}
 		ratios := r.ThroughputRatio(name)
-		per := make([]string, len(ratios))
-		for i, v := range ratios {
-			per[i] = fmt.Sprintf("%.2f", v)
-		}
 		added99 := r.added(name, func(x Result) time.Duration { return x.P99 })
 		addedCPU := r.added(name, func(x Result) time.Duration { return x.CPUPerCall + x.RedisCPUPerCall })
 		okRatio, okP50 := "-", "-"
 		if name == GatewayMem || name == GatewayRed {
 			okRatio, okP50 = yesNo(stats.Median(ratios) >= MinThroughputRatio), yesNo(medianDur(r.AddedP50(name)) <= MaxAddedP50)
 		}
-		rows = append(rows, []string{name, fmt.Sprintf("%.3f", stats.Median(ratios)), strings.Join(per, " "), okRatio,
+		rows = append(rows, []string{name, fmt.Sprintf("%.3f", stats.Median(ratios)), perRound(ratios), okRatio,
 			ms(medianDur(r.AddedP50(name))), okP50, ms(medianDur(added99)), us(medianDur(addedCPU)),
 			fmt.Sprintf("%.3f", stats.Median(r.CPURatio(name)))})
 	}

@@ -1,8 +1,9 @@
 // Command loadgen measures mcpgate end to end in one process: it starts the
-// demo upstream and gateways (memory store, Redis store) on loopback, drives
-// them with concurrent keep-alive HTTP clients sending MCP tools/call
-// requests, and prints calls/s and latency percentiles per target with the
-// ratios against calling the upstream directly. Targets are interleaved in
+// demo upstream, a bare httputil.ReverseProxy in front of it and gateways
+// (memory store, Redis store) on loopback, drives them with concurrent
+// keep-alive HTTP clients sending MCP tools/call requests, and prints calls/s
+// and latency percentiles per target with the ratios against calling the
+// upstream directly and, for the gateways, against the bare proxy. Targets are interleaved in
 // rounds so that the drift of a shared machine spreads over all of them.
 //
 //	go run ./cmd/loadgen -workers 32,1 -rounds 5 -duration 3s
@@ -48,7 +49,7 @@ func run() error {
 	warmup := flag.Duration("warmup", 500*time.Millisecond, "uncounted warm-up before each window")
 	rules := flag.String("rules", loadgen.RulesLayered, "gateway rules: layered (2 tenant rules + 1 global) or single (1 tenant rule)")
 	redisAddr := flag.String("redis", "", `redis-server host:port; "" starts one, "none" skips the Redis targets`)
-	targets := flag.String("targets", "", "comma-separated targets (default all): direct, gateway-mem, gateway-mem-traced (with -tracing), gateway-redis, deny-mem, deny-redis")
+	targets := flag.String("targets", "", "comma-separated targets (default all): direct, bare-proxy, gateway-mem, gateway-mem-traced (with -tracing), gateway-redis, deny-mem, deny-redis")
 	tenants := flag.Int("tenants", 64, "tenants (tokens) the workers spread over")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memprofile := flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
