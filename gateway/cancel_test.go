@@ -142,3 +142,40 @@ func TestCancelKeptOpenAndIsolation(t *testing.T) {
 		})
 	}
 }
+
+// A client that goes away mid-call without cancelling it (its connection
+// closes) gets its call cancelled upstream by the gateway before the call's
+// concurrency slot is freed: an upstream on a 2025 session goes on running a
+// tool whose request was closed, and the freed slot would let another call
+// run beside it.
+func TestAbandonedCallIsCancelledUpstream(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{Config: cancelConfig})
+	tok := token(t, "acme", "alice")
+	init := post(t, e.mcpURL(0), tok, initializeBody, nil)
+	sid := init.Header.Get("Mcp-Session-Id")
+	if init.Status != http.StatusOK || sid == "" {
+		t.Fatalf("initialize: %d %s", init.Status, init.Body)
+	}
+	hdr := http.Header{"Mcp-Session-Id": {sid}, "Mcp-Protocol-Version": {"2025-06-18"}}
+	if r := post(t, e.mcpURL(0), tok, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, hdr); r.Status != http.StatusAccepted {
+		t.Fatalf("initialized: %d %s", r.Status, r.Body)
+	}
+	before := e.up.Requests("notifications/cancelled")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = postCtx(ctx, e.mcpURL(0), tok, callBody(7, "slow", map[string]any{"ms": 60000}), hdr)
+	}()
+	eventually(t, 10*time.Second, "the slow call to reach the upstream", func() bool { return e.up.Calls("slow") == 1 })
+	cancel() // the connection closes; no notifications/cancelled from the client
+	<-done
+	eventually(t, 10*time.Second, "the gateway's cancellation to reach the upstream", func() bool {
+		return e.up.Requests("notifications/cancelled") == before+1
+	})
+	// The slot is free again: the next call is admitted.
+	if r := post(t, e.mcpURL(0), tok, callBody(8, "slow", map[string]any{"ms": 1}), hdr); r.Status != http.StatusOK {
+		t.Fatalf("the call after the abandoned one: %d %s", r.Status, r.Body)
+	}
+}

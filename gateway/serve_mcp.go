@@ -247,6 +247,7 @@ func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	status = g.forward(w, r, rt, fwd, "tools/call")
+	g.cancelAbandoned(r, p, msg.ID) // before the deferred release frees the slot
 }
 
 // breakerRule names the loop breaker in 429s and metrics.

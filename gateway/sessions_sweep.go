@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/mcpgate/mcpgate/limit"
-	"github.com/mcpgate/mcpgate/mcp"
 )
 
 // minSweep bounds how often the tracker sweeps, whatever idle_timeout is.
@@ -145,30 +144,12 @@ func (t *sessionTracker) endIdle(ctx context.Context, j sweepJob) {
 // endUpstream sends the upstream the DELETE that ends a session, with the
 // configured upstream and identity headers.
 func (t *sessionTracker) endUpstream(ctx context.Context, j sweepJob) {
-	rt := t.g.rt.Load()
 	ctx, cancel := context.WithTimeout(ctx, endTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, rt.cfg.Upstream.URL, nil)
+	err := t.g.sendUpstream(ctx, t.hc, http.MethodDelete, j.tenant, j.subject, j.upstream, j.protocol, nil)
 	if err != nil {
 		t.g.log.Warn("ending an idle session upstream failed", "err", err)
 		return
 	}
-	for k, v := range rt.cfg.Upstream.Headers {
-		req.Header.Set(k, v)
-	}
-	if rt.cfg.Upstream.IdentityHeaders {
-		req.Header.Set("X-Mcp-Tenant", headerSafe(j.tenant))
-		req.Header.Set("X-Mcp-Subject", headerSafe(j.subject))
-	}
-	req.Header.Set(mcp.HeaderSessionID, j.upstream)
-	if j.protocol != "" {
-		req.Header.Set(mcp.HeaderProtocolVersion, j.protocol)
-	}
-	resp, err := t.hc.Do(req)
-	if err != nil {
-		t.g.log.Warn("ending an idle session upstream failed", "err", err)
-		return
-	}
-	_ = resp.Body.Close()
 	t.g.metrics.SessionsEnded.Inc()
 }
