@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/mcpgate/mcpgate/limit"
@@ -38,20 +39,36 @@ type sweepJob struct {
 
 // sweep renews the leases of sessions used since the last sweep (so a slot
 // never lapses while its session is in use: the lease lasts idle after the
-// renewal, and the next sweep comes after idle/4) and ends the sessions
-// unused for idle.
+// renewal, and the next sweep comes after idle/4) and then ends the sessions
+// unused for idle, endParallel at a time: renewals never wait behind the
+// DELETEs of a slow upstream.
 func (t *sessionTracker) sweep(ctx context.Context, idle time.Duration) {
-	for _, j := range t.plan(idle) {
+	jobs := t.plan(idle)
+	for _, j := range jobs {
 		if ctx.Err() != nil {
 			return
 		}
 		if j.renew {
 			t.renew(ctx, j)
-		} else {
-			t.endIdle(ctx, j)
 		}
 	}
+	sem := make(chan struct{}, endParallel)
+	var wg sync.WaitGroup
+	for _, j := range jobs {
+		if j.renew || ctx.Err() != nil {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			t.endIdle(ctx, j)
+		})
+	}
+	wg.Wait()
 }
+
+// endParallel bounds the idle sessions a sweep ends at once.
+const endParallel = 8
 
 // plan picks the sweep's jobs. A session is idle when no request of it ran
 // for idle and, when it holds a lease, this instance's last renewal is idle
