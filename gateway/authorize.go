@@ -42,6 +42,8 @@ func authorize(p auth.Principal, msg *mcp.Message, fwd *mcp.Forward) *denial {
 		return deny("resource", sc.AllowsResource(msg.Name))
 	case mcp.MethodPromptsGet:
 		return deny("prompt", sc.AllowsPrompt(msg.Name))
+	case mcp.MethodCompletionComplete:
+		return authorizeCompletion(sc, msg)
 	case mcp.MethodToolsList:
 		fwd.Filter = mcp.Filter{List: mcp.ToolsList, Allow: sc.AllowsTool}
 	case mcp.MethodResourcesList:
@@ -50,6 +52,22 @@ func authorize(p auth.Principal, msg *mcp.Message, fwd *mcp.Forward) *denial {
 		fwd.Filter = mcp.Filter{List: mcp.ResourceTemplatesList, Allow: sc.AllowsResourceTemplate}
 	case mcp.MethodPromptsList:
 		fwd.Filter = mcp.Filter{List: mcp.PromptsList, Allow: sc.AllowsPrompt}
+	}
+	return nil
+}
+
+// authorizeCompletion scopes completion/complete like what it completes: a
+// prompt's arguments need the prompt, a resource template's need the
+// template. A ref the gateway cannot read unambiguously is refused.
+func authorizeCompletion(sc auth.Scopes, msg *mcp.Message) *denial {
+	kind, name, err := mcp.CompletionRef(msg)
+	switch {
+	case err != nil:
+		return &denial{kind: "prompt", name: cutForLog(err.Message, maxDeniedName), scope: "prompts:*"}
+	case kind == "prompt" && !sc.AllowsPrompt(name):
+		return &denial{kind: kind, name: cutForLog(name, maxDeniedName), scope: auth.NeededScope(kind, name)}
+	case kind == "resource" && !sc.AllowsResourceTemplate(name):
+		return &denial{kind: kind, name: cutForLog(name, maxDeniedName), scope: auth.NeededScope(kind, name)}
 	}
 	return nil
 }

@@ -58,6 +58,10 @@ func resourceReadBody(uri string) string {
 	return string(b)
 }
 
+func completionBody(ref string) string {
+	return `{"jsonrpc":"2.0","id":"c","method":"completion/complete","params":{"ref":` + ref + `,"argument":{"name":"text","value":"x"}}}`
+}
+
 func subscribeBody(method, uri string) string {
 	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": "s", "method": method, "params": map[string]any{"uri": uri}})
 	return string(b)
@@ -139,6 +143,11 @@ func TestResourceAndPromptScopes(t *testing.T) {
 				// subscriptions are scoped like reads
 				{subscribeBody("resources/subscribe", "file:///secret/keys.txt"), "resource", "file:///secret/keys.txt"},
 				{subscribeBody("resources/unsubscribe", "file:///secret/keys.txt"), "resource", "file:///secret/keys.txt"},
+				// completions are scoped like what they complete
+				{completionBody(`{"type":"ref/prompt","name":"review"}`), "prompt", "review"},
+				{completionBody(`{"type":"ref/resource","uri":"file:///secret/{name}"}`), "resource", "file:///secret/{name}"},
+				{completionBody(`{"type":"ref/prompt","name":"summarize","NAME":"review"}`), "prompt",
+					`completion/complete params.ref: member "NAME" is ambiguous`},
 				{promptBody("review"), "prompt", "review"},
 				{promptBody("Summarize"), "prompt", "Summarize"},
 				{callBody(1, "search", nil), "tool", "search"},
@@ -157,7 +166,8 @@ func TestResourceAndPromptScopes(t *testing.T) {
 				}
 			}
 			if e.up.Requests("resources/read") != reads || e.up.Requests("prompts/get") != gets || e.up.Calls("search") != 0 ||
-				e.up.Requests("resources/subscribe") != 0 || e.up.Requests("resources/unsubscribe") != 0 {
+				e.up.Requests("resources/subscribe") != 0 || e.up.Requests("resources/unsubscribe") != 0 ||
+				e.up.Requests("completion/complete") != 0 {
 				t.Fatal("a denied request reached the upstream")
 			}
 			// The SDK client sees the refusal as an error too.
