@@ -3,6 +3,7 @@ package memstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"testing"
@@ -132,6 +133,31 @@ func TestTakeAllocations(t *testing.T) {
 		// a little slack for the runtime's own)
 		if n := m1.Mallocs - m0.Mallocs; n > slabs+5 {
 			t.Errorf("%d checks: %d allocations in %d takes, want at most %d", len(checks), n, runs, slabs+5)
+		}
+	}
+}
+
+// decideOne is limit.Combine for one check without a lease.
+func TestDecideOneIsCombine(t *testing.T) {
+	for _, a := range limit.Algorithms {
+		if a == limit.Concurrency {
+			continue // takes a lease: never decided by decideOne
+		}
+		for _, shadow := range []bool{false, true} {
+			for _, burst := range []int64{0, 7} {
+				for _, res := range []limit.Result{
+					{Allowed: true, Remaining: 3, ResetAfter: time.Second},
+					{Allowed: false, Remaining: 0, ResetAfter: time.Second, RetryAfter: time.Millisecond},
+					{Allowed: false, RetryAfter: limit.Never},
+				} {
+					ch := limit.Check{Rule: limit.Rule{Name: "r", Algorithm: a, Limit: 5, Burst: burst, Period: time.Second, Shadow: shadow}, Key: "k"}
+					got := decideOne(&ch, []limit.Result{res})
+					want := limit.Combine([]limit.Check{ch}, []limit.Result{res}, "")
+					if fmt.Sprint(got) != fmt.Sprint(want) {
+						t.Errorf("%s shadow %v burst %d %+v:\n got %+v\nwant %+v", a, shadow, burst, res, got, want)
+					}
+				}
+			}
 		}
 	}
 }

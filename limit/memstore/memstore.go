@@ -125,9 +125,10 @@ type shard struct {
 	peak   int                    // largest len(m) since m was made
 	// last is the latest time used under mu (see at).
 	last int64
-	// slab is where results are carved from (see results).
+	// slab[used:] is where results are carved from (see results).
 	slab []limit.Result
-	_    [56]byte
+	used int
+	_    [48]byte
 }
 
 // counter is one rate-limit counter and the last rule it was evaluated
@@ -252,12 +253,14 @@ func (sh *shard) results(n int) []limit.Result {
 	if n > slabSize/4 {
 		return make([]limit.Result, n)
 	}
-	if len(sh.slab) < n {
-		sh.slab = make([]limit.Result, slabSize)
+	if len(sh.slab)-sh.used < n {
+		// the only pointer stored; other calls move an index, which
+		// costs no write barrier while the GC runs
+		sh.slab, sh.used = make([]limit.Result, slabSize), 0
 	}
-	r := sh.slab[:n:n]
-	sh.slab = sh.slab[n:]
-	return r
+	i := sh.used
+	sh.used += n
+	return sh.slab[i : i+n : i+n]
 }
 
 func (c *core) shardOf(key string) int {
@@ -270,7 +273,7 @@ func (c *core) shardOf(key string) int {
 func (sh *shard) get(key string, now int64) *counter {
 	st := sh.m[key]
 	if st != nil && st.ExpiresAt <= now {
-		st.State = algo.State{}
+		st.Assign(algo.State{})
 	}
 	return st
 }
@@ -343,7 +346,29 @@ func (c *core) takeOne(checks []limit.Check, cost int64) (limit.Decision, error)
 		}
 	}
 	sh.mu.Unlock()
-	return limit.Combine(checks, res, ""), nil
+	return decideOne(ch, res), nil
+}
+
+// decideOne is limit.Combine(checks, results, "") for a batch of the one
+// check ch that takes no lease, without Combine's general loop: ch decides,
+// and a shadow check never denies.
+func decideOne(ch *limit.Check, results []limit.Result) limit.Decision {
+	r := &results[0]
+	d := limit.Decision{
+		Allowed:    r.Allowed || ch.Rule.Shadow,
+		Rule:       ch.Rule,
+		Limit:      ch.Rule.Limit,
+		Remaining:  r.Remaining,
+		ResetAfter: r.ResetAfter,
+		Results:    results,
+	}
+	if a := ch.Rule.Algorithm; a == limit.TokenBucket || a == limit.GCRA {
+		d.Limit = ch.Rule.Capacity()
+	}
+	if !d.Allowed {
+		d.RetryAfter = r.RetryAfter
+	}
+	return d
 }
 
 // batchSize is the batch size handled without heap allocation.
