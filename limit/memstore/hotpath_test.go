@@ -151,7 +151,8 @@ func TestDecideOneIsCombine(t *testing.T) {
 					{Allowed: false, RetryAfter: limit.Never},
 				} {
 					ch := limit.Check{Rule: limit.Rule{Name: "r", Algorithm: a, Limit: 5, Burst: burst, Period: time.Second, Shadow: shadow}, Key: "k"}
-					got := decideOne(&ch, []limit.Result{res})
+					var got limit.Decision
+					decideOne(&got, &ch, []limit.Result{res})
 					want := limit.Combine([]limit.Check{ch}, []limit.Result{res}, "")
 					if fmt.Sprint(got) != fmt.Sprint(want) {
 						t.Errorf("%s shadow %v burst %d %+v:\n got %+v\nwant %+v", a, shadow, burst, res, got, want)

@@ -302,8 +302,11 @@ func (s *Store) Take(ctx context.Context, checks []limit.Check, cost int64) (lim
 		return limit.Decision{}, err
 	}
 	if len(checks) == 1 && cost >= 1 && checks[0].Key != "" && checks[0].Rule.Algorithm != limit.Concurrency {
-		// Any other error is the rule's, which takeOne reports.
-		return s.c.takeOne(checks, cost)
+		// Any other error is the rule's, which takeOne reports. The
+		// decision is built in place: it is large, and this is the hot path.
+		var d limit.Decision
+		err := s.c.takeOne(checks, cost, &d)
+		return d, err
 	}
 	if err := validate(checks, cost); err != nil {
 		return limit.Decision{}, err
@@ -318,7 +321,7 @@ func (s *Store) Take(ctx context.Context, checks []limit.Check, cost int64) (lim
 // differs from the one the counter was last evaluated under, so that the
 // usual call (the same rule on a counter) skips Rule.Validate; an invalid
 // rule is refused with its Validate error, and nothing is charged.
-func (c *core) takeOne(checks []limit.Check, cost int64) (limit.Decision, error) {
+func (c *core) takeOne(checks []limit.Check, cost int64, d *limit.Decision) error {
 	ch := &checks[0]
 	sh := &c.shards[c.shardOf(ch.Key)]
 	t := c.now()
@@ -328,7 +331,7 @@ func (c *core) takeOne(checks []limit.Check, cost int64) (limit.Decision, error)
 	if st == nil || st.rule != ch.Rule {
 		if err := ch.Rule.Validate(); err != nil {
 			sh.mu.Unlock()
-			return limit.Decision{}, err
+			return err
 		}
 	}
 	res := sh.results(1)
@@ -346,29 +349,27 @@ func (c *core) takeOne(checks []limit.Check, cost int64) (limit.Decision, error)
 		}
 	}
 	sh.mu.Unlock()
-	return decideOne(ch, res), nil
+	decideOne(d, ch, res)
+	return nil
 }
 
-// decideOne is limit.Combine(checks, results, "") for a batch of the one
-// check ch that takes no lease, without Combine's general loop: ch decides,
-// and a shadow check never denies.
-func decideOne(ch *limit.Check, results []limit.Result) limit.Decision {
+// decideOne sets the zero *d to limit.Combine(checks, results, "") for a
+// batch of the one check ch that takes no lease, without Combine's general
+// loop: ch decides, and a shadow check never denies.
+func decideOne(d *limit.Decision, ch *limit.Check, results []limit.Result) {
 	r := &results[0]
-	d := limit.Decision{
-		Allowed:    r.Allowed || ch.Rule.Shadow,
-		Rule:       ch.Rule,
-		Limit:      ch.Rule.Limit,
-		Remaining:  r.Remaining,
-		ResetAfter: r.ResetAfter,
-		Results:    results,
-	}
+	d.Allowed = r.Allowed || ch.Rule.Shadow
+	d.Rule = ch.Rule
+	d.Limit = ch.Rule.Limit
 	if a := ch.Rule.Algorithm; a == limit.TokenBucket || a == limit.GCRA {
 		d.Limit = ch.Rule.Capacity()
 	}
+	d.Remaining = r.Remaining
+	d.ResetAfter = r.ResetAfter
 	if !d.Allowed {
 		d.RetryAfter = r.RetryAfter
 	}
-	return d
+	d.Results = results
 }
 
 // batchSize is the batch size handled without heap allocation.
