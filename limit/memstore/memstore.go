@@ -297,6 +297,10 @@ func (sh *shard) release(key string, st *counter) {
 // Otherwise nothing is charged. Errors: ctx.Err() when ctx is done before
 // any work (nothing charged), limit.ErrNoChecks, limit.ErrInvalidCost,
 // limit.ErrInvalidRule, ErrDuplicateKey.
+//
+// Decision.Results of several decisions may share one allocation (see
+// shard.results); each decision's results are its own, and its capacity
+// is its length, so appending to it copies.
 func (s *Store) Take(ctx context.Context, checks []limit.Check, cost int64) (limit.Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return limit.Decision{}, err
