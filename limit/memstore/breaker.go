@@ -144,7 +144,7 @@ func (s *Store) Evaluate(ctx context.Context, req limit.Request) (limit.Outcome,
 // whether the breaker's gate denied the call.
 func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.BreakerSpec, cost int64, results []limit.Result) (lease string, mr limit.MeterResult, bs limit.BreakerState, gated bool, err error) {
 	var ib, lb [batchSize]int
-	var sb [batchSize]*algo.State
+	var sb [batchSize]*counter
 	idx, locks := ib[:0], lb[:0]
 	for _, ch := range checks {
 		i := c.shardOf(ch.Key)
@@ -170,7 +170,7 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 		c.shards[i].mu.Lock()
 	}
 	defer c.unlock(locks)
-	now := c.now()
+	now := c.at(c.now(), locks)
 
 	// The breaker's gate: an open breaker denies before anything is read.
 	var b algo.Breaker
@@ -290,7 +290,7 @@ func (c *core) updateBreaker(ctx context.Context, spec limit.BreakerSpec, f func
 	sh := &c.shards[c.shardOf(spec.Key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	now := c.now()
+	now := sh.at(c.now())
 	b, held := sh.breaker(spec.Key, now)
 	opened := f(&b, p, now)
 	sh.putBreaker(spec.Key, b, &spec, p, now, held)
@@ -314,7 +314,7 @@ func (s *Store) ReleaseProbe(ctx context.Context, b limit.BreakerSpec) error {
 	sh := &c.shards[c.shardOf(b.Key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	now := c.now()
+	now := sh.at(c.now())
 	if st, held := sh.breaker(b.Key, now); held && algo.BreakerReleaseProbe(&st, now) {
 		sh.putBreaker(b.Key, st, &b, algo.Params(b), now, held)
 	}
@@ -337,7 +337,7 @@ func (s *Store) ListBreakers(ctx context.Context, fn func(limit.BreakerInfo) err
 		batch = batch[:0]
 		sh.mu.Lock()
 		if sh.br != nil {
-			now := c.now()
+			now := sh.at(c.now())
 			for k, b := range sh.br.states {
 				if b.ExpiresAt <= now {
 					continue
@@ -375,7 +375,7 @@ func (s *Store) ResetBreaker(ctx context.Context, key string) (bool, error) {
 	c := s.c
 	sh := &c.shards[c.shardOf(key)]
 	sh.mu.Lock()
-	b, held := sh.breaker(key, c.now())
+	b, held := sh.breaker(key, sh.at(c.now()))
 	if held {
 		delete(sh.br.states, key)
 	}

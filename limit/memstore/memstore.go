@@ -8,9 +8,11 @@
 //   - Time is whole microseconds since Epoch (the Redis store's epoch, so fixed
 //     windows align with wall-clock minutes and hours). It is the wall time of
 //     the store's first clock reading plus the monotonic time elapsed since, so
-//     it never runs backwards, whatever happens to the wall clock. The clock is
-//     read after the locks of a call are taken: two calls on one counter see
-//     times in the order they saw its state.
+//     it never runs backwards, whatever happens to the wall clock. A Take of
+//     one check reads the clock before taking its shard's lock (so that the
+//     lock is held for less time) and every call then uses the later of that
+//     reading and the latest time already used under the locks it holds: two
+//     calls on one counter see times in the order they saw its state.
 //   - A Take is atomic across its checks: all their counters are locked, every
 //     check is evaluated, and only if every enforced (non-shadow) check allows
 //     is each allowing check charged. A batch must not name the same key twice
@@ -113,15 +115,29 @@ type core struct {
 }
 
 // shard is one lock and the counters and usage meters under it, padded to
-// a cache line so that neighbouring locks do not share one. A key's meter
+// two cache lines so that neighbouring locks do not share one. A key's meter
 // lives in the key's shard, like a counter, so one lock order covers both.
 type shard struct {
 	mu     sync.Mutex
-	m      map[string]*algo.State
+	m      map[string]*counter
 	meters map[string]*algo.Meter // made on first use
 	br     *breakerMaps           // made on first use
 	peak   int                    // largest len(m) since m was made
-	_      [24]byte
+	// last is the latest time used under mu (see at).
+	last int64
+	// slab[used:] is where results are carved from (see results).
+	slab []limit.Result
+	used int
+	_    [48]byte
+}
+
+// counter is one rate-limit counter and the last rule it was evaluated
+// under by a single-check Take. That rule passed Rule.Validate, so a check
+// with an equal rule (rules are plain values: equal rules validate alike)
+// need not be validated again; the zero Rule matches no valid rule.
+type counter struct {
+	algo.State
+	rule limit.Rule
 }
 
 // New returns a Store, or an error wrapping ErrInvalidOptions. opts may be nil.
@@ -151,7 +167,7 @@ func New(opts *Options) (*Store, error) {
 		done:        make(chan struct{}),
 	}
 	for i := range c.shards {
-		c.shards[i].m = make(map[string]*algo.State)
+		c.shards[i].m = make(map[string]*counter)
 	}
 	if c.clock == nil {
 		c.base = time.Now()
@@ -190,7 +206,9 @@ func (c *core) sweepEvery(d time.Duration) {
 	}
 }
 
-// now is the store's time in µs since Epoch. Call it with a shard lock held.
+// now reads the store's clock, in µs since Epoch. A reading taken before a
+// lock may be earlier than one another call took later and used under that
+// lock: pass it through at (or core.at) before using it under the lock.
 func (c *core) now() int64 {
 	var elapsed time.Duration
 	if c.clock == nil {
@@ -201,6 +219,50 @@ func (c *core) now() int64 {
 	return c.baseUS + int64(elapsed/time.Microsecond)
 }
 
+// at returns the time of a call holding sh.mu that read the clock at t: t,
+// or the latest time already used under sh.mu if that is later (another
+// call read the clock after t but took the lock first), and records it.
+// Times under one lock therefore never run backwards, which the window
+// algorithms need (an earlier time would reopen a window already left).
+func (sh *shard) at(t int64) int64 {
+	t = max(t, sh.last)
+	sh.last = t
+	return t
+}
+
+// at is shard.at for a call holding the locks of the shards locks.
+func (c *core) at(t int64, locks []int) int64 {
+	for _, i := range locks {
+		t = max(t, c.shards[i].last)
+	}
+	for _, i := range locks {
+		c.shards[i].last = t
+	}
+	return t
+}
+
+// slabSize is the number of results one allocation of results holds.
+const slabSize = 64
+
+// results returns n zeroed results for one decision, carved from the
+// shard's slab: one allocation serves slabSize results, so that a decision
+// costs no allocation of its own. The slice's capacity is n, so appending
+// to it cannot reach another decision's results. A slab stays in memory
+// while any decision carved from it is referenced. Call with sh.mu held.
+func (sh *shard) results(n int) []limit.Result {
+	if n > slabSize/4 {
+		return make([]limit.Result, n)
+	}
+	if len(sh.slab)-sh.used < n {
+		// the only pointer stored; other calls move an index, which
+		// costs no write barrier while the GC runs
+		sh.slab, sh.used = make([]limit.Result, slabSize), 0
+	}
+	i := sh.used
+	sh.used += n
+	return sh.slab[i : i+n : i+n]
+}
+
 func (c *core) shardOf(key string) int {
 	return int(maphash.String(c.seed, key) % uint64(len(c.shards)))
 }
@@ -208,22 +270,22 @@ func (c *core) shardOf(key string) int {
 // get returns key's counter, or nil when the shard holds none. A counter past
 // its expiry is reset in place (a fresh counter is equivalent); release drops
 // it unless it was charged meanwhile. Call with sh.mu held.
-func (sh *shard) get(key string, now int64) *algo.State {
+func (sh *shard) get(key string, now int64) *counter {
 	st := sh.m[key]
 	if st != nil && st.ExpiresAt <= now {
-		*st = algo.State{}
+		st.Assign(algo.State{})
 	}
 	return st
 }
 
 // put stores a counter charged for the first time.
-func (sh *shard) put(key string, st *algo.State) {
+func (sh *shard) put(key string, st *counter) {
 	sh.m[key] = st
 	sh.peak = max(sh.peak, len(sh.m))
 }
 
 // release drops key's counter st (as returned by get) if it holds nothing.
-func (sh *shard) release(key string, st *algo.State) {
+func (sh *shard) release(key string, st *counter) {
 	if st != nil && (!st.Used || st.Leases != nil && len(st.Leases) == 0) {
 		delete(sh.m, key)
 	}
@@ -235,58 +297,98 @@ func (sh *shard) release(key string, st *algo.State) {
 // Otherwise nothing is charged. Errors: ctx.Err() when ctx is done before
 // any work (nothing charged), limit.ErrNoChecks, limit.ErrInvalidCost,
 // limit.ErrInvalidRule, ErrDuplicateKey.
+//
+// Decision.Results of several decisions may share one allocation (see
+// shard.results); each decision's results are its own, and its capacity
+// is its length, so appending to it copies.
 func (s *Store) Take(ctx context.Context, checks []limit.Check, cost int64) (limit.Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return limit.Decision{}, err
 	}
+	if len(checks) == 1 && cost >= 1 && checks[0].Key != "" && checks[0].Rule.Algorithm != limit.Concurrency {
+		// Any other error is the rule's, which takeOne reports. The
+		// decision is built in place: it is large, and this is the hot path.
+		var d limit.Decision
+		err := s.c.takeOne(checks, cost, &d)
+		return d, err
+	}
 	if err := validate(checks, cost); err != nil {
 		return limit.Decision{}, err
 	}
-	results := make([]limit.Result, len(checks))
-	var lease string
-	if len(checks) == 1 && checks[0].Rule.Algorithm != limit.Concurrency {
-		results[0] = s.c.takeOne(checks[0], cost)
-	} else {
-		lease = s.c.takeMany(checks, cost, results)
-	}
+	lease, results := s.c.takeMany(checks, cost)
 	return limit.Combine(checks, results, lease), nil
 }
 
-// takeOne is Take for a single check without a lease: its own result decides,
-// so one Eval that charges only when it allows is the whole batch.
-func (c *core) takeOne(ch limit.Check, cost int64) limit.Result {
+// takeOne is Take for a single check without a lease, of a valid cost and
+// a non-empty key: its own result decides, so one Eval that charges only
+// when it allows is the whole batch. The rule is validated only when it
+// differs from the one the counter was last evaluated under, so that the
+// usual call (the same rule on a counter) skips Rule.Validate; an invalid
+// rule is refused with its Validate error, and nothing is charged.
+func (c *core) takeOne(checks []limit.Check, cost int64, d *limit.Decision) error {
+	ch := &checks[0]
 	sh := &c.shards[c.shardOf(ch.Key)]
+	t := c.now()
 	sh.mu.Lock()
-	now := c.now()
-	var res limit.Result
-	if st := sh.get(ch.Key, now); st != nil {
-		res = algo.Eval(ch.Rule, st, now, cost, "", true)
+	now := sh.at(t)
+	st := sh.get(ch.Key, now)
+	if st == nil || st.rule != ch.Rule {
+		if err := ch.Rule.Validate(); err != nil {
+			sh.mu.Unlock()
+			return err
+		}
+	}
+	res := sh.results(1)
+	if st != nil {
+		res[0] = algo.Eval(ch.Rule, &st.State, now, cost, "", true)
+		if st.rule != ch.Rule {
+			st.rule = ch.Rule
+		}
 		sh.release(ch.Key, st)
 	} else {
 		var fresh algo.State
-		res = algo.Eval(ch.Rule, &fresh, now, cost, "", true)
+		res[0] = algo.Eval(ch.Rule, &fresh, now, cost, "", true)
 		if fresh.Used {
-			st := new(algo.State)
-			*st = fresh
-			sh.put(ch.Key, st)
+			sh.put(ch.Key, &counter{State: fresh, rule: ch.Rule})
 		}
 	}
 	sh.mu.Unlock()
-	return res
+	decideOne(d, ch, res)
+	return nil
+}
+
+// decideOne sets the zero *d to limit.Combine(checks, results, "") for a
+// batch of the one check ch that takes no lease, without Combine's general
+// loop: ch decides, and a shadow check never denies.
+func decideOne(d *limit.Decision, ch *limit.Check, results []limit.Result) {
+	r := &results[0]
+	d.Allowed = r.Allowed || ch.Rule.Shadow
+	d.Rule = ch.Rule
+	d.Limit = ch.Rule.Limit
+	if a := ch.Rule.Algorithm; a == limit.TokenBucket || a == limit.GCRA {
+		d.Limit = ch.Rule.Capacity()
+	}
+	d.Remaining = r.Remaining
+	d.ResetAfter = r.ResetAfter
+	if !d.Allowed {
+		d.RetryAfter = r.RetryAfter
+	}
+	d.Results = results
 }
 
 // batchSize is the batch size handled without heap allocation.
 const batchSize = 8
 
 // takeMany evaluates every check without charging, then charges the allowing
-// ones if no enforced check denied. It fills results and returns the lease
+// ones if no enforced check denied. It returns the results and the lease
 // when a concurrency slot was taken.
-func (c *core) takeMany(checks []limit.Check, cost int64, results []limit.Result) (lease string) {
+func (c *core) takeMany(checks []limit.Check, cost int64) (lease string, results []limit.Result) {
 	var ib, lb [batchSize]int
-	var sb [batchSize]*algo.State
+	var sb [batchSize]*counter
 	idx, locks := c.lock(checks, ib[:0], lb[:0])
 	defer c.unlock(locks)
-	now := c.now()
+	now := c.at(c.now(), locks)
+	results = c.shards[locks[0]].results(len(checks))
 	states, admit := c.dryRun(checks, idx, sb[:0], results, now, cost)
 
 	if admit {
@@ -295,13 +397,13 @@ func (c *core) takeMany(checks []limit.Check, cost int64, results []limit.Result
 	for i, st := range states {
 		c.shards[idx[i]].release(checks[i].Key, st)
 	}
-	return lease
+	return lease, results
 }
 
 // dryRun evaluates every check without charging: it appends each check's
 // state (nil when the counter does not exist) to states, fills results, and
 // reports whether every enforced check allows. The shards must be locked.
-func (c *core) dryRun(checks []limit.Check, idx []int, states []*algo.State, results []limit.Result, now, cost int64) ([]*algo.State, bool) {
+func (c *core) dryRun(checks []limit.Check, idx []int, states []*counter, results []limit.Result, now, cost int64) ([]*counter, bool) {
 	admit := true
 	for i, ch := range checks {
 		st := c.shards[idx[i]].get(ch.Key, now)
@@ -310,7 +412,7 @@ func (c *core) dryRun(checks []limit.Check, idx []int, states []*algo.State, res
 			var fresh algo.State
 			results[i] = algo.Eval(ch.Rule, &fresh, now, cost, "", false)
 		} else {
-			results[i] = algo.Eval(ch.Rule, st, now, cost, "", false)
+			results[i] = algo.Eval(ch.Rule, &st.State, now, cost, "", false)
 		}
 		if !results[i].Allowed && !ch.Rule.Shadow {
 			admit = false
@@ -323,7 +425,7 @@ func (c *core) dryRun(checks []limit.Check, idx []int, states []*algo.State, res
 // allowed, taking a lease when a concurrency check is among them; a state
 // the dry run found missing is created (and recorded in states). The
 // shards must be locked.
-func (c *core) commit(checks []limit.Check, results []limit.Result, states []*algo.State, idx []int, now, cost int64) (lease string) {
+func (c *core) commit(checks []limit.Check, results []limit.Result, states []*counter, idx []int, now, cost int64) (lease string) {
 	for i, ch := range checks {
 		if ch.Rule.Algorithm == limit.Concurrency && results[i].Allowed {
 			lease = c.newLease()
@@ -336,12 +438,12 @@ func (c *core) commit(checks []limit.Check, results []limit.Result, states []*al
 		}
 		st := states[i]
 		if st == nil {
-			st = new(algo.State)
+			st = &counter{rule: ch.Rule}
 			c.shards[idx[i]].put(ch.Key, st)
 			states[i] = st
 		}
 		// Same state, time and request as the dry run: same result.
-		algo.Eval(ch.Rule, st, now, cost, lease, true)
+		algo.Eval(ch.Rule, &st.State, now, cost, lease, true)
 	}
 	return lease
 }
@@ -460,12 +562,12 @@ func (c *core) apply(checks []limit.Check, f func(limit.Check, *algo.State, int6
 	var ib, lb [batchSize]int
 	idx, locks := c.lock(checks, ib[:0], lb[:0])
 	defer c.unlock(locks)
-	now := c.now()
+	now := c.at(c.now(), locks)
 	for i, ch := range checks {
 		sh := &c.shards[idx[i]]
 		st := sh.get(ch.Key, now)
 		if st != nil && st.Used {
-			f(ch, st, now)
+			f(ch, &st.State, now)
 		}
 		sh.release(ch.Key, st)
 	}

@@ -126,7 +126,7 @@ func (s *Store) Adjust(ctx context.Context, m limit.Meter, delta limit.Usage) (l
 	sh := &c.shards[c.shardOf(m.Key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	now := c.now()
+	now := sh.at(c.now())
 	exp := expireUS(m.ExpireAt)
 	mt, created, st := algo.MeterOpen(sh.meter(m.Key, now), m, now, exp)
 	if st == algo.MeterOK {
@@ -167,7 +167,7 @@ func (s *Store) ReadMeter(ctx context.Context, key string) (limit.MeterState, bo
 	sh := &c.shards[c.shardOf(key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	mt := sh.meter(key, c.now())
+	mt := sh.meter(key, sh.at(c.now()))
 	if mt == nil {
 		return limit.MeterState{}, false, nil
 	}
@@ -195,7 +195,7 @@ func (s *Store) MarkFlushed(ctx context.Context, key string, u limit.Usage) erro
 	sh := &c.shards[c.shardOf(key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if mt := sh.meter(key, c.now()); mt != nil {
+	if mt := sh.meter(key, sh.at(c.now())); mt != nil {
 		algo.MeterMarkFlushed(mt, u)
 	}
 	return nil
@@ -227,7 +227,7 @@ func (s *Store) ScanMeters(ctx context.Context, fn func(limit.MeterState) error)
 		sh := &c.shards[i]
 		batch = batch[:0]
 		sh.mu.Lock()
-		now := c.now()
+		now := sh.at(c.now())
 		for k, mt := range sh.meters {
 			if mt.ExpiresAt > now && !mt.Flushed.Covers(mt.Live) {
 				batch = append(batch, state(k, mt))

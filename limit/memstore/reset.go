@@ -26,7 +26,7 @@ func (s *Store) Reset(ctx context.Context, keys []string) (int, error) {
 	for _, k := range keys {
 		sh := &c.shards[c.shardOf(k)]
 		sh.mu.Lock()
-		if st := sh.get(k, c.now()); st != nil {
+		if st := sh.get(k, sh.at(c.now())); st != nil {
 			if st.Used {
 				n++
 			}

@@ -3,8 +3,6 @@ package memstore
 import (
 	"maps"
 	"time"
-
-	"github.com/mcpgate/mcpgate/limit/internal/algo"
 )
 
 // shrinkMin is the size below which a shard's map is never rebuilt: small
@@ -21,7 +19,7 @@ func (c *core) sweep() {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
-		now := c.now()
+		now := sh.at(c.now())
 		for k, st := range sh.m {
 			if st.ExpiresAt <= now || !st.Used {
 				delete(sh.m, k)
@@ -48,7 +46,7 @@ func (c *core) sweep() {
 		// has emptied far below its peak, so a burst of keys is not kept
 		// forever.
 		if sh.peak >= shrinkMin && len(sh.m) <= sh.peak/4 {
-			m := make(map[string]*algo.State, len(sh.m))
+			m := make(map[string]*counter, len(sh.m))
 			maps.Copy(m, sh.m)
 			sh.m, sh.peak = m, len(m)
 		}
@@ -108,7 +106,7 @@ func (s *Store) TTL(key string) (time.Duration, bool) {
 	sh := &c.shards[c.shardOf(key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	now := c.now()
+	now := sh.at(c.now())
 	var br breakerMaps
 	if sh.br != nil {
 		br = *sh.br

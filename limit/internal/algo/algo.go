@@ -34,6 +34,18 @@ type State struct {
 	ExpiresAt int64
 }
 
+// Assign sets *s to v, which must hold no Log and no Leases: it is *s = v,
+// except that pointers of s already nil are not cleared again. Clearing
+// them costs write barriers while the garbage collector runs, and the
+// counter of a hot key is written on every call.
+func (s *State) Assign(v State) {
+	if s.Log != nil || s.Leases != nil {
+		*s = v
+		return
+	}
+	s.Used, s.A, s.B, s.C, s.ExpiresAt = v.Used, v.A, v.B, v.C, v.ExpiresAt
+}
+
 func us(d time.Duration) int64 { return d.Microseconds() }
 
 func dur(us int64) time.Duration {
@@ -45,6 +57,17 @@ func dur(us int64) time.Duration {
 
 // ceilDiv is ceil(a/b) for a >= 0, b > 0.
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// refillTime is the time a token bucket of r takes to refill from empty,
+// ceilDiv(full, r.Limit) with full = r.Capacity()*p: exactly p when the
+// capacity is the limit (the usual rule without a Burst), which spares the
+// hot path a 64-bit division.
+func refillTime(r limit.Rule, full, p int64) int64 {
+	if full == r.Limit*p {
+		return p
+	}
+	return ceilDiv(full, r.Limit)
+}
 
 // Interval is GCRA's emission interval: Period/Limit rounded up, so the
 // enforced rate never exceeds the configured one.
@@ -81,7 +104,7 @@ func Eval(r limit.Rule, s *State, now, cost int64, lease string, commit bool) li
 		if res.Allowed {
 			n += cost
 			if commit {
-				*s = State{Used: true, A: ws, B: n, ExpiresAt: ws + p}
+				s.Assign(State{Used: true, A: ws, B: n, ExpiresAt: ws + p})
 			}
 		}
 		res.Remaining = r.Limit - n
@@ -104,7 +127,7 @@ func Eval(r limit.Rule, s *State, now, cost int64, lease string, commit bool) li
 		if res.Allowed {
 			cur += cost
 			if commit {
-				*s = State{Used: true, A: ws, B: cur, C: prev, ExpiresAt: ws + 2*p}
+				s.Assign(State{Used: true, A: ws, B: cur, C: prev, ExpiresAt: ws + 2*p})
 			}
 		}
 		res.Remaining = max(0, r.Limit-cur-ceilDiv(prev*(p-e), p))
@@ -127,18 +150,19 @@ func Eval(r limit.Rule, s *State, now, cost int64, lease string, commit bool) li
 		full := capacity * p
 		tokens := full
 		if s.Used {
-			elapsed := min(now-s.B, ceilDiv(full, r.Limit))
+			elapsed := min(now-s.B, refillTime(r, full, p))
 			tokens = min(full, s.A+max(0, elapsed)*r.Limit)
 		}
 		res.Allowed = tokens >= cost*p
 		if res.Allowed {
 			tokens -= cost * p
-			if commit {
-				*s = State{Used: true, A: tokens, B: now, ExpiresAt: now + ceilDiv(full-tokens, r.Limit)}
-			}
+		}
+		refill := ceilDiv(full-tokens, r.Limit)
+		if res.Allowed && commit {
+			s.Assign(State{Used: true, A: tokens, B: now, ExpiresAt: now + refill})
 		}
 		res.Remaining = tokens / p
-		res.ResetAfter = dur(ceilDiv(full-tokens, r.Limit))
+		res.ResetAfter = dur(refill)
 		if !res.Allowed {
 			res.RetryAfter = dur(ceilDiv(cost*p-tokens, r.Limit))
 		}
@@ -155,7 +179,7 @@ func Eval(r limit.Rule, s *State, now, cost int64, lease string, commit bool) li
 		if res.Allowed {
 			tat = next
 			if commit {
-				*s = State{Used: true, A: tat, ExpiresAt: tat}
+				s.Assign(State{Used: true, A: tat, ExpiresAt: tat})
 			}
 		}
 		res.Remaining = (tau - (tat - now)) / t
@@ -260,7 +284,7 @@ func Refund(r limit.Rule, s *State, now, cost int64, lease string) {
 		}
 	case limit.TokenBucket:
 		full := r.Capacity() * p
-		elapsed := min(now-s.B, ceilDiv(full, r.Limit))
+		elapsed := min(now-s.B, refillTime(r, full, p))
 		tokens := min(full, s.A+max(0, elapsed)*r.Limit+cost*p)
 		s.A, s.B = tokens, now
 		s.ExpiresAt = now + ceilDiv(full-tokens, r.Limit)

@@ -604,3 +604,19 @@ func TestExtremes(t *testing.T) {
 		}
 	}
 }
+
+// Assign is plain assignment for states without Log or Leases, whatever s
+// held before; a field added to State must be added to Assign.
+func TestAssign(t *testing.T) {
+	if n := reflect.TypeFor[State]().NumField(); n != 7 {
+		t.Fatalf("State has %d fields: update Assign", n)
+	}
+	v := State{Used: true, A: 1, B: 2, C: 3, ExpiresAt: 4}
+	for _, before := range []State{{}, {Used: true, A: 9, B: 9, C: 9, ExpiresAt: 9}, {Log: []int64{1}}, {Leases: map[string]int64{"x": 1}}} {
+		s := before
+		s.Assign(v)
+		if !reflect.DeepEqual(s, v) {
+			t.Errorf("Assign over %+v = %+v, want %+v", before, s, v)
+		}
+	}
+}
