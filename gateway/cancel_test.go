@@ -65,9 +65,10 @@ func TestCancelledCallIsNoFailure(t *testing.T) {
 				eventually(t, 10*time.Second, "the cancellation to reach the upstream", func() bool {
 					return e.up.Requests("notifications/cancelled") > before
 				})
-				if n := e.gws[0].inflight.size(); n != 0 {
-					t.Fatalf("%d calls still registered after the cancellation", n)
-				}
+				// The go-sdk client also closes the call's request: the gateway
+				// may tell the upstream first (an abandoned call), then ends
+				// the call.
+				eventually(t, 10*time.Second, "the call to end", func() bool { return e.gws[0].inflight.size() == 0 })
 			}
 			// Breaker closed, slot free: the next call is admitted at once.
 			res, err := callTool(ctx, cs, "slow", map[string]any{"ms": 1})
