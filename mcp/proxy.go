@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -393,7 +394,10 @@ func (x *exchange) relayBody(resp *http.Response) (int, error) {
 	if !inspect {
 		x.copyResponseHeaders(resp)
 		w.WriteHeader(resp.StatusCode)
-		if _, err := io.Copy(w, body); err != nil {
+		buf := copyBufs.Get().(*[]byte)
+		_, err := io.CopyBuffer(w, body, *buf)
+		copyBufs.Put(buf)
+		if err != nil {
 			return resp.StatusCode, x.cause(err)
 		}
 		return resp.StatusCode, nil
@@ -580,3 +584,9 @@ func mediaType(v string) string {
 	}
 	return t
 }
+
+// copyBufs holds the buffers of answers relayed without inspection. The
+// writer the gateway passes wraps the server's (deadlines, status), which
+// hides the server's own pooled ReadFrom: without a pool every relayed
+// answer would allocate io.Copy's 32 KiB buffer.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
