@@ -38,8 +38,9 @@ type counterFilter struct {
 }
 
 // tenantCounters lists, without duplicates and in a stable order, the
-// counters of the tools/call rules of tiers (tier rules and tool rules) for
-// the owner and scopes f selects. Per-tool counters are computed for every
+// counters of the tools/call rules of tiers (tier rules and tool rules) and
+// of the other methods' rules (methodCounters) for the owner and scopes f
+// selects. Per-tool counters are computed for every
 // tool the config lists (or f.tool alone): keys are built from the config,
 // never found by scanning the store.
 func tenantCounters(cfg *policy.Config, tiers []string, f counterFilter) []counter {
@@ -69,6 +70,35 @@ func tenantCounters(cfg *policy.Config, tiers []string, f counterFilter) []count
 					seen[key] = true
 					out = append(out, counter{rule: r, owner: o, check: limit.Check{Rule: r.Rule, Key: key}})
 				}
+			}
+		}
+		out = append(out, methodCounters(cfg, tier, f, seen)...)
+	}
+	return out
+}
+
+// methodCounters are the counters per tenant or per subject of the rules of
+// methods other than tools/call (the built-in default_initialize and
+// default_requests included) in tier, skipping keys in seen. Their per-tool
+// counters key on the prompt or resource a caller named, which the config
+// cannot list: they are left out.
+func methodCounters(cfg *policy.Config, tier string, f counterFilter, seen map[string]bool) []counter {
+	var out []counter
+	for _, m := range append(policy.RequestMethods[:len(policy.RequestMethods):len(policy.RequestMethods)], "") {
+		if m == policy.MethodToolsCall || f.tool != "" {
+			continue
+		}
+		rules, _ := cfg.RulesForMethod(tier, m)
+		for _, r := range rules {
+			bySubject := r.Per == keyspace.PerSubject
+			if (r.Per != keyspace.PerTenant && !bySubject) || (bySubject && (!f.subjects || f.subject == "")) || (!bySubject && !f.tenantWide) {
+				continue
+			}
+			o := keyspace.Owner{Tenant: f.tenant, Subject: f.subject}
+			key := keyspace.Counter(r.Per, string(r.Algorithm), r.Name, o)
+			if !seen[key] {
+				seen[key] = true
+				out = append(out, counter{rule: r, owner: o, check: limit.Check{Rule: r.Rule, Key: key}})
 			}
 		}
 	}
