@@ -331,32 +331,9 @@ func (m *Message) parseParams() *Error {
 	if m.Params == nil || m.Params[0] != '{' {
 		return invalid("%s needs params with a %q", m.Method, nameField)
 	}
-	fields := []string{nameField, "arguments", "task"}
-	var raw [3]json.RawMessage
-	var problem string
-	s := scanner{data: m.Params}
-	err := s.object(func(key string) error {
-		v, err := s.skipValue()
-		if err != nil {
-			return err
-		}
-		if i, exact := lookupField(fields, key); i >= 0 {
-			switch {
-			case !exact:
-				problem = setProblem(problem, "params member "+strconv.Quote(key)+" is ambiguous")
-			case raw[i] != nil:
-				problem = setProblem(problem, "duplicate params member "+strconv.Quote(key))
-			default:
-				raw[i] = v
-			}
-		}
-		return nil
-	})
-	if err != nil { // cannot happen: the whole body was validated
-		return invalid("params: %v", err)
-	}
+	raw, problem := members(m.Params, nameField, "arguments", "task")
 	if problem != "" {
-		return invalid("%s", problem)
+		return invalid("params: %s", problem)
 	}
 	name, ok := decodeString(raw[0])
 	if !ok {
