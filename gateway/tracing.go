@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"net/http"
+	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -48,6 +49,39 @@ type tracing struct {
 	prop   propagation.TraceContext
 }
 
+// Span names of the methods MCP defines (and the HTTP methods and
+// "response"), made once: the name of nearly every span is one of these.
+// A method not listed (the client chooses it) is named per request, never
+// added, so the maps' size stays fixed.
+var (
+	serverSpanNames   = spanNames("mcp ")
+	upstreamSpanNames = spanNames("upstream ")
+)
+
+func spanNames(prefix string) map[string]string {
+	methods := []string{
+		http.MethodGet, http.MethodPost, http.MethodDelete, "response", "ping",
+		mcp.MethodInitialize, mcp.MethodInitialized, mcp.MethodToolsList, mcp.MethodToolsCall,
+		mcp.MethodPromptsList, mcp.MethodPromptsGet, mcp.MethodResourcesList, mcp.MethodResourcesRead,
+		mcp.MethodResourceTemplatesList, mcp.MethodResourcesSubscribe, mcp.MethodResourcesUnsubscribe,
+		mcp.MethodSubscriptionsListen, "notifications/cancelled", "notifications/progress",
+		"notifications/roots/list_changed", "completion/complete", "logging/setLevel",
+	}
+	m := make(map[string]string, len(methods))
+	for _, v := range methods {
+		m[v] = prefix + v
+	}
+	return m
+}
+
+// spanName is prefix+method, from names when listed there.
+func spanName(names map[string]string, prefix, method string) string {
+	if n, ok := names[method]; ok {
+		return n
+	}
+	return prefix + method
+}
+
 // newTracing returns the tracing of tp, nil (off) for a nil tp.
 func newTracing(tp trace.TracerProvider) *tracing {
 	if tp == nil {
@@ -57,17 +91,47 @@ func newTracing(tp trace.TracerProvider) *tracing {
 }
 
 // requestSpan is the server span of one request and what its end needs.
-// It is used by the request's goroutines one at a time (the stages run in
-// sequence), except decision, which only the request goroutine writes.
+// The request's stages add attributes to attrs, set on the span in one
+// call when it ends: every SetAttributes call locks the span and may grow
+// its attribute slice, and a request adds up to a dozen. mu guards all
+// fields, since a stage's goroutine may outlive the handler; what is added
+// after end is dropped, as the SDK drops attributes set after End. A
+// non-recording span (sampled out) collects nothing.
 type requestSpan struct {
-	span     trace.Span
+	span      trace.Span
+	recording bool
+
+	mu       sync.Mutex
+	ended    bool
+	name     string // the span's name once the method is known
 	decision string
+	attrs    []attribute.KeyValue // backed by buf
+	buf      [maxRequestAttrs]attribute.KeyValue
+}
+
+// maxRequestAttrs is how many attributes a request's stages add at most
+// (method, tenant, tier, tool, decision, rule, scope, degraded, denial
+// cache, cache, upstream status, HTTP status); more only costs a grow.
+const maxRequestAttrs = 12
+
+// add records attributes for the span's end.
+func (rs *requestSpan) add(kv ...attribute.KeyValue) {
+	rs.mu.Lock()
+	if !rs.ended {
+		rs.attrs = append(rs.attrs, kv...)
+	}
+	rs.mu.Unlock()
 }
 
 type requestSpanKey struct{}
 
+// requestSpanFrom is ctx's server span, nil without one or when it is not
+// recording.
 func requestSpanFrom(ctx context.Context) *requestSpan {
 	rs, _ := ctx.Value(requestSpanKey{}).(*requestSpan)
+	if rs == nil || !rs.recording {
+		return nil
+	}
 	return rs
 }
 
@@ -78,9 +142,17 @@ func (t *tracing) wrap(next http.HandlerFunc) http.HandlerFunc {
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := t.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		ctx, span := t.tracer.Start(ctx, "mcp "+r.Method, trace.WithSpanKind(trace.SpanKindServer),
+		ctx, span := t.tracer.Start(ctx, spanName(serverSpanNames, "mcp ", r.Method), trace.WithSpanKind(trace.SpanKindServer),
 			trace.WithAttributes(attrHTTPMethod.String(r.Method)))
-		rs := &requestSpan{span: span}
+		if !span.IsRecording() {
+			// Sampled out: the context still carries the span, whose
+			// (unsampled) traceparent goes upstream; nothing is recorded.
+			next(w, r.WithContext(ctx))
+			span.End()
+			return
+		}
+		rs := &requestSpan{span: span, recording: true}
+		rs.attrs = rs.buf[:0]
 		sw := &statusWriter{ResponseWriter: w}
 		next(sw, r.WithContext(context.WithValue(ctx, requestSpanKey{}, rs)))
 		rs.end(sw.status)
@@ -91,12 +163,19 @@ func (rs *requestSpan) end(status int) {
 	if status == 0 {
 		status = http.StatusOK // nothing written: net/http answers 200
 	}
-	rs.span.SetAttributes(attrHTTPStatus.Int(status))
+	rs.mu.Lock()
+	rs.ended = true
 	decision := rs.decision
 	if decision == "" {
 		decision = decisionOf(status)
 	}
-	rs.span.SetAttributes(attrDecision.String(decision))
+	attrs := append(rs.attrs, attrHTTPStatus.Int(status), attrDecision.String(decision))
+	name := rs.name
+	rs.mu.Unlock()
+	if name != "" {
+		rs.span.SetName(name)
+	}
+	rs.span.SetAttributes(attrs...)
 	if status >= 500 {
 		rs.span.SetStatus(codes.Error, http.StatusText(status))
 	}
@@ -136,11 +215,16 @@ func (t *tracing) message(ctx context.Context, p auth.Principal, msg *mcp.Messag
 	if name == "" {
 		name = "response"
 	}
-	rs.span.SetName("mcp " + name)
-	rs.span.SetAttributes(attrMethod.String(name), attrTenant.String(p.Tenant), attrTier.String(p.Tier))
+	attrs := [4]attribute.KeyValue{attrMethod.String(name), attrTenant.String(p.Tenant), attrTier.String(p.Tier)}
+	n := 3
 	if msg.ToolName != "" {
-		rs.span.SetAttributes(attrTool.String(msg.ToolName))
+		attrs[n] = attrTool.String(msg.ToolName)
+		n++
 	}
+	rs.mu.Lock()
+	rs.name = spanName(serverSpanNames, "mcp ", name)
+	rs.mu.Unlock()
+	rs.add(attrs[:n]...)
 }
 
 // cache records a cacheable call's cache outcome (hit, miss, stale,
@@ -150,7 +234,7 @@ func (t *tracing) cache(ctx context.Context, outcome string) {
 		return
 	}
 	if rs := requestSpanFrom(ctx); rs != nil {
-		rs.span.SetAttributes(attrCache.String(outcome))
+		rs.add(attrCache.String(outcome))
 	}
 }
 
@@ -178,8 +262,10 @@ func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limi
 	span.SetAttributes(attrs[0])
 	span.End()
 	if rs := requestSpanFrom(ctx); rs != nil {
+		rs.mu.Lock()
 		rs.decision = decision
-		rs.span.SetAttributes(attrs...)
+		rs.mu.Unlock()
+		rs.add(attrs[1:]...) // the decision goes on at the end, once
 	}
 	return v
 }
@@ -210,18 +296,18 @@ func (g *Gateway) serveUpstream(w http.ResponseWriter, r *http.Request, rt *runt
 	if t == nil {
 		return rt.proxy.Serve(w, r, fwd)
 	}
-	name := "upstream " + r.Method
+	name := spanName(upstreamSpanNames, "upstream ", r.Method)
 	if fwd.Msg != nil && fwd.Msg.Method != "" {
-		name = "upstream " + fwd.Msg.Method
+		name = spanName(upstreamSpanNames, "upstream ", fwd.Msg.Method)
 	}
 	ctx, span := t.tracer.Start(r.Context(), name, trace.WithSpanKind(trace.SpanKindClient))
-	h := make(http.Header, len(fwd.Header)+2)
-	for k, v := range fwd.Header {
-		h[k] = v
+	// fwd.Header is this request's own (identityHeaders makes it per
+	// request), so the span's context goes straight into it.
+	if fwd.Header == nil {
+		fwd.Header = make(http.Header, 2)
 	}
-	h["Tracestate"] = nil // replaces the caller's, unless the span has one
-	t.prop.Inject(ctx, propagation.HeaderCarrier(h))
-	fwd.Header = h
+	fwd.Header["Tracestate"] = nil // replaces the caller's, unless the span has one
+	t.prop.Inject(ctx, propagation.HeaderCarrier(fwd.Header))
 	status, err := rt.proxy.Serve(w, r, fwd)
 	span.SetAttributes(attrHTTPStatus.Int(status))
 	if err != nil || status >= 500 {
@@ -234,7 +320,7 @@ func (g *Gateway) serveUpstream(w http.ResponseWriter, r *http.Request, rt *runt
 	}
 	span.End()
 	if rs := requestSpanFrom(r.Context()); rs != nil {
-		rs.span.SetAttributes(attrUpstreamStatus.Int(status))
+		rs.add(attrUpstreamStatus.Int(status))
 	}
 	return status, err
 }

@@ -303,3 +303,48 @@ func TestTracingOff(t *testing.T) {
 		}
 	}
 }
+
+// TestTracingSampledOut: a caller's unsampled traceparent makes the default
+// sampler (parentbased_always_on) record nothing, yet the upstream still
+// receives the trace, unsampled, and the call is served as usual.
+func TestTracingSampledOut(t *testing.T) {
+	rc := &receiver{}
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", startReceiver(t, rc, metrics.ProtocolHTTP)+"/v1/traces")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "")
+	t.Setenv("OTEL_SDK_DISABLED", "")
+	t.Setenv("OTEL_TRACES_SAMPLER", "")
+	shutdown, err := metrics.SetupTracing(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}, TracerProvider: metrics.TracerProvider()})
+	const traceID = "0af7651916cd43dd8448eb211c80319c"
+	if r := post(t, e.mcpURL(0), token(t, "acme", "alice"), callBody(1, "echo", map[string]any{"text": "x"}), http.Header{"Traceparent": {"00-" + traceID + "-b7ad6b7169203331-00"}}); r.Status != http.StatusOK {
+		t.Fatalf("call: %d %s", r.Status, r.Body)
+	}
+	if err := shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if spans := rc.all(); len(spans) != 0 {
+		t.Errorf("%d spans exported for an unsampled trace, want none", len(spans))
+	}
+	posts := 0
+	for _, r := range e.requests() {
+		if r.Method != http.MethodPost {
+			continue
+		}
+		posts++
+		tp := strings.Split(r.Header.Get("Traceparent"), "-")
+		if len(tp) != 4 || tp[1] != traceID || tp[3] != "00" {
+			t.Errorf("upstream got traceparent %q, want trace %s unsampled", r.Header.Get("Traceparent"), traceID)
+		}
+		if r.Header.Get("X-Mcp-Tenant") != "acme" {
+			t.Errorf("upstream got X-Mcp-Tenant %q, want acme (identity headers kept)", r.Header.Get("X-Mcp-Tenant"))
+		}
+	}
+	if posts == 0 {
+		t.Fatal("no POST reached the upstream")
+	}
+}
