@@ -47,7 +47,10 @@ func buildMcpgate(t *testing.T, dir string) string {
 	t.Helper()
 	bin := filepath.Join(dir, "mcpgate")
 	goBin, err := exec.LookPath("go")
-	if err != nil {
+	switch {
+	case err != nil && os.Getenv("CI") != "true":
+		t.Skip("no go command to build mcpgate")
+	case err != nil: // in CI a missing tool fails, never skips
 		t.Fatalf("the go command is needed to build mcpgate: %v", err)
 	}
 	cmd := exec.Command(goBin, "build", "-o", bin, "./cmd/mcpgate")
@@ -230,9 +233,6 @@ func durableTotal(t *testing.T, db, tenant, period string) limit.Usage {
 // was counted in the next phase, which then looked as if it had served a
 // call that was never charged.
 func TestUsageSurvivesKillAndSIGTERM(t *testing.T) {
-	if _, err := exec.LookPath("go"); err != nil && os.Getenv("CI") != "true" {
-		t.Skip("no go command to build mcpgate")
-	}
 	start := time.Now()
 	dir := t.TempDir()
 	bin := buildMcpgate(t, dir)
