@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/mcpgate/mcpgate/limit"
@@ -45,15 +44,11 @@ type deniedText struct {
 // learns the retry time; a tool result reaches it. The answer is JSON even
 // when the client accepts SSE: Streamable HTTP lets the server choose.
 func writeDeniedResult(w http.ResponseWriter, id json.RawMessage, d limit.Decision, scope string, now time.Time) {
-	ra := retryAfterSeconds(d)
-	setRateHeaders(w.Header(), d, now)
-	w.Header().Set("Retry-After", strconv.FormatInt(ra, 10))
+	data := denialHeaders(w, d, scope, now)
 	body, err := json.Marshal(deniedResult{
-		Content: []deniedText{{Type: "text", Text: denialText(d, scope, ra)}},
-		StructuredContent: deniedData{
-			Scope: scope, Rule: d.Rule.Name, Limit: d.Limit, Remaining: d.Remaining, RetryAfterSeconds: ra,
-		},
-		IsError: true,
+		Content:           []deniedText{{Type: "text", Text: denialText(d, scope, data.RetryAfterSeconds)}},
+		StructuredContent: data,
+		IsError:           true,
 	})
 	if err != nil { // cannot happen: strings and integers only
 		writeDenied(w, id, d, scope, now)

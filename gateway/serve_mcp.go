@@ -422,19 +422,25 @@ type deniedData struct {
 	RetryAfterSeconds int64  `json:"retry_after_seconds"`
 }
 
-// writeDenied answers a denied call: 429, Retry-After, rate-limit headers and
-// a JSON-RPC error carrying the request's id and code -33029.
-func writeDenied(w http.ResponseWriter, id json.RawMessage, d limit.Decision, scope string, now time.Time) {
+// denialHeaders sets Retry-After and the rate-limit headers of a denial
+// and returns the data both denial answers carry (the 429's error.data, a
+// result's structuredContent).
+func denialHeaders(w http.ResponseWriter, d limit.Decision, scope string, now time.Time) deniedData {
 	ra := retryAfterSeconds(d)
 	setRateHeaders(w.Header(), d, now)
 	w.Header().Set("Retry-After", strconv.FormatInt(ra, 10))
-	msg := fmt.Sprintf("rate limit exceeded (%s rule %q); retry in %ds", scope, d.Rule.Name, ra)
+	return deniedData{Scope: scope, Rule: d.Rule.Name, Limit: d.Limit, Remaining: d.Remaining, RetryAfterSeconds: ra}
+}
+
+// writeDenied answers a denied call: 429, Retry-After, rate-limit headers and
+// a JSON-RPC error carrying the request's id and code -33029.
+func writeDenied(w http.ResponseWriter, id json.RawMessage, d limit.Decision, scope string, now time.Time) {
+	data := denialHeaders(w, d, scope, now)
+	msg := fmt.Sprintf("rate limit exceeded (%s rule %q); retry in %ds", scope, d.Rule.Name, data.RetryAfterSeconds)
 	if d.RetryAfter == limit.Never {
 		msg = fmt.Sprintf("call cost exceeds the capacity of %s rule %q: it can never be admitted", scope, d.Rule.Name)
 	}
-	mcp.WriteError(w, http.StatusTooManyRequests, id, CodeRateLimited, msg, deniedData{
-		Scope: scope, Rule: d.Rule.Name, Limit: d.Limit, Remaining: d.Remaining, RetryAfterSeconds: ra,
-	})
+	mcp.WriteError(w, http.StatusTooManyRequests, id, CodeRateLimited, msg, data)
 }
 
 // writeMCPError writes a parse error from package mcp.
