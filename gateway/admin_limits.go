@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"time"
@@ -46,7 +47,7 @@ type counterFilter struct {
 func tenantCounters(cfg *policy.Config, tiers []string, f counterFilter) []counter {
 	tools := []string{f.tool}
 	if f.tool == "" {
-		tools = append(tools, sortedKeys(cfg.Tools)...)
+		tools = append(tools, slices.Sorted(maps.Keys(cfg.Tools))...)
 	}
 	var out []counter
 	seen := map[string]bool{}
@@ -103,15 +104,6 @@ func methodCounters(cfg *policy.Config, tier string, f counterFilter, seen map[s
 		}
 	}
 	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // peekRule is the rule of the check peek adds to a batch of concurrency
@@ -258,7 +250,7 @@ func (g *Gateway) adminResetLimits(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cfg := g.rt.Load().cfg
-	tiers := sortedKeys(cfg.Tiers)
+	tiers := slices.Sorted(maps.Keys(cfg.Tiers))
 	if !slices.Contains(tiers, cfg.DefaultTier) {
 		tiers = append(tiers, cfg.DefaultTier)
 	}
