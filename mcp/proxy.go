@@ -276,7 +276,7 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, f Forward) (status
 	}
 	private := HasCachingHints(r.Header.Get(HeaderProtocolVersion))
 	f.Filter.Private = f.Filter.Private || private
-	x := &exchange{p: p, w: w, r: r, ctx: ctx, f: f, idle: idle, replay: replayFilters(f.ReplayFilters, private)}
+	x := &exchange{p: p, w: w, r: r, ctx: ctx, f: f, idle: idle, private: private}
 	resp, err := p.client.Do(req)
 	if f.OnResponse != nil {
 		f.OnResponse()
@@ -301,7 +301,9 @@ type exchange struct {
 	ctx      context.Context // upstream request context
 	f        Forward
 	idle     *idleTimer // nil: no idle timeout
-	replay   []Filter   // f.ReplayFilters, Private set as for f.Filter
+	private  bool       // the client reads caching hints: filtered lists are marked private
+	replay   []Filter   // f.ReplayFilters, Private set as for f.Filter; built on first use (replayList)
+	replayOK bool       // replay is built
 	reported bool       // OnResult was called
 	answered bool       // the response to f.Msg was relayed (SSE)
 }
@@ -535,10 +537,19 @@ func (x *exchange) eventOut(ev sseEvent) (out []byte, stop error) {
 			return x.answer(ev, m)
 		}
 	}
-	if len(x.replay) == 0 {
+	if len(x.replayList()) == 0 {
 		return ev.raw, nil
 	}
 	return x.screenReplay(ev, m, perr), nil
+}
+
+// replayList returns x.replay, building it the first time an event needs
+// it: most exchanges relay no event that is not their own answer.
+func (x *exchange) replayList() []Filter {
+	if !x.replayOK {
+		x.replay, x.replayOK = replayFilters(x.f.ReplayFilters, x.private), true
+	}
+	return x.replay
 }
 
 // answer relays m, the response to f.Msg carried by ev: filtered when
