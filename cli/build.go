@@ -69,7 +69,7 @@ func buildAuth(ctx context.Context, cfg *policy.Config, log *slog.Logger) (*auth
 
 // sharedStore is the Redis limit store with its client.
 type sharedStore struct {
-	store  limit.Store
+	store  limit.GuardedStore
 	client rueidis.Client
 }
 

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/usage"
 
@@ -96,9 +95,9 @@ func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	store := "memory"
-	if g.guard != nil {
+	if len(g.eng.Stores()) > 1 {
 		store = "redis"
-		if !g.guard.Available() {
+		if !g.eng.StoreAvailable() {
 			store = "redis (unavailable: decisions follow on_error)"
 		}
 	}
@@ -132,8 +131,7 @@ const adminUsageTimeout = 5 * time.Second
 // ahead of the durable total by at most one flush), else the durable total.
 // The tier (for the quota) is the tier parameter or the default tier.
 func (g *Gateway) adminUsage(w http.ResponseWriter, r *http.Request) {
-	m := g.lim.meters
-	if m == nil {
+	if !g.eng.Metered() {
 		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": "usage metering is not configured"})
 		return
 	}
@@ -162,30 +160,21 @@ func (g *Gateway) adminUsage(w http.ResponseWriter, r *http.Request) {
 	// Bounded: a usage store that hangs answers 503 rather than never.
 	ctx, cancel := context.WithTimeout(r.Context(), adminUsageTimeout)
 	defer cancel()
-	rec, found, err := m.durable.Get(ctx, tenant, period)
+	u, updated, live, err := g.eng.Usage(ctx, tenant, period)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "usage store: " + err.Error()})
 		return
 	}
-	u, source := rec.Usage, cfg.Usage.Store
-	var updated *time.Time
-	if found {
-		updated = &rec.UpdatedAt
-	}
-	if st, live, err := m.store.ReadMeter(ctx, keyspace.Usage(tenant, period)); err == nil && live && !rec.Usage.Covers(st.Live) {
-		u, source = st.Live.Max(rec.Usage), "live"
+	source := cfg.Usage.Store
+	if live {
+		source = "live"
 	}
 	writeJSON(w, http.StatusOK, usage.NewReport(tenant, period, tierName, tier.MonthlyQuota, u, updated, source))
 }
 
 // breakerStore is the store holding the loop breakers.
 func (g *Gateway) breakerStore() (limit.GuardedStore, bool) {
-	var s limit.Store = g.lim.local
-	if g.lim.shared != nil {
-		s = g.lim.shared
-	}
-	gs, ok := s.(limit.GuardedStore)
-	return gs, ok
+	return g.eng.Store(), true
 }
 
 // breakerView is a breaker as GET /admin/breakers shows it.
@@ -240,7 +229,7 @@ func (g *Gateway) adminResetBreaker(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "limit store: " + err.Error()})
 		return
 	}
-	g.lim.breakers.forget(key)
+	g.eng.ForgetBreaker(key)
 	if !found {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such breaker", "key": key})
 		return
@@ -268,7 +257,7 @@ func (g *Gateway) adminInvalidate(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": `body needs "tenant" and a non-empty "tags"`})
 		return
 	}
-	n, err := g.invalidate(r.Context(), g.rt.Load(), req.Tenant, req.Tags)
+	n, err := g.eng.Invalidate(r.Context(), req.Tenant, req.Tags)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "cache: " + err.Error()})
 		return

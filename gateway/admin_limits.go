@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/policy"
@@ -157,10 +158,7 @@ func peek(ctx context.Context, store limit.Store, tenant string, checks []limit.
 
 // limitStore is the store the limit stage decides with.
 func (g *Gateway) limitStore() limit.Store {
-	if g.lim.shared != nil {
-		return g.lim.shared
-	}
-	return g.lim.local
+	return g.eng.Store()
 }
 
 // liveView is the live state of one counter in GET /admin/limits.
@@ -276,14 +274,10 @@ func (g *Gateway) adminResetLimits(w http.ResponseWriter, r *http.Request) {
 // fallback of on_error: local), and forgets this instance's denials. n
 // counts the counters the decision store held.
 func (g *Gateway) resetCounters(ctx context.Context, keys []string) (n int, err error) {
-	stores := []limit.Store{g.lim.local}
-	if g.lim.shared != nil {
-		stores = []limit.Store{g.lim.shared, g.lim.local}
-	}
-	for i, s := range stores {
+	for i, s := range g.eng.Stores() {
 		rs, ok := s.(limit.Resetter)
 		if !ok {
-			return 0, fmt.Errorf("%w (%T)", errNoReset, s)
+			return 0, fmt.Errorf("%w (%T)", enforce.ErrNoReset, s)
 		}
 		m, err := rs.Reset(ctx, keys)
 		if err != nil {
@@ -293,6 +287,6 @@ func (g *Gateway) resetCounters(ctx context.Context, keys []string) (n int, err 
 			n = m
 		}
 	}
-	g.lim.denials.forget()
+	g.eng.ForgetDenials()
 	return n, nil
 }

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/mcpgate/mcpgate/enforce"
+
 	"github.com/mcpgate/mcpgate/audit"
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/mcp"
@@ -129,25 +131,23 @@ func (n *auditNote) upstream(status int) string {
 	return "ok"
 }
 
-// noteVerdict records the limiter's verdict on a call and, when it was
+// noteDecision records the engine's decision on a call and, when it was
 // admitted, the cost it is charged.
-func noteVerdict(ctx context.Context, v verdict, cost int64) {
+func noteDecision(ctx context.Context, d enforce.Decision) {
+	noteTrace(ctx, d)
 	n := noteOf(ctx)
 	if n == nil {
 		return
 	}
-	n.decided, n.degraded = true, string(v.degraded)
-	switch {
-	case v.unavailable:
+	n.decided, n.degraded = true, string(d.Degraded)
+	decision, rule, scope := d.Describe()
+	switch decision {
+	case "unavailable":
 		n.decision = auditUnavailable
-	case v.breakerOpen:
-		n.decision, n.scope, n.rule = auditDenied, "breaker", breakerRule
-	case v.quota:
-		n.decision, n.scope, n.rule = auditDenied, "quota", quotaRule
-	case !v.allowed:
-		n.decision, n.scope, n.rule = auditDenied, string(v.scope), v.decision.Rule.Name
+	case "denied":
+		n.decision, n.scope, n.rule = auditDenied, scope, rule
 	default:
-		n.decision, n.rule, n.cost = auditAdmitted, v.decision.Rule.Name, cost
+		n.decision, n.rule, n.cost = auditAdmitted, rule, d.Cost
 	}
 }
 

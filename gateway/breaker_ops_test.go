@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/keyspace"
@@ -118,7 +119,7 @@ breaker:
 	eventually(t, 2*time.Second, "the other instance to let calls pass", func() bool {
 		return a.call(1, "echo", echoArgs).Status == http.StatusOK
 	})
-	if d := time.Since(deleted); d > breakerCacheHold+500*time.Millisecond {
+	if d := time.Since(deleted); d > enforce.BreakerCacheHold+500*time.Millisecond {
 		t.Fatalf("the other instance refused for %v after DELETE", d)
 	}
 	if r := adminReq(t, http.MethodGet, e.base[1]+"/admin/breakers", admin); r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"breakers":[]`) {
@@ -244,7 +245,7 @@ func commandsSince(t *testing.T, c rueidis.Client, before map[string]int64) (int
 // answers), and on a denied key until consecutive_denials opens the breaker.
 // Each loop costs Redis at most one command per 20 calls, counting the
 // commands its scripts run (INFO commandstats). The gateways' clock stands
-// still, so the in-process answers never reach their breakerCacheHold and
+// still, so the in-process answers never reach their enforce.BreakerCacheHold and
 // the count does not depend on how fast a loaded machine runs the loop.
 // Latencies are logged, not judged: a shared machine decides them.
 func TestBreakerRunawayLoop(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 )
 
@@ -71,8 +72,8 @@ breaker:
 		mustPass(t, r, "the next probe")
 		return true
 	})
-	if d := time.Since(gone); d > probeRetry+500*time.Millisecond {
-		t.Fatalf("the breaker refused calls for %v after the probe's client went away, want at most ~%v", d, probeRetry)
+	if d := time.Since(gone); d > enforce.ProbeRetry+500*time.Millisecond {
+		t.Fatalf("the breaker refused calls for %v after the probe's client went away, want at most ~%v", d, enforce.ProbeRetry)
 	}
 	// That probe's success closed the breaker for the other instance too.
 	eventually(t, 2*time.Second, "the other instance to admit", func() bool {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/keyspace"
@@ -117,8 +118,8 @@ func mustDeny(t *testing.T, r *response, scope, what string) int64 {
 	if ra < 1 || ra != d.RetryAfterSeconds {
 		t.Fatalf("%s: Retry-After %d, retry_after_seconds %d: want equal and >= 1", what, ra, d.RetryAfterSeconds)
 	}
-	if scope == "breaker" && d.Rule != breakerRule {
-		t.Fatalf("%s: rule %q, want %q", what, d.Rule, breakerRule)
+	if scope == "breaker" && d.Rule != enforce.BreakerRule {
+		t.Fatalf("%s: rule %q, want %q", what, d.Rule, enforce.BreakerRule)
 	}
 	return ra
 }
@@ -416,7 +417,7 @@ breaker:
 	eventually(t, 2*time.Second, "the other instance to see the breaker closed", func() bool {
 		return a.call(passed[0]+1, "echo", text()).Status == http.StatusOK
 	})
-	if d := time.Since(closed); d > breakerCacheHold+500*time.Millisecond {
+	if d := time.Since(closed); d > enforce.BreakerCacheHold+500*time.Millisecond {
 		t.Fatalf("the other instance refused for %v after the breaker closed", d)
 	}
 

@@ -10,44 +10,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/enforce"
+
 	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/mcp"
-	"github.com/mcpgate/mcpgate/policy"
 )
-
-// toolCaching is what a runtime knows about caching one tool.
-type toolCaching struct {
-	policy      *policy.ToolCache // nil: results not cached
-	tags        *cache.Tags       // tag templates of cached entries
-	invalidates *cache.Tags       // tags dropped after a successful call
-}
-
-// compileCaching compiles the cache settings of every tool of cfg.
-func compileCaching(cfg *policy.Config) (map[string]toolCaching, bool, error) {
-	out := make(map[string]toolCaching)
-	sharedTags := false
-	for name, t := range cfg.Tools {
-		var tc toolCaching
-		var err error
-		if t.Cache != nil {
-			tc.policy = t.Cache
-			if tc.tags, err = cache.CompileTags(t.Cache.Tags); err != nil {
-				return nil, false, fmt.Errorf("tools.%s.cache.tags: %w", name, err)
-			}
-			sharedTags = sharedTags || (t.Cache.Shared && len(t.Cache.Tags) > 0)
-		}
-		if len(t.Invalidates) > 0 {
-			if tc.invalidates, err = cache.CompileTags(t.Invalidates); err != nil {
-				return nil, false, fmt.Errorf("tools.%s.invalidates: %w", name, err)
-			}
-		}
-		if tc.policy != nil || tc.invalidates != nil {
-			out[name] = tc
-		}
-	}
-	return out, sharedTags, nil
-}
 
 // uncacheable is a loader's answer that is not a cacheable result: a
 // JSON-RPC error object, an HTTP failure (5xx, 429, a timeout), or a
@@ -145,7 +112,7 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd mc
 // the answer was an error (for the breaker), the result this caller's own
 // load produced (for a cost correction; nil unless this caller's flight
 // loaded it) and the HTTP status written.
-func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, p auth.Principal, tc toolCaching, call *liveCall) (failed bool, loaded json.RawMessage, status int) {
+func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, plan enforce.CachePlan, call *liveCall) (failed bool, loaded json.RawMessage, status int) {
 	msg := fwd.Msg
 	// bypass forwards the call without the cache, reporting what the
 	// proxy reports (the caller overwrites its own record with the values
@@ -170,32 +137,18 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 	if !cacheableParams(msg.Params) {
 		return bypass()
 	}
-	scope := cache.Tenant(p.Tenant)
-	if tc.policy.Shared {
-		scope = cache.Shared()
-	}
-	key, err := cache.NewKey(scope, msg.ToolName, msg.Arguments)
-	if err != nil {
-		return bypass()
-	}
-	tags, err := tc.tags.Render(msg.Arguments)
-	if err != nil {
-		tags = nil // the entry is still cached, just not tagged
-		g.log.Warn("cache tags cannot be rendered", "tool", msg.ToolName, "err", err)
-	}
-	pol := cache.Policy{TTL: tc.policy.TTL, Jitter: tc.policy.Jitter, NegativeTTL: tc.policy.NegativeTTL, Tags: tags}
 	// The loader may also run after this call returned (an early refresh
 	// started by a hit): it must not touch this call's variables but ran
 	// and lw, which is made for it.
 	var ran atomic.Bool
 	lw := newLeaderWriter(w)
 	call.cached.Store(true)
-	entry, src, err := g.cache.Get(r.Context(), key, func(ctx context.Context) ([]byte, bool, error) {
+	entry, src, err := g.eng.Cache().Get(r.Context(), plan.Key, func(ctx context.Context) ([]byte, bool, error) {
 		ran.Store(true)
 		start := time.Now()
 		defer func() { g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds()) }()
 		return g.load(ctx, r, rt, fwd, lw)
-	}, pol)
+	}, plan.Policy)
 	g.countDegraded(entry)
 	if lw.release() {
 		// This caller's own load streams the answer to it (or, rarely, an
@@ -318,32 +271,4 @@ func writeRPC(w http.ResponseWriter, status int, id json.RawMessage, member stri
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(b.Bytes())
-}
-
-// invalidateAfter drops the cache entries a successful call of a mutating
-// tool made stale. For a forwarded call it runs before the answer is
-// relayed (from the proxy's OnResult), so that the caller's next read
-// cannot get a stale entry.
-func (g *Gateway) invalidateAfter(ctx context.Context, rt *runtime, tenant string, tc toolCaching, args json.RawMessage) {
-	tags, err := tc.invalidates.Render(args)
-	if err != nil || len(tags) == 0 {
-		return
-	}
-	// The caller's answer waits for this: bounded like a slot release.
-	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
-	defer cancel()
-	if _, err := g.invalidate(ctx, rt, tenant, tags); err != nil {
-		g.log.Warn("cache invalidation failed", "tenant", tenant, "tags", tags, "err", err)
-	}
-}
-
-// invalidate drops the tenant's entries with tags, and the shared entries
-// with them when any shared tool is tagged.
-func (g *Gateway) invalidate(ctx context.Context, rt *runtime, tenant string, tags []string) (int, error) {
-	n, err := g.cache.Invalidate(ctx, cache.Tenant(tenant), tags)
-	if err != nil || !rt.sharedTags {
-		return n, err
-	}
-	m, err := g.cache.Invalidate(ctx, cache.Shared(), tags)
-	return n + m, err
 }

@@ -60,7 +60,7 @@ func TestCacheOnAStalledRedisServesUncached(t *testing.T) {
 	redis := testenv.StartRedis(t, nil)
 	e := newEnv(t, setup{Config: cacheConfig, Upstream: jsonUpstream, CacheRedis: redis,
 		CacheOptions: &cache.Options{Timeout: 200 * time.Millisecond}})
-	c := e.gws[0].cache
+	c := e.gws[0].Engine().Cache()
 	tok := token(t, "acme", "alice")
 	q := map[string]any{"query": "stall"}
 	expectResult(t, "up", e.callRaw(0, tok, 1, "search", q), "miss")

@@ -139,7 +139,7 @@ func TestCacheStampedeAcrossInstances(t *testing.T) {
 	}
 
 	if got := e.up.Calls("search"); got != 1 {
-		t.Fatalf("upstream saw %d search calls, want exactly 1 (cache stats: %+v, %+v)", got, e.gws[0].cache.Stats(), e.gws[1].cache.Stats())
+		t.Fatalf("upstream saw %d search calls, want exactly 1 (cache stats: %+v, %+v)", got, e.gws[0].Engine().Cache().Stats(), e.gws[1].Engine().Cache().Stats())
 	}
 	sources := map[string]int{}
 	perInstance := [2]map[string]int{{}, {}}

@@ -2,37 +2,25 @@ package gateway
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
-	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/enforce"
+	"github.com/mcpgate/mcpgate/mcp"
 	"github.com/mcpgate/mcpgate/policy"
 )
 
-// writeCallDenied answers a denied tools/call as mode (Config.DenyAs) says:
+// writeCallDenied answers a denied call as mode (Config.DenyAs) says:
 // writeDenied's 429, or writeDeniedResult's tool result. Either way the
 // denial has already been counted (metrics, the breaker's consecutive
 // denials) and nothing was charged: only the answer differs.
-func writeCallDenied(w http.ResponseWriter, mode policy.DenyMode, id json.RawMessage, d limit.Decision, scope string, now time.Time) {
+func writeCallDenied(w http.ResponseWriter, mode policy.DenyMode, id json.RawMessage, d enforce.Decision, now time.Time) {
 	if mode == policy.DenyResult {
-		writeDeniedResult(w, id, d, scope, now)
+		writeDeniedResult(w, id, d, now)
 		return
 	}
-	writeDenied(w, id, d, scope, now)
-}
-
-// deniedResult is a tools/call result (MCP CallToolResult) that reports a
-// denial to the model.
-type deniedResult struct {
-	Content           []deniedText `json:"content"`
-	StructuredContent deniedData   `json:"structuredContent"`
-	IsError           bool         `json:"isError"`
-}
-
-type deniedText struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
+	writeDenied(w, id, d, now)
 }
 
 // writeDeniedResult answers a denied tools/call with HTTP 200 and a result
@@ -43,35 +31,25 @@ type deniedText struct {
 // (the Go SDK's does not even decode it), so a model behind them never
 // learns the retry time; a tool result reaches it. The answer is JSON even
 // when the client accepts SSE: Streamable HTTP lets the server choose.
-func writeDeniedResult(w http.ResponseWriter, id json.RawMessage, d limit.Decision, scope string, now time.Time) {
-	data := denialHeaders(w, d, scope, now)
-	body, err := json.Marshal(deniedResult{
-		Content:           []deniedText{{Type: "text", Text: denialText(d, scope, data.RetryAfterSeconds)}},
-		StructuredContent: data,
-		IsError:           true,
-	})
+func writeDeniedResult(w http.ResponseWriter, id json.RawMessage, d enforce.Decision, now time.Time) {
+	denialHeaders(w, d, now)
+	body, err := json.Marshal(d.Result())
 	if err != nil { // cannot happen: strings and integers only
-		writeDenied(w, id, d, scope, now)
+		writeDenied(w, id, d, now)
 		return
 	}
 	writeRPC(w, http.StatusOK, id, "result", body)
 }
 
-// denialText is what the model reads: what was limited, and when to retry
-// (in the seconds of retry_after_seconds, so text and data agree).
-func denialText(d limit.Decision, scope string, retrySeconds int64) string {
-	if d.RetryAfter == limit.Never {
-		return fmt.Sprintf("Call refused: its cost exceeds the capacity of %s rule %q, so it can never be admitted. Do not retry it.", scope, d.Rule.Name)
-	}
-	retry := "retry in 1 second."
-	if retrySeconds != 1 {
-		retry = fmt.Sprintf("retry in %d seconds.", retrySeconds)
-	}
-	switch scope {
-	case "quota":
-		return fmt.Sprintf("Monthly quota used up (quota rule %q, %d cost units): %s", d.Rule.Name, d.Limit, retry)
-	case "breaker":
-		return fmt.Sprintf("Loop breaker open (breaker rule %q: too many denied, failed or identical calls in a row): %s", d.Rule.Name, retry)
-	}
-	return fmt.Sprintf("Rate limit reached (%s rule %q): %s", scope, d.Rule.Name, retry)
+// denialHeaders sets Retry-After and the rate-limit headers of a denial.
+func denialHeaders(w http.ResponseWriter, d enforce.Decision, now time.Time) {
+	setRateHeaders(w.Header(), d.Limit, now)
+	w.Header().Set("Retry-After", strconv.FormatInt(enforce.RetryAfterSeconds(d.Limit), 10))
+}
+
+// writeDenied answers a denied call: 429, Retry-After, rate-limit headers and
+// a JSON-RPC error carrying the request's id and code -33029.
+func writeDenied(w http.ResponseWriter, id json.RawMessage, d enforce.Decision, now time.Time) {
+	denialHeaders(w, d, now)
+	mcp.WriteError(w, http.StatusTooManyRequests, id, CodeRateLimited, d.Message(), d.Denial())
 }

@@ -16,6 +16,7 @@ import (
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/limit"
 )
@@ -211,7 +212,7 @@ tiers:
 	}
 	for i := range 3 {
 		res, ra := deniedResultOf(t, e.callRaw(0, tok, 10+i, "echo", map[string]any{"text": "x"}))
-		if want := (denied{Scope: "quota", Rule: quotaRule, Limit: 2, Remaining: 0, RetryAfterSeconds: 3600}); *res.StructuredContent != want || ra != 3600 {
+		if want := (denied{Scope: "quota", Rule: enforce.QuotaRule, Limit: 2, Remaining: 0, RetryAfterSeconds: 3600}); *res.StructuredContent != want || ra != 3600 {
 			t.Fatalf("denial %d: %+v (Retry-After %d), want %+v", i, *res.StructuredContent, ra, want)
 		}
 		if want := `Monthly quota used up (quota rule "monthly_quota", 2 cost units): retry in 3600 seconds.`; res.Content[0].Text != want {
@@ -252,7 +253,7 @@ breaker:
 	}
 	for i := 4; i <= 5; i++ {
 		res, ra := deniedResultOf(t, e.callRaw(i, tok, i, "echo", map[string]any{"text": "x"}))
-		if sc := *res.StructuredContent; sc.Scope != "breaker" || sc.Rule != breakerRule || ra < 1 || ra > 30 {
+		if sc := *res.StructuredContent; sc.Scope != "breaker" || sc.Rule != enforce.BreakerRule || ra < 1 || ra > 30 {
 			t.Fatalf("call %d after 3 denials: %+v (Retry-After %d), want the open breaker's, cooldown 30s", i, sc, ra)
 		}
 		if !strings.HasPrefix(res.Content[0].Text, `Loop breaker open (breaker rule "loop_breaker": `) {
@@ -293,16 +294,15 @@ func TestDenialText(t *testing.T) {
 	cases := []struct {
 		d     limit.Decision
 		scope string
-		ra    int64
 		want  string
 	}{
-		{limit.Decision{Rule: limit.Rule{Name: "per_tenant"}}, "tenant", 42, `Rate limit reached (tenant rule "per_tenant"): retry in 42 seconds.`},
-		{limit.Decision{Rule: limit.Rule{Name: "g"}}, "global", 1, `Rate limit reached (global rule "g"): retry in 1 second.`},
-		{never, "tenant_tool", 60, `Call refused: its cost exceeds the capacity of tenant_tool rule "tiny", so it can never be admitted. Do not retry it.`},
+		{limit.Decision{Rule: limit.Rule{Name: "per_tenant"}, RetryAfter: 42 * time.Second}, "tenant", `Rate limit reached (tenant rule "per_tenant"): retry in 42 seconds.`},
+		{limit.Decision{Rule: limit.Rule{Name: "g"}, RetryAfter: time.Millisecond}, "global", `Rate limit reached (global rule "g"): retry in 1 second.`},
+		{never, "tenant_tool", `Call refused: its cost exceeds the capacity of tenant_tool rule "tiny", so it can never be admitted. Do not retry it.`},
 	}
 	for _, c := range cases {
-		if got := denialText(c.d, c.scope, c.ra); got != c.want {
-			t.Errorf("denialText(%s) = %q, want %q", c.d.Rule.Name, got, c.want)
+		if got := (enforce.Decision{Limit: c.d, Scope: c.scope}).Text(); got != c.want {
+			t.Errorf("Text(%s) = %q, want %q", c.d.Rule.Name, got, c.want)
 		}
 	}
 }

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/limit"
@@ -55,7 +55,7 @@ func TestStoreFailurePolicies(t *testing.T) {
 	redis := testenv.StartRedis(t, nil)
 	calls := &storeCalls{}
 	e := newEnv(t, setup{Config: failureConfig, Redis: redis, Upstream: upstream.Options{Stateless: true, JSONResponse: true},
-		WrapStore: func(s *redisstore.Store) limit.Store { calls.Store = s; return calls }})
+		WrapStore: func(s *redisstore.Store) limit.GuardedStore { calls.Store = s; return calls }})
 	g := e.gws[0]
 	tok := token(t, "acme", "alice")
 	call := func(tool string, id any) *response {
@@ -131,7 +131,7 @@ func TestStoreFailurePolicies(t *testing.T) {
 	}
 
 	// The breaker is open: no call waits for Redis.
-	if g.guard.Available() {
+	if g.Engine().StoreAvailable() {
 		t.Fatal("store breaker still closed after repeated failures")
 	}
 	reached := calls.n.Load()
@@ -178,7 +178,7 @@ func TestStoreFailurePolicies(t *testing.T) {
 	eventually(t, 10*time.Second, "decisions to go back to Redis", func() bool {
 		return call("llm_complete", 0).Status == http.StatusOK
 	})
-	if !g.guard.Available() {
+	if !g.Engine().StoreAvailable() {
 		t.Fatal("store breaker open after recovery")
 	}
 	client := redis.Client(t)
@@ -248,7 +248,7 @@ func TestStoreBreakerSkipsHungStore(t *testing.T) {
 	redis := testenv.StartRedis(t, nil)
 	calls := &storeCalls{}
 	e := newEnv(t, setup{Redis: redis, Upstream: upstream.Options{Stateless: true, JSONResponse: true},
-		WrapStore: func(s *redisstore.Store) limit.Store { calls.Store = s; return calls }, Config: `
+		WrapStore: func(s *redisstore.Store) limit.GuardedStore { calls.Store = s; return calls }, Config: `
 store:
   redis: "@@REDIS@@"
   timeout: 25ms
@@ -269,7 +269,7 @@ tools:
 	before := calls.n.Load()
 	// Until the breaker opens, each call waits for the 25ms deadline.
 	var tripped int
-	for g.guard.Available() {
+	for g.Engine().StoreAvailable() {
 		start := time.Now()
 		r := e.callRaw(0, tok, tripped, "search", failureArgs)
 		if r.Status != http.StatusServiceUnavailable {
@@ -279,12 +279,12 @@ tools:
 			t.Fatalf("call %d before the breaker opened took %v: it did not wait for the store", tripped, el)
 		}
 		tripped++
-		if tripped > DefaultStoreFailures {
+		if tripped > enforce.DefaultStoreFailures {
 			t.Fatalf("breaker still closed after %d timeouts", tripped)
 		}
 	}
-	if tripped != DefaultStoreFailures {
-		t.Fatalf("breaker opened after %d timeouts, want %d", tripped, DefaultStoreFailures)
+	if tripped != enforce.DefaultStoreFailures {
+		t.Fatalf("breaker opened after %d timeouts, want %d", tripped, enforce.DefaultStoreFailures)
 	}
 	// With the breaker open, calls are answered without the store (and so
 	// without waiting for its deadline).
@@ -297,7 +297,7 @@ tools:
 		t.Fatalf("%d calls reached the hung store, want %d (those before the breaker opened)", n, tripped)
 	}
 	thaw()
-	eventually(t, 10*time.Second, "the probe to close the breaker", g.guard.Available)
+	eventually(t, 10*time.Second, "the probe to close the breaker", g.Engine().StoreAvailable)
 	eventually(t, 10*time.Second, "a call admitted by Redis after the hang", admitted)
 }
 
@@ -401,70 +401,5 @@ tools:
 	}
 	if got := scrape(t, e.base[0])[`mcpgate_requests_total{method="tools/call",outcome="upstream_error"}`]; got != 3 {
 		t.Fatalf("upstream errors counted: %v, want 3", got)
-	}
-}
-
-// The denial cache in isolation: it denies only what the store denied, for
-// at least the cost denied, until the retry time; it never holds concurrency
-// or shadow denials, and stays bounded.
-func TestDenialCacheUnit(t *testing.T) {
-	t.Parallel()
-	now := time.Unix(1_000_000, 0)
-	clock := func() time.Time { return now }
-	c := newDenialCache(3, clock)
-	rule := limit.Rule{Name: "r", Algorithm: limit.FixedWindow, Limit: 5, Period: time.Minute}
-	check := func(key string, r limit.Rule) []limit.Check { return []limit.Check{{Rule: r, Key: key}} }
-	deny := func(r limit.Rule, retry time.Duration) limit.Decision {
-		return limit.Decision{Rule: r, Limit: r.Limit, RetryAfter: retry, ResetAfter: retry, Results: []limit.Result{{RetryAfter: retry}}}
-	}
-
-	c.remember(check("k1", rule), 2, deny(rule, 10*time.Second))
-	if _, ok := c.lookup(check("k1", rule), 1); ok {
-		t.Fatal("a denial of cost 2 denied a cost-1 request (it might fit)")
-	}
-	d, ok := c.lookup(check("k1", rule), 3)
-	if !ok || d.Rule.Name != "r" {
-		t.Fatal("a denial of cost 2 did not cover a cost-3 request")
-	}
-	now = now.Add(4 * time.Second)
-	if d, ok = c.lookup(check("k1", rule), 2); !ok || d.RetryAfter != 6*time.Second {
-		t.Fatalf("after 4s: %v %v, want a retry in 6s", d.RetryAfter, ok)
-	}
-	if _, ok := c.lookup(check("k2", rule), 9); ok {
-		t.Fatal("another key denied")
-	}
-	now = now.Add(6 * time.Second)
-	if _, ok := c.lookup(check("k1", rule), 2); ok {
-		t.Fatal("denied at the retry time")
-	}
-
-	conc := limit.Rule{Name: "c", Algorithm: limit.Concurrency, Limit: 1, Period: time.Minute}
-	c.remember(check("kc", conc), 1, deny(conc, time.Second))
-	if _, ok := c.lookup(check("kc", conc), 1); ok {
-		t.Fatal("a concurrency denial was cached (its slots free at any moment)")
-	}
-	shadow := rule
-	shadow.Shadow = true
-	c.remember(check("ks", shadow), 1, deny(shadow, time.Minute))
-	if _, ok := c.lookup(check("ks", shadow), 1); ok {
-		t.Fatal("a shadow denial was cached")
-	}
-	c.remember(check("kn", rule), 9, deny(rule, limit.Never))
-	if d, ok := c.lookup(check("kn", rule), 9); !ok || d.RetryAfter != limit.Never {
-		t.Fatal("a never-fits denial was not cached as never")
-	}
-
-	for i := range 10 {
-		c.remember(check(fmt.Sprint("many", i), rule), 1, deny(rule, time.Hour))
-	}
-	c.mu.Lock()
-	n := len(c.m)
-	c.mu.Unlock()
-	if n > 3 {
-		t.Fatalf("cache holds %d entries, bound 3", n)
-	}
-	c.forget()
-	if _, ok := c.lookup(check("many9", rule), 1); ok {
-		t.Fatal("forget kept an entry")
 	}
 }

@@ -23,8 +23,8 @@ import (
 	"github.com/mcpgate/mcpgate/audit"
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/cache"
+	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/limit"
-	"github.com/mcpgate/mcpgate/limit/memstore"
 	"github.com/mcpgate/mcpgate/mcp"
 	"github.com/mcpgate/mcpgate/metrics"
 	"github.com/mcpgate/mcpgate/policy"
@@ -40,14 +40,14 @@ type Options struct {
 	Auth *auth.Authenticator
 	// SharedStore is the limit store shared by all instances (Redis). Nil
 	// means in-process only: one instance, limits in memory.
-	SharedStore limit.Store
+	SharedStore limit.GuardedStore
 	// Probe checks that the shared store answers (a PING). It drives /readyz
 	// and closes the store breaker after an outage. Required with SharedStore.
 	Probe func(ctx context.Context) error
 	// LocalStore is the in-process store: the store itself without
 	// SharedStore, the fallback of on_error: local with it. Nil: a new
 	// memstore owned (and closed) by the Gateway.
-	LocalStore limit.Store
+	LocalStore limit.GuardedStore
 	// AdminToken is the bearer token of /admin/*. Empty disables the admin
 	// API (every call answers 401). SetAdminToken replaces it later.
 	AdminToken string
@@ -78,19 +78,15 @@ type Options struct {
 
 // runtime is what a config reload replaces, swapped atomically.
 type runtime struct {
-	cfg        *policy.Config
-	auth       *auth.Authenticator
-	proxy      *mcp.Proxy
-	caching    map[string]toolCaching
-	sharedTags bool // a shared cached tool has tags: invalidations also cover the shared scope
+	cfg   *policy.Config
+	auth  *auth.Authenticator
+	proxy *mcp.Proxy
 }
 
 // Gateway is the mcpgate http.Handler. It is safe for concurrent use.
 type Gateway struct {
 	rt         atomic.Pointer[runtime]
-	lim        *limiter
-	guard      *guardedStore
-	ownLocal   *memstore.Store
+	eng        *enforce.Engine
 	probe      func(ctx context.Context) error
 	adminToken atomic.Pointer[[]byte] // never nil; empty: admin API disabled (SetAdminToken)
 	sessions   *sessionBinder
@@ -101,17 +97,13 @@ type Gateway struct {
 	metrics    *metrics.Metrics
 	now        func() time.Time
 	mux        *http.ServeMux
-	stopMeter  context.CancelFunc // nil without metering
 	stopAlerts context.CancelFunc
 	alerts     *alerter
-	cache      *cache.Cache
-	ownCache   bool
 	ready      atomic.Bool // false while the cache warms up
 	closeOnce  sync.Once
 	streams    context.Context // ends server-initiated streams (GET) on shutdown
 	endStreams context.CancelFunc
 	warming    sync.WaitGroup
-	meterDone  chan struct{}
 	tracker    *sessionTracker
 	stopSweep  context.CancelFunc
 	sweepDone  chan struct{}
@@ -148,74 +140,17 @@ func New(opts Options) (*Gateway, error) {
 	if g.now == nil {
 		g.now = time.Now
 	}
-	local := opts.LocalStore
-	if local == nil {
-		ms, err := memstore.New(nil)
-		if err != nil {
-			return nil, err
-		}
-		g.ownLocal, local = ms, ms
-	}
 	g.trace = newTracing(opts.TracerProvider)
-	g.lim = &limiter{local: local, denials: newDenialCache(0, g.now), log: g.log, stats: g.metrics, trace: g.trace}
-	if opts.SharedStore != nil {
-		g.metrics.StoreUp.Set(1)
-		guard, err := newGuardedStore(opts.SharedStore, opts.Probe, opts.Config.Store.Timeout, g.log, func(up bool) {
-			if up {
-				g.metrics.StoreUp.Set(1)
-			} else {
-				g.metrics.StoreUp.Set(0)
-			}
-		})
-		if err != nil {
-			return nil, err
-		}
-		g.guard = guard
-		g.lim.shared = g.guard
-	}
-	if opts.Usage != nil {
-		var ms limit.MeteredStore
-		switch {
-		case g.guard != nil:
-			if _, ok := opts.SharedStore.(limit.MeteredStore); !ok {
-				return nil, errors.New("gateway: Options.SharedStore does not keep usage meters (limit.MeteredStore)")
-			}
-			ms = g.guard
-		default:
-			m, ok := local.(limit.MeteredStore)
-			if !ok {
-				return nil, errors.New("gateway: Options.LocalStore does not keep usage meters (limit.MeteredStore)")
-			}
-			ms = m
-		}
-		every := opts.Config.Usage.FlushInterval
-		if every <= 0 {
-			every = usage.DefaultInterval
-		}
-		g.lim.meters = newMeterer(ms, opts.Usage, every, g.log, g.metrics)
-		ctx, cancel := context.WithCancel(context.Background())
-		g.stopMeter = cancel
-		g.meterDone = make(chan struct{})
-		go func() {
-			defer close(g.meterDone)
-			g.lim.meters.run(ctx)
-		}()
-	}
 	g.streams, g.endStreams = context.WithCancel(context.Background())
-	g.cache = opts.Cache
-	if g.cache == nil {
-		cs, err := cache.NewMemoryStore(nil)
-		if err != nil {
-			return nil, err
-		}
-		if g.cache, err = cache.New(cs, &cache.Options{Logger: g.log}); err != nil {
-			return nil, err
-		}
-		g.ownCache = true
-	}
-	g.SetAdminToken(opts.AdminToken)
 	g.alerts = newAlerter(opts.Config.Breaker.AlertWebhook, g.log, g.metrics)
-	g.lim.breakers = newBreakerCache(g.now, g.breakerOpened)
+	eng, err := enforce.New(enforce.Options{Config: opts.Config, Shared: opts.SharedStore, Probe: opts.Probe,
+		Local: opts.LocalStore, Usage: opts.Usage, Cache: opts.Cache, Logger: g.log, Metrics: g.metrics,
+		Tracer: g.trace.tracerOrNil(), Now: g.now, OnBreakerOpened: g.breakerOpened})
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	g.eng = eng
+	g.SetAdminToken(opts.AdminToken)
 	bctx, bcancel := context.WithCancel(context.Background())
 	g.stopAlerts = bcancel
 	go g.alerts.run(bctx)
@@ -249,11 +184,7 @@ func newRuntime(cfg *policy.Config, a *auth.Authenticator) (*runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway: upstream: %w", err)
 	}
-	caching, sharedTags, err := compileCaching(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
-	}
-	return &runtime{cfg: cfg, auth: a, proxy: proxy, caching: caching, sharedTags: sharedTags}, nil
+	return &runtime{cfg: cfg, auth: a, proxy: proxy}, nil
 }
 
 // Apply swaps in a new configuration and authenticator (a reload). Requests
@@ -267,8 +198,10 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 	if err != nil {
 		return err
 	}
+	if err := g.eng.SetConfig(cfg); err != nil {
+		return err
+	}
 	old := g.rt.Swap(rt)
-	g.lim.denials.forget()
 	g.alerts.setURL(cfg.Breaker.AlertWebhook)
 	for _, field := range restartOnly(old.cfg, cfg) {
 		g.log.Warn("this setting is read at start only: restart mcpgate to apply it", "field", field)
@@ -296,20 +229,8 @@ func (g *Gateway) Close() error {
 			g.stopAlerts() // also ends a warm-up in progress
 		}
 		g.warming.Wait()
-		if g.stopMeter != nil {
-			// the final flush: what was admitted reaches the usage store
-			g.stopMeter()
-			<-g.meterDone
-		}
-		if g.ownCache {
-			_ = g.cache.Close()
-		}
-		if g.guard != nil {
-			g.guard.Close()
-		}
-		if g.ownLocal != nil {
-			err = g.ownLocal.Close()
-		}
+		// the final flush: what was admitted reaches the usage store
+		err = g.eng.Close()
 		// last: the lines of calls that ended during the shutdown
 		err = errors.Join(err, g.audit.Close())
 	})
@@ -366,13 +287,10 @@ func (g *Gateway) adminAuthorized(r *http.Request) bool {
 	return subtle.ConstantTimeCompare([]byte(h[len(prefix):]), want) == 1
 }
 
-// breakerOpened logs, counts and alerts a loop breaker that just opened.
+// breakerOpened alerts a loop breaker that just opened (the engine logs
+// and counts it).
 func (g *Gateway) breakerOpened(b limit.BreakerSpec, st limit.BreakerState) {
 	now := g.now()
-	g.metrics.BreakersOpened.WithLabelValues(st.Reason).Inc()
-	g.log.Warn("loop breaker opened: the agent's calls are refused until the cooldown ends",
-		"tenant", b.Tenant, "subject", b.Subject, "breaker", b.ID, "reason", st.Reason,
-		"denials", st.Denials, "failures", st.Failures, "identical", st.Identical, "cooldown", st.Cooldown)
 	g.alerts.send(BreakerEvent{
 		Event: "breaker_opened", Tenant: b.Tenant, Subject: b.Subject, Key: b.Key, Reason: st.Reason,
 		Counts:   BreakerCounts{Denials: st.Denials, Failures: st.Failures, Identical: st.Identical},
@@ -384,3 +302,6 @@ func (g *Gateway) breakerOpened(b limit.BreakerSpec, st limit.BreakerState) {
 // that a graceful shutdown waits for calls only (register it with
 // http.Server.RegisterOnShutdown). Clients reconnect to another instance.
 func (g *Gateway) EndStreams() { g.endStreams() }
+
+// Engine is the enforcement engine the Gateway drives.
+func (g *Gateway) Engine() *enforce.Engine { return g.eng }

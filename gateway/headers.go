@@ -15,17 +15,6 @@ func ceilSeconds(d time.Duration) int64 {
 	return int64(math.Ceil(d.Seconds()))
 }
 
-// retryAfterSeconds is the Retry-After of a denial: whole seconds, at least
-// 1. A request that can never fit (cost above capacity) is told to come back
-// after one period, when it will be denied again: HTTP has no "never".
-func retryAfterSeconds(d limit.Decision) int64 {
-	ra := d.RetryAfter
-	if ra == limit.Never {
-		ra = d.Rule.Period
-	}
-	return max(1, ceilSeconds(ra))
-}
-
 // setRateHeaders writes X-RateLimit-* and the IETF RateLimit /
 // RateLimit-Policy fields (draft-ietf-httpapi-ratelimit-headers) for the
 // deciding rule of d.

@@ -85,7 +85,7 @@ type setup struct {
 	CacheRedis *testenv.Redis
 	// WrapStore, when set, wraps each instance's Redis store before it
 	// becomes Options.SharedStore (to observe the calls reaching it).
-	WrapStore func(*redisstore.Store) limit.Store
+	WrapStore func(*redisstore.Store) limit.GuardedStore
 	// CacheOptions, when set, are the options of each instance's cache (on
 	// CacheRedis, else on its own memory store); the quiet logger when
 	// Logger is nil, a 2s Timeout when Timeout is zero.

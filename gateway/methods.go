@@ -4,60 +4,38 @@ import (
 	"context"
 	"net/http"
 
-	"github.com/mcpgate/mcpgate/auth"
-	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/mcp"
 	"github.com/mcpgate/mcpgate/policy"
 )
 
 // serveMethod governs a POST whose message is not a tools/call. A request
 // passes the rules of its method (policy.Config.RulesForMethod) through the
-// limiter like a tool call, with no meter and no breaker, under the store's
+// engine like a tool call, with no meter and no breaker, under the store's
 // on_error policy; a denial gets the same 429 as a tool call. An initialize
 // also takes a session slot (see openSession). Notifications and responses
 // are forwarded as they are: they expect no answer and carry no work the
 // upstream would do for the caller.
-func (g *Gateway) serveMethod(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, p auth.Principal, msg *mcp.Message) {
+func (g *Gateway) serveMethod(x *exchange) {
+	msg := x.msg
 	class := methodClass(msg)
 	if !msg.IsCall() {
-		g.forward(w, r, rt, fwd, class)
+		g.forward(x.w, x.r, x.rt, x.fwd, class)
 		return
 	}
-	tenant, global := methodRuleSets(rt.cfg, p, msg)
-	v := g.lim.admit(r.Context(), tenant, global, nil, nil, 1, storeOnError(rt.cfg))
-	noteVerdict(r.Context(), v, 0)
-	if !g.methodAdmitted(w, msg, class, v) {
+	t, d := g.eng.Admit(x.r.Context(), enforce.Call{Tenant: x.p.Tenant, Tier: x.p.Tier, Subject: x.p.Subject,
+		Method: msg.Method, Name: methodTarget(msg)})
+	x.after(func() { t.Done(context.WithoutCancel(x.r.Context()), enforce.Outcome{}) })
+	noteDecision(x.r.Context(), d)
+	if !g.admitted(x, class, d) {
 		return
 	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
-		v.release(ctx)
-		cancel()
-	}()
-	setRateHeaders(w.Header(), v.decision, g.now())
+	setRateHeaders(x.w.Header(), d.Limit, g.now())
 	if msg.Method == policy.MethodInitialize {
-		g.openSession(w, r, rt, fwd, p, v, class)
+		g.openSession(x.w, x.r, x.rt, x.fwd, x.p, t, class)
 		return
 	}
-	g.forward(w, r, rt, fwd, class)
-}
-
-// methodRuleSets builds the rule sets of one request: its method's rules,
-// and for initialize the session slots of the caller's tenant and subject
-// (kept past the call: they are the session's).
-func methodRuleSets(cfg *policy.Config, p auth.Principal, msg *mcp.Message) (tenant, global ruleSet) {
-	owner := keyspace.Owner{Tenant: p.Tenant, Subject: p.Subject, Tool: methodTarget(msg)}
-	tr, gr := cfg.RulesForMethod(p.Tier, msg.Method)
-	tenant, global = buildRuleSet(tr, owner), buildRuleSet(gr, owner)
-	if msg.Method == policy.MethodInitialize {
-		slots := sessionChecks(cfg, p.Tenant, p.Subject)
-		tenant.checks = append(tenant.checks, slots...)
-		// The contract's scopes are the counters' per: the tenant's cap, then
-		// the subject's (sessionChecks' order).
-		tenant.per = append(tenant.per, keyspace.PerTenant, keyspace.PerSubject)
-		tenant.kept = len(slots)
-	}
-	return tenant, global
+	g.forward(x.w, x.r, x.rt, x.fwd, class)
 }
 
 // methodTarget is the "tool" of tenant_tool and subject_tool counters for a
@@ -72,29 +50,19 @@ func methodTarget(msg *mcp.Message) string {
 	return msg.Method
 }
 
-// storeOnError is the failure policy of requests that are not tool calls:
-// the store's default.
-func storeOnError(cfg *policy.Config) policy.FailurePolicy {
-	if cfg.Store.OnError != "" {
-		return cfg.Store.OnError
-	}
-	return policy.FailOpen
-}
-
-// methodAdmitted answers a request the limiter refused (503 or 429) and
-// reports whether it was admitted.
-func (g *Gateway) methodAdmitted(w http.ResponseWriter, msg *mcp.Message, class string, v verdict) bool {
+// admitted answers a request the engine refused (503, or a denial in the
+// tool's deny_as form) and reports whether it was admitted.
+func (g *Gateway) admitted(x *exchange, class string, d enforce.Decision) bool {
 	switch {
-	case v.unavailable:
+	case d.Unavailable:
 		g.metrics.Requests.WithLabelValues(class, "unavailable").Inc()
-		w.Header().Set("Retry-After", "1")
-		mcp.WriteError(w, http.StatusServiceUnavailable, msg.ID, CodeUnavailable,
-			"rate-limit store unavailable and requests fail closed; retry shortly", nil)
+		x.w.Header().Set("Retry-After", "1")
+		mcp.WriteError(x.w, http.StatusServiceUnavailable, x.msg.ID, CodeUnavailable,
+			"rate-limit store unavailable and this request fails closed; retry shortly", nil)
 		return false
-	case !v.allowed:
+	case !d.Allowed:
 		g.metrics.Requests.WithLabelValues(class, "denied").Inc()
-		g.metrics.Denials.WithLabelValues(string(v.scope), v.decision.Rule.Name).Inc()
-		writeDenied(w, msg.ID, v.decision, string(v.scope), g.now())
+		writeCallDenied(x.w, d.DenyAs, x.msg.ID, d, g.now())
 		return false
 	}
 	return true

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 )
 
@@ -57,7 +58,7 @@ func wantSessionDenial(t *testing.T, r *response, rule string) {
 		t.Fatalf("initialize at the cap: %d %s, want 429", r.Status, r.Body)
 	}
 	scope := "tenant"
-	if rule == ruleSessionsSubject {
+	if rule == enforce.RuleSessionsSubject {
 		scope = "subject"
 	}
 	if d := r.denial(t); d.Scope != scope || d.Rule != rule {
@@ -189,7 +190,7 @@ sessions:
 				}
 				ids = append(ids, r.Header.Get("Mcp-Session-Id"))
 			}
-			wantSessionDenial(t, initialize(t, e, instances-1, alice), ruleSessionsSubject)
+			wantSessionDenial(t, initialize(t, e, instances-1, alice), enforce.RuleSessionsSubject)
 			if got := e.up.Requests("initialize"); got != 3 {
 				t.Fatalf("upstream saw %d initialize, want 3 (the refused one is not forwarded)", got)
 			}
@@ -202,7 +203,7 @@ sessions:
 			if r := initialize(t, e, 0, alice); r.Status != http.StatusOK {
 				t.Fatalf("initialize after a DELETE: %d %s", r.Status, r.Body)
 			}
-			wantSessionDenial(t, initialize(t, e, 0, alice), ruleSessionsSubject)
+			wantSessionDenial(t, initialize(t, e, 0, alice), enforce.RuleSessionsSubject)
 			if got := openSessions(e); got != 4 {
 				t.Errorf("upstream has %d sessions open, want 4 (alice 3, bob 1)", got)
 			}
@@ -226,7 +227,7 @@ sessions:
 		t.Fatalf("initialize: %d %s", r.Status, r.Body)
 	}
 	id := r.Header.Get("Mcp-Session-Id")
-	wantSessionDenial(t, initialize(t, e, 0, alice), ruleSessionsSubject)
+	wantSessionDenial(t, initialize(t, e, 0, alice), enforce.RuleSessionsSubject)
 	eventually(t, 20*time.Second, "the idle session ended upstream", func() bool { return openSessions(e) == 0 })
 	deletes := 0
 	for _, s := range e.requests() {
@@ -269,7 +270,7 @@ sessions:
 		}
 		time.Sleep(50 * time.Millisecond) // pacing, not synchronisation
 	}
-	wantSessionDenial(t, initialize(t, e, 0, alice), ruleSessionsSubject)
+	wantSessionDenial(t, initialize(t, e, 0, alice), enforce.RuleSessionsSubject)
 	eventually(t, 20*time.Second, "the session ended once unused", func() bool { return openSessions(e) == 0 })
 }
 
@@ -299,5 +300,5 @@ func TestRefusedDeleteKeepsTheSlot(t *testing.T) {
 	if st := deleteSession(t, e, 0, alice, r.Header.Get("Mcp-Session-Id")); st != http.StatusMethodNotAllowed || deletes.Load() != 1 {
 		t.Fatalf("DELETE: %d (upstream saw %d), want the upstream's 405", st, deletes.Load())
 	}
-	wantSessionDenial(t, initialize(t, e, 0, alice), ruleSessionsSubject)
+	wantSessionDenial(t, initialize(t, e, 0, alice), enforce.RuleSessionsSubject)
 }

@@ -2,20 +2,14 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/mcpgate/mcpgate/auth"
-	"github.com/mcpgate/mcpgate/keyspace"
-	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/mcp"
-	"github.com/mcpgate/mcpgate/usage"
 )
 
 // JSON-RPC error codes of the gateway's own answers. They sit outside the
@@ -31,318 +25,188 @@ const (
 // releaseTimeout bounds the release of concurrency slots after a call.
 const releaseTimeout = time.Second
 
+// exchange is one /mcp request on its way through the stages. Each stage
+// reads what the earlier ones set and may end the exchange by answering.
+type exchange struct {
+	w   http.ResponseWriter
+	r   *http.Request
+	rt  *runtime       // the configuration in force when the request came
+	p   auth.Principal // set by authenticate
+	fwd mcp.Forward    // what forwarding it upstream needs; Body and Msg set by parse
+	msg *mcp.Message   // set by parse (POST only)
+	// cleanups run when the exchange ends, last registered first.
+	cleanups []func()
+}
+
+// after registers f to run when the exchange ends, before the functions
+// registered earlier.
+func (x *exchange) after(f func()) { x.cleanups = append(x.cleanups, f) }
+
+func (x *exchange) finish() {
+	for i := len(x.cleanups) - 1; i >= 0; i-- {
+		x.cleanups[i]()
+	}
+}
+
+// stage is one step of an /mcp request. It returns false when it has
+// answered the request, which ends the exchange.
+type stage func(g *Gateway, x *exchange) bool
+
+// stages are the steps of every /mcp request, in order. A POST's message
+// is then dispatched by route.
+var stages = [...]stage{
+	(*Gateway).checkRequest, // headers read once, method allowed: 400, 405
+	(*Gateway).authenticate, // JWT → principal: 401
+	(*Gateway).bindSession,  // Mcp-Session-Id bound to its caller: 404
+	(*Gateway).serveStream,  // GET and DELETE go upstream as they are
+	(*Gateway).parse,        // one JSON-RPC message, headers agreeing: 400
+	(*Gateway).authorize,    // scopes: 403
+}
+
 func (g *Gateway) serveMCP(w http.ResponseWriter, r *http.Request) {
-	// First, before auth: every later stage reads these headers, and a
-	// repeated or empty one could be read differently upstream.
-	if herr := mcp.CheckRequestHeaders(r.Header); herr != nil {
+	x := &exchange{w: w, r: r, rt: g.rt.Load()}
+	defer x.finish()
+	for _, st := range stages {
+		if !st(g, x) {
+			return
+		}
+	}
+	g.route(x)
+}
+
+// checkRequest runs first, before auth: every later stage reads these
+// headers, and a repeated or empty one could be read differently upstream.
+func (g *Gateway) checkRequest(x *exchange) bool {
+	if herr := mcp.CheckRequestHeaders(x.r.Header); herr != nil {
 		g.metrics.Requests.WithLabelValues("any", "bad_request").Inc()
-		herr.Respond(w)
-		return
+		herr.Respond(x.w)
+		return false
 	}
-	rt := g.rt.Load()
-	switch r.Method {
+	switch x.r.Method {
 	case http.MethodPost, http.MethodGet, http.MethodDelete:
-	default:
-		w.Header().Set("Allow", "GET, POST, DELETE")
-		mcp.WriteError(w, http.StatusMethodNotAllowed, nil, mcp.CodeInvalidRequest, "method not allowed: use POST, GET or DELETE", nil)
-		return
+		return true
 	}
-	p, err := rt.auth.FromRequest(r.Context(), r)
+	x.w.Header().Set("Allow", "GET, POST, DELETE")
+	mcp.WriteError(x.w, http.StatusMethodNotAllowed, nil, mcp.CodeInvalidRequest, "method not allowed: use POST, GET or DELETE", nil)
+	return false
+}
+
+// authenticate verifies the caller's token and prepares what forwarding
+// needs of the caller: identity headers, session ids bound to the caller,
+// and the list filters of a resumed stream (a replayed list answer is
+// filtered as its POST's was).
+func (g *Gateway) authenticate(x *exchange) bool {
+	p, err := x.rt.auth.FromRequest(x.r.Context(), x.r)
 	if err != nil {
-		g.unauthorized(w, r, err)
-		return
+		g.unauthorized(x.w, x.r, err)
+		return false
 	}
-	fwd := mcp.Forward{Header: g.identityHeaders(rt, p), SessionID: func(upstream string) string {
+	x.p = p
+	x.fwd = mcp.Forward{Header: g.identityHeaders(x.rt, p), SessionID: func(upstream string) string {
 		return g.sessions.wrap(p, upstream)
-	}, ReplayFilters: listFilters(p.Scopes)} // a resumed GET replays earlier list answers unfiltered
-	if id := r.Header.Get(mcp.HeaderSessionID); id != "" {
-		upstreamID, lease, ok := g.sessions.unwrap(p, id)
-		if !ok {
-			// Not a session this caller opened (or one from before a key
-			// change): MCP's answer to an unknown session is 404, which
-			// tells the client to start a new one.
-			g.metrics.Requests.WithLabelValues("any", "bad_session").Inc()
-			mcp.WriteError(w, http.StatusNotFound, nil, mcp.CodeInvalidRequest, "session not found", nil)
-			return
-		}
-		r.Header.Set(mcp.HeaderSessionID, upstreamID)
-		if r.Method == http.MethodGet {
-			// Recorded as soon as the session is known: a POST the client
-			// sent right after this GET must not overtake it upstream.
-			accepted := g.order.open(upstreamID)
-			defer accepted()
-			fwd.OnResponse = accepted
-		}
-		var done func()
-		var live bool
-		w, done, live = g.useSession(w, r, rt, p, upstreamID, lease)
-		if !live {
-			return
-		}
-		defer done()
+	}, ReplayFilters: listFilters(p.Scopes)}
+	return true
+}
+
+// bindSession maps the client's session id to the upstream's, refusing an
+// id the caller did not open, and marks the session in use.
+func (g *Gateway) bindSession(x *exchange) bool {
+	id := x.r.Header.Get(mcp.HeaderSessionID)
+	if id == "" {
+		return true
 	}
-	if r.Method == http.MethodGet {
-		ctx, cancel := context.WithCancel(r.Context())
+	upstreamID, lease, ok := g.sessions.unwrap(x.p, id)
+	if !ok {
+		// Not a session this caller opened (or one from before a key
+		// change): MCP's answer to an unknown session is 404, which tells
+		// the client to start a new one.
+		g.metrics.Requests.WithLabelValues("any", "bad_session").Inc()
+		mcp.WriteError(x.w, http.StatusNotFound, nil, mcp.CodeInvalidRequest, "session not found", nil)
+		return false
+	}
+	x.r.Header.Set(mcp.HeaderSessionID, upstreamID)
+	if x.r.Method == http.MethodGet {
+		// Recorded as soon as the session is known: a POST the client sent
+		// right after this GET must not overtake it upstream.
+		accepted := g.order.open(upstreamID)
+		x.after(accepted)
+		x.fwd.OnResponse = accepted
+	}
+	w, done, live := g.useSession(x.w, x.r, x.rt, x.p, upstreamID, lease)
+	if !live {
+		return false
+	}
+	x.w = w
+	x.after(done)
+	return true
+}
+
+// serveStream forwards a GET (the server-initiated stream, ended on
+// shutdown) or a DELETE (a session's end): nothing to limit, but the caller
+// was authenticated.
+func (g *Gateway) serveStream(x *exchange) bool {
+	switch x.r.Method {
+	case http.MethodPost:
+		return true
+	case http.MethodGet:
+		ctx, cancel := context.WithCancel(x.r.Context())
 		defer cancel()
 		defer context.AfterFunc(g.streams, cancel)()
-		r = r.WithContext(ctx)
+		x.r = x.r.WithContext(ctx)
 	}
-	if r.Method != http.MethodPost {
-		// GET opens the server-initiated stream, DELETE ends a session:
-		// nothing to limit, but the caller must still be authenticated.
-		g.forward(w, r, rt, fwd, "stream")
-		return
-	}
+	g.forward(x.w, x.r, x.rt, x.fwd, "stream")
+	return false
+}
 
-	body, perr := readBody(w, r, rt.cfg.Upstream.MaxBodyBytes)
+// parse reads the body as one JSON-RPC message whose headers agree with
+// it, and starts the call's trace attributes and audit line.
+func (g *Gateway) parse(x *exchange) bool {
+	body, perr := readBody(x.w, x.r, x.rt.cfg.Upstream.MaxBodyBytes)
 	if perr != nil {
 		g.metrics.Requests.WithLabelValues("any", "bad_request").Inc()
-		mcp.WriteError(w, perr.HTTPStatus, perr.ID, perr.Code, perr.Message, perr.Data)
-		return
+		mcp.WriteError(x.w, perr.HTTPStatus, perr.ID, perr.Code, perr.Message, perr.Data)
+		return false
 	}
 	msg, err := mcp.Parse(body)
 	if err != nil {
 		g.metrics.Requests.WithLabelValues("any", "bad_request").Inc()
-		writeMCPError(w, err)
-		return
+		writeMCPError(x.w, err)
+		return false
 	}
-	if herr := mcp.CheckHeaders(r, msg); herr != nil {
+	if herr := mcp.CheckHeaders(x.r, msg); herr != nil {
 		g.metrics.Requests.WithLabelValues(methodClass(msg), "bad_request").Inc()
-		mcp.WriteError(w, herr.HTTPStatus, herr.ID, herr.Code, herr.Message, herr.Data)
-		return
+		mcp.WriteError(x.w, herr.HTTPStatus, herr.ID, herr.Code, herr.Message, herr.Data)
+		return false
 	}
-	fwd.Body, fwd.Msg = body, msg
-	g.trace.message(r.Context(), p, msg)
-	w, r, audited := g.auditCall(w, r, rt, p, msg)
-	defer audited() // the line of a governed call, once it has ended
-	if !g.authorized(w, r, rt, p, &fwd) {
-		return
-	}
-	if msg.Method != "tools/call" {
-		if msg.Method == "notifications/cancelled" && !g.cancelCall(r, p, msg) {
-			w.WriteHeader(http.StatusAccepted) // the cancelled call was cached: kept from the upstream
+	x.fwd.Body, x.fwd.Msg, x.msg = body, msg, msg
+	g.trace.message(x.r.Context(), x.p, msg)
+	var audited func()
+	x.w, x.r, audited = g.auditCall(x.w, x.r, x.rt, x.p, msg)
+	x.after(audited) // the line of a governed call, once it has ended
+	return true
+}
+
+// authorize refuses a tool, resource or prompt outside the caller's scopes
+// (403) and sets the filters of the lists the caller may see.
+func (g *Gateway) authorize(x *exchange) bool {
+	return g.authorized(x.w, x.r, x.rt, x.p, &x.fwd)
+}
+
+// route dispatches an authorized message: a tool call to serveCall, a
+// client's cancellation to its call, anything else to serveMethod.
+func (g *Gateway) route(x *exchange) {
+	switch x.msg.Method {
+	case mcp.MethodToolsCall:
+		g.serveCall(x)
+	case "notifications/cancelled":
+		if !g.cancelCall(x.r, x.p, x.msg) {
+			x.w.WriteHeader(http.StatusAccepted) // the cancelled call was cached: kept from the upstream
 			return
 		}
-		g.serveMethod(w, r, rt, fwd, p, msg)
-		return
+		g.serveMethod(x)
+	default:
+		g.serveMethod(x)
 	}
-
-	tool := msg.ToolName
-	if !p.Scopes.AllowsTool(tool) {
-		g.metrics.Requests.WithLabelValues("tools/call", "forbidden").Inc()
-		mcp.WriteError(w, http.StatusForbidden, msg.ID, CodeForbidden,
-			fmt.Sprintf("tool %q is not in the caller's scopes", tool), map[string]any{"tool": tool})
-		return
-	}
-	owner := keyspace.Owner{Tenant: p.Tenant, Subject: p.Subject, Tool: tool}
-	tenantRules, globalRules := rt.cfg.RulesFor(p.Tier, tool)
-	toolCost := rt.cfg.ToolCost(tool)
-	cost := max(1, toolCost.Charge())
-	now := g.now()
-	var meter *limit.Meter
-	if g.lim.meters != nil {
-		_, tier, _ := rt.cfg.ResolveTier(p.Tier)
-		meter = g.lim.meters.meterFor(p.Tenant, tier.MonthlyQuota, now)
-		meter.Cost = cost
-	}
-	br := breakerSpec(rt.cfg, p, r.Header.Get(mcp.HeaderSessionID), tool, msg.Arguments)
-	// Rules count calls (the config's limits are calls per period); the
-	// cost goes to the usage meter and the monthly quota.
-	const callUnits = 1
-	v := g.lim.admit(r.Context(), buildRuleSet(tenantRules, owner), buildRuleSet(globalRules, owner), meter, br, callUnits, rt.cfg.ToolOnError(tool))
-	noteVerdict(r.Context(), v, cost)
-	switch {
-	case v.unavailable:
-		g.metrics.Requests.WithLabelValues("tools/call", "unavailable").Inc()
-		w.Header().Set("Retry-After", "1")
-		mcp.WriteError(w, http.StatusServiceUnavailable, msg.ID, CodeUnavailable,
-			"rate-limit store unavailable and this tool fails closed; retry shortly", nil)
-		return
-	case v.breakerOpen:
-		g.metrics.Requests.WithLabelValues("tools/call", "denied").Inc()
-		g.metrics.Denials.WithLabelValues("breaker", breakerRule).Inc()
-		writeCallDenied(w, rt.cfg.DenyAs(p.Tier, tool), msg.ID, breakerDecision(br, v.breaker), "breaker", now)
-		return
-	case v.quota:
-		g.metrics.Requests.WithLabelValues("tools/call", "denied").Inc()
-		g.metrics.Denials.WithLabelValues("quota", quotaRule).Inc()
-		writeCallDenied(w, rt.cfg.DenyAs(p.Tier, tool), msg.ID, quotaDecision(meter, v.usage, now), "quota", now)
-		return
-	case !v.allowed:
-		g.metrics.Requests.WithLabelValues("tools/call", "denied").Inc()
-		g.metrics.Denials.WithLabelValues(string(v.scope), v.decision.Rule.Name).Inc()
-		writeCallDenied(w, rt.cfg.DenyAs(p.Tier, tool), msg.ID, v.decision, string(v.scope), now)
-		return
-	}
-	setRateHeaders(w.Header(), v.decision, now)
-	switch {
-	case v.pending:
-		g.lim.meters.addPending(*meter, limit.Usage{Charged: cost, Calls: 1}, errors.New("admitted while the meter was unreachable"))
-	case v.unmetered:
-		g.lim.meters.charged(meter) // flushed if the charge did land
-		g.metrics.Unmetered.Inc()
-		g.log.Warn("call admitted after a meter charge with no answer: it may have been charged and is not charged again",
-			"tenant", meter.Tenant, "period", meter.Period, "tool", tool, "cost", cost)
-	}
-	// From here on the call is the caller's to cancel (notifications/cancelled).
-	caller := ownerOf(p, r)
-	ctx, call := g.inflight.begin(r.Context(), caller, msg.ID)
-	defer g.inflight.end(caller, call) // last: after the slots and the probe are released
-	r = r.WithContext(ctx)
-	var reported json.RawMessage
-	var failed, outcomeReported, invalidated bool
-	// The cost of an unmetered call is not corrected: a correction of a
-	// charge that never landed would leave a refund without its charge.
-	correct := meter != nil && toolCost.FromResult != "" && !v.unmetered
-	tc := rt.caching[tool]
-	if correct || br != nil || tc.invalidates != nil {
-		fwd.OnResult = func(result, rpcErr json.RawMessage) {
-			reported, failed = result, rpcErr != nil || isErrorResult(result)
-			if br != nil {
-				// Before the client sees the answer (an SSE answer is
-				// flushed before Serve returns): its next call must meet
-				// the breaker this outcome opens or closes.
-				outcomeReported = true
-				g.reportOutcome(context.WithoutCancel(r.Context()), br, v.breaker, failed)
-			}
-			if tc.invalidates != nil && !failed {
-				// Before the answer is relayed too: a caller reading right
-				// after its write must not get the entry it made stale.
-				invalidated = true
-				g.invalidateAfter(context.WithoutCancel(r.Context()), rt, p.Tenant, tc, msg.Arguments)
-			}
-		}
-	}
-	var status int
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
-		v.release(ctx)
-		cancel()
-		if correct && reported != nil {
-			g.correctCost(context.WithoutCancel(r.Context()), meter, v.metered, cost, toolCost.FromResult, reported)
-		}
-		switch {
-		case br == nil || outcomeReported:
-		case r.Context().Err() == nil && status != mcp.StatusClientClosedRequest:
-			g.reportOutcome(context.WithoutCancel(r.Context()), br, v.breaker, failed || status >= 500)
-		default:
-			// The client went away before a result, or cancelled the call
-			// (its context is then cancelled too): the call says nothing of
-			// the agent, and a probe's lease would refuse every call until
-			// it ran out.
-			g.lim.releaseProbe(r.Context(), br, v.breaker)
-		}
-		if tc.invalidates != nil && !invalidated && !failed && status > 0 && status < 300 {
-			// a mutating tool that is also cached: cachedCall reports no
-			// result on the way (a cancelled call too: it may have written)
-			g.invalidateAfter(context.WithoutCancel(r.Context()), rt, p.Tenant, tc, msg.Arguments)
-		}
-	}()
-	if tc.policy != nil {
-		// Cached answers pass auth, limits, quota and the breaker like any
-		// call (and are charged the tool's cost); only the load that fills
-		// the cache reaches the upstream, and its reported cost corrects
-		// that one call's charge.
-		failed, reported, status = g.cachedCall(w, r, rt, fwd, p, tc, call)
-		return
-	}
-	status = g.forward(w, r, rt, fwd, "tools/call")
-	g.cancelAbandoned(r, p, msg.ID) // before the deferred release frees the slot
-}
-
-// breakerRule names the loop breaker in 429s and metrics.
-const breakerRule = "loop_breaker"
-
-// breakerDecision describes an open breaker as a limit.Decision, for the
-// same headers and body as other denials. A refusal because another call's
-// probe is in flight says retry within probeRetry, not at the end of the
-// probe's lease: the probe's outcome is usually known by then.
-func breakerDecision(b *limit.BreakerSpec, st limit.BreakerState) limit.Decision {
-	retry := st.RetryAfter
-	if st.HalfOpen {
-		retry = min(retry, probeRetry)
-	}
-	return limit.Decision{
-		Rule:       limit.Rule{Name: breakerRule, Period: max(st.Cooldown, b.Cooldown)},
-		ResetAfter: retry,
-		RetryAfter: retry,
-	}
-}
-
-// isErrorResult reports whether a tools/call result says isError: true.
-func isErrorResult(result json.RawMessage) bool {
-	var r struct {
-		IsError bool `json:"isError"`
-	}
-	return json.Unmarshal(result, &r) == nil && r.IsError
-}
-
-// reportOutcome tells the breaker how an admitted call ended. Successes are
-// reported only when they change something (a probe, or failures to reset),
-// so that a healthy agent costs no extra store call.
-func (g *Gateway) reportOutcome(ctx context.Context, b *limit.BreakerSpec, st limit.BreakerState, failed bool) {
-	if !failed && !st.Probe && st.Failures == 0 {
-		return
-	}
-	var store limit.Store = g.lim.local
-	if g.lim.shared != nil {
-		store = g.lim.shared
-	}
-	gs, ok := store.(limit.GuardedStore)
-	if !ok {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
-	defer cancel()
-	out, err := gs.ReportOutcome(ctx, *b, failed, st.Probe)
-	if err != nil {
-		g.log.Warn("reporting a call's outcome to its loop breaker failed", "key", b.Key, "err", err)
-		return
-	}
-	g.lim.breakers.observe(b, out)
-}
-
-// quotaRule names the monthly quota in 429s and metrics.
-const quotaRule = "monthly_quota"
-
-// quotaDecision describes a quota denial as a limit.Decision, so that the
-// same headers and body are written: the window is the billing period and
-// the retry time its end.
-func quotaDecision(m *limit.Meter, u limit.Usage, now time.Time) limit.Decision {
-	start, _ := usage.PeriodStart(m.Period)
-	end, _ := usage.PeriodEnd(m.Period)
-	left := max(0, m.Quota-u.Used())
-	return limit.Decision{
-		Rule:       limit.Rule{Name: quotaRule, Period: end.Sub(start)},
-		Limit:      m.Quota,
-		Remaining:  left,
-		ResetAfter: end.Sub(now),
-		RetryAfter: max(end.Sub(now), time.Second),
-	}
-}
-
-// correctCost turns the estimate charged on admission into the cost the
-// tool reported in its result (a refund or an extra charge). A result
-// without a valid value keeps the estimate.
-func (g *Gateway) correctCost(ctx context.Context, meter *limit.Meter, metered bool, charged int64, path string, result json.RawMessage) {
-	actual, err := reportedCost(result, path)
-	if err != nil {
-		g.metrics.CostCorrections.WithLabelValues("invalid").Inc()
-		g.log.Warn("tool result reports no valid cost: the estimate stays charged", "tenant", meter.Tenant, "estimate", charged, "err", err)
-		return
-	}
-	delta, ok := correction(charged, actual)
-	if !ok {
-		g.metrics.CostCorrections.WithLabelValues("unchanged").Inc()
-		return
-	}
-	g.metrics.CostCorrections.WithLabelValues("applied").Inc()
-	noteCost(ctx, actual)
-	if metered {
-		g.lim.meters.adjust(ctx, *meter, delta)
-		return
-	}
-	g.lim.meters.addPending(*meter, delta, errors.New("correction of a call admitted while the meter was unreachable"))
 }
 
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, class string) int {
@@ -411,36 +275,6 @@ func methodClass(m *mcp.Message) string {
 		return "notification"
 	}
 	return "other"
-}
-
-// deniedData is the data member of a 429's JSON-RPC error.
-type deniedData struct {
-	Scope             string `json:"scope"`
-	Rule              string `json:"rule"`
-	Limit             int64  `json:"limit"`
-	Remaining         int64  `json:"remaining"`
-	RetryAfterSeconds int64  `json:"retry_after_seconds"`
-}
-
-// denialHeaders sets Retry-After and the rate-limit headers of a denial
-// and returns the data both denial answers carry (the 429's error.data, a
-// result's structuredContent).
-func denialHeaders(w http.ResponseWriter, d limit.Decision, scope string, now time.Time) deniedData {
-	ra := retryAfterSeconds(d)
-	setRateHeaders(w.Header(), d, now)
-	w.Header().Set("Retry-After", strconv.FormatInt(ra, 10))
-	return deniedData{Scope: scope, Rule: d.Rule.Name, Limit: d.Limit, Remaining: d.Remaining, RetryAfterSeconds: ra}
-}
-
-// writeDenied answers a denied call: 429, Retry-After, rate-limit headers and
-// a JSON-RPC error carrying the request's id and code -33029.
-func writeDenied(w http.ResponseWriter, id json.RawMessage, d limit.Decision, scope string, now time.Time) {
-	data := denialHeaders(w, d, scope, now)
-	msg := fmt.Sprintf("rate limit exceeded (%s rule %q); retry in %ds", scope, d.Rule.Name, data.RetryAfterSeconds)
-	if d.RetryAfter == limit.Never {
-		msg = fmt.Sprintf("call cost exceeds the capacity of %s rule %q: it can never be admitted", scope, d.Rule.Name)
-	}
-	mcp.WriteError(w, http.StatusTooManyRequests, id, CodeRateLimited, msg, data)
 }
 
 // writeMCPError writes a parse error from package mcp.

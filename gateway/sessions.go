@@ -7,11 +7,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mcpgate/mcpgate/enforce"
+
 	"github.com/mcpgate/mcpgate/auth"
-	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/mcp"
-	"github.com/mcpgate/mcpgate/policy"
 )
 
 // Live upstream sessions are capped per tenant and per subject
@@ -25,12 +25,6 @@ import (
 // renews their leases while they are used and ends them upstream when they
 // stay unused for idle_timeout. docs/design.md describes the behaviour with
 // several instances.
-
-// Names of the session caps in 429s and metrics.
-const (
-	ruleSessionsTenant  = "max_sessions_per_tenant"
-	ruleSessionsSubject = "max_sessions_per_subject"
-)
 
 // DefaultMaxTrackedSessions bounds the sessions one instance tracks. A
 // session beyond it still works and its slot is still released on DELETE,
@@ -52,41 +46,15 @@ func (g *Gateway) startSessions() {
 	}()
 }
 
-// sessionChecks are the two slots of a session of tenant's subject.
-func sessionChecks(cfg *policy.Config, tenant, subject string) []limit.Check {
-	period := sessionPeriod(cfg.Sessions.IdleTimeout)
-	rule := func(name string, n int) limit.Rule {
-		return limit.Rule{Name: name, Algorithm: limit.Concurrency, Limit: int64(max(n, 1)), Period: period}
-	}
-	return []limit.Check{
-		{Rule: rule(ruleSessionsTenant, cfg.Sessions.MaxPerTenant), Key: keyspace.TenantSessions(tenant)},
-		{Rule: rule(ruleSessionsSubject, cfg.Sessions.MaxPerSubject), Key: keyspace.SubjectSessions(tenant, subject)},
-	}
-}
-
-// sessionPeriod is idle as a valid lease: whole microseconds within the
-// bounds of limit.Rule.
-func sessionPeriod(idle time.Duration) time.Duration {
-	return min(max(idle.Truncate(time.Microsecond), limit.MinPeriod), limit.MaxPeriod)
-}
-
-// primaryStore is the store session leases carried in ids live in: the
-// shared store, or the in-process one when there is none.
-func (l *limiter) primaryStore() limit.Store {
-	if l.shared != nil {
-		return l.shared
-	}
-	return l.local
-}
-
 // openSession forwards an admitted initialize that holds session slots
-// under v.lease. The slots are freed at once when the upstream opens no
+// under the ticket's lease (enforce.Ticket.SessionLease). The slots are freed at once when the upstream opens no
 // session (a stateless upstream, or a failure); otherwise the session id
 // the client gets carries the lease and the session is tracked.
-func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, p auth.Principal, v verdict, class string) {
+func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, p auth.Principal, t *enforce.Ticket, class string) {
+	lease, store := t.SessionLease()
 	inID := ""
-	if v.leaseStore != nil && v.leaseStore == g.lim.primaryStore() {
-		inID = v.lease // a fallback lease is valid on this instance only
+	if store != nil && store == limit.Store(g.eng.Store()) {
+		inID = lease // a fallback lease is valid on this instance only
 	}
 	var opened atomic.Pointer[string]
 	fwd.SessionID = func(upstream string) string {
@@ -97,11 +65,11 @@ func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtim
 	up := opened.Load()
 	if up == nil || status >= http.StatusMultipleChoices {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
-		g.lim.releaseLease(ctx, v.leaseStore, sessionChecks(rt.cfg, p.Tenant, p.Subject), v.lease)
+		g.eng.ReleaseLease(ctx, store, enforce.SessionChecks(rt.cfg, p.Tenant, p.Subject), lease)
 		cancel()
 		return
 	}
-	g.tracker.add(*up, p, v.lease, v.leaseStore, r.Header.Get(mcp.HeaderProtocolVersion), true)
+	g.tracker.add(*up, p, lease, store, r.Header.Get(mcp.HeaderProtocolVersion), true)
 }
 
 // useSession runs for every request naming a session the caller owns,
@@ -122,7 +90,7 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, rt *runtime
 			}
 		}, true
 	}
-	store := g.lim.primaryStore()
+	var store limit.Store = g.eng.Store()
 	if lease == "" {
 		store = nil
 	}
@@ -140,12 +108,12 @@ func (g *Gateway) endSession(r *http.Request, rt *runtime, p auth.Principal, ups
 	e := g.tracker.remove(upstream)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
 	defer cancel()
-	checks := sessionChecks(rt.cfg, p.Tenant, p.Subject)
+	checks := enforce.SessionChecks(rt.cfg, p.Tenant, p.Subject)
 	if lease != "" {
-		g.lim.releaseLease(ctx, g.lim.primaryStore(), checks, lease)
+		g.eng.ReleaseLease(ctx, g.eng.Store(), checks, lease)
 	}
 	if e != nil && e.lease != "" && e.lease != lease {
-		g.lim.releaseLease(ctx, e.store, checks, e.lease)
+		g.eng.ReleaseLease(ctx, e.store, checks, e.lease)
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mcpgate/mcpgate/enforce"
+
 	"github.com/mcpgate/mcpgate/limit"
 )
 
@@ -16,7 +18,7 @@ const minSweep = 10 * time.Millisecond
 // sweep, so a reload applies) until ctx ends.
 func (t *sessionTracker) run(ctx context.Context) {
 	for {
-		idle := sessionPeriod(t.g.rt.Load().cfg.Sessions.IdleTimeout)
+		idle := enforce.SessionPeriod(t.g.rt.Load().cfg.Sessions.IdleTimeout)
 		timer := time.NewTimer(max(idle/4, minSweep))
 		select {
 		case <-ctx.Done():
@@ -110,7 +112,7 @@ func (t *sessionTracker) renew(ctx context.Context, j sweepJob) {
 	}
 	cfg := t.g.rt.Load().cfg
 	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
-	held, err := rn.Renew(rctx, sessionChecks(cfg, j.tenant, j.subject), j.lease)
+	held, err := rn.Renew(rctx, enforce.SessionChecks(cfg, j.tenant, j.subject), j.lease)
 	cancel()
 	t.mu.Lock()
 	switch {
@@ -139,7 +141,7 @@ func (t *sessionTracker) renew(ctx context.Context, j sweepJob) {
 // shortest period.
 func (t *sessionTracker) endIdle(ctx context.Context, j sweepJob) {
 	if rn, ok := j.store.(limit.Renewer); ok && j.lease != "" {
-		checks := sessionChecks(t.g.rt.Load().cfg, j.tenant, j.subject)
+		checks := enforce.SessionChecks(t.g.rt.Load().cfg, j.tenant, j.subject)
 		for i := range checks {
 			checks[i].Rule.Period = limit.MinPeriod
 		}
@@ -152,7 +154,7 @@ func (t *sessionTracker) endIdle(ctx context.Context, j sweepJob) {
 			return
 		}
 		rctx, cancel = context.WithTimeout(ctx, releaseTimeout)
-		t.g.lim.releaseLease(rctx, j.store, sessionChecks(t.g.rt.Load().cfg, j.tenant, j.subject), j.lease)
+		t.g.eng.ReleaseLease(rctx, j.store, enforce.SessionChecks(t.g.rt.Load().cfg, j.tenant, j.subject), j.lease)
 		cancel()
 	}
 	t.endUpstream(ctx, j)

@@ -5,15 +5,15 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/mcpgate/mcpgate/enforce"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpgate/mcpgate/auth"
-	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/mcp"
-	"github.com/mcpgate/mcpgate/policy"
 )
 
 // tracerName is the instrumentation scope of the gateway's spans.
@@ -238,57 +238,6 @@ func (t *tracing) cache(ctx context.Context, outcome string) {
 	}
 }
 
-// admit is the limit stage (decide) inside a child span of the request's:
-// the decision is recorded on both, its rule and scope on the server span.
-func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy) verdict {
-	if l.trace == nil {
-		return l.decide(ctx, tenant, global, meter, br, cost, onErr)
-	}
-	ctx, span := l.trace.tracer.Start(ctx, "mcpgate.admit")
-	v := l.decide(ctx, tenant, global, meter, br, cost, onErr)
-	decision, rule, scope := v.describe()
-	attrs := []attribute.KeyValue{attrDecision.String(decision)}
-	if rule != "" {
-		attrs = append(attrs, attrRule.String(rule), attrScope.String(scope))
-	}
-	if v.degraded != "" {
-		attrs = append(attrs, attrDegraded.String(string(v.degraded)))
-	}
-	if v.fromCache {
-		attrs = append(attrs, attrDenialCache.Bool(true))
-	}
-	// The details go on the server span only: every attribute is paid
-	// for again in the export (see docs/benchmarks.md).
-	span.SetAttributes(attrs[0])
-	span.End()
-	if rs := requestSpanFrom(ctx); rs != nil {
-		rs.mu.Lock()
-		rs.decision = decision
-		rs.mu.Unlock()
-		rs.add(attrs[1:]...) // the decision goes on at the end, once
-	}
-	return v
-}
-
-// describe names a verdict: decision (admitted, denied, unavailable), and
-// for a decision a rule made, the rule and its scope.
-func (v *verdict) describe() (decision, rule, scope string) {
-	switch {
-	case v.unavailable:
-		return "unavailable", "", ""
-	case v.breakerOpen:
-		return "denied", breakerRule, "breaker"
-	case v.quota:
-		return "denied", quotaRule, "quota"
-	case !v.allowed:
-		return "denied", v.decision.Rule.Name, string(v.scope)
-	}
-	if v.decision.Rule.Name != "" {
-		return "admitted", v.decision.Rule.Name, string(v.scope)
-	}
-	return "admitted", "", ""
-}
-
 // serveUpstream is rt.proxy.Serve inside a client span: the upstream
 // receives that span's traceparent (and tracestate), not the caller's.
 func (g *Gateway) serveUpstream(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward) (int, error) {
@@ -323,4 +272,37 @@ func (g *Gateway) serveUpstream(w http.ResponseWriter, r *http.Request, rt *runt
 		rs.add(attrUpstreamStatus.Int(status))
 	}
 	return status, err
+}
+
+// tracerOrNil is the engine's tracer: nil when tracing is off.
+func (t *tracing) tracerOrNil() trace.Tracer {
+	if t == nil {
+		return nil
+	}
+	return t.tracer
+}
+
+// noteTrace records the engine's decision on the request's server span:
+// the decision goes on at the end, once; its rule, scope, degraded policy
+// and denial-cache answer now.
+func noteTrace(ctx context.Context, d enforce.Decision) {
+	rs := requestSpanFrom(ctx)
+	if rs == nil {
+		return
+	}
+	decision, rule, scope := d.Describe()
+	attrs := make([]attribute.KeyValue, 0, 4)
+	if rule != "" {
+		attrs = append(attrs, attrRule.String(rule), attrScope.String(scope))
+	}
+	if d.Degraded != "" {
+		attrs = append(attrs, attrDegraded.String(string(d.Degraded)))
+	}
+	if d.FromDenialCache {
+		attrs = append(attrs, attrDenialCache.Bool(true))
+	}
+	rs.mu.Lock()
+	rs.decision = decision
+	rs.mu.Unlock()
+	rs.add(attrs...)
 }

@@ -51,12 +51,12 @@ func TestCloseFlushes(t *testing.T) {
 				}
 			})
 			if mode == "redis down" {
-				if n := e.gws[0].lim.meters.pendingCount() + e.gws[1].lim.meters.pendingCount(); n == 0 {
+				if n := e.gws[0].Engine().PendingUsage() + e.gws[1].Engine().PendingUsage(); n == 0 {
 					t.Fatal("no usage pending while Redis was down")
 				}
 				s.Redis.Restart(t)
 				eventually(t, 5*time.Second, "the store breakers to close", func() bool {
-					return e.gws[0].guard.Available() && e.gws[1].guard.Available()
+					return e.gws[0].Engine().StoreAvailable() && e.gws[1].Engine().StoreAvailable()
 				})
 			}
 			for i := range e.gws {
@@ -134,7 +134,7 @@ tools:
 	}
 	m := report("tenant=acme", http.StatusOK)
 	wantFields(m, map[string]any{"tenant": "acme", "period": period, "used": 9, "quota": 100, "calls": 5, "remaining": 91, "store": "live"})
-	if err := e.gws[0].lim.meters.flusher.Flush(t.Context()); err != nil {
+	if err := e.gws[0].Engine().Flusher().Flush(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	m = report("tenant=acme&period="+period, http.StatusOK)
@@ -267,7 +267,7 @@ func waitDurable(t *testing.T, st usage.Store, tenant, period string, want limit
 // live is the meter of tenant in period as instance i's store holds it.
 func (e *env) live(i int, tenant, period string) limit.Usage {
 	e.t.Helper()
-	st, ok, err := e.gws[i].lim.meters.store.ReadMeter(e.t.Context(), keyspace.Usage(tenant, period))
+	st, ok, err := e.gws[i].Engine().Store().ReadMeter(e.t.Context(), keyspace.Usage(tenant, period))
 	if err != nil || !ok {
 		e.t.Fatalf("meter of %s in %s: found %v, %v", tenant, period, ok, err)
 	}

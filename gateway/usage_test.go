@@ -272,7 +272,7 @@ func testStoreOutage(t *testing.T, s setup, down, up func()) {
 	waitDurable(t, s.Usage, "initech", period, limit.Usage{Charged: 5, Calls: 5})
 	load(initech, 3)
 	e.stop(0)
-	if n := e.gws[0].lim.meters.pendingCount(); n != 0 {
+	if n := e.gws[0].Engine().PendingUsage(); n != 0 {
 		t.Fatalf("%d meters still pending after the store came back", n)
 	}
 	if got, want := durable(t, s.Usage, "initech", period), (limit.Usage{Charged: 8, Calls: 8}); got != want {
@@ -372,7 +372,7 @@ tiers:
 		}
 	}
 	// One instance's sweep writes what both charged.
-	if err := e.gws[1].lim.meters.flusher.Sweep(t.Context()); err != nil {
+	if err := e.gws[1].Engine().Flusher().Sweep(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	flushed := durable(t, st, "acme", period)
@@ -451,7 +451,7 @@ tools:
 	// Usage that never reached Redis (breaker open, dial failed) is placed
 	// once Redis answers again.
 	eventually(t, 15*time.Second, "pending usage to be placed", func() bool {
-		return e.gws[0].lim.meters.pendingCount() == 0 && e.gws[1].lim.meters.pendingCount() == 0
+		return e.gws[0].Engine().PendingUsage() == 0 && e.gws[1].Engine().PendingUsage() == 0
 	})
 	c := r.Client(t)
 	fields, err := c.Do(t.Context(), c.B().Hgetall().Key(keyspace.Usage("acme", usage.Period(time.Now()))).Build()).AsStrMap()
@@ -504,7 +504,7 @@ func TestRetriedFlushNoDoubleCount(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for _, g := range e.gws {
-		f := g.lim.meters.flusher
+		f := g.Engine().Flusher()
 		f.Track(key)
 		for range 2 {
 			wg.Go(func() {
@@ -525,8 +525,8 @@ func TestRetriedFlushNoDoubleCount(t *testing.T) {
 	}
 	calls(5)
 	for range 2 {
-		e.gws[0].lim.meters.flusher.Track(key)
-		if err := e.gws[0].lim.meters.flusher.Flush(t.Context()); err != nil {
+		e.gws[0].Engine().Flusher().Track(key)
+		if err := e.gws[0].Engine().Flusher().Flush(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -92,7 +92,7 @@ func (g *Gateway) warm(ctx context.Context, cfg *policy.Config) {
 			},
 		})
 	}
-	res, err := g.cache.Warm(ctx, items)
+	res, err := g.eng.Cache().Warm(ctx, items)
 	if err != nil {
 		g.log.Warn("cache warm-up incomplete", "err", err)
 	}

@@ -1,4 +1,4 @@
-package gateway
+package enforce
 
 import (
 	"context"
@@ -10,10 +10,6 @@ import (
 	"github.com/mcpgate/mcpgate/limit"
 )
 
-// ErrStoreDown means the shared store was skipped because its breaker is
-// open: recent calls failed and a background probe has not yet seen it back.
-var ErrStoreDown = errors.New("gateway: limit store unavailable (breaker open)")
-
 // DefaultStoreFailures consecutive store errors open the limit store's
 // breaker.
 const DefaultStoreFailures = storeguard.DefaultFailures
@@ -24,19 +20,19 @@ const DefaultStoreFailures = storeguard.DefaultFailures
 // timeout) and a background probe closes the breaker again once the store
 // answers.
 type guardedStore struct {
-	limit.Store
+	limit.GuardedStore
 	br *storeguard.Breaker
 }
 
 // newGuardedStore wraps s. onState, when set, is told when the breaker
 // opens (false) and closes (true): it drives the mcpgate_limit_store_up
 // gauge.
-func newGuardedStore(s limit.Store, probe func(context.Context) error, timeout time.Duration, log *slog.Logger, onState func(up bool)) (*guardedStore, error) {
+func newGuardedStore(s limit.GuardedStore, probe func(context.Context) error, timeout time.Duration, log *slog.Logger, onState func(up bool)) (*guardedStore, error) {
 	br, err := storeguard.New(storeguard.Options{Probe: probe, ProbeTimeout: timeout, Name: "limit store", Logger: log, OnState: onState})
 	if err != nil {
 		return nil, err
 	}
-	return &guardedStore{Store: s, br: br}, nil
+	return &guardedStore{GuardedStore: s, br: br}, nil
 }
 
 // Available reports whether calls currently go to the store.
@@ -49,7 +45,7 @@ func (g *guardedStore) Take(ctx context.Context, checks []limit.Check, cost int6
 	if g.down() {
 		return limit.Decision{}, ErrStoreDown
 	}
-	d, err := g.Store.Take(ctx, checks, cost)
+	d, err := g.GuardedStore.Take(ctx, checks, cost)
 	g.observe(ctx, err)
 	return d, err
 }
@@ -58,7 +54,7 @@ func (g *guardedStore) Refund(ctx context.Context, checks []limit.Check, cost in
 	if g.down() {
 		return ErrStoreDown
 	}
-	err := g.Store.Refund(ctx, checks, cost, lease)
+	err := g.GuardedStore.Refund(ctx, checks, cost, lease)
 	g.observe(ctx, err)
 	return err
 }
@@ -67,7 +63,7 @@ func (g *guardedStore) Refund(ctx context.Context, checks []limit.Check, cost in
 // reports the lease held and leaves it to expire after its period (a store
 // that cannot renew must not end sessions that are in use).
 func (g *guardedStore) Renew(ctx context.Context, checks []limit.Check, lease string) (bool, error) {
-	rn, ok := g.Store.(limit.Renewer)
+	rn, ok := g.GuardedStore.(limit.Renewer)
 	if !ok {
 		return true, nil
 	}
@@ -83,7 +79,7 @@ func (g *guardedStore) Release(ctx context.Context, checks []limit.Check, lease 
 	if g.down() {
 		return ErrStoreDown
 	}
-	err := g.Store.Release(ctx, checks, lease)
+	err := g.GuardedStore.Release(ctx, checks, lease)
 	g.observe(ctx, err)
 	return err
 }
@@ -109,13 +105,11 @@ func (g *guardedStore) Close() { g.br.Close() }
 // The usage-meter methods go through the same breaker: a meter lives in the
 // shared store like any counter.
 
-func (g *guardedStore) metered() limit.MeteredStore { return g.Store.(limit.MeteredStore) }
-
 func (g *guardedStore) TakeMetered(ctx context.Context, checks []limit.Check, m limit.Meter, cost int64) (limit.Decision, limit.MeterResult, error) {
 	if g.down() {
 		return limit.Decision{}, limit.MeterResult{}, ErrStoreDown
 	}
-	d, r, err := g.metered().TakeMetered(ctx, checks, m, cost)
+	d, r, err := g.GuardedStore.TakeMetered(ctx, checks, m, cost)
 	g.observe(ctx, err)
 	return d, r, err
 }
@@ -124,7 +118,7 @@ func (g *guardedStore) Adjust(ctx context.Context, m limit.Meter, delta limit.Us
 	if g.down() {
 		return limit.MeterResult{}, ErrStoreDown
 	}
-	r, err := g.metered().Adjust(ctx, m, delta)
+	r, err := g.GuardedStore.Adjust(ctx, m, delta)
 	g.observe(ctx, err)
 	return r, err
 }
@@ -133,32 +127,30 @@ func (g *guardedStore) ReadMeter(ctx context.Context, key string) (limit.MeterSt
 	if g.down() {
 		return limit.MeterState{}, false, ErrStoreDown
 	}
-	return g.metered().ReadMeter(ctx, key)
+	return g.GuardedStore.ReadMeter(ctx, key)
 }
 
 func (g *guardedStore) MarkFlushed(ctx context.Context, key string, u limit.Usage) error {
 	if g.down() {
 		return ErrStoreDown
 	}
-	return g.metered().MarkFlushed(ctx, key, u)
+	return g.GuardedStore.MarkFlushed(ctx, key, u)
 }
 
 func (g *guardedStore) ScanMeters(ctx context.Context, fn func(limit.MeterState) error) error {
 	if g.down() {
 		return ErrStoreDown
 	}
-	return g.metered().ScanMeters(ctx, fn)
+	return g.GuardedStore.ScanMeters(ctx, fn)
 }
 
 // The loop-breaker methods go through the breaker too.
-
-func (g *guardedStore) guarded() limit.GuardedStore { return g.Store.(limit.GuardedStore) }
 
 func (g *guardedStore) Evaluate(ctx context.Context, req limit.Request) (limit.Outcome, error) {
 	if g.down() {
 		return limit.Outcome{}, ErrStoreDown
 	}
-	o, err := g.guarded().Evaluate(ctx, req)
+	o, err := g.GuardedStore.Evaluate(ctx, req)
 	g.observe(ctx, err)
 	return o, err
 }
@@ -167,7 +159,7 @@ func (g *guardedStore) ReportOutcome(ctx context.Context, b limit.BreakerSpec, f
 	if g.down() {
 		return limit.BreakerState{}, ErrStoreDown
 	}
-	st, err := g.guarded().ReportOutcome(ctx, b, failed, probe)
+	st, err := g.GuardedStore.ReportOutcome(ctx, b, failed, probe)
 	g.observe(ctx, err)
 	return st, err
 }
@@ -176,7 +168,7 @@ func (g *guardedStore) AddDenials(ctx context.Context, b limit.BreakerSpec, n in
 	if g.down() {
 		return limit.BreakerState{}, ErrStoreDown
 	}
-	st, err := g.guarded().AddDenials(ctx, b, n)
+	st, err := g.GuardedStore.AddDenials(ctx, b, n)
 	g.observe(ctx, err)
 	return st, err
 }
@@ -185,7 +177,7 @@ func (g *guardedStore) ReleaseProbe(ctx context.Context, b limit.BreakerSpec) er
 	if g.down() {
 		return ErrStoreDown
 	}
-	err := g.guarded().ReleaseProbe(ctx, b)
+	err := g.GuardedStore.ReleaseProbe(ctx, b)
 	g.observe(ctx, err)
 	return err
 }
@@ -194,25 +186,26 @@ func (g *guardedStore) ListBreakers(ctx context.Context, fn func(limit.BreakerIn
 	if g.down() {
 		return ErrStoreDown
 	}
-	return g.guarded().ListBreakers(ctx, fn)
+	return g.GuardedStore.ListBreakers(ctx, fn)
 }
 
 func (g *guardedStore) ResetBreaker(ctx context.Context, key string) (bool, error) {
 	if g.down() {
 		return false, ErrStoreDown
 	}
-	return g.guarded().ResetBreaker(ctx, key)
+	return g.GuardedStore.ResetBreaker(ctx, key)
 }
 
-// errNoReset means the limit store is not a limit.Resetter.
-var errNoReset = errors.New("gateway: the limit store cannot reset counters")
+// ErrNoReset means a limit store cannot reset counters (it is not a
+// limit.Resetter).
+var ErrNoReset = errors.New("enforce: the limit store cannot reset counters")
 
 // Reset implements limit.Resetter when the wrapped store does (ErrStoreDown
 // while the breaker is open).
 func (g *guardedStore) Reset(ctx context.Context, keys []string) (int, error) {
-	rs, ok := g.Store.(limit.Resetter)
+	rs, ok := g.GuardedStore.(limit.Resetter)
 	if !ok {
-		return 0, errNoReset
+		return 0, ErrNoReset
 	}
 	if g.down() {
 		return 0, ErrStoreDown

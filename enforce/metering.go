@@ -1,4 +1,4 @@
-package gateway
+package enforce
 
 import (
 	"context"
@@ -94,7 +94,7 @@ func (m *meterer) run(ctx context.Context) {
 }
 
 // meterFor is the meter of tenant for the period containing now.
-func (m *meterer) meterFor(tenant string, quota int64, now time.Time) *limit.Meter {
+func meterFor(tenant string, quota int64, now time.Time) *limit.Meter {
 	period := usage.Period(now)
 	end, _ := usage.PeriodEnd(period)
 	return &limit.Meter{
@@ -255,4 +255,52 @@ func reportedCost(result json.RawMessage, path string) (int64, error) {
 		return 0, fmt.Errorf("%s: %v is not a non-negative integer", path, v)
 	}
 	return int64(f), nil
+}
+
+// ErrNoMetering means the Engine has no usage store (Options.Usage).
+var ErrNoMetering = errors.New("enforce: usage metering is not configured")
+
+// Usage reads tenant's usage in period: the live meter where the store
+// holds one ahead of the durable total (live is then true; it is ahead by at
+// most one flush), else the durable total with the time it was written
+// (nil when the durable store has no record).
+func (e *Engine) Usage(ctx context.Context, tenant, period string) (u limit.Usage, updated *time.Time, live bool, err error) {
+	m := e.lim.meters
+	if m == nil {
+		return limit.Usage{}, nil, false, ErrNoMetering
+	}
+	rec, found, err := m.durable.Get(ctx, tenant, period)
+	if err != nil {
+		return limit.Usage{}, nil, false, err
+	}
+	if found {
+		updated = &rec.UpdatedAt
+	}
+	if st, ok, err := m.store.ReadMeter(ctx, keyspace.Usage(tenant, period)); err == nil && ok && !rec.Usage.Covers(st.Live) {
+		return st.Live.Max(rec.Usage), updated, true, nil
+	}
+	return rec.Usage, updated, false, nil
+}
+
+// Metered reports whether the Engine meters usage (Options.Usage is set).
+func (e *Engine) Metered() bool { return e.lim.meters != nil }
+
+// Flusher is the usage flusher that writes the live meters to the durable
+// store (nil without metering): for operations that flush or sweep on
+// demand. The Engine runs it on its own; Close flushes a last time.
+func (e *Engine) Flusher() *usage.Flusher {
+	if e.lim.meters == nil {
+		return nil
+	}
+	return e.lim.meters.flusher
+}
+
+// PendingUsage is how many meters have usage waiting in process because
+// their store could not be reached (0 without metering). It is placed on
+// the next flush tick that reaches the store.
+func (e *Engine) PendingUsage() int {
+	if e.lim.meters == nil {
+		return 0
+	}
+	return e.lim.meters.pendingCount()
 }

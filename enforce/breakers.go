@@ -1,4 +1,4 @@
-package gateway
+package enforce
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/mcp"
@@ -19,20 +18,20 @@ import (
 const (
 	// breakerCacheSize bounds the open breakers remembered in process.
 	breakerCacheSize = 100_000
-	// breakerCacheHold caps how long an open breaker is answered in process
+	// BreakerCacheHold caps how long an open breaker is answered in process
 	// without asking the store, so that DELETE /admin/breakers/{key} on one
 	// instance reaches the others within this time.
-	breakerCacheHold = time.Second
-	// probeRetry caps the Retry-After of a call refused because another
+	BreakerCacheHold = time.Second
+	// ProbeRetry caps the Retry-After of a call refused because another
 	// call's half-open probe is in flight, and how long such a refusal is
 	// answered in process: the store's retry time is the probe's lease
 	// (the upstream timeout and more), but the probe's outcome, which
 	// closes or reopens the breaker, usually comes within a second.
-	probeRetry = time.Second
+	ProbeRetry = time.Second
 )
 
 // breakerCache answers open breakers in process until they may close (at
-// most breakerCacheHold at a time), and counts the denials the local denial
+// most BreakerCacheHold at a time), and counts the denials the local denial
 // cache answered, so that they count toward consecutive_denials.
 type breakerCache struct {
 	now   func() time.Time
@@ -113,7 +112,7 @@ func (c *breakerCache) observe(b *limit.BreakerSpec, st limit.BreakerState) {
 		return
 	}
 	if st.HalfOpen {
-		st.RetryAfter = min(st.RetryAfter, probeRetry)
+		st.RetryAfter = min(st.RetryAfter, ProbeRetry)
 	}
 	until := now.Add(st.RetryAfter)
 	if len(c.open) >= breakerCacheSize {
@@ -123,7 +122,7 @@ func (c *breakerCache) observe(b *limit.BreakerSpec, st limit.BreakerState) {
 			}
 		}
 	}
-	c.open[b.Key] = openBreaker{until: until, hold: minTime(until, now.Add(breakerCacheHold)), state: st}
+	c.open[b.Key] = openBreaker{until: until, hold: minTime(until, now.Add(BreakerCacheHold)), state: st}
 }
 
 // unhold stops answering key in process (its probe's lease was released:
@@ -157,21 +156,17 @@ func (c *breakerCache) forget(key string) {
 // answered them, at the cost of fewer round trips than that per opening.
 // Once the store's count has reached the threshold without opening the
 // breaker (it is half-open: denials do not reopen it), denials are not sent
-// for breakerCacheHold, so that an agent looping on a denied key costs the
+// for BreakerCacheHold, so that an agent looping on a denied key costs the
 // store at most one call a second.
-func (c *breakerCache) deniedLocally(ctx context.Context, store limit.Store, b *limit.BreakerSpec) (limit.BreakerState, bool) {
+func (c *breakerCache) deniedLocally(ctx context.Context, gs limit.GuardedStore, b *limit.BreakerSpec) (limit.BreakerState, bool) {
 	if c == nil || b == nil || b.ConsecutiveDenials == 0 {
-		return limit.BreakerState{}, false
-	}
-	gs, ok := store.(limit.GuardedStore)
-	if !ok {
 		return limit.BreakerState{}, false
 	}
 	now := c.now()
 	c.mu.Lock()
 	seen, ok := c.denials[b.Key]
 	c.mu.Unlock()
-	if ok && seen.n >= b.ConsecutiveDenials && now.Sub(seen.at) < breakerCacheHold {
+	if ok && seen.n >= b.ConsecutiveDenials && now.Sub(seen.at) < BreakerCacheHold {
 		return limit.BreakerState{}, false
 	}
 	st, err := gs.AddDenials(ctx, *b, 1)
@@ -191,13 +186,9 @@ func (l *limiter) releaseProbe(ctx context.Context, b *limit.BreakerSpec, st lim
 	if b == nil || !st.Probe {
 		return
 	}
-	var store limit.Store = l.local
+	var gs limit.GuardedStore = l.local
 	if l.shared != nil {
-		store = l.shared
-	}
-	gs, ok := store.(limit.GuardedStore)
-	if !ok {
-		return
+		gs = l.shared
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
@@ -217,11 +208,11 @@ func minTime(a, b time.Time) time.Time {
 
 // evaluate runs the tenant batch with its meter and breaker in one store
 // call. An open breaker sets v.breakerOpen.
-func (l *limiter) evaluate(ctx context.Context, store limit.Store, checks []limit.Check, meter *limit.Meter, br *limit.BreakerSpec, cost int64, v *verdict) (limit.Decision, limit.MeterResult, error) {
+func (l *limiter) evaluate(ctx context.Context, store limit.GuardedStore, checks []limit.Check, meter *limit.Meter, br *limit.BreakerSpec, cost int64, v *verdict) (limit.Decision, limit.MeterResult, error) {
 	if br == nil {
-		return store.(limit.MeteredStore).TakeMetered(ctx, checks, *meter, cost)
+		return store.TakeMetered(ctx, checks, *meter, cost)
 	}
-	out, err := store.(limit.GuardedStore).Evaluate(ctx, limit.Request{Checks: checks, Meter: meter, Breaker: br, Cost: cost})
+	out, err := store.Evaluate(ctx, limit.Request{Checks: checks, Meter: meter, Breaker: br, Cost: cost})
 	if err != nil {
 		return out.Decision, out.Meter, err
 	}
@@ -244,7 +235,7 @@ func ms(d time.Duration) time.Duration {
 // breakerSpec is the loop breaker of a call, or nil when the config has none.
 // The identity follows breaker.key: the subject (default), the tenant, or the
 // MCP session (falling back to the subject without one).
-func breakerSpec(cfg *policy.Config, p auth.Principal, session, tool string, args json.RawMessage) *limit.BreakerSpec {
+func breakerSpec(cfg *policy.Config, p Call, tool string) *limit.BreakerSpec {
 	b := cfg.Breaker
 	if !b.Enabled() {
 		return nil
@@ -253,8 +244,8 @@ func breakerSpec(cfg *policy.Config, p auth.Principal, session, tool string, arg
 	switch {
 	case b.Key == "tenant":
 		id = "tenant"
-	case b.Key == "session" && session != "":
-		id = "session:" + session
+	case b.Key == "session" && p.Session != "":
+		id = "session:" + p.Session
 	}
 	spec := &limit.BreakerSpec{
 		Key: keyspace.Breaker(p.Tenant, id), Tenant: p.Tenant, Subject: p.Subject, ID: id,
@@ -265,7 +256,7 @@ func breakerSpec(cfg *policy.Config, p auth.Principal, session, tool string, arg
 		ProbeLease:          ms(cfg.Upstream.Timeout + 5*time.Second),
 	}
 	if b.IdenticalCalls.Count > 1 {
-		spec.IdenticalKey = keyspace.BreakerCall(p.Tenant, id, fingerprint(tool, args))
+		spec.IdenticalKey = keyspace.BreakerCall(p.Tenant, id, fingerprint(tool, p.Arguments))
 		spec.IdenticalCount = int64(b.IdenticalCalls.Count)
 		spec.IdenticalWithin = ms(b.IdenticalCalls.Within)
 	}
@@ -289,12 +280,8 @@ func fingerprint(tool string, args json.RawMessage) string {
 
 // deniedGlobally counts a denial by a global rule (decided outside the
 // tenant's script, which saw an admission) toward consecutive_denials.
-func (c *breakerCache) deniedGlobally(ctx context.Context, store limit.Store, b *limit.BreakerSpec) {
+func (c *breakerCache) deniedGlobally(ctx context.Context, gs limit.GuardedStore, b *limit.BreakerSpec) {
 	if c == nil || b == nil || b.ConsecutiveDenials == 0 {
-		return
-	}
-	gs, ok := store.(limit.GuardedStore)
-	if !ok {
 		return
 	}
 	if st, err := gs.AddDenials(ctx, *b, 1); err == nil {

@@ -1,4 +1,4 @@
-package gateway
+package enforce
 
 import (
 	"container/list"

@@ -1,4 +1,4 @@
-package gateway
+package enforce
 
 import (
 	"github.com/mcpgate/mcpgate/limit"

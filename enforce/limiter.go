@@ -1,4 +1,4 @@
-package gateway
+package enforce
 
 import (
 	"context"
@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"net"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
@@ -75,21 +78,21 @@ type verdict struct {
 	// lease and leaseStore name the slots of the tenant set's kept checks
 	// (see ruleSet.kept) when the call was admitted with them taken.
 	lease      string
-	leaseStore limit.Store
+	leaseStore limit.GuardedStore
 }
 
 // limiter is the limit stage: tenant-scoped rules and the usage meter in one
 // atomic batch, then global rules, refunding the tenant batch when a global
 // rule denies.
 type limiter struct {
-	shared   *guardedStore // nil: in-process only
-	local    limit.Store   // the store when shared is nil; else the fallback of on_error: local
-	meters   *meterer      // nil: no metering
+	shared   *guardedStore      // nil: in-process only
+	local    limit.GuardedStore // the store when shared is nil; else the fallback of on_error: local
+	meters   *meterer           // nil: no metering
 	breakers *breakerCache
 	denials  *denialCache
 	log      *slog.Logger
 	stats    *metrics.Metrics
-	trace    *tracing // nil: tracing off
+	tracer   trace.Tracer // nil: no span
 }
 
 func noRelease(context.Context) {}
@@ -107,7 +110,7 @@ func (l *limiter) decide(ctx context.Context, tenant, global ruleSet, meter *lim
 			return verdict{breaker: bs, breakerOpen: true, release: noRelease}
 		}
 	}
-	var store limit.Store = l.local
+	var store limit.GuardedStore = l.local
 	if l.shared != nil {
 		store = l.shared
 		for _, rs := range []ruleSet{tenant, global} {
@@ -122,7 +125,7 @@ func (l *limiter) decide(ctx context.Context, tenant, global ruleSet, meter *lim
 	}
 
 	var td, gd limit.Decision
-	var tStore, gStore limit.Store
+	var tStore, gStore limit.GuardedStore
 	if len(tenant.checks) > 0 || meter != nil || br != nil {
 		d, mr, s, metered, err := l.takeTenant(ctx, store, tenant.checks, meter, br, cost, onErr, &v)
 		if err != nil || v.unavailable {
@@ -197,7 +200,7 @@ func (l *limiter) decide(ctx context.Context, tenant, global ruleSet, meter *lim
 // in the store. A meter the store lost is seeded from the durable total; if
 // that total cannot be read, the checks are decided without the meter (the
 // call's usage then waits in process) unless the tool fails closed.
-func (l *limiter) takeTenant(ctx context.Context, store limit.Store, checks []limit.Check, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy, v *verdict) (d limit.Decision, mr limit.MeterResult, s limit.Store, metered bool, err error) {
+func (l *limiter) takeTenant(ctx context.Context, store limit.GuardedStore, checks []limit.Check, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy, v *verdict) (d limit.Decision, mr limit.MeterResult, s limit.GuardedStore, metered bool, err error) {
 	if meter == nil && br == nil {
 		d, s, err = l.take(ctx, store, checks, cost, onErr, v)
 		return d, mr, s, false, err
@@ -262,7 +265,7 @@ func chargeMayHaveApplied(err error) bool {
 // take runs one batch, applying the failure policy when the shared store
 // fails. It returns the store that decided (nil when the call was admitted
 // without a decision, under policy open).
-func (l *limiter) take(ctx context.Context, store limit.Store, checks []limit.Check, cost int64, onErr policy.FailurePolicy, v *verdict) (limit.Decision, limit.Store, error) {
+func (l *limiter) take(ctx context.Context, store limit.GuardedStore, checks []limit.Check, cost int64, onErr policy.FailurePolicy, v *verdict) (limit.Decision, limit.GuardedStore, error) {
 	if len(checks) == 0 {
 		return limit.Decision{Allowed: true}, nil, nil
 	}
@@ -277,7 +280,7 @@ func (l *limiter) take(ctx context.Context, store limit.Store, checks []limit.Ch
 }
 
 // degrade applies the tool's failure policy after store failed with err.
-func (l *limiter) degrade(ctx context.Context, store limit.Store, checks []limit.Check, cost int64, onErr policy.FailurePolicy, v *verdict, err error) (limit.Decision, limit.Store, error) {
+func (l *limiter) degrade(ctx context.Context, store limit.GuardedStore, checks []limit.Check, cost int64, onErr policy.FailurePolicy, v *verdict, err error) (limit.Decision, limit.GuardedStore, error) {
 	if store == l.local || errors.Is(err, limit.ErrInvalidRule) || errors.Is(err, limit.ErrInvalidCost) || errors.Is(err, limit.ErrInvalidMeter) {
 		// The in-process store does not fail for outside reasons: a bug.
 		l.log.Error("limit decision failed", "err", err)
@@ -327,8 +330,8 @@ func (l *limiter) countShadow(checks []limit.Check, d limit.Decision) {
 	}
 }
 
-func (l *limiter) rememberDenial(s limit.Store, checks []limit.Check, cost int64, d limit.Decision) {
-	if l.shared != nil && s == limit.Store(l.shared) {
+func (l *limiter) rememberDenial(s limit.GuardedStore, checks []limit.Check, cost int64, d limit.Decision) {
+	if l.shared != nil && s == limit.GuardedStore(l.shared) {
 		l.denials.remember(checks, cost, d)
 	}
 }
@@ -338,7 +341,7 @@ func (l *limiter) rememberDenial(s limit.Store, checks []limit.Check, cost int64
 // rule charged nothing and must not be credited). A failed refund
 // over-counts by one request; it is logged, not retried (a retried refund
 // could give back twice).
-func (l *limiter) refund(s limit.Store, checks []limit.Check, cost int64, d limit.Decision) {
+func (l *limiter) refund(s limit.GuardedStore, checks []limit.Check, cost int64, d limit.Decision) {
 	if s == nil {
 		return
 	}
@@ -365,4 +368,33 @@ func (l *limiter) releaseLease(ctx context.Context, s limit.Store, checks []limi
 	if err := s.Release(ctx, checks, lease); err != nil {
 		l.log.Warn("releasing concurrency slots failed: they free themselves when the lease expires", "err", err)
 	}
+}
+
+// admit is decide inside a "mcpgate.admit" span (when a tracer is set),
+// which records the decision.
+func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy) verdict {
+	if l.tracer == nil {
+		return l.decide(ctx, tenant, global, meter, br, cost, onErr)
+	}
+	ctx, span := l.tracer.Start(ctx, "mcpgate.admit")
+	v := l.decide(ctx, tenant, global, meter, br, cost, onErr)
+	// The details go on the caller's span only: every attribute is paid
+	// for again in the export (see docs/benchmarks.md).
+	span.SetAttributes(attrDecision.String(v.describe()))
+	span.End()
+	return v
+}
+
+// attrDecision is the admit span's one attribute.
+var attrDecision = attribute.Key("mcpgate.decision")
+
+// describe names a verdict's decision: admitted, denied or unavailable.
+func (v *verdict) describe() string {
+	switch {
+	case v.unavailable:
+		return "unavailable"
+	case v.breakerOpen, v.quota, !v.allowed:
+		return "denied"
+	}
+	return "admitted"
 }

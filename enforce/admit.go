@@ -1,0 +1,415 @@
+package enforce
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/policy"
+)
+
+// MethodToolsCall is the method of a tool call, the one method that is
+// metered, charged against quotas, watched by the loop breaker and cached.
+const MethodToolsCall = "tools/call"
+
+// Call is one MCP request to decide.
+type Call struct {
+	// Tenant, Tier and Subject name the caller (an authenticated
+	// principal). Tier "" means the config's default tier.
+	Tenant, Tier, Subject string
+	// Session is the caller's MCP session id, if any. It keys the loop
+	// breaker when breaker.key is "session"; limits never key on it alone.
+	Session string
+	// Method is the JSON-RPC method; "" means tools/call.
+	Method string
+	// Name is what the call acts on: the tool of a tools/call; for other
+	// methods, the target that per-tool counters count ("prompts/get greet",
+	// "resources/read file:///a", or the method itself).
+	Name string
+	// Arguments are a tools/call's arguments (the breaker's identical-call
+	// fingerprint, cache keys and tags).
+	Arguments json.RawMessage
+}
+
+func (c Call) method() string {
+	if c.Method == "" {
+		return MethodToolsCall
+	}
+	return c.Method
+}
+
+// Scopes of denials that no rule's `per` names.
+const (
+	ScopeQuota   = "quota"
+	ScopeBreaker = "breaker"
+)
+
+// Names of the rules in denials that are not configured rules.
+const (
+	BreakerRule = "loop_breaker"
+	QuotaRule   = "monthly_quota"
+)
+
+// Decision is the engine's answer to Admit.
+type Decision struct {
+	// Allowed: the call may run. Otherwise Unavailable says the store
+	// failed under an on_error: closed policy (answer 503), else Limit and
+	// Scope name what denied it (answer 429, see Denial).
+	Allowed     bool
+	Unavailable bool
+	// Limit fills the rate-limit headers: the denying decision, or the
+	// most restrictive admitted one. Its Rule is zero when no rule applied
+	// or the store failed open. A quota or breaker denial is described as a
+	// limit.Decision too (rules QuotaRule and BreakerRule).
+	Limit limit.Decision
+	// Scope is the denying (or reported) rule's per (global, tenant,
+	// tenant_tool, subject, subject_tool), ScopeQuota or ScopeBreaker.
+	Scope string
+	// Cost is what the call charges its usage meter and quota (the tool's
+	// configured cost or estimate; 0 for other methods).
+	Cost int64
+	// DenyAs is how the tool's denials are answered (policy.DenyHTTP or
+	// policy.DenyResult).
+	DenyAs policy.DenyMode
+	// Degraded names the failure policy applied because the store failed
+	// ("" when it answered).
+	Degraded policy.FailurePolicy
+	// FromDenialCache: the denial was answered in process, from an earlier
+	// denial by the shared store whose retry time has not come.
+	FromDenialCache bool
+}
+
+// Denial is what a denied call's answer carries: the JSON-RPC error's data
+// of a 429, or the structuredContent of a deny_as: result answer.
+type Denial struct {
+	Scope             string `json:"scope"`
+	Rule              string `json:"rule"`
+	Limit             int64  `json:"limit"`
+	Remaining         int64  `json:"remaining"`
+	RetryAfterSeconds int64  `json:"retry_after_seconds"`
+}
+
+// Denial describes a denied decision for its answer.
+func (d Decision) Denial() Denial {
+	return Denial{Scope: d.Scope, Rule: d.Limit.Rule.Name, Limit: d.Limit.Limit,
+		Remaining: d.Limit.Remaining, RetryAfterSeconds: RetryAfterSeconds(d.Limit)}
+}
+
+// Never reports whether a denied call can never be admitted (its cost
+// exceeds a rule's capacity).
+func (d Decision) Never() bool { return !d.Allowed && d.Limit.RetryAfter == limit.Never }
+
+// Describe names a decision for logs, traces and audit lines: decision is
+// "admitted", "denied" or "unavailable"; rule and scope name the rule that
+// denied it or, for an admission, the one reported in headers ("" if none).
+func (d Decision) Describe() (decision, rule, scope string) {
+	switch {
+	case d.Unavailable:
+		return "unavailable", "", ""
+	case !d.Allowed:
+		return "denied", d.Limit.Rule.Name, d.Scope
+	case d.Limit.Rule.Name != "":
+		return "admitted", d.Limit.Rule.Name, d.Scope
+	}
+	return "admitted", "", ""
+}
+
+// RetryAfterSeconds is a denial's Retry-After in whole seconds, at least 1.
+// A call that can never fit gets the rule's period: retrying sooner cannot
+// help, and a client must not spin.
+func RetryAfterSeconds(d limit.Decision) int64 {
+	ra := d.RetryAfter
+	if ra == limit.Never {
+		ra = d.Rule.Period
+	}
+	return max(1, int64(math.Ceil(ra.Seconds())))
+}
+
+// Admit decides call. The Ticket is never nil: call its Done once the
+// call's work has ended (at once for a denied call; Done is then a no-op).
+// Admit never fails: a store failure is answered by the tool's on_error
+// policy, which Decision.Degraded names.
+func (e *Engine) Admit(ctx context.Context, call Call) (*Ticket, Decision) {
+	cp := e.cfg.Load()
+	if call.method() == MethodToolsCall {
+		return e.admitTool(ctx, cp, call)
+	}
+	return e.admitMethod(ctx, cp, call)
+}
+
+// admitTool decides a tools/call: its rules count calls (the config's
+// limits are calls per period), its cost goes to the usage meter and the
+// monthly quota, the loop breaker watches it.
+func (e *Engine) admitTool(ctx context.Context, cp *compiled, call Call) (*Ticket, Decision) {
+	cfg := cp.cfg
+	owner := keyspace.Owner{Tenant: call.Tenant, Subject: call.Subject, Tool: call.Name}
+	tenantRules, globalRules := cfg.RulesFor(call.Tier, call.Name)
+	toolCost := cfg.ToolCost(call.Name)
+	cost := max(1, toolCost.Charge())
+	now := e.now()
+	var meter *limit.Meter
+	if e.lim.meters != nil {
+		_, tier, _ := cfg.ResolveTier(call.Tier)
+		meter = meterFor(call.Tenant, tier.MonthlyQuota, now)
+		meter.Cost = cost
+	}
+	br := breakerSpec(cfg, call, call.Name)
+	const callUnits = 1
+	v := e.lim.admit(ctx, buildRuleSet(tenantRules, owner), buildRuleSet(globalRules, owner), meter, br, callUnits, cfg.ToolOnError(call.Name))
+	d := e.decision(v, meter, br, now)
+	d.Cost, d.DenyAs = cost, cfg.DenyAs(call.Tier, call.Name)
+	t := &Ticket{e: e, cp: cp, call: call, v: v, meter: meter, br: br, cost: cost}
+	if !d.Allowed {
+		t.done = true
+		return t, d
+	}
+	switch {
+	case v.pending:
+		e.lim.meters.addPending(*meter, limit.Usage{Charged: cost, Calls: 1}, errors.New("admitted while the meter was unreachable"))
+	case v.unmetered:
+		e.lim.meters.charged(meter) // flushed if the charge did land
+		e.metrics.Unmetered.Inc()
+		e.log.Warn("call admitted after a meter charge with no answer: it may have been charged and is not charged again",
+			"tenant", meter.Tenant, "period", meter.Period, "tool", call.Name, "cost", cost)
+	}
+	// The cost of an unmetered call is not corrected: a correction of a
+	// charge that never landed would leave a refund without its charge.
+	if meter != nil && toolCost.FromResult != "" && !v.unmetered {
+		t.costPath = toolCost.FromResult
+	}
+	t.caching = cp.caching[call.Name]
+	return t, d
+}
+
+// admitMethod decides a request that is not a tools/call: the rules of its
+// method (policy.Config.RulesForMethod), with no meter and no breaker,
+// under the store's on_error policy. An initialize also takes the session
+// slots of its tenant and subject, kept past the call (Ticket.SessionLease).
+func (e *Engine) admitMethod(ctx context.Context, cp *compiled, call Call) (*Ticket, Decision) {
+	cfg := cp.cfg
+	owner := keyspace.Owner{Tenant: call.Tenant, Subject: call.Subject, Tool: call.Name}
+	tr, gr := cfg.RulesForMethod(call.Tier, call.Method)
+	tenant, global := buildRuleSet(tr, owner), buildRuleSet(gr, owner)
+	if call.Method == policy.MethodInitialize {
+		slots := SessionChecks(cfg, call.Tenant, call.Subject)
+		tenant.checks = append(tenant.checks, slots...)
+		// The contract's scopes are the counters' per: the tenant's cap, then
+		// the subject's (SessionChecks' order).
+		tenant.per = append(tenant.per, keyspace.PerTenant, keyspace.PerSubject)
+		tenant.kept = len(slots)
+	}
+	v := e.lim.admit(ctx, tenant, global, nil, nil, 1, StoreOnError(cfg))
+	d := e.decision(v, nil, nil, e.now())
+	d.DenyAs = policy.DenyHTTP
+	t := &Ticket{e: e, cp: cp, call: call, v: v, done: !d.Allowed}
+	return t, d
+}
+
+// StoreOnError is the failure policy of requests that are not tool calls:
+// the store's default (open when unset).
+func StoreOnError(cfg *policy.Config) policy.FailurePolicy {
+	if cfg.Store.OnError != "" {
+		return cfg.Store.OnError
+	}
+	return policy.FailOpen
+}
+
+// decision turns the limiter's verdict into a Decision, counting denials.
+func (e *Engine) decision(v verdict, meter *limit.Meter, br *limit.BreakerSpec, now time.Time) Decision {
+	d := Decision{Allowed: v.allowed, Unavailable: v.unavailable, Limit: v.decision, Scope: string(v.scope),
+		Degraded: v.degraded, FromDenialCache: v.fromCache}
+	switch {
+	case v.unavailable:
+		d.Allowed = false
+		return d
+	case v.breakerOpen:
+		d.Allowed, d.Limit, d.Scope = false, breakerDecision(br, v.breaker), ScopeBreaker
+	case v.quota:
+		d.Allowed, d.Limit, d.Scope = false, quotaDecision(meter, v.usage, now), ScopeQuota
+	}
+	if !d.Allowed {
+		e.metrics.Denials.WithLabelValues(d.Scope, d.Limit.Rule.Name).Inc()
+	}
+	return d
+}
+
+// Status is how an admitted call ended.
+type Status int
+
+const (
+	// OK: the call answered with a result that is not a tool error.
+	OK Status = iota
+	// ToolError: the call answered with a tool error (isError: true) or a
+	// JSON-RPC error. The loop breaker counts it as a failure.
+	ToolError
+	// Failed: the call got no answer from its server (a transport error, a
+	// timeout, a 5xx). The loop breaker counts it as a failure.
+	Failed
+	// Cancelled: the caller cancelled the call (notifications/cancelled).
+	// It says nothing of the agent; the server may have done the work.
+	Cancelled
+	// Abandoned: the caller went away before the answer. Like Cancelled.
+	Abandoned
+)
+
+// Outcome is how an admitted call ended, for Ticket.Done.
+type Outcome struct {
+	Status Status
+	// Result is the call's result (a tools/call result object), for the
+	// cost correction of tools whose cost.from_result is set. Nil keeps
+	// what Answered recorded, or the estimate.
+	Result json.RawMessage
+}
+
+// Ticket is an admitted call's claim on the engine: what Done settles.
+// Its methods are safe for concurrent use; Done acts once.
+type Ticket struct {
+	e        *Engine
+	cp       *compiled
+	call     Call
+	v        verdict
+	meter    *limit.Meter
+	br       *limit.BreakerSpec
+	cost     int64
+	costPath string // cost.from_result, "" when the charge is not corrected
+	caching  toolCaching
+
+	mu          sync.Mutex
+	done        bool
+	reported    bool // the breaker was told the outcome
+	invalidated bool
+	result      json.RawMessage
+}
+
+// WantsAnswer reports whether settling the call needs its answer, given
+// through Answered or Outcome.Result: for a cost correction, the loop
+// breaker, or a mutating tool's invalidations. An adapter that must parse
+// the answer to get it can skip that work when this is false.
+func (t *Ticket) WantsAnswer() bool {
+	return !t.done && (t.costPath != "" || t.br != nil || t.caching.invalidates != nil)
+}
+
+// SessionLease names the session slots an admitted initialize took and
+// keeps past the call: the lease and the store holding it ("" and nil when
+// none were taken, for example under on_error: open). Free them with
+// Engine.ReleaseLease and SessionChecks when the session ends.
+func (t *Ticket) SessionLease() (lease string, store limit.Store) {
+	if t.v.lease == "" {
+		return "", nil
+	}
+	return t.v.lease, t.v.leaseStore
+}
+
+// Answered records a tools/call's answer as soon as it is known, before it
+// is relayed to the caller: the loop breaker learns the outcome, and a
+// mutating tool's invalidations run, so that the caller's next call meets
+// the breaker this answer opened and cannot read an entry it made stale.
+// failed is a tool error or a JSON-RPC error. Done follows all the same.
+func (t *Ticket) Answered(ctx context.Context, result json.RawMessage, failed bool) {
+	ctx = context.WithoutCancel(ctx)
+	t.mu.Lock()
+	t.result = result
+	report := t.br != nil && !t.reported && !t.done
+	invalidate := t.caching.invalidates != nil && !t.invalidated && !failed && !t.done
+	t.reported = t.reported || report
+	t.invalidated = t.invalidated || invalidate
+	t.mu.Unlock()
+	if report {
+		t.e.reportOutcome(ctx, t.br, t.v.breaker, failed)
+	}
+	if invalidate {
+		t.e.invalidateAfter(ctx, t.cp, t.call.Tenant, t.caching, t.call.Arguments)
+	}
+}
+
+// Done settles an admitted call: it releases the call's concurrency slots,
+// corrects its charge from the cost the tool reported, tells the loop
+// breaker how it ended (a cancelled or abandoned call gives back a probe
+// instead of reporting), and drops the entries a successful mutating call
+// made stale. It returns the cost the call was charged in the end. Done
+// does not honour ctx's cancellation: it always settles, each store call
+// bounded by a second.
+func (t *Ticket) Done(ctx context.Context, o Outcome) (charged int64) {
+	t.mu.Lock()
+	if t.done {
+		t.mu.Unlock()
+		return t.cost
+	}
+	t.done = true
+	if o.Result != nil {
+		t.result = o.Result
+	}
+	result, reported, invalidated := t.result, t.reported, t.invalidated
+	t.mu.Unlock()
+
+	ctx = context.WithoutCancel(ctx)
+	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	t.v.release(rctx)
+	cancel()
+	charged = t.cost
+	if t.costPath != "" && result != nil {
+		charged = t.e.correctCost(ctx, t.meter, t.v.metered, t.cost, t.costPath, result)
+	}
+	abandoned := o.Status == Cancelled || o.Status == Abandoned
+	switch {
+	case t.br == nil || reported:
+	case !abandoned:
+		t.e.reportOutcome(ctx, t.br, t.v.breaker, o.Status != OK)
+	default:
+		// The call says nothing of the agent, and a probe's lease would
+		// refuse every call until it ran out.
+		t.e.lim.releaseProbe(ctx, t.br, t.v.breaker)
+	}
+	if t.caching.invalidates != nil && !invalidated && (o.Status == OK || abandoned) {
+		// A cancelled or abandoned call may have written all the same.
+		t.e.invalidateAfter(ctx, t.cp, t.call.Tenant, t.caching, t.call.Arguments)
+	}
+	return charged
+}
+
+// reportOutcome tells the breaker how an admitted call ended. Successes are
+// reported only when they change something (a probe, or failures to reset),
+// so that a healthy agent costs no extra store call.
+func (e *Engine) reportOutcome(ctx context.Context, b *limit.BreakerSpec, st limit.BreakerState, failed bool) {
+	if !failed && !st.Probe && st.Failures == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	defer cancel()
+	out, err := e.Store().ReportOutcome(ctx, *b, failed, st.Probe)
+	if err != nil {
+		e.log.Warn("reporting a call's outcome to its loop breaker failed", "key", b.Key, "err", err)
+		return
+	}
+	e.lim.breakers.observe(b, out)
+}
+
+// correctCost turns the estimate charged on admission into the cost the
+// tool reported in its result (a refund or an extra charge) and returns
+// the cost charged in the end. A result without a valid value keeps the
+// estimate.
+func (e *Engine) correctCost(ctx context.Context, meter *limit.Meter, metered bool, charged int64, path string, result json.RawMessage) int64 {
+	actual, err := reportedCost(result, path)
+	if err != nil {
+		e.metrics.CostCorrections.WithLabelValues("invalid").Inc()
+		e.log.Warn("tool result reports no valid cost: the estimate stays charged", "tenant", meter.Tenant, "estimate", charged, "err", err)
+		return charged
+	}
+	delta, ok := correction(charged, actual)
+	if !ok {
+		e.metrics.CostCorrections.WithLabelValues("unchanged").Inc()
+		return charged
+	}
+	e.metrics.CostCorrections.WithLabelValues("applied").Inc()
+	if metered {
+		e.lim.meters.adjust(ctx, *meter, delta)
+	} else {
+		e.lim.meters.addPending(*meter, delta, errors.New("correction of a call admitted while the meter was unreachable"))
+	}
+	return actual
+}

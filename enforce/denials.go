@@ -1,0 +1,95 @@
+package enforce
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/usage"
+)
+
+// breakerDecision describes an open breaker as a limit.Decision, for the
+// same headers and body as other denials. A refusal because another call's
+// probe is in flight says retry within ProbeRetry, not at the end of the
+// probe's lease: the probe's outcome is usually known by then.
+func breakerDecision(b *limit.BreakerSpec, st limit.BreakerState) limit.Decision {
+	retry := st.RetryAfter
+	if st.HalfOpen {
+		retry = min(retry, ProbeRetry)
+	}
+	return limit.Decision{
+		Rule:       limit.Rule{Name: BreakerRule, Period: max(st.Cooldown, b.Cooldown)},
+		ResetAfter: retry,
+		RetryAfter: retry,
+	}
+}
+
+// quotaDecision describes a quota denial as a limit.Decision, so that the
+// same headers and body are written: the window is the billing period and
+// the retry time its end.
+func quotaDecision(m *limit.Meter, u limit.Usage, now time.Time) limit.Decision {
+	start, _ := usage.PeriodStart(m.Period)
+	end, _ := usage.PeriodEnd(m.Period)
+	left := max(0, m.Quota-u.Used())
+	return limit.Decision{
+		Rule:       limit.Rule{Name: QuotaRule, Period: end.Sub(start)},
+		Limit:      m.Quota,
+		Remaining:  left,
+		ResetAfter: end.Sub(now),
+		RetryAfter: max(end.Sub(now), time.Second),
+	}
+}
+
+// CodeRateLimited is the JSON-RPC error code of a denied call (rate limit,
+// quota or breaker). It sits outside the ranges JSON-RPC (-32768..-32000)
+// and MCP reserve, so it cannot collide with a server's own codes.
+const CodeRateLimited = -33029
+
+// Message is a denied call's JSON-RPC error message.
+func (d Decision) Message() string {
+	if d.Never() {
+		return fmt.Sprintf("call cost exceeds the capacity of %s rule %q: it can never be admitted", d.Scope, d.Limit.Rule.Name)
+	}
+	return fmt.Sprintf("rate limit exceeded (%s rule %q); retry in %ds", d.Scope, d.Limit.Rule.Name, RetryAfterSeconds(d.Limit))
+}
+
+// Text is what a model reads of a denial answered as a tool result
+// (deny_as: result): what was limited, and when to retry, in the seconds of
+// Denial's retry_after_seconds so that text and data agree.
+func (d Decision) Text() string {
+	if d.Never() {
+		return fmt.Sprintf("Call refused: its cost exceeds the capacity of %s rule %q, so it can never be admitted. Do not retry it.", d.Scope, d.Limit.Rule.Name)
+	}
+	secs := RetryAfterSeconds(d.Limit)
+	retry := "retry in 1 second."
+	if secs != 1 {
+		retry = fmt.Sprintf("retry in %d seconds.", secs)
+	}
+	switch d.Scope {
+	case ScopeQuota:
+		return fmt.Sprintf("Monthly quota used up (quota rule %q, %d cost units): %s", d.Limit.Rule.Name, d.Limit.Limit, retry)
+	case ScopeBreaker:
+		return fmt.Sprintf("Loop breaker open (breaker rule %q: too many denied, failed or identical calls in a row): %s", d.Limit.Rule.Name, retry)
+	}
+	return fmt.Sprintf("Rate limit reached (%s rule %q): %s", d.Scope, d.Limit.Rule.Name, retry)
+}
+
+// DeniedResult is a tools/call result (MCP CallToolResult) reporting a
+// denial to the model: see Decision.Result.
+type DeniedResult struct {
+	Content           []DeniedText `json:"content"`
+	StructuredContent Denial       `json:"structuredContent"`
+	IsError           bool         `json:"isError"`
+}
+
+// DeniedText is the text content of a DeniedResult.
+type DeniedText struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// Result is a denied tools/call's answer under deny_as: result: isError
+// with Text for the model and the Denial as structuredContent.
+func (d Decision) Result() DeniedResult {
+	return DeniedResult{Content: []DeniedText{{Type: "text", Text: d.Text()}}, StructuredContent: d.Denial(), IsError: true}
+}

@@ -1,0 +1,104 @@
+package enforce
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// The denial cache evicts the least recently used entry and never holds an
+// admission.
+func TestDenialCacheLRU(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	c := newDenialCache(3, func() time.Time { return now })
+	rule := limit.Rule{Name: "r", Algorithm: limit.FixedWindow, Limit: 5, Period: time.Minute}
+	checks := func(key string) []limit.Check { return []limit.Check{{Rule: rule, Key: key}} }
+	denied := limit.Decision{Rule: rule, Limit: 5, RetryAfter: time.Hour, ResetAfter: time.Hour, Results: []limit.Result{{RetryAfter: time.Hour}}}
+	for _, k := range []string{"a", "b", "c"} {
+		c.remember(checks(k), 1, denied)
+	}
+	if _, ok := c.lookup(checks("a"), 1); !ok { // a becomes the most recent
+		t.Fatal("a not cached")
+	}
+	c.remember(checks("d"), 1, denied) // evicts b, the least recently used
+	for k, want := range map[string]bool{"a": true, "b": false, "c": true, "d": true} {
+		if _, ok := c.lookup(checks(k), 1); ok != want {
+			t.Errorf("%s cached = %v, want %v", k, ok, want)
+		}
+	}
+	if n := c.len(); n != 3 {
+		t.Fatalf("len = %d, want 3", n)
+	}
+	admitted := limit.Decision{Allowed: true, Rule: rule, Results: []limit.Result{{Allowed: true}}}
+	c.remember(checks("e"), 1, admitted)
+	if _, ok := c.lookup(checks("e"), 1); ok || c.len() != 3 {
+		t.Fatal("an admission was cached")
+	}
+}
+
+// The denial cache in isolation: it denies only what the store denied, for
+// at least the cost denied, until the retry time; it never holds concurrency
+// or shadow denials, and stays bounded.
+func TestDenialCacheUnit(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_000_000, 0)
+	clock := func() time.Time { return now }
+	c := newDenialCache(3, clock)
+	rule := limit.Rule{Name: "r", Algorithm: limit.FixedWindow, Limit: 5, Period: time.Minute}
+	check := func(key string, r limit.Rule) []limit.Check { return []limit.Check{{Rule: r, Key: key}} }
+	deny := func(r limit.Rule, retry time.Duration) limit.Decision {
+		return limit.Decision{Rule: r, Limit: r.Limit, RetryAfter: retry, ResetAfter: retry, Results: []limit.Result{{RetryAfter: retry}}}
+	}
+
+	c.remember(check("k1", rule), 2, deny(rule, 10*time.Second))
+	if _, ok := c.lookup(check("k1", rule), 1); ok {
+		t.Fatal("a denial of cost 2 denied a cost-1 request (it might fit)")
+	}
+	d, ok := c.lookup(check("k1", rule), 3)
+	if !ok || d.Rule.Name != "r" {
+		t.Fatal("a denial of cost 2 did not cover a cost-3 request")
+	}
+	now = now.Add(4 * time.Second)
+	if d, ok = c.lookup(check("k1", rule), 2); !ok || d.RetryAfter != 6*time.Second {
+		t.Fatalf("after 4s: %v %v, want a retry in 6s", d.RetryAfter, ok)
+	}
+	if _, ok := c.lookup(check("k2", rule), 9); ok {
+		t.Fatal("another key denied")
+	}
+	now = now.Add(6 * time.Second)
+	if _, ok := c.lookup(check("k1", rule), 2); ok {
+		t.Fatal("denied at the retry time")
+	}
+
+	conc := limit.Rule{Name: "c", Algorithm: limit.Concurrency, Limit: 1, Period: time.Minute}
+	c.remember(check("kc", conc), 1, deny(conc, time.Second))
+	if _, ok := c.lookup(check("kc", conc), 1); ok {
+		t.Fatal("a concurrency denial was cached (its slots free at any moment)")
+	}
+	shadow := rule
+	shadow.Shadow = true
+	c.remember(check("ks", shadow), 1, deny(shadow, time.Minute))
+	if _, ok := c.lookup(check("ks", shadow), 1); ok {
+		t.Fatal("a shadow denial was cached")
+	}
+	c.remember(check("kn", rule), 9, deny(rule, limit.Never))
+	if d, ok := c.lookup(check("kn", rule), 9); !ok || d.RetryAfter != limit.Never {
+		t.Fatal("a never-fits denial was not cached as never")
+	}
+
+	for i := range 10 {
+		c.remember(check(fmt.Sprint("many", i), rule), 1, deny(rule, time.Hour))
+	}
+	c.mu.Lock()
+	n := len(c.m)
+	c.mu.Unlock()
+	if n > 3 {
+		t.Fatalf("cache holds %d entries, bound 3", n)
+	}
+	c.forget()
+	if _, ok := c.lookup(check("many9", rule), 1); ok {
+		t.Fatal("forget kept an entry")
+	}
+}

@@ -1,0 +1,85 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/mcpgate/mcpgate/enforce"
+	"github.com/mcpgate/mcpgate/mcp"
+)
+
+// serveCall governs a tools/call: the engine admits it (breaker, limits,
+// quota), the answer comes from the cache or the upstream, and the engine
+// settles it (slots, cost, breaker, invalidations) once it has ended.
+func (g *Gateway) serveCall(x *exchange) {
+	msg := x.msg
+	t, d := g.eng.Admit(x.r.Context(), enforce.Call{Tenant: x.p.Tenant, Tier: x.p.Tier, Subject: x.p.Subject,
+		Session: x.r.Header.Get(mcp.HeaderSessionID), Name: msg.ToolName, Arguments: msg.Arguments})
+	noteDecision(x.r.Context(), d)
+	if !g.admitted(x, "tools/call", d) {
+		return
+	}
+	setRateHeaders(x.w.Header(), d.Limit, g.now())
+	// From here on the call is the caller's to cancel (notifications/cancelled).
+	caller := ownerOf(x.p, x.r)
+	ctx, call := g.inflight.begin(x.r.Context(), caller, msg.ID)
+	x.after(func() { g.inflight.end(caller, call) }) // last: after the call is settled
+	x.r = x.r.WithContext(ctx)
+
+	var a answer
+	x.after(func() {
+		if charged := t.Done(ctx, enforce.Outcome{Status: a.status(x.r), Result: a.result}); charged != d.Cost {
+			noteCost(ctx, charged)
+		}
+	})
+	if t.WantsAnswer() {
+		x.fwd.OnResult = func(result, rpcErr json.RawMessage) {
+			a.result, a.failed = result, rpcErr != nil || isErrorResult(result)
+			// Before the client sees the answer (an SSE answer is flushed
+			// before Serve returns): its next call must meet the breaker
+			// this outcome opens, and no entry it made stale.
+			t.Answered(ctx, result, a.failed)
+		}
+	}
+	if plan, ok := t.CachePlan(); ok {
+		// Only the load that fills the cache reaches the upstream, and its
+		// reported cost corrects that one call's charge.
+		a.failed, a.result, a.code = g.cachedCall(x.w, x.r, x.rt, x.fwd, plan, call)
+		return
+	}
+	a.code = g.forward(x.w, x.r, x.rt, x.fwd, "tools/call")
+	g.cancelAbandoned(x.r, x.p, msg.ID) // before the call is settled and its slot freed
+}
+
+// answer is what a tools/call got: its result (nil without one), whether
+// that was an error, and the HTTP status written to the caller.
+type answer struct {
+	result json.RawMessage
+	failed bool
+	code   int
+}
+
+// status is how the call ended, for the engine.
+func (a *answer) status(r *http.Request) enforce.Status {
+	switch {
+	case errors.Is(context.Cause(r.Context()), mcp.ErrCancelled):
+		return enforce.Cancelled
+	case r.Context().Err() != nil || a.code == mcp.StatusClientClosedRequest:
+		return enforce.Abandoned
+	case a.failed:
+		return enforce.ToolError
+	case a.code >= 500:
+		return enforce.Failed
+	}
+	return enforce.OK
+}
+
+// isErrorResult reports whether a tools/call result says isError: true.
+func isErrorResult(result json.RawMessage) bool {
+	var r struct {
+		IsError bool `json:"isError"`
+	}
+	return json.Unmarshal(result, &r) == nil && r.IsError
+}
