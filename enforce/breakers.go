@@ -207,24 +207,21 @@ func minTime(a, b time.Time) time.Time {
 }
 
 // evaluate runs the tenant batch with its meter and breaker in one store
-// call. An open breaker sets v.breakerOpen.
-func (l *limiter) evaluate(ctx context.Context, store limit.GuardedStore, checks []limit.Check, meter *limit.Meter, br *limit.BreakerSpec, cost int64, v *verdict) (limit.Decision, limit.MeterResult, error) {
+// call.
+func (l *limiter) evaluate(ctx context.Context, store limit.GuardedStore, checks []limit.Check, meter *limit.Meter, br *limit.BreakerSpec, cost int64) (batch, error) {
 	if br == nil {
-		return store.TakeMetered(ctx, checks, *meter, cost)
+		d, mr, err := store.TakeMetered(ctx, checks, *meter, cost)
+		return batch{d: d, mr: mr, store: store}, err
 	}
 	out, err := store.Evaluate(ctx, limit.Request{Checks: checks, Meter: meter, Breaker: br, Cost: cost})
 	if err != nil {
-		return out.Decision, out.Meter, err
+		return batch{}, err
 	}
-	v.breaker = out.Breaker
 	l.breakers.observe(br, out.Breaker)
-	if out.Breaker.Open {
-		v.breakerOpen = true
-	}
 	if meter == nil {
 		out.Meter = limit.MeterResult{Allowed: true}
 	}
-	return out.Decision, out.Meter, nil
+	return batch{d: out.Decision, mr: out.Meter, store: store, breaker: out.Breaker, breakerOpen: out.Breaker.Open}, nil
 }
 
 // ms rounds d up to whole milliseconds (breaker durations are kept in ms).

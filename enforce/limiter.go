@@ -1,6 +1,7 @@
 package enforce
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -97,149 +98,193 @@ type limiter struct {
 
 func noRelease(context.Context) {}
 
-// decide decides a call (admit is decide in a span): cost is what the call charges the rules (one per
-// call), meter.Cost what it charges its usage meter and quota.
+// batch is what one store call (or the failure policy standing in for it)
+// answered for one slot's checks.
+type batch struct {
+	d limit.Decision
+	// store decided d; nil when the call was admitted without a decision
+	// (policy open) or could not be decided (unavailable).
+	store       limit.GuardedStore
+	degraded    policy.FailurePolicy // the failure policy applied, "" when the store answered
+	unavailable bool                 // the store failed and the policy is closed (or a bug)
+	// For the tenant batch only: the meter's answer; metered, whether it was
+	// charged (or, on a denial, evaluated) in the store; unmetered, whether
+	// a charge failed in a way that may have applied it; the breaker's state.
+	mr          limit.MeterResult
+	metered     bool
+	unmetered   bool
+	breaker     limit.BreakerState
+	breakerOpen bool
+}
+
+// denied reports whether the batch's store denied the call.
+func (b batch) denied() bool { return b.store != nil && !b.d.Allowed }
+
+// decide decides a call (admit is decide in a span): cost is what the call
+// charges the rules (one per call), meter.Cost what it charges its usage
+// meter and quota.
 func (l *limiter) decide(ctx context.Context, tenant, global ruleSet, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy) verdict {
-	v := verdict{allowed: true, release: noRelease}
 	if len(tenant.checks) == 0 && len(global.checks) == 0 && meter == nil && br == nil {
-		return v
+		return verdict{allowed: true, release: noRelease}
 	}
-	if br != nil {
-		if bs, ok := l.breakers.lookup(br.Key); ok {
-			l.stats.DenialCacheHits.Inc()
-			return verdict{breaker: bs, breakerOpen: true, release: noRelease}
-		}
+	if v, ok := l.answeredLocally(ctx, tenant, global, br, cost); ok {
+		return v
 	}
 	var store limit.GuardedStore = l.local
 	if l.shared != nil {
 		store = l.shared
-		for _, rs := range []ruleSet{tenant, global} {
-			if d, ok := l.denials.lookup(rs.checks, cost); ok {
-				l.stats.DenialCacheHits.Inc()
-				if bs, open := l.breakers.deniedLocally(ctx, l.shared, br); open {
-					return verdict{breaker: bs, breakerOpen: true, release: noRelease}
-				}
-				return verdict{decision: d, scope: rs.scopeOf(d), fromCache: true, release: noRelease}
-			}
-		}
 	}
-
-	var td, gd limit.Decision
-	var tStore, gStore limit.GuardedStore
+	var t batch
 	if len(tenant.checks) > 0 || meter != nil || br != nil {
-		d, mr, s, metered, err := l.takeTenant(ctx, store, tenant.checks, meter, br, cost, onErr, &v)
-		if err != nil || v.unavailable {
+		var err error
+		if t, err = l.takeTenant(ctx, store, tenant.checks, meter, br, cost, onErr); err != nil || t.unavailable {
+			return verdict{unavailable: true, degraded: t.degraded, release: noRelease}
+		}
+		if v, done := l.tenantDenied(t, tenant, meter, cost); done {
 			return v
 		}
-		if v.breakerOpen {
-			return verdict{breaker: v.breaker, breakerOpen: true, release: noRelease}
-		}
-		td, tStore = d, s
-		if s != nil && !d.Allowed {
-			if metered && !mr.Allowed && d.Rule.Name == "" {
-				l.observeQuota(meter, mr.Usage)
-				return verdict{quota: true, usage: mr.Usage, degraded: v.degraded, release: noRelease}
-			}
-			l.rememberDenial(s, tenant.checks, cost, d)
-			return verdict{decision: d, scope: tenant.scopeOf(d), degraded: v.degraded, release: noRelease}
-		}
-		v.metered, v.usage = metered, mr.Usage
-		if metered {
-			l.observeQuota(meter, mr.Usage)
-		}
-		v.pending = meter != nil && !metered && !v.unmetered
-		if s == l.local {
+		if t.store == l.local {
 			store = l.local // the shared store failed: keep this request on one store
 		}
 	}
+	var g batch
 	if len(global.checks) > 0 {
-		d, s, err := l.take(ctx, store, global.checks, cost, onErr, &v)
-		if err != nil || v.unavailable || (s != nil && !d.Allowed) {
-			l.refund(tStore, tenant.checks, cost, td)
-			if v.metered {
-				l.meters.adjust(context.WithoutCancel(ctx), *meter, limit.Usage{Refunded: meter.Cost, RefundedCalls: 1})
-			}
-			// The call will not go: if it was the breaker's probe, the next
-			// call may be.
-			l.releaseProbe(ctx, br, v.breaker)
+		var err error
+		g, err = l.take(ctx, store, global.checks, cost, onErr)
+		if err != nil || g.unavailable || g.denied() {
+			l.undoTenant(ctx, t, tenant, meter, br, cost)
 		}
-		if err != nil || v.unavailable {
-			return v
+		if err != nil || g.unavailable {
+			return verdict{unavailable: true, degraded: cmp.Or(g.degraded, t.degraded), release: noRelease}
 		}
-		gd, gStore = d, s
-		if s != nil && !d.Allowed {
-			l.rememberDenial(s, global.checks, cost, d)
+		if g.denied() {
+			l.rememberDenial(g.store, global.checks, cost, g.d)
 			// The tenant script counted this call as admitted; the breaker
 			// must see the denial all the same.
-			l.breakers.deniedGlobally(ctx, s, br)
-			return verdict{decision: d, scope: global.scopeOf(d), degraded: v.degraded, release: noRelease}
+			l.breakers.deniedGlobally(ctx, g.store, br)
+			return verdict{decision: g.d, scope: global.scopeOf(g.d), degraded: cmp.Or(g.degraded, t.degraded), release: noRelease}
 		}
 	}
+	return l.admitted(t, g, tenant, global, meter)
+}
 
-	// Headers describe the most restrictive admitted decision.
+// answeredLocally answers from what this instance already knows, without
+// a store call: an open loop breaker, or a denial the shared store gave
+// earlier whose retry time has not come.
+func (l *limiter) answeredLocally(ctx context.Context, tenant, global ruleSet, br *limit.BreakerSpec, cost int64) (verdict, bool) {
+	if br != nil {
+		if bs, ok := l.breakers.lookup(br.Key); ok {
+			l.stats.DenialCacheHits.Inc()
+			return verdict{breaker: bs, breakerOpen: true, release: noRelease}, true
+		}
+	}
+	if l.shared == nil {
+		return verdict{}, false
+	}
+	for _, rs := range []ruleSet{tenant, global} {
+		if d, ok := l.denials.lookup(rs.checks, cost); ok {
+			l.stats.DenialCacheHits.Inc()
+			if bs, open := l.breakers.deniedLocally(ctx, l.shared, br); open {
+				return verdict{breaker: bs, breakerOpen: true, release: noRelease}, true
+			}
+			return verdict{decision: d, scope: rs.scopeOf(d), fromCache: true, release: noRelease}, true
+		}
+	}
+	return verdict{}, false
+}
+
+// tenantDenied turns a tenant batch that refused the call (open breaker,
+// quota, a rule) into its verdict; done is false when it admitted.
+func (l *limiter) tenantDenied(t batch, tenant ruleSet, meter *limit.Meter, cost int64) (v verdict, done bool) {
 	switch {
-	case tStore != nil && td.Rule.Name != "" && (gStore == nil || td.Remaining <= gd.Remaining):
-		v.decision, v.scope = td, tenant.scopeOf(td)
-	case gStore != nil:
-		v.decision, v.scope = gd, global.scopeOf(gd)
+	case t.breakerOpen:
+		return verdict{breaker: t.breaker, breakerOpen: true, release: noRelease}, true
+	case !t.denied():
+		if t.metered {
+			l.observeQuota(meter, t.mr.Usage)
+		}
+		return verdict{}, false
+	case t.metered && !t.mr.Allowed && t.d.Rule.Name == "":
+		l.observeQuota(meter, t.mr.Usage)
+		return verdict{quota: true, usage: t.mr.Usage, degraded: t.degraded, release: noRelease}, true
 	}
-	if tenant.kept > 0 && tStore != nil {
-		v.lease, v.leaseStore = td.Lease, tStore
+	l.rememberDenial(t.store, tenant.checks, cost, t.d)
+	return verdict{decision: t.d, scope: tenant.scopeOf(t.d), degraded: t.degraded, release: noRelease}, true
+}
+
+// undoTenant gives back what an admitting tenant batch charged when the
+// global batch refused the call: its counters, its meter charge, and the
+// breaker's probe (the call will not go; the next one may be the probe).
+func (l *limiter) undoTenant(ctx context.Context, t batch, tenant ruleSet, meter *limit.Meter, br *limit.BreakerSpec, cost int64) {
+	l.refund(t.store, tenant.checks, cost, t.d)
+	if t.metered {
+		l.meters.adjust(context.WithoutCancel(ctx), *meter, limit.Usage{Refunded: meter.Cost, RefundedCalls: 1})
 	}
-	if (tStore != nil && td.Lease != "") || (gStore != nil && gd.Lease != "") {
+	l.releaseProbe(ctx, br, t.breaker)
+}
+
+// admitted is the verdict of a call both batches admitted. Headers
+// describe the most restrictive admitted decision.
+func (l *limiter) admitted(t, g batch, tenant, global ruleSet, meter *limit.Meter) verdict {
+	v := verdict{allowed: true, release: noRelease, degraded: cmp.Or(g.degraded, t.degraded),
+		metered: t.metered, unmetered: t.unmetered, usage: t.mr.Usage, breaker: t.breaker}
+	v.pending = meter != nil && !t.metered && !t.unmetered
+	switch {
+	case t.store != nil && t.d.Rule.Name != "" && (g.store == nil || t.d.Remaining <= g.d.Remaining):
+		v.decision, v.scope = t.d, tenant.scopeOf(t.d)
+	case g.store != nil:
+		v.decision, v.scope = g.d, global.scopeOf(g.d)
+	}
+	if tenant.kept > 0 && t.store != nil {
+		v.lease, v.leaseStore = t.d.Lease, t.store
+	}
+	if (t.store != nil && t.d.Lease != "") || (g.store != nil && g.d.Lease != "") {
 		v.release = func(ctx context.Context) {
-			l.releaseLease(ctx, tStore, tenant.checks[:len(tenant.checks)-tenant.kept], td.Lease)
-			l.releaseLease(ctx, gStore, global.checks, gd.Lease)
+			l.releaseLease(ctx, t.store, tenant.checks[:len(tenant.checks)-tenant.kept], t.d.Lease)
+			l.releaseLease(ctx, g.store, global.checks, g.d.Lease)
 		}
 	}
 	return v
 }
 
-// takeTenant runs the tenant batch, with the usage meter when there is one.
-// metered reports whether the meter was charged (or, on a denial, evaluated)
-// in the store. A meter the store lost is seeded from the durable total; if
-// that total cannot be read, the checks are decided without the meter (the
-// call's usage then waits in process) unless the tool fails closed.
-func (l *limiter) takeTenant(ctx context.Context, store limit.GuardedStore, checks []limit.Check, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy, v *verdict) (d limit.Decision, mr limit.MeterResult, s limit.GuardedStore, metered bool, err error) {
+// takeTenant runs the tenant batch, with the usage meter and the breaker
+// when there are. A meter the store lost is seeded from the durable total;
+// if that total cannot be read, the checks are decided without the meter
+// (the call's usage then waits in process) unless the tool fails closed.
+func (l *limiter) takeTenant(ctx context.Context, store limit.GuardedStore, checks []limit.Check, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy) (batch, error) {
 	if meter == nil && br == nil {
-		d, s, err = l.take(ctx, store, checks, cost, onErr, v)
-		return d, mr, s, false, err
+		return l.take(ctx, store, checks, cost, onErr)
 	}
 	start := time.Now()
-	d, mr, err = l.evaluate(ctx, store, checks, meter, br, cost, v)
-	if err == nil && v.breakerOpen {
-		return d, mr, store, false, nil
-	}
-	if err == nil && mr.NeedSeed && meter != nil {
+	t, err := l.evaluate(ctx, store, checks, meter, br, cost)
+	if err == nil && t.mr.NeedSeed && !t.breakerOpen && meter != nil {
 		if serr := l.meters.seed(ctx, meter); serr != nil {
 			l.log.Warn("usage meter cannot be rebuilt: the durable total is unreadable", "tenant", meter.Tenant, "period", meter.Period, "err", serr)
 			if onErr == policy.FailClosed {
-				v.allowed, v.unavailable = false, true
-				return d, mr, nil, false, nil
+				return batch{unavailable: true}, nil
 			}
-			d, s, err = l.take(ctx, store, checks, cost, onErr, v)
-			return d, limit.MeterResult{}, s, false, err
+			return l.take(ctx, store, checks, cost, onErr)
 		}
-		d, mr, err = l.evaluate(ctx, store, checks, meter, br, cost, v)
-		if err == nil && v.breakerOpen {
-			return d, mr, store, false, nil
-		}
+		t, err = l.evaluate(ctx, store, checks, meter, br, cost)
 	}
 	l.stats.DecisionSeconds.Observe(time.Since(start).Seconds())
-	if err == nil && !mr.NeedSeed {
-		l.countShadow(checks, d)
-		if d.Allowed && meter != nil {
+	switch {
+	case err == nil && t.breakerOpen:
+		return t, nil
+	case err == nil && !t.mr.NeedSeed:
+		l.countShadow(checks, t.d)
+		if t.d.Allowed && meter != nil {
 			l.meters.charged(meter)
 		}
-		return d, mr, store, meter != nil, nil
+		t.metered = meter != nil
+		return t, nil
+	case err == nil: // nothing charged
+		return l.degrade(ctx, store, checks, cost, onErr, errors.New("usage meter still missing after seeding"))
 	}
-	if err == nil {
-		err = errors.New("usage meter still missing after seeding") // nothing charged
-	} else {
-		v.unmetered = meter != nil && chargeMayHaveApplied(err)
-	}
-	d, s, err = l.degrade(ctx, store, checks, cost, onErr, v, err)
-	return d, limit.MeterResult{}, s, false, err
+	unmetered := meter != nil && chargeMayHaveApplied(err)
+	b, err := l.degrade(ctx, store, checks, cost, onErr, err)
+	b.unmetered = unmetered
+	return b, err
 }
 
 // chargeMayHaveApplied reports whether a failed write to a meter (TakeMetered,
@@ -263,58 +308,54 @@ func chargeMayHaveApplied(err error) bool {
 }
 
 // take runs one batch, applying the failure policy when the shared store
-// fails. It returns the store that decided (nil when the call was admitted
-// without a decision, under policy open).
-func (l *limiter) take(ctx context.Context, store limit.GuardedStore, checks []limit.Check, cost int64, onErr policy.FailurePolicy, v *verdict) (limit.Decision, limit.GuardedStore, error) {
+// fails.
+func (l *limiter) take(ctx context.Context, store limit.GuardedStore, checks []limit.Check, cost int64, onErr policy.FailurePolicy) (batch, error) {
 	if len(checks) == 0 {
-		return limit.Decision{Allowed: true}, nil, nil
+		return batch{d: limit.Decision{Allowed: true}}, nil
 	}
 	start := time.Now()
 	d, err := store.Take(ctx, checks, cost)
 	l.stats.DecisionSeconds.Observe(time.Since(start).Seconds())
 	if err == nil {
 		l.countShadow(checks, d)
-		return d, store, nil
+		return batch{d: d, store: store}, nil
 	}
-	return l.degrade(ctx, store, checks, cost, onErr, v, err)
+	return l.degrade(ctx, store, checks, cost, onErr, err)
 }
 
 // degrade applies the tool's failure policy after store failed with err.
-func (l *limiter) degrade(ctx context.Context, store limit.GuardedStore, checks []limit.Check, cost int64, onErr policy.FailurePolicy, v *verdict, err error) (limit.Decision, limit.GuardedStore, error) {
+// An error return means the call cannot be decided (a bug, or the client
+// went away).
+func (l *limiter) degrade(ctx context.Context, store limit.GuardedStore, checks []limit.Check, cost int64, onErr policy.FailurePolicy, err error) (batch, error) {
 	if store == l.local || errors.Is(err, limit.ErrInvalidRule) || errors.Is(err, limit.ErrInvalidCost) || errors.Is(err, limit.ErrInvalidMeter) {
 		// The in-process store does not fail for outside reasons: a bug.
 		l.log.Error("limit decision failed", "err", err)
-		v.allowed, v.unavailable = false, true
-		return limit.Decision{}, nil, err
+		return batch{unavailable: true}, err
 	}
 	if ctx.Err() != nil {
 		// The client went away; whatever we answer, nobody reads it.
-		v.allowed, v.unavailable = false, true
-		return limit.Decision{}, nil, ctx.Err()
+		return batch{unavailable: true}, ctx.Err()
 	}
-	v.degraded = onErr
 	l.stats.Degraded.WithLabelValues(string(onErr)).Inc()
 	if !errors.Is(err, ErrStoreDown) {
 		l.log.Warn("limit store failed; applying failure policy", "policy", onErr, "err", err)
 	}
 	switch onErr {
 	case policy.FailClosed:
-		v.allowed, v.unavailable = false, true
-		return limit.Decision{}, nil, nil
+		return batch{degraded: onErr, unavailable: true}, nil
 	case policy.FailLocal:
 		if len(checks) == 0 {
-			return limit.Decision{Allowed: true}, nil, nil
+			return batch{d: limit.Decision{Allowed: true}, degraded: onErr}, nil
 		}
 		d, err := l.local.Take(ctx, checks, cost)
 		if err != nil {
 			l.log.Error("local fallback decision failed", "err", err)
-			v.allowed, v.unavailable = false, true
-			return d, nil, err
+			return batch{degraded: onErr, unavailable: true}, err
 		}
 		l.countShadow(checks, d)
-		return d, l.local, nil
+		return batch{d: d, store: l.local, degraded: onErr}, nil
 	default: // open
-		return limit.Decision{Allowed: true}, nil, nil
+		return batch{d: limit.Decision{Allowed: true}, degraded: onErr}, nil
 	}
 }
 

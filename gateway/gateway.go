@@ -101,8 +101,7 @@ type Gateway struct {
 	alerts     *alerter
 	ready      atomic.Bool // false while the cache warms up
 	closeOnce  sync.Once
-	streams    context.Context // ends server-initiated streams (GET) on shutdown
-	endStreams context.CancelFunc
+	streams    streamSet // server-initiated streams (GET), ended on shutdown
 	warming    sync.WaitGroup
 	tracker    *sessionTracker
 	stopSweep  context.CancelFunc
@@ -141,7 +140,6 @@ func New(opts Options) (*Gateway, error) {
 		g.now = time.Now
 	}
 	g.trace = newTracing(opts.TracerProvider)
-	g.streams, g.endStreams = context.WithCancel(context.Background())
 	g.alerts = newAlerter(opts.Config.Breaker.AlertWebhook, g.log, g.metrics)
 	eng, err := enforce.New(enforce.Options{Config: opts.Config, Shared: opts.SharedStore, Probe: opts.Probe,
 		Local: opts.LocalStore, Usage: opts.Usage, Cache: opts.Cache, Logger: g.log, Metrics: g.metrics,
@@ -301,7 +299,7 @@ func (g *Gateway) breakerOpened(b limit.BreakerSpec, st limit.BreakerState) {
 // EndStreams ends every server-initiated stream (GET /mcp) in progress, so
 // that a graceful shutdown waits for calls only (register it with
 // http.Server.RegisterOnShutdown). Clients reconnect to another instance.
-func (g *Gateway) EndStreams() { g.endStreams() }
+func (g *Gateway) EndStreams() { g.streams.end() }
 
 // Engine is the enforcement engine the Gateway drives.
 func (g *Gateway) Engine() *enforce.Engine { return g.eng }

@@ -151,7 +151,7 @@ func (g *Gateway) serveStream(x *exchange) bool {
 	case http.MethodGet:
 		ctx, cancel := context.WithCancel(x.r.Context())
 		defer cancel()
-		defer context.AfterFunc(g.streams, cancel)()
+		defer g.streams.add(cancel)()
 		x.r = x.r.WithContext(ctx)
 	}
 	g.forward(x.w, x.r, x.rt, x.fwd, "stream")

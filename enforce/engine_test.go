@@ -1,0 +1,397 @@
+package enforce_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mcpgate/mcpgate/enforce"
+	"github.com/mcpgate/mcpgate/internal/testenv"
+	"github.com/mcpgate/mcpgate/limit/redisstore"
+	"github.com/mcpgate/mcpgate/policy"
+	"github.com/mcpgate/mcpgate/usage"
+	"github.com/mcpgate/mcpgate/usage/sqlite"
+)
+
+// engines builds n engines on one store: the in-process store (n must be
+// 1), or one real redis-server shared by all of them, as gateway instances
+// and Go MCP servers share it. With a usage path, all meter into one
+// SQLite file.
+func engines(t *testing.T, store string, n int, yaml, usagePath string) []*enforce.Engine {
+	t.Helper()
+	cfg, err := policy.Parse("engine_test.yaml", []byte("upstream: {url: \"http://127.0.0.1:1/mcp\"}\nauth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}\nstore: {timeout: 10s}\n"+yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var us usage.Store
+	if usagePath != "" {
+		s, err := sqlite.Open(usagePath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		us = s
+	}
+	var redis *testenv.Redis
+	if store == "redis" {
+		redis = testenv.StartRedis(t, nil)
+	} else if n != 1 {
+		t.Fatal("the in-process store serves one engine")
+	}
+	out := make([]*enforce.Engine, n)
+	for i := range out {
+		opts := enforce.Options{Config: cfg, Usage: us}
+		if redis != nil {
+			client := redis.Client(t)
+			st, err := redisstore.New(client, &redisstore.Options{Timeout: cfg.Store.Timeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts.Shared = st
+			opts.Probe = func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }
+		}
+		e, err := enforce.New(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		out[i] = e
+	}
+	return out
+}
+
+var stores = []string{"memory", "redis"}
+
+// run admits call on the engines round robin from callers goroutines,
+// calls work for each admitted call, settles it with outcome, and returns
+// how many were admitted.
+func run(t *testing.T, es []*enforce.Engine, callers int, call enforce.Call, work func() enforce.Outcome) int64 {
+	t.Helper()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			e := es[i%len(es)]
+			ticket, d := e.Admit(t.Context(), call)
+			if d.Unavailable || d.Degraded != "" {
+				// Exactness holds while the store answers (a generous
+				// store.timeout above): a degraded decision is another test.
+				t.Errorf("decision degraded: %+v", d)
+			}
+			if !d.Allowed {
+				ticket.Done(t.Context(), enforce.Outcome{})
+				return
+			}
+			admitted.Add(1)
+			ticket.Done(t.Context(), work())
+		})
+	}
+	wg.Wait()
+	return admitted.Load()
+}
+
+// Layered rules across engines: exactly the tightest limit is admitted,
+// and a global denial refunds the tenant's counters (all or nothing), so
+// that after the global rule's window another tenant can still be served
+// while the first tenant's counter shows only what ran.
+func TestExactAdmissionAcrossEngines(t *testing.T) {
+	t.Parallel()
+	for _, store := range stores {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			n := 1
+			if store == "redis" {
+				n = 3
+			}
+			es := engines(t, store, n, `
+global:
+  - {name: all, algorithm: fixed_window, limit: 13, period: 1h}
+tiers:
+  free:
+    limits:
+      - {name: per_tenant, per: tenant, algorithm: fixed_window, limit: 9, period: 1h}
+      - {name: per_tool, per: tenant_tool, algorithm: token_bucket, limit: 100, period: 1h}
+`, "")
+			var reached atomic.Int64
+			work := func() enforce.Outcome { reached.Add(1); return enforce.Outcome{} }
+			acme := enforce.Call{Tenant: "acme", Subject: "a", Name: "search"}
+			if got := run(t, es, 60, acme, work); got != 9 || reached.Load() != 9 {
+				t.Fatalf("acme: %d admitted, %d reached the work; want exactly 9 (its tenant limit)", got, reached.Load())
+			}
+			// The global rule has 4 left: acme's denied calls took none of it.
+			// globex calls one at a time (so that each refund has landed
+			// before the next call): 4 admitted, then 26 global denials, each
+			// refunding the tenant counters it charged, so that its tenant rule
+			// (9) never denies.
+			globex := enforce.Call{Tenant: "globex", Subject: "b", Name: "search"}
+			var got int64
+			for i := range 30 {
+				got += run(t, es[i%len(es):i%len(es)+1], 1, globex, work)
+				ticket, d := es[0].Admit(t.Context(), globex)
+				ticket.Done(t.Context(), enforce.Outcome{})
+				if d.Allowed {
+					got++
+					reached.Add(1)
+				} else if d.Scope != "global" {
+					t.Fatalf("globex call %d: %+v, want a global denial (its tenant counters refunded)", i, d)
+				}
+			}
+			if got != 4 {
+				t.Fatalf("globex: %d admitted, want 4 (what the global rule has left)", got)
+			}
+			if got := reached.Load(); got != 13 {
+				t.Fatalf("%d calls reached the work, want 13", got)
+			}
+		})
+	}
+}
+
+// A monthly quota of Q with a tool cost c admits exactly Q/c calls across
+// engines, and after Close the durable usage equals what ran.
+func TestExactQuotaAndDurableUsage(t *testing.T) {
+	t.Parallel()
+	for _, store := range stores {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			n := 1
+			if store == "redis" {
+				n = 2
+			}
+			path := filepath.Join(t.TempDir(), "usage.db")
+			es := engines(t, store, n, `
+tiers:
+  free:
+    monthly_quota: 20
+tools:
+  llm: {cost: 3}
+`, path)
+			var reached atomic.Int64
+			got := run(t, es, 40, enforce.Call{Tenant: "acme", Subject: "a", Name: "llm"}, func() enforce.Outcome {
+				reached.Add(1)
+				return enforce.Outcome{}
+			})
+			if got != 6 || reached.Load() != 6 {
+				t.Fatalf("%d admitted (%d ran), want 6 = floor(20/3)", got, reached.Load())
+			}
+			_, d := es[0].Admit(t.Context(), enforce.Call{Tenant: "acme", Subject: "a", Name: "llm"})
+			if d.Allowed || d.Scope != enforce.ScopeQuota || d.Limit.Rule.Name != enforce.QuotaRule {
+				t.Fatalf("past the quota: %+v, want a quota denial", d)
+			}
+			for _, e := range es {
+				if err := e.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s, err := sqlite.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			rec, ok, err := s.Get(t.Context(), "acme", usage.Period(time.Now()))
+			if err != nil || !ok {
+				t.Fatalf("durable usage: %v %v", ok, err)
+			}
+			if rec.Usage.Used() != 18 || rec.Usage.NetCalls() != 6 {
+				t.Fatalf("durable usage %+v: used %d, calls %d; want 18 and 6", rec.Usage, rec.Usage.Used(), rec.Usage.NetCalls())
+			}
+		})
+	}
+}
+
+// The loop breaker opens after consecutive failures and then refuses the
+// agent's calls without running them; a cancelled call is no failure.
+func TestBreakerOpensOnFailures(t *testing.T) {
+	t.Parallel()
+	for _, store := range stores {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			es := engines(t, store, 1, `
+breaker:
+  consecutive_failures: 3
+  cooldown: 1h
+`, "")
+			e := es[0]
+			call := enforce.Call{Tenant: "acme", Subject: "loopy", Name: "flaky"}
+			for i := range 5 {
+				ticket, d := e.Admit(t.Context(), call)
+				if !d.Allowed {
+					t.Fatalf("call %d denied before three failures: %+v", i, d)
+				}
+				status := enforce.ToolError
+				if i%2 == 1 {
+					status = enforce.Cancelled // says nothing of the agent
+				}
+				ticket.Done(t.Context(), enforce.Outcome{Status: status})
+			}
+			_, d := e.Admit(t.Context(), call)
+			if d.Allowed || d.Scope != enforce.ScopeBreaker || d.Limit.Rule.Name != enforce.BreakerRule {
+				t.Fatalf("after three failures: %+v, want the breaker's denial", d)
+			}
+			if _, d := e.Admit(t.Context(), enforce.Call{Tenant: "acme", Subject: "other", Name: "flaky"}); !d.Allowed {
+				t.Fatalf("another subject was refused: %+v", d)
+			}
+		})
+	}
+}
+
+// A tool whose cost is corrected from its result is charged what it
+// reported, and Done says so.
+func TestCostCorrection(t *testing.T) {
+	t.Parallel()
+	es := engines(t, "memory", 1, `
+tiers:
+  free:
+    monthly_quota: 1000
+tools:
+  llm: {cost: {estimate: 100, from_result: "_meta.usage.tokens"}}
+`, filepath.Join(t.TempDir(), "usage.db"))
+	e := es[0]
+	ticket, d := e.Admit(t.Context(), enforce.Call{Tenant: "acme", Subject: "a", Name: "llm"})
+	if !d.Allowed || d.Cost != 100 || !ticket.WantsAnswer() {
+		t.Fatalf("admission: %+v (wants answer %v)", d, ticket.WantsAnswer())
+	}
+	result := json.RawMessage(`{"content":[],"_meta":{"usage":{"tokens":42}}}`)
+	ticket.Answered(t.Context(), result, false)
+	if got := ticket.Done(t.Context(), enforce.Outcome{Status: enforce.OK}); got != 42 {
+		t.Fatalf("Done charged %d, want 42", got)
+	}
+	u, _, live, err := e.Usage(t.Context(), "acme", usage.Period(time.Now()))
+	if err != nil || !live || u.Used() != 42 {
+		t.Fatalf("usage %+v live %v err %v: want 42 used", u, live, err)
+	}
+}
+
+// Admit and Done are safe to call in any state: Done on a denied ticket
+// does nothing, a second Done does nothing, and a ticket's session lease
+// is empty for a tool call.
+func TestTicketContract(t *testing.T) {
+	t.Parallel()
+	es := engines(t, "memory", 1, `
+tiers:
+  free:
+    limits:
+      - {name: one, per: tenant, algorithm: concurrency, limit: 1, period: 1m}
+`, "")
+	e := es[0]
+	call := enforce.Call{Tenant: "acme", Subject: "a", Name: "slow"}
+	first, d := e.Admit(t.Context(), call)
+	if !d.Allowed {
+		t.Fatal(d)
+	}
+	second, d := e.Admit(t.Context(), call)
+	if d.Allowed {
+		t.Fatal("a second concurrent call was admitted under a concurrency limit of 1")
+	}
+	second.Done(t.Context(), enforce.Outcome{}) // denied: nothing to release
+	if lease, store := first.SessionLease(); lease != "" || store != nil {
+		t.Fatalf("a tool call holds a session lease %q", lease)
+	}
+	first.Done(t.Context(), enforce.Outcome{})
+	first.Done(t.Context(), enforce.Outcome{}) // once only
+	third, d := e.Admit(t.Context(), call)
+	if !d.Allowed {
+		t.Fatalf("the slot was not released by Done: %+v", d)
+	}
+	third.Done(t.Context(), enforce.Outcome{})
+}
+
+// Every method other than tools/call is counted by the rules that name it,
+// and an initialize takes the session slots (kept past the call).
+func TestMethodsAndSessionSlots(t *testing.T) {
+	t.Parallel()
+	es := engines(t, "memory", 1, `
+sessions: {max_per_tenant: 5, max_per_subject: 2}
+tiers:
+  free:
+    limits:
+      - {name: lists, per: tenant, methods: [tools/list], algorithm: fixed_window, limit: 2, period: 1h}
+`, "")
+	e := es[0]
+	for i := range 3 {
+		ticket, d := e.Admit(t.Context(), enforce.Call{Tenant: "acme", Subject: "a", Method: "tools/list", Name: "tools/list"})
+		ticket.Done(t.Context(), enforce.Outcome{})
+		if want := i < 2; d.Allowed != want {
+			t.Fatalf("tools/list %d: allowed %v, want %v", i, d.Allowed, want)
+		}
+	}
+	var leases []string
+	for i := range 3 {
+		ticket, d := e.Admit(t.Context(), enforce.Call{Tenant: "acme", Subject: "a", Method: "initialize", Name: "initialize"})
+		ticket.Done(t.Context(), enforce.Outcome{})
+		if i == 2 {
+			if d.Allowed || d.Limit.Rule.Name != enforce.RuleSessionsSubject {
+				t.Fatalf("third session of one subject: %+v, want %s", d, enforce.RuleSessionsSubject)
+			}
+			continue
+		}
+		lease, store := ticket.SessionLease()
+		if !d.Allowed || lease == "" || store == nil {
+			t.Fatalf("session %d: %+v, lease %q", i, d, lease)
+		}
+		leases = append(leases, lease)
+	}
+	cfg := e.Config()
+	e.ReleaseLease(t.Context(), e.Store(), enforce.SessionChecks(cfg, "acme", "a"), leases[0])
+	ticket, d := e.Admit(t.Context(), enforce.Call{Tenant: "acme", Subject: "a", Method: "initialize", Name: "initialize"})
+	ticket.Done(t.Context(), enforce.Outcome{})
+	if !d.Allowed {
+		t.Fatalf("after a session ended: %+v", d)
+	}
+}
+
+// A shared store that fails follows each tool's on_error: open admits,
+// closed is unavailable, local decides in process with the same rules.
+func TestStoreFailurePolicies(t *testing.T) {
+	t.Parallel()
+	redis := testenv.StartRedis(t, nil)
+	cfg, err := policy.Parse("engine_test.yaml", []byte(`
+upstream: {url: "http://127.0.0.1:1/mcp"}
+auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
+store: {on_error: open}
+tiers:
+  free:
+    limits:
+      - {name: per_tool, per: tenant_tool, algorithm: fixed_window, limit: 2, period: 1h}
+tools:
+  shut: {on_error: closed}
+  here: {on_error: local}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := redis.Client(t)
+	st, err := redisstore.New(client, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := enforce.New(enforce.Options{Config: cfg, Shared: st,
+		Probe: func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	redis.Kill()
+	admit := func(tool string) enforce.Decision {
+		ticket, d := e.Admit(t.Context(), enforce.Call{Tenant: "acme", Subject: "a", Name: tool})
+		ticket.Done(t.Context(), enforce.Outcome{})
+		return d
+	}
+	for i := range 4 {
+		if d := admit("open"); !d.Allowed || d.Degraded != policy.FailOpen {
+			t.Fatalf("open %d: %+v", i, d)
+		}
+		if d := admit("shut"); d.Allowed || !d.Unavailable {
+			t.Fatalf("closed %d: %+v", i, d)
+		}
+		if d := admit("here"); d.Allowed != (i < 2) || d.Degraded != policy.FailLocal {
+			t.Fatalf("local %d: %+v, want the in-process limit of 2", i, d)
+		}
+	}
+	if e.StoreAvailable() {
+		t.Fatal("the store breaker did not open after repeated failures")
+	}
+}
