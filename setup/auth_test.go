@@ -1,4 +1,4 @@
-package cli
+package setup
 
 import (
 	"context"
@@ -10,19 +10,19 @@ import (
 	"github.com/mcpgate/mcpgate/policy"
 )
 
-const buildTestSecret = "cli-build-test-secret-0123456789abcdef"
+const authTestSecret = "setup-auth-test-secret-0123456789abcdef"
 
-// authFromYAML builds the authenticator serve builds from a config whose
+// authFromYAML builds the authenticator Auth builds from a config whose
 // auth.jwt section ends with extra, on a fixed clock.
 func authFromYAML(t *testing.T, extra string, now time.Time) *auth.Authenticator {
 	t.Helper()
-	t.Setenv("CLI_BUILD_TEST_SECRET", buildTestSecret)
-	yaml := "upstream:\n  url: http://127.0.0.1:1/mcp\nauth:\n  jwt:\n    hs256_secret_env: CLI_BUILD_TEST_SECRET\n" + extra
-	cfg, err := policy.Parse("build_test.yaml", []byte(yaml))
+	t.Setenv("SETUP_AUTH_TEST_SECRET", authTestSecret)
+	yaml := "upstream:\n  url: http://127.0.0.1:1/mcp\nauth:\n  jwt:\n    hs256_secret_env: SETUP_AUTH_TEST_SECRET\n" + extra
+	cfg, err := policy.Parse("auth_test.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatalf("config:\n%s\n%v", yaml, err)
 	}
-	opts, err := authOptions(cfg, nil)
+	opts, err := AuthOptions(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func authFromYAML(t *testing.T, extra string, now time.Time) *auth.Authenticator
 
 func signed(t *testing.T, claims map[string]any) string {
 	t.Helper()
-	tok, err := auth.SignHS256([]byte(buildTestSecret), claims)
+	tok, err := auth.SignHS256([]byte(authTestSecret), claims)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,8 +85,8 @@ func TestAuthOptionsExpirySubjectLeeway(t *testing.T) {
 
 func TestAuthLeeway(t *testing.T) {
 	for in, want := range map[time.Duration]time.Duration{0: -1, time.Second: time.Second, 30 * time.Second: 30 * time.Second} {
-		if got := authLeeway(in); got != want {
-			t.Errorf("authLeeway(%v) = %v, want %v", in, got, want)
+		if got := AuthLeeway(in); got != want {
+			t.Errorf("AuthLeeway(%v) = %v, want %v", in, got, want)
 		}
 	}
 }
