@@ -13,14 +13,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/rueidis"
-
 	"github.com/mcpgate/mcpgate/auth"
-	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/gateway"
-	"github.com/mcpgate/mcpgate/limit/redisstore"
 	"github.com/mcpgate/mcpgate/metrics"
 	"github.com/mcpgate/mcpgate/policy"
+	"github.com/mcpgate/mcpgate/setup"
 )
 
 // shutdownGrace is how long a stopping gateway waits for calls in flight.
@@ -100,61 +97,31 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	return serveUntilDone(ctx, g, cfg.Listen, log, hup, reload, nil)
 }
 
-// newGateway builds the stores and the gateway for cfg. An SQLite usage
-// store creates its schema itself; a DynamoDB one must exist (mcpgate usage
-// init), unless initUsage is set (the demo creates its own). The gateway's
-// Close flushes usage; closing the usage store is left to the caller
-// through the returned func.
+// newGateway builds the stores (see setup.Open) and the gateway for cfg. An
+// SQLite usage store creates its schema itself; a DynamoDB one must exist
+// (mcpgate usage init), unless initUsage is set (the demo creates its own).
+// The gateway's Close flushes usage; closing the stores is left to the
+// caller through the returned func.
 func newGateway(ctx context.Context, cfg *policy.Config, a *auth.Authenticator, reload func(context.Context) error, log *slog.Logger, initUsage bool) (*gateway.Gateway, func(), error) {
 	logConfigNotes(log, cfg)
 	key, err := sessionKey(cfg, log)
 	if err != nil {
 		return nil, nil, err
 	}
-	us, err := openServeUsage(ctx, cfg, initUsage, log)
+	st, err := setup.Open(ctx, cfg, log, &setup.Options{CreateUsage: initUsage})
 	if err != nil {
 		return nil, nil, err
 	}
-	shared, err := buildSharedStore(cfg)
-	if err != nil {
-		us.Close()
-		return nil, nil, err
-	}
-	opts := gateway.Options{Config: cfg, Auth: a, Reload: reload, Logger: log, SessionKey: key, Usage: us,
+	opts := gateway.Options{Config: cfg, Auth: a, Reload: reload, Logger: log, SessionKey: key,
+		Usage: st.Usage, SharedStore: st.Shared, Probe: st.Probe, Cache: st.Cache,
 		TracerProvider: metrics.TracerProvider()}
-	if shared != nil {
-		opts.SharedStore, opts.Probe = shared.store, shared.probe
-		checkEviction(ctx, log, shared.client, cache.RoleStore, "store.redis")
-	}
-	c, cacheClient, err := buildCache(ctx, cfg, shared, log)
-	if err != nil {
-		if shared != nil {
-			shared.client.Close()
-		}
-		us.Close()
-		return nil, nil, err
-	}
-	opts.Cache = c
 	opts.AdminToken = adminToken(cfg, log)
 	g, err := gateway.New(opts)
 	if err != nil {
-		if shared != nil {
-			shared.client.Close()
-		}
-		us.Close()
+		_ = st.Close()
 		return nil, nil, err
 	}
-	cleanup := func() {
-		_ = c.Close()
-		if cacheClient != nil {
-			cacheClient.Close()
-		}
-		us.Close()
-		if shared != nil {
-			shared.client.Close()
-		}
-	}
-	return g, cleanup, nil
+	return g, func() { _ = st.Close() }, nil
 }
 
 func logConfigNotes(log *slog.Logger, cfg *policy.Config) {
@@ -241,56 +208,4 @@ func sessionKey(cfg *policy.Config, log *slog.Logger) ([]byte, error) {
 	}
 	log.Warn("MCP session ids are bound with a random per-process key: with several instances, set auth.session_secret_env so that any instance accepts any session")
 	return nil, nil
-}
-
-// buildCache builds the result cache: on cache.redis, else on the shared
-// store's Redis, else in process. The client it returns (nil when it reuses
-// the store's or has none) is the caller's to close.
-func buildCache(ctx context.Context, cfg *policy.Config, shared *sharedStore, log *slog.Logger) (*cache.Cache, rueidis.Client, error) {
-	var (
-		store cache.Store
-		own   rueidis.Client
-		err   error
-	)
-	switch {
-	case len(cfg.Cache.Redis) > 0:
-		opt, oerr := redisstore.ClientOption(cfg.Cache.Redis...)
-		if oerr != nil {
-			return nil, nil, fmt.Errorf("cache.redis: %w", oerr)
-		}
-		if own, oerr = rueidis.NewClient(opt); oerr != nil {
-			return nil, nil, fmt.Errorf("cache.redis: cannot connect: %w", oerr)
-		}
-		checkEviction(ctx, log, own, cache.RoleCache, "cache.redis")
-		store, err = cache.NewRedisStore(own)
-	case shared != nil:
-		checkEviction(ctx, log, shared.client, cache.RoleCache, "store.redis (used by the cache)")
-		store, err = cache.NewRedisStore(shared.client)
-	default:
-		store, err = cache.NewMemoryStore(nil)
-	}
-	if err == nil {
-		var c *cache.Cache
-		if c, err = cache.New(store, &cache.Options{Logger: log, Timeout: cfg.Cache.Timeout}); err == nil {
-			return c, own, nil
-		}
-	}
-	if own != nil {
-		own.Close()
-	}
-	return nil, nil, fmt.Errorf("cache: %w", err)
-}
-
-// checkEviction warns once about a maxmemory-policy that can evict rate-limit
-// counters or make cache writes fail (see docs/design.md).
-func checkEviction(ctx context.Context, log *slog.Logger, client rueidis.Client, role cache.Role, what string) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	pol, warning, err := cache.CheckEviction(ctx, client, role)
-	switch {
-	case err != nil:
-		log.Warn("cannot read maxmemory-policy", "redis", what, "err", err)
-	case warning != "":
-		log.Warn(warning, "redis", what, "maxmemory_policy", pol)
-	}
 }

@@ -7,15 +7,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/mcpgate/mcpgate/policy"
+	"github.com/mcpgate/mcpgate/setup"
 	usagestore "github.com/mcpgate/mcpgate/usage"
-	"github.com/mcpgate/mcpgate/usage/dynamodb"
 	"github.com/mcpgate/mcpgate/usage/sqlite"
 )
 
@@ -83,7 +82,7 @@ func runUsage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("usage store %s: %w (nothing flushed yet? mcpgate serve creates it, or create it now with: mcpgate usage init --config %s)", spec, err, *path)
 		}
 	}
-	st, err := openUsageStore(ctx, spec)
+	st, err := setup.OpenUsageStore(ctx, spec)
 	if err != nil {
 		return err
 	}
@@ -171,7 +170,7 @@ func runUsageInit(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	ctx, cancel := context.WithTimeout(ctx, usageInitTimeout)
 	defer cancel()
 	spec := cfg.Usage.Store
-	st, err := openUsageStore(ctx, spec)
+	st, err := setup.OpenUsageStore(ctx, spec)
 	if err != nil {
 		return err
 	}
@@ -181,7 +180,7 @@ func runUsageInit(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if err := s.Check(ctx); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "usage store %s: %s\n", spec, describeMigration(s.Migration()))
+		fmt.Fprintf(stdout, "usage store %s: %s\n", spec, setup.DescribeMigration(s.Migration()))
 		return nil
 	}
 	err = st.Check(ctx)
@@ -203,50 +202,6 @@ func runUsageInit(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	return nil
 }
 
-func describeMigration(m sqlite.Migration) string {
-	switch {
-	case m.Created:
-		return fmt.Sprintf("created the usage table (schema version %d)", m.To)
-	case m.From != m.To:
-		return fmt.Sprintf("upgraded the schema from version %d to %d", m.From, m.To)
-	}
-	return fmt.Sprintf("already initialized (schema version %d), nothing to do", m.To)
-}
-
-// usageOpenTimeout bounds serve's opening of the usage store: an SQLite
-// migration waiting for another process's lock, or a DynamoDB endpoint that
-// does not answer.
-const usageOpenTimeout = 30 * time.Second
-
-// openServeUsage opens the usage store for a gateway: an SQLite file gets
-// its schema created or upgraded on open; a DynamoDB table must exist
-// (mcpgate usage init), unless create is set (the demo's own store).
-func openServeUsage(ctx context.Context, cfg *policy.Config, create bool, log *slog.Logger) (usagestore.Store, error) {
-	ctx, cancel := context.WithTimeout(ctx, usageOpenTimeout)
-	defer cancel()
-	spec := cfg.Usage.Store
-	us, err := openUsageStore(ctx, spec)
-	if err != nil {
-		return nil, err
-	}
-	if s, ok := us.(*sqlite.Store); ok && s.Migration().From != s.Migration().To {
-		log.Info("usage store: "+describeMigration(s.Migration()), "store", spec)
-	}
-	if create {
-		err = us.Init(ctx)
-	} else {
-		err = us.Check(ctx)
-	}
-	if err == nil {
-		return us, nil
-	}
-	us.Close()
-	if kind, table := cfg.Usage.Backend(); kind == "dynamodb" && errors.Is(err, usagestore.ErrNotInitialized) {
-		return nil, fmt.Errorf("usage table %q does not exist: run 'mcpgate usage init --config %s' once (%w)", table, cfg.Path, err)
-	}
-	return nil, fmt.Errorf("usage store %s: %w", spec, err)
-}
-
 // loadConfig loads and validates the config, printing its problems.
 func loadConfig(path string, stderr io.Writer) (*policy.Config, error) {
 	cfg, err := policy.Load(path)
@@ -255,30 +210,6 @@ func loadConfig(path string, stderr io.Writer) (*policy.Config, error) {
 		return nil, errReported
 	}
 	return cfg, nil
-}
-
-// openUsageStore opens the durable usage store named by a usage.store value:
-// "sqlite:PATH" (a file, created if missing; a relative PATH is relative to
-// the working directory; its schema is created or upgraded on open) or
-// "dynamodb:TABLE" (region, endpoint and credentials from the standard AWS
-// environment; the table is not created).
-func openUsageStore(ctx context.Context, spec string) (usagestore.Store, error) {
-	kind, target, _ := strings.Cut(spec, ":")
-	switch kind {
-	case "sqlite":
-		s, err := sqlite.OpenContext(ctx, target)
-		if err != nil {
-			return nil, err
-		}
-		return s, nil
-	case "dynamodb":
-		s, err := dynamodb.Open(ctx, target)
-		if err != nil {
-			return nil, err
-		}
-		return s, nil
-	}
-	return nil, fmt.Errorf("unknown usage store %q (want sqlite:PATH or dynamodb:TABLE)", spec)
 }
 
 func sortedTiers(cfg *policy.Config) []string {

@@ -189,22 +189,3 @@ func TestUsageBadInvocations(t *testing.T) {
 		t.Errorf("-h = %v:\n%s", err, errOut)
 	}
 }
-
-func TestOpenUsageStore(t *testing.T) {
-	ctx := context.Background()
-	for _, spec := range []string{"", "sqlite:", "postgres:x", "dynamodb:ab"} {
-		if s, err := openUsageStore(ctx, spec); err == nil {
-			s.Close()
-			t.Errorf("openUsageStore(%q) succeeded", spec)
-		}
-	}
-	s, err := openUsageStore(ctx, "sqlite:"+filepath.Join(t.TempDir(), "u.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	// An SQLite file gets its schema on open.
-	if err := s.Check(ctx); err != nil {
-		t.Fatalf("Check of a new file = %v, want it ready", err)
-	}
-}
