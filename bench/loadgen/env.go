@@ -26,16 +26,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/rueidis"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/gateway"
-	"github.com/mcpgate/mcpgate/limit/redisstore"
 	"github.com/mcpgate/mcpgate/metrics"
 	"github.com/mcpgate/mcpgate/policy"
-	"github.com/mcpgate/mcpgate/usage/sqlite"
+	"github.com/mcpgate/mcpgate/setup"
 )
 
 // Target names, in the order Run interleaves them.
@@ -342,13 +340,12 @@ func (b *builtGateway) degraded() float64 {
 	return n
 }
 
-// newGateway wires a gateway from config text as cli/serve.go and
-// cli/build.go do for `mcpgate serve`: policy.Parse, auth from the config's
-// auth section, the session key derived from the HS256 secret, a SQLite
-// usage store (initialized; in a temporary directory rather than the
-// default file) when usage is set, the Redis store (redisstore.ClientOption,
-// rueidis client, store timeout from the config) when store.redis is set,
-// gateway.New (with tp, nil: tracing off).
+// newGateway wires a gateway from config text as `mcpgate serve` does,
+// through package setup: policy.Parse, setup.Auth for the config's auth
+// section, the session key derived from the HS256 secret, setup.Open for the
+// stores (a SQLite usage store in a temporary directory rather than the
+// default file when usage is set, none otherwise; the Redis store and cache
+// when store.redis is set), gateway.New (with tp, nil: tracing off).
 func newGateway(ctx context.Context, cfgText string, usage bool, log *slog.Logger, tp trace.TracerProvider) (_ *builtGateway, err error) {
 	cfg, err := policy.Parse("loadgen.yaml", []byte(cfgText))
 	if err != nil {
@@ -362,57 +359,28 @@ func newGateway(ctx context.Context, cfgText string, usage bool, log *slog.Logge
 			}
 		}
 	}()
-	j := cfg.Auth.JWT
-	secret := []byte(os.Getenv(j.HS256SecretEnv))
-	a, err := auth.New(ctx, auth.Options{
-		HS256Secret: secret,
-		Issuer:      j.Issuer,
-		Audience:    j.Audience,
-		TenantClaim: j.TenantClaim,
-		TierClaim:   j.TierClaim,
-		ScopeClaim:  j.ScopeClaim,
-		DefaultTier: cfg.DefaultTier,
-		Logger:      log,
-	})
+	a, err := setup.Auth(ctx, cfg, log)
 	if err != nil {
 		return nil, err
 	}
 	cleanups = append(cleanups, func() { a.Close() })
-	m := metrics.New()
-	opts := gateway.Options{Config: cfg, Auth: a, Logger: log, Metrics: m, SessionKey: gateway.DeriveSessionKey(secret), TracerProvider: tp}
 	if usage {
 		dir, err := os.MkdirTemp("", "loadgen-usage-")
 		if err != nil {
 			return nil, err
 		}
 		cleanups = append(cleanups, func() { os.RemoveAll(dir) })
-		us, err := sqlite.Open(filepath.Join(dir, "usage.db"))
-		if err != nil {
-			return nil, fmt.Errorf("usage store: %w", err)
-		}
-		cleanups = append(cleanups, func() { us.Close() })
-		if err := us.Init(ctx); err != nil {
-			return nil, fmt.Errorf("usage store: %w", err)
-		}
-		opts.Usage = us
+		cfg.Usage.Store = "sqlite:" + filepath.Join(dir, "usage.db")
 	}
-	if len(cfg.Store.Redis) > 0 {
-		copt, err := redisstore.ClientOption(cfg.Store.Redis...)
-		if err != nil {
-			return nil, err
-		}
-		client, err := rueidis.NewClient(copt)
-		if err != nil {
-			return nil, fmt.Errorf("store.redis: %w", err)
-		}
-		cleanups = append(cleanups, client.Close)
-		st, err := redisstore.New(client, &redisstore.Options{Timeout: cfg.Store.Timeout})
-		if err != nil {
-			return nil, err
-		}
-		opts.SharedStore = st
-		opts.Probe = func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }
+	st, err := setup.Open(ctx, cfg, log, &setup.Options{NoUsage: !usage})
+	if err != nil {
+		return nil, err
 	}
+	cleanups = append(cleanups, func() { st.Close() })
+	m := metrics.New()
+	secret := []byte(os.Getenv(cfg.Auth.JWT.HS256SecretEnv))
+	opts := gateway.Options{Config: cfg, Auth: a, Logger: log, Metrics: m, SessionKey: gateway.DeriveSessionKey(secret), TracerProvider: tp,
+		SharedStore: st.Shared, Probe: st.Probe, Usage: st.Usage, Cache: st.Cache}
 	g, err := gateway.New(opts)
 	if err != nil {
 		return nil, err
