@@ -493,7 +493,10 @@ func (d *decoder) check(c *Config, root *yaml.Node) {
 		}
 		return nil
 	}
-	if c.Upstream.URL == "" && !d.hasErr("upstream.url") {
+	// An embedded config (ParseEmbedded) may leave the section out, not
+	// give one without its url.
+	upstreamKey, _ := lookup(root, "upstream")
+	if c.Upstream.URL == "" && !d.hasErr("upstream.url") && (!d.embedded || upstreamKey != nil) {
 		if _, v := lookup(root, "upstream", "url"); v != nil && strings.Contains(v.Value, "${") {
 			d.errf(v, "upstream.url", "required, but %q expands to an empty string", v.Value)
 		} else {

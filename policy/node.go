@@ -34,6 +34,7 @@ type decoder struct {
 	warmAt    []warmRef // one per Cache.Warm entry
 
 	expirySet, leewaySet bool // auth.jwt.require_expiry / leeway given (their defaults are not zero)
+	embedded             bool // ParseEmbedded: upstream is optional
 
 	// offered, when set, is told the path of every key each mapping it
 	// decodes accepts, present or not (see schemaPaths).

@@ -32,7 +32,29 @@ func Load(path string) (*Config, error) {
 // warnings (Config.Warnings), not errors. Parse reads environment variables
 // and nothing else.
 func Parse(name string, data []byte) (*Config, error) {
-	d := &decoder{file: name, tierRules: map[string][]ruleRef{}, toolRules: map[string][]ruleRef{}}
+	return parse(name, data, false)
+}
+
+// LoadEmbedded is Load for the config of an MCP server that embeds the
+// enforcement engine (examples/sdkserver) rather than of a gateway: the
+// upstream section may be absent, since nothing is forwarded. Everything
+// else is read and validated as Load does.
+func LoadEmbedded(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	return ParseEmbedded(path, data)
+}
+
+// ParseEmbedded is Parse for the config of an MCP server that embeds the
+// enforcement engine (see LoadEmbedded): upstream may be absent.
+func ParseEmbedded(name string, data []byte) (*Config, error) {
+	return parse(name, data, true)
+}
+
+func parse(name string, data []byte, embedded bool) (*Config, error) {
+	d := &decoder{file: name, tierRules: map[string][]ruleRef{}, toolRules: map[string][]ruleRef{}, embedded: embedded}
 	root := d.document(data)
 	c := &Config{Path: name}
 	if root != nil {
