@@ -1,0 +1,358 @@
+// Package gosdk runs mcpgate's enforcement engine (package enforce) inside
+// an MCP server built with the official Go SDK
+// (github.com/modelcontextprotocol/go-sdk): the same rate limits, monthly
+// quotas and metering, loop breaker and result cache as the gateway, with no
+// gateway in front. Counters are shared with gateways when the engine's
+// store is the same Redis.
+//
+//	engine, _ := enforce.New(stores.EngineOptions()) // see package setup
+//	server := mcp.NewServer(impl, nil)
+//	server.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.Middleware(engine, nil))
+//	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)
+//	http.Handle("/mcp", gosdk.RequireBearerToken(authenticator, cfg)(handler))
+//
+// Middleware admits every request through Engine.Admit and answers a
+// denial the way the gateway does (a JSON-RPC error with code -33029 and
+// the retry data, or a tool result under deny_as: result); it serves
+// cacheable tools through the engine's cache and settles every admitted call
+// with Ticket.Done. RequireBearerToken and TokenVerifier authenticate
+// callers with mcpgate's JWT verification and put who they are in the SDK's
+// auth.TokenInfo, where Middleware's default Options.Identity reads it;
+// ScopeMiddleware refuses the tools, prompts and resources outside the
+// caller's scopes and hides them from lists.
+package gosdk
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync/atomic"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcpgate/mcpgate/enforce"
+	"github.com/mcpgate/mcpgate/policy"
+)
+
+// JSON-RPC error codes of the middleware's own answers: the gateway's. They
+// sit outside the ranges JSON-RPC (-32768..-32000) and MCP reserve, so they
+// cannot collide with a server's own codes.
+const (
+	// CodeRateLimited: denied by a rate limit, the monthly quota or the
+	// loop breaker; the error's data is an enforce.Denial.
+	CodeRateLimited = enforce.CodeRateLimited // -33029
+	// CodeUnauthorized: the request names no authenticated caller.
+	CodeUnauthorized = -33001
+	// CodeForbidden: a tool, prompt or resource outside the caller's scopes
+	// (ScopeMiddleware).
+	CodeForbidden = -33003
+	// CodeUnavailable: the limit store is unavailable and the request's
+	// on_error policy is closed.
+	CodeUnavailable = -33503
+)
+
+// Identity names the caller of a request: the enforce.Call fields that
+// counters, quotas and breakers key on.
+type Identity struct {
+	// Tenant is required: counters and usage are per tenant.
+	Tenant string
+	// Tier selects the tier's limits and quota; "" means the config's
+	// default tier.
+	Tier string
+	// Subject is the end user or agent (a JWT's sub); "" is allowed and
+	// shares one per-subject counter and breaker for the tenant.
+	Subject string
+}
+
+// Options configures Middleware. A nil *Options means the zero value.
+type Options struct {
+	// Identity names the caller of a request. It is asked once per
+	// governed request; an error refuses the request with a JSON-RPC error
+	// (the error itself when it is a *jsonrpc.Error, else CodeUnauthorized
+	// with a message that names no failed check). Nil: TokenIdentity,
+	// which reads the auth.TokenInfo that RequireBearerToken (or any
+	// verifier calling SetIdentity) put on the request.
+	Identity func(ctx context.Context, req mcp.Request) (Identity, error)
+}
+
+// Middleware returns receiving middleware for an mcp.Server that governs
+// every request it receives with e:
+//
+//   - Notifications (notifications/initialized, notifications/cancelled,
+//     ...) pass ungoverned, as through the gateway: they ask for no work.
+//   - tools/call is admitted with Name the tool and Arguments its
+//     arguments (rate limits, monthly quota and metering, the loop breaker,
+//     keyed on the caller and, when breaker.key is session, the SDK's session
+//     id). Other requests are admitted with Method set and Name the method,
+//     or for prompts/get and resources/read the method followed by the prompt
+//     or resource ("prompts/get greet"), as the gateway counts them.
+//   - initialize is admitted under its method's rules (default_initialize,
+//     10 a minute per tenant, unless a tier names it). The session caps
+//     (sessions.max_per_tenant, max_per_subject) are the gateway's count of
+//     live upstream sessions: in process the slots an admitted initialize
+//     takes are released as soon as it is answered, so they cap concurrent
+//     initializes only (and an initialize is refused while gateways sharing
+//     the store hold all of the tenant's slots).
+//   - A denial is a *jsonrpc.Error with code CodeRateLimited, the
+//     denial's message (Decision.Message) and data the enforce.Denial
+//     (scope, rule, limit, remaining, retry_after_seconds), as in the
+//     gateway's 429 body; a tools/call of a tool or tier with deny_as:
+//     result gets instead a *mcp.CallToolResult with IsError set, the text
+//     for the model (Decision.Text) and the Denial as StructuredContent.
+//     A store failure under on_error: closed is a *jsonrpc.Error with code
+//     CodeUnavailable. The wrapped handler does not run.
+//   - An admitted tools/call of a tool with a cache is served through
+//     e.Cache(): one call of the wrapped handler per key across concurrent
+//     callers (and across processes on a Redis cache), the value the JSON of
+//     the *mcp.CallToolResult, an isError result cached as negative. A result
+//     asking for input (NeedsInput) is not cached, nor is a call carrying
+//     input responses or request state. Errors are never cached.
+//   - Every admitted call is settled with Ticket.Answered and Ticket.Done
+//     before its answer is returned: the status is OK, ToolError (an isError
+//     result or an error), Cancelled (the request's context was cancelled,
+//     notifications/cancelled) or Abandoned (it ended otherwise), and the
+//     marshalled result goes with it, so cost.from_result corrects the
+//     charge. A result served from the cache is charged the estimate.
+//
+// The middleware records nothing of its own: the engine meters, counts and
+// logs. Add it after any middleware that must see requests before they are
+// charged (ScopeMiddleware first: AddReceivingMiddleware(scopes, limits)).
+func Middleware(e *enforce.Engine, opts *Options) mcp.Middleware {
+	m := &middleware{e: e, identity: TokenIdentity}
+	if opts != nil && opts.Identity != nil {
+		m.identity = opts.Identity
+	}
+	return func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if isNotification(method) {
+				return next(ctx, method, req)
+			}
+			id, err := m.identity(ctx, req)
+			if err != nil {
+				return nil, unauthenticated(err)
+			}
+			if method == enforce.MethodToolsCall {
+				return m.toolCall(ctx, next, method, req, id)
+			}
+			return m.request(ctx, next, method, req, id)
+		}
+	}
+}
+
+type middleware struct {
+	e        *enforce.Engine
+	identity func(ctx context.Context, req mcp.Request) (Identity, error)
+}
+
+// request governs a request that is not a tools/call.
+func (m *middleware) request(ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request, id Identity) (mcp.Result, error) {
+	t, d := m.e.Admit(ctx, enforce.Call{Tenant: id.Tenant, Tier: id.Tier, Subject: id.Subject,
+		Session: sessionID(req), Method: method, Name: methodTarget(method, req)})
+	defer t.Done(context.WithoutCancel(ctx), enforce.Outcome{})
+	if lease, store := t.SessionLease(); lease != "" {
+		// The session slots of an initialize: not held in process (see
+		// Middleware).
+		defer m.e.ReleaseLease(context.WithoutCancel(ctx), store, enforce.SessionChecks(m.e.Config(), id.Tenant, id.Subject), lease)
+	}
+	if !d.Allowed {
+		return nil, denialError(d)
+	}
+	return next(ctx, method, req)
+}
+
+// toolCall governs a tools/call.
+func (m *middleware) toolCall(ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request, id Identity) (mcp.Result, error) {
+	params, _ := req.GetParams().(*mcp.CallToolParamsRaw)
+	if params == nil {
+		return next(ctx, method, req) // not a server's tools/call: nothing to govern
+	}
+	t, d := m.e.Admit(ctx, enforce.Call{Tenant: id.Tenant, Tier: id.Tier, Subject: id.Subject,
+		Session: sessionID(req), Name: params.Name, Arguments: params.Arguments})
+	if !d.Allowed {
+		t.Done(ctx, enforce.Outcome{}) // a no-op for a denied call, by contract
+		if !d.Unavailable && d.DenyAs == policy.DenyResult {
+			return deniedResult(d), nil
+		}
+		return nil, denialError(d)
+	}
+	var (
+		res    mcp.Result
+		err    error
+		answer json.RawMessage // the result to settle with; nil: none (or a cache hit)
+		failed bool
+	)
+	if plan, ok := t.CachePlan(); ok && cacheableParams(params) {
+		res, answer, failed, err = m.cachedCall(ctx, next, method, req, plan)
+	} else {
+		res, err = next(ctx, method, req)
+		answer, failed = settled(res, err)
+	}
+	st := status(ctx, failed)
+	sctx := context.WithoutCancel(ctx)
+	if st == enforce.OK || st == enforce.ToolError {
+		t.Answered(sctx, answer, failed)
+	}
+	t.Done(sctx, enforce.Outcome{Status: st, Result: answer})
+	return res, err
+}
+
+// interim is a loader's answer that asks the caller for input (MCP
+// 2026-07-28 input_required): it belongs to the caller whose load got it,
+// and is never cached.
+type interim struct{ res mcp.Result }
+
+func (*interim) Error() string { return "gosdk: the tool asked for input: its result is not cached" }
+
+// cachedCall answers a tools/call from the engine's cache, the wrapped
+// handler running once per key for all concurrent callers. It returns the
+// answer, the result this caller's own load produced (nil on a hit, so
+// that a hit is charged the estimate), whether the answer is a failure,
+// and the error to return.
+func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request, plan enforce.CachePlan) (mcp.Result, json.RawMessage, bool, error) {
+	// The loader may also run after this call returned (an early refresh a
+	// hit started): it writes nothing of this call's but ran.
+	var ran atomic.Bool
+	entry, _, err := m.e.Cache().Get(ctx, plan.Key, func(lctx context.Context) ([]byte, bool, error) {
+		ran.Store(true)
+		res, err := next(lctx, method, req)
+		if err != nil {
+			return nil, false, err
+		}
+		r, ok := res.(*mcp.CallToolResult)
+		if !ok || r == nil {
+			return nil, false, errors.New("gosdk: the tool handler returned no *mcp.CallToolResult")
+		}
+		if r.NeedsInput() || r.InputRequests != nil {
+			return nil, false, &interim{res: res}
+		}
+		b, err := json.Marshal(r)
+		return b, r.IsError, err
+	}, plan.Policy)
+	if err != nil {
+		var in *interim
+		switch {
+		case errors.As(err, &in) && ran.Load():
+			return in.res, nil, false, nil
+		case errors.As(err, &in):
+			// Another caller's load asked for that caller's input: this
+			// caller gets its own answer.
+			res, err := next(ctx, method, req)
+			answer, failed := settled(res, err)
+			return res, answer, failed, err
+		}
+		return nil, nil, true, err
+	}
+	var r mcp.CallToolResult
+	if err := json.Unmarshal(entry.Value, &r); err != nil {
+		return nil, nil, true, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "gosdk: cached tool result cannot be decoded: " + err.Error()}
+	}
+	var loaded json.RawMessage
+	if ran.Load() {
+		loaded = entry.Value // this caller's own load: its reported cost counts
+	}
+	return &r, loaded, entry.Negative, nil
+}
+
+// settled is what a handler's answer settles a call with: the marshalled
+// result and whether it is a failure (an error, or an isError result).
+func settled(res mcp.Result, err error) (json.RawMessage, bool) {
+	if err != nil {
+		return nil, true
+	}
+	r, ok := res.(*mcp.CallToolResult)
+	if !ok || r == nil {
+		return nil, false
+	}
+	b, merr := json.Marshal(r)
+	if merr != nil {
+		b = nil
+	}
+	return b, r.IsError
+}
+
+// status is how an admitted call ended, for the engine.
+func status(ctx context.Context, failed bool) enforce.Status {
+	switch {
+	case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled):
+		return enforce.Cancelled
+	case ctx.Err() != nil:
+		return enforce.Abandoned
+	case failed:
+		return enforce.ToolError
+	}
+	return enforce.OK
+}
+
+// cacheableParams reports whether a tools/call's answer can depend on no
+// more than its name and arguments: a retry carrying input responses or
+// request state (MCP 2026-07-28) goes to the handler.
+func cacheableParams(p *mcp.CallToolParamsRaw) bool {
+	return len(p.InputResponses) == 0 && p.RequestState == ""
+}
+
+// denialError is a denied request's JSON-RPC error.
+func denialError(d enforce.Decision) *jsonrpc.Error {
+	if d.Unavailable {
+		return &jsonrpc.Error{Code: CodeUnavailable,
+			Message: "rate-limit store unavailable and this request fails closed; retry shortly"}
+	}
+	data, _ := json.Marshal(d.Denial()) // a struct of strings and integers
+	return &jsonrpc.Error{Code: CodeRateLimited, Message: d.Message(), Data: data}
+}
+
+// deniedResult is a denied tools/call's answer under deny_as: result.
+func deniedResult(d enforce.Decision) *mcp.CallToolResult {
+	return &mcp.CallToolResult{
+		Content:           []mcp.Content{&mcp.TextContent{Text: d.Text()}},
+		StructuredContent: d.Denial(),
+		IsError:           true,
+	}
+}
+
+// unauthenticated is the answer to a request whose caller Options.Identity
+// cannot name.
+func unauthenticated(err error) error {
+	var rpcErr *jsonrpc.Error
+	if errors.As(err, &rpcErr) {
+		return rpcErr
+	}
+	return &jsonrpc.Error{Code: CodeUnauthorized, Message: "unauthenticated: this server needs a valid bearer token"}
+}
+
+// isNotification reports whether method is a notification's.
+func isNotification(method string) bool {
+	return strings.HasPrefix(method, "notifications/")
+}
+
+// methodTarget is the "tool" of tenant_tool and subject_tool counters for a
+// request other than tools/call, as the gateway names it: the method,
+// followed by the prompt's name or the resource's URI for prompts/get and
+// resources/read, so that each prompt or resource is counted on its own.
+func methodTarget(method string, req mcp.Request) string {
+	switch p := req.GetParams().(type) {
+	case *mcp.GetPromptParams:
+		if p != nil {
+			return method + " " + p.Name
+		}
+	case *mcp.ReadResourceParams:
+		if p != nil {
+			return method + " " + p.URI
+		}
+	}
+	return method
+}
+
+// sessionID is the request's MCP session id ("" without a session).
+func sessionID(req mcp.Request) string {
+	switch s := req.GetSession().(type) {
+	case nil:
+		return ""
+	case *mcp.ServerSession:
+		if s == nil {
+			return ""
+		}
+	}
+	return req.GetSession().ID()
+}
