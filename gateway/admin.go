@@ -79,7 +79,7 @@ func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "unknown tier " + q.Get("tier")})
 		return
 	}
-	live, err := g.liveLimits(r.Context(), cfg, tier, tenant, subject)
+	live, err := g.liveLimits(r.Context(), tier, tenant, subject)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "limit store: " + err.Error()})
 		return

@@ -1,0 +1,231 @@
+package enforce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/policy"
+)
+
+// Counter is the live state of one of a tenant's rate-limit counters, as
+// Engine.Counters reads it.
+type Counter struct {
+	// Rule is the configured rule counting.
+	Rule policy.Rule
+	// Tool is the tool of a per-tool counter (tenant_tool, subject_tool);
+	// Subject the subject of a per-subject one.
+	Tool, Subject string
+	// Result is the counter as it stands: Remaining and ResetAfter (see
+	// limit.Result); Allowed means nothing.
+	Result limit.Result
+}
+
+// Counters reads the live state of tenant's counters under tier (and of
+// subject's, when set) without charging them: the rules of tools/call
+// (tier and tool rules, per-tool counters for every tool the config lists)
+// and of the other methods. Keys come from the config, never from scanning
+// the store.
+func (e *Engine) Counters(ctx context.Context, tier, tenant, subject string) ([]Counter, error) {
+	cfg := e.Config()
+	cs := tenantCounters(cfg, []string{tier}, counterFilter{tenant: tenant, subject: subject, tenantWide: true, subjects: true})
+	out := []Counter{}
+	if len(cs) == 0 {
+		return out, nil
+	}
+	checks := make([]limit.Check, len(cs))
+	for i, c := range cs {
+		checks[i] = c.check
+	}
+	results, err := peek(ctx, e.Store(), tenant, checks)
+	if err != nil {
+		return nil, err
+	}
+	for i, c := range cs {
+		v := Counter{Rule: c.rule, Tool: c.owner.Tool, Result: results[i]}
+		if c.rule.Per == keyspace.PerSubject || c.rule.Per == keyspace.PerSubjectTool {
+			v.Subject = subject
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// ResetCounters clears rate-limit counters of a tenant (never its usage
+// meter, quota or breakers): without subject, the counters per tenant and
+// tenant_tool; with subject, that subject's (per subject and subject_tool)
+// instead; tool narrows either to that tool's per-tool counters. Counters
+// of every tier are cleared (a tenant's tier comes from its tokens), in
+// the shared store and in the local fallback store, and this instance's
+// denial cache is emptied. It returns how many counters the config names
+// and how many the deciding store held.
+func (e *Engine) ResetCounters(ctx context.Context, tenant, subject, tool string) (counters, cleared int, err error) {
+	cfg := e.Config()
+	tiers := slices.Sorted(maps.Keys(cfg.Tiers))
+	if !slices.Contains(tiers, cfg.DefaultTier) {
+		tiers = append(tiers, cfg.DefaultTier)
+	}
+	cs := tenantCounters(cfg, tiers, counterFilter{tenant: tenant, subject: subject, tool: tool,
+		tenantWide: subject == "", subjects: subject != ""})
+	keys := make([]string, len(cs))
+	for i, c := range cs {
+		keys[i] = c.check.Key
+	}
+	for i, s := range e.Stores() {
+		rs, ok := s.(limit.Resetter)
+		if !ok {
+			return len(keys), 0, fmt.Errorf("%w (%T)", ErrNoReset, s)
+		}
+		m, err := rs.Reset(ctx, keys)
+		if err != nil {
+			return len(keys), cleared, err
+		}
+		if i == 0 {
+			cleared = m
+		}
+	}
+	e.ForgetDenials()
+	return len(keys), cleared, nil
+}
+
+// counter is one rate-limit counter of a tenant that the admin API shows or
+// resets: a tools/call rule of a tier or a tool, and the key of its counter
+// for one owner.
+type counter struct {
+	rule  policy.Rule
+	owner keyspace.Owner // Tool set only for per-tool scopes
+	check limit.Check
+}
+
+// counterFilter selects the counters tenantCounters returns.
+type counterFilter struct {
+	tenant, subject string
+	// tool, when set, keeps only per-tool counters (tenant_tool,
+	// subject_tool) of that tool, which need not be listed in the config.
+	tool string
+	// tenantWide and subjects select counters per tenant and tenant_tool,
+	// and per subject and subject_tool (these need subject).
+	tenantWide, subjects bool
+}
+
+// tenantCounters lists, without duplicates and in a stable order, the
+// counters of the tools/call rules of tiers (tier rules and tool rules) and
+// of the other methods' rules (methodCounters) for the owner and scopes f
+// selects. Per-tool counters are computed for every
+// tool the config lists (or f.tool alone): keys are built from the config,
+// never found by scanning the store.
+func tenantCounters(cfg *policy.Config, tiers []string, f counterFilter) []counter {
+	tools := []string{f.tool}
+	if f.tool == "" {
+		tools = append(tools, slices.Sorted(maps.Keys(cfg.Tools))...)
+	}
+	var out []counter
+	seen := map[string]bool{}
+	for _, tier := range tiers {
+		for _, tool := range tools {
+			rules, _ := cfg.RulesFor(tier, tool)
+			for _, r := range rules {
+				perTool := r.Per == keyspace.PerTenantTool || r.Per == keyspace.PerSubjectTool
+				bySubject := r.Per == keyspace.PerSubject || r.Per == keyspace.PerSubjectTool
+				switch {
+				case !r.Per.TenantScoped(), perTool && tool == "", f.tool != "" && !perTool,
+					bySubject && (!f.subjects || f.subject == ""), !bySubject && !f.tenantWide:
+					continue
+				}
+				o := keyspace.Owner{Tenant: f.tenant, Subject: f.subject}
+				if perTool {
+					o.Tool = tool
+				}
+				key := keyspace.Counter(r.Per, string(r.Algorithm), r.Name, o)
+				if !seen[key] {
+					seen[key] = true
+					out = append(out, counter{rule: r, owner: o, check: limit.Check{Rule: r.Rule, Key: key}})
+				}
+			}
+		}
+		out = append(out, methodCounters(cfg, tier, f, seen)...)
+	}
+	return out
+}
+
+// methodCounters are the counters per tenant or per subject of the rules of
+// methods other than tools/call (the built-in default_initialize and
+// default_requests included) in tier, skipping keys in seen. Their per-tool
+// counters key on the prompt or resource a caller named, which the config
+// cannot list: they are left out.
+func methodCounters(cfg *policy.Config, tier string, f counterFilter, seen map[string]bool) []counter {
+	var out []counter
+	for _, m := range append(policy.RequestMethods[:len(policy.RequestMethods):len(policy.RequestMethods)], "") {
+		if m == policy.MethodToolsCall || f.tool != "" {
+			continue
+		}
+		rules, _ := cfg.RulesForMethod(tier, m)
+		for _, r := range rules {
+			bySubject := r.Per == keyspace.PerSubject
+			if (r.Per != keyspace.PerTenant && !bySubject) || (bySubject && (!f.subjects || f.subject == "")) || (!bySubject && !f.tenantWide) {
+				continue
+			}
+			o := keyspace.Owner{Tenant: f.tenant, Subject: f.subject}
+			key := keyspace.Counter(r.Per, string(r.Algorithm), r.Name, o)
+			if !seen[key] {
+				seen[key] = true
+				out = append(out, counter{rule: r, owner: o, check: limit.Check{Rule: r.Rule, Key: key}})
+			}
+		}
+	}
+	return out
+}
+
+// peekRule is the rule of the check peek adds to a batch of concurrency
+// checks alone, so that the batch is denied: a fixed window never writes on
+// a denial.
+var peekRule = limit.Rule{Name: "admin-peek", Algorithm: limit.FixedWindow, Limit: 1, Period: time.Second}
+
+// peek reads the state of checks (all of tenant's) without charging anything:
+// one Take whose cost is above every check's capacity. Such a cost is
+// denied by every algorithm but concurrency (which counts calls, not
+// units) with the counter's Remaining and ResetAfter as they stand, and a
+// denied batch charges nothing, concurrency slots included (with
+// concurrency checks alone, a check that always denies is added). Shadow
+// rules are evaluated as enforced for this, so that they deny too. A
+// concurrency result that "allowed" reports one slot fewer than are free
+// (it counted the slot it would take) and is corrected; its ResetAfter is
+// then an upper bound (the lease period), 0 when no slot is held.
+func peek(ctx context.Context, store limit.Store, tenant string, checks []limit.Check) ([]limit.Result, error) {
+	batch := make([]limit.Check, 0, len(checks)+1)
+	cost, units := int64(0), false
+	for _, c := range checks {
+		c.Rule.Shadow = false
+		batch = append(batch, c)
+		cost = max(cost, c.Rule.Capacity())
+		units = units || c.Rule.Algorithm != limit.Concurrency
+	}
+	if !units {
+		o := keyspace.Owner{Tenant: tenant} // the checks' slot
+		batch = append(batch, limit.Check{Rule: peekRule, Key: keyspace.Counter(keyspace.PerTenant, string(peekRule.Algorithm), peekRule.Name, o)})
+		cost = max(cost, peekRule.Capacity())
+	}
+	d, err := store.Take(ctx, batch, cost+1)
+	if err != nil {
+		return nil, err
+	}
+	if d.Allowed { // cannot happen: give back what it took
+		_ = store.Refund(ctx, batch, cost+1, d.Lease)
+		return nil, errors.New("enforce: reading limits admitted a call")
+	}
+	out := d.Results[:len(checks)]
+	for i, c := range checks {
+		if c.Rule.Algorithm == limit.Concurrency && out[i].Allowed {
+			out[i].Remaining++
+			if out[i].Remaining >= c.Rule.Limit {
+				out[i].ResetAfter = 0
+			}
+		}
+	}
+	return out, nil
+}
