@@ -71,50 +71,7 @@ func (c *Cache) warmBatch(ctx context.Context, items []WarmItem, res *WarmResult
 	actx, cancel := context.WithTimeout(ctx, opTimeout)
 	acq := c.store.acquire(actx, reqs)
 	cancel()
-
-	var errs []error
-	type loaded struct {
-		i    int
-		rec  record
-		err  error
-		neg  bool
-		late bool // took longer than LoadTimeout: not stored (see loadLocked)
-	}
-	results := make([]loaded, 0, len(items))
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, c.warmN)
-	for i, a := range acq {
-		switch {
-		case a.err != nil:
-			res.Failed++
-			c.storeError("warm lock", a.err)
-			errs = append(errs, fmt.Errorf("cache: warm %s: %w", items[i].Key.tool, a.err))
-			continue
-		case a.status == statusFresh:
-			res.Fresh++
-			continue
-		case a.status != statusLocked:
-			res.Busy++
-			continue
-		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func(i int, fence uint64) {
-			defer wg.Done()
-			defer func() { <-sem }()
-			it := items[i]
-			v, neg, delta, err := c.call(ctx, it.Load)
-			l := loaded{i: i, err: err, neg: neg, late: delta > c.loadTimeout}
-			if err == nil {
-				l.rec = c.newRecord(v, neg, fence, delta, it.Policy)
-			}
-			mu.Lock()
-			results = append(results, l)
-			mu.Unlock()
-		}(i, a.fence)
-	}
-	wg.Wait()
+	results, errs := c.warmLoads(ctx, items, acq, res)
 
 	var commits []commitReq
 	var releases []releaseReq
@@ -148,4 +105,55 @@ func (c *Cache) warmBatch(ctx context.Context, items []WarmItem, res *WarmResult
 		c.release(sctx, releases)
 	}
 	return errs
+}
+
+// warmLoaded is the outcome of one warm-up load.
+type warmLoaded struct {
+	i    int // index of the item
+	rec  record
+	err  error
+	neg  bool
+	late bool // took longer than LoadTimeout: not stored (see loadLocked)
+}
+
+// warmLoads runs the loads of the items whose lock was acquired, at most
+// warmN at a time, counting the others in res.
+func (c *Cache) warmLoads(ctx context.Context, items []WarmItem, acq []acquireRes, res *WarmResult) ([]warmLoaded, []error) {
+	var errs []error
+	results := make([]warmLoaded, 0, len(items))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, c.warmN)
+	for i, a := range acq {
+		switch {
+		case a.err != nil:
+			res.Failed++
+			c.storeError("warm lock", a.err)
+			errs = append(errs, fmt.Errorf("cache: warm %s: %w", items[i].Key.tool, a.err))
+			continue
+		case a.status == statusFresh:
+			res.Fresh++
+			continue
+		case a.status != statusLocked:
+			res.Busy++
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(i int, fence uint64) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			it := items[i]
+			v, neg, delta, err := c.call(ctx, it.Load)
+			l := warmLoaded{i: i, err: err, neg: neg, late: delta > c.loadTimeout}
+			if err == nil {
+				l.rec = c.newRecord(v, neg, fence, delta, it.Policy)
+			}
+			mu.Lock()
+			results = append(results, l)
+			mu.Unlock()
+		}(i, a.fence)
+	}
+	wg.Wait()
+	return results, errs
 }
