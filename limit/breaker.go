@@ -79,7 +79,16 @@ type BreakerInfo struct {
 
 // Request is everything one call asks of a store in one atomic step.
 type Request struct {
-	Checks  []Check
+	// Checks are the tenant-scoped rules: with the Redis store on a
+	// Cluster, their keys share the tenant's hash tag (one slot) with the
+	// Meter and the Breaker.
+	Checks []Check
+	// Global are rules counted outside the tenant's slot (keyspace's
+	// PerGlobal keys), decided with everything else all-or-nothing: if a
+	// global rule denies, nothing of the request is charged, and if anything
+	// else denies, no global counter is. Empty: none. Their keys must differ
+	// from every other key of the request. See GuardedStore.Evaluate.
+	Global  []Check
 	Meter   *Meter       // nil: no usage meter
 	Breaker *BreakerSpec // nil: no loop breaker
 	Cost    int64
@@ -87,9 +96,31 @@ type Request struct {
 
 // Outcome is the answer to a Request.
 type Outcome struct {
+	// Decision is the whole request's: Allowed only when the breaker, every
+	// enforced check (tenant and global), and the meter admitted it. Its
+	// Rule, Limit, Remaining, ResetAfter and RetryAfter are Combine's over
+	// the tenant checks followed by the global checks: when denied by a
+	// rule, the enforced denying rule with the longest RetryAfter (Never
+	// longest; on a tie the tenant rule, the more specific); when admitted,
+	// the enforced rule with the least Remaining (on a tie the tenant
+	// rule). When only the quota denied, or the breaker's gate did, Rule is
+	// the zero Rule (see CombineMetered, GuardedStore.Evaluate). Results
+	// has one entry per tenant check (Request.Checks), in order; Lease names
+	// the concurrency slots taken by the request, tenant and global alike
+	// (pass the same lease to Release with either set of checks).
 	Decision Decision
-	Meter    MeterResult
-	Breaker  BreakerState
+	// Global is the global checks' own decision (Combine over
+	// Request.Global): Results has one entry per global check, and Allowed
+	// says whether the global rules alone would admit the request (even when
+	// something else denied it, so nothing was charged). Zero when
+	// Request.Global is empty.
+	Global Decision
+	// GlobalDecides: Decision's rule and numbers are a global check's
+	// (scope global); false when a tenant check, the quota or the breaker
+	// decided.
+	GlobalDecides bool
+	Meter         MeterResult
+	Breaker       BreakerState
 }
 
 // GuardedStore is a MeteredStore that also keeps loop breakers, evaluated in
@@ -98,12 +129,22 @@ type Outcome struct {
 type GuardedStore interface {
 	MeteredStore
 	// Evaluate is TakeMetered (or Take, without a meter) with an optional
-	// breaker. An open breaker denies without charging anything
-	// (Outcome.Breaker.Open; Decision.Allowed false with a zero Rule). A
-	// denial by the checks or the quota counts toward ConsecutiveDenials;
-	// an admission resets that count and counts the call's fingerprint
-	// (the admitted call that reaches IdenticalCount opens the breaker for
-	// the calls after it).
+	// breaker and optional global rules. An open breaker denies without
+	// charging anything (Outcome.Breaker.Open; Decision.Allowed false with a
+	// zero Rule). A denial by the checks (tenant or global) or the quota
+	// counts toward ConsecutiveDenials; an admission resets that count and
+	// counts the call's fingerprint (the admitted call that reaches
+	// IdenticalCount opens the breaker for the calls after it).
+	//
+	// With Request.Global the global checks are decided with the rest,
+	// all-or-nothing: if anything denies, no counter (tenant or global),
+	// no meter and no concurrency slot is charged. A store decides them in
+	// one atomic step where it can (the memory store always; the Redis
+	// store on a standalone server, or on a Cluster when every key shares
+	// one slot); otherwise (a Redis Cluster, the global keys in their own
+	// slot) it sends the two halves together and gives back the half that
+	// admitted when the other denied, so a concurrent caller may briefly
+	// see that half charged (see the store's documentation).
 	Evaluate(ctx context.Context, req Request) (Outcome, error)
 	// ReportOutcome records the result of an admitted call: a failure counts
 	// toward ConsecutiveFailures (or reopens a half-open breaker, when probe),

@@ -98,10 +98,13 @@ func ValidateDenials(n int64) error {
 // cost must still be at least 1 (ErrInvalidCost), the breaker must pass
 // ValidateBreaker, and its Key and IdenticalKey must differ from every
 // check's and the meter's key (ErrDuplicateKey, wrapped in
-// ErrInvalidBreaker).
+// ErrInvalidBreaker). Global checks, when there are, pass Validate on
+// their own (the tenant checks may then be empty), and their keys differ
+// from every other key of the request (ErrDuplicateKey, wrapped in
+// ErrInvalidRule, or ErrInvalidBreaker for the breaker's keys).
 func ValidateRequest(req Request) error {
 	switch {
-	case req.Breaker == nil && req.Meter == nil:
+	case req.Breaker == nil && req.Meter == nil && len(req.Global) == 0:
 		return Validate(req.Checks, req.Cost)
 	case req.Meter != nil:
 		if err := ValidateMetered(req.Checks, *req.Meter, req.Cost); err != nil {
@@ -113,6 +116,11 @@ func ValidateRequest(req Request) error {
 		}
 	case req.Cost < 1:
 		return ErrInvalidCost
+	}
+	if len(req.Global) > 0 {
+		if err := validateGlobal(req); err != nil {
+			return err
+		}
 	}
 	if req.Breaker == nil {
 		return nil
@@ -127,13 +135,34 @@ func ValidateRequest(req Request) error {
 		}
 		return nil
 	}
-	for _, c := range req.Checks {
-		if err := clash(c.Key, fmt.Sprintf("check %q", c.Rule.Name)); err != nil {
-			return err
+	for _, cs := range [2][]Check{req.Checks, req.Global} {
+		for _, c := range cs {
+			if err := clash(c.Key, fmt.Sprintf("check %q", c.Rule.Name)); err != nil {
+				return err
+			}
 		}
 	}
 	if req.Meter != nil {
 		return clash(req.Meter.Key, "the meter")
+	}
+	return nil
+}
+
+// validateGlobal checks a request's global checks as Validate does, and
+// that none of their keys is a tenant check's or the meter's.
+func validateGlobal(req Request) error {
+	if err := Validate(req.Global, req.Cost); err != nil {
+		return err
+	}
+	for _, g := range req.Global {
+		for _, c := range req.Checks {
+			if c.Key == g.Key {
+				return fmt.Errorf("%w %q: %w: %q is a tenant check's and a global check's", ErrInvalidRule, g.Rule.Name, ErrDuplicateKey, g.Key)
+			}
+		}
+		if req.Meter != nil && req.Meter.Key == g.Key {
+			return fmt.Errorf("%w %q: %w: the meter uses %q", ErrInvalidRule, g.Rule.Name, ErrDuplicateKey, g.Key)
+		}
 	}
 	return nil
 }

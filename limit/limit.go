@@ -272,6 +272,12 @@ func Validate(checks []Check, cost int64) error {
 // documented on Decision, the lease kept only when a Concurrency check took a
 // slot under it. results must have one entry per check.
 func Combine(checks []Check, results []Result, lease string) Decision {
+	d, _ := combine(checks, results, lease)
+	return d
+}
+
+// combine is Combine, also returning the index of the deciding check.
+func combine(checks []Check, results []Result, lease string) (Decision, int) {
 	d := Decision{Allowed: true, Results: results}
 	best := -1
 	for i, r := range results {
@@ -316,7 +322,7 @@ func Combine(checks []Check, results []Result, lease string) Decision {
 			}
 		}
 	}
-	return d
+	return d, best
 }
 
 // longer orders retry times with Never as the longest.

@@ -112,10 +112,16 @@ func (sh *shard) putCalls(key string, n algo.CallCounter) {
 //     Identical is the call's fingerprint count when the call was counted
 //     (else the count that opened the breaker, if identical calls did).
 //
+// With global checks (Request.Global) every counter of the request, tenant
+// and global, is locked at once: one critical section decides and charges
+// them all-or-nothing, with the meter and the breaker (a denial by a global
+// rule counts toward ConsecutiveDenials like any other); the decisions are
+// limit.CombineRequest's.
+//
 // Errors (nothing charged, nothing counted): ctx.Err(), those of
 // limit.ValidateRequest, and the meter's errors of TakeMetered.
 func (s *Store) Evaluate(ctx context.Context, req limit.Request) (limit.Outcome, error) {
-	if req.Breaker == nil {
+	if req.Breaker == nil && len(req.Global) == 0 {
 		if req.Meter == nil {
 			d, err := s.Take(ctx, req.Checks, req.Cost)
 			return limit.Outcome{Decision: d}, err
@@ -129,13 +135,20 @@ func (s *Store) Evaluate(ctx context.Context, req limit.Request) (limit.Outcome,
 	if err := limit.ValidateRequest(req); err != nil {
 		return limit.Outcome{}, err
 	}
-	results := make([]limit.Result, len(req.Checks))
-	lease, mr, bs, gated, err := s.c.guarded(req.Checks, req.Meter, req.Breaker, req.Cost, results)
+	checks := req.Checks
+	if len(req.Global) > 0 {
+		// One critical section over every counter: the global checks are
+		// evaluated with the tenant's, all-or-nothing.
+		checks = make([]limit.Check, 0, len(req.Checks)+len(req.Global))
+		checks = append(append(checks, req.Checks...), req.Global...)
+	}
+	results := make([]limit.Result, len(checks))
+	lease, mr, bs, gated, err := s.c.guarded(checks, req.Meter, req.Breaker, req.Cost, results)
 	if err != nil {
 		return limit.Outcome{}, err
 	}
-	d := algo.GuardedDecision(req, results, lease, mr.Allowed, gated)
-	return limit.Outcome{Decision: d, Meter: mr, Breaker: bs}, nil
+	d, g, byGlobal := algo.RequestDecisions(req, results, lease, mr.Allowed, gated)
+	return limit.Outcome{Decision: d, Global: g, GlobalDecides: byGlobal, Meter: mr, Breaker: bs}, nil
 }
 
 // guarded evaluates checks, the meter m and the breaker spec (either may

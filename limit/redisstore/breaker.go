@@ -57,7 +57,7 @@ const opReleaseProbe = "p"
 // Errors: those of Take and TakeMetered, and limit.ValidateRequest's. As
 // with Take, a call that timed out may have been applied, once.
 func (s *Store) Evaluate(ctx context.Context, req limit.Request) (limit.Outcome, error) {
-	if req.Breaker == nil {
+	if req.Breaker == nil && len(req.Global) == 0 {
 		if req.Meter == nil {
 			d, err := s.Take(ctx, req.Checks, req.Cost)
 			return limit.Outcome{Decision: d}, err
@@ -65,86 +65,131 @@ func (s *Store) Evaluate(ctx context.Context, req limit.Request) (limit.Outcome,
 		d, mr, err := s.TakeMetered(ctx, req.Checks, *req.Meter, req.Cost)
 		return limit.Outcome{Decision: d, Meter: mr}, err
 	}
+	if len(req.Global) > 0 {
+		return s.layered(ctx, req)
+	}
 	o, _, err := s.evaluate(ctx, req)
 	return o, err
 }
 
-// evaluate is Evaluate with a breaker, returning the script's clock too
-// (for tests).
+// evaluate is Evaluate in one call, returning the script's clock too (for
+// tests): every key of req, global checks included, must be in one slot
+// (a standalone server, or a Cluster whose global keys share the tenant's
+// slot; the caller checks).
 func (s *Store) evaluate(ctx context.Context, req limit.Request) (limit.Outcome, int64, error) {
 	wrap := func(err error) error { return fmt.Errorf("redisstore: evaluate: %w", err) }
-	if err := validateRequest(req); err != nil {
-		return limit.Outcome{}, 0, wrap(err)
+	if len(req.Global) == 0 {
+		if err := validateRequest(req); err != nil {
+			return limit.Outcome{}, 0, wrap(err)
+		}
+	}
+	checks := req.Checks
+	if len(req.Global) > 0 {
+		checks = make([]limit.Check, 0, len(req.Checks)+len(req.Global))
+		checks = append(append(checks, req.Checks...), req.Global...)
 	}
 	var lease string
-	if hasConcurrency(req.Checks) {
+	if hasConcurrency(checks) {
 		lease = newLease()
-	}
-	op := opTakeBreaker
-	if req.Meter != nil {
-		op = opTakeMeteredBreaker
 	}
 	b := batches.Get().(*batch)
 	defer b.release()
-	b.build(op, s.offset.Load(), req.Checks, req.Cost, lease)
-	if req.Meter != nil {
-		b.meter(req.Meter, req.Meter.CostFor(req.Cost))
-	}
-	b.keys = append(b.keys, req.Breaker.Key)
-	if req.Breaker.IdenticalKey != "" {
-		b.keys = append(b.keys, req.Breaker.IdenticalKey)
-	}
-	b.breaker(req.Breaker)
+	s.request(b, req, checks, lease)
 	arr, err := s.exec(ctx, b)
 	if err != nil {
 		return limit.Outcome{}, 0, wrap(err)
 	}
-	o, now, err := parseOutcome(req, lease, arr)
+	o, now, err := parseOutcome(req, len(checks), lease, arr)
 	if err != nil {
 		return limit.Outcome{}, 0, wrap(err)
 	}
 	return o, now, nil
 }
 
-// parseOutcome reads the reply of a take with a breaker.
-func parseOutcome(req limit.Request, lease string, arr []rueidis.RedisMessage) (limit.Outcome, int64, error) {
-	n := len(req.Checks)
-	if len(arr) < 1+blockLen {
-		return limit.Outcome{}, 0, fmt.Errorf("%w: %d values", errReply, len(arr))
+// request lays out in b the call of the library that decides req with
+// checks (its tenant checks, followed by its global ones when they go in
+// the same call), its meter and its breaker.
+func (s *Store) request(b *batch, req limit.Request, checks []limit.Check, lease string) {
+	op := opTake
+	switch {
+	case req.Breaker != nil && req.Meter != nil:
+		op = opTakeMeteredBreaker
+	case req.Breaker != nil:
+		op = opTakeBreaker
+	case req.Meter != nil:
+		op = opTakeMetered
 	}
-	bs, err := parseBlock(arr[len(arr)-blockLen:])
-	if err != nil {
-		return limit.Outcome{}, 0, err
+	b.build(op, s.offset.Load(), checks, req.Cost, lease)
+	if req.Meter != nil {
+		b.meter(req.Meter, req.Meter.CostFor(req.Cost))
+	}
+	if req.Breaker != nil {
+		b.keys = append(b.keys, req.Breaker.Key)
+		if req.Breaker.IdenticalKey != "" {
+			b.keys = append(b.keys, req.Breaker.IdenticalKey)
+		}
+		b.breaker(req.Breaker)
+	}
+}
+
+// parseOutcome reads the reply of a call laid out by request, with n
+// checks (tenant and global).
+func parseOutcome(req limit.Request, n int, lease string, arr []rueidis.RedisMessage) (limit.Outcome, int64, error) {
+	o, now, _, err := parseReply(req, n, lease, arr)
+	return o, now, err
+}
+
+// parseReply is parseOutcome also returning the breaker's denials count
+// before the call (0 without a breaker).
+func parseReply(req limit.Request, n int, lease string, arr []rueidis.RedisMessage) (limit.Outcome, int64, int64, error) {
+	if len(arr) < 1 {
+		return limit.Outcome{}, 0, 0, fmt.Errorf("%w: empty reply", errReply)
 	}
 	now, err := arr[0].AsInt64()
 	if err != nil {
-		return limit.Outcome{}, 0, fmt.Errorf("%w: %w", errReply, err)
+		return limit.Outcome{}, 0, 0, fmt.Errorf("%w: %w", errReply, err)
+	}
+	var bs limit.BreakerState
+	var before int64
+	tail := 0
+	if req.Breaker != nil {
+		tail = blockLen + 1
+		if len(arr) < 1+tail {
+			return limit.Outcome{}, 0, 0, fmt.Errorf("%w: %d values", errReply, len(arr))
+		}
+		if bs, err = parseBlock(arr[len(arr)-tail : len(arr)-1]); err != nil {
+			return limit.Outcome{}, 0, 0, err
+		}
+		if before, err = arr[len(arr)-1].AsInt64(); err != nil {
+			return limit.Outcome{}, 0, 0, fmt.Errorf("%w: %w", errReply, err)
+		}
 	}
 	results := make([]limit.Result, n)
-	if len(arr) == 1+blockLen && bs.Open {
+	if req.Breaker != nil && len(arr) == 1+tail && bs.Open {
 		// The breaker denied the call; nothing else was read.
-		return limit.Outcome{Decision: algo.GuardedDecision(req, results, "", false, true), Breaker: bs}, now, nil
+		d, g, _ := algo.RequestDecisions(req, results, "", false, true)
+		return limit.Outcome{Decision: d, Global: g, Breaker: bs}, now, before, nil
 	}
-	want := 1 + 4*n + blockLen
+	want := 1 + 4*n + tail
 	if req.Meter != nil {
 		want += 5
 	}
 	if len(arr) != want {
-		return limit.Outcome{}, 0, fmt.Errorf("%w: %d values for %d checks and a breaker", errReply, len(arr), n)
+		return limit.Outcome{}, 0, 0, fmt.Errorf("%w: %d values for %d checks", errReply, len(arr), n)
 	}
 	if n > 0 {
 		if _, results, err = parseResults(arr, n); err != nil {
-			return limit.Outcome{}, 0, err
+			return limit.Outcome{}, 0, 0, err
 		}
 	}
 	var mr limit.MeterResult
 	if req.Meter != nil {
 		if mr, err = meterResult(arr[1+4*n:]); err != nil {
-			return limit.Outcome{}, 0, err
+			return limit.Outcome{}, 0, 0, err
 		}
 	}
-	d := algo.GuardedDecision(req, results, lease, mr.Allowed, false)
-	return limit.Outcome{Decision: d, Meter: mr, Breaker: bs}, now, nil
+	d, g, byGlobal := algo.RequestDecisions(req, results, lease, mr.Allowed, false)
+	return limit.Outcome{Decision: d, Global: g, GlobalDecides: byGlobal, Meter: mr, Breaker: bs}, now, before, nil
 }
 
 // parseBlock reads the breaker's part of a reply (breaker.lua).

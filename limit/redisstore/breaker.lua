@@ -1,7 +1,8 @@
 -- Loop breakers: a port of limit/internal/algo/breaker.go. This file is not
 -- a script of its own: the store splices it into limit.lua in place of the
 -- line that names this file, after the helpers (now, int, px, fields, get) and
--- before the take branch, which calls the functions below for ops b and n.
+-- before take, which calls the functions below for ops b and n; run calls
+-- brUpdate for ops o, d and p, and brReset for x.
 --
 -- Ops: b take with a breaker, n take metered with a breaker (both laid out
 -- as t and m, with the breaker block as the last 10 ARGV), o report an
@@ -31,13 +32,14 @@
 -- probe in flight), retry (µs), probe (1: the admitted half-open
 -- probe), opened (1: this call opened the breaker), reason, denials,
 -- failures, identical, cooldown (µs). b and n reply take's or take
--- metered's reply then the block, or {now, block} when the breaker denied
--- the call (nothing else was read); o, d and p reply {now, block}; x replies
+-- metered's reply then the block and one more value, the denials count
+-- before the call, or {now, block, denials} when the breaker denied the
+-- call (nothing else was read); o, d and p reply {now, block}; x replies
 -- {now, 1 if the breaker was held else 0, the key of the counter that
 -- opened it or ""}.
 
-local brRead, brParams, brGate, brAfter, brCalls, brSetCalls, brWrite, brView
-if op == 'b' or op == 'n' or op == 'o' or op == 'd' or op == 'p' or op == 'x' then
+local brRead, brParams, brGate, brAfter, brCalls, brSetCalls, brWrite, brView, brUpdate, brReset
+if LIB or EOP == 'b' or EOP == 'n' or EOP == 'o' or EOP == 'd' or EOP == 'p' or EOP == 'x' then
   -- brRead returns the state of the breaker key (the zero state when it is
   -- missing or past x) and whether the key exists.
   brRead = function(key)
@@ -151,7 +153,8 @@ if op == 'b' or op == 'n' or op == 'o' or op == 'd' or op == 'p' or op == 'x' th
     return o
   end
 
-  if op == 'o' or op == 'd' or op == 'p' then
+  -- brUpdate serves ops o, d and p.
+  brUpdate = function()
     local key, p = KEYS[1], brParams(4)
     local st, exists = brRead(key)
     local opened = false
@@ -198,7 +201,10 @@ if op == 'b' or op == 'n' or op == 'o' or op == 'd' or op == 'p' or op == 'x' th
       out[2], out[3] = 0, 0
     end
     return out
-  elseif op == 'x' then
+  end
+
+  -- brReset serves op x.
+  brReset = function()
     local st, exists = brRead(KEYS[1])
     if exists then redis.call('DEL', KEYS[1]) end
     return { now, st.live and 1 or 0, st.ik }

@@ -24,9 +24,14 @@ func testBreaker(tenant, fp string) limit.BreakerSpec {
 
 // The script is limit.lua with breaker.lua spliced in once.
 func TestScriptSplice(t *testing.T) {
-	if strings.Contains(scriptSource, breakerMark) || strings.Count(scriptSource, breakerSource) != 1 ||
-		!strings.HasPrefix(scriptSource, limitSource[:strings.Index(limitSource, breakerMark)]) {
-		t.Error("scriptSource is not limit.lua with breaker.lua in place of its mark")
+	if strings.Contains(librarySource, breakerMark) || strings.Count(librarySource, breakerSource) != 1 ||
+		!strings.HasPrefix(librarySource, limitSource[:strings.Index(limitSource, breakerMark)]) {
+		t.Error("librarySource is not limit.lua with breaker.lua in place of its mark")
+	}
+	for name, src := range map[string]string{"script": scriptSource, "function": functionSource} {
+		if strings.Count(src, librarySource) != 1 {
+			t.Errorf("the %s form does not hold the library once", name)
+		}
 	}
 	defer func() {
 		if recover() == nil {
@@ -49,14 +54,14 @@ func TestBreakerOneScript(t *testing.T) {
 	if _, err := s.Evaluate(ctx, limit.Request{Checks: checks, Meter: &m, Breaker: &b, Cost: 1}); err != nil {
 		t.Fatal(err) // loads the script
 	}
-	scripts, _ := commandCalls(t, c, "evalsha")
+	scripts, _ := libCalls(t, c)
 	for range 10 {
 		o, err := s.Evaluate(ctx, limit.Request{Checks: checks, Meter: &m, Breaker: &b, Cost: 1})
 		if err != nil || !o.Decision.Allowed {
 			t.Fatalf("Evaluate: %+v, %v", o, err)
 		}
 	}
-	if after, _ := commandCalls(t, c, "evalsha"); after-scripts != 10 {
+	if after, _ := libCalls(t, c); after-scripts != 10 {
 		t.Errorf("10 guarded calls ran %d scripts, want 10", after-scripts)
 	}
 	var before [3]int64
@@ -79,7 +84,7 @@ func TestBreakerOneScript(t *testing.T) {
 func TestBreakerCrossSlot(t *testing.T) {
 	_, c, s := startStore(t)
 	ctx := ctxT(t)
-	before, _ := commandCalls(t, c, "evalsha")
+	before, _ := libCalls(t, c)
 	alice, bob := testBreaker("alice", "fp"), testBreaker("bob", "fp")
 	checks := tenantChecks("alice", rule("fw", limit.FixedWindow, 5, time.Second))
 	m := testMeter("alice", 0)
@@ -95,7 +100,7 @@ func TestBreakerCrossSlot(t *testing.T) {
 			t.Errorf("%s: %v, want ErrCrossSlot", name, err)
 		}
 	}
-	if after, _ := commandCalls(t, c, "evalsha"); after != before {
+	if after, _ := libCalls(t, c); after != before {
 		t.Errorf("refused calls ran %d scripts", after-before)
 	}
 }

@@ -17,6 +17,10 @@ import (
 	"github.com/mcpgate/mcpgate/limit/internal/algo"
 )
 
+// rawScript runs the store's library as a script, with the KEYS and ARGV
+// limit.lua documents.
+var rawScript = rueidis.NewLuaScript(scriptSource)
+
 // testTimeout replaces DefaultTimeout in tests: a loaded CI machine running
 // -race must not turn slow calls into failures. Tests of the timeout itself
 // set their own.
@@ -301,4 +305,16 @@ func rule(name string, a limit.Algorithm, lim int64, p time.Duration) limit.Rule
 
 func (r *runner) String() string {
 	return fmt.Sprintf("%d steps: %d allowed, %d denied, %d never", r.n, r.allowed, r.denied, r.never)
+}
+
+// libCalls counts the calls of the store's library the server ran, as a
+// function (FCALL) or a script (EVALSHA, EVAL).
+func libCalls(tb testing.TB, c rueidis.Client) (calls, failed int64) {
+	tb.Helper()
+	for _, cmd := range []string{"fcall", "evalsha", "eval"} {
+		n, f := commandCalls(tb, c, cmd)
+		calls += n
+		failed += f
+	}
+	return calls, failed
 }

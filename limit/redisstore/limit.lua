@@ -4,34 +4,50 @@
 -- state meaning, same integer formulas, same results. Change both together;
 -- the tests hold the script to algo.
 --
--- KEYS[i]             counter of check i (all keys in one Cluster slot)
--- ARGV[1]             op: 't' take, 'r' refund, 'l' release, 'e' renew leases,
+-- This file is a library: it defines every function once, and run(keys,
+-- args) serves one call. The store loads it two ways (redisstore.go):
+--
+--   - as a Redis Function library (FUNCTION LOAD; Redis >= 7, Valkey,
+--     ElastiCache 7): the text is prefixed with the library's shebang and
+--     "local LIB, EOP = true, nil", and run is registered as the function
+--     the store calls with FCALL. The functions below are then built once,
+--     when the library loads, and a call runs only run and what it calls;
+--   - as a script (EVALSHA, EVAL on NOSCRIPT), where functions are missing:
+--     the text is prefixed with "local LIB, EOP, EKEYS, EARGV = false,
+--     ARGV[1], KEYS, ARGV" and ends with "return run(EKEYS, EARGV)". The
+--     script's body runs on every call, so the meters' and the breakers'
+--     functions are built only for the ops that use them (LIB or EOP).
+--
+-- keys[i]             counter of check i (all keys of one call in one Cluster
+--                     slot)
+-- args[1]             op: 't' take, 'r' refund, 'l' release, 'e' renew leases,
 --                     'm' take metered, 'a' adjust a meter, 'f' mark a meter flushed,
 --                     and the loop breakers' ops (see breaker.lua): 'b' take and
 --                     'n' take metered with a breaker, 'o' report an outcome,
 --                     'd' add denials, 'p' release a probe, 'x' reset
--- ARGV[2]             microseconds added to the server clock (tests only; "0")
--- ARGV[3]             cost (take, take metered and refund; "0" otherwise)
--- ARGV[4]             lease id ("" when the batch has no concurrency check)
--- ARGV[5 + 5(i-1)..]  check i: algorithm, limit, period (µs), capacity, shadow ("1"/"0")
+-- args[2]             microseconds added to the server clock (tests only; "0")
+-- args[3]             cost (take, take metered and refund; "0" otherwise)
+-- args[4]             lease id ("" when the batch has no concurrency check)
+-- args[5 + 4(i-1)..]  check i: algorithm, limit, period (µs), capacity; the
+--                     algorithm's letter is upper case for a shadow rule
 --
 -- Usage meters (ops m, a, f; see limit/internal/algo/meter.go, which this
--- ports). The meter key comes after the checks' keys: KEYS[n+1] for 'm' with
--- n checks (n may be 0), KEYS[1] for 'a' and 'f'. With b = 4 + 5n ('m') or
+-- ports). The meter key comes after the checks' keys: keys[n+1] for 'm' with
+-- n checks (n may be 0), keys[1] for 'a' and 'f'. With b = 4 + 4n ('m') or
 -- b = 4 ('a'), the meter block is:
---   ARGV[b+1] tenant, ARGV[b+2] period, ARGV[b+3] seeded ("1"/"0"),
---   ARGV[b+4] expire time (ms since 1970, for PEXPIREAT),
---   ARGV[b+5..b+8] seed: charged, refunded, calls, refunded calls,
---   ARGV[b+9] quota (0: none),
---   ARGV[b+10] meter cost: what 'm' charges on the meter (c += it) and what
---   the quota must fit (limit.Meter.CostFor; the checks keep ARGV[3]); 'a'
+--   args[b+1] tenant, args[b+2] period, args[b+3] seeded ("1"/"0"),
+--   args[b+4] expire time (ms since 1970, for PEXPIREAT),
+--   args[b+5..b+8] seed: charged, refunded, calls, refunded calls,
+--   args[b+9] quota (0: none),
+--   args[b+10] meter cost: what 'm' charges on the meter (c += it) and what
+--   the quota must fit (limit.Meter.CostFor; the checks keep args[3]); 'a'
 --   sends 0 and ignores it,
---   and for 'a' ARGV[b+11..b+14] the delta.
--- For 'f', ARGV[5..8] is the flushed snapshot.
+--   and for 'a' args[b+11..b+14] the delta.
+-- For 'f', args[5..8] is the flushed snapshot.
 -- A meter is a hash: c, r, n, rn the live usage (charged, refunded, calls,
 -- refunded calls), fc, fr, fn, frn the part flushed to the durable store,
 -- t the tenant and p the period. Every write of the live usage sets the
--- key's expiry (PEXPIREAT) in the same script; 'f' keeps it.
+-- key's expiry (PEXPIREAT) in the same call; 'f' keeps it.
 --
 -- Algorithms: f fixed_window, c sliding_window_counter, t token_bucket,
 -- g gcra, w sliding_window, k concurrency.
@@ -64,15 +80,24 @@
 -- idiv, and numbers sent to Redis through int (tostring prints 1e+15, and
 -- Redis would format a number argument with too few digits).
 
--- Redis < 5 needs effects replication to write after TIME; later versions
--- always replicate effects (and Redis 7 makes the call a no-op).
-if redis.replicate_commands then redis.replicate_commands() end
+-- The call being served, set by run (a server runs one call at a time).
+local KEYS, ARGV, now, op, cost, lease
 
-local floor, min, max, fmt = math.floor, math.min, math.max, string.format
+-- The library functions used, read once by the first call (init): a
+-- function library's code runs when it loads without the Lua libraries or
+-- redis.call.
+local floor, min, max, fmt, match, call, pcall, intf, seqf
 
-local time = redis.call('TIME')
-local now = (tonumber(time[1]) - 1577836800) * 1000000 + tonumber(time[2]) + tonumber(ARGV[2])
-local op, cost, lease = ARGV[1], tonumber(ARGV[3]), ARGV[4]
+local function init()
+  floor, min, max, fmt, match = math.floor, math.min, math.max, string.format, string.match
+  call, pcall = redis.call, redis.pcall
+  -- int formats an integer for Redis. Lua 5.1's %d casts to C long: exact
+  -- on the 64-bit builds Redis and Valkey ship, and three times faster than
+  -- %.0f, which is kept for a build whose long is narrower.
+  intf = '%d'
+  if fmt(intf, 9007199254740992) ~= '9007199254740992' then intf = '%.0f' end
+  seqf = '%013' .. string.sub(intf, 2) -- zero-padded sliding-window unit number
+end
 
 -- idiv is floor(a / b) for integers a and b > 0. math.floor(a / b) alone is
 -- exact for 0 <= a < 2^53 (the quotient is at least 1/b from the next
@@ -90,13 +115,8 @@ end
 
 local function ceildiv(a, b) return idiv(a + b - 1, b) end
 
--- int formats an integer for Redis. Lua 5.1's %d casts to C long: exact on
--- the 64-bit builds Redis and Valkey ship, and three times faster than %.0f,
--- which is kept for a build whose long is narrower.
-local intf = '%d'
-if fmt(intf, 9007199254740992) ~= '9007199254740992' then intf = '%.0f' end
+-- int formats an integer for Redis (see init).
 local function int(x) return fmt(intf, x) end
-local seqf = '%013' .. string.sub(intf, 2) -- zero-padded sliding-window unit number
 
 -- px is the TTL of a state that is fresh again at time at: whole ms rounded
 -- up, at least 1.
@@ -107,7 +127,7 @@ local function px(at) return int(max(1, ceildiv(at - now, 1000))) end
 -- to be sliding_window or concurrency reads as fresh (as it does in algo),
 -- rather than failing every call until the old key expires.
 local function get(key)
-  local v = redis.pcall('GET', key)
+  local v = pcall('GET', key)
   if type(v) == 'string' then return v end
   return nil
 end
@@ -117,7 +137,7 @@ end
 -- rule whose algorithm changed reads the old state exactly as algo does.
 local function fields(v)
   if not v then return nil end
-  local a, b, c = string.match(v, '^(%-?%d+) ?(%-?%d*) ?(%-?%d*)')
+  local a, b, c = match(v, '^(%-?%d+) ?(%-?%d*) ?(%-?%d*)')
   if not a then return nil end
   return tonumber(a), tonumber(b) or 0, tonumber(c) or 0
 end
@@ -126,15 +146,22 @@ end
 -- holds a string (left by a string-state algorithm: read as fresh, as in
 -- algo, and replaced on write).
 local function zcount(key, lo)
-  local r = redis.pcall('ZCOUNT', key, '(' .. int(lo), '+inf')
+  local r = pcall('ZCOUNT', key, '(' .. int(lo), '+inf')
   if type(r) == 'number' then return r end
   return nil
 end
 
--- rule returns check i's parameters.
+-- algs maps an algorithm's letter, upper case for a shadow rule, to the
+-- lower case letter.
+local algs = { f = 'f', c = 'c', t = 't', g = 'g', w = 'w', k = 'k', F = 'f', C = 'c', T = 't', G = 'g', W = 'w', K = 'k' }
+
+-- rule returns check i's parameters: algorithm (lower case), limit, period,
+-- capacity, shadow.
 local function rule(i)
-  local b = 4 + 5 * (i - 1)
-  return ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), ARGV[b + 5] == '1'
+  local b = 4 * i
+  local a = ARGV[b + 1]
+  local alg = algs[a]
+  return alg, tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), a ~= alg
 end
 
 -- logUnits adds cost units at now to the sliding-window log of key, which
@@ -148,7 +175,7 @@ local function logUnits(key, n, units)
   local args, added, seq = {}, 0, n
   local function flush()
     if #args > 0 then
-      added = added + redis.call('ZADD', key, 'NX', unpack(args))
+      added = added + call('ZADD', key, 'NX', unpack(args))
       args = {}
     end
   end
@@ -168,16 +195,16 @@ end
 
 local MAXU = 1125899906842624 -- limit.MaxUsage (2^50)
 
--- The meter functions are made only for the ops that use them: a plain take
--- does not pay for building their closures.
+-- As a script, the meter functions are made only for the ops that use
+-- them: a plain take does not pay for building their closures.
 local meterOpen, meterWrite
-if op == 'm' or op == 'a' or op == 'n' then
+if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' then
   -- meterOpen returns the status of the meter key with block b, its live
   -- usage {c, r, n, rn}, and whether it must be created from the seed
   -- (algo.MeterOpen).
   meterOpen = function(key, b)
     if tonumber(ARGV[b + 4]) * 1000 - 1577836800000000 <= now then return 3, { 0, 0, 0, 0 }, false end
-    local v = redis.call('HMGET', key, 'c', 'r', 'n', 'rn')
+    local v = call('HMGET', key, 'c', 'r', 'n', 'rn')
     if v[1] then
       return 1, { tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0 }, false
     end
@@ -190,19 +217,20 @@ if op == 'm' or op == 'a' or op == 'n' then
   -- and sets its expiry.
   meterWrite = function(key, b, u, create)
     if create then
-      redis.call('HSET', key, 'c', int(u[1]), 'r', int(u[2]), 'n', int(u[3]), 'rn', int(u[4]),
+      call('HSET', key, 'c', int(u[1]), 'r', int(u[2]), 'n', int(u[3]), 'rn', int(u[4]),
         'fc', ARGV[b + 5], 'fr', ARGV[b + 6], 'fn', ARGV[b + 7], 'frn', ARGV[b + 8],
         't', ARGV[b + 1], 'p', ARGV[b + 2])
     else
-      redis.call('HSET', key, 'c', int(u[1]), 'r', int(u[2]), 'n', int(u[3]), 'rn', int(u[4]))
+      call('HSET', key, 'c', int(u[1]), 'r', int(u[2]), 'n', int(u[3]), 'rn', int(u[4]))
     end
-    redis.call('PEXPIREAT', key, ARGV[b + 4])
+    call('PEXPIREAT', key, ARGV[b + 4])
   end
 end
 
 --[[breaker.lua]]
 
-if op == 't' or op == 'm' or op == 'b' or op == 'n' then
+-- take serves ops t, m, b and n.
+local function take()
   local metered = op == 'm' or op == 'n'
   local n = #KEYS
   if metered then n = n - 1 end
@@ -222,6 +250,7 @@ if op == 't' or op == 'm' or op == 'b' or op == 'n' then
       local out = { now }
       brView(out, bst, bp, false)
       out[2], out[3] = bst.s == 2 and 2 or 1, retry
+      out[#out + 1] = bst.d
       return out
     end
   end
@@ -246,7 +275,24 @@ if op == 't' or op == 'm' or op == 'b' or op == 'n' then
     end
     local allowed, rem, reset, retry = false, 0, 0, 0
 
-    if alg == 'f' then
+    if alg == 't' then
+      local full = cap * p
+      local tokens = full
+      local a, b = fields(get(key))
+      if a then
+        local elapsed = min(now - b, ceildiv(full, limit))
+        tokens = min(full, a + max(0, elapsed) * limit)
+      end
+      allowed = tokens >= cost * p
+      if allowed then
+        tokens = tokens - cost * p
+      end
+      rem = idiv(tokens, p)
+      reset = ceildiv(full - tokens, limit)
+      if allowed then s1[i], ex[i] = tokens, now + reset end
+      if not allowed then retry = ceildiv(cost * p - tokens, limit) end
+
+    elseif alg == 'f' then
       local ws = idiv(now, p) * p
       local cnt = 0
       local a, b = fields(get(key))
@@ -291,23 +337,6 @@ if op == 't' or op == 'm' or op == 'b' or op == 'n' then
         end
       end
 
-    elseif alg == 't' then
-      local full = cap * p
-      local tokens = full
-      local a, b = fields(get(key))
-      if a then
-        local elapsed = min(now - b, ceildiv(full, limit))
-        tokens = min(full, a + max(0, elapsed) * limit)
-      end
-      allowed = tokens >= cost * p
-      if allowed then
-        tokens = tokens - cost * p
-      end
-      rem = idiv(tokens, p)
-      reset = ceildiv(full - tokens, limit)
-      if allowed then s1[i], ex[i] = tokens, now + reset end
-      if not allowed then retry = ceildiv(cost * p - tokens, limit) end
-
     elseif alg == 'g' then
       local t = ceildiv(p, limit)
       local tau = t * cap
@@ -338,12 +367,12 @@ if op == 't' or op == 'm' or op == 'b' or op == 'n' then
         cnt = cnt + cost
         reset = p
       elseif cnt > 0 then
-        reset = tonumber(redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')[2]) + p - now
+        reset = tonumber(call('ZREVRANGE', key, 0, 0, 'WITHSCORES')[2]) + p - now
       end
       rem = limit - cnt
       if not allowed and not never then
         -- the oldest cnt+cost-limit units must leave the window
-        local r = redis.call('ZRANGEBYSCORE', key, '(' .. int(lo), '+inf', 'WITHSCORES',
+        local r = call('ZRANGEBYSCORE', key, '(' .. int(lo), '+inf', 'WITHSCORES',
           'LIMIT', int(cnt + cost - limit - 1), 1)
         retry = tonumber(r[2]) + p - now
       end
@@ -355,9 +384,9 @@ if op == 't' or op == 'm' or op == 'b' or op == 'n' then
       end
       local earliest, latest = -1, -1
       if cnt > 0 then
-        earliest = tonumber(redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES',
+        earliest = tonumber(call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES',
           'LIMIT', 0, 1)[2])
-        latest = tonumber(redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')[2])
+        latest = tonumber(call('ZREVRANGE', key, 0, 0, 'WITHSCORES')[2])
       end
       allowed = cnt + 1 <= limit
       if allowed then
@@ -389,7 +418,7 @@ if op == 't' or op == 'm' or op == 'b' or op == 'n' then
   -- The meter (algo.MeterOpen, MeterEval): read only, like phase 1.
   local mkey, mb, mst, mu, mcreate
   if metered then
-    mkey, mb = KEYS[n + 1], 4 + 5 * n
+    mkey, mb = KEYS[n + 1], 4 + 4 * n
     mst, mu, mcreate = meterOpen(mkey, mb)
     if mst == 1 then
       local mcost = tonumber(ARGV[mb + 10])
@@ -408,32 +437,32 @@ if op == 't' or op == 'm' or op == 'b' or op == 'n' then
   if admit then
     for i = 1, n do
       if ok[i] then
-        local alg, key = ARGV[5 * i], KEYS[i]
-        if alg == 'f' then
-          redis.call('SET', key, int(s1[i]) .. ' ' .. int(s2[i]), 'PX', px(ex[i]))
+        local alg, key = rule(i), KEYS[i]
+        if alg == 't' then
+          call('SET', key, int(s1[i]) .. ' ' .. int(now), 'PX', px(ex[i]))
+        elseif alg == 'f' then
+          call('SET', key, int(s1[i]) .. ' ' .. int(s2[i]), 'PX', px(ex[i]))
         elseif alg == 'c' then
-          redis.call('SET', key, int(s1[i]) .. ' ' .. int(s2[i]) .. ' ' .. int(s3[i]), 'PX', px(ex[i]))
-        elseif alg == 't' then
-          redis.call('SET', key, int(s1[i]) .. ' ' .. int(now), 'PX', px(ex[i]))
+          call('SET', key, int(s1[i]) .. ' ' .. int(s2[i]) .. ' ' .. int(s3[i]), 'PX', px(ex[i]))
         elseif alg == 'g' then
-          redis.call('SET', key, int(s1[i]), 'PX', px(ex[i]))
+          call('SET', key, int(s1[i]), 'PX', px(ex[i]))
         elseif alg == 'w' then
           if bad[i] then
-            redis.call('DEL', key)
+            call('DEL', key)
           else
-            redis.call('ZREMRANGEBYSCORE', key, '-inf', int(s2[i]))
+            call('ZREMRANGEBYSCORE', key, '-inf', int(s2[i]))
           end
           logUnits(key, s1[i], cost)
-          redis.call('PEXPIRE', key, px(ex[i]))
+          call('PEXPIRE', key, px(ex[i]))
         else -- 'k'
           if bad[i] then
-            redis.call('DEL', key)
+            call('DEL', key)
           else
-            redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+            call('ZREMRANGEBYSCORE', key, '-inf', int(now))
           end
-          redis.call('ZADD', key, int(s1[i]), lease)
-          local latest = tonumber(redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')[2])
-          redis.call('PEXPIRE', key, px(latest))
+          call('ZADD', key, int(s1[i]), lease)
+          local latest = tonumber(call('ZREVRANGE', key, 0, 0, 'WITHSCORES')[2])
+          call('PEXPIRE', key, px(latest))
         end
       end
     end
@@ -461,6 +490,7 @@ if op == 't' or op == 'm' or op == 'b' or op == 'n' then
       ckey = KEYS[#KEYS]
       calls = brCalls(ckey)
     end
+    local before = bst.d
     if not mst or mst <= 2 then
       opened, counted = brAfter(bst, bp, v, probe, calls, ckey)
       brWrite(bkey, bst, bp, bexists)
@@ -469,10 +499,13 @@ if op == 't' or op == 'm' or op == 'b' or op == 'n' then
     local o = brView(out, bst, bp, opened)
     if probe and v == 0 then out[o + 3] = 1 end
     if counted then out[o + 8] = calls.n end
+    out[o + 10] = before
   end
   return out
+end
 
-elseif op == 'r' then
+-- refund serves op r.
+local function refund()
   for i = 1, #KEYS do
     local alg, limit, p, cap = rule(i)
     local key = KEYS[i]
@@ -484,9 +517,9 @@ elseif op == 'r' then
       if a == ws then
         b = max(0, b - cost)
         if b == 0 then
-          redis.call('DEL', key)
+          call('DEL', key)
         else
-          redis.call('SET', key, int(a) .. ' ' .. int(b), 'PX', px(ws + p))
+          call('SET', key, int(a) .. ' ' .. int(b), 'PX', px(ws + p))
         end
       end
     elseif alg == 'c' then
@@ -495,9 +528,9 @@ elseif op == 'r' then
       if a == ws then
         b = max(0, b - cost)
         if b == 0 and c == 0 then
-          redis.call('DEL', key)
+          call('DEL', key)
         else
-          redis.call('SET', key, int(a) .. ' ' .. int(b) .. ' ' .. int(c), 'PX', px(ws + 2 * p))
+          call('SET', key, int(a) .. ' ' .. int(b) .. ' ' .. int(c), 'PX', px(ws + 2 * p))
         end
       end
     elseif alg == 't' then
@@ -507,9 +540,9 @@ elseif op == 'r' then
         local elapsed = min(now - b, ceildiv(full, limit))
         local tokens = min(full, a + max(0, elapsed) * limit + cost * p)
         if tokens >= full then
-          redis.call('DEL', key)
+          call('DEL', key)
         else
-          redis.call('SET', key, int(tokens) .. ' ' .. int(now), 'PX', px(now + ceildiv(full - tokens, limit)))
+          call('SET', key, int(tokens) .. ' ' .. int(now), 'PX', px(now + ceildiv(full - tokens, limit)))
         end
       end
     elseif alg == 'g' then
@@ -517,51 +550,55 @@ elseif op == 'r' then
       if a then
         a = max(now, a - cost * ceildiv(p, limit))
         if a <= now then
-          redis.call('DEL', key)
+          call('DEL', key)
         else
-          redis.call('SET', key, int(a), 'PX', px(a))
+          call('SET', key, int(a), 'PX', px(a))
         end
       end
     elseif alg == 'w' then
       -- the newest units are the ones the request added
-      local card = redis.pcall('ZCARD', key)
+      local card = pcall('ZCARD', key)
       if type(card) == 'number' then
         local r = min(cost, card)
-        if r > 0 then redis.call('ZREMRANGEBYRANK', key, int(card - r), int(card - 1)) end
+        if r > 0 then call('ZREMRANGEBYRANK', key, int(card - r), int(card - 1)) end
       end
     elseif alg == 'k' then
-      redis.pcall('ZREM', key, lease)
+      pcall('ZREM', key, lease)
     end
   end
   return { now }
+end
 
-elseif op == 'l' then
+-- release serves op l.
+local function release()
   for i = 1, #KEYS do
-    if rule(i) == 'k' then redis.pcall('ZREM', KEYS[i], lease) end
+    if rule(i) == 'k' then pcall('ZREM', KEYS[i], lease) end
   end
   return { now }
+end
 
-elseif op == 'e' then
-  -- algo.Renew: a live lease lasts at least a full period from now (never
-  -- shortened; the key's TTL covers it); a lease that is gone is not taken
-  -- again
+-- renew serves op e: algo.Renew. A live lease lasts at least a full period
+-- from now (never shortened; the key's TTL covers it); a lease that is gone
+-- is not taken again.
+local function renew()
   local held = 0
   for i = 1, #KEYS do
     local alg, _, p = rule(i)
     if alg == 'k' then
-      local exp = redis.pcall('ZSCORE', KEYS[i], lease)
+      local exp = pcall('ZSCORE', KEYS[i], lease)
       if type(exp) == 'string' and tonumber(exp) > now then
         held = held + 1
-        redis.call('ZADD', KEYS[i], 'XX', int(max(tonumber(exp), now + p)), lease)
-        local latest = tonumber(redis.call('ZREVRANGE', KEYS[i], 0, 0, 'WITHSCORES')[2])
-        redis.call('PEXPIRE', KEYS[i], px(latest))
+        call('ZADD', KEYS[i], 'XX', int(max(tonumber(exp), now + p)), lease)
+        local latest = tonumber(call('ZREVRANGE', KEYS[i], 0, 0, 'WITHSCORES')[2])
+        call('PEXPIRE', KEYS[i], px(latest))
       end
     end
   end
   return { now, held }
+end
 
-elseif op == 'a' then
-  -- algo.MeterAdjust: add the delta, no quota
+-- adjust serves op a: algo.MeterAdjust, add the delta, no quota.
+local function adjust()
   local key = KEYS[1]
   local st, u, create = meterOpen(key, 4)
   if st == 1 then
@@ -576,17 +613,33 @@ elseif op == 'a' then
     end
   end
   return { now, st, u[1], u[2], u[3], u[4] }
+end
 
-elseif op == 'f' then
-  -- algo.MeterMarkFlushed: raise the flushed part field by field; a meter
-  -- that is gone is not created, and the expiry is kept
+-- flushed serves op f: algo.MeterMarkFlushed, raise the flushed part field
+-- by field; a meter that is gone is not created, and the expiry is kept.
+local function flushed()
   local key = KEYS[1]
-  local v = redis.call('HMGET', key, 'c', 'fc', 'fr', 'fn', 'frn')
+  local v = call('HMGET', key, 'c', 'fc', 'fr', 'fn', 'frn')
   if not v[1] then return { now, 0 } end
-  redis.call('HSET', key,
+  call('HSET', key,
     'fc', int(max(tonumber(v[2]) or 0, tonumber(ARGV[5]))), 'fr', int(max(tonumber(v[3]) or 0, tonumber(ARGV[6]))),
     'fn', int(max(tonumber(v[4]) or 0, tonumber(ARGV[7]))), 'frn', int(max(tonumber(v[5]) or 0, tonumber(ARGV[8]))))
   return { now, 1 }
 end
 
-return redis.error_reply('ERR mcpgate limit script: unknown op ' .. tostring(op))
+local ops = { t = take, m = take, b = take, n = take, r = refund, l = release, e = renew, a = adjust, f = flushed,
+  o = brUpdate, d = brUpdate, p = brUpdate, x = brReset }
+
+-- run serves one call.
+local function run(keys, args)
+  if not call then init() end
+  KEYS, ARGV = keys, args
+  local time = call('TIME')
+  now = (tonumber(time[1]) - 1577836800) * 1000000 + tonumber(time[2]) + tonumber(args[2])
+  op, cost, lease = args[1], tonumber(args[3]), args[4]
+  local f = ops[op]
+  if not f then
+    return redis.error_reply('ERR mcpgate limit script: unknown op ' .. tostring(op))
+  end
+  return f()
+end

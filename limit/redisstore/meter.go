@@ -366,13 +366,6 @@ func (b *batch) meter(m *limit.Meter, mcost int64) {
 	b.nums(expireMS(m.ExpireAt), sd.Charged, sd.Refunded, sd.Calls, sd.RefundedCalls, m.Quota, mcost)
 }
 
-// exec runs the script with b's KEYS and ARGV under the store's deadline.
-func (s *Store) exec(ctx context.Context, b *batch) ([]rueidis.RedisMessage, error) {
-	ctx, cancel := s.deadline(ctx)
-	defer cancel()
-	return script.Exec(ctx, s.client, b.keys, b.args).ToArray()
-}
-
 // nums appends numbers to ARGV, formatted into one string.
 func (b *batch) nums(vs ...int64) {
 	buf, ends := b.buf[:0], b.ends[:0]

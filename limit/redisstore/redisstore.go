@@ -56,10 +56,12 @@ package redisstore
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strconv"
 	"strings"
@@ -83,6 +85,16 @@ type Options struct {
 	// Timeout is the deadline of one Take, Refund or Release, on top of any
 	// deadline of the caller's context. 0 means DefaultTimeout.
 	Timeout time.Duration
+	// NoFunctions runs the store's library as a script (EVALSHA, EVAL after
+	// NOSCRIPT) even where the server has Redis Functions. By default the
+	// store loads it as a function library (FUNCTION LOAD, on first use)
+	// and calls it with FCALL, falling back to the script where FUNCTION
+	// LOAD is refused (Redis < 7, a user without the permission).
+	NoFunctions bool
+	// Logger receives what the store cannot return: a refund of half a
+	// request that failed (see Evaluate with global checks on a Cluster).
+	// nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // ErrCrossSlot means the checks of one batch are not all in one Redis
@@ -104,10 +116,43 @@ var breakerSource string
 // breakerMark is the line of limit.lua where breaker.lua goes.
 const breakerMark = "--[[breaker.lua]]"
 
-// scriptSource is the one script every call runs: limit.lua with the loop
-// breakers' part (breaker.lua) spliced in. One script, so that a call with
-// a breaker is still one EVALSHA over one slot.
-var scriptSource = splice(limitSource, breakerMark, breakerSource)
+// librarySource is the library every call runs (limit.lua with the loop
+// breakers' part, breaker.lua, spliced in): one library, so that a call
+// with a breaker is still one call over one slot. It defines run(keys,
+// args); the two forms below serve it.
+var librarySource = splice(limitSource, breakerMark, breakerSource)
+
+// libraryID names this version of the library: Redis Functions are named,
+// not hashed, so gateways of two versions sharing one Redis (a rolling
+// upgrade) each call their own library.
+var libraryID = func() string {
+	sum := sha1.Sum([]byte(librarySource))
+	return hex.EncodeToString(sum[:6])
+}()
+
+// functionName is the Redis Function that runs a call (FCALL), and
+// functionSource the library that registers it (FUNCTION LOAD): built once,
+// when the library loads, so that a call runs only run and what it calls.
+var (
+	functionName   = "mcpgate_limit_" + libraryID
+	functionSource = "#!lua name=mcpgate_" + libraryID + "\nlocal LIB, EOP = true, nil\n" + librarySource +
+		"\nredis.register_function('" + functionName + "', run)\n"
+)
+
+// scriptSource is the same library as a script (EVALSHA, and EVAL after
+// NOSCRIPT), for servers without functions (Redis < 7) and users not
+// allowed FUNCTION LOAD. Its body runs on every call; it builds the
+// meters' and the breakers' functions only for the ops that use them.
+// Redis < 5 needs effects replication to write after TIME; later versions
+// always replicate effects (and Redis 7 makes the call a no-op).
+var scriptSource = "if redis.replicate_commands then redis.replicate_commands() end\n" +
+	"local LIB, EOP, EKEYS, EARGV = false, ARGV[1], KEYS, ARGV\n" + librarySource + "\nreturn run(EKEYS, EARGV)\n"
+
+// scriptSHA is scriptSource's SHA-1, for EVALSHA.
+var scriptSHA = func() string {
+	sum := sha1.Sum([]byte(scriptSource))
+	return hex.EncodeToString(sum[:])
+}()
 
 func splice(src, mark, part string) string {
 	if strings.Count(src, mark) != 1 {
@@ -115,10 +160,6 @@ func splice(src, mark, part string) string {
 	}
 	return strings.Replace(src, mark, part, 1)
 }
-
-// script is built once: its SHA-1 is computed once and EVALSHA sends only
-// that.
-var script = rueidis.NewLuaScript(scriptSource)
 
 // Script operations (ARGV[1]).
 const (
@@ -143,6 +184,9 @@ const (
 type Store struct {
 	client  rueidis.Client
 	timeout time.Duration
+	cluster bool // a Cluster client: keys of different slots need calls of their own
+	lib     library
+	log     *slog.Logger
 	// offset is added, in microseconds, to the Redis time the script reads.
 	// Always 0 in production; tests move the store's clock forward with it
 	// instead of sleeping.
@@ -158,7 +202,13 @@ func New(client rueidis.Client, opts *Options) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: nil client")
 	}
-	s := &Store{client: client, timeout: DefaultTimeout}
+	s := &Store{client: client, timeout: DefaultTimeout, cluster: client.Mode() == rueidis.ClientModeCluster, log: slog.Default()}
+	if opts != nil && opts.NoFunctions {
+		s.lib.mode.Store(modeScripts)
+	}
+	if opts != nil && opts.Logger != nil {
+		s.log = opts.Logger
+	}
 	if opts != nil {
 		switch {
 		case opts.Timeout < 0:
@@ -404,11 +454,7 @@ func (s *Store) run(ctx context.Context, op string, checks []limit.Check, cost i
 	b := batches.Get().(*batch)
 	defer b.release()
 	b.build(op, s.offset.Load(), checks, cost, lease)
-	ctx, cancel := s.deadline(ctx)
-	defer cancel()
-	// Exec copies keys and args into its own command, so b can be reused
-	// as soon as it returns, even if the command is still queued.
-	return script.Exec(ctx, s.client, b.keys, b.args).ToArray()
+	return s.exec(ctx, b)
 }
 
 // batch holds the KEYS and ARGV of one script call; pooled so that the hot
@@ -428,22 +474,23 @@ func (b *batch) release() {
 	batches.Put(b)
 }
 
+// algCodes are the script's names of the algorithms: a letter, upper case
+// for a shadow rule.
+var algCodes = map[limit.Algorithm][2]string{
+	limit.FixedWindow:          {"f", "F"},
+	limit.SlidingWindowCounter: {"c", "C"},
+	limit.TokenBucket:          {"t", "T"},
+	limit.GCRA:                 {"g", "G"},
+	limit.SlidingWindow:        {"w", "W"},
+	limit.Concurrency:          {"k", "K"},
+}
+
 // algCode is the script's name of an algorithm (validated before).
-func algCode(a limit.Algorithm) string {
-	switch a {
-	case limit.FixedWindow:
-		return "f"
-	case limit.SlidingWindowCounter:
-		return "c"
-	case limit.TokenBucket:
-		return "t"
-	case limit.GCRA:
-		return "g"
-	case limit.SlidingWindow:
-		return "w"
-	default:
-		return "k"
+func algCode(a limit.Algorithm, shadow bool) string {
+	if shadow {
+		return algCodes[a][1]
 	}
+	return algCodes[a][0]
 }
 
 // build lays out KEYS and ARGV as limit.lua documents them. The numbers are
@@ -475,11 +522,7 @@ func (b *batch) build(op string, offset int64, checks []limit.Check, cost int64,
 	args = append(args, op, next(), next(), lease)
 	for _, c := range checks {
 		keys = append(keys, c.Key)
-		shadow := "0"
-		if c.Rule.Shadow {
-			shadow = "1"
-		}
-		args = append(args, algCode(c.Rule.Algorithm), next(), next(), next(), shadow)
+		args = append(args, algCode(c.Rule.Algorithm, c.Rule.Shadow), next(), next(), next())
 	}
 	b.keys, b.args = keys, args
 }

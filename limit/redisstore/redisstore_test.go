@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/limit"
 )
@@ -43,7 +45,7 @@ func TestInvalidCalls(t *testing.T) {
 	ctx := ctxT(t)
 	good := tenantChecks("t", rule("fw", limit.FixedWindow, 1, time.Second))
 	bad := tenantChecks("t", rule("fw", limit.FixedWindow, 0, time.Second))
-	before, _ := commandCalls(t, c, "evalsha")
+	before, _ := libCalls(t, c)
 	for _, tc := range []struct {
 		name string
 		err  error
@@ -59,7 +61,7 @@ func TestInvalidCalls(t *testing.T) {
 			t.Errorf("%s: %v, want %v wrapped by redisstore", tc.name, err, tc.err)
 		}
 	}
-	if after, _ := commandCalls(t, c, "evalsha"); after != before {
+	if after, _ := libCalls(t, c); after != before {
 		t.Errorf("invalid calls ran %d scripts", after-before)
 	}
 }
@@ -72,7 +74,7 @@ func TestCrossSlot(t *testing.T) {
 	fw := rule("fw", limit.FixedWindow, 5, time.Second)
 	cc := rule("cc", limit.Concurrency, 5, time.Second)
 	checks := append(tenantChecks("alice", fw), tenantChecks("bob", cc)...)
-	before, _ := commandCalls(t, c, "evalsha")
+	before, _ := libCalls(t, c)
 	_, err := s.Take(ctx, checks, 1)
 	if !errors.Is(err, ErrCrossSlot) {
 		t.Errorf("Take: %v, want ErrCrossSlot", err)
@@ -83,7 +85,7 @@ func TestCrossSlot(t *testing.T) {
 	if err := s.Release(ctx, checks, "x"); !errors.Is(err, ErrCrossSlot) {
 		t.Errorf("Release: %v, want ErrCrossSlot", err)
 	}
-	if after, _ := commandCalls(t, c, "evalsha"); after != before {
+	if after, _ := libCalls(t, c); after != before {
 		t.Errorf("cross-slot calls ran %d scripts", after-before)
 	}
 	// One tenant's counters, even with awkward names, share a slot.
@@ -169,14 +171,14 @@ func TestLease(t *testing.T) {
 func TestReleaseWithoutLease(t *testing.T) {
 	_, c, s := startStore(t)
 	ctx := ctxT(t)
-	before, _ := commandCalls(t, c, "evalsha")
+	before, _ := libCalls(t, c)
 	if err := s.Release(ctx, tenantChecks("r", rule("cc", limit.Concurrency, 1, time.Second)), ""); err != nil {
 		t.Error(err)
 	}
 	if err := s.Release(ctx, tenantChecks("r", rule("fw", limit.FixedWindow, 1, time.Second)), "abc"); err != nil {
 		t.Error(err)
 	}
-	if after, _ := commandCalls(t, c, "evalsha"); after != before {
+	if after, _ := libCalls(t, c); after != before {
 		t.Errorf("Release ran %d scripts, want none", after-before)
 	}
 }
@@ -220,42 +222,87 @@ func TestExactAdmissions(t *testing.T) {
 }
 
 // After SCRIPT FLUSH, EVALSHA gets NOSCRIPT and the script is sent once
-// with EVAL: the call succeeds and is applied exactly once.
+// with EVAL; after FUNCTION FLUSH, FCALL gets "Function not found", the
+// library is loaded once more and the call sent again as FCALL. Either way
+// the call succeeds and is applied exactly once.
 func TestNoScriptFallback(t *testing.T) {
-	_, c, s := startStore(t)
+	for _, tc := range []struct {
+		name      string
+		functions bool
+		flush     func(c rueidis.Client) rueidis.Completed
+		resent    string // the command that carries the call again
+	}{
+		{"script", false, func(c rueidis.Client) rueidis.Completed { return c.B().ScriptFlush().Build() }, "eval"},
+		{"function", true, func(c rueidis.Client) rueidis.Completed { return c.B().FunctionFlush().Build() }, "function|load"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := testenv.StartRedis(t, nil)
+			c := r.Client(t)
+			s, err := New(c, &Options{Timeout: testTimeout, NoFunctions: !tc.functions})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := ctxT(t)
+			checks := tenantChecks("noscript", rule("fw", limit.FixedWindow, 100, time.Hour))
+			take := func() limit.Decision {
+				t.Helper()
+				d, err := s.Take(ctx, checks, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			call := "evalsha"
+			if tc.functions {
+				call = "fcall"
+			}
+			take() // loads the library (or the script: NOSCRIPT, then EVAL)
+			n0, _ := commandCalls(t, c, call)
+			r0, _ := commandCalls(t, c, tc.resent)
+			for range 3 {
+				take()
+			}
+			n1, _ := commandCalls(t, c, call)
+			r1, _ := commandCalls(t, c, tc.resent)
+			if n1-n0 != 3 || r1 != r0 {
+				t.Errorf("3 calls with the library loaded: %d %s, %d %s; want 3 and 0", n1-n0, call, r1-r0, tc.resent)
+			}
+			if err := c.Do(ctx, tc.flush(c)).Error(); err != nil {
+				t.Fatal(err)
+			}
+			d := take()
+			if r2, _ := commandCalls(t, c, tc.resent); r2-r1 != 1 {
+				t.Errorf("after the flush: %d %s, want 1", r2-r1, tc.resent)
+			}
+			if d.Remaining != 95 {
+				t.Errorf("after 5 calls, %d remaining; want 95 (the call after the flush applied once)", d.Remaining)
+			}
+			if d = take(); d.Remaining != 94 {
+				t.Errorf("next call: %d remaining, want 94", d.Remaining)
+			}
+		})
+	}
+}
+
+// A server without Redis Functions (or a user not allowed FUNCTION LOAD)
+// gets the script: the store falls back to EVALSHA for good.
+func TestFunctionsRefused(t *testing.T) {
+	r := testenv.StartRedis(t, &testenv.RedisOptions{Args: []string{"--rename-command", "FUNCTION", ""}})
+	c := r.Client(t)
+	s := newStore(t, c, testTimeout)
 	ctx := ctxT(t)
-	checks := tenantChecks("noscript", rule("fw", limit.FixedWindow, 100, time.Hour))
-	take := func() limit.Decision {
-		t.Helper()
+	checks := tenantChecks("nofn", rule("fw", limit.FixedWindow, 100, time.Hour))
+	for i := range 3 {
 		d, err := s.Take(ctx, checks, 1)
-		if err != nil {
-			t.Fatal(err)
+		if err != nil || d.Remaining != int64(99-i) {
+			t.Fatalf("take %d: %+v, %v", i+1, d, err)
 		}
-		return d
 	}
-	take() // loads the script (NOSCRIPT, then EVAL)
-	sha0, _ := commandCalls(t, c, "evalsha")
-	eval0, _ := commandCalls(t, c, "eval")
-	for range 3 {
-		take()
+	if n, _ := commandCalls(t, c, "fcall"); n != 0 {
+		t.Errorf("%d FCALL on a server without FUNCTION", n)
 	}
-	sha1, _ := commandCalls(t, c, "evalsha")
-	eval1, _ := commandCalls(t, c, "eval")
-	if sha1-sha0 != 3 || eval1 != eval0 {
-		t.Errorf("3 calls with the script loaded: %d EVALSHA, %d EVAL; want 3 and 0", sha1-sha0, eval1-eval0)
-	}
-	if err := c.Do(ctx, c.B().ScriptFlush().Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	d := take()
-	if eval2, _ := commandCalls(t, c, "eval"); eval2-eval1 != 1 {
-		t.Errorf("after SCRIPT FLUSH: %d EVAL, want 1", eval2-eval1)
-	}
-	if d.Remaining != 95 {
-		t.Errorf("after 5 calls, %d remaining; want 95 (the call after the flush applied once)", d.Remaining)
-	}
-	if d = take(); d.Remaining != 94 {
-		t.Errorf("next call: %d remaining, want 94", d.Remaining)
+	if s.lib.mode.Load() != modeScripts {
+		t.Errorf("library mode %d, want scripts", s.lib.mode.Load())
 	}
 }
 
@@ -273,7 +320,7 @@ func TestTimeoutNotReplayed(t *testing.T) {
 	if _, err := s.Take(ctx, checks, 1); err != nil { // loads the script
 		t.Fatal(err)
 	}
-	sha0, _ := commandCalls(t, other, "evalsha")
+	sha0, _ := libCalls(t, other)
 	eval0, _ := commandCalls(t, other, "eval")
 
 	stalled := make(chan error, 1)
@@ -295,17 +342,16 @@ func TestTimeoutNotReplayed(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond) // let a replay, if any, arrive
 
-	sha1, _ := commandCalls(t, other, "evalsha")
+	sha1, _ := libCalls(t, other)
 	eval1, _ := commandCalls(t, other, "eval")
 	v, err := other.Do(ctx, other.B().Get().Key(checks[0].Key).Build()).ToString()
 	if err != nil {
 		t.Fatal(err)
 	}
 	count := v[strings.IndexByte(v, ' ')+1:]
-	t.Logf("after the timeout: %d EVALSHA, %d EVAL ran; counter state %q", sha1-sha0, eval1-eval0, v)
+	t.Logf("after the timeout: %d calls ran (%d EVAL); counter state %q", sha1-sha0, eval1-eval0, v)
 	if sha1-sha0 > 1 || eval1 != eval0 || (count != "1" && count != "2") {
-		t.Errorf("the timed-out call ran %d times (EVALSHA %d, EVAL %d, count %s); want at most once",
-			sha1-sha0+eval1-eval0, sha1-sha0, eval1-eval0, count)
+		t.Errorf("the timed-out call ran %d times (count %s); want at most once", sha1-sha0, count)
 	}
 	// The client recovers.
 	if _, err := s.Take(ctx, checks, 1); err != nil {

@@ -323,3 +323,21 @@ func GuardedDecision(req limit.Request, results []limit.Result, lease string, me
 	}
 	return limit.Combine(req.Checks, results, lease)
 }
+
+// RequestDecisions is limit.CombineRequest, except when the breaker's gate
+// denied the call (gated): nothing was evaluated, so the decision is denied
+// with the zero Rule and one zero Result per tenant check, and the global
+// decision (when the request has global checks) is denied likewise with
+// one zero Result per global check. results has one entry per tenant check
+// followed by one per global check.
+func RequestDecisions(req limit.Request, results []limit.Result, lease string, meterOK, gated bool) (d, g limit.Decision, globalDecides bool) {
+	if !gated {
+		return limit.CombineRequest(req, results, lease, meterOK)
+	}
+	n := len(req.Checks)
+	d = limit.Decision{Results: results[:n:n]}
+	if len(req.Global) > 0 {
+		g = limit.Decision{Results: results[n:]}
+	}
+	return d, g, false
+}

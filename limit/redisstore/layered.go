@@ -1,0 +1,254 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/mcpgate/mcpgate/keyspace"
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// Global rules (limit.Request.Global). Their counters live in their own
+// slot (keyspace's PerGlobal keys share one hash tag), apart from the
+// tenant's. Evaluate decides them with the rest of the request,
+// all-or-nothing:
+//
+//   - in one call of the library where one call can hold every key: on a
+//     standalone server (or Sentinel: one master), and on a Cluster when
+//     the global keys hash to the tenant's slot. The call evaluates the
+//     tenant checks, the global checks and the meter without writing, and
+//     charges them all only if all admit; the breaker counts a denial by a
+//     global rule like any other. Atomic: no other caller ever sees part of
+//     the request charged.
+//   - on a Cluster with the global keys in another slot (the usual case),
+//     in two calls sent together in one pipeline (rueidis DoMulti: one
+//     round trip to each of the two nodes, at the same time): the tenant's
+//     (checks, meter, breaker) and the global checks'. Each is
+//     all-or-nothing on its own. When one admits and the other denies (or
+//     fails), the half that admitted is given back at once, in one more
+//     pipeline to its node: the tenant half's counters are refunded
+//     (Refund), its meter charge too (Adjust with Refunded and
+//     RefundedCalls), the half-open probe it took is released
+//     (ReleaseProbe), and the breaker counts the denial (AddDenials, with
+//     the count the tenant call reset restored first); the global half's
+//     counters are refunded. Between the first call's execution and the
+//     refund's (about one round trip, at most the store's Timeout) another
+//     caller can see that half charged, and be denied by it; the refunded
+//     request itself is never admitted. One difference remains with the
+//     one-call path: an identical-calls count the tenant call added is
+//     kept. A refund that fails is logged (Options.Logger) and leaves the
+//     counters charged by one request, as a Refund call would.
+
+// layered is Evaluate for a request with global checks.
+func (s *Store) layered(ctx context.Context, req limit.Request) (limit.Outcome, error) {
+	same, err := validateLayered(req)
+	if err != nil {
+		return limit.Outcome{}, fmt.Errorf("redisstore: evaluate: %w", err)
+	}
+	tenantless := len(req.Checks) == 0 && req.Meter == nil && req.Breaker == nil
+	if !s.cluster || same || tenantless {
+		o, _, err := s.evaluate(ctx, req)
+		return o, err
+	}
+	return s.split(ctx, req)
+}
+
+// validateLayered is limit.ValidateRequest plus: the tenant's keys
+// (checks, meter, breaker) in one slot, the global keys in one slot. same
+// reports that the two are one slot.
+func validateLayered(req limit.Request) (same bool, err error) {
+	if err := limit.ValidateRequest(req); err != nil {
+		return false, err
+	}
+	var tenant []string
+	for _, c := range req.Checks {
+		tenant = append(tenant, c.Key)
+	}
+	if req.Meter != nil {
+		tenant = append(tenant, req.Meter.Key)
+	}
+	if req.Breaker != nil {
+		tenant = append(tenant, req.Breaker.Key)
+		if req.Breaker.IdenticalKey != "" {
+			tenant = append(tenant, req.Breaker.IdenticalKey)
+		}
+	}
+	gslot := keyspace.Slot(req.Global[0].Key)
+	for _, c := range req.Global[1:] {
+		if keyspace.Slot(c.Key) != gslot {
+			return false, fmt.Errorf("%w: global checks %q and %q", ErrCrossSlot, req.Global[0].Key, c.Key)
+		}
+	}
+	if len(tenant) == 0 {
+		return true, nil
+	}
+	slot := keyspace.Slot(tenant[0])
+	for _, k := range tenant[1:] {
+		if keyspace.Slot(k) != slot {
+			return false, fmt.Errorf("%w: %q and %q", ErrCrossSlot, tenant[0], k)
+		}
+	}
+	return slot == gslot, nil
+}
+
+// split is Evaluate for a request whose global keys are in another Cluster
+// slot than the tenant's: the two calls go out together, and the half that
+// admitted is given back when the other did not.
+func (s *Store) split(ctx context.Context, req limit.Request) (limit.Outcome, error) {
+	wrap := func(err error) error { return fmt.Errorf("redisstore: evaluate: %w", err) }
+	var lease string
+	if hasConcurrency(req.Checks) || hasConcurrency(req.Global) {
+		lease = newLease() // one lease for both halves: Release takes either set
+	}
+	tenant := req
+	tenant.Global = nil
+	tb, gb := batches.Get().(*batch), batches.Get().(*batch)
+	defer tb.release()
+	defer gb.release()
+	s.request(tb, tenant, req.Checks, lease)
+	gb.build(opTake, s.offset.Load(), req.Global, req.Cost, lease)
+	arrs, errs := s.execMulti(ctx, tb, gb)
+
+	var t limit.Outcome
+	var before int64
+	terr := errs[0]
+	if terr == nil {
+		t, _, before, terr = parseReply(tenant, len(req.Checks), lease, arrs[0])
+	}
+	var gres []limit.Result
+	gerr := errs[1]
+	if gerr == nil {
+		if len(arrs[1]) != 1+4*len(req.Global) {
+			gerr = fmt.Errorf("%w: %d values for %d checks", errReply, len(arrs[1]), len(req.Global))
+		} else {
+			_, gres, gerr = parseResults(arrs[1], len(req.Global))
+		}
+	}
+	tAdmit := terr == nil && t.Decision.Allowed
+	gAdmit := gerr == nil && limit.Combine(req.Global, gres, lease).Allowed
+	bg := context.WithoutCancel(ctx) // a refund is owed even if the caller gave up
+	if tAdmit && !gAdmit {
+		s.undoTenant(bg, req, &t, lease, before)
+	}
+	if gAdmit && !tAdmit {
+		s.refundCharged(bg, req.Global, gres, req.Cost, lease)
+	}
+	if terr != nil {
+		return limit.Outcome{}, wrap(terr)
+	}
+	if gerr != nil {
+		return limit.Outcome{}, wrap(gerr)
+	}
+	n := len(req.Checks)
+	results := make([]limit.Result, n+len(req.Global))
+	gated := req.Breaker != nil && t.Breaker.Open
+	if !gated {
+		copy(results, t.Decision.Results)
+		copy(results[n:], gres)
+	}
+	d, g, byGlobal := limit.Decision{}, limit.Decision{}, false
+	if gated {
+		d, g, byGlobal = limit.Decision{Results: results[:n:n]}, limit.Decision{Results: results[n:]}, false
+	} else {
+		d, g, byGlobal = limit.CombineRequest(req, results, lease, t.Meter.Allowed)
+	}
+	return limit.Outcome{Decision: d, Global: g, GlobalDecides: byGlobal, Meter: t.Meter, Breaker: t.Breaker}, nil
+}
+
+// refundCharged gives back what an admitted half charged: the checks whose
+// result allowed (a denying shadow check charged nothing).
+func (s *Store) refundCharged(ctx context.Context, checks []limit.Check, results []limit.Result, cost int64, lease string) {
+	charged := make([]limit.Check, 0, len(checks))
+	for i, c := range checks {
+		if results[i].Allowed {
+			charged = append(charged, c)
+		}
+	}
+	if len(charged) == 0 {
+		return
+	}
+	if err := s.Refund(ctx, charged, cost, lease); err != nil {
+		s.log.Warn("refund of an admitted half failed: its counters keep this request", "err", err)
+	}
+}
+
+// undoTenant gives back what the admitted tenant half t of req charged,
+// in one pipeline to the tenant's node: its counters, its meter charge,
+// the half-open probe it took; and it has the breaker count the denial,
+// with the denials count the call reset (before) restored. It updates t's
+// meter usage and breaker state to what the undo left.
+func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outcome, lease string, before int64) {
+	var bs []*batch
+	defer func() {
+		for _, b := range bs {
+			b.release()
+		}
+	}()
+	add := func() *batch {
+		b := batches.Get().(*batch)
+		bs = append(bs, b)
+		return b
+	}
+	var charged []limit.Check
+	for i, c := range req.Checks {
+		if t.Decision.Results[i].Allowed {
+			charged = append(charged, c)
+		}
+	}
+	refund, adjust, denials := -1, -1, -1
+	if len(charged) > 0 {
+		refund = len(bs)
+		add().build(opRefund, s.offset.Load(), charged, req.Cost, lease)
+	}
+	if m := req.Meter; m != nil {
+		adjust = len(bs)
+		b := add()
+		b.build(opAdjust, s.offset.Load(), nil, 0, "")
+		b.meter(m, 0)
+		b.nums(0, m.CostFor(req.Cost), 0, 1) // the delta: Refunded, RefundedCalls
+	}
+	if sp := req.Breaker; sp != nil {
+		if t.Breaker.Probe {
+			b := add()
+			b.build(opReleaseProbe, s.offset.Load(), nil, 0, "")
+			b.keys = append(b.keys, sp.Key)
+			b.breaker(sp)
+		}
+		denials = len(bs)
+		b := add()
+		b.build(opAddDenials, s.offset.Load(), nil, 0, "")
+		b.keys = append(b.keys, sp.Key)
+		b.breaker(sp)
+		b.nums(min(before+1, limit.MaxBreakerCount))
+	}
+	if len(bs) == 0 {
+		return
+	}
+	arrs, errs := s.execMulti(ctx, bs...)
+	for i, err := range errs {
+		if err != nil {
+			s.log.Warn("undoing an admitted tenant half failed: it keeps this request", "err", err)
+			continue
+		}
+		switch i {
+		case refund:
+		case adjust:
+			if len(arrs[i]) == 6 {
+				if mr, err := meterResult(arrs[i][1:]); err == nil {
+					t.Meter.Usage = mr.Usage
+				}
+			}
+		case denials:
+			if len(arrs[i]) == 1+blockLen {
+				if st, err := parseBlock(arrs[i][1:]); err == nil {
+					opened := t.Breaker.Opened || st.Opened
+					st.Open, st.HalfOpen, st.Probe, st.Opened = false, false, false, opened
+					if !opened {
+						st.RetryAfter = 0
+					}
+					t.Breaker = st
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,198 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// How a Store runs its library (library.mode).
+const (
+	modeUnknown   int32 = iota // not loaded yet: the next call loads it
+	modeFunctions              // loaded as a function library: FCALL
+	modeScripts                // no functions here: EVALSHA, EVAL on NOSCRIPT
+)
+
+// loadRetry is how long a store whose FUNCTION LOAD failed for a reason
+// that may pass (a timeout, a node down) runs the script before trying
+// again.
+const loadRetry = time.Second
+
+// library is how a Store runs limit.lua: as a Redis Function where the
+// server has them (FCALL: the library's functions are built once, when it
+// loads), else as a script (EVALSHA). It is loaded on first use on every
+// node the client knows (a Cluster's replicas refuse the write and get the
+// library from their master), and again when a node answers that the
+// function is missing (FUNCTION FLUSH, a node that joined since, Redis
+// data loss). A call is sent again only after an answer saying it did not
+// run (NOSCRIPT, or the function not found), never after a timeout.
+type library struct {
+	mode atomic.Int32
+	// loads counts the loads done, so that calls that all met a missing
+	// function at once load the library once.
+	loads atomic.Uint64
+	// next is when a failed load may be tried again (UnixNano).
+	next atomic.Int64
+	mu   sync.Mutex
+}
+
+// exec runs the library for b under the store's deadline and returns its
+// reply.
+func (s *Store) exec(ctx context.Context, b *batch) ([]rueidis.RedisMessage, error) {
+	ctx, cancel := s.deadline(ctx)
+	defer cancel()
+	fn, gen := s.functions(ctx)
+	r := s.client.Do(ctx, s.command(b, fn, false))
+	return s.retry(ctx, b, r, fn, gen).ToArray()
+}
+
+// retry sends b again, at most twice, while its reply r says it did not
+// run for want of the library (see retryable), and returns the last reply.
+func (s *Store) retry(ctx context.Context, b *batch, r rueidis.RedisResult, fn bool, gen uint64) rueidis.RedisResult {
+	for attempt := range 2 {
+		again, asFn, eval := s.retryable(ctx, r, fn, gen, attempt)
+		if !again {
+			break
+		}
+		fn = asFn
+		r = s.client.Do(ctx, s.command(b, fn, eval))
+	}
+	return r
+}
+
+// execMulti runs the library for every batch in one round trip (a pipeline,
+// split by node in a Cluster) under the store's deadline, and returns each
+// batch's reply and error.
+func (s *Store) execMulti(ctx context.Context, bs ...*batch) ([][]rueidis.RedisMessage, []error) {
+	ctx, cancel := s.deadline(ctx)
+	defer cancel()
+	fn, gen := s.functions(ctx)
+	cmds := make(rueidis.Commands, len(bs))
+	for i, b := range bs {
+		cmds[i] = s.command(b, fn, false)
+	}
+	res := s.client.DoMulti(ctx, cmds...)
+	arrs, errs := make([][]rueidis.RedisMessage, len(bs)), make([]error, len(bs))
+	for i, r := range res {
+		arrs[i], errs[i] = s.retry(ctx, bs[i], r, fn, gen).ToArray()
+	}
+	return arrs, errs
+}
+
+// command is the call of the library for b: FCALL when fn, else EVALSHA,
+// or EVAL when eval.
+func (s *Store) command(b *batch, fn, eval bool) rueidis.Completed {
+	n := int64(len(b.keys))
+	switch {
+	case fn:
+		return s.client.B().Fcall().Function(functionName).Numkeys(n).Key(b.keys...).Arg(b.args...).Build()
+	case eval:
+		return s.client.B().Eval().Script(scriptSource).Numkeys(n).Key(b.keys...).Arg(b.args...).Build()
+	}
+	return s.client.B().Evalsha().Sha1(scriptSHA).Numkeys(n).Key(b.keys...).Arg(b.args...).Build()
+}
+
+// retryable reports whether the reply r of a call (sent as FCALL when fn,
+// after gen loads) says the call did not run because the server lacks the
+// library, and how to send it again: FCALL after loading the library once
+// more (on the first attempt) or else EVALSHA; EVAL after NOSCRIPT.
+func (s *Store) retryable(ctx context.Context, r rueidis.RedisResult, fn bool, gen uint64, attempt int) (again, asFn, eval bool) {
+	rerr, ok := rueidis.IsRedisErr(r.Error())
+	switch {
+	case !ok:
+		return false, false, false
+	case rerr.IsNoScript():
+		return true, false, true
+	case fn && noFunction(rerr):
+		if attempt == 0 && s.reload(ctx, gen) == nil {
+			return true, true, false
+		}
+		return true, false, false
+	}
+	return false, false, false
+}
+
+// noFunction reports whether err says the function called is not loaded.
+func noFunction(err *rueidis.RedisError) bool {
+	return strings.Contains(err.Error(), "Function not found")
+}
+
+// functions reports whether calls go out as FCALL, loading the library on
+// first use, and the number of loads done.
+func (s *Store) functions(ctx context.Context) (bool, uint64) {
+	switch s.lib.mode.Load() {
+	case modeFunctions:
+		return true, s.lib.loads.Load()
+	case modeScripts:
+		return false, 0
+	}
+	if time.Now().UnixNano() < s.lib.next.Load() {
+		return false, 0
+	}
+	if err := s.reload(ctx, s.lib.loads.Load()); err != nil {
+		return false, 0
+	}
+	return true, s.lib.loads.Load()
+}
+
+// errNoFunctions means no node accepted the library as functions.
+var errNoFunctions = errors.New("redisstore: the server refused FUNCTION LOAD")
+
+// errLoadLater means a load failed less than loadRetry ago.
+var errLoadLater = errors.New("redisstore: FUNCTION LOAD failed recently")
+
+// reload loads the library on every node the client knows, unless a load
+// was done since gen (another call met the same missing function). A node
+// that refuses it as a replica (READONLY) is skipped: it gets the library
+// from its master. When every other node refuses FUNCTION LOAD (Redis < 7,
+// a user without the permission), the store runs the script from then on;
+// any other failure (a timeout, a node down) is tried again after
+// loadRetry, the calls in between running the script.
+func (s *Store) reload(ctx context.Context, gen uint64) error {
+	s.lib.mu.Lock()
+	defer s.lib.mu.Unlock()
+	if s.lib.loads.Load() != gen {
+		return nil
+	}
+	if s.lib.mode.Load() == modeScripts {
+		return errNoFunctions
+	}
+	if time.Now().UnixNano() < s.lib.next.Load() {
+		return errLoadLater
+	}
+	loaded, refused := 0, 0
+	var failed error
+	for _, node := range s.client.Nodes() {
+		err := node.Do(ctx, node.B().FunctionLoad().Replace().FunctionCode(functionSource).Build()).Error()
+		rerr, isRedis := rueidis.IsRedisErr(err)
+		switch {
+		case err == nil:
+			loaded++
+		case isRedis && strings.HasPrefix(rerr.Error(), "READONLY"):
+		case isRedis:
+			refused++
+			failed = err
+		default:
+			failed = err
+		}
+	}
+	switch {
+	case loaded > 0 && failed == nil:
+		s.lib.loads.Add(1)
+		s.lib.mode.Store(modeFunctions)
+		return nil
+	case refused > 0 && loaded == 0:
+		s.lib.mode.Store(modeScripts)
+		return errors.Join(errNoFunctions, failed)
+	}
+	s.lib.next.Store(time.Now().Add(loadRetry).UnixNano())
+	if failed == nil {
+		failed = errNoFunctions
+	}
+	return failed
+}
