@@ -55,7 +55,9 @@ type Harness struct {
 // When the store is a limit.MeteredStore, the usage-meter scenarios run
 // too, as subtests "meter/<scenario>" (see meterScenarios), and when it is
 // a limit.GuardedStore, the loop-breaker scenarios, as subtests
-// "breaker/<scenario>" (see breakerScenarios).
+// "breaker/<scenario>" (see breakerScenarios), and the scenarios of
+// requests with global checks, as subtests "layered/<scenario>" (see
+// layeredScenarios).
 //
 // newHarness is called once more on t itself, to learn whether the store
 // has scripts and meters; it must register any cleanup with the t it is
@@ -84,6 +86,7 @@ func RunConformance(t *testing.T, newHarness func(t *testing.T) Harness) {
 	}
 	if _, guarded := h0.Store.(limit.GuardedStore); guarded {
 		runBreakerScenarios(t, newHarness, scripts)
+		runLayeredScenarios(t, newHarness)
 	}
 }
 

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,7 +21,13 @@ func TestConformance(t *testing.T) {
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
 		c := testenv.StartRedis(t, nil).Client(t)
-		limittest.RunConformance(t, conformanceHarness(c))
+		limittest.RunConformance(t, conformanceHarness(c, nil))
+	})
+	t.Run("redis-scripts", func(t *testing.T) {
+		// the library as a script (EVALSHA, EVAL), as on Redis < 7
+		t.Parallel()
+		c := testenv.StartRedis(t, nil).Client(t)
+		limittest.RunConformance(t, conformanceHarness(c, &Options{NoFunctions: true}))
 	})
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
@@ -28,16 +35,20 @@ func TestConformance(t *testing.T) {
 		if c.Mode() != rueidis.ClientModeCluster {
 			t.Fatalf("cluster client in mode %v", c.Mode())
 		}
-		limittest.RunConformance(t, conformanceHarness(c))
+		limittest.RunConformance(t, conformanceHarness(c, nil))
 	})
 }
 
 // epochUnixUS is the scripts' epoch, 2020-01-01T00:00:00Z, in µs since 1970.
 const epochUnixUS = 1577836800 * 1e6
 
-func conformanceHarness(c rueidis.Client) func(t *testing.T) limittest.Harness {
+func conformanceHarness(c rueidis.Client, opts *Options) func(t *testing.T) limittest.Harness {
 	return func(t *testing.T) limittest.Harness {
-		s, err := New(c, &Options{Timeout: testTimeout})
+		o := Options{Timeout: testTimeout}
+		if opts != nil {
+			o.NoFunctions = opts.NoFunctions
+		}
+		s, err := New(c, &o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,13 +119,19 @@ func conformanceTTLs(t *testing.T, c rueidis.Client) map[string]time.Duration {
 	return out
 }
 
-// conformanceFlush drops the scripts of every node.
+// conformanceFlush drops the scripts and the functions of every node
+// (FUNCTION FLUSH on masters: a replica refuses it, and gets it from its
+// master).
 func conformanceFlush(t *testing.T, c rueidis.Client) {
 	t.Helper()
 	ctx := t.Context()
 	for addr, n := range c.Nodes() {
 		if err := n.Do(ctx, n.B().ScriptFlush().Build()).Error(); err != nil {
 			t.Fatalf("SCRIPT FLUSH on %s: %v", addr, err)
+		}
+		err := n.Do(ctx, n.B().FunctionFlush().Build()).Error()
+		if rerr, ok := rueidis.IsRedisErr(err); err != nil && (!ok || !strings.HasPrefix(rerr.Error(), "READONLY")) {
+			t.Fatalf("FUNCTION FLUSH on %s: %v", addr, err)
 		}
 	}
 }

@@ -51,10 +51,11 @@ func (s *Store) exec(ctx context.Context, b *batch) ([]rueidis.RedisMessage, err
 	return s.retry(ctx, b, r, fn, gen).ToArray()
 }
 
-// retry sends b again, at most twice, while its reply r says it did not
-// run for want of the library (see retryable), and returns the last reply.
+// retry sends b again while its reply r says it did not run for want of
+// the library (see retryable), and returns the last reply: at most FCALL
+// after a load, then EVALSHA, then EVAL (when flushes keep coming).
 func (s *Store) retry(ctx context.Context, b *batch, r rueidis.RedisResult, fn bool, gen uint64) rueidis.RedisResult {
-	for attempt := range 2 {
+	for attempt := range 3 {
 		again, asFn, eval := s.retryable(ctx, r, fn, gen, attempt)
 		if !again {
 			break
