@@ -86,7 +86,7 @@ local KEYS, ARGV, now, op, cost, lease
 -- The library functions used, read once by the first call (init): a
 -- function library's code runs when it loads without the Lua libraries or
 -- redis.call.
-local floor, min, max, fmt, match, call, pcall, intf, seqf
+local floor, min, max, fmt, match, call, pcall, intf, seqf, int2f
 
 local function init()
   floor, min, max, fmt, match = math.floor, math.min, math.max, string.format, string.match
@@ -97,6 +97,7 @@ local function init()
   intf = '%d'
   if fmt(intf, 9007199254740992) ~= '9007199254740992' then intf = '%.0f' end
   seqf = '%013' .. string.sub(intf, 2) -- zero-padded sliding-window unit number
+  int2f = intf .. ' ' .. intf
 end
 
 -- idiv is floor(a / b) for integers a and b > 0. math.floor(a / b) alone is
@@ -229,6 +230,9 @@ end
 
 --[[breaker.lua]]
 
+-- scratch holds take's tables of per-check numbers, made once.
+local scratch = { {}, {}, {}, {}, {}, {} }
+
 -- take serves ops t, m, b and n.
 local function take()
   local metered = op == 'm' or op == 'n'
@@ -256,8 +260,11 @@ local function take()
   end
 
   local out = { now }
-  -- what phase 2 writes for check i: state numbers s1..s3, expiry ex
-  local ok, s1, s2, s3, ex, bad = {}, {}, {}, {}, {}, {}
+  -- what phase 2 writes for check i: state numbers s1..s3, expiry ex (the
+  -- library's tables, reused: phase 1 sets ok[i] and bad[i] for every i,
+  -- and the others before phase 2 reads them)
+  local ok, s1, s2, s3, ex, bad = scratch[1], scratch[2], scratch[3], scratch[4], scratch[5], scratch[6]
+  if not LIB then ok, s1, s2, s3, ex, bad = {}, {}, {}, {}, {}, {} end
   local admit = true
 
   -- Phase 1: evaluate every check, reading only.
@@ -274,6 +281,7 @@ local function take()
       cost = cap + 1
     end
     local allowed, rem, reset, retry = false, 0, 0, 0
+    bad[i] = false
 
     if alg == 't' then
       local full = cap * p
@@ -439,7 +447,7 @@ local function take()
       if ok[i] then
         local alg, key = rule(i), KEYS[i]
         if alg == 't' then
-          call('SET', key, int(s1[i]) .. ' ' .. int(now), 'PX', px(ex[i]))
+          call('SET', key, fmt(int2f, s1[i], now), 'PX', px(ex[i]))
         elseif alg == 'f' then
           call('SET', key, int(s1[i]) .. ' ' .. int(s2[i]), 'PX', px(ex[i]))
         elseif alg == 'c' then

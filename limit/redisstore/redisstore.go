@@ -154,6 +154,11 @@ var scriptSHA = func() string {
 	return hex.EncodeToString(sum[:])
 }()
 
+// Script returns the store's library as the script it runs where Redis
+// Functions are missing (EVALSHA, EVAL), with the KEYS and ARGV limit.lua
+// documents: for tools and benchmarks that run it bare.
+func Script() string { return scriptSource }
+
 func splice(src, mark, part string) string {
 	if strings.Count(src, mark) != 1 {
 		panic("redisstore: limit.lua must hold the line " + mark + " exactly once")
