@@ -21,8 +21,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -169,38 +167,33 @@ func reportCPU(b *testing.B, cpu0 time.Duration) {
 	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), MetricClientCPU)
 }
 
-// ScriptSource reads limit/redisstore/limit.lua from the source tree (the
-// bench module sits beside it): the exact script the store embeds.
+// ScriptSource is the store's library as a script (redisstore.Script):
+// the exact script the store runs with EVALSHA.
 func ScriptSource() (string, error) {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", errors.New("engine: cannot locate the source tree")
-	}
-	src, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "limit", "redisstore", "limit.lua"))
-	if err != nil {
-		return "", fmt.Errorf("engine: reading the store's script: %w", err)
-	}
-	return string(src), nil
+	return redisstore.Script(), nil
 }
 
 // ScriptArgs returns ARGV for one take of cost 1 on a single check of rule,
 // laid out as redisstore builds it (see limit.lua): op, clock offset, cost,
-// lease, then algorithm, limit, period in µs, capacity, shadow.
+// lease, then algorithm, limit, period in µs, capacity.
 func ScriptArgs(r limit.Rule) []string {
 	return []string{
 		"t", "0", "1", "",
 		"t", strconv.FormatInt(r.Limit, 10), strconv.FormatInt(r.Period.Microseconds(), 10),
-		strconv.FormatInt(r.Capacity(), 10), "0",
+		strconv.FormatInt(r.Capacity(), 10),
 	}
 }
 
 // Redis holds what the Redis variants share: one server, one rueidis client
 // (used by the store and the ceiling) and one go-redis client.
 type Redis struct {
-	Store   *redisstore.Store
-	Rueidis rueidis.Client
-	GoRedis *goredis.Client
-	Source  string
+	Store *redisstore.Store
+	// ScriptStore is a Store on the same client running its library as a
+	// script (redisstore.Options.NoFunctions: EVALSHA).
+	ScriptStore *redisstore.Store
+	Rueidis     rueidis.Client
+	GoRedis     *goredis.Client
+	Source      string
 }
 
 // NewRedis builds the clients for the server at addr. rueidis is given opt
@@ -225,13 +218,18 @@ func NewRedis(addr string, opt rueidis.ClientOption) (*Redis, error) {
 		rc.Close()
 		return nil, err
 	}
+	sst, err := redisstore.New(rc, &redisstore.Options{Timeout: 5 * time.Second, NoFunctions: true})
+	if err != nil {
+		rc.Close()
+		return nil, err
+	}
 	gr := goredis.NewClient(&goredis.Options{Addr: addr})
 	if err := gr.Ping(context.Background()).Err(); err != nil {
 		rc.Close()
 		gr.Close()
 		return nil, fmt.Errorf("engine: go-redis: %w", err)
 	}
-	return &Redis{Store: st, Rueidis: rc, GoRedis: gr, Source: src}, nil
+	return &Redis{Store: st, ScriptStore: sst, Rueidis: rc, GoRedis: gr, Source: src}, nil
 }
 
 // Close closes both clients.
