@@ -1,0 +1,226 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/gosdk"
+	"github.com/mcpgate/mcpgate/setup"
+	"github.com/mcpgate/mcpgate/usage"
+)
+
+const (
+	testSecret    = "sdkserver-test-secret-0123456789abcdef" // >= 32 bytes
+	testSecretEnv = "MCPGATE_SDKSERVER_TEST_SECRET"
+)
+
+// The secret is set once for the package: t.Setenv cannot be used by
+// parallel tests.
+func TestMain(m *testing.M) {
+	os.Setenv(testSecretEnv, testSecret)
+	os.Exit(m.Run())
+}
+
+// syncBuffer is a log destination safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func sign(t testing.TB, tenant, sub, scope string) string {
+	t.Helper()
+	tok, err := auth.SignHS256([]byte(testSecret), map[string]any{
+		"tenant_id": tenant, "sub": sub, "scope": scope, "exp": time.Now().Add(time.Hour).Unix(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+type bearer struct{ token string }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// connect opens a go-sdk client session to url with tok, without retries
+// (a retried POST would blur exact counts).
+func connect(t *testing.T, url, tok string) *mcp.ClientSession {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	client := mcp.NewClient(&mcp.Implementation{Name: "sdkserver-test", Version: "1"}, nil)
+	tr := &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: bearer{tok}}, MaxRetries: -1}
+	cs, err := client.Connect(ctx, tr, nil)
+	if err != nil {
+		t.Fatalf("connect to %s: %v", url, err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	return cs
+}
+
+func callText(ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any) (string, error) {
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+	if err != nil {
+		return "", err
+	}
+	if res.IsError || len(res.Content) != 1 {
+		return "", errors.New("unexpected result")
+	}
+	return res.Content[0].(*mcp.TextContent).Text, nil
+}
+
+func code(err error) int64 {
+	var e *jsonrpc.Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return 0
+}
+
+// The command end to end: a config without upstream, echo and count over
+// Streamable HTTP with bearer tokens, scopes, a tenant limit, and on
+// shutdown (ctx ending, as SIGINT does) the final usage flush.
+func TestRun(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	db := filepath.Join(dir, "usage.db")
+	cfgPath := filepath.Join(dir, "sdkserver.yaml")
+	cfg := `auth:
+  jwt:
+    hs256_secret_env: ` + testSecretEnv + `
+usage:
+  store: sqlite:` + db + `
+  flush_interval: 1h
+tiers:
+  free:
+    limits:
+      - {name: per_tenant, per: tenant, algorithm: fixed_window, limit: 3, period: 1h}
+`
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var logs syncBuffer
+	addrc := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--config", cfgPath, "--listen", "127.0.0.1:0"}, &logs, func(addr string) { addrc <- addr })
+	}()
+	var url string
+	select {
+	case addr := <-addrc:
+		url = "http://" + addr + "/mcp"
+	case err := <-done:
+		t.Fatalf("run ended before serving: %v\n%s", err, logs.String())
+	}
+
+	resp, err := http.Post(url, "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("no token: %d, want 401", resp.StatusCode)
+	}
+
+	all := connect(t, url, sign(t, "acme", "alice", "tools:*"))
+	if got, err := callText(ctx, all, "echo", map[string]any{"text": "hello"}); err != nil || got != "hello" {
+		t.Fatalf("echo = %q, %v", got, err)
+	}
+	if got, err := callText(ctx, all, "count", nil); err != nil || got != "2" {
+		t.Fatalf("count = %q, %v; want 2 (echo, then this call)", got, err)
+	}
+
+	echoOnly := connect(t, url, sign(t, "acme", "bob", "tools:echo"))
+	list, err := echoOnly.ListTools(ctx, nil)
+	if err != nil || len(list.Tools) != 1 || list.Tools[0].Name != "echo" {
+		t.Fatalf("tools/list with scope tools:echo = %+v, %v; want echo alone", list, err)
+	}
+	if _, err := callText(ctx, echoOnly, "count", nil); code(err) != gosdk.CodeForbidden {
+		t.Fatalf("count outside the scopes: %v, want code %d", err, gosdk.CodeForbidden)
+	}
+	// The refused call was not charged: one call of the tenant's three is left.
+	if got, err := callText(ctx, echoOnly, "echo", map[string]any{"text": "bob"}); err != nil || got != "bob" {
+		t.Fatalf("third call = %q, %v", got, err)
+	}
+	if _, err := callText(ctx, all, "count", nil); code(err) != gosdk.CodeRateLimited {
+		t.Fatalf("fourth call: %v, want code %d", err, gosdk.CodeRateLimited)
+	}
+
+	stop() // as SIGINT or SIGTERM
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v\n%s", err, logs.String())
+	}
+	st, err := setup.OpenUsageStore(context.Background(), "sqlite:"+db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rec, ok, err := st.Get(context.Background(), "acme", usage.Period(time.Now()))
+	if err != nil || !ok || rec.Used() != 3 || rec.NetCalls() != 3 {
+		t.Fatalf("durable usage after shutdown = %+v, %v, %v; want the 3 admitted calls (the final flush)", rec, ok, err)
+	}
+	if !strings.Contains(logs.String(), "created the usage table") {
+		t.Errorf("the log does not say the usage table was created:\n%s", logs.String())
+	}
+}
+
+// Bad invocations and configs are reported, naming what is wrong.
+func TestRunErrors(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	withUpstreamNoURL := write("a.yaml", "upstream: {timeout: 1s}\nauth: {jwt: {hs256_secret_env: "+testSecretEnv+"}}\n")
+	unsetSecret := write("b.yaml", "auth: {jwt: {hs256_secret_env: MCPGATE_SDKSERVER_UNSET_SECRET}}\n")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "--config FILE is required"},
+		{[]string{"--config", withUpstreamNoURL}, "upstream.url: required"},
+		{[]string{"--config", unsetSecret}, "auth.jwt.hs256_secret_env: environment variable MCPGATE_SDKSERVER_UNSET_SECRET is not set or empty"},
+		{[]string{"--config", filepath.Join(dir, "missing.yaml")}, "no such file"},
+		{[]string{"--config", withUpstreamNoURL, "--log-level", "loud"}, "--log-level"},
+	} {
+		var out syncBuffer
+		err := run(context.Background(), c.args, &out, nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("run %q = %v, want an error containing %q", c.args, err, c.want)
+		}
+	}
+}
