@@ -206,22 +206,21 @@ func minTime(a, b time.Time) time.Time {
 	return b
 }
 
-// evaluate runs the tenant batch with its meter and breaker in one store
-// call.
-func (l *limiter) evaluate(ctx context.Context, store limit.GuardedStore, checks []limit.Check, meter *limit.Meter, br *limit.BreakerSpec, cost int64) (batch, error) {
-	if br == nil {
-		d, mr, err := store.TakeMetered(ctx, checks, *meter, cost)
-		return batch{d: d, mr: mr, store: store}, err
-	}
-	out, err := store.Evaluate(ctx, limit.Request{Checks: checks, Meter: meter, Breaker: br, Cost: cost})
+// evaluate runs one request in store: rules, meter, breaker and global
+// rules in one atomic step (limit.GuardedStore.Evaluate).
+func (l *limiter) evaluate(ctx context.Context, store limit.GuardedStore, req limit.Request) (batch, error) {
+	out, err := store.Evaluate(ctx, req)
 	if err != nil {
 		return batch{}, err
 	}
-	l.breakers.observe(br, out.Breaker)
-	if meter == nil {
+	if req.Breaker != nil {
+		l.breakers.observe(req.Breaker, out.Breaker)
+	}
+	if req.Meter == nil {
 		out.Meter = limit.MeterResult{Allowed: true}
 	}
-	return batch{d: out.Decision, mr: out.Meter, store: store, breaker: out.Breaker, breakerOpen: out.Breaker.Open}, nil
+	return batch{d: out.Decision, g: out.Global, globalDecides: out.GlobalDecides, mr: out.Meter, store: store,
+		breaker: out.Breaker, breakerOpen: out.Breaker.Open}, nil
 }
 
 // ms rounds d up to whole milliseconds (breaker durations are kept in ms).
@@ -273,15 +272,4 @@ func fingerprint(tool string, args json.RawMessage) string {
 	h.Write([]byte{0})
 	h.Write(canon)
 	return hex.EncodeToString(h.Sum(nil)[:16])
-}
-
-// deniedGlobally counts a denial by a global rule (decided outside the
-// tenant's script, which saw an admission) toward consecutive_denials.
-func (c *breakerCache) deniedGlobally(ctx context.Context, gs limit.GuardedStore, b *limit.BreakerSpec) {
-	if c == nil || b == nil || b.ConsecutiveDenials == 0 {
-		return
-	}
-	if st, err := gs.AddDenials(ctx, *b, 1); err == nil {
-		c.observe(b, st)
-	}
 }

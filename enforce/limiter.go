@@ -1,7 +1,6 @@
 package enforce
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -98,21 +97,26 @@ type limiter struct {
 
 func noRelease(context.Context) {}
 
-// batch is what one store call (or the failure policy standing in for it)
-// answered for one slot's checks.
+// batch is what the store call of one request (or the failure policy
+// standing in for it) answered.
 type batch struct {
-	d limit.Decision
+	// d is the whole request's decision; g the global checks' own (their
+	// Results, for the denial cache and shadow rules); globalDecides: d's
+	// rule is a global check's.
+	d, g          limit.Decision
+	globalDecides bool
 	// store decided d; nil when the call was admitted without a decision
 	// (policy open) or could not be decided (unavailable).
 	store       limit.GuardedStore
 	degraded    policy.FailurePolicy // the failure policy applied, "" when the store answered
 	unavailable bool                 // the store failed and the policy is closed (or a bug)
-	// For the tenant batch only: the meter's answer; metered, whether it was
-	// charged (or, on a denial, evaluated) in the store; unmetered, whether
-	// a charge failed in a way that may have applied it; the breaker's state.
-	mr          limit.MeterResult
-	metered     bool
-	unmetered   bool
+	// mr is the meter's answer; metered, whether the meter was charged (or,
+	// on a denial, evaluated) in the store; unmetered, whether a charge
+	// failed in a way that may have applied it.
+	mr        limit.MeterResult
+	metered   bool
+	unmetered bool
+	// breaker is the loop breaker's state; breakerOpen: it denied.
 	breaker     limit.BreakerState
 	breakerOpen bool
 }
@@ -122,7 +126,8 @@ func (b batch) denied() bool { return b.store != nil && !b.d.Allowed }
 
 // decide decides a call (admit is decide in a span): cost is what the call
 // charges the rules (one per call), meter.Cost what it charges its usage
-// meter and quota.
+// meter and quota. Tenant rules, global rules, the meter and the breaker
+// go to the store in one request, all or nothing (limit.Request.Global).
 func (l *limiter) decide(ctx context.Context, tenant, global ruleSet, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy) verdict {
 	if len(tenant.checks) == 0 && len(global.checks) == 0 && meter == nil && br == nil {
 		return verdict{allowed: true, release: noRelease}
@@ -134,38 +139,27 @@ func (l *limiter) decide(ctx context.Context, tenant, global ruleSet, meter *lim
 	if l.shared != nil {
 		store = l.shared
 	}
-	var t batch
-	if len(tenant.checks) > 0 || meter != nil || br != nil {
-		var err error
-		if t, err = l.takeTenant(ctx, store, tenant.checks, meter, br, cost, onErr); err != nil || t.unavailable {
-			return verdict{unavailable: true, degraded: t.degraded, release: noRelease}
-		}
-		if v, done := l.tenantDenied(t, tenant, meter, cost); done {
-			return v
-		}
-		if t.store == l.local {
-			store = l.local // the shared store failed: keep this request on one store
-		}
+	b, err := l.evaluateMetered(ctx, store, tenant, global, meter, br, cost, onErr)
+	switch {
+	case err != nil || b.unavailable:
+		return verdict{unavailable: true, degraded: b.degraded, release: noRelease}
+	case b.breakerOpen:
+		return verdict{breaker: b.breaker, breakerOpen: true, release: noRelease}
+	case b.metered:
+		l.observeQuota(meter, b.mr.Usage)
 	}
-	var g batch
-	if len(global.checks) > 0 {
-		var err error
-		g, err = l.take(ctx, store, global.checks, cost, onErr)
-		if err != nil || g.unavailable || g.denied() {
-			l.undoTenant(ctx, t, tenant, meter, br, cost)
-		}
-		if err != nil || g.unavailable {
-			return verdict{unavailable: true, degraded: cmp.Or(g.degraded, t.degraded), release: noRelease}
-		}
-		if g.denied() {
-			l.rememberDenial(g.store, global.checks, cost, g.d)
-			// The tenant script counted this call as admitted; the breaker
-			// must see the denial all the same.
-			l.breakers.deniedGlobally(ctx, g.store, br)
-			return verdict{decision: g.d, scope: global.scopeOf(g.d), degraded: cmp.Or(g.degraded, t.degraded), release: noRelease}
-		}
+	if !b.denied() {
+		return l.admitted(b, tenant, global, meter)
 	}
-	return l.admitted(t, g, tenant, global, meter)
+	if b.metered && !b.mr.Allowed && b.d.Rule.Name == "" {
+		return verdict{quota: true, usage: b.mr.Usage, degraded: b.degraded, release: noRelease}
+	}
+	decider, d := tenant, b.d
+	if b.globalDecides {
+		decider, d = global, b.g
+	}
+	l.rememberDenial(b.store, decider.checks, cost, d)
+	return verdict{decision: b.d, scope: decider.scopeOf(b.d), degraded: b.degraded, release: noRelease}
 }
 
 // answeredLocally answers from what this instance already knows, without
@@ -193,98 +187,89 @@ func (l *limiter) answeredLocally(ctx context.Context, tenant, global ruleSet, b
 	return verdict{}, false
 }
 
-// tenantDenied turns a tenant batch that refused the call (open breaker,
-// quota, a rule) into its verdict; done is false when it admitted.
-func (l *limiter) tenantDenied(t batch, tenant ruleSet, meter *limit.Meter, cost int64) (v verdict, done bool) {
-	switch {
-	case t.breakerOpen:
-		return verdict{breaker: t.breaker, breakerOpen: true, release: noRelease}, true
-	case !t.denied():
-		if t.metered {
-			l.observeQuota(meter, t.mr.Usage)
-		}
-		return verdict{}, false
-	case t.metered && !t.mr.Allowed && t.d.Rule.Name == "":
-		l.observeQuota(meter, t.mr.Usage)
-		return verdict{quota: true, usage: t.mr.Usage, degraded: t.degraded, release: noRelease}, true
+// admitted is the verdict of an admitted call. Headers describe the most
+// restrictive admitted rule (limit.Outcome's Decision). The concurrency
+// slots the call took are released by the verdict's release, except a
+// session's (tenant.kept), which its lease names.
+func (l *limiter) admitted(b batch, tenant, global ruleSet, meter *limit.Meter) verdict {
+	v := verdict{allowed: true, release: noRelease, degraded: b.degraded, decision: b.d,
+		metered: b.metered, unmetered: b.unmetered, usage: b.mr.Usage, breaker: b.breaker}
+	v.pending = meter != nil && !b.metered && !b.unmetered
+	if b.store == nil {
+		v.decision = limit.Decision{Allowed: true} // admitted without a decision: no headers
+	} else if b.globalDecides {
+		v.scope = global.scopeOf(b.d)
+	} else {
+		v.scope = tenant.scopeOf(b.d)
 	}
-	l.rememberDenial(t.store, tenant.checks, cost, t.d)
-	return verdict{decision: t.d, scope: tenant.scopeOf(t.d), degraded: t.degraded, release: noRelease}, true
-}
-
-// undoTenant gives back what an admitting tenant batch charged when the
-// global batch refused the call: its counters, its meter charge, and the
-// breaker's probe (the call will not go; the next one may be the probe).
-func (l *limiter) undoTenant(ctx context.Context, t batch, tenant ruleSet, meter *limit.Meter, br *limit.BreakerSpec, cost int64) {
-	l.refund(t.store, tenant.checks, cost, t.d)
-	if t.metered {
-		l.meters.adjust(context.WithoutCancel(ctx), *meter, limit.Usage{Refunded: meter.Cost, RefundedCalls: 1})
+	lease := b.d.Lease
+	if lease == "" || b.store == nil {
+		return v
 	}
-	l.releaseProbe(ctx, br, t.breaker)
-}
-
-// admitted is the verdict of a call both batches admitted. Headers
-// describe the most restrictive admitted decision.
-func (l *limiter) admitted(t, g batch, tenant, global ruleSet, meter *limit.Meter) verdict {
-	v := verdict{allowed: true, release: noRelease, degraded: cmp.Or(g.degraded, t.degraded),
-		metered: t.metered, unmetered: t.unmetered, usage: t.mr.Usage, breaker: t.breaker}
-	v.pending = meter != nil && !t.metered && !t.unmetered
-	switch {
-	case t.store != nil && t.d.Rule.Name != "" && (g.store == nil || t.d.Remaining <= g.d.Remaining):
-		v.decision, v.scope = t.d, tenant.scopeOf(t.d)
-	case g.store != nil:
-		v.decision, v.scope = g.d, global.scopeOf(g.d)
+	if tenant.kept > 0 {
+		v.lease, v.leaseStore = lease, b.store
 	}
-	if tenant.kept > 0 && t.store != nil {
-		v.lease, v.leaseStore = t.d.Lease, t.store
-	}
-	if (t.store != nil && t.d.Lease != "") || (g.store != nil && g.d.Lease != "") {
+	own := slots(tenant.checks[:len(tenant.checks)-tenant.kept])
+	globalSlots := slots(global.checks)
+	if len(own) > 0 || len(globalSlots) > 0 {
 		v.release = func(ctx context.Context) {
-			l.releaseLease(ctx, t.store, tenant.checks[:len(tenant.checks)-tenant.kept], t.d.Lease)
-			l.releaseLease(ctx, g.store, global.checks, g.d.Lease)
+			l.releaseLease(ctx, b.store, own, lease)
+			l.releaseLease(ctx, b.store, globalSlots, lease)
 		}
 	}
 	return v
 }
 
-// takeTenant runs the tenant batch, with the usage meter and the breaker
-// when there are. A meter the store lost is seeded from the durable total;
-// if that total cannot be read, the checks are decided without the meter
-// (the call's usage then waits in process) unless the tool fails closed.
-func (l *limiter) takeTenant(ctx context.Context, store limit.GuardedStore, checks []limit.Check, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy) (batch, error) {
-	if meter == nil && br == nil {
-		return l.take(ctx, store, checks, cost, onErr)
+// slots are the concurrency checks of checks: the ones a lease holds.
+func slots(checks []limit.Check) []limit.Check {
+	var out []limit.Check
+	for _, c := range checks {
+		if c.Rule.Algorithm == limit.Concurrency {
+			out = append(out, c)
+		}
 	}
+	return out
+}
+
+// evaluateMetered runs the request in store. A meter the store lost is
+// seeded from the durable total; if that total cannot be read, the call is
+// decided without the meter (its usage then waits in process) unless the
+// tool fails closed. A store failure is answered by the failure policy.
+func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore, tenant, global ruleSet, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy) (batch, error) {
 	start := time.Now()
-	t, err := l.evaluate(ctx, store, checks, meter, br, cost)
-	if err == nil && t.mr.NeedSeed && !t.breakerOpen && meter != nil {
+	req := limit.Request{Checks: tenant.checks, Global: global.checks, Meter: meter, Breaker: br, Cost: cost}
+	b, err := l.evaluate(ctx, store, req)
+	if err == nil && b.mr.NeedSeed && !b.breakerOpen && meter != nil {
 		if serr := l.meters.seed(ctx, meter); serr != nil {
 			l.log.Warn("usage meter cannot be rebuilt: the durable total is unreadable", "tenant", meter.Tenant, "period", meter.Period, "err", serr)
 			if onErr == policy.FailClosed {
 				return batch{unavailable: true}, nil
 			}
-			return l.take(ctx, store, checks, cost, onErr)
+			req.Meter = nil
+			b, err = l.evaluate(ctx, store, req)
+		} else {
+			b, err = l.evaluate(ctx, store, req)
 		}
-		t, err = l.evaluate(ctx, store, checks, meter, br, cost)
 	}
 	l.stats.DecisionSeconds.Observe(time.Since(start).Seconds())
 	switch {
-	case err == nil && t.breakerOpen:
-		return t, nil
-	case err == nil && !t.mr.NeedSeed:
-		l.countShadow(checks, t.d)
-		if t.d.Allowed && meter != nil {
+	case err == nil && b.breakerOpen:
+		return b, nil
+	case err == nil && !b.mr.NeedSeed:
+		l.countShadow(tenant.checks, b.d)
+		l.countShadow(global.checks, b.g)
+		if b.d.Allowed && req.Meter != nil {
 			l.meters.charged(meter)
 		}
-		t.metered = meter != nil
-		return t, nil
+		b.metered = req.Meter != nil
+		return b, nil
 	case err == nil: // nothing charged
-		return l.degrade(ctx, store, checks, cost, onErr, errors.New("usage meter still missing after seeding"))
+		return l.degrade(ctx, store, tenant, global, cost, onErr, errors.New("usage meter still missing after seeding"))
 	}
-	unmetered := meter != nil && chargeMayHaveApplied(err)
-	b, err := l.degrade(ctx, store, checks, cost, onErr, err)
-	b.unmetered = unmetered
-	return b, err
+	unmetered := req.Meter != nil && chargeMayHaveApplied(err)
+	d, err := l.degrade(ctx, store, tenant, global, cost, onErr, err)
+	d.unmetered = unmetered
+	return d, err
 }
 
 // chargeMayHaveApplied reports whether a failed write to a meter (TakeMetered,
@@ -307,26 +292,10 @@ func chargeMayHaveApplied(err error) bool {
 	return !errors.As(err, &op) || op.Op != "dial"
 }
 
-// take runs one batch, applying the failure policy when the shared store
-// fails.
-func (l *limiter) take(ctx context.Context, store limit.GuardedStore, checks []limit.Check, cost int64, onErr policy.FailurePolicy) (batch, error) {
-	if len(checks) == 0 {
-		return batch{d: limit.Decision{Allowed: true}}, nil
-	}
-	start := time.Now()
-	d, err := store.Take(ctx, checks, cost)
-	l.stats.DecisionSeconds.Observe(time.Since(start).Seconds())
-	if err == nil {
-		l.countShadow(checks, d)
-		return batch{d: d, store: store}, nil
-	}
-	return l.degrade(ctx, store, checks, cost, onErr, err)
-}
-
 // degrade applies the tool's failure policy after store failed with err.
 // An error return means the call cannot be decided (a bug, or the client
 // went away).
-func (l *limiter) degrade(ctx context.Context, store limit.GuardedStore, checks []limit.Check, cost int64, onErr policy.FailurePolicy, err error) (batch, error) {
+func (l *limiter) degrade(ctx context.Context, store limit.GuardedStore, tenant, global ruleSet, cost int64, onErr policy.FailurePolicy, err error) (batch, error) {
 	if store == l.local || errors.Is(err, limit.ErrInvalidRule) || errors.Is(err, limit.ErrInvalidCost) || errors.Is(err, limit.ErrInvalidMeter) {
 		// The in-process store does not fail for outside reasons: a bug.
 		l.log.Error("limit decision failed", "err", err)
@@ -344,16 +313,20 @@ func (l *limiter) degrade(ctx context.Context, store limit.GuardedStore, checks 
 	case policy.FailClosed:
 		return batch{degraded: onErr, unavailable: true}, nil
 	case policy.FailLocal:
-		if len(checks) == 0 {
+		if len(tenant.checks) == 0 && len(global.checks) == 0 {
 			return batch{d: limit.Decision{Allowed: true}, degraded: onErr}, nil
 		}
-		d, err := l.local.Take(ctx, checks, cost)
+		// The same rules in process; no meter (its usage waits) and no
+		// breaker (its state is in the failed store).
+		b, err := l.evaluate(ctx, l.local, limit.Request{Checks: tenant.checks, Global: global.checks, Cost: cost})
 		if err != nil {
 			l.log.Error("local fallback decision failed", "err", err)
 			return batch{degraded: onErr, unavailable: true}, err
 		}
-		l.countShadow(checks, d)
-		return batch{d: d, store: l.local, degraded: onErr}, nil
+		l.countShadow(tenant.checks, b.d)
+		l.countShadow(global.checks, b.g)
+		b.degraded = onErr
+		return b, nil
 	default: // open
 		return batch{d: limit.Decision{Allowed: true}, degraded: onErr}, nil
 	}
@@ -377,31 +350,8 @@ func (l *limiter) rememberDenial(s limit.GuardedStore, checks []limit.Check, cos
 	}
 }
 
-// refund gives back what the tenant batch d charged, when a later stage
-// denied the request: only the checks whose result allowed (a denying shadow
-// rule charged nothing and must not be credited). A failed refund
-// over-counts by one request; it is logged, not retried (a retried refund
-// could give back twice).
-func (l *limiter) refund(s limit.GuardedStore, checks []limit.Check, cost int64, d limit.Decision) {
-	if s == nil {
-		return
-	}
-	charged := make([]limit.Check, 0, len(checks))
-	for i, c := range checks {
-		if i < len(d.Results) && d.Results[i].Allowed {
-			charged = append(charged, c)
-		}
-	}
-	if len(charged) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if err := s.Refund(ctx, charged, cost, d.Lease); err != nil {
-		l.log.Warn("refund failed: the tenant's counters keep this request", "err", err)
-	}
-}
-
+// releaseLease frees the slots of checks held under lease in s. A failure
+// is logged: the slots free themselves when the lease expires.
 func (l *limiter) releaseLease(ctx context.Context, s limit.Store, checks []limit.Check, lease string) {
 	if s == nil || lease == "" || len(checks) == 0 {
 		return
