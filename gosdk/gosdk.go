@@ -166,7 +166,9 @@ func (m *middleware) request(ctx context.Context, next mcp.MethodHandler, method
 func (m *middleware) toolCall(ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request, id Identity) (mcp.Result, error) {
 	params, _ := req.GetParams().(*mcp.CallToolParamsRaw)
 	if params == nil {
-		return next(ctx, method, req) // not a server's tools/call: nothing to govern
+		// Not a server's tools/call (the SDK gives every one these
+		// params): refused rather than let through ungoverned.
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "tools/call without params"}
 	}
 	t, d := m.e.Admit(ctx, enforce.Call{Tenant: id.Tenant, Tier: id.Tier, Subject: id.Subject,
 		Session: sessionID(req), Name: params.Name, Arguments: params.Arguments})
