@@ -36,6 +36,19 @@ type Call struct {
 	Arguments json.RawMessage
 }
 
+// MethodTarget is the Call.Name of a request other than tools/call: what
+// its tenant_tool and subject_tool counters count. It is the method,
+// followed by the prompt's name or the resource's URI for prompts/get and
+// resources/read ("prompts/get greet"), so that each prompt or resource is
+// counted on its own; name is ignored for other methods.
+func MethodTarget(method, name string) string {
+	switch method {
+	case "prompts/get", "resources/read":
+		return method + " " + name
+	}
+	return method
+}
+
 func (c Call) method() string {
 	if c.Method == "" {
 		return MethodToolsCall

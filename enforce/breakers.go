@@ -209,6 +209,11 @@ func minTime(a, b time.Time) time.Time {
 // evaluate runs one request in store: rules, meter, breaker and global
 // rules in one atomic step (limit.GuardedStore.Evaluate).
 func (l *limiter) evaluate(ctx context.Context, store limit.GuardedStore, req limit.Request) (batch, error) {
+	if len(req.Checks) == 0 && len(req.Global) == 0 && req.Meter == nil && req.Breaker == nil {
+		// Nothing left to ask (a meter dropped after a failed seed): admitted
+		// without a decision.
+		return batch{d: limit.Decision{Allowed: true}}, nil
+	}
 	out, err := store.Evaluate(ctx, req)
 	if err != nil {
 		return batch{}, err

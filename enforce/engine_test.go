@@ -15,11 +15,14 @@ import (
 	"github.com/mcpgate/mcpgate/policy"
 	"github.com/mcpgate/mcpgate/usage"
 	"github.com/mcpgate/mcpgate/usage/sqlite"
+	"github.com/redis/rueidis"
 )
 
 // engines builds n engines on one store: the in-process store (n must be
-// 1), or one real redis-server shared by all of them, as gateway instances
-// and Go MCP servers share it. With a usage path, all meter into one
+// 1), or one real redis-server or 6-node Redis Cluster shared by all of
+// them, as gateway instances and Go MCP servers share it. On the Cluster
+// the global rules live in their own slot: a layered request goes out as
+// two halves together. With a usage path, all meter into one
 // SQLite file.
 func engines(t *testing.T, store string, n int, yaml, usagePath string) []*enforce.Engine {
 	t.Helper()
@@ -36,17 +39,24 @@ func engines(t *testing.T, store string, n int, yaml, usagePath string) []*enfor
 		t.Cleanup(func() { s.Close() })
 		us = s
 	}
-	var redis *testenv.Redis
-	if store == "redis" {
-		redis = testenv.StartRedis(t, nil)
-	} else if n != 1 {
-		t.Fatal("the in-process store serves one engine")
+	var connect func() rueidis.Client
+	switch store {
+	case "redis":
+		redis := testenv.StartRedis(t, nil)
+		connect = func() rueidis.Client { return redis.Client(t) }
+	case "cluster":
+		cluster := testenv.StartCluster(t)
+		connect = func() rueidis.Client { return cluster.Client(t) }
+	default:
+		if n != 1 {
+			t.Fatal("the in-process store serves one engine")
+		}
 	}
 	out := make([]*enforce.Engine, n)
 	for i := range out {
 		opts := enforce.Options{Config: cfg, Usage: us}
-		if redis != nil {
-			client := redis.Client(t)
+		if connect != nil {
+			client := connect()
 			st, err := redisstore.New(client, &redisstore.Options{Timeout: cfg.Store.Timeout})
 			if err != nil {
 				t.Fatal(err)
@@ -64,7 +74,7 @@ func engines(t *testing.T, store string, n int, yaml, usagePath string) []*enfor
 	return out
 }
 
-var stores = []string{"memory", "redis"}
+var stores = []string{"memory", "redis", "cluster"}
 
 // run admits call on the engines round robin from callers goroutines,
 // calls work for each admitted call, settles it with outcome, and returns
@@ -94,22 +104,25 @@ func run(t *testing.T, es []*enforce.Engine, callers int, call enforce.Call, wor
 	return admitted.Load()
 }
 
-// Layered rules across engines: exactly the tightest limit is admitted,
-// and a global denial refunds the tenant's counters (all or nothing), so
-// that after the global rule's window another tenant can still be served
-// while the first tenant's counter shows only what ran.
+// Layered rules across engines: exactly the tenant's limit is admitted
+// under concurrency, and a global denial charges nothing (all or nothing):
+// the tenant counters of a call the global rule refused are untouched.
+// Concurrent callers stay at or below the global limit in the concurrent
+// phase: on a Cluster a global half charged by a call whose tenant half
+// was denied is given back a round trip later, and a concurrent call can
+// be refused by that charge (never admitted past a limit).
 func TestExactAdmissionAcrossEngines(t *testing.T) {
 	t.Parallel()
 	for _, store := range stores {
 		t.Run(store, func(t *testing.T) {
 			t.Parallel()
 			n := 1
-			if store == "redis" {
+			if store != "memory" {
 				n = 3
 			}
 			es := engines(t, store, n, `
 global:
-  - {name: all, algorithm: fixed_window, limit: 13, period: 1h}
+  - {name: all, algorithm: fixed_window, limit: 20, period: 1h}
 tiers:
   free:
     limits:
@@ -119,32 +132,35 @@ tiers:
 			var reached atomic.Int64
 			work := func() enforce.Outcome { reached.Add(1); return enforce.Outcome{} }
 			acme := enforce.Call{Tenant: "acme", Subject: "a", Name: "search"}
-			if got := run(t, es, 60, acme, work); got != 9 || reached.Load() != 9 {
+			if got := run(t, es, 20, acme, work); got != 9 || reached.Load() != 9 {
 				t.Fatalf("acme: %d admitted, %d reached the work; want exactly 9 (its tenant limit)", got, reached.Load())
 			}
-			// The global rule has 4 left: acme's denied calls took none of it.
-			// globex calls one at a time (so that each refund has landed
-			// before the next call): 4 admitted, then 26 global denials, each
-			// refunding the tenant counters it charged, so that its tenant rule
-			// (9) never denies.
 			globex := enforce.Call{Tenant: "globex", Subject: "b", Name: "search"}
-			var got int64
-			for i := range 30 {
-				got += run(t, es[i%len(es):i%len(es)+1], 1, globex, work)
-				ticket, d := es[0].Admit(t.Context(), globex)
+			if got := run(t, es, 11, globex, work); got != 9 {
+				t.Fatalf("globex: %d admitted, want 9", got)
+			}
+			// Two left under the global rule: initech gets them, then each
+			// call is denied by the global rule without touching initech's
+			// own counters.
+			initech := enforce.Call{Tenant: "initech", Subject: "c", Name: "search"}
+			for i := range 6 {
+				ticket, d := es[i%len(es)].Admit(t.Context(), initech)
 				ticket.Done(t.Context(), enforce.Outcome{})
-				if d.Allowed {
-					got++
-					reached.Add(1)
-				} else if d.Scope != "global" {
-					t.Fatalf("globex call %d: %+v, want a global denial (its tenant counters refunded)", i, d)
+				if want := i < 2; d.Allowed != want || (!want && d.Scope != "global") {
+					t.Fatalf("initech call %d: %+v, want allowed %v (then global denials)", i, d, want)
 				}
 			}
-			if got != 4 {
-				t.Fatalf("globex: %d admitted, want 4 (what the global rule has left)", got)
+			cs, err := es[0].Counters(t.Context(), "free", "initech", "c")
+			if err != nil {
+				t.Fatal(err)
 			}
-			if got := reached.Load(); got != 13 {
-				t.Fatalf("%d calls reached the work, want 13", got)
+			for _, c := range cs {
+				if c.Rule.Name == "per_tenant" && c.Result.Remaining != 7 {
+					t.Fatalf("initech per_tenant: %d remaining, want 7 (global denials charged nothing)", c.Result.Remaining)
+				}
+			}
+			if got := reached.Load(); got != 18 {
+				t.Fatalf("%d calls reached the work, want 18", got)
 			}
 		})
 	}
@@ -158,7 +174,7 @@ func TestExactQuotaAndDurableUsage(t *testing.T) {
 		t.Run(store, func(t *testing.T) {
 			t.Parallel()
 			n := 1
-			if store == "redis" {
+			if store != "memory" {
 				n = 2
 			}
 			path := filepath.Join(t.TempDir(), "usage.db")

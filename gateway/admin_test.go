@@ -260,8 +260,8 @@ func TestHealthAndMetrics(t *testing.T) {
 		`mcpgate_requests_total{method="any",outcome="bad_request"}`:      1,
 		`mcpgate_denials_total{rule="per_tool",scope="tenant_tool"}`:      1,
 		`mcpgate_upstream_seconds_count`:                                  10,
-		// 11 tenant batches, and the global batch of the 10 admitted.
-		`mcpgate_limit_decision_seconds_count`: 21,
+		// One store request per call (tenant and global rules together).
+		`mcpgate_limit_decision_seconds_count`: 11,
 		`mcpgate_denial_cache_hits_total`:      0,
 	} {
 		if got, ok := m[series]; !ok || got != want {

@@ -584,10 +584,11 @@ func redisCommandCalls(t *testing.T, c rueidis.Client, cmd string) int64 {
 	return n
 }
 
-// scriptCalls is how many limit scripts Redis has run (EVALSHA, plus EVAL
-// after a NOSCRIPT).
+// scriptCalls is how many limit scripts Redis has run: FCALL of the
+// mcpgate library, or EVALSHA (plus EVAL after a NOSCRIPT) where functions
+// are missing.
 func scriptCalls(t *testing.T, c rueidis.Client) int64 {
-	return redisCommandCalls(t, c, "evalsha") + redisCommandCalls(t, c, "eval")
+	return redisCommandCalls(t, c, "fcall") + redisCommandCalls(t, c, "evalsha") + redisCommandCalls(t, c, "eval")
 }
 
 // eventually polls cond every 10ms until it holds or d passes.

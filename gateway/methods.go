@@ -24,7 +24,7 @@ func (g *Gateway) serveMethod(x *exchange) {
 		return
 	}
 	t, d := g.eng.Admit(x.r.Context(), enforce.Call{Tenant: x.p.Tenant, Tier: x.p.Tier, Subject: x.p.Subject,
-		Method: msg.Method, Name: methodTarget(msg)})
+		Method: msg.Method, Name: enforce.MethodTarget(msg.Method, msg.Name)})
 	x.after(func() { t.Done(context.WithoutCancel(x.r.Context()), enforce.Outcome{}) })
 	noteDecision(x.r.Context(), d)
 	if !g.admitted(x, class, d) {
@@ -36,18 +36,6 @@ func (g *Gateway) serveMethod(x *exchange) {
 		return
 	}
 	g.forward(x.w, x.r, x.rt, x.fwd, class)
-}
-
-// methodTarget is the "tool" of tenant_tool and subject_tool counters for a
-// method other than tools/call: the method, followed by the prompt's name or
-// the resource's URI for prompts/get and resources/read ("prompts/get
-// greet"), so that each prompt or resource is counted on its own.
-func methodTarget(msg *mcp.Message) string {
-	switch msg.Method {
-	case mcp.MethodPromptsGet, mcp.MethodResourcesRead:
-		return msg.Method + " " + msg.Name
-	}
-	return msg.Method
 }
 
 // admitted answers a request the engine refused (503, or a denial in the

@@ -328,22 +328,22 @@ func isNotification(method string) bool {
 	return strings.HasPrefix(method, "notifications/")
 }
 
-// methodTarget is the "tool" of tenant_tool and subject_tool counters for a
-// request other than tools/call, as the gateway names it: the method,
-// followed by the prompt's name or the resource's URI for prompts/get and
-// resources/read, so that each prompt or resource is counted on its own.
+// methodTarget is the Call.Name of a request other than tools/call
+// (enforce.MethodTarget): the prompt's name or the resource's URI counts
+// on its own.
 func methodTarget(method string, req mcp.Request) string {
+	var name string
 	switch p := req.GetParams().(type) {
 	case *mcp.GetPromptParams:
 		if p != nil {
-			return method + " " + p.Name
+			name = p.Name
 		}
 	case *mcp.ReadResourceParams:
 		if p != nil {
-			return method + " " + p.URI
+			name = p.URI
 		}
 	}
-	return method
+	return enforce.MethodTarget(method, name)
 }
 
 // sessionID is the request's MCP session id ("" without a session).
