@@ -361,10 +361,13 @@ func (l *limiter) releaseLease(ctx context.Context, s limit.Store, checks []limi
 	}
 }
 
-// admit is decide inside a "mcpgate.admit" span (when a tracer is set),
-// which records the decision.
+// admit is decide inside a "mcpgate.admit" span (when a tracer is set and
+// the decision goes to the shared store), which records the decision.
 func (l *limiter) admit(ctx context.Context, tenant, global ruleSet, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy) verdict {
-	if l.tracer == nil {
+	if l.tracer == nil || l.shared == nil {
+		// In process, a decision is a few microseconds of CPU and no I/O:
+		// a span would cost more than it shows. The decision is on the
+		// caller's span all the same.
 		return l.decide(ctx, tenant, global, meter, br, cost, onErr)
 	}
 	ctx, span := l.tracer.Start(ctx, "mcpgate.admit")

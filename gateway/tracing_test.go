@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/mcpgate/mcpgate/internal/testenv"
+
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -117,8 +119,8 @@ func anyValue(v *commonpb.AnyValue) string {
 // TestTracingExportsSpans turns tracing on through the OTEL_* environment
 // (as mcpgate serve does), with a real OTLP receiver over each protocol,
 // and checks the spans of an admitted and a denied tools/call: the server
-// span is the child of the caller's traceparent, the admit and upstream
-// spans are its children, the attributes say what the gateway decided, and
+// span is the child of the caller's traceparent, the admit span (a
+// decision in Redis) and the upstream span are its children, the attributes say what the gateway decided, and
 // the upstream got the upstream span's traceparent instead of the caller's.
 func TestTracingExportsSpans(t *testing.T) {
 	for _, protocol := range []string{metrics.ProtocolHTTP, metrics.ProtocolGRPC} {
@@ -137,7 +139,10 @@ func TestTracingExportsSpans(t *testing.T) {
 			if tp == nil {
 				t.Fatal("tracing is off with OTEL_EXPORTER_OTLP_ENDPOINT set")
 			}
-			e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}, TracerProvider: tp, Config: `
+			// On Redis: the admit span times a store call (an in-process
+			// decision has none, see TestTracingInProcessDecisionHasNoAdmitSpan).
+			e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}, TracerProvider: tp,
+				Redis: testenv.StartRedis(t, nil), Config: redisStore + `
 tools:
   echo:
     limits:
@@ -249,6 +254,8 @@ func checkSpans(t *testing.T, spans []*tracepb.Span, seen []seenRequest, clientT
 }
 
 // TestTracingCacheOutcome: a cached tool's server spans say miss, then hit.
+// The decisions are in process (memory store): no mcpgate.admit span, the
+// decision is on the server span.
 func TestTracingCacheOutcome(t *testing.T) {
 	rc := &receiver{}
 	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", startReceiver(t, rc, metrics.ProtocolHTTP)+"/v1/traces")
@@ -277,6 +284,12 @@ tools:
 	var outcomes []string
 	for _, s := range spanNamed(t, rc.all(), "mcp tools/call") {
 		outcomes = append(outcomes, attrs(s)["mcpgate.cache"])
+		if d := attrs(s)["mcpgate.decision"]; d != "admitted" {
+			t.Errorf("server span decision %q, want admitted", d)
+		}
+	}
+	if n := len(spanNamed(t, rc.all(), "mcpgate.admit")); n != 0 {
+		t.Errorf("%d mcpgate.admit spans for in-process decisions, want none", n)
 	}
 	if strings.Join(outcomes, ",") != "miss,hit" {
 		t.Errorf("cache outcomes %v, want [miss hit]", outcomes)
