@@ -213,6 +213,9 @@ func (d *decoder) redis(n *yaml.Node, path string) []string {
 		if !ok || s == "" {
 			return nil
 		}
+		if s, ok = d.expandRedis(n, path, s); !ok {
+			return nil
+		}
 		if !d.checkRedis(n, path, s, true) {
 			return nil
 		}
@@ -225,11 +228,32 @@ func (d *decoder) redis(n *yaml.Node, path string) []string {
 	var out []string
 	one := len(n.Content) == 1
 	d.list(n, path, func(_ int, v *yaml.Node, p string) {
-		if s, ok := d.str(v, p); ok && d.checkRedis(v, p, s, one) {
+		s, ok := d.str(v, p)
+		if ok {
+			s, ok = d.expandRedis(v, p, s)
+		}
+		if ok && d.checkRedis(v, p, s, one) {
 			out = append(out, s)
 		}
 	})
 	return out
+}
+
+// expandRedis expands ${NAME} in a Redis address (a password kept in a
+// Kubernetes Secret, say). Unlike in upstream settings, an unset variable is
+// an error: an address that expanded to "" would silently turn a shared
+// store into an in-process one.
+func (d *decoder) expandRedis(n *yaml.Node, path, s string) (string, bool) {
+	out, unset := d.expand(n, path, s)
+	switch {
+	case len(unset) > 0:
+		d.errf(n, path, "environment variable %s is not set (a Redis address must not expand to nothing)", unset[0])
+		return "", false
+	case out == "":
+		d.errf(n, path, "%q expands to an empty string (a Redis address must not expand to nothing)", s)
+		return "", false
+	}
+	return out, true
 }
 
 func (d *decoder) checkRedis(n *yaml.Node, path, s string, urlOK bool) bool {

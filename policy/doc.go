@@ -19,7 +19,10 @@
 // default. Anchors, aliases and merge keys (<<) are supported. In
 // upstream.url and upstream.headers values, ${NAME} is replaced with the
 // environment variable NAME ($${ writes a literal ${); an unset variable
-// becomes "" and adds a warning to Config.Warnings.
+// becomes "" and adds a warning to Config.Warnings. store.redis and
+// cache.redis addresses are expanded too, but there an unset or empty
+// variable is an error: an address that expanded to nothing would silently
+// make a shared store an in-process one.
 //
 // # Reference
 //

@@ -244,6 +244,10 @@ auth:
 	{"url broken by a set variable", "upstream: {url: \"${MCPGATE_TEST_SET}/mcp?k=${MCPGATE_TEST_SET}\"}\nauth: {jwt: {jwks_file: j.json}}\n", []string{
 		`m.yaml:1: upstream.url: bad URL "${MCPGATE_TEST_SET}/mcp?k=${MCPGATE_TEST_SET}": want http:// or https:// and a host`,
 	}},
+	{"store.redis from an unset variable", "upstream: {url: \"http://u/mcp\"}\nauth: {jwt: {jwks_file: j.json}}\nstore: {redis: \"${MCPGATE_TEST_UNSET}\"}\ncache: {redis: [\"a:1\", \"${MCPGATE_TEST_UNSET}:2\"]}\n", []string{
+		`m.yaml:3: store.redis: environment variable MCPGATE_TEST_UNSET is not set (a Redis address must not expand to nothing)`,
+		`m.yaml:4: cache.redis[1]: environment variable MCPGATE_TEST_UNSET is not set (a Redis address must not expand to nothing)`,
+	}},
 	{"unterminated reference", "upstream: {url: \"http://${HOST/mcp\"}\nauth: {jwt: {jwks_file: j.json}}\n", []string{
 		`m.yaml:1: upstream.url: unterminated ${ (write $${ for a literal ${)`,
 	}},
@@ -262,6 +266,24 @@ func TestBadWholeConfigs(t *testing.T) {
 				t.Errorf("got:\n%s\nwant:\n%s", got, want)
 			}
 		})
+	}
+}
+
+// A Redis address may come from the environment (a password kept in a
+// Kubernetes Secret): it is expanded, and never shown in a problem.
+func TestRedisFromEnvironment(t *testing.T) {
+	t.Setenv("MCPGATE_TEST_REDIS_PASSWORD", "s3cret")
+	cfg, err := Parse("m.yaml", []byte("upstream: {url: \"http://u/mcp\"}\nauth: {jwt: {jwks_file: j.json}}\nstore: {redis: \"redis://app:${MCPGATE_TEST_REDIS_PASSWORD}@10.0.0.1:6379/0\"}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Store.Redis; len(got) != 1 || got[0] != "redis://app:s3cret@10.0.0.1:6379/0" {
+		t.Fatalf("store.redis = %q", got)
+	}
+	t.Setenv("MCPGATE_TEST_REDIS_PASSWORD", "")
+	_, err = Parse("m.yaml", []byte("upstream: {url: \"http://u/mcp\"}\nauth: {jwt: {jwks_file: j.json}}\nstore: {redis: \"${MCPGATE_TEST_REDIS_PASSWORD}\"}\n"))
+	if err == nil || !strings.Contains(err.Error(), "expands to an empty string") {
+		t.Fatalf("an address expanding to nothing: %v", err)
 	}
 }
 
