@@ -25,6 +25,8 @@ import (
 	"testing"
 	"time"
 
+	mcpsetup "github.com/mcpgate/mcpgate/setup"
+
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/redis/rueidis"
 	"go.opentelemetry.io/otel/trace"
@@ -177,26 +179,18 @@ func (e *env) configYAML(s setup) string {
 	return b.String()
 }
 
-// authFor maps the auth section to auth.Options as cli/build.go does, with
-// the test secret in place of the environment variable.
+// authFor maps the auth section to auth.Options as mcpgate serve does
+// (setup.AuthOptions), with the test secret in place of the environment
+// variable.
 func authFor(t testing.TB, cfg *policy.Config, tweak func(*auth.Options)) *auth.Authenticator {
 	t.Helper()
-	j := cfg.Auth.JWT
-	opts := auth.Options{
-		HS256Secret: []byte(testSecret),
-		Issuer:      j.Issuer,
-		Audience:    j.Audience,
-		Resource:    cfg.Auth.Resource,
-		TenantClaim: j.TenantClaim,
-		TierClaim:   j.TierClaim,
-		ScopeClaim:  j.ScopeClaim,
-		DefaultTier: cfg.DefaultTier,
-		// auth.jwt.leeway 0s means none, auth's 0 its default
-		RequireExpiry:  j.RequireExpiry,
-		RequireSubject: j.RequireSubject,
-		Leeway:         cmp.Or(j.Leeway, -1),
-		Logger:         quietLogger(),
+	c := *cfg
+	c.Auth.JWT.HS256SecretEnv = "" // the secret is set below
+	opts, err := mcpsetup.AuthOptions(&c, quietLogger())
+	if err != nil {
+		t.Fatal(err)
 	}
+	opts.HS256Secret = []byte(testSecret)
 	if tweak != nil {
 		tweak(&opts)
 	}
