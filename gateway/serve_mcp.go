@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mcpgate/mcpgate/enforce"
+
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/mcp"
 )
@@ -16,10 +18,10 @@ import (
 // ranges JSON-RPC (-32768..-32000) and MCP reserve, so they cannot collide
 // with an upstream's codes.
 const (
-	CodeRateLimited  = -33029 // 429: rate limit, quota or breaker
-	CodeUnauthorized = -33001 // 401: no or bad credentials
-	CodeForbidden    = -33003 // 403: tool, resource or prompt outside the caller's scopes
-	CodeUnavailable  = -33503 // 503: limit store unavailable under a closed policy
+	CodeRateLimited  = enforce.CodeRateLimited // 429: rate limit, quota or breaker (-33029)
+	CodeUnauthorized = -33001                  // 401: no or bad credentials
+	CodeForbidden    = -33003                  // 403: tool, resource or prompt outside the caller's scopes
+	CodeUnavailable  = -33503                  // 503: limit store unavailable under a closed policy
 )
 
 // releaseTimeout bounds the release of concurrency slots after a call.
