@@ -234,11 +234,21 @@ func New(client rueidis.Client, opts *Options) (*Store, error) {
 // host:port seeds: one is a standalone server or any node of a cluster
 // (rueidis asks the server which it is), several are nodes of one cluster.
 //
-// Besides what the URL says, ClientOption sets only DisableCache (the store
-// never reads through client-side caching, so it need not track keys). It
-// leaves retries enabled: rueidis retries read-only commands only, never the
-// store's scripts. ConnLifetime stays 0, as the package documentation
-// requires.
+// Besides what the URL says, ClientOption sets DisableCache (the store never
+// reads through client-side caching, so it need not track keys), and, unless
+// the URL sets them (dial_timeout=, write_timeout=), a dial timeout and a
+// connection read/write timeout of 1s each instead of rueidis's 5s
+// and 10s. The second is what detects a server that hangs or sits behind a
+// partition (its connection open and silent): the store's own deadline
+// (Options.Timeout) only ends the call, it neither closes the connection nor
+// makes a cluster client refresh its slot map, so with rueidis's 10s a
+// Cluster whose master hung went on routing that master's slots to it for
+// about 8s after the failover (measured in internal/faults,
+// TestClusterFailoverRecovery; 1s is under any cluster-node-timeout, so the
+// dead connection is gone by the time a replica is promoted). Every command
+// of the store and the cache is small, far below a second. It leaves retries
+// enabled: rueidis retries read-only commands only, never the store's
+// scripts. ConnLifetime stays 0, as the package documentation requires.
 //
 // For rediss:// the returned TLSConfig verifies the server against the
 // system's roots with the URL's host as server name; to trust a private CA
@@ -246,6 +256,10 @@ func New(client rueidis.Client, opts *Options) (*Store, error) {
 // before calling rueidis.NewClient. For host:port seeds, set opt.TLSConfig
 // to use TLS, and opt.Username and opt.Password to authenticate.
 func ClientOption(addrs ...string) (rueidis.ClientOption, error) {
+	// A connection whose server answers nothing (not even rueidis's
+	// keep-alive PING) for this long is closed, which also makes a cluster
+	// client refresh its slot map; a dial gives up after as long.
+	const connTimeout = time.Second
 	if len(addrs) == 0 {
 		return rueidis.ClientOption{}, errors.New("redisstore: no Redis address")
 	}
@@ -259,6 +273,12 @@ func ClientOption(addrs ...string) (rueidis.ClientOption, error) {
 			return rueidis.ClientOption{}, fmt.Errorf("redisstore: invalid Redis URL: %w", err)
 		}
 		opt.DisableCache = true
+		if opt.Dialer.Timeout == 0 {
+			opt.Dialer.Timeout = connTimeout
+		}
+		if opt.ConnWriteTimeout == 0 {
+			opt.ConnWriteTimeout = connTimeout
+		}
 		return opt, nil
 	}
 	seeds := make([]string, len(addrs))
@@ -268,7 +288,9 @@ func ClientOption(addrs ...string) (rueidis.ClientOption, error) {
 		}
 		seeds[i] = a
 	}
-	return rueidis.ClientOption{InitAddress: seeds, DisableCache: true}, nil
+	opt := rueidis.ClientOption{InitAddress: seeds, DisableCache: true, ConnWriteTimeout: connTimeout}
+	opt.Dialer.Timeout = connTimeout
+	return opt, nil
 }
 
 // Take evaluates checks for one request of cost units, atomically: if every

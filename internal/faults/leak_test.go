@@ -1,0 +1,21 @@
+package faults_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// leakCheck makes t fail when goroutines it started outlive it. Call it
+// first in the test: its check is the last cleanup to run, after those
+// that close the gateways, clients and servers.
+func leakCheck(t *testing.T) {
+	t.Helper()
+	t.Cleanup(func() {
+		goleak.VerifyNone(t,
+			// rueidis closes the connections a topology refresh dropped 5s
+			// later, from a goroutine of its own; it ends by itself.
+			goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func1"),
+		)
+	})
+}
