@@ -342,3 +342,11 @@ func CacheTag(scope CacheScope, tag string) string {
 
 // CachePattern matches every cache entry, lock, fence and channel (for SCAN).
 const CachePattern = Prefix + "cache:*"
+
+// MeterOp is the key of the marker of op applied to the meter key (see
+// limit.Meter.Op): in the meter's slot (its hash tag), so that one script
+// charges the meter and records the op. op is an id of [0-9A-Za-z_-]
+// (limit.ValidateOp), written as is.
+func MeterOp(meterKey, op string) string {
+	return Prefix + "op:{" + HashTag(meterKey) + "}:" + op
+}

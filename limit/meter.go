@@ -62,6 +62,14 @@ type Meter struct {
 	// ExpireAt is when the store may drop the counter: the end of the period
 	// plus enough grace for its last flush.
 	ExpireAt time.Time
+	// Op, when set, makes the call idempotent (see NewOp, OpTTL): the store
+	// records the op with what it applied, and a repeat of the op within
+	// OpTTL applies nothing and answers what the first did. At most
+	// MaxOpLen bytes of [0-9A-Za-z_-].
+	Op string
+	// Replay, with Op, marks an Adjust placing again usage applied in a
+	// lost generation of the meter (see Replay). TakeMetered ignores it.
+	Replay *Replay
 }
 
 // CostFor is what a call of the request cost cost charges on m: m.Cost
@@ -83,6 +91,12 @@ type MeterResult struct {
 	NeedSeed bool
 	// Usage is the counter after the call when admitted, else as it stands.
 	Usage Usage
+	// Covered: an Adjust with a Replay found the op already counted (see
+	// Replay) and applied nothing.
+	Covered bool
+	// Gen is the counter's generation (zero when NeedSeed, or for a
+	// counter written before generations existed).
+	Gen Generation
 }
 
 // MeteredStore is a Store that also keeps usage meters.
@@ -113,4 +127,5 @@ type MeteredStore interface {
 type MeterState struct {
 	Key, Tenant, Period string
 	Live, Flushed       Usage
+	Gen                 Generation
 }

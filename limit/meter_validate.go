@@ -65,6 +65,9 @@ func ValidateMeter(m Meter, cost int64) error {
 	case m.ExpireAt.Before(minExpireAt) || m.ExpireAt.After(maxExpireAt):
 		return bad("expire time %v is not between %v and %v", m.ExpireAt, minExpireAt, maxExpireAt)
 	}
+	if err := ValidateOp(Meter{Op: m.Op}, Usage{}); err != nil {
+		return err
+	}
 	if m.Seeded {
 		if err := ValidateUsage(m.Seed); err != nil {
 			return fmt.Errorf("%w %q: seed: %w", ErrInvalidMeter, m.Key, err)

@@ -32,6 +32,8 @@ var meterScenarios = []scenario{
 	{name: "hostile_tenants", run: testMeterHostileTenants},
 	{name: "invalid", run: testMeterInvalid},
 	{name: "noscript", scripts: true, run: testMeterNoScript},
+	{name: "op", run: testMeterOp},
+	{name: "replay", run: testMeterReplay},
 }
 
 func runMeterScenarios(t *testing.T, newHarness func(t *testing.T) Harness, scripts bool) {

@@ -185,6 +185,16 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 	defer c.unlock(locks)
 	now := c.at(c.now(), locks)
 
+	// A repeated op applies nothing and answers what it did.
+	var opKey string
+	if m != nil && m.Op != "" {
+		opKey = m.Key + " " + m.Op
+		if o := c.shards[ms].op(opKey, now); o != nil {
+			copy(results, o.results)
+			return o.lease, o.mr, o.bs, false, nil
+		}
+	}
+
 	// The breaker's gate: an open breaker denies before anything is read.
 	var b algo.Breaker
 	var held, probe bool
@@ -224,6 +234,7 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 			return "", limit.MeterResult{}, bs, false, err
 		}
 		if created { // whatever the call decides: the Seed is no charge
+			nameGen(mt)
 			msh.putMeter(m.Key, mt)
 		}
 		mr = limit.MeterResult{Allowed: mst == algo.MeterOK, NeedSeed: mst == algo.MeterNeedSeed}
@@ -236,7 +247,7 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 		}
 	}
 	if mt != nil {
-		mr.Usage = mt.Live
+		mr.Usage, mr.Gen = mt.Live, mt.Gen
 	}
 
 	if spec != nil {
@@ -259,6 +270,10 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 			c.shards[csi].putCalls(spec.IdenticalKey, calls)
 			bs.Identical = calls.N
 		}
+	}
+	if opKey != "" && admit {
+		c.shards[ms].putOp(opKey, &opMarker{exp: now + limit.OpTTL.Microseconds(),
+			results: append([]limit.Result(nil), results...), lease: lease, mr: mr, bs: bs})
 	}
 	return lease, mr, bs, false, nil
 }

@@ -121,6 +121,7 @@ type shard struct {
 	mu     sync.Mutex
 	m      map[string]*counter
 	meters map[string]*algo.Meter // made on first use
+	ops    map[string]*opMarker   // markers of applied ops (limit.Meter.Op), made on first use
 	br     *breakerMaps           // made on first use
 	peak   int                    // largest len(m) since m was made
 	// last is the latest time used under mu (see at).

@@ -127,9 +127,20 @@ func (s *Store) Adjust(ctx context.Context, m limit.Meter, delta limit.Usage) (l
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := sh.at(c.now())
+	opKey := ""
+	if m.Op != "" {
+		opKey = m.Key + " " + m.Op
+		if o := sh.op(opKey, now); o != nil {
+			return o.mr, nil
+		}
+	}
 	exp := expireUS(m.ExpireAt)
 	mt, created, st := algo.MeterOpen(sh.meter(m.Key, now), m, now, exp)
-	if st == algo.MeterOK {
+	if created {
+		nameGen(mt)
+	}
+	covered := st == algo.MeterOK && algo.MeterReplayed(mt, m.Replay, delta)
+	if st == algo.MeterOK && !covered {
 		st = algo.MeterAdjust(mt, delta, exp)
 	}
 	if err := meterErr(st); err != nil {
@@ -141,7 +152,45 @@ func (s *Store) Adjust(ctx context.Context, m limit.Meter, delta limit.Usage) (l
 	if st == algo.MeterNeedSeed {
 		return limit.MeterResult{NeedSeed: true}, nil
 	}
-	return limit.MeterResult{Allowed: true, Usage: mt.Live}, nil
+	mr := limit.MeterResult{Allowed: !covered, Covered: covered, Usage: mt.Live, Gen: mt.Gen}
+	if opKey != "" {
+		sh.putOp(opKey, &opMarker{exp: now + limit.OpTTL.Microseconds(), mr: mr})
+	}
+	return mr, nil
+}
+
+// opMarker is the record of an applied op (limit.Meter.Op): what the call
+// answered, kept until exp (µs on the store's clock).
+type opMarker struct {
+	exp     int64
+	results []limit.Result
+	lease   string
+	mr      limit.MeterResult
+	bs      limit.BreakerState
+}
+
+// op returns the live marker of key, or nil. Call with sh.mu held.
+func (sh *shard) op(key string, now int64) *opMarker {
+	o := sh.ops[key]
+	if o != nil && o.exp <= now {
+		delete(sh.ops, key)
+		return nil
+	}
+	return o
+}
+
+func (sh *shard) putOp(key string, o *opMarker) {
+	if sh.ops == nil {
+		sh.ops = make(map[string]*opMarker)
+	}
+	sh.ops[key] = o
+}
+
+// nameGen gives a meter created without an op a generation id of its own.
+func nameGen(mt *algo.Meter) {
+	if mt.Gen.ID == "" {
+		mt.Gen.ID = limit.NewOp()
+	}
 }
 
 // validateAdjust checks the arguments of Adjust (a meter as for a call of
@@ -153,7 +202,7 @@ func validateAdjust(m limit.Meter, delta limit.Usage) error {
 	if err := limit.ValidateUsage(delta); err != nil {
 		return fmt.Errorf("delta: %w", err)
 	}
-	return nil
+	return limit.ValidateOp(m, delta)
 }
 
 // ReadMeter returns the meter key's live usage and the part marked flushed;
@@ -175,7 +224,7 @@ func (s *Store) ReadMeter(ctx context.Context, key string) (limit.MeterState, bo
 }
 
 func state(key string, mt *algo.Meter) limit.MeterState {
-	return limit.MeterState{Key: key, Tenant: mt.Tenant, Period: mt.Period, Live: mt.Live, Flushed: mt.Flushed}
+	return limit.MeterState{Key: key, Tenant: mt.Tenant, Period: mt.Period, Live: mt.Live, Flushed: mt.Flushed, Gen: mt.Gen}
 }
 
 // MarkFlushed records that the durable store holds at least u for the meter

@@ -30,6 +30,11 @@ func (c *core) sweep() {
 				delete(sh.meters, k)
 			}
 		}
+		for k, o := range sh.ops {
+			if o.exp <= now {
+				delete(sh.ops, k)
+			}
+		}
 		if sh.br != nil {
 			for k, b := range sh.br.states {
 				if b.ExpiresAt <= now {

@@ -111,6 +111,7 @@ func (s *Store) evaluate(ctx context.Context, req limit.Request) (limit.Outcome,
 // the same call), its meter and its breaker.
 func (s *Store) request(b *batch, req limit.Request, checks []limit.Check, lease string) {
 	op := opTake
+	defer func() { b.opTail(req.Meter) }()
 	switch {
 	case req.Breaker != nil && req.Meter != nil:
 		op = opTakeMeteredBreaker
@@ -119,7 +120,7 @@ func (s *Store) request(b *batch, req limit.Request, checks []limit.Check, lease
 	case req.Meter != nil:
 		op = opTakeMetered
 	}
-	b.build(op, s.offset.Load(), checks, req.Cost, lease)
+	b.build(withOp(op, req.Meter), s.offset.Load(), checks, req.Cost, lease)
 	if req.Meter != nil {
 		b.meter(req.Meter, req.Meter.CostFor(req.Cost))
 	}
@@ -172,7 +173,7 @@ func parseReply(req limit.Request, n int, lease string, arr []rueidis.RedisMessa
 	}
 	want := 1 + 4*n + tail
 	if req.Meter != nil {
-		want += 5
+		want += meterLen
 	}
 	if len(arr) != want {
 		return limit.Outcome{}, 0, 0, fmt.Errorf("%w: %d values for %d checks", errReply, len(arr), n)

@@ -39,7 +39,7 @@
 -- opened it or ""}.
 
 local brRead, brParams, brGate, brAfter, brCalls, brSetCalls, brWrite, brView, brUpdate, brReset
-if LIB or EOP == 'b' or EOP == 'n' or EOP == 'o' or EOP == 'd' or EOP == 'p' or EOP == 'x' then
+if LIB or EOP == 'b' or EOP == 'n' or EOP == 'N' or EOP == 'o' or EOP == 'd' or EOP == 'p' or EOP == 'x' then
   -- brRead returns the state of the breaker key (the zero state when it is
   -- missing or past x) and whether the key exists.
   brRead = function(key)

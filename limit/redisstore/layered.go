@@ -233,7 +233,7 @@ func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outc
 		switch i {
 		case refund:
 		case adjust:
-			if len(arrs[i]) == 6 {
+			if len(arrs[i]) == 1+meterLen {
 				if mr, err := meterResult(arrs[i][1:]); err == nil {
 					t.Meter.Usage = mr.Usage
 				}

@@ -44,9 +44,26 @@
 --   sends 0 and ignores it,
 --   and for 'a' args[b+11..b+14] the delta.
 -- For 'f', args[5..8] is the flushed snapshot.
+--
+-- Idempotent ops (limit.Meter.Op): 'M', 'N' and 'A' are 'm', 'n' and 'a'
+-- with an op id. Their last key is the op's marker (keyspace.MeterOp, in
+-- the meter's slot) and their last 7 ARGV are: the op id, the marker's TTL
+-- (ms), then for 'A' the replay guard (limit.Replay): the generation id the
+-- op was applied in ("" for none) and the usage after it there (c, r, n,
+-- rn); 'M' and 'N' send "" and zeros. When the marker exists the call
+-- applies nothing and replies what the marker holds: the reply of the call
+-- that applied the op. Otherwise the call runs as its lower-case op and,
+-- when it charged or adjusted the meter, writes the marker with its reply
+-- (values joined by newlines) and the TTL. A replay whose generation is
+-- the meter's, or whose usage after is held by the meter's seed in a field
+-- the delta raises, applies nothing either (status 5) and is recorded.
+--
+-- A meter's generation, field g: "<id> <seed c> <seed r> <seed n> <seed rn>",
+-- written when the meter is created from a seed; the id is the op id of the
+-- creating call, or "t<now>" without one.
 -- A meter is a hash: c, r, n, rn the live usage (charged, refunded, calls,
 -- refunded calls), fc, fr, fn, frn the part flushed to the durable store,
--- t the tenant and p the period. Every write of the live usage sets the
+-- t the tenant, p the period and g the generation. Every write of the live usage sets the
 -- key's expiry (PEXPIREAT) in the same call; 'f' keeps it.
 --
 -- Algorithms: f fixed_window, c sliding_window_counter, t token_bucket,
@@ -66,14 +83,15 @@
 --                (reset and retry in µs; a negative value means never)
 --        refund, release  {now}
 --        renew         {now, number of concurrency checks whose lease was live}
---        take metered  take's reply, then status, c, r, n, rn
---        adjust        {now, status, c, r, n, rn}
+--        take metered  take's reply, then status, c, r, n, rn, g
+--        adjust        {now, status, c, r, n, rn, g}
 --        mark flushed  {now, 1 if the meter exists else 0}
 --        breaker ops   see breaker.lua ('b' and 'n' reply take's and take
 --                      metered's reply followed by the breaker's block)
 -- status (algo.MeterStatus): 0 quota denies, 1 ok, 2 needs a seed,
--- 3 expire time passed, 4 overflow. On 2, 3 and 4 nothing was written, and
--- c..rn are the counter as it stands (0 when there is none).
+-- 3 expire time passed, 4 overflow, 5 a replay already counted. On 2, 3, 4
+-- and 5 nothing was written, and c..rn are the counter as it stands (0 when
+-- there is none), g its generation ("" when there is none).
 --
 -- Lua numbers are doubles: for rules that pass limit.Rule.Validate every
 -- value here is an integer below 2^53, so it is exact. Division goes through
@@ -82,6 +100,9 @@
 
 -- The call being served, set by run (a server runs one call at a time).
 local KEYS, ARGV, now, op, cost, lease
+-- opkey is the marker key of an idempotent op (nil without one); nk and na
+-- are #KEYS and #ARGV without the op's key and tail.
+local opkey, nk, na
 
 -- The library functions used, read once by the first call (init): a
 -- function library's code runs when it loads without the Lua libraries or
@@ -198,33 +219,56 @@ local MAXU = 1125899906842624 -- limit.MaxUsage (2^50)
 
 -- As a script, the meter functions are made only for the ops that use
 -- them: a plain take does not pay for building their closures.
-local meterOpen, meterWrite
-if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' then
+local meterOpen, meterWrite, recorded, record
+if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' or EOP == 'M' or EOP == 'A' or EOP == 'N' then
   -- meterOpen returns the status of the meter key with block b, its live
-  -- usage {c, r, n, rn}, and whether it must be created from the seed
-  -- (algo.MeterOpen).
+  -- usage {c, r, n, rn}, whether it must be created from the seed
+  -- (algo.MeterOpen), and its generation ("" when there is none).
   meterOpen = function(key, b)
-    if tonumber(ARGV[b + 4]) * 1000 - 1577836800000000 <= now then return 3, { 0, 0, 0, 0 }, false end
-    local v = call('HMGET', key, 'c', 'r', 'n', 'rn')
+    if tonumber(ARGV[b + 4]) * 1000 - 1577836800000000 <= now then return 3, { 0, 0, 0, 0 }, false, '' end
+    local v = call('HMGET', key, 'c', 'r', 'n', 'rn', 'g')
     if v[1] then
-      return 1, { tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0 }, false
+      return 1, { tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0 }, false, v[5] or ''
     end
-    if ARGV[b + 3] ~= '1' then return 2, { 0, 0, 0, 0 }, false end
-    return 1, { tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8]) }, true
+    if ARGV[b + 3] ~= '1' then return 2, { 0, 0, 0, 0 }, false, '' end
+    local id = 't' .. int(now)
+    if opkey then id = ARGV[na + 1] end
+    return 1, { tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8]) }, true,
+      id .. ' ' .. ARGV[b + 5] .. ' ' .. ARGV[b + 6] .. ' ' .. ARGV[b + 7] .. ' ' .. ARGV[b + 8]
   end
 
   -- meterWrite stores live usage u of the meter key with block b (and, when
   -- it is created, the seed as its flushed part, the tenant and the period),
   -- and sets its expiry.
-  meterWrite = function(key, b, u, create)
+  meterWrite = function(key, b, u, create, gen)
     if create then
       call('HSET', key, 'c', int(u[1]), 'r', int(u[2]), 'n', int(u[3]), 'rn', int(u[4]),
         'fc', ARGV[b + 5], 'fr', ARGV[b + 6], 'fn', ARGV[b + 7], 'frn', ARGV[b + 8],
-        't', ARGV[b + 1], 'p', ARGV[b + 2])
+        't', ARGV[b + 1], 'p', ARGV[b + 2], 'g', gen)
     else
       call('HSET', key, 'c', int(u[1]), 'r', int(u[2]), 'n', int(u[3]), 'rn', int(u[4]))
     end
     call('PEXPIREAT', key, ARGV[b + 4])
+  end
+
+  -- recorded returns the reply the marker of the op holds, or nil.
+  recorded = function()
+    local v = call('GET', opkey)
+    if not v then return nil end
+    local out = {}
+    for x in string.gmatch(v, '([^\n]*)\n') do out[#out + 1] = x end
+    return out
+  end
+
+  -- record writes the op's marker: the reply out, for the TTL.
+  record = function(out)
+    local parts = {}
+    for i = 1, #out do
+      local x = out[i]
+      if type(x) == 'number' then x = int(x) end
+      parts[i] = x
+    end
+    call('SET', opkey, table.concat(parts, '\n') .. '\n', 'PX', ARGV[na + 2])
   end
 end
 
@@ -236,17 +280,21 @@ local scratch = { {}, {}, {}, {}, {}, {} }
 -- take serves ops t, m, b and n.
 local function take()
   local metered = op == 'm' or op == 'n'
-  local n = #KEYS
+  if opkey then
+    local r = recorded()
+    if r then return r end
+  end
+  local n = nk
   if metered then n = n - 1 end
 
   -- The loop breaker (breaker.lua): an open one denies before anything
   -- else is read.
   local bkey, bp, bst, bexists, probe
   if op == 'b' or op == 'n' then
-    bp = brParams(#ARGV - 10)
+    bp = brParams(na - 10)
     n = n - 1
     if bp.ident > 0 then n = n - 1 end
-    bkey = KEYS[#KEYS - (bp.ident > 0 and 1 or 0)]
+    bkey = KEYS[nk - (bp.ident > 0 and 1 or 0)]
     bst, bexists = brRead(bkey)
     local deny, retry
     deny, retry, probe = brGate(bst, bp)
@@ -424,10 +472,10 @@ local function take()
   end
 
   -- The meter (algo.MeterOpen, MeterEval): read only, like phase 1.
-  local mkey, mb, mst, mu, mcreate
+  local mkey, mb, mst, mu, mcreate, mgen
   if metered then
     mkey, mb = KEYS[n + 1], 4 + 4 * n
-    mst, mu, mcreate = meterOpen(mkey, mb)
+    mst, mu, mcreate, mgen = meterOpen(mkey, mb)
     if mst == 1 then
       local mcost = tonumber(ARGV[mb + 10])
       if mu[1] + mcost > MAXU or mu[3] + 1 > MAXU then
@@ -436,7 +484,7 @@ local function take()
         mst = 0
       end
     end
-    if mst > 2 then mcreate = false end -- an error: nothing is written
+    if mst > 2 then mcreate, mgen = false, '' end -- an error: nothing is written
     admit = admit and mst == 1
   end
 
@@ -478,12 +526,12 @@ local function take()
   if metered then
     if admit then
       mu[1], mu[3] = mu[1] + tonumber(ARGV[mb + 10]), mu[3] + 1
-      meterWrite(mkey, mb, mu, mcreate)
+      meterWrite(mkey, mb, mu, mcreate, mgen)
     elseif mcreate then
-      meterWrite(mkey, mb, mu, true) -- created from the seed whatever the decision
+      meterWrite(mkey, mb, mu, true, mgen) -- created from the seed whatever the decision
     end
     local o = #out
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = mst, mu[1], mu[2], mu[3], mu[4]
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = mst, mu[1], mu[2], mu[3], mu[4], mgen
   end
   if bkey then
     -- algo.BreakerAfter; a meter error (status 3, 4) writes nothing
@@ -495,7 +543,7 @@ local function take()
     end
     local ckey, calls, opened, counted
     if bp.ident > 0 then
-      ckey = KEYS[#KEYS]
+      ckey = KEYS[nk]
       calls = brCalls(ckey)
     end
     local before = bst.d
@@ -509,6 +557,7 @@ local function take()
     if counted then out[o + 8] = calls.n end
     out[o + 10] = before
   end
+  if opkey and metered and admit then record(out) end
   return out
 end
 
@@ -607,8 +656,27 @@ end
 
 -- adjust serves op a: algo.MeterAdjust, add the delta, no quota.
 local function adjust()
+  if opkey then
+    local r = recorded()
+    if r then return r end
+  end
   local key = KEYS[1]
-  local st, u, create = meterOpen(key, 4)
+  local st, u, create, gen = meterOpen(key, 4)
+  if st == 1 and opkey and ARGV[na + 3] ~= '' then
+    -- a replay (limit.Replay): skipped when this generation counts the op
+    -- already, or its seed holds it
+    local gid = match(gen, '^(%S+)')
+    if gid == ARGV[na + 3] then
+      st = 5
+    else
+      local i = 0
+      for x in string.gmatch(gen, '%S+') do
+        if i > 0 and tonumber(ARGV[14 + i]) > 0 and tonumber(x) >= tonumber(ARGV[na + 3 + i]) then st = 5 end
+        i = i + 1
+      end
+    end
+    if st == 5 and create then meterWrite(key, 4, u, true, gen) end
+  end
   if st == 1 then
     local nu = {}
     for i = 1, 4 do
@@ -617,10 +685,13 @@ local function adjust()
     end
     if st == 1 then
       u = nu
-      meterWrite(key, 4, u, create)
+      meterWrite(key, 4, u, create, gen)
     end
   end
-  return { now, st, u[1], u[2], u[3], u[4] }
+  if st > 2 and st < 5 then gen = '' end
+  local out = { now, st, u[1], u[2], u[3], u[4], gen }
+  if opkey and (st == 1 or st == 5) then record(out) end
+  return out
 end
 
 -- flushed serves op f: algo.MeterMarkFlushed, raise the flushed part field
@@ -636,6 +707,7 @@ local function flushed()
 end
 
 local ops = { t = take, m = take, b = take, n = take, r = refund, l = release, e = renew, a = adjust, f = flushed,
+  M = take, N = take, A = adjust,
   o = brUpdate, d = brUpdate, p = brUpdate, x = brReset }
 
 -- run serves one call.
@@ -645,6 +717,11 @@ local function run(keys, args)
   local time = call('TIME')
   now = (tonumber(time[1]) - 1577836800) * 1000000 + tonumber(time[2]) + tonumber(args[2])
   op, cost, lease = args[1], tonumber(args[3]), args[4]
+  opkey, nk, na = nil, #keys, #args
+  if op == 'M' or op == 'N' or op == 'A' then
+    opkey, nk, na = keys[#keys], #keys - 1, #args - 7
+    op = string.lower(op)
+  end
   local f = ops[op]
   if not f then
     return redis.error_reply('ERR mcpgate limit script: unknown op ' .. tostring(op))

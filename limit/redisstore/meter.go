@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -74,7 +75,7 @@ func (s *Store) takeMetered(ctx context.Context, checks []limit.Check, m limit.M
 		return nil, "", mr, 0, wrap(err)
 	}
 	n := len(checks)
-	if len(arr) != 1+4*n+5 {
+	if len(arr) != 1+4*n+meterLen {
 		return nil, "", mr, 0, wrap(fmt.Errorf("%w: %d values for %d checks and a meter", errReply, len(arr), n))
 	}
 	if now, results, err = parseResults(arr, n); err != nil {
@@ -86,8 +87,12 @@ func (s *Store) takeMetered(ctx context.Context, checks []limit.Check, m limit.M
 	return results, lease, mr, now, nil
 }
 
-// meterResult reads a meter's status and usage (5 values) and turns the
-// statuses that are errors into them.
+// meterLen is the length of a meter's part of a reply: status, usage (4
+// values), generation.
+const meterLen = 6
+
+// meterResult reads a meter's status, usage and generation (meterLen
+// values) and turns the statuses that are errors into them.
 func meterResult(arr []rueidis.RedisMessage) (limit.MeterResult, error) {
 	var v [5]int64
 	for i := range v {
@@ -96,20 +101,44 @@ func meterResult(arr []rueidis.RedisMessage) (limit.MeterResult, error) {
 			return limit.MeterResult{}, fmt.Errorf("%w: %w", errReply, err)
 		}
 	}
+	g, err := arr[5].ToString()
+	if err != nil {
+		return limit.MeterResult{}, fmt.Errorf("%w: generation: %w", errReply, err)
+	}
 	switch st := algo.MeterStatus(v[0]); st {
 	case algo.MeterExpired:
 		return limit.MeterResult{}, limit.ErrMeterExpired
 	case algo.MeterOverflow:
 		return limit.MeterResult{}, limit.ErrUsageOverflow
-	case algo.MeterOK, algo.MeterDenied, algo.MeterNeedSeed:
+	case algo.MeterOK, algo.MeterDenied, algo.MeterNeedSeed, algo.MeterCovered:
 		return limit.MeterResult{
 			Allowed:  st == algo.MeterOK,
 			NeedSeed: st == algo.MeterNeedSeed,
+			Covered:  st == algo.MeterCovered,
 			Usage:    limit.Usage{Charged: v[1], Refunded: v[2], Calls: v[3], RefundedCalls: v[4]},
+			Gen:      parseGen(g),
 		}, nil
 	default:
 		return limit.MeterResult{}, fmt.Errorf("%w: meter status %d", errReply, v[0])
 	}
+}
+
+// parseGen reads a meter's generation field, "<id> <seed c> <seed r>
+// <seed n> <seed rn>"; "" or a malformed field is the zero Generation.
+func parseGen(g string) limit.Generation {
+	f := strings.Fields(g)
+	if len(f) != 5 {
+		return limit.Generation{}
+	}
+	var v [4]int64
+	for i := range v {
+		n, err := strconv.ParseInt(f[i+1], 10, 64)
+		if err != nil {
+			return limit.Generation{}
+		}
+		v[i] = n
+	}
+	return limit.Generation{ID: f[0], Seed: limit.Usage{Charged: v[0], Refunded: v[1], Calls: v[2], RefundedCalls: v[3]}}
 }
 
 // validateMetered is limit.ValidateMetered plus: every key, the meter's too,
@@ -146,11 +175,14 @@ func (s *Store) Adjust(ctx context.Context, m limit.Meter, delta limit.Usage) (l
 	if err := limit.ValidateUsage(delta); err != nil {
 		return limit.MeterResult{}, wrap(fmt.Errorf("delta: %w", err))
 	}
+	if err := limit.ValidateOp(m, delta); err != nil {
+		return limit.MeterResult{}, wrap(err)
+	}
 	arr, err := s.runMeter(ctx, opAdjust, nil, 0, "", &m, 0, delta.Charged, delta.Refunded, delta.Calls, delta.RefundedCalls)
 	if err != nil {
 		return limit.MeterResult{}, wrap(err)
 	}
-	if len(arr) != 6 {
+	if len(arr) != 1+meterLen {
 		return limit.MeterResult{}, wrap(fmt.Errorf("%w: %d values", errReply, len(arr)))
 	}
 	mr, err := meterResult(arr[1:])
@@ -185,7 +217,7 @@ func (s *Store) ReadMeter(ctx context.Context, key string) (limit.MeterState, bo
 
 // parseMeter reads a meter hash; a missing number field is 0.
 func parseMeter(key string, h map[string]string) (limit.MeterState, error) {
-	ms := limit.MeterState{Key: key, Tenant: h["t"], Period: h["p"]}
+	ms := limit.MeterState{Key: key, Tenant: h["t"], Period: h["p"], Gen: parseGen(h["g"])}
 	for _, f := range [...]struct {
 		name string
 		dst  *int64
@@ -342,14 +374,45 @@ func isReplica(ctx context.Context, node rueidis.Client) bool {
 }
 
 // runMeter runs op for checks and the meter m (whose key follows theirs)
-// charged mcost, then the numbers tail, under the store's deadline.
+// charged mcost, then the numbers tail, under the store's deadline; with
+// m.Op, as the idempotent op (see opTail).
 func (s *Store) runMeter(ctx context.Context, op string, checks []limit.Check, cost int64, lease string, m *limit.Meter, mcost int64, tail ...int64) ([]rueidis.RedisMessage, error) {
 	b := batches.Get().(*batch)
 	defer b.release()
-	b.build(op, s.offset.Load(), checks, cost, lease)
+	b.build(withOp(op, m), s.offset.Load(), checks, cost, lease)
 	b.meter(m, mcost)
 	b.nums(tail...)
+	b.opTail(m)
 	return s.exec(ctx, b)
+}
+
+// withOp is the script's op for op with the meter m: its idempotent form
+// (upper case: 'M', 'N', 'A') when m has an Op.
+func withOp(op string, m *limit.Meter) string {
+	if m == nil || m.Op == "" {
+		return op
+	}
+	return strings.ToUpper(op)
+}
+
+// opMarkerTTL is limit.OpTTL in ms, as the script's ARGV.
+var opMarkerTTL = strconv.FormatInt(limit.OpTTL.Milliseconds(), 10)
+
+// opTail appends, for a meter with an Op, the op's marker key to KEYS and
+// its tail to ARGV (limit.lua): the op id, the marker's TTL, the replay's
+// generation and usage after ("" and zeros without a Replay). It must come
+// last.
+func (b *batch) opTail(m *limit.Meter) {
+	if m == nil || m.Op == "" {
+		return
+	}
+	b.keys = append(b.keys, keyspace.MeterOp(m.Key, m.Op))
+	var r limit.Replay
+	if m.Replay != nil {
+		r = *m.Replay
+	}
+	b.args = append(b.args, m.Op, opMarkerTTL, r.Gen)
+	b.nums(r.After.Charged, r.After.Refunded, r.After.Calls, r.After.RefundedCalls)
 }
 
 // meter appends the meter's key to KEYS and its block to ARGV (limit.lua),

@@ -58,6 +58,10 @@ func TestMeterExpireAt(t *testing.T) {
 		t.Errorf("PEXPIRETIME after TakeMetered = %d, want %d", got, want)
 	}
 	h := hgetall(t, c, m.Key)
+	if g := h["g"]; !strings.HasPrefix(g, "t") || !strings.HasSuffix(g, " 0 0 0 0") {
+		t.Errorf("meter generation %q, want t<now> and the seed", g)
+	}
+	delete(h, "g")
 	wantH := map[string]string{"c": "3", "r": "0", "n": "1", "rn": "0", "fc": "0", "fr": "0", "fn": "0", "frn": "0", "t": "exp", "p": "2026-11"}
 	if fmt.Sprint(h) != fmt.Sprint(wantH) {
 		t.Errorf("meter hash %v, want %v", h, wantH)
@@ -165,23 +169,38 @@ func TestMeterRawScript(t *testing.T) {
 	// seed x4, quota, meter cost (the check is charged 2, the meter 3)
 	args := []string{"m", "0", "2", "", "f", "10", "3600000000", "10",
 		"raw", "2026-11", "1", exp, "1", "0", "1", "0", "5", "3"}
-	arr, err := rawScript.Exec(ctx, c, keys, args).AsIntSlice()
+	msgs, err := rawScript.Exec(ctx, c, keys, args).ToArray()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// now, check (allowed, remaining, reset, retry), status, c, r, n, rn
-	if len(arr) != 10 || arr[1] != 1 || arr[2] != 8 || fmt.Sprint(arr[5:]) != "[1 4 0 2 0]" {
-		t.Errorf("take metered reply %v, want the check allowed with 8 left, then status 1 and usage 4 0 2 0", arr)
+	// now, check (allowed, remaining, reset, retry), status, c, r, n, rn, generation
+	arr := ints(t, msgs[:len(msgs)-1])
+	gen, _ := msgs[len(msgs)-1].ToString()
+	if len(arr) != 10 || arr[1] != 1 || arr[2] != 8 || fmt.Sprint(arr[5:]) != "[1 4 0 2 0]" || !strings.HasSuffix(gen, " 1 0 1 0") {
+		t.Errorf("take metered reply %v %q, want the check allowed with 8 left, then status 1, usage 4 0 2 0 and the generation of seed 1 0 1 0", arr, gen)
 	}
 	// adjust: the meter block with quota 0 and an unused meter cost 0, then the delta
-	arr, err = rawScript.Exec(ctx, c, []string{m.Key}, []string{"a", "0", "0", "", "raw", "2026-11", "0", exp, "0", "0", "0", "0", "0", "0", "4", "1", "0", "0"}).AsIntSlice()
-	if err != nil || fmt.Sprint(arr[1:]) != "[1 8 1 2 0]" {
-		t.Errorf("adjust reply %v, %v; want status 1 and usage 8 1 2 0", arr, err)
+	msgs, err = rawScript.Exec(ctx, c, []string{m.Key}, []string{"a", "0", "0", "", "raw", "2026-11", "0", exp, "0", "0", "0", "0", "0", "0", "4", "1", "0", "0"}).ToArray()
+	if err != nil || fmt.Sprint(ints(t, msgs[1:len(msgs)-1])) != "[1 8 1 2 0]" {
+		t.Errorf("adjust reply %v, %v; want status 1 and usage 8 1 2 0", msgs, err)
 	}
 	arr, err = rawScript.Exec(ctx, c, []string{m.Key}, []string{"f", "0", "0", "", "8", "1", "2", "0"}).AsIntSlice()
 	if err != nil || len(arr) != 2 || arr[1] != 1 {
 		t.Errorf("mark flushed reply %v, %v", arr, err)
 	}
+}
+
+func ints(t *testing.T, msgs []rueidis.RedisMessage) []int64 {
+	t.Helper()
+	out := make([]int64, len(msgs))
+	for i, m := range msgs {
+		v, err := m.AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = v
+	}
+	return out
 }
 
 // A call that times out on a stalled server is not replayed: the meter is

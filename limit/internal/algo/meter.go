@@ -11,6 +11,9 @@ type Meter struct {
 	// ExpiresAt is when the counter is dropped (limit.Meter.ExpireAt, in µs
 	// on the store's clock).
 	ExpiresAt int64
+	// Gen is the counter's generation: the op that created it (the store
+	// names one when there is none) and the Seed.
+	Gen limit.Generation
 }
 
 // MeterStatus is the meter's side of a metered call.
@@ -24,6 +27,7 @@ const (
 	MeterNeedSeed MeterStatus = 2 // no counter, and no Seed to create it from
 	MeterExpired  MeterStatus = 3 // ExpireAt is not after now
 	MeterOverflow MeterStatus = 4 // a field would pass limit.MaxUsage
+	MeterCovered  MeterStatus = 5 // a replay already counted (limit.Replay): nothing applied
 )
 
 // MeterOpen returns the counter a metered call at now works on: mt when the
@@ -43,7 +47,8 @@ func MeterOpen(mt *Meter, m limit.Meter, now, expireAt int64) (out *Meter, creat
 	if !m.Seeded {
 		return nil, false, MeterNeedSeed
 	}
-	return &Meter{Live: m.Seed, Flushed: m.Seed, Tenant: m.Tenant, Period: m.Period, ExpiresAt: expireAt}, true, MeterOK
+	return &Meter{Live: m.Seed, Flushed: m.Seed, Tenant: m.Tenant, Period: m.Period, ExpiresAt: expireAt,
+		Gen: limit.Generation{ID: m.Op, Seed: m.Seed}}, true, MeterOK
 }
 
 // MeterEval decides whether mt admits cost under quota (0: no quota); cost
@@ -83,6 +88,13 @@ func MeterAdjust(mt *Meter, delta limit.Usage, expireAt int64) MeterStatus {
 	mt.Live = u
 	mt.ExpiresAt = expireAt
 	return MeterOK
+}
+
+// MeterReplayed reports whether a replay (limit.Replay) of delta is
+// already counted by mt: mt is the generation the op was applied in, or
+// its seed holds the op.
+func MeterReplayed(mt *Meter, r *limit.Replay, delta limit.Usage) bool {
+	return r != nil && (mt.Gen.ID == r.Gen || limit.Holds(mt.Gen.Seed, r.After, delta))
 }
 
 // MeterMarkFlushed raises the flushed part of mt to at least u, field by
