@@ -30,6 +30,8 @@ type Toxiproxy struct {
 // ends.
 func StartToxiproxy(tb testing.TB, upstream string) *Toxiproxy {
 	tb.Helper()
+	// Some toxics log through zerolog's global logger, at trace level.
+	zerolog.SetGlobalLevel(zerolog.WarnLevel)
 	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
 	p := toxiproxy.NewProxy(srv, "testenv", "127.0.0.1:0", upstream)
 	if err := p.Start(); err != nil {

@@ -1,0 +1,128 @@
+package faults_test
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mcpgate/mcpgate/internal/testenv"
+)
+
+const (
+	toxStoreTimeout    = 50 * time.Millisecond
+	toxUpstreamTimeout = 2 * time.Second
+)
+
+// The gateway reaches Redis through toxiproxy, which injects one fault at a
+// time on every connection: latency far above store.timeout, a bandwidth of
+// 1 KB/s, connections reset as soon as they carry data (reset_peer), and
+// half-open connections that swallow everything (timeout). Under each:
+// every call is answered (none hangs), each tool's on_error decides (echo
+// open: admitted; search closed: 503), the store breaker opens, the p99 of a
+// call stays within store.timeout plus one upstream call, and once the toxic
+// is removed the same gateway (not restarted) decides in Redis again. No
+// goroutine outlives the test.
+func TestStoreToxics(t *testing.T) {
+	leakCheck(t)
+	redis := testenv.StartRedis(t, nil)
+	proxy := testenv.StartToxiproxy(t, redis.Addr)
+	e := newEnv(t, opts{UpstreamYAML: fmt.Sprintf("  timeout: %v\n", toxUpstreamTimeout), Config: fmt.Sprintf(`
+store:
+  redis: "redis://%s"
+  timeout: %v
+tools:
+  echo:
+    on_error: open
+    limits:
+      - {name: echo_cap, per: tenant_tool, algorithm: token_bucket, limit: 1000000, period: 1m}
+  search:
+    on_error: closed
+    limits:
+      - {name: search_cap, per: tenant_tool, algorithm: fixed_window, limit: 1000000, period: 1h}
+`, proxy.Addr, toxStoreTimeout)})
+	tok := token(t, "acme", "agent")
+	inRedis := func() bool {
+		return e.call(0, tok, "search", map[string]any{"query": "q"}, 10*time.Second).ok() && e.gws[0].Engine().StoreAvailable()
+	}
+	eventually(t, 10*time.Second, "a first decision in Redis", inRedis)
+	bound := toxStoreTimeout + toxUpstreamTimeout
+
+	for _, tc := range []testenv.Toxic{
+		{Name: "latency", Type: "latency", Attributes: map[string]any{"latency": 300, "jitter": 50}},
+		{Name: "bandwidth", Type: "bandwidth", Attributes: map[string]any{"rate": 1}},
+		{Name: "reset_peer", Type: "reset_peer", Stream: "upstream", Attributes: map[string]any{"timeout": 0}},
+		{Name: "half_open", Type: "timeout", Attributes: map[string]any{"timeout": 0}},
+	} {
+		t.Run(tc.Name, func(t *testing.T) {
+			proxy.AddToxic(t, tc)
+			removed := false
+			defer func() {
+				if !removed {
+					proxy.RemoveToxic(t, tc.Name)
+				}
+			}()
+			var mu sync.Mutex
+			var lat []time.Duration
+			kinds := map[string]int{}
+			const calls = 120
+			var wg sync.WaitGroup
+			for w := range 4 {
+				wg.Go(func() {
+					for i := w; i < calls; i += 4 {
+						tool := "echo"
+						if i%2 == 1 {
+							tool = "search"
+						}
+						r := e.call(0, tok, tool, map[string]any{"text": "x", "query": "q"}, 10*time.Second)
+						mu.Lock()
+						lat = append(lat, r.Elapsed)
+						kinds[tool+":"+kind(r)]++
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			slices.Sort(lat)
+			p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
+			t.Logf("%s: answers %v; p50 %v, p99 %v, max %v (bound store.timeout + upstream timeout = %v); breaker open: %v",
+				tc.Name, kinds, p50.Round(time.Microsecond), p99.Round(time.Microsecond), lat[len(lat)-1].Round(time.Microsecond), bound, !e.gws[0].Engine().StoreAvailable())
+			if kinds["echo:ok"] != calls/2 || kinds["search:503"] != calls/2 {
+				t.Errorf("%s: answers %v; want every echo admitted (on_error open) and every search 503 (closed)", tc.Name, kinds)
+			}
+			if p99 > bound {
+				t.Errorf("%s: p99 %v above store.timeout + upstream timeout (%v)", tc.Name, p99, bound)
+			}
+			if e.gws[0].Engine().StoreAvailable() {
+				t.Errorf("%s: the store breaker is closed after %d failing decisions", tc.Name, calls)
+			}
+			// /readyz PINGs the store with a 1s deadline: a store that
+			// answers, however slowly, is "reachable" (see the report in
+			// docs/reliability.md); one that does not answer is not.
+			wantReady := http.StatusServiceUnavailable
+			if tc.Type == "latency" || tc.Type == "bandwidth" {
+				wantReady = http.StatusOK
+			}
+			if st, _ := e.get(0, "/readyz"); st != wantReady {
+				t.Errorf("%s: /readyz %d while the store fails, want %d", tc.Name, st, wantReady)
+			}
+			if up := e.metric(0, "mcpgate_limit_store_up"); up != 0 {
+				t.Errorf("%s: mcpgate_limit_store_up = %v, want 0", tc.Name, up)
+			}
+
+			proxy.RemoveToxic(t, tc.Name)
+			removed = true
+			healed := time.Now()
+			eventually(t, 20*time.Second, "decisions in Redis again after removing "+tc.Name, inRedis)
+			t.Logf("%s: deciding in Redis again %v after the toxic was removed", tc.Name, time.Since(healed).Round(time.Millisecond))
+			if st, body := e.get(0, "/readyz"); st != http.StatusOK {
+				t.Errorf("%s: /readyz after recovery: %d %s", tc.Name, st, body)
+			}
+		})
+	}
+	if got := e.metric(0, "mcpgate_degraded_decisions_total"); got == 0 {
+		t.Error("no degraded decision counted")
+	}
+}
