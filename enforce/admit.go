@@ -182,17 +182,14 @@ func (e *Engine) admitTool(ctx context.Context, cp *compiled, call Call) (*Ticke
 		return t, d
 	}
 	switch {
+	case v.pending && v.opSent:
+		// The charge may have landed: placed again with its op, it lands once.
+		e.lim.meters.addOp(*meter, pendingOp{op: meter.Op, delta: limit.Usage{Charged: cost, Calls: 1}, sent: time.Now()},
+			errors.New("admitted after a meter charge that got no answer"))
 	case v.pending:
 		e.lim.meters.addPending(*meter, limit.Usage{Charged: cost, Calls: 1}, errors.New("admitted while the meter was unreachable"))
-	case v.unmetered:
-		e.lim.meters.charged(meter) // flushed if the charge did land
-		e.metrics.Unmetered.Inc()
-		e.log.Warn("call admitted after a meter charge with no answer: it may have been charged and is not charged again",
-			"tenant", meter.Tenant, "period", meter.Period, "tool", call.Name, "cost", cost)
 	}
-	// The cost of an unmetered call is not corrected: a correction of a
-	// charge that never landed would leave a refund without its charge.
-	if meter != nil && toolCost.FromResult != "" && !v.unmetered {
+	if meter != nil && toolCost.FromResult != "" {
 		t.costPath = toolCost.FromResult
 	}
 	t.caching = cp.caching[call.Name]

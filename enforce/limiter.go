@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -64,12 +63,11 @@ type verdict struct {
 	quota bool
 	usage limit.Usage
 	// metered: the call was charged on its meter in the store. pending: it
-	// was admitted without reaching its meter (a store was down), so its
-	// usage must be placed later. unmetered: it was admitted after a meter
-	// charge that failed in a way that may have applied it (a timed-out
-	// script can run after its deadline): placing its usage again could
-	// count it twice, so it is not (see chargeMayHaveApplied).
-	metered, pending, unmetered bool
+	// was admitted without a known charge (a store was down), so its usage
+	// must be placed later; opSent: the charge was sent with the meter's op
+	// and may have landed, so it is placed again with that op (the store
+	// applies it once).
+	metered, pending, opSent bool
 	// breaker is what the loop breaker said (zero without one); breakerOpen:
 	// it denied the call.
 	breaker     limit.BreakerState
@@ -111,11 +109,11 @@ type batch struct {
 	degraded    policy.FailurePolicy // the failure policy applied, "" when the store answered
 	unavailable bool                 // the store failed and the policy is closed (or a bug)
 	// mr is the meter's answer; metered, whether the meter was charged (or,
-	// on a denial, evaluated) in the store; unmetered, whether a charge
-	// failed in a way that may have applied it.
-	mr        limit.MeterResult
-	metered   bool
-	unmetered bool
+	// on a denial, evaluated) in the store; opSent, whether a charge with
+	// the meter's op was sent and its answer lost.
+	mr      limit.MeterResult
+	metered bool
+	opSent  bool
 	// breaker is the loop breaker's state; breakerOpen: it denied.
 	breaker     limit.BreakerState
 	breakerOpen bool
@@ -193,8 +191,8 @@ func (l *limiter) answeredLocally(ctx context.Context, tenant, global ruleSet, b
 // session's (tenant.kept), which its lease names.
 func (l *limiter) admitted(b batch, tenant, global ruleSet, meter *limit.Meter) verdict {
 	v := verdict{allowed: true, release: noRelease, degraded: b.degraded, decision: b.d,
-		metered: b.metered, unmetered: b.unmetered, usage: b.mr.Usage, breaker: b.breaker}
-	v.pending = meter != nil && !b.metered && !b.unmetered
+		metered: b.metered, opSent: b.opSent, usage: b.mr.Usage, breaker: b.breaker}
+	v.pending = meter != nil && !b.metered
 	if b.store == nil {
 		v.decision = limit.Decision{Allowed: true} // admitted without a decision: no headers
 	} else if b.globalDecides {
@@ -248,6 +246,10 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 			req.Meter = nil
 			b, err = l.evaluate(ctx, store, req)
 		} else {
+			// The store lost the meter: what this instance wrote to it and
+			// the durable store may not hold goes back first, so that the
+			// quota is decided on it.
+			l.meters.replayLost(ctx, *meter)
 			b, err = l.evaluate(ctx, store, req)
 		}
 	}
@@ -259,37 +261,20 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 		l.countShadow(tenant.checks, b.d)
 		l.countShadow(global.checks, b.g)
 		if b.d.Allowed && req.Meter != nil {
-			l.meters.charged(meter)
+			l.meters.charged(*meter, limit.Usage{Charged: meter.CostFor(cost), Calls: 1}, b.mr)
 		}
 		b.metered = req.Meter != nil
 		return b, nil
 	case err == nil: // nothing charged
 		return l.degrade(ctx, store, tenant, global, cost, onErr, errors.New("usage meter still missing after seeding"))
 	}
-	unmetered := req.Meter != nil && chargeMayHaveApplied(err)
+	// Whatever the failure, the charge is placed again with the same op:
+	// the store applies it only if this attempt did not land, so the
+	// engine need not guess which failures may have landed.
+	sent := req.Meter != nil && !errors.Is(err, ErrStoreDown)
 	d, err := l.degrade(ctx, store, tenant, global, cost, onErr, err)
-	d.unmetered = unmetered
+	d.opSent = sent
 	return d, err
-}
-
-// chargeMayHaveApplied reports whether a failed write to a meter (TakeMetered,
-// Adjust) may have been applied all the same: true for anything but a failure
-// known to have happened before the request left — the breaker skipped the
-// store, the connection could not be dialled, the arguments were refused. A
-// script whose answer timed out or whose connection broke may have run.
-//
-// Such a write is never replayed, as a timed-out script never is: usage kept
-// in process and placed later would be counted twice whenever the first write
-// had landed. Its usage is then recorded once or not at all, and each case is
-// counted (mcpgate_unmetered_calls_total) and logged.
-func chargeMayHaveApplied(err error) bool {
-	switch {
-	case errors.Is(err, ErrStoreDown), errors.Is(err, limit.ErrInvalidRule), errors.Is(err, limit.ErrInvalidCost),
-		errors.Is(err, limit.ErrInvalidMeter), errors.Is(err, limit.ErrMeterExpired), errors.Is(err, limit.ErrUsageOverflow):
-		return false
-	}
-	var op *net.OpError
-	return !errors.As(err, &op) || op.Op != "dial"
 }
 
 // degrade applies the tool's failure policy after store failed with err.

@@ -27,6 +27,16 @@ const DefaultMeterGrace = 7 * 24 * time.Hour
 // seeds them from the durable total, applies cost corrections, and keeps in
 // process what could not be placed on the meter (the shared store or the
 // usage store was down), placing it as soon as both answer.
+//
+// Exactly once. Every write to a meter is an op (limit.Meter.Op): a write
+// whose answer was lost (a timeout, a broken connection) is kept pending
+// with its op and placed again with the same op, which the store applies
+// only if the first attempt did not land. Every write that landed is kept
+// in a journal until a flush shows the durable store holds it; when the
+// store loses the meter (Redis restarted empty), the journal's entries are
+// placed again as replays (limit.Replay), which the store applies only when
+// the new meter's seed does not hold them. See docs/design.md, "Usage and
+// quotas".
 type meterer struct {
 	store   limit.MeteredStore // where meters live: the shared store, or the in-process one
 	durable usage.Store
@@ -37,25 +47,60 @@ type meterer struct {
 
 	mu      sync.Mutex
 	pending map[string]*pendingUsage
+	journal map[string]*journal
 }
 
 // pendingUsage is usage admitted but not yet on its meter.
 type pendingUsage struct {
-	meter limit.Meter
+	meter limit.Meter // the key's meter, without op
+	// delta was never sent to the store: placed with a new op.
 	delta limit.Usage
+	// ops were sent (or are replays) and may have landed: each is placed
+	// again with its own op.
+	ops []pendingOp
+}
+
+// pendingOp is one op whose outcome is unknown.
+type pendingOp struct {
+	op     string
+	replay *limit.Replay
+	delta  limit.Usage
+	// sent is when the op was first sent (zero: never sent). Its marker
+	// lives limit.OpTTL from its execution: an op placed again later may
+	// count twice (counted in Unmetered, once: doubt).
+	sent  time.Time
+	doubt bool
+}
+
+// journal is what this instance wrote to one meter and the durable store
+// is not yet known to hold.
+type journal struct {
+	meter   limit.Meter
+	entries []journalEntry
+}
+
+// journalEntry is one op that landed: in generation gen, leaving the meter
+// at after.
+type journalEntry struct {
+	op           string
+	gen          string
+	delta, after limit.Usage
 }
 
 func newMeterer(store limit.MeteredStore, us usage.Store, every time.Duration, log *slog.Logger, stats *metrics.Metrics) *meterer {
-	return &meterer{
+	m := &meterer{
 		store:   store,
 		durable: us,
-		flusher: usage.NewFlusher(store, us, &usage.FlusherOptions{Interval: every, Logger: log,
-			OnFailure: func(op string) { stats.UsageFlushFailures.WithLabelValues(op).Inc() }}),
 		log:     log,
 		stats:   stats,
 		every:   every,
 		pending: make(map[string]*pendingUsage),
+		journal: make(map[string]*journal),
 	}
+	m.flusher = usage.NewFlusher(store, us, &usage.FlusherOptions{Interval: every, Logger: log,
+		OnFailure: func(op string) { stats.UsageFlushFailures.WithLabelValues(op).Inc() },
+		Observe:   m.observe})
+	return m
 }
 
 // run flushes meters and places pending usage until ctx ends, then flushes
@@ -77,8 +122,10 @@ func (m *meterer) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			// One last try, bounded, so that a clean shutdown places what it can.
+			// One last try, bounded, so that a clean shutdown places what it can:
+			// first what a store that lost its meters lost of this instance's.
 			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			m.checkJournal(pctx)
 			m.placePending(pctx)
 			cancel()
 			stopFlusher()
@@ -93,13 +140,14 @@ func (m *meterer) run(ctx context.Context) {
 	}
 }
 
-// meterFor is the meter of tenant for the period containing now.
+// meterFor is the meter of tenant for the period containing now, with a
+// new op.
 func meterFor(tenant string, quota int64, now time.Time) *limit.Meter {
 	period := usage.Period(now)
 	end, _ := usage.PeriodEnd(period)
 	return &limit.Meter{
 		Key: keyspace.Usage(tenant, period), Tenant: tenant, Period: period,
-		Quota: quota, ExpireAt: end.Add(DefaultMeterGrace),
+		Quota: quota, ExpireAt: end.Add(DefaultMeterGrace), Op: limit.NewOp(),
 	}
 }
 
@@ -123,20 +171,132 @@ func (m *meterer) seed(ctx context.Context, meter *limit.Meter) error {
 	return nil
 }
 
-// charged records that the store charged meter (the flusher writes it).
-func (m *meterer) charged(meter *limit.Meter) { m.flusher.Track(meter.Key) }
+// charged records that the store applied meter's op, delta, with answer mr
+// (the flusher writes it; the journal keeps it until it is durable).
+func (m *meterer) charged(meter limit.Meter, delta limit.Usage, mr limit.MeterResult) {
+	m.record(meter, meter.Op, delta, mr)
+	m.flusher.Track(meter.Key)
+}
 
-// adjust adds delta to meter, keeping it pending when it cannot be placed.
-func (m *meterer) adjust(ctx context.Context, meter limit.Meter, delta limit.Usage) {
-	if maybe, err := m.tryAdjust(ctx, meter, delta); err != nil {
-		m.failed(meter, delta, maybe, err)
+// record journals an op that landed, and has every entry of another
+// generation of the meter placed again: the store lost it (or, when mr
+// is the older answer, the replays find their op counted and apply
+// nothing).
+func (m *meterer) record(meter limit.Meter, op string, delta limit.Usage, mr limit.MeterResult) {
+	if mr.Gen.ID == "" {
+		return // a meter without generation (written by an older version): nothing to compare
+	}
+	m.mu.Lock()
+	j := m.journal[meter.Key]
+	if j == nil {
+		j = &journal{meter: bare(meter)}
+		m.journal[meter.Key] = j
+	}
+	m.lostLocked(j, mr.Gen.ID)
+	j.entries = append(j.entries, journalEntry{op: op, gen: mr.Gen.ID, delta: delta, after: mr.Usage})
+	m.mu.Unlock()
+}
+
+// bare is meter without its op, seed and quota: the template of the key's
+// later writes.
+func bare(meter limit.Meter) limit.Meter {
+	meter.Op, meter.Replay, meter.Seed, meter.Seeded, meter.Quota, meter.Cost = "", nil, limit.Usage{}, false, 0, 0
+	return meter
+}
+
+// lostLocked moves the entries of j whose generation is not gen (every
+// entry when gen is "") to the pending replays of its key. Call with mu held.
+func (m *meterer) lostLocked(j *journal, gen string) {
+	kept := j.entries[:0]
+	var lost []pendingOp
+	for _, e := range j.entries {
+		if gen != "" && e.gen == gen {
+			kept = append(kept, e)
+			continue
+		}
+		lost = append(lost, pendingOp{op: e.op + "-r", replay: &limit.Replay{Gen: e.gen, After: e.after}, delta: e.delta})
+	}
+	j.entries = kept
+	if len(lost) == 0 {
+		return
+	}
+	p := m.pendingLocked(j.meter)
+	p.ops = append(p.ops, lost...)
+	m.log.Warn("usage meter lost by its store: this instance's writes the durable store may not hold are placed again",
+		"tenant", j.meter.Tenant, "period", j.meter.Period, "ops", len(lost))
+}
+
+// observe is the flusher's report on a meter (usage.FlusherOptions.Observe):
+// the journal forgets what the durable store holds, and places again what a
+// lost meter held.
+func (m *meterer) observe(key string, found bool, gen limit.Generation, durable limit.Usage) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	j := m.journal[key]
+	if j == nil || !found && len(j.entries) == 0 {
+		return
+	}
+	if !found {
+		m.lostLocked(j, "")
+	} else if gen.ID != "" {
+		m.lostLocked(j, gen.ID)
+		kept := j.entries[:0]
+		for _, e := range j.entries {
+			if !limit.Holds(durable, e.after, e.delta) {
+				kept = append(kept, e)
+			}
+		}
+		j.entries = kept
+	}
+	if len(j.entries) == 0 {
+		delete(m.journal, key)
+	} else {
+		m.flusher.Track(key) // until the durable store holds them
+	}
+	m.stats.UsagePending.Set(float64(len(m.pending)))
+}
+
+// checkJournal reads every meter the journal has entries for and reports
+// it as a flush would: a meter the store lost since the last flush has its
+// entries placed again before the final flush.
+func (m *meterer) checkJournal(ctx context.Context) {
+	m.mu.Lock()
+	keys := make([]string, 0, len(m.journal))
+	for k := range m.journal {
+		keys = append(keys, k)
+	}
+	m.mu.Unlock()
+	for _, k := range keys {
+		st, ok, err := m.store.ReadMeter(ctx, k)
+		if err != nil {
+			continue
+		}
+		m.observe(k, ok, st.Gen, st.Flushed)
 	}
 }
 
-// tryAdjust places delta on meter, seeding the meter when the store lost it.
-// On failure, maybe reports whether the write may have landed all the same
-// (see chargeMayHaveApplied).
-func (m *meterer) tryAdjust(ctx context.Context, meter limit.Meter, delta limit.Usage) (maybe bool, err error) {
+// adjust adds delta to meter as a new op, keeping it pending when it
+// cannot be placed.
+func (m *meterer) adjust(ctx context.Context, meter limit.Meter, delta limit.Usage) {
+	meter.Op, meter.Replay = limit.NewOp(), nil
+	if _, err := m.tryAdjust(ctx, meter, delta); err != nil {
+		m.addOp(meter, pendingOp{op: meter.Op, delta: delta, sent: sentAt(err)}, err)
+	}
+}
+
+// sentAt is the time an op that failed with err was sent: now, unless err
+// says it never left (the store breaker was open).
+func sentAt(err error) time.Time {
+	if errors.Is(err, ErrStoreDown) {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+// tryAdjust places delta on meter (with its op), seeding the meter when the
+// store lost it. A placed op is journaled; covered reports a replay that
+// found its usage already counted.
+func (m *meterer) tryAdjust(ctx context.Context, meter limit.Meter, delta limit.Usage) (covered bool, err error) {
 	r, err := m.store.Adjust(ctx, meter, delta)
 	if err == nil && r.NeedSeed {
 		if err := m.seed(ctx, &meter); err != nil {
@@ -148,50 +308,61 @@ func (m *meterer) tryAdjust(ctx context.Context, meter limit.Meter, delta limit.
 		}
 	}
 	if err != nil {
-		maybe = chargeMayHaveApplied(err)
-		if maybe {
-			m.flusher.Track(meter.Key) // flushed if it did land
-		}
-		return maybe, err
+		return false, err
 	}
-	m.flusher.Track(meter.Key)
+	if r.Covered {
+		return true, nil
+	}
+	m.charged(meter, delta, r)
 	return false, nil
 }
 
-// failed handles usage that could not be placed: kept pending for another
-// try, unless the failed write may have landed, in which case another try
-// could count it twice: it is dropped and logged, as a timed-out script is
-// never replayed.
-func (m *meterer) failed(meter limit.Meter, delta limit.Usage, maybe bool, err error) {
-	if !maybe {
-		m.addPending(meter, delta, err)
-		return
-	}
-	// The calls it admitted may have no record (a refund's delta admits none).
-	m.stats.Unmetered.Add(float64(delta.Calls))
-	m.log.Error("a usage write got no answer and may have landed: it is not written again (it could count twice)",
-		"tenant", meter.Tenant, "period", meter.Period, "delta", fmt.Sprintf("%+v", delta), "err", err)
-}
-
-// addPending keeps usage that could not reach its meter. It lives in this
-// process only until placed: a crash before then loses it (see docs).
+// addPending keeps usage that never reached its meter (the store breaker
+// was open, or the meter could not be seeded): it is placed later as a new
+// op. It lives in this process only until placed: a crash before then
+// loses it (see docs).
 func (m *meterer) addPending(meter limit.Meter, delta limit.Usage, cause error) {
 	m.mu.Lock()
-	p, ok := m.pending[meter.Key]
-	if !ok {
-		p = &pendingUsage{meter: meter}
-		m.pending[meter.Key] = p
+	p, fresh := m.pending[meter.Key], false
+	if p == nil {
+		p, fresh = m.pendingLocked(meter), true
 	}
-	p.delta = limit.Usage{
-		Charged: p.delta.Charged + delta.Charged, Refunded: p.delta.Refunded + delta.Refunded,
-		Calls: p.delta.Calls + delta.Calls, RefundedCalls: p.delta.RefundedCalls + delta.RefundedCalls,
-	}
+	p.delta = add(p.delta, delta)
 	n := len(m.pending)
 	m.mu.Unlock()
 	m.stats.UsagePending.Set(float64(n))
-	if !ok {
+	if fresh {
 		m.log.Warn("usage kept in process until its meter can be reached", "tenant", meter.Tenant, "period", meter.Period, "err", cause)
 	}
+}
+
+// addOp keeps an op whose outcome is unknown, to be placed again with the
+// same op.
+func (m *meterer) addOp(meter limit.Meter, op pendingOp, cause error) {
+	m.mu.Lock()
+	p := m.pendingLocked(meter)
+	p.ops = append(p.ops, op)
+	n := len(m.pending)
+	m.mu.Unlock()
+	m.stats.UsagePending.Set(float64(n))
+	m.log.Warn("a usage write got no answer: it is kept and placed again with the same op (applied once)",
+		"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "err", cause)
+}
+
+// pendingLocked returns the pending usage of meter's key, made if needed.
+// Call with mu held.
+func (m *meterer) pendingLocked(meter limit.Meter) *pendingUsage {
+	p := m.pending[meter.Key]
+	if p == nil {
+		p = &pendingUsage{meter: bare(meter)}
+		m.pending[meter.Key] = p
+	}
+	return p
+}
+
+func add(a, b limit.Usage) limit.Usage {
+	return limit.Usage{Charged: a.Charged + b.Charged, Refunded: a.Refunded + b.Refunded,
+		Calls: a.Calls + b.Calls, RefundedCalls: a.RefundedCalls + b.RefundedCalls}
 }
 
 func (m *meterer) pendingCount() int {
@@ -200,23 +371,83 @@ func (m *meterer) pendingCount() int {
 	return len(m.pending)
 }
 
+// opHorizon is how long after its first sending an op may be placed again
+// with the certainty that its marker, had it landed, is still there: the
+// marker lives limit.OpTTL from the op's execution, which is after its
+// sending; the margin covers the time the new attempt takes to run.
+const opHorizon = limit.OpTTL - 30*time.Second
+
 // placePending moves pending usage onto its meters.
 func (m *meterer) placePending(ctx context.Context) {
 	m.mu.Lock()
-	batch := make([]*pendingUsage, 0, len(m.pending))
-	for k, p := range m.pending {
-		batch = append(batch, p)
-		delete(m.pending, k)
+	keys := make([]string, 0, len(m.pending))
+	for k := range m.pending {
+		keys = append(keys, k)
 	}
 	m.mu.Unlock()
-	for _, p := range batch {
-		if maybe, err := m.tryAdjust(ctx, p.meter, p.delta); err != nil {
-			m.failed(p.meter, p.delta, maybe, err)
-			continue
-		}
-		m.log.Info("pending usage recorded", "tenant", p.meter.Tenant, "period", p.meter.Period, "cost", p.delta.Used(), "calls", p.delta.NetCalls())
+	for _, k := range keys {
+		m.placeKey(ctx, k, nil)
 	}
 	m.stats.UsagePending.Set(float64(m.pendingCount()))
+}
+
+// placeKey places the pending usage of key, with seed (when not nil) as
+// the meter's seed; what cannot be placed stays pending.
+func (m *meterer) placeKey(ctx context.Context, key string, seed *limit.Usage) {
+	m.mu.Lock()
+	p := m.pending[key]
+	delete(m.pending, key)
+	m.mu.Unlock()
+	if p == nil {
+		return
+	}
+	ops := p.ops
+	if p.delta != (limit.Usage{}) {
+		ops = append(ops, pendingOp{op: limit.NewOp(), delta: p.delta})
+	}
+	for i, op := range ops {
+		meter := p.meter
+		meter.Op, meter.Replay = op.op, op.replay
+		if seed != nil {
+			meter.Seed, meter.Seeded = *seed, true
+		}
+		if !op.sent.IsZero() && !op.doubt && time.Since(op.sent) > opHorizon {
+			// Its marker may be gone: placed all the same (the call ran),
+			// it may count twice.
+			ops[i].doubt = true
+			op.doubt = true
+			m.stats.Unmetered.Add(float64(op.delta.Calls))
+			m.log.Error("a usage write left unanswered longer than its op is remembered is placed again: it may count twice",
+				"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "sent", op.sent)
+		}
+		covered, err := m.tryAdjust(ctx, meter, op.delta)
+		if err != nil {
+			if op.sent.IsZero() {
+				op.sent = sentAt(err)
+			}
+			m.mu.Lock()
+			q := m.pendingLocked(p.meter)
+			q.ops = append(q.ops, op)
+			m.mu.Unlock()
+			continue
+		}
+		m.log.Info("pending usage recorded", "tenant", meter.Tenant, "period", meter.Period,
+			"cost", op.delta.Used(), "calls", op.delta.NetCalls(), "replay", op.replay != nil, "already_counted", covered)
+	}
+}
+
+// replayLost places, before a call is decided on a meter its store lost
+// (NeedSeed), every write of this instance the durable store may not hold
+// and every pending op of that meter, on the meter re-created from seed.
+func (m *meterer) replayLost(ctx context.Context, meter limit.Meter) {
+	m.mu.Lock()
+	if j := m.journal[meter.Key]; j != nil {
+		m.lostLocked(j, "")
+		delete(m.journal, meter.Key)
+	}
+	m.mu.Unlock()
+	seed := meter.Seed
+	m.placeKey(ctx, meter.Key, &seed)
 }
 
 // correction is the usage delta that turns an estimated charge into the

@@ -38,8 +38,9 @@ type Metrics struct {
 	// CostCorrections counts cost corrections from tool results, by outcome
 	// (applied, unchanged, invalid).
 	CostCorrections *prometheus.CounterVec
-	// Unmetered counts calls admitted without a usage record (policy open
-	// while the usage could not be established).
+	// Unmetered counts admitted calls whose usage cannot be proved recorded
+	// exactly once: a write left unanswered longer than the store remembers
+	// its op (limit.OpTTL), placed again all the same. 0 in normal operation.
 	Unmetered prometheus.Counter
 	// BreakersOpened counts loop breakers opening, by reason.
 	BreakersOpened *prometheus.CounterVec
@@ -110,7 +111,7 @@ func New() *Metrics {
 			Name: "mcpgate_cost_corrections_total", Help: "Cost corrections read from tool results, by outcome.",
 		}, []string{"outcome"}),
 		Unmetered: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "mcpgate_unmetered_calls_total", Help: "Calls admitted without a usage record.",
+			Name: "mcpgate_unmetered_calls_total", Help: "Admitted calls whose usage cannot be proved recorded exactly once (a write unanswered past the op TTL).",
 		}),
 		BreakersOpened: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mcpgate_breakers_opened_total", Help: "Loop breakers opened, by reason.",

@@ -59,6 +59,15 @@ type FlusherOptions struct {
 	// called on the flushing goroutine with no lock held and must not
 	// block.
 	OnFailure func(op string)
+	// Observe, when not nil, is told what each flush learnt of a meter it
+	// read: found false when the limit store no longer holds the key (it
+	// expired, or the store lost its data); otherwise the meter's
+	// generation and the usage the durable store is known to hold for it
+	// (the snapshot written, or the part recorded as flushed). The engine
+	// uses it to forget the usage it keeps until it is durable, and to
+	// notice a meter its store lost. Called on the flushing goroutine with
+	// no lock held; it must not call the Flusher.
+	Observe func(key string, found bool, gen limit.Generation, durable limit.Usage)
 }
 
 // Flusher writes the usage meters of a limit.MeteredStore to a durable Store.
@@ -88,6 +97,7 @@ type Flusher struct {
 	log        *slog.Logger
 	now        func() time.Time
 	onFailure  func(op string)
+	observe    func(key string, found bool, gen limit.Generation, durable limit.Usage)
 
 	seed   maphash.Seed
 	shards [trackShards]trackShard
@@ -149,6 +159,7 @@ func NewFlusher(meters limit.MeteredStore, store Store, opts *FlusherOptions) *F
 		log:        o.Logger,
 		now:        o.Now,
 		onFailure:  o.OnFailure,
+		observe:    o.Observe,
 		seed:       maphash.MakeSeed(),
 		seeding:    make(map[seedKey]*seedCall),
 	}
@@ -230,8 +241,13 @@ func (f *Flusher) Flush(ctx context.Context) error {
 			if readErr == nil {
 				readErr = fmt.Errorf("usage: read meter %q: %w", key, errs[i])
 			}
-		case found[i] && !states[i].Flushed.Covers(states[i].Live):
+		case !found[i]:
+			f.tell(key, false, limit.MeterState{}, limit.Usage{})
+		case !states[i].Flushed.Covers(states[i].Live):
 			dirty = append(dirty, states[i])
+			f.tell(key, true, states[i], states[i].Flushed)
+		default:
+			f.tell(key, true, states[i], states[i].Flushed)
 		}
 	}
 	err := errors.Join(readErr, f.write(ctx, dirty))
@@ -294,6 +310,9 @@ func (f *Flusher) write(ctx context.Context, states []limit.MeterState) error {
 			return errors.Join(markErr, fmt.Errorf("usage: write %d meters: %w", len(recs)-start, err))
 		}
 		batch := valid[start:end]
+		for _, st := range batch {
+			f.tell(st.Key, true, st, st.Live)
+		}
 		markErrs := make([]error, len(batch))
 		parallel(len(batch), func(i int) {
 			markErrs[i] = f.meters.MarkFlushed(ctx, batch[i].Key, batch[i].Live)
@@ -315,6 +334,13 @@ func (f *Flusher) write(ctx context.Context, states []limit.MeterState) error {
 		markErr = fmt.Errorf("%w (and %d more meters)", markErr, marksFailed-1)
 	}
 	return markErr
+}
+
+// tell passes what a flush learnt of a meter to FlusherOptions.Observe.
+func (f *Flusher) tell(key string, found bool, st limit.MeterState, durable limit.Usage) {
+	if f.observe != nil {
+		f.observe(key, found, st.Gen, durable)
+	}
 }
 
 // note records the outcome of a flush or sweep for Run's backoff, logging the
