@@ -15,6 +15,7 @@
 //	mcpgate:rl:{<tenant>}:subject:<rule>:<subject>
 //	mcpgate:rl:{<tenant>}:subject_tool:<rule>:<subject>:<tool>
 //	mcpgate:usage:{<tenant>}:<period>                      usage meter of a billing period
+//	mcpgate:op:{<tenant>}:<op>                             marker of an applied meter op (TTL limit.OpTTL)
 //	mcpgate:sess:{<tenant>}:tenant                         live MCP sessions of a tenant
 //	mcpgate:sess:{<tenant>}:subject:<subject>              live MCP sessions of one subject
 //

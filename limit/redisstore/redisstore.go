@@ -49,7 +49,9 @@
 // with EVAL only after an explicit NOSCRIPT reply (the script was not run).
 // rueidis retries only read-only commands after network errors, and these
 // are not: a call that failed or timed out may have been applied once, never
-// twice. Keep rueidis.ClientOption.ConnLifetime at 0: when a connection
+// twice. A metered call with an op id (limit.Meter.Op) may be sent again by
+// its caller: the script records the op with the meter's charge, and a
+// repeat applies nothing (see limit.lua). Keep rueidis.ClientOption.ConnLifetime at 0: when a connection
 // reaches its lifetime, rueidis resends commands still waiting for a reply.
 package redisstore
 
