@@ -145,11 +145,21 @@ func logger() *slog.Logger {
 
 func token(t testing.TB, tenant, sub string) string {
 	t.Helper()
+	return tieredToken(t, tenant, sub, "")
+}
+
+// tieredToken is a token of tenant's subject on tier ("": the default tier).
+func tieredToken(t testing.TB, tenant, sub, tier string) string {
+	t.Helper()
 	now := time.Now()
-	tok, err := auth.SignHS256([]byte(secret), map[string]any{
+	c := map[string]any{
 		"iss": issuer, "aud": audience, "iat": now.Unix(), "exp": now.Add(time.Hour).Unix(),
 		"tenant_id": tenant, "sub": sub, "scope": "tools:* resources:* prompts:*",
-	})
+	}
+	if tier != "" {
+		c["tier"] = tier
+	}
+	tok, err := auth.SignHS256([]byte(secret), c)
 	if err != nil {
 		t.Fatal(err)
 	}
