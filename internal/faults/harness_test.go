@@ -287,12 +287,6 @@ func (c *tally) add(kind string) {
 	c.kinds[kind]++
 }
 
-func (c *tally) get(kind string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.kinds[kind]
-}
-
 func (c *tally) String() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
