@@ -102,11 +102,14 @@ type Gateway struct {
 	ready      atomic.Bool // false while the cache warms up
 	closeOnce  sync.Once
 	streams    streamSet // server-initiated streams (GET), ended on shutdown
-	warming    sync.WaitGroup
-	tracker    *sessionTracker
-	stopSweep  context.CancelFunc
-	sweepDone  chan struct{}
-	audit      *audit.Logger // nil: no audit log
+	// tenantRequests counts each tenant's requests in progress
+	// (server.max_requests_per_tenant).
+	tenantRequests tenantRequests
+	warming        sync.WaitGroup
+	tracker        *sessionTracker
+	stopSweep      context.CancelFunc
+	sweepDone      chan struct{}
+	audit          *audit.Logger // nil: no audit log
 	// proxyWarned: the warning that forwarded headers met a derived OAuth
 	// resource was logged (once per Gateway).
 	proxyWarned atomic.Bool

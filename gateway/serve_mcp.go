@@ -59,6 +59,7 @@ type stage func(g *Gateway, x *exchange) bool
 var stages = [...]stage{
 	(*Gateway).checkRequest, // headers read once, method allowed: 400, 405
 	(*Gateway).authenticate, // JWT → principal: 401
+	(*Gateway).capTenant,    // the tenant's requests in progress on this instance: 429
 	(*Gateway).bindSession,  // Mcp-Session-Id bound to its caller: 404
 	(*Gateway).serveStream,  // GET and DELETE go upstream as they are
 	(*Gateway).parse,        // one JSON-RPC message, headers agreeing: 400

@@ -236,6 +236,11 @@ type Server struct {
 	// MaxConnections caps concurrent client connections; further ones
 	// wait in the kernel's accept queue [1024].
 	MaxConnections int
+	// MaxRequestsPerTenant caps the requests one tenant may have in
+	// progress on one instance, open streams (GET, and POSTs answered with
+	// a stream) included; one more gets 429. It keeps a single tenant from
+	// holding every connection [max_connections / 4, at least 1].
+	MaxRequestsPerTenant int
 	// AllowedOrigins are the Origin header values accepted besides the
 	// gateway's own host ("*" accepts any). A request without Origin is
 	// accepted (non-browser clients send none); any other is refused 403.

@@ -103,6 +103,9 @@
 //	server.write_timeout       bound on one write to a client; a stream gets a new deadline
 //	                           for each event, so it lives as long as it keeps moving [60s]
 //	server.max_connections     concurrent client connections; more wait to be accepted [1024]
+//	server.max_requests_per_tenant
+//	                           requests (open streams included) one tenant may have in progress
+//	                           on one instance; one more gets 429 [max_connections / 4]
 //	server.allowed_origins     Origin values accepted besides the gateway's own host ("*": any);
 //	                           requests without Origin are accepted, others get 403 [none]
 //	sessions.max_per_tenant    live upstream MCP sessions one tenant may hold [100]

@@ -96,7 +96,7 @@ sessions: {max_per_tenant: 20, max_per_subject: 4, idle_timeout: 1m}
 		t.Fatal(err)
 	}
 	wantS := Server{ReadHeaderTimeout: 2 * time.Second, ReadTimeout: 5 * time.Second, IdleTimeout: 7 * time.Second,
-		WriteTimeout: 9 * time.Second, MaxConnections: 64, AllowedOrigins: []string{"https://app.example.com", "*"}}
+		WriteTimeout: 9 * time.Second, MaxConnections: 64, MaxRequestsPerTenant: 16, AllowedOrigins: []string{"https://app.example.com", "*"}}
 	if !reflect.DeepEqual(c.Server, wantS) {
 		t.Errorf("server = %+v", c.Server)
 	}
@@ -109,5 +109,16 @@ sessions: {max_per_tenant: 20, max_per_subject: 4, idle_timeout: 1m}
 	}
 	if c.Upstream.MaxDuration != time.Hour || c.Upstream.Timeout != 5*time.Second {
 		t.Errorf("upstream = %+v", c.Upstream)
+	}
+}
+
+func TestMaxRequestsPerTenant(t *testing.T) {
+	c, err := Parse("m.yaml", []byte("upstream: {url: http://127.0.0.1:9000/mcp}\nauth: {jwt: {hs256_secret_env: SECRET}}\nserver: {max_requests_per_tenant: 3}\n"))
+	if err != nil || c.Server.MaxRequestsPerTenant != 3 {
+		t.Fatalf("explicit cap: %v %v", c, err)
+	}
+	_, err = Parse("m.yaml", []byte("upstream: {url: http://127.0.0.1:9000/mcp}\nauth: {jwt: {hs256_secret_env: SECRET}}\nserver: {max_requests_per_tenant: 0}\n"))
+	if err == nil || !strings.Contains(err.Error(), "m.yaml:3: server.max_requests_per_tenant: must be at least 1, got 0") {
+		t.Fatalf("a cap of 0: %v", err)
 	}
 }

@@ -218,6 +218,15 @@ func (d *decoder) server(n *yaml.Node, path string, s *Server) {
 				}
 			}
 		},
+		"max_requests_per_tenant": func(v *yaml.Node, p string) {
+			if x, ok := d.smallCount(v, p); ok {
+				if x < 1 {
+					d.errf(v, p, "must be at least 1, got %d", x)
+				} else {
+					s.MaxRequestsPerTenant = x
+				}
+			}
+		},
 		"allowed_origins": func(v *yaml.Node, p string) {
 			d.list(v, p, func(_ int, v *yaml.Node, p string) {
 				if o, ok := d.str(v, p); ok && d.checkOrigin(v, p, o) {
@@ -639,6 +648,9 @@ func (d *decoder) defaults(c *Config) {
 	}
 	if sv.MaxConnections == 0 {
 		sv.MaxConnections = DefaultMaxConnections
+	}
+	if sv.MaxRequestsPerTenant == 0 {
+		sv.MaxRequestsPerTenant = max(1, sv.MaxConnections/4)
 	}
 	if c.Sessions.MaxPerTenant == 0 {
 		c.Sessions.MaxPerTenant = DefaultSessionsPerTenant
