@@ -8,7 +8,7 @@
 //
 // An entry is named by a Key: a Scope (one tenant's entries, or the entries
 // every tenant shares), a tool name and the SHA-256 of the canonical JSON of
-// the call's arguments (mcp.CanonicalArguments: member order, whitespace and
+// the call's arguments (jsonscan.Canonical: member order, whitespace and
 // number format do not matter). Tenants never see each other's entries, and
 // no tenant name reaches the shared scope. Values are opaque bytes: the
 // gateway stores the JSON-RPC result and puts each request's own id around

@@ -7,8 +7,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/mcpgate/mcpgate/internal/jsonscan"
 	"github.com/mcpgate/mcpgate/keyspace"
-	"github.com/mcpgate/mcpgate/mcp"
 )
 
 // Scope says whose entries a Key belongs to: one tenant's (Tenant) or every
@@ -43,9 +43,9 @@ type Key struct {
 // NewKey returns the key of tool called with args (a tools/call "arguments"
 // value; absent, empty and null are all {}) in scope. It fails with
 // ErrInvalidArguments when args has no canonical form (see
-// mcp.CanonicalArguments).
+// jsonscan.Canonical).
 func NewKey(scope Scope, tool string, args json.RawMessage) (Key, error) {
-	canon, err := mcp.CanonicalArguments(args)
+	canon, err := jsonscan.Canonical(args)
 	if err != nil {
 		return Key{}, fmt.Errorf("%w: %w", ErrInvalidArguments, err)
 	}
@@ -53,7 +53,7 @@ func NewKey(scope Scope, tool string, args json.RawMessage) (Key, error) {
 }
 
 // NewKeyCanonical is NewKey for arguments already in canonical form (the
-// output of mcp.CanonicalArguments), for a caller that has computed it for
+// output of jsonscan.Canonical), for a caller that has computed it for
 // another purpose. Passing anything else gives a valid but different key.
 func NewKeyCanonical(scope Scope, tool string, canonical []byte) Key {
 	sum := sha256.Sum256(canonical)

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/mcpgate/mcpgate/mcp"
+	"github.com/mcpgate/mcpgate/internal/jsonscan"
 )
 
 // ErrInvalidTemplate means a tag template does not parse: an unclosed
@@ -102,7 +102,7 @@ func (t *Tags) Render(args json.RawMessage) ([]string, error) {
 				continue
 			}
 			if !decoded {
-				canon, err := mcp.CanonicalArguments(args)
+				canon, err := jsonscan.Canonical(args)
 				if err != nil {
 					return nil, fmt.Errorf("%w: %w", ErrInvalidArguments, err)
 				}
@@ -165,7 +165,7 @@ func renderValue(v any) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("%w: %w", ErrInvalidArguments, err)
 		}
-		canon, err := mcp.CanonicalArguments(raw)
+		canon, err := jsonscan.Canonical(raw)
 		if err != nil {
 			return "", fmt.Errorf("%w: %w", ErrInvalidArguments, err)
 		}

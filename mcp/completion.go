@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+
+	"github.com/mcpgate/mcpgate/internal/jsonscan"
 )
 
 // MethodCompletionComplete asks for argument completions of a prompt or of
@@ -57,9 +59,9 @@ func members(raw json.RawMessage, names ...string) ([]json.RawMessage, string) {
 		return nil, "want an object"
 	}
 	var problem string
-	s := scanner{data: raw}
-	err := s.object(func(key string) error {
-		v, err := s.skipValue()
+	s := jsonscan.New(raw)
+	err := s.Object(func(key string) error {
+		v, err := s.SkipValue()
 		if err != nil {
 			return err
 		}

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/mcpgate/mcpgate/internal/jsonscan"
 )
 
 // JSON-RPC error codes used by mcpgate. The first five are JSON-RPC 2.0's own;
@@ -121,7 +123,7 @@ type wireErrorResponse struct {
 // JSON is sent as null and unencodable data is dropped, so the result is
 // always a well-formed message.
 func errorResponse(id json.RawMessage, code int, message string, data any) []byte {
-	if len(id) == 0 || !validJSON(id) {
+	if len(id) == 0 || !jsonscan.Valid(id) {
 		id = json.RawMessage("null")
 	}
 	resp := wireErrorResponse{JSONRPC: "2.0", ID: id, Error: wireErrorObject{Code: code, Message: message, Data: data}}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+
+	"github.com/mcpgate/mcpgate/internal/jsonscan"
 )
 
 // List names a list method whose results the proxy can filter: the member
@@ -60,27 +62,27 @@ func filterList(result json.RawMessage, f Filter) (json.RawMessage, error) {
 	bad := func(why string) (json.RawMessage, error) {
 		return nil, fmt.Errorf("%w: %s result: %s", ErrBadUpstreamResponse, l.Method, why)
 	}
-	s := scanner{data: result}
-	if s.peek() != '{' {
+	s := jsonscan.New(result)
+	if s.Peek() != '{' {
 		return bad("not an object")
 	}
 	out := make([]byte, 0, len(result))
 	out = append(out, '{')
 	seen, scoped := false, false
 	var problem string
-	err := s.object(func(key string) error {
-		v, err := s.skipValue()
+	err := s.Object(func(key string) error {
+		v, err := s.SkipValue()
 		if err != nil {
 			return err
 		}
 		if len(out) > 1 {
 			out = append(out, ',')
 		}
-		out = appendCanonicalString(out, key)
+		out = jsonscan.AppendString(out, key)
 		out = append(out, ':')
 		if f.Private && asciiEqualFold(key, CacheScopeMember) {
 			scoped = true
-			out = appendCanonicalString(out, CacheScopePrivate)
+			out = jsonscan.AppendString(out, CacheScopePrivate)
 			return nil
 		}
 		if key != l.Member {
@@ -106,7 +108,7 @@ func filterList(result json.RawMessage, f Filter) (json.RawMessage, error) {
 		return nil
 	})
 	if err == nil {
-		err = s.end()
+		err = s.End()
 	}
 	switch {
 	case err != nil:
@@ -120,22 +122,22 @@ func filterList(result json.RawMessage, f Filter) (json.RawMessage, error) {
 		if len(out) > 1 {
 			out = append(out, ',')
 		}
-		out = appendCanonicalString(out, CacheScopeMember)
+		out = jsonscan.AppendString(out, CacheScopeMember)
 		out = append(out, ':')
-		out = appendCanonicalString(out, CacheScopePrivate)
+		out = jsonscan.AppendString(out, CacheScopePrivate)
 	}
 	return append(out, '}'), nil
 }
 
 // keepEntries filters the list array v; why is non-empty if v is unusable.
 func keepEntries(v []byte, f Filter) (kept []byte, why string) {
-	s := scanner{data: v}
-	if s.peek() != '[' {
+	s := jsonscan.New(v)
+	if s.Peek() != '[' {
 		return nil, f.List.Member + " is not an array"
 	}
 	kept = append(kept, '[')
-	err := s.array(func() error {
-		entry, err := s.skipValue()
+	err := s.Array(func() error {
+		entry, err := s.SkipValue()
 		if err != nil {
 			return err
 		}
@@ -163,11 +165,11 @@ func keepEntries(v []byte, f Filter) (kept []byte, why string) {
 // ("Name" beside "name") makes the entry ambiguous, as in Parse: a client
 // decoding with encoding/json could read the twin instead.
 func entryKey(entry []byte, key string) (string, bool) {
-	s := scanner{data: entry}
+	s := jsonscan.New(entry)
 	var val json.RawMessage
 	dup := false
-	_ = s.object(func(k string) error {
-		v, err := s.skipValue()
+	_ = s.Object(func(k string) error {
+		v, err := s.SkipValue()
 		switch {
 		case k == key:
 			dup = dup || val != nil

@@ -25,6 +25,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/mcpgate/mcpgate/internal/jsonscan"
 )
 
 // Kind classifies a JSON-RPC message.
@@ -118,7 +120,7 @@ func (m *Message) MarshalJSON() ([]byte, error) {
 	}
 	if m.Kind != Response {
 		b.WriteString(`,"method":`)
-		b.Write(appendCanonicalString(nil, m.Method))
+		b.Write(jsonscan.AppendString(nil, m.Method))
 		if m.Params != nil {
 			b.WriteString(`,"params":`)
 			b.Write(m.Params)
@@ -211,15 +213,15 @@ func Parse(body []byte) (*Message, error) {
 // problem with their names (a duplicate or a case twin), "" if none. A body
 // that is not an object, a batch included, is an *Error.
 func readEnvelope(body []byte) (raw [6]json.RawMessage, problem string, _ *Error) {
-	s := scanner{data: body}
-	switch first := s.peek(); first {
-	case eof:
+	s := jsonscan.New(body)
+	switch first := s.Peek(); first {
+	case jsonscan.EOF:
 		return raw, "", newError(http.StatusBadRequest, CodeParseError, nil, "empty body")
 	case '{':
 	default:
-		_, err := s.skipValue()
+		_, err := s.SkipValue()
 		if err == nil {
-			err = s.end()
+			err = s.End()
 		}
 		switch {
 		case err != nil:
@@ -232,8 +234,8 @@ func readEnvelope(body []byte) (raw [6]json.RawMessage, problem string, _ *Error
 			return raw, "", newError(http.StatusBadRequest, CodeInvalidRequest, nil, "a JSON-RPC message must be an object")
 		}
 	}
-	err := s.object(func(key string) error {
-		v, err := s.skipValue()
+	err := s.Object(func(key string) error {
+		v, err := s.SkipValue()
 		if err != nil {
 			return err
 		}
@@ -250,7 +252,7 @@ func readEnvelope(body []byte) (raw [6]json.RawMessage, problem string, _ *Error
 		return nil
 	})
 	if err == nil {
-		err = s.end()
+		err = s.End()
 	}
 	if err != nil {
 		return raw, "", newError(http.StatusBadRequest, CodeParseError, nil, "parse error: %v", err)
@@ -394,8 +396,8 @@ func decodeString(raw json.RawMessage) (string, bool) {
 	if len(raw) == 0 || raw[0] != '"' {
 		return "", false
 	}
-	s := scanner{data: raw}
-	v, lone, err := s.str(nil, true)
+	s := jsonscan.New(raw)
+	v, lone, err := s.Str(nil, true)
 	if err != nil || lone {
 		return "", false
 	}
@@ -421,11 +423,11 @@ func checkID(raw json.RawMessage) (ok, isNull bool) {
 
 // idNumber returns the integer value of a numeric id, if it is one.
 func idNumber(raw json.RawMessage) (int64, bool) {
-	s := scanner{data: raw}
-	if lit, err := s.number(); err != nil || len(lit) != len(raw) {
+	s := jsonscan.New(raw)
+	if lit, err := s.Number(); err != nil || len(lit) != len(raw) {
 		return 0, false
 	}
-	canon, err := appendCanonicalNumber(nil, raw)
+	canon, err := jsonscan.AppendNumber(nil, raw)
 	if err != nil {
 		return 0, false
 	}
@@ -540,3 +542,21 @@ func readGrowing(rd io.Reader, declared, max int64) ([]byte, error) {
 		}
 	}
 }
+
+// MaxDepth is the deepest nesting of objects and arrays Parse accepts.
+const MaxDepth = jsonscan.MaxDepth
+
+// Errors of CanonicalArguments, from package jsonscan.
+var (
+	// ErrDuplicateKey means a JSON object has the same member name twice
+	// (after unescaping): parsers disagree on which member wins, so it has
+	// no single meaning and no canonical form.
+	ErrDuplicateKey = jsonscan.ErrDuplicateKey
+	// ErrNumberRange means a number's exponent is too large to normalise.
+	ErrNumberRange = jsonscan.ErrNumberRange
+)
+
+// CanonicalArguments returns the canonical JSON form of a tools/call
+// arguments value, the form the result cache and the loop breaker key on
+// (see jsonscan.Canonical).
+func CanonicalArguments(raw json.RawMessage) ([]byte, error) { return jsonscan.Canonical(raw) }

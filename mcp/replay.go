@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+
+	"github.com/mcpgate/mcpgate/internal/jsonscan"
 )
 
 // Responses on a stream whose request the proxy does not know.
@@ -73,18 +75,18 @@ func (x *exchange) screenReplay(ev sseEvent, m *Message, perr error) []byte {
 // it; filterList then refuses a member not spelled exactly). changed is
 // false when no filter applies.
 func filterReplayed(result json.RawMessage, filters []Filter) (_ json.RawMessage, changed bool, _ error) {
-	s := scanner{data: result}
-	if s.peek() != '{' {
+	s := jsonscan.New(result)
+	if s.Peek() != '{' {
 		return result, false, nil // not an object: no list
 	}
 	var apply []Filter
-	err := s.object(func(key string) error {
+	err := s.Object(func(key string) error {
 		for _, f := range filters {
 			if asciiEqualFold(key, f.List.Member) && !hasList(apply, f.List) {
 				apply = append(apply, f)
 			}
 		}
-		_, err := s.skipValue()
+		_, err := s.SkipValue()
 		return err
 	})
 	if err != nil {

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/mcpgate/mcpgate/internal/jsonscan"
 )
 
 // chunkReader hands out data n bytes per Read, then returns end (io.EOF
@@ -162,8 +164,8 @@ func TestScannerNULIsNotEndOfInput(t *testing.T) {
 	}
 
 	for _, v := range []string{"1\x00", `"a"` + "\x00", "null\x00", `{"a":1}` + "\x00", "[]\x00[]"} {
-		if validJSON([]byte(v)) {
-			t.Errorf("validJSON(%q) = true", v)
+		if jsonscan.Valid([]byte(v)) {
+			t.Errorf("Valid(%q) = true", v)
 		}
 		if _, err := CanonicalArguments([]byte(v)); err == nil {
 			t.Errorf("CanonicalArguments(%q) accepted", v)
@@ -171,8 +173,8 @@ func TestScannerNULIsNotEndOfInput(t *testing.T) {
 	}
 	// Inside a value a NUL is an unexpected character, not a premature end.
 	for _, v := range []string{"{\x00}", "[1\x00]", `{"a":` + "\x00}"} {
-		s := scanner{data: []byte(v)}
-		_, err := s.skipValue()
+		s := jsonscan.New([]byte(v))
+		_, err := s.SkipValue()
 		if err == nil || strings.Contains(err.Error(), "end of input") {
 			t.Errorf("skipValue(%q) = %v, want an unexpected-character error", v, err)
 		}
@@ -203,7 +205,7 @@ func requestFor(method string) string {
 	case MethodResourcesRead, MethodResourcesSubscribe, MethodResourcesUnsubscribe:
 		params = `,"params":{"uri":"file:///a"}`
 	}
-	return `{"jsonrpc":"2.0","id":"r1","method":` + string(appendCanonicalString(nil, method)) + params + `}`
+	return `{"jsonrpc":"2.0","id":"r1","method":` + string(jsonscan.AppendString(nil, method)) + params + `}`
 }
 
 func TestParseMethodNamesExact(t *testing.T) {

@@ -1,4 +1,9 @@
-package mcp
+// Package jsonscan is the strict JSON reader that mcpgate reads JSON-RPC
+// messages with, and the canonical form that tool arguments are keyed on
+// (result cache, loop breaker). It reads a value exactly as a strict
+// peer would, or refuses it: duplicate members, invalid UTF-8, trailing
+// bytes, absurd nesting.
+package jsonscan
 
 import (
 	"errors"
@@ -6,8 +11,8 @@ import (
 	"unicode/utf8"
 )
 
-// MaxDepth is the deepest nesting of objects and arrays that Parse and
-// CanonicalArguments accept. Real MCP messages nest a handful of levels; the
+// MaxDepth is the deepest nesting of objects and arrays a Scanner (and so
+// mcp.Parse and Canonical) accepts. Real MCP messages nest a handful of levels; the
 // limit bounds the work a hostile body can cause (the SDK's own limit is 1000,
 // so a message refused here for depth is pathological, not legitimate).
 const MaxDepth = 128
@@ -24,17 +29,22 @@ var errJSON = errors.New("invalid JSON")
 // Strings must be valid UTF-8 with no raw control characters. Escaped lone
 // surrogates (\ud800) are valid JSON and are kept distinct (WTF-8) rather than
 // collapsed to U+FFFD, so two different inputs never decode to the same value.
-type scanner struct {
+//
+// A Scanner reads one value and is not safe for concurrent use.
+type Scanner struct {
 	data  []byte
 	i     int
 	depth int
 }
 
-func (s *scanner) errorf(format string, args ...any) error {
+// New returns a Scanner over data.
+func New(data []byte) *Scanner { return &Scanner{data: data} }
+
+func (s *Scanner) errorf(format string, args ...any) error {
 	return fmt.Errorf("%w at offset %d: %s", errJSON, s.i, fmt.Sprintf(format, args...))
 }
 
-func (s *scanner) ws() {
+func (s *Scanner) ws() {
 	for s.i < len(s.data) {
 		switch s.data[s.i] {
 		case ' ', '\t', '\n', '\r':
@@ -45,30 +55,30 @@ func (s *scanner) ws() {
 	}
 }
 
-// eof is what peek returns at the end of input. It is outside the byte range
+// EOF is what peek returns at the end of input. It is outside the byte range
 // so that a NUL byte in the input (0) is never mistaken for the end: when
 // peek returned 0 for both, "{...}\x00{...}" passed for one value followed
 // by nothing, while a parser reading on would see a second message.
-const eof = -1
+const EOF = -1
 
-// peek returns the next byte after whitespace, or eof at the end of input.
-func (s *scanner) peek() int {
+// peek returns the next byte after whitespace, or EOF at the end of input.
+func (s *Scanner) Peek() int {
 	s.ws()
 	if s.i >= len(s.data) {
-		return eof
+		return EOF
 	}
 	return int(s.data[s.i])
 }
 
-func (s *scanner) expect(c byte) error {
-	if s.peek() != int(c) {
+func (s *Scanner) expect(c byte) error {
+	if s.Peek() != int(c) {
 		return s.errorf("expected %q", c)
 	}
 	s.i++
 	return nil
 }
 
-func (s *scanner) enter() error {
+func (s *Scanner) enter() error {
 	s.depth++
 	if s.depth > MaxDepth {
 		return s.errorf("nesting deeper than %d", MaxDepth)
@@ -77,23 +87,23 @@ func (s *scanner) enter() error {
 }
 
 // skipValue validates one value and returns its raw bytes.
-func (s *scanner) skipValue() ([]byte, error) {
-	c := s.peek()
+func (s *Scanner) SkipValue() ([]byte, error) {
+	c := s.Peek()
 	start := s.i
 	var err error
 	switch {
 	case c == '{':
-		err = s.object(func(string) error {
-			_, err := s.skipValue()
+		err = s.Object(func(string) error {
+			_, err := s.SkipValue()
 			return err
 		})
 	case c == '[':
-		err = s.array(func() error {
-			_, err := s.skipValue()
+		err = s.Array(func() error {
+			_, err := s.SkipValue()
 			return err
 		})
 	case c == '"':
-		_, _, err = s.str(nil, false)
+		_, _, err = s.Str(nil, false)
 	case c == 't':
 		err = s.literal("true")
 	case c == 'f':
@@ -101,8 +111,8 @@ func (s *scanner) skipValue() ([]byte, error) {
 	case c == 'n':
 		err = s.literal("null")
 	case c == '-' || (c >= '0' && c <= '9'):
-		_, err = s.number()
-	case c == eof:
+		_, err = s.Number()
+	case c == EOF:
 		err = s.errorf("unexpected end of input")
 	default:
 		err = s.errorf("unexpected character %q", byte(c))
@@ -113,7 +123,7 @@ func (s *scanner) skipValue() ([]byte, error) {
 	return s.data[start:s.i], nil
 }
 
-func (s *scanner) literal(lit string) error {
+func (s *Scanner) literal(lit string) error {
 	if len(s.data)-s.i < len(lit) || string(s.data[s.i:s.i+len(lit)]) != lit {
 		return s.errorf("invalid literal")
 	}
@@ -123,25 +133,25 @@ func (s *scanner) literal(lit string) error {
 
 // object reads an object, calling member with each decoded key while the
 // scanner is positioned on the member's value; member must consume it.
-func (s *scanner) object(member func(key string) error) error {
+func (s *Scanner) Object(member func(key string) error) error {
 	if err := s.expect('{'); err != nil {
 		return err
 	}
 	if err := s.enter(); err != nil {
 		return err
 	}
-	if s.peek() == '}' {
+	if s.Peek() == '}' {
 		s.i++
 		s.depth--
 		return nil
 	}
 	var keyBuf []byte
 	for {
-		if s.peek() != '"' {
+		if s.Peek() != '"' {
 			return s.errorf("expected member name")
 		}
 		var err error
-		keyBuf, _, err = s.str(keyBuf[:0], true)
+		keyBuf, _, err = s.Str(keyBuf[:0], true)
 		if err != nil {
 			return err
 		}
@@ -152,7 +162,7 @@ func (s *scanner) object(member func(key string) error) error {
 		if err := member(string(keyBuf)); err != nil {
 			return err
 		}
-		switch s.peek() {
+		switch s.Peek() {
 		case ',':
 			s.i++
 		case '}':
@@ -167,14 +177,14 @@ func (s *scanner) object(member func(key string) error) error {
 
 // array reads an array, calling elem with the scanner positioned on each
 // element; elem must consume it.
-func (s *scanner) array(elem func() error) error {
+func (s *Scanner) Array(elem func() error) error {
 	if err := s.expect('['); err != nil {
 		return err
 	}
 	if err := s.enter(); err != nil {
 		return err
 	}
-	if s.peek() == ']' {
+	if s.Peek() == ']' {
 		s.i++
 		s.depth--
 		return nil
@@ -184,7 +194,7 @@ func (s *scanner) array(elem func() error) error {
 		if err := elem(); err != nil {
 			return err
 		}
-		switch s.peek() {
+		switch s.Peek() {
 		case ',':
 			s.i++
 		case ']':
@@ -200,7 +210,7 @@ func (s *scanner) array(elem func() error) error {
 // str reads a string and, when keep is set, appends its decoded value to dst
 // (WTF-8: an escaped lone surrogate becomes its 3-byte generalized UTF-8
 // form). lone reports whether such a surrogate was present.
-func (s *scanner) str(dst []byte, keep bool) (out []byte, lone bool, err error) {
+func (s *Scanner) Str(dst []byte, keep bool) (out []byte, lone bool, err error) {
 	if s.i >= len(s.data) || s.data[s.i] != '"' {
 		return dst, false, s.errorf("expected string")
 	}
@@ -277,7 +287,7 @@ func (s *scanner) str(dst []byte, keep bool) (out []byte, lone bool, err error) 
 // unicodeEscape decodes the hex digits of a \u escape (the scanner is just
 // past "\u"), joining a surrogate pair when one follows. isLone reports an
 // unpaired surrogate, returned as is.
-func (s *scanner) unicodeEscape() (r rune, isLone, ok bool) {
+func (s *Scanner) unicodeEscape() (r rune, isLone, ok bool) {
 	r, ok = s.hex4()
 	if !ok {
 		return 0, false, false
@@ -293,7 +303,7 @@ func (s *scanner) unicodeEscape() (r rune, isLone, ok bool) {
 	return r, r >= 0xD800 && r < 0xE000, true
 }
 
-func (s *scanner) hex4() (rune, bool) {
+func (s *Scanner) hex4() (rune, bool) {
 	if s.i+4 > len(s.data) {
 		return 0, false
 	}
@@ -316,7 +326,7 @@ func (s *scanner) hex4() (rune, bool) {
 }
 
 // number reads a number with the RFC 8259 grammar and returns its literal.
-func (s *scanner) number() ([]byte, error) {
+func (s *Scanner) Number() ([]byte, error) {
 	start := s.i
 	if s.i < len(s.data) && s.data[s.i] == '-' {
 		s.i++
@@ -347,7 +357,7 @@ func (s *scanner) number() ([]byte, error) {
 	return s.data[start:s.i], nil
 }
 
-func (s *scanner) digits() int {
+func (s *Scanner) digits() int {
 	n := 0
 	for s.i < len(s.data) && s.data[s.i] >= '0' && s.data[s.i] <= '9' {
 		s.i++
@@ -358,19 +368,19 @@ func (s *scanner) digits() int {
 
 // end checks that only JSON whitespace (space, tab, LF, CR) follows: any
 // other byte, a NUL included, is data a parser reading further would see.
-func (s *scanner) end() error {
-	if c := s.peek(); c != eof {
+func (s *Scanner) End() error {
+	if c := s.Peek(); c != EOF {
 		return s.errorf("unexpected %q after the top-level value", byte(c))
 	}
 	return nil
 }
 
-// validJSON reports whether data is exactly one valid JSON value by the
+// Valid reports whether data is exactly one valid JSON value by the
 // scanner's strict rules.
-func validJSON(data []byte) bool {
-	s := scanner{data: data}
-	if _, err := s.skipValue(); err != nil {
+func Valid(data []byte) bool {
+	s := Scanner{data: data}
+	if _, err := s.SkipValue(); err != nil {
 		return false
 	}
-	return s.end() == nil
+	return s.End() == nil
 }

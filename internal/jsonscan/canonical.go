@@ -1,4 +1,4 @@
-package mcp
+package jsonscan
 
 import (
 	"bytes"
@@ -13,10 +13,10 @@ import (
 // ErrDuplicateKey means a JSON object has the same member name twice (after
 // unescaping). Such a document has no single meaning: parsers disagree on
 // which member wins, so it cannot be given a canonical form.
-var ErrDuplicateKey = errors.New("mcp: duplicate object member")
+var ErrDuplicateKey = errors.New("jsonscan: duplicate object member")
 
 // ErrNumberRange means a number's exponent is too large to normalise.
-var ErrNumberRange = errors.New("mcp: number out of range")
+var ErrNumberRange = errors.New("jsonscan: number out of range")
 
 // maxExponent bounds decimal exponents (far beyond float64's ±308, so every
 // number a tool can decode survives normalisation exactly).
@@ -42,16 +42,16 @@ const maxExponent = 1 << 20
 // member (ErrDuplicateKey) or an absurd exponent (ErrNumberRange) is an
 // error. CanonicalArguments does not require an object: any JSON value is
 // canonicalised.
-func CanonicalArguments(raw json.RawMessage) ([]byte, error) {
+func Canonical(raw json.RawMessage) ([]byte, error) {
 	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
 		return []byte("{}"), nil
 	}
-	s := scanner{data: raw}
+	s := Scanner{data: raw}
 	out, err := s.canonical(make([]byte, 0, len(raw)))
 	if err != nil {
 		return nil, err
 	}
-	if err := s.end(); err != nil {
+	if err := s.End(); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -62,11 +62,11 @@ type canonMember struct {
 	val []byte // canonical
 }
 
-func (s *scanner) canonical(dst []byte) ([]byte, error) {
-	switch c := s.peek(); {
+func (s *Scanner) canonical(dst []byte) ([]byte, error) {
+	switch c := s.Peek(); {
 	case c == '{':
 		var members []canonMember
-		err := s.object(func(key string) error {
+		err := s.Object(func(key string) error {
 			v, err := s.canonical(nil)
 			members = append(members, canonMember{key, v})
 			return err
@@ -91,7 +91,7 @@ func (s *scanner) canonical(dst []byte) ([]byte, error) {
 				}
 				dst = append(dst, ',')
 			}
-			dst = appendCanonicalString(dst, m.key)
+			dst = AppendString(dst, m.key)
 			dst = append(dst, ':')
 			dst = append(dst, m.val...)
 		}
@@ -99,7 +99,7 @@ func (s *scanner) canonical(dst []byte) ([]byte, error) {
 	case c == '[':
 		dst = append(dst, '[')
 		first := true
-		err := s.array(func() error {
+		err := s.Array(func() error {
 			if !first {
 				dst = append(dst, ',')
 			}
@@ -113,19 +113,19 @@ func (s *scanner) canonical(dst []byte) ([]byte, error) {
 		}
 		return append(dst, ']'), nil
 	case c == '"':
-		v, _, err := s.str(nil, true)
+		v, _, err := s.Str(nil, true)
 		if err != nil {
 			return nil, err
 		}
-		return appendCanonicalString(dst, string(v)), nil
+		return AppendString(dst, string(v)), nil
 	case c == '-' || (c >= '0' && c <= '9'):
-		lit, err := s.number()
+		lit, err := s.Number()
 		if err != nil {
 			return nil, err
 		}
-		return appendCanonicalNumber(dst, lit)
+		return AppendNumber(dst, lit)
 	default:
-		v, err := s.skipValue() // true, false, null or a syntax error
+		v, err := s.SkipValue() // true, false, null or a syntax error
 		if err != nil {
 			return nil, err
 		}
@@ -135,9 +135,9 @@ func (s *scanner) canonical(dst []byte) ([]byte, error) {
 
 const hexDigits = "0123456789abcdef"
 
-// appendCanonicalString writes s (WTF-8) as a JSON string with the single
+// AppendString writes s (WTF-8) as a JSON string with the single
 // escaping scheme documented on CanonicalArguments.
-func appendCanonicalString(dst []byte, s string) []byte {
+func AppendString(dst []byte, s string) []byte {
 	dst = append(dst, '"')
 	for i := 0; i < len(s); {
 		c := s[i]
@@ -179,11 +179,11 @@ func appendCanonicalString(dst []byte, s string) []byte {
 	return append(dst, '"')
 }
 
-// appendCanonicalNumber writes the number literal lit (already validated) in
+// AppendNumber writes the number literal lit (already validated) in
 // its canonical form: the shortest integer form when the value is an integer
 // of at most 21 digits, otherwise d[.ddd]e±n with no leading or trailing
 // zeros in the digits.
-func appendCanonicalNumber(dst, lit []byte) ([]byte, error) {
+func AppendNumber(dst, lit []byte) ([]byte, error) {
 	neg := lit[0] == '-'
 	if neg {
 		lit = lit[1:]

@@ -1,4 +1,4 @@
-package mcp
+package jsonscan
 
 import (
 	"encoding/json"
@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-func TestCanonicalArguments(t *testing.T) {
+func TestCanonical(t *testing.T) {
 	tests := []struct{ in, want string }{
 		{``, `{}`},
 		{`null`, `{}`},
@@ -39,16 +39,16 @@ func TestCanonicalArguments(t *testing.T) {
 		{`"x"`, `"x"`},
 	}
 	for _, tt := range tests {
-		got, err := CanonicalArguments(json.RawMessage(tt.in))
+		got, err := Canonical(json.RawMessage(tt.in))
 		if err != nil {
-			t.Errorf("CanonicalArguments(%s): %v", tt.in, err)
+			t.Errorf("Canonical(%s): %v", tt.in, err)
 			continue
 		}
 		if string(got) != tt.want {
-			t.Errorf("CanonicalArguments(%s) = %s, want %s", tt.in, got, tt.want)
+			t.Errorf("Canonical(%s) = %s, want %s", tt.in, got, tt.want)
 		}
 		if !json.Valid(got) {
-			t.Errorf("CanonicalArguments(%s) = %s is not valid JSON", tt.in, got)
+			t.Errorf("Canonical(%s) = %s is not valid JSON", tt.in, got)
 		}
 	}
 }
@@ -66,8 +66,8 @@ func TestCanonicalArgumentsDistinct(t *testing.T) {
 		{`{"A":1}`, `{"a":1}`},
 	}
 	for _, p := range pairs {
-		a, err1 := CanonicalArguments(json.RawMessage(p[0]))
-		b, err2 := CanonicalArguments(json.RawMessage(p[1]))
+		a, err1 := Canonical(json.RawMessage(p[0]))
+		b, err2 := Canonical(json.RawMessage(p[1]))
 		if err1 != nil || err2 != nil {
 			t.Fatalf("%v %v", err1, err2)
 		}
@@ -79,19 +79,19 @@ func TestCanonicalArgumentsDistinct(t *testing.T) {
 
 func TestCanonicalArgumentsErrors(t *testing.T) {
 	for _, in := range []string{`{"a":1,"a":2}`, `{"a":{"b":1,"\u0062":2}}`} {
-		if _, err := CanonicalArguments(json.RawMessage(in)); !errors.Is(err, ErrDuplicateKey) {
-			t.Errorf("CanonicalArguments(%s) = %v, want ErrDuplicateKey", in, err)
+		if _, err := Canonical(json.RawMessage(in)); !errors.Is(err, ErrDuplicateKey) {
+			t.Errorf("Canonical(%s) = %v, want ErrDuplicateKey", in, err)
 		}
 	}
 	for _, in := range []string{`{"n":1e99999999}`, `{"n":1e-2000000}`} {
-		if _, err := CanonicalArguments(json.RawMessage(in)); !errors.Is(err, ErrNumberRange) {
-			t.Errorf("CanonicalArguments(%s) = %v, want ErrNumberRange", in, err)
+		if _, err := Canonical(json.RawMessage(in)); !errors.Is(err, ErrNumberRange) {
+			t.Errorf("Canonical(%s) = %v, want ErrNumberRange", in, err)
 		}
 	}
 	for _, in := range []string{`{`, `{"a":01}`, `{"a":1,}`, "{\"a\":\"\xff\"}", `{} {}`, `{"a":.5}`, `{"a":NaN}`,
 		strings.Repeat("[", MaxDepth+1) + strings.Repeat("]", MaxDepth+1)} {
-		if _, err := CanonicalArguments(json.RawMessage(in)); err == nil {
-			t.Errorf("CanonicalArguments(%q) accepted", in)
+		if _, err := Canonical(json.RawMessage(in)); err == nil {
+			t.Errorf("Canonical(%q) accepted", in)
 		}
 	}
 }
@@ -102,8 +102,8 @@ func TestCanonicalNumbersExact(t *testing.T) {
 	nums := []string{"0", "1", "-1", "1.5", "0.001", "1e-3", "123456789e-9", "5e300", "-7.25e-10", "1000", "1e3", "0.000e10"}
 	for _, a := range nums {
 		for _, b := range nums {
-			ca, _ := CanonicalArguments(json.RawMessage(a))
-			cb, _ := CanonicalArguments(json.RawMessage(b))
+			ca, _ := Canonical(json.RawMessage(a))
+			cb, _ := Canonical(json.RawMessage(b))
 			ra, _ := new(big.Rat).SetString(a)
 			rb, _ := new(big.Rat).SetString(b)
 			if (string(ca) == string(cb)) != (ra.Cmp(rb) == 0) {
@@ -116,19 +116,19 @@ func TestCanonicalNumbersExact(t *testing.T) {
 // FuzzCanonicalArguments: the canonical form is valid JSON, is a fixed
 // point, and means the same thing to encoding/json (outside lone surrogates,
 // which encoding/json collapses).
-func FuzzCanonicalArguments(f *testing.F) {
+func FuzzCanonical(f *testing.F) {
 	for _, s := range []string{`{}`, `{"b":[1,2.50,{"x":1e3}],"a":"\u00e9\n"}`, `[1e400]`, `"\ud800"`, `{"a":-0.0}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		c, err := CanonicalArguments(in)
+		c, err := Canonical(in)
 		if err != nil {
 			return
 		}
 		if !json.Valid(c) {
 			t.Fatalf("canonical form %q of %q is not valid JSON", c, in)
 		}
-		again, err := CanonicalArguments(c)
+		again, err := Canonical(c)
 		if err != nil || string(again) != string(c) {
 			t.Fatalf("not a fixed point: %q -> %q (%v)", c, again, err)
 		}
