@@ -276,7 +276,7 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, f Forward) (status
 	}
 	private := HasCachingHints(r.Header.Get(HeaderProtocolVersion))
 	f.Filter.Private = f.Filter.Private || private
-	x := &exchange{p: p, w: w, r: r, ctx: ctx, f: f, idle: idle, private: private}
+	x := &exchange{p: p, w: w, r: r, out: req, f: f, idle: idle, private: private}
 	resp, err := p.client.Do(req)
 	if f.OnResponse != nil {
 		f.OnResponse()
@@ -298,7 +298,7 @@ type exchange struct {
 	p        *Proxy
 	w        http.ResponseWriter
 	r        *http.Request
-	ctx      context.Context // upstream request context
+	out      *http.Request // the request sent upstream (its context carries the deadlines)
 	f        Forward
 	idle     *idleTimer // nil: no idle timeout
 	private  bool       // the client reads caching hints: filtered lists are marked private
@@ -325,8 +325,8 @@ func (x *exchange) cause(err error) error {
 		return ErrCancelled
 	case x.r.Context().Err() != nil:
 		return ErrClientGone
-	case errors.Is(context.Cause(x.ctx), ErrUpstreamTimeout):
-		return context.Cause(x.ctx) // ErrUpstreamTimeout, maybe wrapped
+	case errors.Is(context.Cause(x.out.Context()), ErrUpstreamTimeout):
+		return context.Cause(x.out.Context()) // ErrUpstreamTimeout, maybe wrapped
 	case errors.Is(err, ErrBadUpstreamResponse):
 		return err
 	}
@@ -336,7 +336,7 @@ func (x *exchange) cause(err error) error {
 // fail answers a failure that happened before anything was written.
 func (p *Proxy) fail(w http.ResponseWriter, r *http.Request, f Forward, x *exchange, err error) (int, error) {
 	if x == nil {
-		x = &exchange{p: p, w: w, r: r, ctx: r.Context(), f: f}
+		x = &exchange{p: p, w: w, r: r, out: r, f: f}
 	}
 	err = x.cause(err)
 	var id json.RawMessage
