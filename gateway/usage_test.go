@@ -407,18 +407,22 @@ tiers:
 			t.Errorf("call %d: %d %s", i, resp.Status, resp.Body)
 		}
 	})
-	if int64(after)+flushed.Used() != quota {
-		t.Fatalf("after the loss %d calls were admitted on top of the durable %d: want exactly %d in all", after, flushed.Used(), quota)
+	// The 5 unflushed calls come back (each engine places again what it
+	// charged and the durable store did not hold): the re-seeding engine's
+	// before its decision, the other's when it meets the new meter. So
+	// between quota-30 and quota-25 calls are admitted after the loss
+	// (docs/design.md, "Usage and quotas", bound 4).
+	if int64(after) < quota-30 || int64(after) > quota-flushed.Used() {
+		t.Fatalf("after the loss %d calls were admitted on top of the durable %d and the 5 lost: want %d to %d", after, flushed.Used(), quota-30, quota-flushed.Used())
 	}
 	if got := e.up.TotalCalls(); got != 30+int64(after) {
 		t.Fatalf("upstream served %d, want %d", got, 30+after)
 	}
 	e.stop(0)
 	e.stop(1)
-	// The 5 unflushed calls went with Redis's data: the documented loss
-	// bound of a Redis without persistence.
-	if got := durable(t, st, "acme", period); got != (limit.Usage{Charged: quota, Calls: quota}) {
-		t.Fatalf("durable = %+v, want the quota %d exactly", got, quota)
+	// Every call that ran is recorded once, the 5 lost with Redis's data too.
+	if got, want := durable(t, st, "acme", period), int64(30+after); got != (limit.Usage{Charged: want, Calls: want}) {
+		t.Fatalf("durable = %+v, want %d calls exactly", got, want)
 	}
 }
 
