@@ -136,6 +136,9 @@ func (m *meterer) run(ctx context.Context) {
 			return
 		case <-t.C:
 			m.placePending(ctx)
+			if h := m.flusher.Health(); !h.LastSuccess.IsZero() {
+				m.stats.UsageLastFlush.Set(float64(h.LastSuccess.UnixMilli()) / 1000)
+			}
 		}
 	}
 }
@@ -534,4 +537,16 @@ func (e *Engine) PendingUsage() int {
 		return 0
 	}
 	return e.lim.meters.pendingCount()
+}
+
+// UsageHealth reports the state of the durable usage writes: how many
+// flushes failed in a row (0: the last one worked) and when one last
+// succeeded. metered is false without a usage store. A failing usage store
+// does not stop calls: their usage waits in the live counters (see
+// docs/design.md, "Usage and quotas").
+func (e *Engine) UsageHealth() (h usage.Health, metered bool) {
+	if e.lim.meters == nil {
+		return usage.Health{}, false
+	}
+	return e.lim.meters.flusher.Health(), true
 }

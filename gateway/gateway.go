@@ -272,6 +272,15 @@ func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	fmt.Fprintln(w, "ready")
+	// A failing usage store does not stop calls (their usage waits in the
+	// live counters), so the instance stays ready; the page says so.
+	if h, metered := g.eng.UsageHealth(); metered && h.ConsecutiveFailures > 0 {
+		since := "never"
+		if !h.LastSuccess.IsZero() {
+			since = h.LastSuccess.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "usage store failing: %d flushes in a row, last success %s; usage waits in the live counters\n", h.ConsecutiveFailures, since)
+	}
 }
 
 // adminAuthorized checks the admin bearer token in constant time.

@@ -262,14 +262,28 @@ func testStoreOutage(t *testing.T, s setup, down, up func()) {
 	if slowest > time.Second {
 		t.Errorf("a call took %v while the usage store was down: calls must not wait for it", slowest)
 	}
-	time.Sleep(300 * time.Millisecond) // several failed flushes
 	if e.up.TotalCalls() != 35 {
 		t.Fatalf("upstream served %d calls, want 35", e.up.TotalCalls())
+	}
+	// The operator is told, and the instance stays ready: calls go on.
+	eventually(t, 15*time.Second, "/readyz to report the failing usage store", func() bool {
+		r := get(t, e.base[0]+"/readyz", "")
+		return r.Status == http.StatusOK && strings.Contains(string(r.Body), "usage store failing")
+	})
+	if m := scrape(t, e.base[0]); m[`mcpgate_usage_flush_failures_total{op="flush"}`] == 0 {
+		t.Errorf("no flush failure counted while the usage store was down")
 	}
 
 	up()
 	waitDurable(t, s.Usage, "acme", period, limit.Usage{Charged: 30, Calls: 30})
 	waitDurable(t, s.Usage, "initech", period, limit.Usage{Charged: 5, Calls: 5})
+	eventually(t, 15*time.Second, "/readyz to stop reporting the usage store", func() bool {
+		r := get(t, e.base[0]+"/readyz", "")
+		return r.Status == http.StatusOK && !strings.Contains(string(r.Body), "usage store failing")
+	})
+	if m := scrape(t, e.base[0]); m["mcpgate_usage_last_flush_success_timestamp_seconds"] < float64(time.Now().Add(-time.Minute).Unix()) {
+		t.Errorf("mcpgate_usage_last_flush_success_timestamp_seconds = %v, want a recent time", m["mcpgate_usage_last_flush_success_timestamp_seconds"])
+	}
 	load(initech, 3)
 	e.stop(0)
 	if n := e.gws[0].Engine().PendingUsage(); n != 0 {

@@ -64,6 +64,9 @@ type Metrics struct {
 	// AuditDropped counts audit lines lost: the audit buffer was full (a
 	// slow disk) or a write failed.
 	AuditDropped prometheus.Counter
+	// UsageLastFlush is when the durable usage store last took a flush
+	// (Unix seconds; 0 before the first): alert on time() minus it.
+	UsageLastFlush prometheus.Gauge
 	// UsageFlushFailures counts failed writes of usage to the durable store,
 	// by op (flush, sweep); the usage stays in the live counters meanwhile.
 	UsageFlushFailures *prometheus.CounterVec
@@ -137,6 +140,9 @@ func New() *Metrics {
 		AuditDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mcpgate_audit_dropped_total", Help: "Audit log lines lost: the audit buffer was full or a write failed.",
 		}),
+		UsageLastFlush: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mcpgate_usage_last_flush_success_timestamp_seconds", Help: "When the durable usage store last took a flush (Unix seconds; 0 before the first).",
+		}),
 		UsageFlushFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mcpgate_usage_flush_failures_total", Help: "Failed writes of usage to the durable store, by op (flush, sweep).",
 		}, []string{"op"}),
@@ -145,7 +151,7 @@ func New() *Metrics {
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
 		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
 		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.CacheDegraded,
-		m.UpstreamSessions, m.SessionsEnded, m.OpenConnections, m.AuditDropped, m.UsageFlushFailures, m.TenantQuota)
+		m.UpstreamSessions, m.SessionsEnded, m.OpenConnections, m.AuditDropped, m.UsageFlushFailures, m.UsageLastFlush, m.TenantQuota)
 	presetLabels(m)
 	// The runtime collectors too carry the prefix: every name we serve starts
 	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).

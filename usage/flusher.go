@@ -105,6 +105,7 @@ type Flusher struct {
 	mu       sync.Mutex
 	failures int       // consecutive failed flushes or sweeps
 	retryAt  time.Time // Run attempts nothing before (real clock)
+	lastOK   time.Time // the last flush or sweep that succeeded (real clock)
 
 	seedMu  sync.Mutex
 	seeding map[seedKey]*seedCall
@@ -357,6 +358,7 @@ func (f *Flusher) note(op string, err error) {
 		}
 		f.failures = 0
 		f.retryAt = time.Time{}
+		f.lastOK = time.Now()
 		return
 	}
 	f.failures++
@@ -367,6 +369,22 @@ func (f *Flusher) note(op string, err error) {
 	f.retryAt = time.Now().Add(wait)
 	f.log.Warn("usage: flush failed; usage stays in the live counters and is retried",
 		"op", op, "err", err, "consecutive_failures", f.failures, "retry_in", wait, "pending", f.Pending())
+}
+
+// Health is the state of the durable writes: how many flushes or sweeps
+// failed in a row (0: the last one worked), and when one last succeeded
+// (zero before the first).
+type Health struct {
+	ConsecutiveFailures int
+	LastSuccess         time.Time
+}
+
+// Health reports the state of the durable writes, for readiness pages and
+// gauges. It is safe for concurrent use.
+func (f *Flusher) Health() Health {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return Health{ConsecutiveFailures: f.failures, LastSuccess: f.lastOK}
 }
 
 // backingOff reports whether Run should skip this tick.
