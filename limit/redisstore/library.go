@@ -51,19 +51,64 @@ func (s *Store) exec(ctx context.Context, b *batch) ([]rueidis.RedisMessage, err
 	return s.retry(ctx, b, r, fn, gen).ToArray()
 }
 
-// retry sends b again while its reply r says it did not run for want of
-// the library (see retryable), and returns the last reply: at most FCALL
-// after a load, then EVALSHA, then EVAL (when flushes keep coming).
+// retry sends b again while its reply r says it did not run, and returns
+// the last reply:
+//   - for want of the library (see retryable): at most FCALL after a load,
+//     then EVALSHA, then EVAL (when flushes keep coming);
+//   - because its slot is moving or the cluster is not serving (TRYAGAIN
+//     while a slot's keys are split between two nodes, CLUSTERDOWN,
+//     LOADING): again after a short pause, until the store's deadline.
+//
+// Either way the call never ran, so sending it again cannot apply it twice
+// (a call whose answer is lost is never resent).
 func (s *Store) retry(ctx context.Context, b *batch, r rueidis.RedisResult, fn bool, gen uint64) rueidis.RedisResult {
-	for attempt := range 3 {
-		again, asFn, eval := s.retryable(ctx, r, fn, gen, attempt)
-		if !again {
-			break
+	eval := false
+	for loads := 0; ; {
+		if notServing(r) {
+			if !pause(ctx, notServingPause) {
+				return r
+			}
+			r = s.client.Do(ctx, s.command(b, fn, eval))
+			continue
 		}
-		fn = asFn
+		if loads == 3 {
+			return r
+		}
+		again, asFn, asEval := s.retryable(ctx, r, fn, gen, loads)
+		if !again {
+			return r
+		}
+		loads++
+		fn, eval = asFn, asEval
 		r = s.client.Do(ctx, s.command(b, fn, eval))
 	}
-	return r
+}
+
+// notServingPause is the wait before a call that met TRYAGAIN, CLUSTERDOWN
+// or LOADING is sent again: a slot migration moves a key in well under a
+// millisecond, a failover or a load takes longer, and the store's deadline
+// bounds the whole.
+const notServingPause = 2 * time.Millisecond
+
+// notServing reports whether r says the server did not run the call because
+// it cannot serve it now: TRYAGAIN (a multi-key call on a slot being
+// migrated, its keys split), CLUSTERDOWN or LOADING.
+func notServing(r rueidis.RedisResult) bool {
+	rerr, ok := rueidis.IsRedisErr(r.Error())
+	return ok && (rerr.IsTryAgain() || rerr.IsClusterDown() || rerr.IsLoading())
+}
+
+// pause waits d, or less when ctx ends first; it reports whether ctx still
+// has time for another try.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return ctx.Err() == nil
+	}
 }
 
 // execMulti runs the library for every batch in one round trip (a pipeline,
