@@ -346,8 +346,9 @@ func (c *Cache) skipped() int64 {
 func (c *Cache) StoreAvailable() bool { return c.guard == nil || c.guard.available() }
 
 // Close stops early refreshes and the breaker's probe, and waits for the
-// loads in flight (each bounded by LoadTimeout). Later Gets fail with
-// ErrClosed. The store is not closed.
+// loads in flight (each bounded by LoadTimeout) and for the releases of
+// locks whose commit the breaker skipped (each bounded by Timeout). Later
+// Gets fail with ErrClosed. The store is not closed.
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	c.closed = true

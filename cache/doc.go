@@ -75,6 +75,15 @@
 // waiting when the breaker opens. The breaker logs when it opens and
 // closes; StoreAvailable reports its state.
 //
+// A lock is never left behind by a caller that gave up on the store. The
+// deadline ends the caller's wait, not the round trips that take or give
+// up locks: a lock script that timed out still runs to its end (bounded
+// by Options.LockTTL), and a lock it took for a caller that moved on is
+// released as soon as its reply comes; a commit or release the breaker
+// skipped still releases its lock, in the background. Otherwise the lock
+// would stay until its TTL, and every instance's waiters for the entry
+// with it (LockTTL, 10s by default: a client's whole timeout).
+//
 // # Gateway integration
 //
 // At startup (cfg is a *policy.Config):

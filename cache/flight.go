@@ -168,19 +168,31 @@ func (c *Cache) loadLocked(ctx context.Context, key Key, load Loader, pol Policy
 	}
 	rec := c.newRecord(v, neg, fence, delta, pol)
 	cctx, cancel := context.WithTimeout(ctx, c.timeout)
-	res := c.store.commit(cctx, []commitReq{{entry: key.entry, token: token, rec: rec}})[0]
+	c.commit(cctx, []commitReq{{entry: key.entry, token: token, rec: rec}})
 	cancel()
-	c.committed(res)
 	return Entry{Value: v, Negative: neg, TTL: rec.fresh()}, Miss, nil
 }
 
-func (c *Cache) committed(res commitRes) {
-	switch {
-	case res.err != nil:
-		c.storeError("commit", res.err)
-	case !res.stored:
-		c.stats.rejected.Add(1)
+// commit stores loaded records under their locks (ctx bounds the wait)
+// and counts the results.
+func (c *Cache) commit(ctx context.Context, reqs []commitReq) []commitRes {
+	for i := range reqs {
+		reqs[i].lockTTL = c.lockTTL
 	}
+	out := c.store.commit(ctx, reqs)
+	var skipped []releaseReq
+	for i, res := range out {
+		switch {
+		case errors.Is(res.err, ErrStoreSkipped):
+			skipped = append(skipped, releaseReq{entry: reqs[i].entry, token: reqs[i].token, lockTTL: c.lockTTL})
+		case res.err != nil:
+			c.storeError("commit", res.err)
+		case !res.stored:
+			c.stats.rejected.Add(1)
+		}
+	}
+	c.unlockSkipped(skipped)
+	return out
 }
 
 // newRecord builds the stored form of a loaded value: the TTL shortened by
@@ -201,13 +213,50 @@ func (c *Cache) newRecord(v []byte, neg bool, fence uint64, delta time.Duration,
 }
 
 func (c *Cache) release(ctx context.Context, reqs []releaseReq) {
+	for i := range reqs {
+		reqs[i].lockTTL = c.lockTTL
+	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	for _, err := range c.store.release(ctx, reqs) {
-		if err != nil {
+	var skipped []releaseReq
+	for i, err := range c.store.release(ctx, reqs) {
+		switch {
+		case errors.Is(err, ErrStoreSkipped):
+			skipped = append(skipped, reqs[i])
+		case err != nil:
 			c.storeError("unlock", err)
 		}
 	}
+	c.unlockSkipped(skipped)
+}
+
+// unlockSkipped releases locks this instance holds whose commit or release
+// the breaker skipped (it opened during their loads), in the background:
+// the caller does not wait for a store the breaker says is down, and the
+// lock does not outlive the load, which would make every instance's
+// waiters wait for its whole TTL. Errors are ignored: the lock then ends
+// with its TTL.
+func (c *Cache) unlockSkipped(reqs []releaseReq) {
+	if len(reqs) == 0 || c.guard == nil {
+		return
+	}
+	unlock := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+		defer cancel()
+		c.guard.Store.release(ctx, reqs) // past the breaker
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		unlock()
+		return
+	}
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.wg.Done()
+		unlock()
+	}()
 }
 
 // loadUncached loads without the lock; the result is not stored.

@@ -132,7 +132,92 @@ func lifeOf(pttl int64) (time.Duration, bool) {
 
 func ms(d time.Duration) string { return strconv.FormatInt(max(millis(d), 1), 10) }
 
+// Outcomes of settle's operation.
+const (
+	opRunning int32 = iota
+	opWaited        // the caller took the outcome
+	opLeft          // the caller stopped waiting first
+)
+
+// settle runs op, a round trip that takes or gives up locks, to its end,
+// while the caller waits for it only until ctx ends; settle then returns
+// ctx's error and op's outcome goes to left (nil: nothing to undo) instead.
+//
+// Giving up on such a round trip does not undo it: once sent, the script
+// runs on the server, late (the cause of the timeout), and a lock it takes
+// for a caller that has moved on would be held until its TTL, every
+// instance's waiters for the entry waiting that long. A commit or release
+// given up on may never run at all: rueidis closes the connection of a
+// lone command whose deadline passed, and the lock then stays too. So op
+// gets a deadline of its own, life (the lock's TTL: a script held up
+// longer than that is a stalled server, which the breaker deals with), and
+// its reply, even a late one, is acted on.
+func (r *RedisStore) settle(ctx context.Context, life time.Duration, op, left func(ctx context.Context)) error {
+	if err := ctx.Err(); err != nil {
+		return err // nothing sent
+	}
+	if life <= 0 {
+		life = DefaultLockTTL
+	}
+	if d, ok := ctx.Deadline(); ok {
+		life = max(life, time.Until(d))
+	}
+	var state atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), life)
+		defer cancel()
+		op(octx)
+		if !state.CompareAndSwap(opRunning, opWaited) && left != nil {
+			left(octx)
+		}
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		if state.CompareAndSwap(opRunning, opLeft) {
+			return ctx.Err()
+		}
+		<-done // op ended meanwhile: its outcome is the caller's
+		return nil
+	}
+}
+
+// acquire runs acquireNow to its end (settle): the locks it takes after
+// the caller stopped waiting are released.
 func (r *RedisStore) acquire(ctx context.Context, reqs []acquireReq) []acquireRes {
+	var out []acquireRes
+	life := time.Duration(0)
+	for _, q := range reqs {
+		life = max(life, q.lockTTL)
+	}
+	err := r.settle(ctx, life, func(ctx context.Context) {
+		out = r.acquireNow(ctx, reqs)
+	}, func(ctx context.Context) {
+		var taken []releaseReq
+		for i, res := range out {
+			if res.err == nil && res.status == statusLocked {
+				taken = append(taken, releaseReq{entry: reqs[i].entry, token: reqs[i].token})
+			}
+		}
+		if len(taken) > 0 {
+			r.releaseNow(ctx, taken)
+		}
+	})
+	if err != nil {
+		// out is op's, still running: the caller gets its own.
+		gaveUp := make([]acquireRes, len(reqs))
+		for i := range gaveUp {
+			gaveUp[i].err = err
+		}
+		return gaveUp
+	}
+	return out
+}
+
+func (r *RedisStore) acquireNow(ctx context.Context, reqs []acquireReq) []acquireRes {
 	var calls []scriptCall
 	for _, q := range reqs {
 		// Tag registrations first in the pipeline: they complete before
@@ -165,7 +250,7 @@ func (r *RedisStore) acquire(ctx context.Context, reqs []acquireReq) []acquireRe
 			// An entry that may be missing from a tag index must not be
 			// loaded under the lock: an invalidation could miss it.
 			if out[k].status == statusLocked {
-				r.release(ctx, []releaseReq{{entry: q.entry, token: q.token}})
+				r.releaseNow(ctx, []releaseReq{{entry: q.entry, token: q.token}})
 			}
 			out[k] = acquireRes{err: tagErr}
 		}
@@ -216,7 +301,25 @@ func parseAcquire(res rueidis.RedisResult) acquireRes {
 	return acquireRes{err: errReply}
 }
 
+// commit runs commitNow to its end (settle).
 func (r *RedisStore) commit(ctx context.Context, reqs []commitReq) []commitRes {
+	var out []commitRes
+	life := time.Duration(0)
+	for _, q := range reqs {
+		life = max(life, q.lockTTL)
+	}
+	if err := r.settle(ctx, life, func(ctx context.Context) { out = r.commitNow(ctx, reqs) }, nil); err != nil {
+		// out is op's, still running: the caller gets its own.
+		gaveUp := make([]commitRes, len(reqs))
+		for i := range gaveUp {
+			gaveUp[i].err = err
+		}
+		return gaveUp
+	}
+	return out
+}
+
+func (r *RedisStore) commitNow(ctx context.Context, reqs []commitReq) []commitRes {
 	calls := make([]scriptCall, len(reqs))
 	for i, q := range reqs {
 		calls[i] = scriptCall{commitScript,
@@ -232,7 +335,25 @@ func (r *RedisStore) commit(ctx context.Context, reqs []commitReq) []commitRes {
 	return out
 }
 
+// release runs releaseNow to its end (settle).
 func (r *RedisStore) release(ctx context.Context, reqs []releaseReq) []error {
+	var out []error
+	life := time.Duration(0)
+	for _, q := range reqs {
+		life = max(life, q.lockTTL)
+	}
+	if err := r.settle(ctx, life, func(ctx context.Context) { out = r.releaseNow(ctx, reqs) }, nil); err != nil {
+		// out is op's, still running: the caller gets its own.
+		gaveUp := make([]error, len(reqs))
+		for i := range gaveUp {
+			gaveUp[i] = err
+		}
+		return gaveUp
+	}
+	return out
+}
+
+func (r *RedisStore) releaseNow(ctx context.Context, reqs []releaseReq) []error {
 	calls := make([]scriptCall, len(reqs))
 	for i, q := range reqs {
 		calls[i] = scriptCall{releaseScript, []string{keyspace.CacheLock(q.entry)}, []string{q.token, keyspace.CacheChannel(q.entry)}}

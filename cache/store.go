@@ -11,6 +11,12 @@ import (
 // loaded once for all of them. The interface is sealed: only this package
 // implements it, so that both stores keep the same semantics, which one
 // conformance suite checks.
+//
+// acquire, commit and release take and give up locks: a store doing I/O
+// runs them to their end even when ctx ends first (the caller then gets
+// ctx's error), and releases the locks an acquire took for a caller that
+// had stopped waiting, so that no lock outlives the load it was taken for
+// (other instances would wait for it for the lock's whole TTL).
 type Store interface {
 	// read returns the entry's record; ok is false when there is none
 	// (or only an unreadable one). Stale copies are returned too.
@@ -72,9 +78,10 @@ type acquireRes struct {
 }
 
 type commitReq struct {
-	entry string
-	token string
-	rec   record // rec.fence is the loader's fence; rec.life the key's life
+	entry   string
+	token   string
+	rec     record        // rec.fence is the loader's fence; rec.life the key's life
+	lockTTL time.Duration // how long the lock can outlive a commit that failed half-way
 }
 
 type commitRes struct {
@@ -83,8 +90,9 @@ type commitRes struct {
 }
 
 type releaseReq struct {
-	entry string
-	token string
+	entry   string
+	token   string
+	lockTTL time.Duration // how long the lock can outlive a release that failed half-way
 }
 
 // subscription delivers an entry's wake-ups (a value landed, or a lock was

@@ -94,8 +94,7 @@ func (c *Cache) warmBatch(ctx context.Context, items []WarmItem, res *WarmResult
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 	defer cancel()
 	if len(commits) > 0 {
-		for _, r := range c.store.commit(sctx, commits) {
-			c.committed(r)
+		for _, r := range c.commit(sctx, commits) {
 			if r.err != nil {
 				errs = append(errs, fmt.Errorf("cache: warm commit: %w", r.err))
 			}
