@@ -109,6 +109,11 @@ tools:
 	}
 	var series []sample
 	var calls, limited atomic.Int64
+	// The slowest answer per tool, and how many took over a second:
+	// reported, not asserted (the client's 10s is the bound).
+	var slowMu sync.Mutex
+	slowest := map[string]time.Duration{}
+	var overSecond atomic.Int64
 	admitted := make([]atomic.Int64, len(tenants))
 	var bad tally
 	runtime.GC()
@@ -130,6 +135,12 @@ tools:
 				}
 				r := e.call(w, toks[ti], tool, args, 10*time.Second)
 				calls.Add(1)
+				if r.Elapsed > time.Second {
+					overSecond.Add(1)
+				}
+				slowMu.Lock()
+				slowest[tool] = max(slowest[tool], r.Elapsed)
+				slowMu.Unlock()
 				switch k := kind(r); {
 				case k == "ok":
 					admitted[ti].Add(1)
@@ -165,6 +176,13 @@ tools:
 		t.Logf("%8v %10d %8.1f %10d", s.at, s.goroutines, s.rssMiB, s.calls)
 	}
 	t.Logf("%8s %10d %8.1f %10s", "end", endG, float64(endRSS)/1024, "(idle)")
+	t.Logf("slowest answer: echo %v, search %v; %d calls took over 1s",
+		slowest["echo"].Round(time.Millisecond), slowest["search"].Round(time.Millisecond), overSecond.Load())
+	for i, st := range e.stores {
+		cs := st.Cache.Stats()
+		t.Logf("gateway %d cache: %d hits, %d misses, %d coalesced, %d stale, %d refreshes, %d uncached, %d store errors, %d skipped (breaker open)",
+			i, cs.Hits, cs.Misses, cs.Coalesced, cs.Stale, cs.Refreshes, cs.Uncached, cs.StoreErrors, cs.StoreSkipped)
+	}
 	if len(bad.kinds) > 0 {
 		t.Errorf("answers other than 200 and the tight tenant's 429: %v", bad.String())
 	}
