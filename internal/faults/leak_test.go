@@ -16,6 +16,9 @@ func leakCheck(t *testing.T) {
 			// rueidis closes the connections a topology refresh dropped 5s
 			// later, from a goroutine of its own; it ends by itself.
 			goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func1"),
+			// rueidis delays a slot-map refresh after a connection error by
+			// up to 1s (lazyRefresh); the sleeping goroutine ends by itself.
+			goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*call).DelayDo.func1"),
 			// toxiproxy's toxic pipes can stay blocked on a channel send after
 			// the proxy stopped (the library's, not the gateway's: they hold
 			// no connection of ours).
