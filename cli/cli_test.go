@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,24 +19,6 @@ import (
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/internal/testenv"
 )
-
-// syncBuffer is a bytes.Buffer safe for a writer goroutine and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
@@ -103,7 +84,7 @@ var listening = regexp.MustCompile(`msg="mcpgate listening" addr=(\S+)`)
 func startMain(t *testing.T, stdout io.Writer, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stderr := &syncBuffer{}
+	stderr := &testenv.SyncBuffer{}
 	done := make(chan int, 1)
 	go func() { done <- Main(ctx, args, stdout, stderr) }()
 	t.Cleanup(func() {
@@ -255,7 +236,7 @@ func TestServeRefusesAMissingSecret(t *testing.T) {
 var tokenLine = regexp.MustCompile(`export TOKEN=(\S+)`)
 
 func TestDemoPrintsAWorkingToken(t *testing.T) {
-	stdout := &syncBuffer{}
+	stdout := &testenv.SyncBuffer{}
 	addr := startMain(t, stdout, "demo", "--listen", "127.0.0.1:0")
 	var token string
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {

@@ -64,7 +64,7 @@ func buildMcpgate(t *testing.T, dir string) string {
 // gatewayProc is a running `mcpgate serve`.
 type gatewayProc struct {
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *testenv.SyncBuffer
 	addr   string
 	done   chan struct{} // closed when the process has exited
 	err    error         // Wait's result, once done
@@ -84,7 +84,7 @@ func startServe(t *testing.T, bin, cfg string) *gatewayProc {
 // startServeIn is startServe in the working directory dir ("": this one).
 func startServeIn(t *testing.T, bin, dir, cfg string) *gatewayProc {
 	t.Helper()
-	p := &gatewayProc{stderr: &syncBuffer{}, done: make(chan struct{})}
+	p := &gatewayProc{stderr: &testenv.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, "serve", "--config", cfg)
 	p.cmd.Dir = dir
 	p.cmd.Env = e2eEnv()

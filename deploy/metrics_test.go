@@ -16,7 +16,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,24 +26,6 @@ import (
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/internal/testenv"
 )
-
-// syncBuffer is a bytes.Buffer safe for the gateway's logger and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 var listening = regexp.MustCompile(`msg="mcpgate listening" addr=(\S+)`)
 
@@ -91,7 +72,7 @@ breaker: {consecutive_denials: 2}
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	stderr := &syncBuffer{}
+	stderr := &testenv.SyncBuffer{}
 	done := make(chan int, 1)
 	go func() { done <- cli.Main(ctx, []string{"serve", "--config", path}, io.Discard, stderr) }()
 	t.Cleanup(func() {

@@ -1,14 +1,12 @@
 package setup
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,24 +16,6 @@ import (
 	"github.com/mcpgate/mcpgate/usage"
 	"github.com/mcpgate/mcpgate/usage/sqlite"
 )
-
-// syncBuffer is a log destination safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // parse parses a config made of an upstream, an HS256 auth section and
 // extra.
@@ -98,7 +78,7 @@ func TestAuthSecretUnset(t *testing.T) {
 func TestOpenInProcess(t *testing.T) {
 	t.Parallel()
 	db := filepath.Join(t.TempDir(), "usage.db")
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	cfg := parse(t, "usage:\n  store: sqlite:"+db+"\n  flush_interval: 1h\n")
 	ctx := context.Background()
@@ -163,7 +143,7 @@ func TestOpenNoUsage(t *testing.T) {
 func TestOpenRedis(t *testing.T) {
 	t.Parallel()
 	redis := testenv.StartRedis(t, &testenv.RedisOptions{Args: []string{"--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"}})
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	cfg := parse(t, "store:\n  redis: \""+redis.URL+"\"\n  timeout: 2s\n"+
 		"tiers:\n  free:\n    limits:\n      - {name: cap, per: tenant, algorithm: fixed_window, limit: 3, period: 1h}\ndefault_tier: free\n")

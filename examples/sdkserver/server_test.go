@@ -1,16 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/mcpgate/mcpgate/internal/testenv"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -31,24 +31,6 @@ const (
 func TestMain(m *testing.M) {
 	os.Setenv(testSecretEnv, testSecret)
 	os.Exit(m.Run())
-}
-
-// syncBuffer is a log destination safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func sign(t testing.TB, tenant, sub, scope string) string {
@@ -129,7 +111,7 @@ tiers:
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	addrc := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() {
@@ -217,7 +199,7 @@ func TestRunErrors(t *testing.T) {
 		{[]string{"--config", filepath.Join(dir, "missing.yaml")}, "no such file"},
 		{[]string{"--config", withUpstreamNoURL, "--log-level", "loud"}, "--log-level"},
 	} {
-		var out syncBuffer
+		var out testenv.SyncBuffer
 		err := run(context.Background(), c.args, &out, nil)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("run %q = %v, want an error containing %q", c.args, err, c.want)

@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/mcpgate/mcpgate/internal/testenv"
+
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/cli"
 )
@@ -150,7 +152,7 @@ var listening = regexp.MustCompile(`msg="mcpgate listening" addr=(\S+)`)
 // milliseconds, and a call whose server-initiated request was lost (the
 // upstream never answers it) then fails in 5s instead of holding the run
 // until the suite's own 60s request timeout.
-func startGateway(t *testing.T, upstream string) (url string, log *syncBuffer) {
+func startGateway(t *testing.T, upstream string) (url string, log *testenv.SyncBuffer) {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "mcpgate.yaml")
@@ -172,14 +174,14 @@ sessions: {max_per_tenant: 10000, max_per_subject: 10000}
 		t.Fatal(err)
 	}
 	t.Setenv("MCPGATE_CONFORMANCE_SECRET", secret)
-	if code := cli.Main(t.Context(), []string{"usage", "init", "--config", cfg}, &syncBuffer{}, &syncBuffer{}); code != 0 {
+	if code := cli.Main(t.Context(), []string{"usage", "init", "--config", cfg}, &testenv.SyncBuffer{}, &testenv.SyncBuffer{}); code != 0 {
 		t.Fatalf("mcpgate usage init: exit %d", code)
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
-	log = &syncBuffer{}
+	log = &testenv.SyncBuffer{}
 	done := make(chan int, 1)
-	go func() { done <- cli.Main(ctx, []string{"serve", "--config", cfg}, &syncBuffer{}, log) }()
+	go func() { done <- cli.Main(ctx, []string{"serve", "--config", cfg}, &testenv.SyncBuffer{}, log) }()
 	t.Cleanup(func() {
 		cancel()
 		select {

@@ -17,9 +17,10 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/mcpgate/mcpgate/internal/testenv"
 )
 
 // nodeDir is the npm project holding the suite, relative to this package.
@@ -97,31 +98,13 @@ func findSuite() (*suite, error) {
 	return s, nil
 }
 
-// syncBuffer is a bytes buffer safe for a writing process and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // endpointLine is what the reference server prints once it listens.
 var endpointLine = regexp.MustCompile(`MCP endpoint: (http://127\.0\.0\.1:\d+/mcp)`)
 
 // startReference starts the suite's reference server on a free port of
 // 127.0.0.1 and returns its MCP endpoint and its output so far (read at the
 // end for diagnostics). It is killed when the test ends.
-func startReference(t *testing.T, s *suite) (url string, output *syncBuffer) {
+func startReference(t *testing.T, s *suite) (url string, output *testenv.SyncBuffer) {
 	t.Helper()
 	// --import tsx runs the TypeScript in this process (the tsx CLI would
 	// spawn a child that a kill of its parent leaves running).
@@ -129,7 +112,7 @@ func startReference(t *testing.T, s *suite) (url string, output *syncBuffer) {
 	cmd.Dir = s.dir
 	cmd.Env = append(os.Environ(), "PORT=0")
 	cmd.SysProcAttr = sysProcAttr()
-	output = &syncBuffer{}
+	output = &testenv.SyncBuffer{}
 	pr, pw := io.Pipe()
 	cmd.Stdout = io.MultiWriter(output, pw)
 	cmd.Stderr = output
