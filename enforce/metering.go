@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -264,10 +266,7 @@ func (m *meterer) observe(key string, found bool, gen limit.Generation, durable 
 // entries placed again before the final flush.
 func (m *meterer) checkJournal(ctx context.Context) {
 	m.mu.Lock()
-	keys := make([]string, 0, len(m.journal))
-	for k := range m.journal {
-		keys = append(keys, k)
-	}
+	keys := slices.Collect(maps.Keys(m.journal))
 	m.mu.Unlock()
 	for _, k := range keys {
 		st, ok, err := m.store.ReadMeter(ctx, k)
@@ -383,10 +382,7 @@ const opHorizon = limit.OpTTL - 30*time.Second
 // placePending moves pending usage onto its meters.
 func (m *meterer) placePending(ctx context.Context) {
 	m.mu.Lock()
-	keys := make([]string, 0, len(m.pending))
-	for k := range m.pending {
-		keys = append(keys, k)
-	}
+	keys := slices.Collect(maps.Keys(m.pending))
 	m.mu.Unlock()
 	for _, k := range keys {
 		m.placeKey(ctx, k, nil)
