@@ -95,172 +95,209 @@ func Eval(r limit.Rule, s *State, now, cost int64, lease string, commit bool) li
 	var res limit.Result
 	switch r.Algorithm {
 	case limit.FixedWindow:
-		ws := now - now%p
-		n := int64(0)
-		if s.Used && s.A == ws {
-			n = s.B
-		}
-		res.Allowed = n+cost <= r.Limit
-		if res.Allowed {
-			n += cost
-			if commit {
-				s.Assign(State{Used: true, A: ws, B: n, ExpiresAt: ws + p})
-			}
-		}
-		res.Remaining = r.Limit - n
-		res.ResetAfter = dur(ws + p - now)
-		if !res.Allowed {
-			res.RetryAfter = dur(ws + p - now)
-		}
-
+		res = fixedWindow(r, s, now, p, capacity, cost, lease, never, commit)
 	case limit.SlidingWindowCounter:
-		ws := now - now%p
-		cur, prev := int64(0), int64(0)
-		if s.Used && s.A == ws {
-			cur, prev = s.B, s.C
-		} else if s.Used && s.A == ws-p {
-			prev = s.B
-		}
-		e := now - ws
-		// admitted iff prev*(P-e)/P + cur + cost <= L, in integers
-		res.Allowed = prev*(p-e)+(cur+cost)*p <= r.Limit*p
-		if res.Allowed {
-			cur += cost
-			if commit {
-				s.Assign(State{Used: true, A: ws, B: cur, C: prev, ExpiresAt: ws + 2*p})
-			}
-		}
-		res.Remaining = max(0, r.Limit-cur-ceilDiv(prev*(p-e), p))
-		switch {
-		case cur > 0:
-			res.ResetAfter = dur(ws + 2*p - now)
-		case prev > 0:
-			res.ResetAfter = dur(ws + p - now)
-		}
-		if !res.Allowed && !never {
-			if cur+cost > r.Limit {
-				// wait for the next window, where cur becomes the weighted prev
-				res.RetryAfter = dur(ws + p + p - (r.Limit-cost)*p/cur - now)
-			} else {
-				res.RetryAfter = dur(ws + p - (r.Limit-cur-cost)*p/prev - now)
-			}
-		}
-
+		res = slidingWindowCounter(r, s, now, p, capacity, cost, lease, never, commit)
 	case limit.TokenBucket:
-		full := capacity * p
-		tokens := full
-		if s.Used {
-			elapsed := min(now-s.B, refillTime(r, full, p))
-			tokens = min(full, s.A+max(0, elapsed)*r.Limit)
-		}
-		res.Allowed = tokens >= cost*p
-		if res.Allowed {
-			tokens -= cost * p
-		}
-		refill := ceilDiv(full-tokens, r.Limit)
-		if res.Allowed && commit {
-			s.Assign(State{Used: true, A: tokens, B: now, ExpiresAt: now + refill})
-		}
-		res.Remaining = tokens / p
-		res.ResetAfter = dur(refill)
-		if !res.Allowed {
-			res.RetryAfter = dur(ceilDiv(cost*p-tokens, r.Limit))
-		}
-
+		res = tokenBucket(r, s, now, p, capacity, cost, lease, never, commit)
 	case limit.GCRA:
-		t := Interval(r)
-		tau := t * capacity
-		tat := now
-		if s.Used && s.A > now {
-			tat = s.A
-		}
-		next := tat + cost*t
-		res.Allowed = next-now <= tau
-		if res.Allowed {
-			tat = next
-			if commit {
-				s.Assign(State{Used: true, A: tat, ExpiresAt: tat})
-			}
-		}
-		res.Remaining = (tau - (tat - now)) / t
-		res.ResetAfter = dur(tat - now)
-		if !res.Allowed {
-			res.RetryAfter = dur(next - tau - now)
-		}
-
+		res = gcra(r, s, now, p, capacity, cost, lease, never, commit)
 	case limit.SlidingWindow:
-		log := s.Log
-		if !s.Used {
-			log = nil
-		}
-		// units older than a Period no longer count
-		i := sort.Search(len(log), func(i int) bool { return log[i] > now-p })
-		log = log[i:]
-		n := int64(len(log))
-		res.Allowed = n+cost <= r.Limit
-		if res.Allowed {
-			if commit {
-				log = append(log[:n:n], make([]int64, cost)...)
-				for k := n; k < n+cost; k++ {
-					log[k] = now
-				}
-				*s = State{Used: true, Log: log, ExpiresAt: now + p}
-			}
-			n += cost
-			res.ResetAfter = dur(p)
-		} else if n > 0 {
-			res.ResetAfter = dur(log[n-1] + p - now)
-		}
-		res.Remaining = r.Limit - n
-		if !res.Allowed && !never {
-			// the oldest n+cost-L units must leave the window
-			res.RetryAfter = dur(log[n+cost-r.Limit-1] + p - now)
-		}
-
+		res = slidingWindow(r, s, now, p, capacity, cost, lease, never, commit)
 	case limit.Concurrency:
-		var live map[string]int64
-		earliest, latest := int64(-1), int64(-1)
-		if s.Used {
-			for id, exp := range s.Leases {
-				if exp <= now {
-					continue
-				}
-				if live == nil {
-					live = make(map[string]int64, len(s.Leases)+1)
-				}
-				live[id] = exp
-				if earliest < 0 || exp < earliest {
-					earliest = exp
-				}
-				latest = max(latest, exp)
-			}
-		}
-		n := int64(len(live))
-		res.Allowed = n+1 <= r.Limit
-		if res.Allowed {
-			n++
-			latest = max(latest, now+p)
-			if commit {
-				if live == nil {
-					live = make(map[string]int64, 1)
-				}
-				live[lease] = now + p
-				*s = State{Used: true, Leases: live, ExpiresAt: latest}
-			}
-		}
-		res.Remaining = r.Limit - n
-		// all slots are free again when the last live lease expires (a
-		// denial implies n >= Limit >= 1, so latest is set)
-		res.ResetAfter = dur(latest - now)
-		if !res.Allowed {
-			res.RetryAfter = min(dur(earliest-now), limit.ConcurrencyRetryHint)
-		}
+		res = concurrency(r, s, now, p, capacity, cost, lease, never, commit)
 	}
 	if never {
 		res.RetryAfter = limit.Never
 	}
 	// a rule lowered by a config reload can leave a counter above its limit
 	res.Remaining = max(0, res.Remaining)
+	return res
+}
+
+// fixedWindow is Eval for limit.FixedWindow: units counted per window of
+// one period, windows aligned to the epoch.
+func fixedWindow(r limit.Rule, s *State, now, p, capacity, cost int64, lease string, never, commit bool) (res limit.Result) {
+	ws := now - now%p
+	n := int64(0)
+	if s.Used && s.A == ws {
+		n = s.B
+	}
+	res.Allowed = n+cost <= r.Limit
+	if res.Allowed {
+		n += cost
+		if commit {
+			s.Assign(State{Used: true, A: ws, B: n, ExpiresAt: ws + p})
+		}
+	}
+	res.Remaining = r.Limit - n
+	res.ResetAfter = dur(ws + p - now)
+	if !res.Allowed {
+		res.RetryAfter = dur(ws + p - now)
+	}
+	return res
+}
+
+// slidingWindowCounter is Eval for limit.SlidingWindowCounter: the
+// previous window weighted by the part of it still inside the period.
+func slidingWindowCounter(r limit.Rule, s *State, now, p, capacity, cost int64, lease string, never, commit bool) (res limit.Result) {
+	ws := now - now%p
+	cur, prev := int64(0), int64(0)
+	if s.Used && s.A == ws {
+		cur, prev = s.B, s.C
+	} else if s.Used && s.A == ws-p {
+		prev = s.B
+	}
+	e := now - ws
+	// admitted iff prev*(P-e)/P + cur + cost <= L, in integers
+	res.Allowed = prev*(p-e)+(cur+cost)*p <= r.Limit*p
+	if res.Allowed {
+		cur += cost
+		if commit {
+			s.Assign(State{Used: true, A: ws, B: cur, C: prev, ExpiresAt: ws + 2*p})
+		}
+	}
+	res.Remaining = max(0, r.Limit-cur-ceilDiv(prev*(p-e), p))
+	switch {
+	case cur > 0:
+		res.ResetAfter = dur(ws + 2*p - now)
+	case prev > 0:
+		res.ResetAfter = dur(ws + p - now)
+	}
+	if !res.Allowed && !never {
+		if cur+cost > r.Limit {
+			// wait for the next window, where cur becomes the weighted prev
+			res.RetryAfter = dur(ws + p + p - (r.Limit-cost)*p/cur - now)
+		} else {
+			res.RetryAfter = dur(ws + p - (r.Limit-cur-cost)*p/prev - now)
+		}
+	}
+	return res
+}
+
+// tokenBucket is Eval for limit.TokenBucket: tokens scaled by the period
+// (token-microseconds), so refills stay integers.
+func tokenBucket(r limit.Rule, s *State, now, p, capacity, cost int64, lease string, never, commit bool) (res limit.Result) {
+	full := capacity * p
+	tokens := full
+	if s.Used {
+		elapsed := min(now-s.B, refillTime(r, full, p))
+		tokens = min(full, s.A+max(0, elapsed)*r.Limit)
+	}
+	res.Allowed = tokens >= cost*p
+	if res.Allowed {
+		tokens -= cost * p
+	}
+	refill := ceilDiv(full-tokens, r.Limit)
+	if res.Allowed && commit {
+		s.Assign(State{Used: true, A: tokens, B: now, ExpiresAt: now + refill})
+	}
+	res.Remaining = tokens / p
+	res.ResetAfter = dur(refill)
+	if !res.Allowed {
+		res.RetryAfter = dur(ceilDiv(cost*p-tokens, r.Limit))
+	}
+	return res
+}
+
+// gcra is Eval for limit.GCRA: the theoretical arrival time of the next
+// unit.
+func gcra(r limit.Rule, s *State, now, p, capacity, cost int64, lease string, never, commit bool) (res limit.Result) {
+	t := Interval(r)
+	tau := t * capacity
+	tat := now
+	if s.Used && s.A > now {
+		tat = s.A
+	}
+	next := tat + cost*t
+	res.Allowed = next-now <= tau
+	if res.Allowed {
+		tat = next
+		if commit {
+			s.Assign(State{Used: true, A: tat, ExpiresAt: tat})
+		}
+	}
+	res.Remaining = (tau - (tat - now)) / t
+	res.ResetAfter = dur(tat - now)
+	if !res.Allowed {
+		res.RetryAfter = dur(next - tau - now)
+	}
+	return res
+}
+
+// slidingWindow is Eval for limit.SlidingWindow: one log entry per
+// admitted unit (exact).
+func slidingWindow(r limit.Rule, s *State, now, p, capacity, cost int64, lease string, never, commit bool) (res limit.Result) {
+	log := s.Log
+	if !s.Used {
+		log = nil
+	}
+	// units older than a Period no longer count
+	i := sort.Search(len(log), func(i int) bool { return log[i] > now-p })
+	log = log[i:]
+	n := int64(len(log))
+	res.Allowed = n+cost <= r.Limit
+	if res.Allowed {
+		if commit {
+			log = append(log[:n:n], make([]int64, cost)...)
+			for k := n; k < n+cost; k++ {
+				log[k] = now
+			}
+			*s = State{Used: true, Log: log, ExpiresAt: now + p}
+		}
+		n += cost
+		res.ResetAfter = dur(p)
+	} else if n > 0 {
+		res.ResetAfter = dur(log[n-1] + p - now)
+	}
+	res.Remaining = r.Limit - n
+	if !res.Allowed && !never {
+		// the oldest n+cost-L units must leave the window
+		res.RetryAfter = dur(log[n+cost-r.Limit-1] + p - now)
+	}
+	return res
+}
+
+// concurrency is Eval for limit.Concurrency: one lease per call in
+// progress, expiring after the period.
+func concurrency(r limit.Rule, s *State, now, p, capacity, cost int64, lease string, never, commit bool) (res limit.Result) {
+	var live map[string]int64
+	earliest, latest := int64(-1), int64(-1)
+	if s.Used {
+		for id, exp := range s.Leases {
+			if exp <= now {
+				continue
+			}
+			if live == nil {
+				live = make(map[string]int64, len(s.Leases)+1)
+			}
+			live[id] = exp
+			if earliest < 0 || exp < earliest {
+				earliest = exp
+			}
+			latest = max(latest, exp)
+		}
+	}
+	n := int64(len(live))
+	res.Allowed = n+1 <= r.Limit
+	if res.Allowed {
+		n++
+		latest = max(latest, now+p)
+		if commit {
+			if live == nil {
+				live = make(map[string]int64, 1)
+			}
+			live[lease] = now + p
+			*s = State{Used: true, Leases: live, ExpiresAt: latest}
+		}
+	}
+	res.Remaining = r.Limit - n
+	// all slots are free again when the last live lease expires (a
+	// denial implies n >= Limit >= 1, so latest is set)
+	res.ResetAfter = dur(latest - now)
+	if !res.Allowed {
+		res.RetryAfter = min(dur(earliest-now), limit.ConcurrencyRetryHint)
+	}
 	return res
 }
 
