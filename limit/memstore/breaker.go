@@ -221,23 +221,9 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 	var mt *algo.Meter
 	var exp, mcost int64
 	if m != nil {
-		mcost = m.CostFor(cost)
-		msh := &c.shards[ms]
-		exp = expireUS(m.ExpireAt)
-		var created bool
-		var mst algo.MeterStatus
-		mt, created, mst = algo.MeterOpen(msh.meter(m.Key, now), *m, now, exp)
-		if mst == algo.MeterOK {
-			mst = algo.MeterEval(mt, m.Quota, mcost)
-		}
-		if err := meterErr(mst); err != nil {
+		if mt, exp, mcost, mr, err = c.meterEval(m, ms, now, cost); err != nil {
 			return "", limit.MeterResult{}, bs, false, err
 		}
-		if created { // whatever the call decides: the Seed is no charge
-			nameGen(mt)
-			msh.putMeter(m.Key, mt)
-		}
-		mr = limit.MeterResult{Allowed: mst == algo.MeterOK, NeedSeed: mst == algo.MeterNeedSeed}
 		admit = admit && mr.Allowed
 	}
 	if admit {
@@ -258,24 +244,52 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 		case !admit:
 			v = algo.Denied
 		}
-		var calls algo.CallCounter
-		if p.Identical > 0 {
-			calls = c.shards[csi].calls(spec.IdenticalKey, now)
-		}
-		opened, counted := algo.BreakerAfter(&b, p, now, v, probe, &calls, spec.IdenticalKey)
-		c.shards[bsi].putBreaker(spec.Key, b, spec, p, now, held)
-		bs = algo.BreakerView(&b, p, now, opened)
-		bs.Probe = probe && v == algo.Admitted
-		if counted {
-			c.shards[csi].putCalls(spec.IdenticalKey, calls)
-			bs.Identical = calls.N
-		}
+		bs = c.breakerAfter(spec, p, b, v, held, probe, now, bsi, csi)
 	}
 	if opKey != "" && admit {
 		c.shards[ms].putOp(opKey, &opMarker{exp: now + limit.OpTTL.Microseconds(),
 			results: append([]limit.Result(nil), results...), lease: lease, mr: mr, bs: bs})
 	}
 	return lease, mr, bs, false, nil
+}
+
+// meterEval opens the meter m (creating it from its seed, which is no
+// charge) in shard ms and evaluates a call of cost against its quota.
+func (c *core) meterEval(m *limit.Meter, ms int, now, cost int64) (mt *algo.Meter, exp, mcost int64, mr limit.MeterResult, err error) {
+	mcost = m.CostFor(cost)
+	msh := &c.shards[ms]
+	exp = expireUS(m.ExpireAt)
+	mt, created, mst := algo.MeterOpen(msh.meter(m.Key, now), *m, now, exp)
+	if mst == algo.MeterOK {
+		mst = algo.MeterEval(mt, m.Quota, mcost)
+	}
+	if err := meterErr(mst); err != nil {
+		return nil, 0, 0, limit.MeterResult{}, err
+	}
+	if created { // whatever the call decides: the Seed is no charge
+		nameGen(mt)
+		msh.putMeter(m.Key, mt)
+	}
+	return mt, exp, mcost, limit.MeterResult{Allowed: mst == algo.MeterOK, NeedSeed: mst == algo.MeterNeedSeed}, nil
+}
+
+// breakerAfter records the verdict v of a call on the breaker b of spec
+// (held: b was in shard bsi before), counting its fingerprint in shard csi,
+// and returns the breaker's state.
+func (c *core) breakerAfter(spec *limit.BreakerSpec, p algo.BreakerParams, b algo.Breaker, v algo.Verdict, held, probe bool, now int64, bsi, csi int) limit.BreakerState {
+	var calls algo.CallCounter
+	if p.Identical > 0 {
+		calls = c.shards[csi].calls(spec.IdenticalKey, now)
+	}
+	opened, counted := algo.BreakerAfter(&b, p, now, v, probe, &calls, spec.IdenticalKey)
+	c.shards[bsi].putBreaker(spec.Key, b, spec, p, now, held)
+	bs := algo.BreakerView(&b, p, now, opened)
+	bs.Probe = probe && v == algo.Admitted
+	if counted {
+		c.shards[csi].putCalls(spec.IdenticalKey, calls)
+		bs.Identical = calls.N
+	}
+	return bs
 }
 
 // ReportOutcome records the outcome of a call the breaker b admitted:
