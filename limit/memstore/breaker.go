@@ -199,15 +199,10 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 	var b algo.Breaker
 	var held, probe bool
 	if spec != nil {
-		b, held = c.shards[bsi].breaker(spec.Key, now)
-		deny, _, pr := algo.BreakerGate(&b, p, now)
-		if deny {
-			// b is unchanged: BreakerBlocked says what the gate did
-			bs = algo.BreakerView(&b, p, now, false)
-			algo.BreakerBlocked(&bs, &b, now)
+		var deny bool
+		if b, held, probe, deny, bs = c.gate(spec, p, bsi, now); deny {
 			return "", mr, bs, true, nil
 		}
-		probe = pr
 	}
 
 	states, admit := c.dryRun(checks, idx, sb[:0], results, now, cost)
@@ -251,6 +246,21 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 			results: append([]limit.Result(nil), results...), lease: lease, mr: mr, bs: bs})
 	}
 	return lease, mr, bs, false, nil
+}
+
+// gate passes a call through the breaker of spec in shard bsi: b is its
+// state (held: it was in the shard), probe whether the call would be the
+// half-open breaker's probe, deny whether the gate refused it, bs then
+// what it says.
+func (c *core) gate(spec *limit.BreakerSpec, p algo.BreakerParams, bsi int, now int64) (b algo.Breaker, held, probe, deny bool, bs limit.BreakerState) {
+	b, held = c.shards[bsi].breaker(spec.Key, now)
+	deny, _, probe = algo.BreakerGate(&b, p, now)
+	if deny {
+		// b is unchanged: BreakerBlocked says what the gate did
+		bs = algo.BreakerView(&b, p, now, false)
+		algo.BreakerBlocked(&bs, &b, now)
+	}
+	return b, held, probe, deny, bs
 }
 
 // meterEval opens the meter m (creating it from its seed, which is no
