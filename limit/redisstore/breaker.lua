@@ -118,7 +118,7 @@ if LIB or EOP == 'b' or EOP == 'n' or EOP == 'N' or EOP == 'o' or EOP == 'd' or 
   end
 
   brSetCalls = function(key, c)
-    redis.call('SET', key, int(c.x) .. ' ' .. int(c.n), 'PX', px(c.x))
+    redis.call('SET', key, fmt(int2f, c.x, c.n), 'PX', px(c.x))
   end
 
   -- brWrite stores st under key with its expiry (algo.BreakerExpiry), or

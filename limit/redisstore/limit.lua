@@ -107,10 +107,10 @@ local opkey, nk, na
 -- The library functions used, read once by the first call (init): a
 -- function library's code runs when it loads without the Lua libraries or
 -- redis.call.
-local floor, min, max, fmt, match, call, pcall, intf, seqf, int2f
+local floor, min, max, fmt, match, find, sub, call, pcall, intf, seqf, int2f, int3f
 
 local function init()
-  floor, min, max, fmt, match = math.floor, math.min, math.max, string.format, string.match
+  floor, min, max, fmt, match, find, sub = math.floor, math.min, math.max, string.format, string.match, string.find, string.sub
   call, pcall = redis.call, redis.pcall
   -- int formats an integer for Redis. Lua 5.1's %d casts to C long: exact
   -- on the 64-bit builds Redis and Valkey ship, and three times faster than
@@ -118,7 +118,8 @@ local function init()
   intf = '%d'
   if fmt(intf, 9007199254740992) ~= '9007199254740992' then intf = '%.0f' end
   seqf = '%013' .. string.sub(intf, 2) -- zero-padded sliding-window unit number
-  int2f = intf .. ' ' .. intf
+  int2f = intf .. ' ' .. intf -- two integers in one string.format: cheaper than two and a concatenation
+  int3f = int2f .. ' ' .. intf
 end
 
 -- idiv is floor(a / b) for integers a and b > 0. math.floor(a / b) alone is
@@ -135,7 +136,17 @@ local function idiv(a, b)
   return q
 end
 
-local function ceildiv(a, b) return idiv(a + b - 1, b) end
+-- ceildiv is ceil(a / b), idiv(a + b - 1, b) without a second call.
+local function ceildiv(a, b)
+  a = a + b - 1
+  local q = floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
 
 -- int formats an integer for Redis (see init).
 local function int(x) return fmt(intf, x) end
@@ -155,10 +166,27 @@ local function get(key)
 end
 
 -- fields parses a state string: up to three integers, the missing ones 0.
+-- The states this library writes (integers joined by single spaces) are
+-- split without a pattern, which costs half of matching one; a string
+-- tonumber cannot split this way goes through the pattern.
 -- All string states share algo.State's fields A, B, C in that order, so a
 -- rule whose algorithm changed reads the old state exactly as algo does.
 local function fields(v)
   if not v then return nil end
+  local p = find(v, ' ', 1, true)
+  if not p then
+    local a = tonumber(v)
+    if a then return a, 0, 0 end
+  else
+    local q = find(v, ' ', p + 1, true)
+    local a, b, c
+    if q then
+      a, b, c = tonumber(sub(v, 1, p - 1)), tonumber(sub(v, p + 1, q - 1)), tonumber(sub(v, q + 1))
+    else
+      a, b, c = tonumber(sub(v, 1, p - 1)), tonumber(sub(v, p + 1)), 0
+    end
+    if a and b and c then return a, b, c end
+  end
   local a, b, c = match(v, '^(%-?%d+) ?(%-?%d*) ?(%-?%d*)')
   if not a then return nil end
   return tonumber(a), tonumber(b) or 0, tonumber(c) or 0
@@ -177,13 +205,29 @@ end
 -- lower case letter.
 local algs = { f = 'f', c = 'c', t = 't', g = 'g', w = 'w', k = 'k', F = 'f', C = 'c', T = 't', G = 'g', W = 'w', K = 'k' }
 
+-- num is tonumber(s) for a rule's parameter: a function library keeps the
+-- numbers it read (at most 1024, then it starts over), since a gateway
+-- sends the same few rules again and again and a table lookup is cheaper
+-- than parsing the number. A script starts with no table each call.
+local nums, numsN = {}, 0
+local function num(s)
+  if not LIB then return tonumber(s) end
+  local x = nums[s]
+  if not x then
+    x = tonumber(s)
+    if numsN >= 1024 then nums, numsN = {}, 0 end
+    nums[s], numsN = x, numsN + 1
+  end
+  return x
+end
+
 -- rule returns check i's parameters: algorithm (lower case), limit, period,
 -- capacity, shadow.
 local function rule(i)
   local b = 4 * i
   local a = ARGV[b + 1]
   local alg = algs[a]
-  return alg, tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), a ~= alg
+  return alg, num(ARGV[b + 2]), num(ARGV[b + 3]), num(ARGV[b + 4]), a ~= alg
 end
 
 -- logUnits adds cost units at now to the sliding-window log of key, which
@@ -275,7 +319,7 @@ end
 --[[breaker.lua]]
 
 -- scratch holds take's tables of per-check numbers, made once.
-local scratch = { {}, {}, {}, {}, {}, {} }
+local scratch = { {}, {}, {}, {}, {}, {}, {} }
 
 -- take serves ops t, m, b and n.
 local function take()
@@ -307,12 +351,23 @@ local function take()
     end
   end
 
-  local out = { now }
+  -- the reply, made at its size for up to three checks (a table grown
+  -- one value at a time is reallocated at every power of two)
+  local out
+  if n == 1 then
+    out = { now, 0, 0, 0, 0 }
+  elseif n == 3 then
+    out = { now, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  elseif n == 2 then
+    out = { now, 0, 0, 0, 0, 0, 0, 0, 0 }
+  else
+    out = { now }
+  end
   -- what phase 2 writes for check i: state numbers s1..s3, expiry ex (the
   -- library's tables, reused: phase 1 sets ok[i] and bad[i] for every i,
   -- and the others before phase 2 reads them)
-  local ok, s1, s2, s3, ex, bad = scratch[1], scratch[2], scratch[3], scratch[4], scratch[5], scratch[6]
-  if not LIB then ok, s1, s2, s3, ex, bad = {}, {}, {}, {}, {}, {} end
+  local ok, s1, s2, s3, ex, bad, al = scratch[1], scratch[2], scratch[3], scratch[4], scratch[5], scratch[6], scratch[7]
+  if not LIB then ok, s1, s2, s3, ex, bad, al = {}, {}, {}, {}, {}, {}, {} end
   local admit = true
 
   -- Phase 1: evaluate every check, reading only.
@@ -461,7 +516,7 @@ local function take()
     end
 
     if never then retry = -1 end
-    ok[i] = allowed
+    ok[i], al[i] = allowed, alg
     admit = admit and (allowed or shadow)
     local o = 4 * i - 2
     out[o] = allowed and 1 or 0
@@ -493,13 +548,13 @@ local function take()
   if admit then
     for i = 1, n do
       if ok[i] then
-        local alg, key = rule(i), KEYS[i]
+        local alg, key = al[i], KEYS[i]
         if alg == 't' then
           call('SET', key, fmt(int2f, s1[i], now), 'PX', px(ex[i]))
         elseif alg == 'f' then
-          call('SET', key, int(s1[i]) .. ' ' .. int(s2[i]), 'PX', px(ex[i]))
+          call('SET', key, fmt(int2f, s1[i], s2[i]), 'PX', px(ex[i]))
         elseif alg == 'c' then
-          call('SET', key, int(s1[i]) .. ' ' .. int(s2[i]) .. ' ' .. int(s3[i]), 'PX', px(ex[i]))
+          call('SET', key, fmt(int3f, s1[i], s2[i], s3[i]), 'PX', px(ex[i]))
         elseif alg == 'g' then
           call('SET', key, int(s1[i]), 'PX', px(ex[i]))
         elseif alg == 'w' then
@@ -576,7 +631,7 @@ local function refund()
         if b == 0 then
           call('DEL', key)
         else
-          call('SET', key, int(a) .. ' ' .. int(b), 'PX', px(ws + p))
+          call('SET', key, fmt(int2f, a, b), 'PX', px(ws + p))
         end
       end
     elseif alg == 'c' then
@@ -587,7 +642,7 @@ local function refund()
         if b == 0 and c == 0 then
           call('DEL', key)
         else
-          call('SET', key, int(a) .. ' ' .. int(b) .. ' ' .. int(c), 'PX', px(ws + 2 * p))
+          call('SET', key, fmt(int3f, a, b, c), 'PX', px(ws + 2 * p))
         end
       end
     elseif alg == 't' then
@@ -599,7 +654,7 @@ local function refund()
         if tokens >= full then
           call('DEL', key)
         else
-          call('SET', key, int(tokens) .. ' ' .. int(now), 'PX', px(now + ceildiv(full - tokens, limit)))
+          call('SET', key, fmt(int2f, tokens, now), 'PX', px(now + ceildiv(full - tokens, limit)))
         end
       end
     elseif alg == 'g' then
