@@ -65,6 +65,17 @@ func testMeterOp(c *tcase) {
 	}
 	c.expectUsage("after Adjust's op", c.read(m.Key).Live, use(9, 1, 4, 0))
 
+	// A take's op placed again through Adjust, as the engine does when the
+	// take's answer was lost: the take landed, so nothing more is applied,
+	// and it is no error (a store that failed here would keep the usage
+	// pending forever, then count it twice once the marker expired).
+	for _, op := range []limit.Meter{m, m3} {
+		if _, err := c.ms().Adjust(c.ctx, op, use(1, 0, 1, 0)); err != nil {
+			c.t.Errorf("a take's op placed again through Adjust: %v", err)
+		}
+	}
+	c.expectUsage("after takes' ops placed again", c.read(m.Key).Live, use(9, 1, 4, 0))
+
 	// A bad op id charges nothing.
 	bad := m
 	bad.Op = "a b"

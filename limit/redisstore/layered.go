@@ -225,6 +225,15 @@ func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outc
 		return
 	}
 	arrs, errs := s.execMulti(ctx, bs...)
+	if m := req.Meter; adjust >= 0 && errs[adjust] == nil && m.Op != "" {
+		// The meter charge was given back: the op's marker, which says it
+		// applied, must go too, or placing the op again (the engine does,
+		// when the global half failed rather than denied) would be taken
+		// as done and the call's usage lost.
+		if err := s.client.Do(ctx, s.client.B().Del().Key(keyspace.MeterOp(m.Key, m.Op)).Build()).Error(); err != nil {
+			s.log.Warn("removing the marker of an undone op failed: placing it again will count nothing", "err", err)
+		}
+	}
 	for i, err := range errs {
 		if err != nil {
 			s.log.Warn("undoing an admitted tenant half failed: it keeps this request", "err", err)

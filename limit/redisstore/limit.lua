@@ -713,7 +713,16 @@ end
 local function adjust()
   if opkey then
     local r = recorded()
-    if r then return r end
+    if r and #r == 7 then return r end
+    if r then
+      -- The op was a take that landed (a denied take leaves no marker): its
+      -- charge is on the meter, so this placement of it applies nothing and
+      -- answers as an adjust would, covered (status 5).
+      local st, u, _, gen = meterOpen(KEYS[1], 4)
+      if st == 1 then st = 5 end
+      if st > 2 and st < 5 then gen = '' end
+      return { now, st, u[1], u[2], u[3], u[4], gen }
+    end
   end
   local key = KEYS[1]
   local st, u, create, gen = meterOpen(key, 4)
