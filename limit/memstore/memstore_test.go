@@ -472,3 +472,28 @@ func TestFakeClock(t *testing.T) {
 	}()
 	c.Advance(-1)
 }
+
+// Op markers are bounded per shard: a store that meters every call keeps a
+// bounded number of them, however many calls it decides within their TTL.
+func TestOpMarkersBounded(t *testing.T) {
+	s, err := New(&Options{Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	m := limit.Meter{Key: "mcpgate:usage:{bounded}:2026-12", Tenant: "bounded", Period: "2026-12",
+		ExpireAt: time.Now().Add(time.Hour), Seeded: true}
+	for range 5 * maxOpsPerShard {
+		m.Op = limit.NewOp()
+		if _, _, err := s.TakeMetered(t.Context(), nil, m, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sh := &s.c.shards[0]
+	sh.mu.Lock()
+	n := len(sh.ops)
+	sh.mu.Unlock()
+	if n > maxOpsPerShard {
+		t.Fatalf("%d op markers in one shard, bound %d", n, maxOpsPerShard)
+	}
+}

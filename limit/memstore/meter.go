@@ -179,9 +179,28 @@ func (sh *shard) op(key string, now int64) *opMarker {
 	return o
 }
 
+// maxOpsPerShard bounds the op markers one shard keeps (with the default
+// 64 shards, about 65,000 markers, some 25 MB). An op is recorded for
+// every metered call, and a busy store would otherwise keep each for
+// limit.OpTTL (5 minutes: gigabytes at 10,000 calls/s). In process no
+// answer is ever lost, so the engine never repeats an op to this store; an
+// op evicted early and then repeated by another caller applies again.
+const maxOpsPerShard = 1024
+
+// putOp records the marker of key, evicting some markers (expired or not)
+// when the shard holds maxOpsPerShard. Call with sh.mu held.
 func (sh *shard) putOp(key string, o *opMarker) {
 	if sh.ops == nil {
 		sh.ops = make(map[string]*opMarker)
+	}
+	if len(sh.ops) >= maxOpsPerShard {
+		n := 0
+		for k := range sh.ops { // map order: an arbitrary eighth goes
+			delete(sh.ops, k)
+			if n++; n >= maxOpsPerShard/8 {
+				break
+			}
+		}
 	}
 	sh.ops[key] = o
 }
