@@ -112,7 +112,7 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd mc
 // the answer was an error (for the breaker), the result this caller's own
 // load produced (for a cost correction; nil unless this caller's flight
 // loaded it) and the HTTP status written.
-func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, plan enforce.CachePlan, call *liveCall) (failed bool, loaded json.RawMessage, status int) {
+func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int) {
 	msg := fwd.Msg
 	// bypass forwards the call without the cache, reporting what the
 	// proxy reports (the caller overwrites its own record with the values
@@ -154,7 +154,7 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		// This caller's own load streams the answer to it (or, rarely, an
 		// early refresh its hit started got there first): that is its
 		// answer, whatever the flight's outcome.
-		return g.streamedAnswer(r, lw)
+		return g.streamedAnswer(r, lw, answered)
 	}
 	if err != nil {
 		var u *uncacheable
@@ -183,6 +183,7 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 	g.metrics.CacheRequests.WithLabelValues(src.String()).Inc()
 	g.trace.cache(r.Context(), src.String())
 	w.Header().Set("X-Mcp-Cache", src.String())
+	answered.call(entry.Value, nil) // before the caller has it
 	writeRPC(w, http.StatusOK, msg.ID, "result", entry.Value)
 	if src == cache.Miss {
 		// Miss: this caller's own flight ran the loader, so the value is
@@ -196,9 +197,14 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 // has ended (or the caller left: the load goes on for the flight without
 // it), sends the held response event, and reports that answer as a
 // forwarded call's.
-func (g *Gateway) streamedAnswer(r *http.Request, lw *leaderWriter) (failed bool, loaded json.RawMessage, status int) {
+func (g *Gateway) streamedAnswer(r *http.Request, lw *leaderWriter, answered resultHook) (failed bool, loaded json.RawMessage, status int) {
 	select {
 	case <-lw.done:
+		// The response event is held until now: the call is settled on
+		// it before the caller has it.
+		if _, result, rpcErr := lw.outcome(); result != nil || rpcErr != nil {
+			answered.call(result, rpcErr)
+		}
 		lw.flushHeld()
 	case <-r.Context().Done():
 	}
@@ -271,4 +277,14 @@ func writeRPC(w http.ResponseWriter, status int, id json.RawMessage, member stri
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(b.Bytes())
+}
+
+// resultHook is told a call's answer (its result, or its JSON-RPC error)
+// before the caller has it; nil: nobody needs it.
+type resultHook func(result, rpcErr json.RawMessage)
+
+func (h resultHook) call(result, rpcErr json.RawMessage) {
+	if h != nil {
+		h(result, rpcErr)
+	}
 }

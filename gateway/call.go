@@ -34,19 +34,25 @@ func (g *Gateway) serveCall(x *exchange) {
 			noteCost(ctx, charged)
 		}
 	})
+	// The answer is settled on before the client sees it (an SSE answer is
+	// flushed before Serve returns): its next call must meet the breaker
+	// this outcome opens, and no entry it made stale.
+	var answered resultHook
 	if t.WantsAnswer() {
+		answered = func(result, rpcErr json.RawMessage) {
+			t.Answered(ctx, result, rpcErr != nil || isErrorResult(result))
+		}
 		x.fwd.OnResult = func(result, rpcErr json.RawMessage) {
 			a.result, a.failed = result, rpcErr != nil || isErrorResult(result)
-			// Before the client sees the answer (an SSE answer is flushed
-			// before Serve returns): its next call must meet the breaker
-			// this outcome opens, and no entry it made stale.
-			t.Answered(ctx, result, a.failed)
+			answered(result, rpcErr)
 		}
 	}
 	if plan, ok := t.CachePlan(); ok {
 		// Only the load that fills the cache reaches the upstream, and its
-		// reported cost corrects that one call's charge.
-		a.failed, a.result, a.code = g.cachedCall(x.w, x.r, x.rt, x.fwd, plan, call)
+		// reported cost corrects that one call's charge. The loads' own
+		// answers reach the ticket through answered only: a load may
+		// outlive this call (an early refresh), and must not touch a.
+		a.failed, a.result, a.code = g.cachedCall(x.w, x.r, x.rt, x.fwd, plan, call, answered)
 		return
 	}
 	a.code = g.forward(x.w, x.r, x.rt, x.fwd, "tools/call")
