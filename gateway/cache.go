@@ -112,7 +112,7 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd mc
 // the answer was an error (for the breaker), the result this caller's own
 // load produced (for a cost correction; nil unless this caller's flight
 // loaded it) and the HTTP status written.
-func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int) {
+func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int, loading <-chan struct{}) {
 	msg := fwd.Msg
 	// bypass forwards the call without the cache, reporting what the
 	// proxy reports (the caller overwrites its own record with the values
@@ -135,13 +135,24 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		return failed || status >= 500, loaded, status
 	}
 	if !cacheableParams(msg.Params) {
-		return bypass()
+		failed, loaded, status = bypass()
+		return failed, loaded, status, nil
 	}
 	// The loader may also run after this call returned (an early refresh
 	// started by a hit): it must not touch this call's variables but ran
 	// and lw, which is made for it.
 	var ran atomic.Bool
 	lw := newLeaderWriter(w)
+	defer func() {
+		// A caller that left (cancelled, or gone) while its own load runs
+		// on for the flight: the call is settled only when that load ends,
+		// so that its concurrency slots stay held for the upstream work it
+		// started (else cancelling and calling again would run any number
+		// of loads at once under a concurrency rule).
+		if r.Context().Err() != nil && ran.Load() {
+			loading = lw.done
+		}
+	}()
 	call.cached.Store(true)
 	entry, src, err := g.eng.Cache().Get(r.Context(), plan.Key, func(ctx context.Context) ([]byte, bool, error) {
 		ran.Store(true)
@@ -154,7 +165,8 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		// This caller's own load streams the answer to it (or, rarely, an
 		// early refresh its hit started got there first): that is its
 		// answer, whatever the flight's outcome.
-		return g.streamedAnswer(r, lw, answered)
+		failed, loaded, status = g.streamedAnswer(r, lw, answered)
+		return failed, loaded, status, nil
 	}
 	if err != nil {
 		var u *uncacheable
@@ -163,20 +175,22 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 			// Another caller's load got an interim answer: it is that
 			// caller's (its request state, its input to give). Ask for
 			// this caller's own.
-			return bypass()
+			failed, loaded, status = bypass()
+			return failed, loaded, status, nil
 		case errors.As(err, &u):
-			return g.uncacheableAnswer(w, msg, u)
+			failed, loaded, status = g.uncacheableAnswer(w, msg, u)
+			return failed, loaded, status, nil
 		case errors.Is(context.Cause(r.Context()), mcp.ErrCancelled):
 			// MCP: a cancelled request gets no response.
 			g.metrics.Requests.WithLabelValues("tools/call", "cancelled").Inc()
 			w.WriteHeader(http.StatusAccepted)
-			return false, nil, http.StatusAccepted
+			return false, nil, http.StatusAccepted, nil
 		case r.Context().Err() != nil:
-			return false, nil, 0 // the caller went away
+			return false, nil, 0, nil // the caller went away
 		default:
 			g.metrics.Requests.WithLabelValues("tools/call", "upstream_error").Inc()
 			mcp.WriteError(w, http.StatusBadGateway, msg.ID, mcp.CodeInternalError, "upstream MCP server unavailable: "+err.Error(), nil)
-			return true, nil, http.StatusBadGateway
+			return true, nil, http.StatusBadGateway, nil
 		}
 	}
 	g.metrics.Requests.WithLabelValues("tools/call", "admitted").Inc()
@@ -190,7 +204,7 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		// what its upstream call returned.
 		loaded = entry.Value
 	}
-	return entry.Negative, loaded, http.StatusOK
+	return entry.Negative, loaded, http.StatusOK, nil
 }
 
 // streamedAnswer waits until the load streaming its answer to the caller
