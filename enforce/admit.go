@@ -301,7 +301,14 @@ type Ticket struct {
 // breaker, or a mutating tool's invalidations. An adapter that must parse
 // the answer to get it can skip that work when this is false.
 func (t *Ticket) WantsAnswer() bool {
-	return !t.done && (t.costPath != "" || t.br != nil || t.caching.invalidates != nil)
+	return !t.settled() && (t.costPath != "" || t.br != nil || t.caching.invalidates != nil)
+}
+
+// settled reports whether Done has run (or the call was denied).
+func (t *Ticket) settled() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.done
 }
 
 // SessionLease names the session slots an admitted initialize took and

@@ -93,7 +93,7 @@ type CachePlan struct {
 // shared, so an answer never crosses tenants.
 func (t *Ticket) CachePlan() (CachePlan, bool) {
 	tc := t.caching
-	if tc.policy == nil || t.done {
+	if tc.policy == nil || t.settled() {
 		return CachePlan{}, false
 	}
 	scope := cache.Tenant(t.call.Tenant)
