@@ -17,6 +17,7 @@ import (
 
 	"github.com/mcpgate/mcpgate/audit"
 	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/policy"
 )
 
@@ -348,5 +349,66 @@ func TestAuditDroppedMetric(t *testing.T) {
 	e.gws[0].audit.Log(audit.Record{Decision: "admitted"})
 	if v := scrape(t, e.base[0])["mcpgate_audit_dropped_total"]; v != 1 {
 		t.Errorf("mcpgate_audit_dropped_total = %v, want 1", v)
+	}
+}
+
+// The audit line of a call refused because the store is down under
+// on_error: closed says unavailable (503), and the line of a call its
+// client cancelled (notifications/cancelled) says the upstream outcome
+// cancelled: both paths end in the same settled-then-audited order as an
+// admitted call.
+func TestAuditUnavailableAndCancelled(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	redis := testenv.StartRedis(t, nil)
+	e := newEnv(t, setup{Redis: redis, Upstream: upstream.Options{Stateless: true, JSONResponse: true}, Config: fmt.Sprintf(`
+audit: {file: %q}
+store: {redis: "@@REDIS@@", timeout: 2s}
+tiers:
+  free:
+    limits:
+      - {name: per_tool, per: tenant_tool, algorithm: fixed_window, limit: 100, period: 1h}
+tools:
+  search: {on_error: closed}
+`, path)})
+	tok := token(t, "acme", "alice")
+
+	// Cancelled: a slow call, then the client's notifications/cancelled.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cs := connect(t, e.mcpURL(0), tok, "2025-06-18")
+	callCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := callTool(callCtx, cs, "slow", map[string]any{"ms": 5000})
+		done <- err
+	}()
+	eventually(t, 10*time.Second, "the slow call to reach the upstream", func() bool { return e.up.Calls("slow") == 1 })
+	stop() // the SDK client sends notifications/cancelled
+	<-done
+
+	redis.Kill()
+	if r := e.callRaw(0, tok, 9, "search", map[string]any{"query": "q"}); r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("closed tool with Redis down: %d %s", r.Status, r.Body)
+	}
+
+	var slow, search *auditLine
+	eventually(t, 10*time.Second, "both audit lines", func() bool {
+		lines, _ := auditLines(t, e.gws[0], path)
+		slow, search = nil, nil
+		for i := range lines {
+			switch lines[i].Tool {
+			case "slow":
+				slow = &lines[i]
+			case "search":
+				search = &lines[i]
+			}
+		}
+		return slow != nil && search != nil
+	})
+	if slow.Decision != "admitted" || slow.Upstream != "cancelled" {
+		t.Errorf("cancelled call's line: decision %q upstream %q, want admitted / cancelled", slow.Decision, slow.Upstream)
+	}
+	if search.Decision != "unavailable" || search.Status != http.StatusServiceUnavailable {
+		t.Errorf("unavailable call's line: decision %q status %d, want unavailable / 503", search.Decision, search.Status)
 	}
 }
