@@ -38,12 +38,17 @@ func TestRequestsPerTenantCap(t *testing.T) {
 		}
 	}()
 
-	before := e.up.TotalCalls()
-	var r *response
-	eventually(t, 20*time.Second, "a third request of the tenant refused", func() bool {
-		r = post(t, e.mcpURL(0), acme, callBody(3, "echo", map[string]any{"text": "x"}), nil)
-		return r.Status == http.StatusTooManyRequests
+	g := e.gws[0]
+	eventually(t, 30*time.Second, "the two stalled requests counted", func() bool {
+		g.tenantRequests.mu.Lock()
+		defer g.tenantRequests.mu.Unlock()
+		return g.tenantRequests.n["acme"] == 2
 	})
+	before := e.up.TotalCalls()
+	r := post(t, e.mcpURL(0), acme, callBody(3, "echo", map[string]any{"text": "x"}), nil)
+	if r.Status != http.StatusTooManyRequests {
+		t.Fatalf("a third request in progress: %d %s, want 429", r.Status, r.Body)
+	}
 	if r.code() != CodeRateLimited || r.Header.Get("Retry-After") != "1" {
 		t.Fatalf("a third request in progress: %d %s, want 429 with Retry-After 1", r.Status, r.Body)
 	}
@@ -61,7 +66,7 @@ func TestRequestsPerTenantCap(t *testing.T) {
 	for _, c := range held {
 		c.Close()
 	}
-	eventually(t, 20*time.Second, "acme served again once its requests ended", func() bool {
+	eventually(t, 30*time.Second, "acme served again once its requests ended", func() bool {
 		return post(t, e.mcpURL(0), acme, callBody(5, "echo", map[string]any{"text": "x"}), nil).Status == http.StatusOK
 	})
 }
