@@ -21,7 +21,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -585,18 +584,6 @@ func scriptCalls(t *testing.T, c rueidis.Client) int64 {
 	return redisCommandCalls(t, c, "fcall") + redisCommandCalls(t, c, "evalsha") + redisCommandCalls(t, c, "eval")
 }
 
-// eventually polls cond every 10ms until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // intHeader parses a header that must be an integer.
 func intHeader(t *testing.T, h http.Header, name string) int64 {
 	t.Helper()
@@ -606,24 +593,6 @@ func intHeader(t *testing.T, h http.Header, name string) int64 {
 		t.Fatalf("header %s = %q: not an integer", name, v)
 	}
 	return n
-}
-
-// run executes calls calls of f spread over workers goroutines.
-func run(workers, calls int, f func(i int)) {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= calls {
-					return
-				}
-				f(i)
-			}
-		})
-	}
-	wg.Wait()
 }
 
 // scrape reads base/metrics and returns every sample by its series as the
@@ -649,3 +618,9 @@ func scrape(t *testing.T, base string) map[string]float64 {
 	}
 	return out
 }
+
+// Shared with the other packages' tests (internal/testenv).
+var (
+	eventually = testenv.Eventually
+	run        = testenv.Run
+)

@@ -294,24 +294,6 @@ func resultText(r *mcp.CallToolResult) string {
 	return fmt.Sprintf("%T", r.Content[0])
 }
 
-// run executes calls calls of f spread over workers goroutines.
-func run(workers, calls int, f func(i int)) {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= calls {
-					return
-				}
-				f(i)
-			}
-		})
-	}
-	wg.Wait()
-}
-
 // durable is tenant's usage in the current period as the durable store
 // holds it.
 func (s *server) durable(tenant string) usage.Record {
@@ -342,3 +324,6 @@ func hasAll(s string, subs ...string) bool {
 	}
 	return true
 }
+
+// Shared with the other packages' tests (internal/testenv).
+var run = testenv.Run

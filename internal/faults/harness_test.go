@@ -30,6 +30,7 @@ import (
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/gateway"
+	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/policy"
 	"github.com/mcpgate/mcpgate/setup"
@@ -258,18 +259,6 @@ func durable(t testing.TB, us usage.Store, tenant, period string) limit.Usage {
 	return rec.Usage
 }
 
-// eventually polls cond every 10ms until it holds or d passes.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // tally counts answers by kind.
 type tally struct {
 	mu    sync.Mutex
@@ -306,3 +295,6 @@ func kind(r result) string {
 	}
 	return strconv.Itoa(r.Status)
 }
+
+// Shared with the other packages' tests (internal/testenv).
+var eventually = testenv.Eventually
