@@ -40,10 +40,22 @@ func quotaDecision(m *limit.Meter, u limit.Usage, now time.Time) limit.Decision 
 	}
 }
 
-// CodeRateLimited is the JSON-RPC error code of a denied call (rate limit,
-// quota or breaker). It sits outside the ranges JSON-RPC (-32768..-32000)
-// and MCP reserve, so it cannot collide with a server's own codes.
-const CodeRateLimited = -33029
+// JSON-RPC error codes of the answers mcpgate gives itself, the same in
+// every adapter (gateway, gosdk). They sit outside the ranges JSON-RPC
+// (-32768..-32000) and MCP reserve, so they cannot collide with a
+// server's own codes.
+const (
+	// CodeRateLimited: denied by a rate limit, the monthly quota or the
+	// loop breaker; the error's data is a Denial.
+	CodeRateLimited = -33029
+	// CodeUnauthorized: no or bad credentials.
+	CodeUnauthorized = -33001
+	// CodeForbidden: a tool, resource or prompt outside the caller's scopes.
+	CodeForbidden = -33003
+	// CodeUnavailable: the limit store is unavailable and the request's
+	// on_error policy is closed (Decision.Unavailable).
+	CodeUnavailable = -33503
+)
 
 // Message is a denied call's JSON-RPC error message.
 func (d Decision) Message() string {

@@ -14,14 +14,13 @@ import (
 	"github.com/mcpgate/mcpgate/mcp"
 )
 
-// JSON-RPC error codes of the gateway's own answers. They sit outside the
-// ranges JSON-RPC (-32768..-32000) and MCP reserve, so they cannot collide
-// with an upstream's codes.
+// JSON-RPC error codes of the gateway's own answers: the engine's (see
+// enforce.CodeRateLimited), with their HTTP statuses.
 const (
-	CodeRateLimited  = enforce.CodeRateLimited // 429: rate limit, quota or breaker (-33029)
-	CodeUnauthorized = -33001                  // 401: no or bad credentials
-	CodeForbidden    = -33003                  // 403: tool, resource or prompt outside the caller's scopes
-	CodeUnavailable  = -33503                  // 503: limit store unavailable under a closed policy
+	CodeRateLimited  = enforce.CodeRateLimited  // 429: rate limit, quota or breaker
+	CodeUnauthorized = enforce.CodeUnauthorized // 401: no or bad credentials
+	CodeForbidden    = enforce.CodeForbidden    // 403: tool, resource or prompt outside the caller's scopes
+	CodeUnavailable  = enforce.CodeUnavailable  // 503: limit store unavailable under a closed policy
 )
 
 // releaseTimeout bounds the release of concurrency slots after a call.

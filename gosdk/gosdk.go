@@ -36,21 +36,20 @@ import (
 	"github.com/mcpgate/mcpgate/policy"
 )
 
-// JSON-RPC error codes of the middleware's own answers: the gateway's. They
-// sit outside the ranges JSON-RPC (-32768..-32000) and MCP reserve, so they
-// cannot collide with a server's own codes.
+// JSON-RPC error codes of the middleware's own answers: the engine's, as
+// the gateway answers them (see enforce.CodeRateLimited).
 const (
 	// CodeRateLimited: denied by a rate limit, the monthly quota or the
 	// loop breaker; the error's data is an enforce.Denial.
-	CodeRateLimited = enforce.CodeRateLimited // -33029
+	CodeRateLimited = enforce.CodeRateLimited
 	// CodeUnauthorized: the request names no authenticated caller.
-	CodeUnauthorized = -33001
+	CodeUnauthorized = enforce.CodeUnauthorized
 	// CodeForbidden: a tool, prompt or resource outside the caller's scopes
 	// (ScopeMiddleware).
-	CodeForbidden = -33003
+	CodeForbidden = enforce.CodeForbidden
 	// CodeUnavailable: the limit store is unavailable and the request's
 	// on_error policy is closed.
-	CodeUnavailable = -33503
+	CodeUnavailable = enforce.CodeUnavailable
 )
 
 // Identity names the caller of a request: the enforce.Call fields that
