@@ -86,8 +86,8 @@ type Decision struct {
 	// Cost is what the call charges its usage meter and quota (the tool's
 	// configured cost or estimate; 0 for other methods).
 	Cost int64
-	// DenyAs is how the tool's denials are answered (policy.DenyHTTP or
-	// policy.DenyResult).
+	// DenyAs is how the call's denial is answered (policy.DenyHTTP or
+	// policy.DenyResult); set on denials only.
 	DenyAs policy.DenyMode
 	// Degraded names the failure policy applied because the store failed
 	// ("" when it answered).
@@ -175,9 +175,10 @@ func (e *Engine) admitTool(ctx context.Context, cp *compiled, call Call) (*Ticke
 	const callUnits = 1
 	v := e.lim.admit(ctx, buildRuleSet(tenantRules, owner), buildRuleSet(globalRules, owner), meter, br, callUnits, cfg.ToolOnError(call.Name))
 	d := e.decision(v, meter, br, now)
-	d.Cost, d.DenyAs = cost, cfg.DenyAs(call.Tier, call.Name)
+	d.Cost = cost
 	t := &Ticket{e: e, cp: cp, call: call, v: v, meter: meter, br: br, cost: cost}
 	if !d.Allowed {
+		d.DenyAs = cfg.DenyAs(call.Tier, call.Name)
 		t.done = true
 		return t, d
 	}
