@@ -295,22 +295,26 @@ if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' or EOP == 'M' or EOP == 'A' or 
     call('PEXPIREAT', key, ARGV[b + 4])
   end
 
-  -- recorded returns the reply the marker of the op holds, or nil.
+  -- recorded returns the reply the marker of the op holds and the kind of
+  -- write that made it ('t' a take, 'a' an adjust), or nil.
   recorded = function()
     local v = call('GET', opkey)
     if not v then return nil end
-    local out = {}
-    for x in string.gmatch(v, '([^\n]*)\n') do out[#out + 1] = x end
-    return out
+    local out, kind = {}, nil
+    for x in string.gmatch(v, '([^\n]*)\n') do
+      if kind then out[#out + 1] = x else kind = x end
+    end
+    return out, kind
   end
 
-  -- record writes the op's marker: the reply out, for the TTL.
-  record = function(out)
-    local parts = {}
+  -- record writes the op's marker: the kind of write ('t' or 'a'), then
+  -- the reply out, for the TTL.
+  record = function(kind, out)
+    local parts = { kind }
     for i = 1, #out do
       local x = out[i]
       if type(x) == 'number' then x = int(x) end
-      parts[i] = x
+      parts[i + 1] = x
     end
     call('SET', opkey, table.concat(parts, '\n') .. '\n', 'PX', ARGV[na + 2])
   end
@@ -612,7 +616,7 @@ local function take()
     if counted then out[o + 8] = calls.n end
     out[o + 10] = before
   end
-  if opkey and metered and admit then record(out) end
+  if opkey and metered and admit then record('t', out) end
   return out
 end
 
@@ -712,8 +716,8 @@ end
 -- adjust serves op a: algo.MeterAdjust, add the delta, no quota.
 local function adjust()
   if opkey then
-    local r = recorded()
-    if r and #r == 7 then return r end
+    local r, kind = recorded()
+    if kind == 'a' then return r end
     if r then
       -- The op was a take that landed (a denied take leaves no marker): its
       -- charge is on the meter, so this placement of it applies nothing and
@@ -754,7 +758,7 @@ local function adjust()
   end
   if st > 2 and st < 5 then gen = '' end
   local out = { now, st, u[1], u[2], u[3], u[4], gen }
-  if opkey and (st == 1 or st == 5) then record(out) end
+  if opkey and (st == 1 or st == 5) then record('a', out) end
   return out
 end
 
