@@ -146,7 +146,11 @@ func New(opts Options) (*Engine, error) {
 	if opts.Shared != nil {
 		e.metrics.StoreUp.Set(1)
 		guard, err := newGuardedStore(opts.Shared, opts.Probe, opts.Config.Store.Timeout, e.log, func(up bool) {
-			e.metrics.StoreUp.Set(map[bool]float64{true: 1, false: 0}[up])
+			v := 0.0
+			if up {
+				v = 1
+			}
+			e.metrics.StoreUp.Set(v)
 		})
 		if err != nil {
 			e.closeOwned()
