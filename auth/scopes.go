@@ -8,18 +8,20 @@ import (
 // The prefixes of the scopes that grant something. Any other scope is
 // ignored.
 const (
-	// toolScopePrefix: "tools:<name>" grants one tool, "tools:*" all tools.
+	// toolScopePrefix: "tools:<name>" grants one tool, "tools:<prefix>*"
+	// the tools whose name starts with prefix, "tools:*" all tools.
 	toolScopePrefix = "tools:"
 	// resourceScopePrefix: "resources:<glob>" grants the resources whose URI
 	// the glob matches (see MatchGlob); "resources:*" grants them all.
 	resourceScopePrefix = "resources:"
-	// promptScopePrefix: "prompts:<name>" grants one prompt, "prompts:*" all
-	// prompts.
+	// promptScopePrefix: "prompts:<name>" grants one prompt,
+	// "prompts:<prefix>*" the prompts whose name starts with prefix,
+	// "prompts:*" all prompts.
 	promptScopePrefix = "prompts:"
 )
 
 // Scopes is what a caller may use, parsed from the scope claim: tools and
-// prompts by name, resources by URI glob.
+// prompts by name or name prefix, resources by URI glob.
 //
 // The zero value grants nothing: a token without a scope claim can
 // authenticate but cannot call a tool, read a resource or get a prompt
@@ -32,15 +34,24 @@ type Scopes struct {
 	resources []string // globs, sorted and without duplicates
 }
 
-// nameSet is a set of exact names, or every name.
+// nameSet is a set of exact names and of name prefixes, or every name.
 type nameSet struct {
-	all   bool
-	names map[string]struct{}
+	all      bool
+	names    map[string]struct{}
+	prefixes []string // of "<prefix>*" grants: not empty, sorted, without duplicates
 }
 
+// add records the grant of a scope's name part: "*" (every name),
+// "<prefix>*" (every name starting with prefix) or an exact name.
 func (n *nameSet) add(name string) {
 	if name == "*" {
 		n.all = true
+		return
+	}
+	if prefix, ok := strings.CutSuffix(name, "*"); ok {
+		if i, found := slices.BinarySearch(n.prefixes, prefix); !found {
+			n.prefixes = slices.Insert(n.prefixes, i, prefix)
+		}
 		return
 	}
 	if n.names == nil {
@@ -49,18 +60,31 @@ func (n *nameSet) add(name string) {
 	n.names[name] = struct{}{}
 }
 
+// allows reports whether name is granted. It does not allocate.
 func (n nameSet) allows(name string) bool {
 	if n.all {
 		return true
 	}
-	_, ok := n.names[name]
-	return ok
+	if _, ok := n.names[name]; ok {
+		return true
+	}
+	for _, p := range n.prefixes {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
 }
 
+// sorted returns the grants other than "*", as written after the scope's
+// kind: exact names, and prefixes with their '*' ("search__*"), sorted.
 func (n nameSet) sorted() []string {
-	out := make([]string, 0, len(n.names))
+	out := make([]string, 0, len(n.names)+len(n.prefixes))
 	for name := range n.names {
 		out = append(out, name)
+	}
+	for _, p := range n.prefixes {
+		out = append(out, p+"*")
 	}
 	slices.Sort(out)
 	return out
@@ -69,16 +93,22 @@ func (n nameSet) sorted() []string {
 // ParseScopes parses a space-separated scope string (RFC 6749 §3.3):
 //
 //   - "tools:<name>" grants the tool called name, "tools:*" every tool;
-//   - "prompts:<name>" grants the prompt called name, "prompts:*" every
-//     prompt;
+//   - "tools:<prefix>*", with a non-empty prefix, grants every tool whose
+//     name starts with prefix: "tools:search__*" grants "search__query"
+//     (the tools an upstream exposes under its prefix);
+//   - "prompts:<name>" grants the prompt called name, "prompts:<prefix>*"
+//     every prompt whose name starts with prefix, "prompts:*" every prompt;
 //   - "resources:<glob>" grants every resource whose URI the glob matches
 //     (MatchGlob: '*' matches any run of characters, '/' included), so
 //     "resources:*" grants every resource and "resources:file:///docs/*"
 //     everything under file:///docs/.
 //
-// Names and URIs are matched exactly (case-sensitive), as MCP names them.
-// Any other scope, including a bare "tools:", "prompts:" or "resources:",
-// is ignored.
+// Names, prefixes and URIs are matched exactly (case-sensitive), as MCP
+// names them. A '*' is a wildcard only at the end of a tool or prompt
+// scope, where it matches any run of characters, empty or not (so a name
+// that itself ends in '*' cannot be granted alone); elsewhere it is part of
+// the name. Any other scope, including a bare "tools:", "prompts:" or
+// "resources:", is ignored.
 func ParseScopes(s string) Scopes {
 	return parseScopeList(strings.Fields(s))
 }
@@ -188,15 +218,17 @@ func (s Scopes) AllowsResourceTemplate(tmpl string) bool {
 // AllTools reports whether the scopes hold "tools:*".
 func (s Scopes) AllTools() bool { return s.tools.all }
 
-// Tools returns the tools granted one by one ("tools:<name>"), sorted. It does
-// not reflect "tools:*"; see AllTools.
+// Tools returns the tool grants other than "tools:*", sorted: names
+// ("tools:<name>" gives name) and prefixes with their '*'
+// ("tools:search__*" gives "search__*"). It does not reflect "tools:*";
+// see AllTools.
 func (s Scopes) Tools() []string { return s.tools.sorted() }
 
 // AllPrompts reports whether the scopes hold "prompts:*".
 func (s Scopes) AllPrompts() bool { return s.prompts.all }
 
-// Prompts returns the prompts granted one by one ("prompts:<name>"),
-// sorted. It does not reflect "prompts:*"; see AllPrompts.
+// Prompts returns the prompt grants other than "prompts:*", sorted, as
+// Tools does. It does not reflect "prompts:*"; see AllPrompts.
 func (s Scopes) Prompts() []string { return s.prompts.sorted() }
 
 // Resources returns the resource globs granted ("resources:<glob>"),

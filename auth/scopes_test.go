@@ -25,6 +25,15 @@ func TestParseScopes(t *testing.T) {
 		{in: "tools:x tools:*", all: true, tools: []string{"x"}, allowed: []string{"x", "y"}, str: "tools:* tools:x"},
 		{in: "tools: tool:x Tools:y tools", denied: []string{"", "x", "y"}},
 		{in: "tools:a:b tools:ns/tool", tools: []string{"a:b", "ns/tool"}, allowed: []string{"a:b", "ns/tool"}, denied: []string{"a"}, str: "tools:a:b tools:ns/tool"},
+		// A trailing '*' after a prefix grants every name with that prefix.
+		{in: "tools:search__*", tools: []string{"search__*"}, allowed: []string{"search__query", "search__", "search__a/b*"},
+			denied: []string{"search_", "search", "Search__query", "files__search__x", "", "*"}, str: "tools:search__*"},
+		{in: "tools:search__q tools:b__* tools:search__* tools:a tools:b__*", tools: []string{"a", "b__*", "search__*", "search__q"},
+			allowed: []string{"a", "b__x", "search__q", "search__z"}, denied: []string{"b_", "ab__x", "c"}, str: "tools:a tools:b__* tools:search__* tools:search__q"},
+		{in: "tools:s* tools:search__*", tools: []string{"s*", "search__*"}, allowed: []string{"s", "search__x", "sx"}, denied: []string{"x"}, str: "tools:s* tools:search__*"},
+		{in: "tools:search__* tools:*", all: true, tools: []string{"search__*"}, allowed: []string{"x", "search__x"}, str: "tools:* tools:search__*"},
+		// Elsewhere '*' is part of the name.
+		{in: "tools:a*b tools:*x", tools: []string{"*x", "a*b"}, allowed: []string{"a*b", "*x"}, denied: []string{"axb", "ab", "yx"}, str: "tools:*x tools:a*b"},
 	}
 	for _, c := range cases {
 		s := ParseScopes(c.in)
@@ -51,6 +60,37 @@ func TestParseScopes(t *testing.T) {
 	var zero Scopes
 	if zero.AllowsTool("x") || zero.AllTools() || zero.String() != "" {
 		t.Fatal("zero Scopes grants something")
+	}
+}
+
+// Prefix grants of prompts work as those of tools, apart from them, and
+// survive the round trip through String (gosdk passes scopes on that way).
+func TestPrefixScopes(t *testing.T) {
+	s := ParseScopes("prompts:search__* tools:files__* prompts:x")
+	for name, want := range map[string]bool{"search__summary": true, "x": true, "search_": false, "files__read": false} {
+		if s.AllowsPrompt(name) != want {
+			t.Errorf("AllowsPrompt(%q) = %v", name, !want)
+		}
+	}
+	if s.AllowsTool("search__query") || !s.AllowsTool("files__read") || s.AllPrompts() || s.AllTools() {
+		t.Error("tool and prompt prefixes mixed up")
+	}
+	if got := s.Prompts(); !slices.Equal(got, []string{"search__*", "x"}) {
+		t.Errorf("Prompts = %v", got)
+	}
+	str := s.String()
+	if want := "tools:files__* prompts:search__* prompts:x"; str != want {
+		t.Errorf("String = %q, want %q", str, want)
+	}
+	if again := ParseScopes(str); again.String() != str || !again.AllowsPrompt("search__a") || !again.AllowsTool("files__a") {
+		t.Errorf("round trip: %q", again.String())
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		_ = s.AllowsTool("files__read")
+		_ = s.AllowsTool("nothing")
+		_ = s.AllowsPrompt("search__summary")
+	}); n != 0 {
+		t.Errorf("Allows* allocate %v times", n)
 	}
 }
 

@@ -114,6 +114,7 @@ type Gateway struct {
 	// resource was logged (once per Gateway).
 	proxyWarned atomic.Bool
 	trace       *tracing // nil: tracing off
+	fed         *federation // nil: a single upstream (no upstreams:)
 }
 
 // New builds a Gateway from opts.
@@ -143,11 +144,21 @@ func New(opts Options) (*Gateway, error) {
 		g.now = time.Now
 	}
 	g.trace = newTracing(opts.TracerProvider)
+	cfg := opts.Config
+	if len(cfg.Upstreams) > 0 {
+		fd, err := startFederation(cfg, g.log, g.metrics)
+		if err != nil {
+			return nil, err
+		}
+		g.fed = fd
+		cfg = fd.effective(cfg)
+	}
 	g.alerts = newAlerter(opts.Config.Breaker.AlertWebhook, g.log, g.metrics)
-	eng, err := enforce.New(enforce.Options{Config: opts.Config, Shared: opts.SharedStore, Probe: opts.Probe,
+	eng, err := enforce.New(enforce.Options{Config: cfg, Shared: opts.SharedStore, Probe: opts.Probe,
 		Local: opts.LocalStore, Usage: opts.Usage, Cache: opts.Cache, Logger: g.log, Metrics: g.metrics,
 		Tracer: g.trace.tracerOrNil(), Now: g.now, OnBreakerOpened: g.breakerOpened})
 	if err != nil {
+		g.fed.close()
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	g.eng = eng
@@ -159,7 +170,7 @@ func New(opts Options) (*Gateway, error) {
 		g.Close()
 		return nil, fmt.Errorf("gateway: audit.file: %w", err)
 	}
-	rt, err := newRuntime(opts.Config, opts.Auth)
+	rt, err := newRuntime(cfg, opts.Auth)
 	if err != nil {
 		g.Close()
 		return nil, err
@@ -167,7 +178,7 @@ func New(opts Options) (*Gateway, error) {
 	if len(opts.Config.Cache.Warm) == 0 {
 		g.ready.Store(true)
 	} else {
-		g.warming.Go(func() { g.warm(bctx, opts.Config) })
+		g.warming.Go(func() { g.warm(bctx, cfg) })
 	}
 	g.rt.Store(rt)
 	g.startSessions()
@@ -195,6 +206,7 @@ func newRuntime(cfg *policy.Config, a *auth.Authenticator) (*runtime, error) {
 // Apply logs a warning naming each one that changed. The admin token is not
 // part of cfg: set it with SetAdminToken.
 func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
+	cfg = g.fed.effective(cfg)
 	rt, err := newRuntime(cfg, a)
 	if err != nil {
 		return err
@@ -222,6 +234,7 @@ func (g *Gateway) Close() error {
 	var err error
 	g.closeOnce.Do(func() {
 		g.EndStreams()
+		defer g.fed.close()
 		if g.stopSweep != nil {
 			g.stopSweep()
 			<-g.sweepDone
@@ -272,6 +285,7 @@ func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	fmt.Fprintln(w, "ready")
+	g.writeUpstreamHealth(w)
 	// A failing usage store does not stop calls (their usage waits in the
 	// live counters), so the instance stays ready; the page says so.
 	if h, metered := g.eng.UsageHealth(); metered && h.ConsecutiveFailures > 0 {

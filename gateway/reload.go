@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/mcpgate/mcpgate/policy"
 )
@@ -59,4 +60,33 @@ var startOnlyFields = []struct {
 	{"server.idle_timeout", func(c *policy.Config) any { return c.Server.IdleTimeout }},
 	{"server.max_connections", func(c *policy.Config) any { return c.Server.MaxConnections }},
 	{"audit.file", func(c *policy.Config) any { return c.Audit.File }},
+	// The servers of upstreams: are connected (and started) once; their
+	// limits are rules like any other and follow a reload.
+	{"upstreams[].name", upstreamsField(func(u policy.UpstreamServer) any { return u.Name })},
+	{"upstreams[].url", upstreamsField(func(u policy.UpstreamServer) any { return u.URL })},
+	{"upstreams[].command", upstreamsField(func(u policy.UpstreamServer) any { return u.Command })},
+	{"upstreams[].env", upstreamsField(func(u policy.UpstreamServer) any { return u.Env })},
+	{"upstreams[].headers", upstreamsField(func(u policy.UpstreamServer) any { return u.Headers })},
+	{"upstreams[].timeout", upstreamsField(func(u policy.UpstreamServer) any { return u.Timeout })},
+	{"upstreams[].prefix", upstreamsField(func(u policy.UpstreamServer) any { return u.Prefix })},
+	{"tools.<name>.timeout", func(c *policy.Config) any {
+		out := map[string]time.Duration{}
+		for name, t := range c.Tools {
+			if t.Timeout > 0 {
+				out[name] = t.Timeout
+			}
+		}
+		return out
+	}},
+}
+
+// upstreamsField reads one setting of every upstream of upstreams:.
+func upstreamsField(get func(policy.UpstreamServer) any) func(c *policy.Config) any {
+	return func(c *policy.Config) any {
+		out := make([]any, len(c.Upstreams))
+		for i, u := range c.Upstreams {
+			out[i] = get(u)
+		}
+		return out
+	}
 }

@@ -51,6 +51,9 @@ type Metrics struct {
 	// UpstreamSessions is the number of upstream MCP sessions this instance
 	// tracks (renews while used, ends when idle).
 	UpstreamSessions prometheus.Gauge
+	// UpstreamState is 1 for each federated upstream's current health
+	// state (up, open, half_open, down, limited) and 0 for the others.
+	UpstreamState *prometheus.GaugeVec
 	// SessionsEnded counts upstream sessions the gateway ended itself (idle,
 	// or without a slot), by sending the upstream a DELETE.
 	SessionsEnded prometheus.Counter
@@ -128,6 +131,9 @@ func New() *Metrics {
 		UpstreamSessions: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "mcpgate_upstream_sessions", Help: "Upstream MCP sessions tracked by this instance.",
 		}),
+		UpstreamState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "mcpgate_upstream_state", Help: "Health of each upstream of upstreams: 1 for its current state (up, open, half_open, down, limited), 0 for the others.",
+		}, []string{"upstream", "state"}),
 		SessionsEnded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mcpgate_upstream_sessions_ended_total", Help: "Upstream sessions the gateway ended (idle, or without a slot).",
 		}),
@@ -151,7 +157,7 @@ func New() *Metrics {
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
 		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
 		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.CacheDegraded,
-		m.UpstreamSessions, m.SessionsEnded, m.OpenConnections, m.AuditDropped, m.UsageFlushFailures, m.UsageLastFlush, m.TenantQuota)
+		m.UpstreamSessions, m.UpstreamState, m.SessionsEnded, m.OpenConnections, m.AuditDropped, m.UsageFlushFailures, m.UsageLastFlush, m.TenantQuota)
 	presetLabels(m)
 	// The runtime collectors too carry the prefix: every name we serve starts
 	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).

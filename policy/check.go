@@ -22,9 +22,10 @@ import (
 type ruleScope int
 
 const (
-	scopeGlobal ruleScope = iota // the top-level global list
-	scopeTier                    // tiers.<name>.limits
-	scopeTool                    // tools.<name>.limits
+	scopeGlobal   ruleScope = iota // the top-level global list
+	scopeTier                      // tiers.<name>.limits
+	scopeTool                      // tools.<name>.limits
+	scopeUpstream                  // upstreams[].limits
 )
 
 // ruleRef remembers where a rule was defined, for checks across lists.
@@ -122,8 +123,12 @@ func (d *decoder) rule(n *yaml.Node, path string, scope ruleScope) (r Rule, name
 		},
 		"shadow": func(v *yaml.Node, p string) { r.Shadow, _ = d.bool(v, p) },
 		"methods": func(v *yaml.Node, p string) {
-			if scope == scopeTool {
+			switch scope {
+			case scopeTool:
 				d.errf(v, p, "not allowed in a tool's rules (they count calls of that tool); name methods in a tier's or the global rules")
+				return
+			case scopeUpstream:
+				d.errf(v, p, "not allowed in an upstream's rules (they count calls of its tools); name methods in a tier's or the global rules")
 				return
 			}
 			r.Methods = d.methods(v, p)
@@ -138,7 +143,7 @@ func (d *decoder) rule(n *yaml.Node, path string, scope ruleScope) (r Rule, name
 		}
 	}
 	if r.Per == "" {
-		r.Per = map[ruleScope]keyspace.Per{scopeGlobal: keyspace.PerGlobal, scopeTier: keyspace.PerTenant, scopeTool: keyspace.PerTenantTool}[scope]
+		r.Per = map[ruleScope]keyspace.Per{scopeGlobal: keyspace.PerGlobal, scopeTier: keyspace.PerTenant, scopeTool: keyspace.PerTenantTool, scopeUpstream: keyspace.PerTenant}[scope]
 	}
 	if burstNode != nil && r.Algorithm.Valid() && r.Algorithm != limit.TokenBucket && r.Algorithm != limit.GCRA {
 		d.errf(burstNode, join(path, "burst"), "only token_bucket and gcra have a burst (%s would ignore it)", r.Algorithm)
@@ -518,9 +523,10 @@ func (d *decoder) check(c *Config, root *yaml.Node) {
 		return nil
 	}
 	// An embedded config (ParseEmbedded) may leave the section out, not
-	// give one without its url.
+	// give one without its url; with upstreams:, the section holds the
+	// settings of every upstream but no url.
 	upstreamKey, _ := lookup(root, "upstream")
-	if c.Upstream.URL == "" && !d.hasErr("upstream.url") && (!d.embedded || upstreamKey != nil) {
+	if c.Upstream.URL == "" && !d.upstreamsGiven && !d.hasErr("upstream.url") && (!d.embedded || upstreamKey != nil) {
 		if _, v := lookup(root, "upstream", "url"); v != nil && strings.Contains(v.Value, "${") {
 			d.errf(v, "upstream.url", "required, but %q expands to an empty string", v.Value)
 		} else {
@@ -552,7 +558,8 @@ func (d *decoder) check(c *Config, root *yaml.Node) {
 		}
 	}
 
-	d.checkSharedCounters()
+	d.checkUpstreamSections(c, root)
+	d.checkSharedCounters(c)
 
 	for i, w := range c.Cache.Warm {
 		n, p := d.warmAt[i].node, d.warmAt[i].path
@@ -571,12 +578,13 @@ func (d *decoder) check(c *Config, root *yaml.Node) {
 }
 
 // checkSharedCounters refuses rules that would count on one key with
-// different meanings. A tier's rules and a tool's rules are evaluated
-// together, so the same name and per in both is one counter charged twice.
-// Tool rules per tenant or subject (no tool in the key) of different tools
-// may share a counter on purpose, but only with identical settings.
-// (Tiers are not compared with each other: a tenant is in one tier.)
-func (d *decoder) checkSharedCounters() {
+// different meanings. A tier's rules, the rules of a tool's upstream and
+// the tool's rules are evaluated together, so the same name and per in two
+// of them is one counter charged twice. Rules per tenant or subject (no
+// tool in the key) of different tools or upstreams may share a counter on
+// purpose, but only with identical settings. (Tiers are not compared with
+// each other: a tenant is in one tier.)
+func (d *decoder) checkSharedCounters(c *Config) {
 	type key struct {
 		name string
 		per  keyspace.Per
@@ -590,6 +598,24 @@ func (d *decoder) checkSharedCounters() {
 		}
 	}
 	byKey := map[key]ruleRef{}
+	// shared reports whether r may count on the counter of key k, which the
+	// rules of other tools and upstreams may share, and claims it.
+	shared := func(k key, r ruleRef) bool {
+		if k.per != keyspace.PerTenant && k.per != keyspace.PerSubject {
+			return true // the key holds the tool: no sharing across tools
+		}
+		if first, ok := byKey[k]; ok && !sameRule(first.rule, r.rule) {
+			d.errf(r.name, r.path, "rule %q per %s shares a counter with %s (line %d) but has different settings; rules that share a counter must be identical",
+				k.name, k.per, strings.TrimSuffix(first.path, ".name"), first.name.Line)
+			return false
+		}
+		if _, ok := byKey[k]; !ok {
+			byKey[k] = r
+		}
+		return true
+	}
+	inTool := map[key][]string{} // the tools with a rule of that key
+	toolRule := map[string]map[key]ruleRef{}
 	for _, tool := range sortedKeys(d.toolRules) {
 		for _, r := range d.toolRules[tool] {
 			k := key{r.rule.Name, r.rule.Per}
@@ -598,17 +624,32 @@ func (d *decoder) checkSharedCounters() {
 					k.name, k.per, strings.TrimSuffix(t.path, ".name"), t.name.Line)
 				continue
 			}
-			if k.per != keyspace.PerTenant && k.per != keyspace.PerSubject {
-				continue // the key holds the tool: no sharing across tools
+			inTool[k] = append(inTool[k], tool)
+			if toolRule[tool] == nil {
+				toolRule[tool] = map[key]ruleRef{}
 			}
-			if first, ok := byKey[k]; ok && !sameRule(first.rule, r.rule) {
-				d.errf(r.name, r.path, "rule %q per %s shares a counter with %s (line %d) but has different settings; rules that share a counter must be identical",
-					k.name, k.per, strings.TrimSuffix(first.path, ".name"), first.name.Line)
+			toolRule[tool][k] = r
+			shared(k, r)
+		}
+	}
+	for i, u := range d.upstreamAt {
+	rules:
+		for _, r := range u.rules {
+			k := key{r.rule.Name, r.rule.Per}
+			if t, ok := inTier[k]; ok {
+				d.errf(r.name, r.path, "rule %q per %s is also defined in %s (line %d): the two would share one counter; rename one",
+					k.name, k.per, strings.TrimSuffix(t.path, ".name"), t.name.Line)
 				continue
 			}
-			if _, ok := byKey[k]; !ok {
-				byKey[k] = r
+			for _, tool := range inTool[k] {
+				if c.upstreamIndex(tool) == i {
+					t := toolRule[tool][k]
+					d.errf(r.name, r.path, "rule %q per %s is also defined in %s (line %d), a tool of this upstream: the two would share one counter; rename one",
+						k.name, k.per, strings.TrimSuffix(t.path, ".name"), t.name.Line)
+					continue rules
+				}
 			}
+			shared(k, r)
 		}
 	}
 }

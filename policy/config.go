@@ -39,9 +39,12 @@ const (
 // is never modified afterwards, so one *Config may be read by any number of
 // goroutines. A reload builds a new Config.
 type Config struct {
-	Path        string // the file it was loaded from (the name given to Parse)
-	Listen      string // host:port of the gateway's listener
-	Upstream    Upstream
+	Path     string // the file it was loaded from (the name given to Parse)
+	Listen   string // host:port of the gateway's listener
+	Upstream Upstream
+	// Upstreams are the MCP servers behind the gateway when it fronts more
+	// than one (upstreams:). Empty: the single Upstream.URL.
+	Upstreams   []UpstreamServer
 	Auth        Auth
 	Store       Store
 	Usage       Usage
@@ -58,10 +61,10 @@ type Config struct {
 	// (for example an unset ${VAR}). The caller decides whether to log them.
 	Warnings []string
 
-	// rules[tier][tool] is the tier's tools/call rules followed by the
-	// tool's; the entry for tool "" holds the tier's rules alone. Built by
-	// Parse so that RulesFor does not allocate on the request path.
-	rules map[string]map[string][]Rule
+	// rules[tier] are the tenant-scoped rules of a tools/call in that tier,
+	// precombined (see callRules). Built by Parse so that RulesFor does not
+	// allocate on the request path.
+	rules map[string]*callRules
 	// methodRules[tier][method] are the tier's rules of a method other than
 	// tools/call (with the built-in defaults where the tier has none), and
 	// methodRules[tier][""] those of methods no rule names. methodGlobal is
@@ -71,11 +74,27 @@ type Config struct {
 	global       []Rule // the global rules of tools/call
 }
 
-// Upstream is the MCP server the gateway forwards to.
+// callRules are one tier's tools/call rules, each list the concatenation
+// RulesFor returns, without spare capacity.
+type callRules struct {
+	// byTool[tool], for each tool of Config.Tools: the tier's rules, then
+	// those of the tool's upstream (Config.UpstreamOf), then the tool's.
+	// byTool[""]: the tier's rules alone.
+	byTool map[string][]Rule
+	// byUpstream[i]: the tier's rules, then Upstreams[i].Limits; for the
+	// tools of upstream i that Config.Tools does not list.
+	byUpstream [][]Rule
+}
+
+// Upstream is the MCP server the gateway forwards to. With Config.Upstreams,
+// URL is empty and Headers unused (each UpstreamServer has its own); the
+// other settings apply to the calls of every upstream, Timeout as the
+// default of UpstreamServer.Timeout.
 type Upstream struct {
-	URL string // http or https; ${VAR} expanded
-	// Headers are set on every upstream request (values ${VAR} expanded).
-	// The caller's own credentials are never forwarded.
+	URL string // http or https; ${VAR} expanded; "" with Config.Upstreams
+	// Headers are set on every request to URL (values ${VAR} expanded).
+	// They are not sent to the servers of Config.Upstreams. The caller's
+	// own credentials are never forwarded.
 	Headers map[string]string
 	// IdentityHeaders adds X-Mcp-Tenant and X-Mcp-Subject to upstream requests.
 	IdentityHeaders bool
@@ -89,6 +108,18 @@ type Upstream struct {
 	// MaxDuration, when positive, is a hard cap on one upstream call
 	// however much it streams. Zero means none.
 	MaxDuration time.Duration
+}
+
+// UpstreamServer is one MCP server of upstreams:.
+type UpstreamServer struct {
+	Name    string            // [a-z0-9-]+ (1..63 chars), unique among upstreams
+	URL     string            // Streamable HTTP endpoint (http or https, ${VAR} expanded); exclusive with Command
+	Command []string          // stdio: the argv of the process mcpgate runs (each element ${VAR} expanded); exclusive with URL
+	Env     map[string]string // stdio only: added to the process's environment (values ${VAR} expanded)
+	Headers map[string]string // HTTP only: set on every request (values ${VAR} expanded; same checks as upstream.headers)
+	Timeout time.Duration     // idle timeout of one call to this server; default Upstream.Timeout (itself default DefaultUpstreamWait)
+	Prefix  string            // exposed tool and prompt names are Prefix + the server's name; default Name + "__"; "" exposes bare names
+	Limits  []Rule            // rules counting calls of this upstream's tools (tools/call only), evaluated with the tier's rules in the tenant's slot
 }
 
 // JWT says how tokens are verified. Exactly one key source is set:
@@ -299,8 +330,9 @@ type ToolCache struct {
 	Tags []string
 }
 
-// Tool is the configuration of one upstream tool. Tools not listed have the
-// zero Tool with Cost{Fixed: 1}.
+// Tool is the configuration of one upstream tool, under the name clients
+// see (with Config.Upstreams, the exposed name: Prefix + the server's
+// name). Tools not listed have the zero Tool with Cost{Fixed: 1}.
 type Tool struct {
 	Cost        Cost
 	Cache       *ToolCache    // nil: results are not cached
@@ -311,6 +343,10 @@ type Tool struct {
 	// DenyAs is how denied calls of the tool are answered, whatever the
 	// caller's tier; "" means the tier's (see Config.DenyAs).
 	DenyAs DenyMode
+
+	// Timeout, when positive, overrides the idle timeout of the tool's
+	// upstream for calls of this tool (upstreams: only). Zero: the upstream's.
+	Timeout time.Duration
 }
 
 // DefaultCacheTimeout is Cache.Timeout when the file leaves it out.
@@ -369,22 +405,65 @@ func (c *Config) ResolveTier(name string) (resolved string, t Tier, ok bool) {
 	return c.DefaultTier, t, ok
 }
 
-// RulesFor returns the rules of one tools/call: the tier's rules followed
-// by the tool's (all tenant-scoped, to be evaluated together in the
-// tenant's slot), and the global rules. An unknown tier means DefaultTier.
-// The slices are shared and must not be modified (appending to them is
-// safe: they have no spare capacity).
+// RulesFor returns the rules of one tools/call: the tier's rules, then the
+// Limits of the tool's upstream (UpstreamOf; upstreams: only), then the
+// tool's own (all tenant-scoped, to be evaluated together in the tenant's
+// slot), and the global rules. An unknown tier means DefaultTier. The
+// slices are shared and must not be modified (appending to them is safe:
+// they have no spare capacity). It does not allocate on a Config from
+// Parse.
 func (c *Config) RulesFor(tier, tool string) (tenantScoped []Rule, global []Rule) {
 	global = c.global
 	tier, t, _ := c.ResolveTier(tier)
-	if byTool, ok := c.rules[tier]; ok {
-		if r, ok := byTool[tool]; ok {
+	if rs, ok := c.rules[tier]; ok {
+		if r, ok := rs.byTool[tool]; ok {
 			return r, global
 		}
-		r := byTool[""]
-		return r, global
+		if up := c.upstreamIndex(tool); up >= 0 && up < len(rs.byUpstream) {
+			return rs.byUpstream[up], global
+		}
+		return rs.byTool[""], global
 	}
-	return combine(forMethod(t.Limits, MethodToolsCall), c.Tools[tool].Limits), global
+	var upLimits []Rule
+	if up := c.upstreamIndex(tool); up >= 0 {
+		upLimits = c.Upstreams[up].Limits
+	}
+	return combine(forMethod(t.Limits, MethodToolsCall), upLimits, c.Tools[tool].Limits), global
+}
+
+// UpstreamOf returns the name of the upstream (of Upstreams) that exposes
+// tool, judged by the name alone: the upstream whose Prefix is the longest
+// non-empty prefix of tool, tool being longer than it; failing that, the
+// one upstream with Prefix "" when exactly one has it (and tool is not
+// empty). ok is false otherwise: no upstream matches, or several have
+// Prefix "" (then only the gateway, from their tool lists, knows). It does
+// not allocate.
+func (c *Config) UpstreamOf(tool string) (name string, ok bool) {
+	if i := c.upstreamIndex(tool); i >= 0 {
+		return c.Upstreams[i].Name, true
+	}
+	return "", false
+}
+
+// upstreamIndex is UpstreamOf as an index into Upstreams, -1 for none.
+func (c *Config) upstreamIndex(tool string) int {
+	best, bare, bares := -1, -1, 0
+	for i := range c.Upstreams {
+		p := c.Upstreams[i].Prefix
+		switch {
+		case p == "":
+			bare, bares = i, bares+1
+		case len(tool) > len(p) && strings.HasPrefix(tool, p) && (best < 0 || len(p) > len(c.Upstreams[best].Prefix)):
+			best = i
+		}
+	}
+	switch {
+	case best >= 0:
+		return best
+	case bares == 1 && tool != "":
+		return bare
+	}
+	return -1
 }
 
 // RulesForMethod returns the rules of one request of a method other than
@@ -430,19 +509,32 @@ func (c *Config) ToolCost(tool string) Cost {
 	return Cost{Fixed: 1}
 }
 
-// combine concatenates two rule lists into a new slice without spare capacity.
-func combine(a, b []Rule) []Rule {
-	if len(a)+len(b) == 0 {
+// combine concatenates rule lists into a new slice without spare
+// capacity, or nil.
+func combine(lists ...[]Rule) []Rule {
+	n := 0
+	for _, l := range lists {
+		n += len(l)
+	}
+	if n == 0 {
 		return nil
 	}
-	out := make([]Rule, 0, len(a)+len(b))
-	out = append(out, a...)
-	return append(out, b...)
+	out := make([]Rule, 0, n)
+	for _, l := range lists {
+		out = append(out, l...)
+	}
+	return out
 }
 
 // index builds c.rules, c.methodRules, c.methodGlobal and c.global.
 func (c *Config) index() {
-	c.rules = map[string]map[string][]Rule{}
+	c.rules = map[string]*callRules{}
+	toolUp := make(map[string][]Rule, len(c.Tools)) // the Limits of each listed tool's upstream
+	for tool := range c.Tools {
+		if i := c.upstreamIndex(tool); i >= 0 {
+			toolUp[tool] = c.Upstreams[i].Limits
+		}
+	}
 	c.methodRules = map[string]map[string][]Rule{}
 	tiers := make([]string, 0, len(c.Tiers)+1)
 	for name := range c.Tiers {
@@ -454,11 +546,14 @@ func (c *Config) index() {
 	for _, name := range tiers {
 		t := c.Tiers[name]
 		calls := forMethod(t.Limits, MethodToolsCall)
-		byTool := map[string][]Rule{"": combine(calls, nil)}
+		rs := &callRules{byTool: map[string][]Rule{"": combine(calls)}}
 		for tool, tc := range c.Tools {
-			byTool[tool] = combine(calls, tc.Limits)
+			rs.byTool[tool] = combine(calls, toolUp[tool], tc.Limits)
 		}
-		c.rules[name] = byTool
+		for _, u := range c.Upstreams {
+			rs.byUpstream = append(rs.byUpstream, combine(calls, u.Limits))
+		}
+		c.rules[name] = rs
 		byMethod := map[string][]Rule{}
 		for _, m := range append(RequestMethods[:len(RequestMethods):len(RequestMethods)], "") {
 			if m == MethodToolsCall {

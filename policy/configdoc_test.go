@@ -31,7 +31,7 @@ func TestSchemaPathsReachEveryDepth(t *testing.T) {
 
 // ruleLists are where lists of rules appear; docs/config.md documents a
 // rule's fields once, as <rule>.FIELD.
-var ruleLists = regexp.MustCompile(`^(global|tiers\.<name>\.limits|tools\.<name>\.limits)\[\]\.`)
+var ruleLists = regexp.MustCompile(`^(global|tiers\.<name>\.limits|tools\.<name>\.limits|upstreams\[\]\.limits)\[\]\.`)
 
 // docPath is the name docs/config.md gives decoder path p.
 func docPath(p string) string { return ruleLists.ReplaceAllString(p, "<rule>.") }

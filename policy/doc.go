@@ -17,7 +17,8 @@
 // they have no unit. Percentages are strings, "10%" (0% to 100%). Integers
 // must not be quoted. A key set to null (`key:` with no value) keeps its
 // default. Anchors, aliases and merge keys (<<) are supported. In
-// upstream.url and upstream.headers values, ${NAME} is replaced with the
+// upstream.url and upstream.headers values, and in the url, headers,
+// command and env values of upstreams, ${NAME} is replaced with the
 // environment variable NAME ($${ writes a literal ${); an unset variable
 // becomes "" and adds a warning to Config.Warnings. store.redis and
 // cache.redis addresses are expanded too, but there an unset or empty
@@ -29,19 +30,33 @@
 // Defaults are in brackets; "required" fields have none.
 //
 //	listen                     host:port of the gateway [127.0.0.1:8080]
-//	upstream.url               http(s) URL of the Streamable HTTP MCP server (required)
-//	upstream.headers           name: value added to every upstream request
+//	upstream.url               http(s) URL of the Streamable HTTP MCP server (required
+//	                           unless upstreams is set; not allowed with it)
+//	upstream.headers           name: value added to every request to upstream.url (not
+//	                           to the servers of upstreams)
 //	upstream.identity_headers  send X-Mcp-Tenant and X-Mcp-Subject upstream [false]
 //	upstream.max_body_bytes    largest request body accepted from a client [4194304]
 //	upstream.timeout           idle timeout of one upstream call: it fails when the upstream
 //	                           sends nothing for this long; each streamed event restarts it [60s]
 //	upstream.max_duration      hard cap on one upstream call however much it streams [0: none]
+//	upstreams[]                the MCP servers behind the gateway when it fronts several
+//	                           (the other upstream settings apply to each): name (required;
+//	                           1 to 63 of [a-z0-9-], unique); url (Streamable HTTP) or
+//	                           command (stdio: the argv of a process mcpgate runs), exactly
+//	                           one; headers (url only) and env (command only), ${VAR}
+//	                           expanded; timeout [upstream.timeout]; prefix of the exposed
+//	                           tool and prompt names [name + "__"; "" exposes bare names;
+//	                           two upstreams never share a non-empty prefix, and limits are
+//	                           refused on an upstream with prefix "" when another has it
+//	                           too]; limits (rules counting calls of its tools, per defaults
+//	                           to tenant)
 //	auth.jwt                   exactly one key source: hs256_secret_env (name of an
 //	                           environment variable), jwks_url, jwks_file, public_key_file;
 //	                           issuer and audience are checked when set; tenant_claim
 //	                           [tenant_id], tier_claim [tier], scope_claim [scope]: a
-//	                           space-separated string or array of tools:<name> / tools:*,
-//	                           prompts:<name> / prompts:*, resources:<uri glob> / resources:*
+//	                           space-separated string or array of tools:<name> /
+//	                           tools:<prefix>* / tools:*, prompts:<name> / prompts:<prefix>* /
+//	                           prompts:*, resources:<uri glob> / resources:*
 //	                           ('*' matches any run of characters, '/' included; what no
 //	                           scope grants is refused with 403 and hidden from lists);
 //	                           require_expiry (refuse tokens without exp) [true],
@@ -90,6 +105,8 @@
 //	tools.NAME.limits          rules, per defaults to tenant_tool
 //	tools.NAME.invalidates     tag templates dropped after a successful call
 //	tools.NAME.deny_as         http | result, for this tool whatever the tier [the tier's]
+//	tools.NAME.timeout         idle timeout of the tool's calls, instead of its upstream's
+//	                           (with upstreams only) [the upstream's timeout]
 //	breaker.key                subject | tenant | session [subject]
 //	breaker.consecutive_denials, breaker.consecutive_failures
 //	                           thresholds; 0 disables that trigger [0]
@@ -125,9 +142,14 @@
 // tenant_tool, subject or subject_tool: global rules belong in the global
 // list only, and the global list holds nothing else. Names are unique
 // within a list, and a tool's rule may not repeat the name and per of a
-// tier's rule (the two would count on one key). Tool rules per tenant or
-// subject of different tools with the same name share one counter, which
-// is allowed only when they are identical.
+// tier's rule (the two would count on one key), nor may an upstream's rule
+// repeat those of a tier's rule or of a rule of one of its tools. Rules per
+// tenant or subject of different tools or upstreams with the same name
+// share one counter, which is allowed only when they are identical.
+//
+// With upstreams, the keys of tools name exposed tools (search__query), and
+// Config.RulesFor counts a call with the tier's rules, then the rules of
+// the tool's upstream (Config.UpstreamOf), then the tool's.
 //
 // methods (tier and global rules only) lists the JSON-RPC request methods a
 // rule counts (see RequestMethods), or "*" for all; without it a rule counts

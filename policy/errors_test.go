@@ -175,7 +175,7 @@ var badConfigs = []struct {
 	{"merge of a list with a scalar", "tools: {t: {<<: [{cost: 2}, 3]}}\n",
 		[]string{`m.yaml:3: tools.t: merge key (<<) wants a mapping or a list of mappings, got the integer 3`}},
 	{"duplicate key inside a merged mapping, named where it is used", "a: &a {cost: 1, cost: 2}\ntools: {t: {<<: *a}}\n",
-		[]string{`m.yaml:3: a: unknown field (want one of audit, auth, breaker, cache, default_tier, global, listen, server, sessions, store, tiers, tools, upstream, usage)`,
+		[]string{`m.yaml:3: a: unknown field (want one of audit, auth, breaker, cache, default_tier, global, listen, server, sessions, store, tiers, tools, upstream, upstreams, usage)`,
 			`m.yaml:3: tools.t.cost: duplicate key (first at line 3)`}},
 	{"mapping key that is not a string", "tiers: {[a]: {}}\n",
 		[]string{`m.yaml:3: tiers: keys must be strings, got a list`}},

@@ -29,6 +29,9 @@ func FuzzParse(f *testing.F) {
 	for _, tc := range badWhole {
 		f.Add([]byte(tc.yaml))
 	}
+	for _, tc := range badUpstreams {
+		f.Add([]byte(upHead + tc.yaml))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse("f.yaml", data)
 		lines := 1 + strings.Count(yamlBreaks.Replace(string(data)), "\n")
@@ -56,7 +59,7 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		// A config that loads is consistent.
-		if c.Upstream.URL == "" || c.Listen == "" || c.Store.Timeout <= 0 || !c.Store.OnError.Valid() {
+		if c.Upstream.URL == "" && len(c.Upstreams) == 0 || c.Listen == "" || c.Store.Timeout <= 0 || !c.Store.OnError.Valid() {
 			t.Fatalf("defaults missing: %+v", c)
 		}
 		if _, ok := c.Tiers[c.DefaultTier]; len(c.Tiers) > 0 && !ok {
@@ -74,6 +77,15 @@ func FuzzParse(f *testing.F) {
 		tools := []string{"", "no such tool"}
 		for name := range c.Tools {
 			tools = append(tools, name)
+		}
+		for _, u := range c.Upstreams {
+			if u.Timeout <= 0 || u.Prefix == "" && len(u.Limits) > 0 && len(c.Upstreams) > 1 {
+				t.Fatalf("upstream %+v", u)
+			}
+			tools = append(tools, u.Prefix+"x")
+			if name, ok := c.UpstreamOf(u.Prefix + "x"); u.Prefix != "" && (!ok || name != u.Name) {
+				t.Fatalf("UpstreamOf(%q) = %q, %v, want %q", u.Prefix+"x", name, ok, u.Name)
+			}
 		}
 		for _, tier := range tiers {
 			for _, tool := range tools {

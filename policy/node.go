@@ -33,6 +33,12 @@ type decoder struct {
 	lastRules []ruleRef // of the latest rules call
 	warmAt    []warmRef // one per Cache.Warm entry
 
+	upstreamAt        []upstreamRef // one per Config.Upstreams entry
+	upstreamsGiven    bool          // upstreams: is a non-empty list
+	upstreamURLAt     *yaml.Node    // upstream.url, when given
+	upstreamHeadersAt *fieldRef     // upstream.headers, when not empty
+	toolTimeoutAt     []fieldRef    // every tools.<name>.timeout given
+
 	expirySet, leewaySet bool // auth.jwt.require_expiry / leeway given (their defaults are not zero)
 	embedded             bool // ParseEmbedded: upstream is optional
 

@@ -180,10 +180,11 @@ func (d *decoder) config(root *yaml.Node, c *Config) {
 				c.Listen = s
 			}
 		},
-		"upstream": func(v *yaml.Node, p string) { d.upstream(v, p, &c.Upstream) },
-		"auth":     func(v *yaml.Node, p string) { d.auth(v, p, &c.Auth) },
-		"store":    func(v *yaml.Node, p string) { d.store(v, p, &c.Store) },
-		"usage":    func(v *yaml.Node, p string) { d.usage(v, p, &c.Usage) },
+		"upstream":  func(v *yaml.Node, p string) { d.upstream(v, p, &c.Upstream) },
+		"upstreams": func(v *yaml.Node, p string) { c.Upstreams = d.upstreams(v, p) },
+		"auth":      func(v *yaml.Node, p string) { d.auth(v, p, &c.Auth) },
+		"store":     func(v *yaml.Node, p string) { d.store(v, p, &c.Store) },
+		"usage":     func(v *yaml.Node, p string) { d.usage(v, p, &c.Usage) },
 		"default_tier": func(v *yaml.Node, p string) {
 			c.DefaultTier, _ = d.str(v, p)
 		},
@@ -253,79 +254,6 @@ func (d *decoder) sessions(n *yaml.Node, path string, s *Sessions) {
 		"max_per_tenant":  limit(&s.MaxPerTenant),
 		"max_per_subject": limit(&s.MaxPerSubject),
 		"idle_timeout":    func(v *yaml.Node, p string) { s.IdleTimeout, _ = d.positiveDuration(v, p) },
-	})
-}
-
-func (d *decoder) upstream(n *yaml.Node, path string, u *Upstream) {
-	d.object(n, path, fields{
-		"url": func(v *yaml.Node, p string) {
-			if s, ok := d.str(v, p); ok {
-				var unset []string
-				u.URL, unset = d.expand(v, p, s)
-				if u.URL != "" && !checkHTTPURL(u.URL) {
-					// Print what the file says: the expansion may hold a secret.
-					note := ""
-					if len(unset) > 0 {
-						note = fmt.Sprintf(" (not set: %s)", strings.Join(unset, ", "))
-					}
-					d.errf(v, p, "bad URL %q%s: want http:// or https:// and a host", redact(s), note)
-				}
-			}
-		},
-		"headers": func(v *yaml.Node, p string) {
-			ps, _ := d.mapping(v, p)
-			u.Headers = make(map[string]string, len(ps))
-			seen := map[string]*yaml.Node{}
-			for _, e := range ps {
-				hp := join(p, e.name)
-				if !validHeaderName(e.name) {
-					d.errf(e.key, hp, "not a valid HTTP header name")
-					continue
-				}
-				if first := seen[strings.ToLower(e.name)]; first != nil {
-					d.errf(e.key, hp, "same header as %q at line %d (header names ignore case)", first.Value, first.Line)
-					continue
-				}
-				seen[strings.ToLower(e.name)] = e.key
-				val := d.deref(e.val)
-				if val == nil {
-					continue
-				}
-				s := ""
-				if !isNull(val) {
-					var ok bool
-					if s, ok = d.str(val, hp); !ok {
-						continue
-					}
-				}
-				s, _ = d.expand(val, hp, s)
-				if strings.ContainsAny(s, "\r\n\x00") {
-					d.errf(val, hp, "value contains a line break or NUL (after ${VAR} expansion)")
-					continue
-				}
-				u.Headers[e.name] = s
-			}
-		},
-		"identity_headers": func(v *yaml.Node, p string) { u.IdentityHeaders, _ = d.bool(v, p) },
-		"max_body_bytes": func(v *yaml.Node, p string) {
-			if x, ok := d.int64(v, p); ok {
-				if x < 1 {
-					d.errf(v, p, "must be at least 1, got %d", x)
-				} else {
-					u.MaxBodyBytes = x
-				}
-			}
-		},
-		"timeout": func(v *yaml.Node, p string) { u.Timeout, _ = d.positiveDuration(v, p) },
-		"max_duration": func(v *yaml.Node, p string) {
-			if x, ok := d.duration(v, p); ok {
-				if x < 0 {
-					d.errf(v, p, "must not be negative (0s means no cap), got %v", x)
-					return
-				}
-				u.MaxDuration = x
-			}
-		},
 	})
 }
 
@@ -509,6 +437,12 @@ func (d *decoder) tools(n *yaml.Node, path string) map[string]Tool {
 			},
 			"invalidates": func(v *yaml.Node, p string) { t.Invalidates = d.tags(v, p) },
 			"deny_as":     func(v *yaml.Node, p string) { t.DenyAs = d.denyAs(v, p) },
+			"timeout": func(v *yaml.Node, p string) {
+				var ok bool
+				if t.Timeout, ok = d.positiveDuration(v, p); ok {
+					d.toolTimeoutAt = append(d.toolTimeoutAt, fieldRef{v, p})
+				}
+			},
 		})
 		out[e.name] = t
 	}
@@ -626,6 +560,11 @@ func (d *decoder) defaults(c *Config) {
 	}
 	if c.Upstream.Timeout == 0 {
 		c.Upstream.Timeout = DefaultUpstreamWait
+	}
+	for i := range c.Upstreams {
+		if c.Upstreams[i].Timeout == 0 {
+			c.Upstreams[i].Timeout = c.Upstream.Timeout
+		}
 	}
 	if !d.expirySet {
 		c.Auth.JWT.RequireExpiry = true

@@ -1,0 +1,347 @@
+package federate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// listing is what one upstream exposes, under its own names.
+type listing struct {
+	tools     []*mcp.Tool
+	prompts   []*mcp.Prompt
+	resources []*mcp.Resource
+	templates []*mcp.ResourceTemplate
+}
+
+// route is where an exposed name goes: an upstream and the name there.
+type route struct {
+	up   *upstream
+	name string
+}
+
+// catalog is the union of the upstreams' listings under exposed names.
+// Resource URIs and templates are not renamed: a URI routes to the
+// upstream that listed it, else to the one whose template matches it (the
+// SDK server matches templates).
+type catalog struct {
+	mu        sync.RWMutex
+	tools     map[string]route
+	prompts   map[string]route
+	resources map[string]*upstream
+	templates map[string]*upstream
+	byUp      map[*upstream]*listing // as last installed
+}
+
+func newCatalog() *catalog {
+	return &catalog{tools: map[string]route{}, prompts: map[string]route{}, resources: map[string]*upstream{},
+		templates: map[string]*upstream{}, byUp: map[*upstream]*listing{}}
+}
+
+func (c *catalog) tool(name string) (route, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	r, ok := c.tools[name]
+	return r, ok
+}
+
+func (c *catalog) prompt(name string) (route, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	r, ok := c.prompts[name]
+	return r, ok
+}
+
+// resource returns the upstream of a listed URI or of a template.
+func (c *catalog) resource(uriOrTemplate string) (*upstream, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if up, ok := c.resources[uriOrTemplate]; ok {
+		return up, true
+	}
+	up, ok := c.templates[uriOrTemplate]
+	return up, ok
+}
+
+func (c *catalog) toolNames() []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]string, 0, len(c.tools))
+	for n := range c.tools {
+		out = append(out, n)
+	}
+	return out
+}
+
+func (c *catalog) toolCount(up *upstream) int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if l := c.byUp[up]; l != nil {
+		return len(l.tools)
+	}
+	return 0
+}
+
+// list reads everything up exposes through its shared session.
+func list(ctx context.Context, up *upstream) (*listing, error) {
+	cs, err := up.sharedSession(ctx)
+	if err != nil {
+		return nil, err
+	}
+	caps := cs.InitializeResult().Capabilities
+	l := &listing{}
+	if caps == nil {
+		return l, nil
+	}
+	if caps.Tools != nil {
+		for t, err := range cs.Tools(ctx, nil) {
+			if err != nil {
+				return nil, fmt.Errorf("tools/list: %w", err)
+			}
+			l.tools = append(l.tools, t)
+		}
+	}
+	if caps.Prompts != nil {
+		for p, err := range cs.Prompts(ctx, nil) {
+			if err != nil {
+				return nil, fmt.Errorf("prompts/list: %w", err)
+			}
+			l.prompts = append(l.prompts, p)
+		}
+	}
+	if caps.Resources != nil {
+		for r, err := range cs.Resources(ctx, nil) {
+			if err != nil {
+				return nil, fmt.Errorf("resources/list: %w", err)
+			}
+			l.resources = append(l.resources, r)
+		}
+		for t, err := range cs.ResourceTemplates(ctx, nil) {
+			if err != nil {
+				return nil, fmt.Errorf("resources/templates/list: %w", err)
+			}
+			l.templates = append(l.templates, t)
+		}
+	}
+	return l, nil
+}
+
+// buildCatalog lists every upstream and merges the listings; a name
+// exposed twice is ErrConflict naming both upstreams.
+func (f *Federator) buildCatalog(ctx context.Context) (*catalog, error) {
+	ctx, cancel := context.WithTimeout(ctx, f.opts.StartTimeout)
+	defer cancel()
+	c := newCatalog()
+	var errs []error
+	for _, up := range f.ups {
+		l, err := list(ctx, up)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w: %s: %v", ErrStart, describe(up.cfg), err))
+			continue
+		}
+		errs = append(errs, c.merge(up, l)...)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// merge adds up's listing, refusing (and reporting) each name another
+// upstream already exposes. c.mu is not held.
+func (c *catalog) merge(up *upstream, l *listing) []error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	conflict := func(kind, name string, other *upstream, theirs string) {
+		errs = append(errs, fmt.Errorf("%w: %s %q is exposed by upstream %q (as %q) and by upstream %q (as %q)",
+			ErrConflict, kind, name, other.cfg.Name, theirs, up.cfg.Name, strings.TrimPrefix(name, up.cfg.Prefix)))
+	}
+	kept := &listing{}
+	for _, t := range l.tools {
+		name := up.cfg.Prefix + t.Name
+		if r, ok := c.tools[name]; ok && r.up != up {
+			conflict("tool", name, r.up, r.name)
+			continue
+		}
+		if err := checkSchema(t); err != nil {
+			errs = append(errs, fmt.Errorf("upstream %q: tool %q: %v (not exposed)", up.cfg.Name, t.Name, err))
+			continue
+		}
+		c.tools[name] = route{up, t.Name}
+		kept.tools = append(kept.tools, t)
+	}
+	for _, p := range l.prompts {
+		name := up.cfg.Prefix + p.Name
+		if r, ok := c.prompts[name]; ok && r.up != up {
+			conflict("prompt", name, r.up, r.name)
+			continue
+		}
+		c.prompts[name] = route{up, p.Name}
+		kept.prompts = append(kept.prompts, p)
+	}
+	for _, r := range l.resources {
+		if other, ok := c.resources[r.URI]; ok && other != up {
+			errs = append(errs, fmt.Errorf("%w: resource %q is exposed by upstream %q and by upstream %q", ErrConflict, r.URI, other.cfg.Name, up.cfg.Name))
+			continue
+		}
+		c.resources[r.URI] = up
+		kept.resources = append(kept.resources, r)
+	}
+	for _, t := range l.templates {
+		if other, ok := c.templates[t.URITemplate]; ok && other != up {
+			errs = append(errs, fmt.Errorf("%w: resource template %q is exposed by upstream %q and by upstream %q", ErrConflict, t.URITemplate, other.cfg.Name, up.cfg.Name))
+			continue
+		}
+		c.templates[t.URITemplate] = up
+		kept.templates = append(kept.templates, t)
+	}
+	c.byUp[up] = kept
+	return errs
+}
+
+// forget removes up's entries. c.mu is held.
+func (c *catalog) forgetLocked(up *upstream) (old *listing) {
+	old = c.byUp[up]
+	delete(c.byUp, up)
+	if old == nil {
+		return &listing{}
+	}
+	for _, t := range old.tools {
+		delete(c.tools, up.cfg.Prefix+t.Name)
+	}
+	for _, p := range old.prompts {
+		delete(c.prompts, up.cfg.Prefix+p.Name)
+	}
+	for _, r := range old.resources {
+		delete(c.resources, r.URI)
+	}
+	for _, t := range old.templates {
+		delete(c.templates, t.URITemplate)
+	}
+	return old
+}
+
+// checkSchema refuses a tool the SDK server would not take: its input
+// schema must be a JSON object of type "object".
+func checkSchema(t *mcp.Tool) error {
+	if t.Name == "" {
+		return errors.New("no name")
+	}
+	b, err := json.Marshal(t.InputSchema)
+	if err != nil {
+		return fmt.Errorf("input schema: %v", err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil || m["type"] != "object" {
+		return errors.New(`input schema is not an object of type "object"`)
+	}
+	return nil
+}
+
+// install registers the listing of up (under exposed names) on the
+// servers, removing what its previous listing had.
+func (f *Federator) install(up *upstream, old, l *listing) {
+	for _, srv := range []*mcp.Server{f.stateful, f.stateless} {
+		if srv == nil {
+			continue
+		}
+		stateless := srv == f.stateless
+		// Only what is gone is removed: a name kept stays callable while
+		// its new definition replaces the old.
+		srv.RemoveTools(gone(old.tools, l.tools, func(t *mcp.Tool) string { return up.cfg.Prefix + t.Name })...)
+		srv.RemovePrompts(gone(old.prompts, l.prompts, func(p *mcp.Prompt) string { return up.cfg.Prefix + p.Name })...)
+		srv.RemoveResources(gone(old.resources, l.resources, func(r *mcp.Resource) string { return r.URI })...)
+		srv.RemoveResourceTemplates(gone(old.templates, l.templates, func(t *mcp.ResourceTemplate) string { return t.URITemplate })...)
+		for _, t := range l.tools {
+			t2 := *t
+			t2.Name = up.cfg.Prefix + t.Name
+			f.safely("tool", t2.Name, func() { srv.AddTool(&t2, f.toolHandler(stateless)) })
+		}
+		for _, p := range l.prompts {
+			p2 := *p
+			p2.Name = up.cfg.Prefix + p.Name
+			f.safely("prompt", p2.Name, func() { srv.AddPrompt(&p2, f.promptHandler(stateless)) })
+		}
+		for _, r := range l.resources {
+			f.safely("resource", r.URI, func() { srv.AddResource(r, f.resourceHandler(stateless, up)) })
+		}
+		for _, t := range l.templates {
+			f.safely("resource template", t.URITemplate, func() { srv.AddResourceTemplate(t, f.resourceHandler(stateless, up)) })
+		}
+	}
+}
+
+// safely runs an SDK registration that panics on input it refuses (an
+// upstream's odd listing must not take the gateway down).
+func (f *Federator) safely(kind, name string, add func()) {
+	defer func() {
+		if r := recover(); r != nil {
+			f.log.Error("federate: an upstream's entry was refused", "kind", kind, "name", name, "err", r)
+		}
+	}()
+	add()
+}
+
+// installAll registers every upstream's listing (at boot).
+func (f *Federator) installAll() {
+	f.cat.mu.RLock()
+	ls := make(map[*upstream]*listing, len(f.cat.byUp))
+	for up, l := range f.cat.byUp {
+		ls[up] = l
+	}
+	f.cat.mu.RUnlock()
+	for _, up := range f.ups {
+		if l := ls[up]; l != nil {
+			f.install(up, &listing{}, l)
+		}
+	}
+}
+
+// refresh lists up again (after a list_changed notification, a reconnect
+// or a restart) and installs the difference. A name that now collides with
+// another upstream's is not exposed and is logged. Concurrent refreshes of
+// one upstream run one after the other.
+func (f *Federator) refresh(up *upstream) {
+	up.refreshMu.Lock()
+	defer up.refreshMu.Unlock()
+	ctx, cancel := context.WithTimeout(f.ctx, f.opts.StartTimeout)
+	defer cancel()
+	l, err := list(ctx, up)
+	if err != nil {
+		if f.ctx.Err() == nil {
+			f.log.Warn("federate: cannot list an upstream again", "upstream", up.cfg.Name, "err", err)
+		}
+		return
+	}
+	f.cat.mu.Lock()
+	old := f.cat.forgetLocked(up)
+	f.cat.mu.Unlock()
+	for _, err := range f.cat.merge(up, l) {
+		f.log.Error("federate: upstream entry not exposed", "upstream", up.cfg.Name, "err", err)
+	}
+	f.cat.mu.RLock()
+	kept := f.cat.byUp[up]
+	f.cat.mu.RUnlock()
+	f.install(up, old, kept)
+}
+
+// gone returns the keys of old that are not in now.
+func gone[T any](old, now []T, key func(T) string) []string {
+	keep := make(map[string]bool, len(now))
+	for _, x := range now {
+		keep[key(x)] = true
+	}
+	var out []string
+	for _, x := range old {
+		if k := key(x); !keep[k] {
+			out = append(out, k)
+		}
+	}
+	return out
+}

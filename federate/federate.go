@@ -1,0 +1,358 @@
+// Package federate puts many MCP servers behind one MCP endpoint.
+//
+// A Federator is an MCP server (built with the official Go SDK) whose tools,
+// prompts, resources and resource templates are those of its upstreams:
+// Streamable HTTP servers it calls, and stdio programs it runs. Tool and
+// prompt names are exposed as Prefix+name; resource URIs pass unchanged and
+// are routed by the list (or template) they came from. The gateway puts its
+// Handler behind the enforcement engine, so limits, quotas, the loop breaker,
+// the cache and metering see every upstream's traffic under the exposed
+// names.
+//
+// Sessions: a client session of the Federator (MCP ≤ 2025-11-25) gets its own
+// session on each HTTP upstream, opened at its first use and closed with the
+// client's, so server-to-client requests (sampling, elicitation, roots),
+// log messages and progress of an upstream reach the client that caused
+// them, with ids mapped by the SDK on each side. A stdio upstream is one
+// process, so one session shared by every client (see Upstream.Command);
+// stateless clients (MCP 2026-07-28) use each upstream's shared session too.
+//
+// Health: each upstream has its own circuit breaker. Consecutive transport
+// failures or timeouts open it; its tools then fail at once with a tool
+// error naming the upstream (the other upstreams are untouched); after the
+// cooldown one probe call is let through. An upstream that answers HTTP 429
+// with Retry-After is not called again before that time, and callers are told
+// when to retry.
+package federate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Defaults for Options.
+const (
+	DefaultTimeout       = 60 * time.Second
+	DefaultStartTimeout  = 30 * time.Second
+	DefaultFailures      = 5
+	DefaultCooldown      = 10 * time.Second
+	DefaultMaxRestartGap = 30 * time.Second
+)
+
+// upstreamProtocol is the protocol version the Federator speaks to its
+// upstreams: the newest with sessions, so that server-to-client requests
+// can be relayed.
+const upstreamProtocol = "2025-11-25"
+
+// Errors New and the calls return; check them with errors.Is.
+var (
+	// ErrConfig means Options are invalid (the message names the field).
+	ErrConfig = errors.New("federate: invalid options")
+	// ErrStart means an upstream could not be reached or started at boot.
+	ErrStart = errors.New("federate: upstream did not start")
+	// ErrConflict means two upstreams expose the same tool or prompt name,
+	// resource URI or resource template.
+	ErrConflict = errors.New("federate: two upstreams expose the same name")
+)
+
+// Upstream is one MCP server behind the Federator. Exactly one of URL and
+// Command is set.
+type Upstream struct {
+	// Name identifies the upstream in errors, logs, health and metrics:
+	// [a-z0-9-]+.
+	Name string
+	// URL is a Streamable HTTP endpoint.
+	URL string
+	// Headers are set on every HTTP request to URL (its credentials).
+	Headers map[string]string
+	// Command is the argv of a stdio server. The Federator runs one process
+	// per upstream, started by New and shared by every client session: a
+	// stdio server holds one MCP session, and a process per client would
+	// put a process start on a client's first call. When it exits it is
+	// restarted with backoff (100ms doubling to DefaultMaxRestartGap); its
+	// stderr goes to the log, line by line.
+	Command []string
+	// Env is added to the process's environment (Command only).
+	Env map[string]string
+	// Timeout is the idle timeout of one call: it fails when the upstream
+	// sends nothing for this long; a progress notification starts it again.
+	// Zero means DefaultTimeout.
+	Timeout time.Duration
+	// Prefix is prepended to the upstream's tool and prompt names.
+	Prefix string
+}
+
+func (u Upstream) stdio() bool { return len(u.Command) > 0 }
+
+// Options configures a Federator. Only Upstreams is required.
+type Options struct {
+	Upstreams []Upstream
+	// ToolTimeouts overrides Upstream.Timeout for the tools it names
+	// (exposed names).
+	ToolTimeouts map[string]time.Duration
+	// Failures is how many consecutive failures (transport errors and
+	// timeouts; not tool errors or JSON-RPC errors) open an upstream's
+	// breaker. Zero means DefaultFailures.
+	Failures int
+	// Cooldown is how long an open breaker refuses calls before a probe.
+	// Zero means DefaultCooldown.
+	Cooldown time.Duration
+	// StartTimeout bounds the connection to each upstream at boot (a stdio
+	// process's start and initialize included). Zero means
+	// DefaultStartTimeout.
+	StartTimeout time.Duration
+	// Name is the server name reported to clients; "" means "mcpgate".
+	Name string
+	// Logger receives upstream failures, restarts and stdio stderr. nil
+	// means slog.Default().
+	Logger *slog.Logger
+	// HTTPClient sends requests to HTTP upstreams; nil means a pooled
+	// client. Its Transport is wrapped to see 429 answers.
+	HTTPClient *http.Client
+	// OnState, when set, is called when an upstream's health state
+	// changes (for metrics); it must not block.
+	OnState func(upstream string, state State)
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9-]+$`)
+
+func (o *Options) validate() error {
+	if len(o.Upstreams) == 0 {
+		return fmt.Errorf("%w: no upstreams", ErrConfig)
+	}
+	seen := map[string]bool{}
+	for i, u := range o.Upstreams {
+		switch {
+		case !nameRE.MatchString(u.Name):
+			return fmt.Errorf("%w: upstreams[%d]: name %q: want [a-z0-9-]+", ErrConfig, i, u.Name)
+		case seen[u.Name]:
+			return fmt.Errorf("%w: upstreams[%d]: name %q used twice", ErrConfig, i, u.Name)
+		case (u.URL == "") == (len(u.Command) == 0):
+			return fmt.Errorf("%w: upstream %q: set exactly one of URL and Command", ErrConfig, u.Name)
+		case u.stdio() && u.Command[0] == "":
+			return fmt.Errorf("%w: upstream %q: empty command", ErrConfig, u.Name)
+		case u.Timeout < 0:
+			return fmt.Errorf("%w: upstream %q: negative timeout", ErrConfig, u.Name)
+		}
+		seen[u.Name] = true
+	}
+	if o.Failures < 0 || o.Cooldown < 0 || o.StartTimeout < 0 {
+		return fmt.Errorf("%w: negative Failures, Cooldown or StartTimeout", ErrConfig)
+	}
+	return nil
+}
+
+// Federator serves the union of its upstreams as one MCP server. Its
+// methods are safe for concurrent use.
+type Federator struct {
+	opts      Options
+	log       *slog.Logger
+	ups       []*upstream
+	byName    map[string]*upstream
+	cat       *catalog
+	stateful  *mcp.Server // sessions: MCP ≤ 2025-11-25
+	stateless *mcp.Server // MCP 2026-07-28: every request its own session
+	handler   http.Handler
+	sessions  sessionTable
+	progress  progressTable
+	inflight  inflightTable
+	subs      subscriptions
+	ctx       context.Context // ends at Close: the supervisors' lifetime
+	stop      context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+// New connects to every upstream (starting the stdio ones), lists what each
+// exposes and returns a Federator serving the union. An upstream that cannot
+// be reached or started within Options.StartTimeout fails New with ErrStart
+// naming it; two upstreams exposing the same name fail it with
+// ErrConflict naming both. Close the Federator to stop the processes.
+func New(ctx context.Context, opts Options) (*Federator, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	setDefaults(&opts)
+	f := &Federator{opts: opts, log: opts.Logger, byName: map[string]*upstream{}}
+	f.ctx, f.stop = context.WithCancel(context.Background())
+	f.sessions.init()
+	f.progress.init()
+	f.subs.n = map[string]int{}
+	for _, u := range opts.Upstreams {
+		up := newUpstream(f, u)
+		f.ups = append(f.ups, up)
+		f.byName[u.Name] = up
+	}
+	if err := f.connectAll(ctx); err != nil {
+		f.Close()
+		return nil, err
+	}
+	cat, err := f.buildCatalog(ctx)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	f.cat = cat
+	f.stateful, f.stateless = f.newServer(false), f.newServer(true)
+	f.installAll()
+	f.handler = f.newHandler()
+	for _, up := range f.ups {
+		if up.cfg.stdio() {
+			f.wg.Go(func() { up.supervise(f.ctx) })
+		}
+	}
+	return f, nil
+}
+
+func setDefaults(o *Options) {
+	for i := range o.Upstreams {
+		if o.Upstreams[i].Timeout == 0 {
+			o.Upstreams[i].Timeout = DefaultTimeout
+		}
+	}
+	if o.Failures == 0 {
+		o.Failures = DefaultFailures
+	}
+	if o.Cooldown == 0 {
+		o.Cooldown = DefaultCooldown
+	}
+	if o.StartTimeout == 0 {
+		o.StartTimeout = DefaultStartTimeout
+	}
+	if o.Name == "" {
+		o.Name = "mcpgate"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.HTTPClient == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = 64
+		o.HTTPClient = &http.Client{Transport: tr}
+	}
+}
+
+// connectAll opens the shared session of every upstream, in parallel.
+func (f *Federator) connectAll(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, f.opts.StartTimeout)
+	defer cancel()
+	errs := make([]error, len(f.ups))
+	var wg sync.WaitGroup
+	for i, up := range f.ups {
+		wg.Go(func() { errs[i] = up.connectShared(ctx) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Handler returns the Streamable HTTP handler of the federated server:
+// sessions for clients up to MCP 2025-11-25, stateless for 2026-07-28.
+func (f *Federator) Handler() http.Handler { return f.handler }
+
+func (f *Federator) newHandler() http.Handler {
+	stateful := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return f.stateful },
+		&mcp.StreamableHTTPOptions{Logger: f.sdkLogger()})
+	stateless := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return f.stateless },
+		&mcp.StreamableHTTPOptions{Stateless: true, Logger: f.sdkLogger(), PropagateRequestCancellation: true})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A 2026-07-28 client names its version on every request, and has no
+		// session; every older client's requests after initialize carry its
+		// (older) version or a session id.
+		if v := r.Header.Get("Mcp-Protocol-Version"); v >= "2026-07-28" && r.Header.Get("Mcp-Session-Id") == "" {
+			stateless.ServeHTTP(w, r)
+			return
+		}
+		stateful.ServeHTTP(w, r)
+	})
+}
+
+func (f *Federator) sdkLogger() *slog.Logger { return f.log.With("component", "federate") }
+
+// Close ends every client and upstream session and stops the stdio
+// processes (stdin closed, then SIGTERM after 5s). It is idempotent.
+func (f *Federator) Close() error {
+	f.closeOnce.Do(func() {
+		f.stop()
+		f.sessions.closeAll()
+		for _, up := range f.ups {
+			up.close()
+		}
+		f.wg.Wait()
+	})
+	return nil
+}
+
+// State is an upstream's health.
+type State string
+
+// The states of an upstream.
+const (
+	StateUp       State = "up"        // calls go through
+	StateOpen     State = "open"      // the breaker refuses calls until its cooldown ends
+	StateHalfOpen State = "half_open" // one probe call is let through
+	StateDown     State = "down"      // a stdio process is not running (being restarted)
+	StateLimited  State = "limited"   // the upstream answered 429: no call before RetryAfter
+)
+
+// Health is one upstream's state, for /readyz and metrics.
+type Health struct {
+	Name       string    `json:"name"`
+	Transport  string    `json:"transport"` // "http" or "stdio"
+	State      State     `json:"state"`
+	Failures   int       `json:"consecutive_failures"`
+	RetryAfter time.Time `json:"retry_after,omitzero"` // when State is open or limited
+	Restarts   int       `json:"restarts,omitempty"`   // stdio: processes started after the first
+	Tools      int       `json:"tools"`
+}
+
+// Health returns every upstream's state, in configuration order.
+func (f *Federator) Health() []Health {
+	out := make([]Health, 0, len(f.ups))
+	for _, up := range f.ups {
+		out = append(out, up.health())
+	}
+	return out
+}
+
+// Upstreams returns the names of the upstreams, in configuration order.
+func (f *Federator) Upstreams() []string {
+	out := make([]string, 0, len(f.ups))
+	for _, up := range f.ups {
+		out = append(out, up.cfg.Name)
+	}
+	return out
+}
+
+// UpstreamOf returns the name of the upstream serving the exposed tool
+// name, and false for a name no upstream exposes.
+func (f *Federator) UpstreamOf(tool string) (string, bool) {
+	r, ok := f.cat.tool(tool)
+	if !ok {
+		return "", false
+	}
+	return r.up.cfg.Name, true
+}
+
+// Tools returns the exposed tool names, sorted.
+func (f *Federator) Tools() []string {
+	names := f.cat.toolNames()
+	slices.Sort(names)
+	return names
+}
+
+func describe(u Upstream) string {
+	if u.stdio() {
+		return fmt.Sprintf("upstream %q (command %s)", u.Name, strings.Join(u.Command, " "))
+	}
+	return fmt.Sprintf("upstream %q (%s)", u.Name, u.URL)
+}

@@ -1,0 +1,316 @@
+package federate_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mcpgate/mcpgate/federate"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// start returns a Federator over ups and a client session to it.
+func start(t *testing.T, opts federate.Options, copts *mcp.ClientOptions) (*federate.Federator, *mcp.ClientSession) {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	f, err := federate.New(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	ts := httptest.NewServer(f.Handler())
+	t.Cleanup(ts.Close)
+	c := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "1"}, copts)
+	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: ts.URL}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return f, cs
+}
+
+func callText(t *testing.T, cs *mcp.ClientSession, tool string, args map[string]any) (string, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v", tool, err)
+	}
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String(), res.IsError
+}
+
+// Two HTTP upstreams (one with bare names) and a stdio one: the lists
+// merge under the exposed names and every call, read and get reaches the
+// upstream that exposes it, and only that one.
+func TestMergedListsAndRouting(t *testing.T) {
+	a := startHTTPUpstream(t, "a", nil)
+	b := startHTTPUpstream(t, "b", nil)
+	f, cs := start(t, federate.Options{Upstreams: []federate.Upstream{
+		{Name: "a", URL: a.URL(), Prefix: "a__"},
+		{Name: "b", URL: b.URL(), Prefix: ""},
+		{Name: "c", Command: stdioCommand(t), Env: map[string]string{stdioEnv: "c"}, Prefix: "c__"},
+	}}, nil)
+	ctx := context.Background()
+
+	var tools []string
+	for tool, err := range cs.Tools(ctx, nil) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		tools = append(tools, tool.Name)
+	}
+	for _, want := range []string{"a__echo", "echo", "c__echo", "a__sample", "sample", "c__crash"} {
+		if !slices.Contains(tools, want) {
+			t.Errorf("tools/list lacks %q: %v", want, tools)
+		}
+	}
+	if len(tools) != 15 {
+		t.Errorf("%d tools, want 3 upstreams × 5: %v", len(tools), tools)
+	}
+	for tool, want := range map[string]string{"a__echo": "a: hi", "echo": "b: hi", "c__echo": "c: hi"} {
+		if got, isErr := callText(t, cs, tool, map[string]any{"text": "hi"}); got != want || isErr {
+			t.Errorf("%s = %q (isError %v), want %q", tool, got, isErr, want)
+		}
+	}
+	if a.calls.get("echo") != 1 || b.calls.get("echo") != 1 {
+		t.Errorf("echo calls: a %d, b %d; want 1 each", a.calls.get("echo"), b.calls.get("echo"))
+	}
+	if up, ok := f.UpstreamOf("echo"); !ok || up != "b" {
+		t.Errorf("UpstreamOf(echo) = %q, %v", up, ok)
+	}
+
+	p, err := cs.GetPrompt(ctx, &mcp.GetPromptParams{Name: "c__greet"})
+	if err != nil || p.Messages[0].Content.(*mcp.TextContent).Text != "hello from c" {
+		t.Errorf("c__greet: %v, %v", p, err)
+	}
+	for uri, want := range map[string]string{"test://a/info": "info of a", "test://c/items/7": "item of c", "test://b/items/x": "item of b"} {
+		r, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: uri})
+		if err != nil || r.Contents[0].Text != want {
+			t.Errorf("read %s: %v, %v; want %q", uri, r, err, want)
+		}
+	}
+}
+
+// Two upstreams exposing the same name cannot start: the error names both.
+func TestConflictIsAStartupError(t *testing.T) {
+	a := startHTTPUpstream(t, "a", nil)
+	b := startHTTPUpstream(t, "b", nil)
+	_, err := federate.New(context.Background(), federate.Options{Upstreams: []federate.Upstream{
+		{Name: "a", URL: a.URL()}, {Name: "b", URL: b.URL()},
+	}})
+	if !errors.Is(err, federate.ErrConflict) || !strings.Contains(err.Error(), `upstream "a"`) || !strings.Contains(err.Error(), `upstream "b"`) {
+		t.Fatalf("err = %v, want ErrConflict naming a and b", err)
+	}
+}
+
+// A command that cannot start fails New at once, naming the upstream.
+func TestStdioThatWillNotStart(t *testing.T) {
+	_, err := federate.New(context.Background(), federate.Options{StartTimeout: 10 * time.Second, Upstreams: []federate.Upstream{
+		{Name: "files", Command: []string{"/nonexistent/mcp-server"}},
+	}})
+	if !errors.Is(err, federate.ErrStart) || !strings.Contains(err.Error(), `upstream "files"`) {
+		t.Fatalf("err = %v, want ErrStart naming files", err)
+	}
+	// A process that exits at once: its stderr is in the error.
+	_, err = federate.New(context.Background(), federate.Options{StartTimeout: 10 * time.Second, Upstreams: []federate.Upstream{
+		{Name: "bad", Command: []string{"sh", "-c", "echo no config here >&2; exit 2"}},
+	}})
+	if !errors.Is(err, federate.ErrStart) || !strings.Contains(err.Error(), "no config here") {
+		t.Fatalf("err = %v, want ErrStart quoting the stderr", err)
+	}
+}
+
+// An HTTP upstream dies: its tools fail with a tool error naming it, then
+// (breaker open) without reaching it; the other upstream keeps serving; once
+// it is back and the cooldown has passed, a probe closes the breaker.
+func TestUpstreamBreaker(t *testing.T) {
+	a := startHTTPUpstream(t, "a", nil)
+	b := startHTTPUpstream(t, "b", nil)
+	var states atomic.Value
+	f, cs := start(t, federate.Options{Failures: 2, Cooldown: 300 * time.Millisecond, Upstreams: []federate.Upstream{
+		{Name: "a", URL: a.URL(), Prefix: "a__"}, {Name: "b", URL: b.URL(), Prefix: "b__"},
+	}, OnState: func(up string, s federate.State) { states.Store(up + ":" + string(s)) }}, nil)
+	if got, _ := callText(t, cs, "a__echo", map[string]any{"text": "x"}); got != "a: x" {
+		t.Fatalf("a__echo = %q", got)
+	}
+	a.stop()
+	for i := range 2 {
+		got, isErr := callText(t, cs, "a__echo", map[string]any{"text": "x"})
+		if !isErr || !strings.Contains(got, `upstream "a" is unavailable`) {
+			t.Fatalf("call %d to a dead upstream = %q (isError %v)", i, got, isErr)
+		}
+	}
+	got, isErr := callText(t, cs, "a__echo", map[string]any{"text": "x"})
+	if !isErr || !strings.Contains(got, "circuit is open") || !strings.Contains(got, "retry in") {
+		t.Fatalf("call with the breaker open = %q (isError %v)", got, isErr)
+	}
+	if h := f.Health()[0]; h.State != federate.StateOpen || h.Failures != 2 {
+		t.Errorf("health of a = %+v, want open after 2 failures", h)
+	}
+	if got, _ := callText(t, cs, "b__echo", map[string]any{"text": "y"}); got != "b: y" {
+		t.Errorf("b__echo while a is down = %q", got)
+	}
+	a.start()
+	time.Sleep(400 * time.Millisecond) // the cooldown
+	if got, isErr := callText(t, cs, "a__echo", map[string]any{"text": "back"}); got != "a: back" || isErr {
+		t.Fatalf("a__echo after recovery = %q (isError %v)", got, isErr)
+	}
+	if h := f.Health()[0]; h.State != federate.StateUp {
+		t.Errorf("health of a after the probe = %+v", h)
+	}
+	if s, _ := states.Load().(string); s != "a:up" {
+		t.Errorf("last state change = %q, want a:up", s)
+	}
+}
+
+// An upstream answering 429 with Retry-After is not called again before
+// that time, and the caller is told when to retry.
+func TestRetryAfter(t *testing.T) {
+	var limited atomic.Bool
+	var reached atomic.Int64
+	a := startHTTPUpstream(t, "a", func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if limited.Load() && r.Method == http.MethodPost {
+				reached.Add(1)
+				w.Header().Set("Retry-After", "30")
+				http.Error(w, "slow down", http.StatusTooManyRequests)
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	_, cs := start(t, federate.Options{Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__"}}}, nil)
+	if got, _ := callText(t, cs, "a__echo", map[string]any{"text": "x"}); got != "a: x" {
+		t.Fatalf("a__echo = %q", got)
+	}
+	limited.Store(true)
+	got, isErr := callText(t, cs, "a__echo", map[string]any{"text": "x"})
+	if !isErr || !strings.Contains(got, "429") || !strings.Contains(got, "retry in 30s") {
+		t.Fatalf("call answered 429 = %q (isError %v)", got, isErr)
+	}
+	n := reached.Load()
+	got, isErr = callText(t, cs, "a__echo", map[string]any{"text": "x"})
+	if !isErr || !strings.Contains(got, "retry in") {
+		t.Fatalf("call within Retry-After = %q (isError %v)", got, isErr)
+	}
+	if reached.Load() != n {
+		t.Errorf("a call within Retry-After reached the upstream")
+	}
+}
+
+// A stdio process that crashes is restarted and calls resume.
+func TestStdioRestart(t *testing.T) {
+	f, cs := start(t, federate.Options{Upstreams: []federate.Upstream{
+		{Name: "c", Command: stdioCommand(t), Env: map[string]string{stdioEnv: "c"}, Prefix: "c__"},
+	}}, nil)
+	if got, _ := callText(t, cs, "c__echo", map[string]any{"text": "1"}); got != "c: 1" {
+		t.Fatalf("c__echo = %q", got)
+	}
+	if got, isErr := callText(t, cs, "c__crash", nil); !isErr || !strings.Contains(got, `upstream "c"`) {
+		t.Fatalf("c__crash = %q (isError %v)", got, isErr)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got, isErr := callText(t, cs, "c__echo", map[string]any{"text": "2"})
+		if got == "c: 2" && !isErr {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no answer from the restarted process: %q", got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if h := f.Health()[0]; h.Restarts != 1 || h.State != federate.StateUp || h.Transport != "stdio" {
+		t.Errorf("health = %+v, want up after 1 restart", h)
+	}
+}
+
+// What upstreams ask of their client reaches the client: sampling (ids
+// mapped by each side), log messages and progress (the client's own token).
+func TestServerToClientRelay(t *testing.T) {
+	a := startHTTPUpstream(t, "a", nil)
+	logs := make(chan string, 10)
+	progress := make(chan any, 10)
+	_, cs := start(t, federate.Options{Upstreams: []federate.Upstream{
+		{Name: "a", URL: a.URL(), Prefix: "a__"},
+		{Name: "c", Command: stdioCommand(t), Env: map[string]string{stdioEnv: "c"}, Prefix: "c__"},
+	}}, &mcp.ClientOptions{
+		CreateMessageHandler: func(ctx context.Context, req *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+			return &mcp.CreateMessageResult{Role: "assistant", Model: "m",
+				Content: &mcp.TextContent{Text: "re: " + req.Params.Messages[0].Content.(*mcp.TextContent).Text}}, nil
+		},
+		LoggingMessageHandler: func(ctx context.Context, req *mcp.LoggingMessageRequest) {
+			logs <- req.Params.Data.(string)
+		},
+		ProgressNotificationHandler: func(ctx context.Context, req *mcp.ProgressNotificationClientRequest) {
+			progress <- req.Params.ProgressToken
+		},
+	})
+	for _, up := range []string{"a", "c"} {
+		if got, isErr := callText(t, cs, up+"__sample", map[string]any{"text": "q"}); got != up+" sampled: re: q" || isErr {
+			t.Errorf("%s__sample = %q (isError %v)", up, got, isErr)
+		}
+	}
+	ctx := context.Background()
+	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, up := range []string{"a", "c"} {
+		params := &mcp.CallToolParams{Name: up + "__notify", Arguments: map[string]any{"text": "hi"}}
+		params.SetProgressToken("tok-" + up)
+		if _, err := cs.CallTool(ctx, params); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-logs:
+			if got != up+" says hi" {
+				t.Errorf("log = %q", got)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no log message from %s", up)
+		}
+		select {
+		case got := <-progress:
+			if got != "tok-"+up {
+				t.Errorf("progress token = %v, want the client's own", got)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no progress from %s", up)
+		}
+	}
+}
+
+// The idle timeout cuts a silent call with a tool error; progress starts
+// it again, so a call that reports progress outlives it.
+func TestIdleTimeout(t *testing.T) {
+	a := startHTTPUpstream(t, "a", nil)
+	_, cs := start(t, federate.Options{Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__", Timeout: 5 * time.Second}},
+		ToolTimeouts: map[string]time.Duration{"a__slow": time.Second}}, nil)
+	got, isErr := callText(t, cs, "a__slow", map[string]any{"ms": 4000})
+	if !isErr || !strings.Contains(got, "sent nothing for 1s") {
+		t.Fatalf("silent slow call = %q (isError %v)", got, isErr)
+	}
+	// Progress every 50ms, for 2.5 times the idle timeout.
+	params := &mcp.CallToolParams{Name: "a__slow", Arguments: map[string]any{"ms": 2500}}
+	params.SetProgressToken("p")
+	res, err := cs.CallTool(context.Background(), params)
+	if err != nil || res.IsError {
+		t.Fatalf("slow call with progress: %v, %+v", err, res)
+	}
+}

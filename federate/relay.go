@@ -1,0 +1,422 @@
+package federate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// errNoClient is the answer to a server-to-client request of a shared
+// session when no client has a call in flight on it.
+var errNoClient = errors.New("federate: no client session to relay the request to")
+
+// newClient returns the SDK client of one upstream session. ss is the
+// client session it belongs to, or nil for the upstream's shared session.
+// Its capabilities are the client's (all of them for a shared session:
+// a request the client cannot serve fails there), and what the upstream
+// asks of its client is relayed to ss (shared: to the newest caller).
+func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession) *mcp.Client {
+	// target is where a message of upstream session cs goes: the client
+	// session and the context of the newest call in flight on cs (so that
+	// the message travels on that call's stream, before its answer), else
+	// ss itself (nil for a shared session) outside any call.
+	target := func(cs *mcp.ClientSession) (*mcp.ServerSession, context.Context) {
+		if c := f.inflight.newest(cs); c != nil {
+			return c.ss, c.parent
+		}
+		return ss, context.Background()
+	}
+	caps := &mcp.ClientCapabilities{
+		RootsV2:     &mcp.RootCapabilities{ListChanged: true},
+		Sampling:    &mcp.SamplingCapabilities{},
+		Elicitation: &mcp.ElicitationCapabilities{},
+	}
+	if ss != nil {
+		if p := ss.InitializeParams(); p != nil && p.Capabilities != nil {
+			caps = &mcp.ClientCapabilities{
+				RootsV2:     &mcp.RootCapabilities{ListChanged: p.Capabilities.Roots.ListChanged},
+				Sampling:    p.Capabilities.Sampling,
+				Elicitation: p.Capabilities.Elicitation,
+			}
+		}
+	}
+	c := mcp.NewClient(&mcp.Implementation{Name: f.opts.Name, Version: "1"}, &mcp.ClientOptions{
+		Logger:       f.sdkLogger(),
+		Capabilities: caps,
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+			go f.refresh(up)
+		},
+		PromptListChangedHandler: func(context.Context, *mcp.PromptListChangedRequest) {
+			go f.refresh(up)
+		},
+		ResourceListChangedHandler: func(context.Context, *mcp.ResourceListChangedRequest) {
+			go f.refresh(up)
+		},
+		ResourceUpdatedHandler: func(ctx context.Context, r *mcp.ResourceUpdatedNotificationRequest) {
+			_ = f.stateful.ResourceUpdated(ctx, r.Params)
+		},
+		LoggingMessageHandler: func(ctx context.Context, r *mcp.LoggingMessageRequest) {
+			to, cctx := target(r.Session)
+			f.relayLog(cctx, to, r.Params)
+		},
+		ProgressNotificationHandler: func(ctx context.Context, r *mcp.ProgressNotificationClientRequest) {
+			f.progress.relay(ctx, r.Params)
+		},
+	})
+	c.AddReceivingMiddleware(relayRequests(target))
+	return c
+}
+
+// relayRequests sends the upstream's sampling, elicitation and roots
+// requests to the client session target returns, as new requests of that
+// session: the SDK gives each side its own ids. The relayed request is
+// cancelled when the upstream cancels its own.
+func relayRequests(target func(*mcp.ClientSession) (*mcp.ServerSession, context.Context)) mcp.Middleware {
+	return func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			switch method {
+			case "sampling/createMessage", "elicitation/create", "roots/list":
+			default:
+				return next(ctx, method, req)
+			}
+			cs, _ := req.GetSession().(*mcp.ClientSession)
+			ss, cctx := target(cs)
+			if ss == nil {
+				return nil, errNoClient
+			}
+			cctx, cancel := context.WithCancel(cctx)
+			defer cancel()
+			defer context.AfterFunc(ctx, cancel)()
+			ctx = cctx
+			switch p := req.GetParams().(type) {
+			case *mcp.CreateMessageWithToolsParams:
+				return ss.CreateMessageWithTools(ctx, p)
+			case *mcp.CreateMessageParams:
+				return ss.CreateMessage(ctx, p)
+			case *mcp.ElicitParams:
+				return ss.Elicit(ctx, p)
+			case *mcp.ListRootsParams:
+				return ss.ListRoots(ctx, p)
+			}
+			return nil, fmt.Errorf("federate: cannot relay %s", method)
+		}
+	}
+}
+
+// relayLog sends an upstream's log message to ss; with no ss (a shared
+// session and no call in flight), to every client session (the SDK drops
+// it for sessions that did not ask for that level).
+func (f *Federator) relayLog(ctx context.Context, ss *mcp.ServerSession, p *mcp.LoggingMessageParams) {
+	if ss != nil {
+		if err := ss.Log(ctx, p); err != nil && ctx != context.Background() {
+			_ = ss.Log(context.Background(), p) // the call has ended: the session's own stream
+		}
+		return
+	}
+	for s := range f.stateful.Sessions() {
+		_ = s.Log(ctx, p)
+	}
+}
+
+// progressTable maps the progress tokens the Federator sends upstream to
+// the client's own token and session: tokens are unique per client
+// session, and a shared upstream session carries many clients' calls.
+type progressTable struct {
+	mu   sync.Mutex
+	next atomic.Uint64
+	m    map[string]progressEntry
+}
+
+type progressEntry struct {
+	c       *call
+	token   any
+	retired time.Time // when the call ended; zero while it runs
+}
+
+// progressGrace is how long a token stays known after its call ended: the
+// SDK client hands notifications to their handler after the response that
+// followed them may have been processed, so a call's last progress can
+// arrive just after it returned. It then goes to the client's own stream.
+const progressGrace = 30 * time.Second
+
+func (t *progressTable) init() { t.m = map[string]progressEntry{} }
+
+// add registers the client's token and returns the one to send upstream.
+func (t *progressTable) add(c *call, token any) string {
+	ft := "mcpgate-" + strconv.FormatUint(t.next.Add(1), 36)
+	t.mu.Lock()
+	t.m[ft] = progressEntry{c: c, token: token}
+	t.mu.Unlock()
+	return ft
+}
+
+// retire marks ft's call as ended, and forgets the tokens retired more
+// than progressGrace ago.
+func (t *progressTable) retire(ft string) {
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.m[ft]; ok {
+		e.retired = now
+		t.m[ft] = e
+	}
+	if t.next.Load()%64 == 0 {
+		for k, e := range t.m {
+			if !e.retired.IsZero() && now.Sub(e.retired) > progressGrace {
+				delete(t.m, k)
+			}
+		}
+	}
+}
+
+// relay passes a progress notification on to the client whose call it is
+// about, and restarts that call's idle timeout.
+func (t *progressTable) relay(ctx context.Context, p *mcp.ProgressNotificationParams) {
+
+	ft, _ := p.ProgressToken.(string)
+	t.mu.Lock()
+	e, ok := t.m[ft]
+	t.mu.Unlock()
+	if !ok {
+		return
+	}
+	out := *p
+	out.ProgressToken = e.token
+	if e.retired.IsZero() {
+		e.c.idle.touch()
+		if e.c.ss.NotifyProgress(e.c.parent, &out) == nil {
+			return
+		}
+	}
+	_ = e.c.ss.NotifyProgress(context.Background(), &out) // the call has ended: the session's own stream
+}
+
+// sessionTable holds each client session's upstream sessions.
+type sessionTable struct {
+	mu sync.Mutex
+	m  map[*mcp.ServerSession]*clientSet
+}
+
+// clientSet is one client session's upstream sessions.
+type clientSet struct {
+	mu    sync.Mutex
+	byUp  map[*upstream]*sessionSlot
+	level mcp.LoggingLevel // the client's logging/setLevel, applied to new sessions
+	done  bool
+}
+
+// sessionSlot is one upstream session; its lock is held while it connects,
+// so a client's concurrent first calls open one session, not several.
+type sessionSlot struct {
+	mu sync.Mutex
+	cs *mcp.ClientSession
+}
+
+func (t *sessionTable) init() { t.m = map[*mcp.ServerSession]*clientSet{} }
+
+// set returns ss's set, creating it (and the watch that closes its
+// sessions when ss ends) on first use; nil once ss has ended.
+func (f *Federator) clientSetOf(ss *mcp.ServerSession) *clientSet {
+	t := &f.sessions
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.m[ss]; ok {
+		return s
+	}
+	if f.ctx.Err() != nil {
+		return nil
+	}
+	s := &clientSet{byUp: map[*upstream]*sessionSlot{}}
+	t.m[ss] = s
+	f.wg.Go(func() {
+		_ = ss.Wait()
+		t.mu.Lock()
+		delete(t.m, ss)
+		t.mu.Unlock()
+		s.closeAll()
+	})
+	return s
+}
+
+func (s *clientSet) slot(up *upstream) (*sessionSlot, mcp.LoggingLevel) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return nil, ""
+	}
+	sl, ok := s.byUp[up]
+	if !ok {
+		sl = &sessionSlot{}
+		s.byUp[up] = sl
+	}
+	return sl, s.level
+}
+
+func (s *clientSet) closeAll() {
+	s.mu.Lock()
+	s.done = true
+	slots := s.byUp
+	s.byUp = map[*upstream]*sessionSlot{}
+	s.mu.Unlock()
+	for _, sl := range slots {
+		sl.mu.Lock()
+		if sl.cs != nil {
+			_ = sl.cs.Close()
+			sl.cs = nil
+		}
+		sl.mu.Unlock()
+	}
+}
+
+// forget removes cs (which failed) from whichever client set holds it.
+func (t *sessionTable) forget(up *upstream, cs *mcp.ClientSession) {
+	t.mu.Lock()
+	sets := make([]*clientSet, 0, len(t.m))
+	for _, s := range t.m {
+		sets = append(sets, s)
+	}
+	t.mu.Unlock()
+	for _, s := range sets {
+		s.mu.Lock()
+		sl := s.byUp[up]
+		s.mu.Unlock()
+		if sl == nil {
+			continue
+		}
+		sl.mu.Lock()
+		if sl.cs == cs {
+			sl.cs = nil
+		}
+		sl.mu.Unlock()
+	}
+}
+
+// closeAll ends every client session (which closes their upstream
+// sessions).
+func (t *sessionTable) closeAll() {
+	t.mu.Lock()
+	sets := make([]*clientSet, 0, len(t.m))
+	for _, s := range t.m {
+		sets = append(sets, s)
+	}
+	t.mu.Unlock()
+	for _, s := range sets {
+		s.closeAll()
+	}
+}
+
+// session returns the upstream session a call of ss goes through: ss's
+// own (opened now if it has none) for an HTTP upstream and a client with
+// sessions; the shared one otherwise. shared reports which.
+func (f *Federator) session(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool) (cs *mcp.ClientSession, shared bool, err error) {
+	if stateless || ss == nil || up.cfg.stdio() {
+		cs, err = up.sharedSession(ctx)
+		return cs, true, err
+	}
+	set := f.clientSetOf(ss)
+	if set == nil {
+		return nil, false, errors.New("federate: shutting down")
+	}
+	sl, level := set.slot(up)
+	if sl == nil {
+		return nil, false, errors.New("federate: client session ended")
+	}
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	if sl.cs != nil {
+		return sl.cs, false, nil
+	}
+	cs, err = f.newClient(up, ss).Connect(ctx, up.httpTransport(), &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
+	if err != nil {
+		return nil, false, err
+	}
+	if level != "" && cs.InitializeResult().Capabilities.Logging != nil {
+		_ = cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: level})
+	}
+	sl.cs = cs
+	return cs, false, nil
+}
+
+// setLevel passes a client's logging/setLevel on to its upstream sessions
+// and to the shared ones (where the last client to set a level wins).
+func (f *Federator) setLevel(ctx context.Context, ss *mcp.ServerSession, level mcp.LoggingLevel) {
+	var own []*mcp.ClientSession
+	if set := f.clientSetOf(ss); set != nil {
+		set.mu.Lock()
+		set.level = level
+		slots := make([]*sessionSlot, 0, len(set.byUp))
+		for _, sl := range set.byUp {
+			slots = append(slots, sl)
+		}
+		set.mu.Unlock()
+		for _, sl := range slots {
+			sl.mu.Lock()
+			own = append(own, sl.cs)
+			sl.mu.Unlock()
+		}
+	}
+	for _, up := range f.ups {
+		up.mu.Lock()
+		if up.shared != nil {
+			own = append(own, up.shared)
+		}
+		up.mu.Unlock()
+	}
+	for _, cs := range own {
+		if cs != nil && cs.InitializeResult().Capabilities.Logging != nil {
+			_ = cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: level})
+		}
+	}
+}
+
+// inflightTable holds the calls in flight on each upstream session, oldest
+// first: where that session's log messages and requests go.
+type inflightTable struct {
+	mu sync.Mutex
+	m  map[*mcp.ClientSession][]*call
+}
+
+func (t *inflightTable) add(c *call) {
+	t.mu.Lock()
+	if t.m == nil {
+		t.m = map[*mcp.ClientSession][]*call{}
+	}
+	t.m[c.cs] = append(t.m[c.cs], c)
+	t.mu.Unlock()
+}
+
+func (t *inflightTable) remove(c *call) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := t.m[c.cs]
+	for i := len(l) - 1; i >= 0; i-- {
+		if l[i] == c {
+			l = append(l[:i], l[i+1:]...)
+			break
+		}
+	}
+	if len(l) == 0 {
+		delete(t.m, c.cs)
+	} else {
+		t.m[c.cs] = l
+	}
+}
+
+// newest is the newest call in flight on cs with a client session, or nil.
+func (t *inflightTable) newest(cs *mcp.ClientSession) *call {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := t.m[cs]
+	for i := len(l) - 1; i >= 0; i-- {
+		if l[i].ss != nil {
+			return l[i]
+		}
+	}
+	return nil
+}

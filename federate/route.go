@@ -1,0 +1,401 @@
+package federate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/yosida95/uritemplate/v3"
+)
+
+// errIdle is the cause of a call cut by its idle timeout.
+var errIdle = errors.New("federate: upstream went silent")
+
+// newServer returns the SDK server clients talk to. Its capabilities are
+// the union of the upstreams'.
+func (f *Federator) newServer(stateless bool) *mcp.Server {
+	caps := &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}}
+	var instructions []string
+	subscribe, complete := false, false
+	for _, up := range f.ups {
+		up.mu.Lock()
+		init := up.init
+		up.mu.Unlock()
+		if init == nil || init.Capabilities == nil {
+			continue
+		}
+		c := init.Capabilities
+		if c.Prompts != nil {
+			caps.Prompts = &mcp.PromptCapabilities{ListChanged: true}
+		}
+		if c.Resources != nil {
+			caps.Resources = &mcp.ResourceCapabilities{ListChanged: true}
+			subscribe = subscribe || c.Resources.Subscribe
+		}
+		if c.Logging != nil {
+			caps.Logging = &mcp.LoggingCapabilities{}
+		}
+		complete = complete || c.Completions != nil
+		if s := strings.TrimSpace(init.Instructions); s != "" {
+			instructions = append(instructions, fmt.Sprintf("%s (tools and prompts prefixed %q): %s", up.cfg.Name, up.cfg.Prefix, s))
+		}
+	}
+	opts := &mcp.ServerOptions{Logger: f.sdkLogger(), Capabilities: caps, Instructions: strings.Join(instructions, "\n\n")}
+	if complete {
+		opts.CompletionHandler = f.complete(stateless)
+	}
+	if subscribe && !stateless {
+		opts.SubscribeHandler = f.subscribe
+		opts.UnsubscribeHandler = f.unsubscribe
+	}
+	srv := mcp.NewServer(&mcp.Implementation{Name: f.opts.Name, Version: "1"}, opts)
+	if !stateless {
+		srv.AddReceivingMiddleware(f.passSetLevel)
+	}
+	return srv
+}
+
+// passSetLevel passes a client's logging/setLevel on to its upstreams once
+// the SDK has recorded it.
+func (f *Federator) passSetLevel(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		if err == nil && method == "logging/setLevel" {
+			if p, ok := req.GetParams().(*mcp.SetLoggingLevelParams); ok {
+				if ss, ok := req.GetSession().(*mcp.ServerSession); ok {
+					f.setLevel(ctx, ss, p.Level)
+				}
+			}
+		}
+		return res, err
+	}
+}
+
+// call is one request on its way to an upstream: the breaker's admission,
+// the idle timeout, the session, and the outcome reported back.
+type call struct {
+	f      *Federator
+	up     *upstream
+	ss     *mcp.ServerSession
+	cs     *mcp.ClientSession
+	shared bool
+	probe  bool
+	ctx    context.Context // the client's, with the idle timeout
+	idle   *idleTimer
+	parent context.Context // the client's
+}
+
+// begin admits a call to up and opens (or finds) its session. A refused
+// call gets a non-nil *mcp.CallToolResult-ready refusal.
+func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool, timeout time.Duration) (*call, *refusal) {
+	probe, r := up.admit(time.Now())
+	if r != nil {
+		return nil, r
+	}
+	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx}
+	c.ctx, c.idle = withIdle(ctx, timeout)
+	cs, shared, err := f.session(c.ctx, up, ss, stateless)
+	if err != nil {
+		c.idle.stop()
+		if ctx.Err() != nil {
+			up.report(probe, abandoned)
+			return nil, &refusal{reason: "the client went away"}
+		}
+		up.report(probe, failed)
+		f.log.Warn("federate: cannot open an upstream session", "upstream", up.cfg.Name, "err", err)
+		return nil, up.failure(fmt.Sprintf("it cannot be reached: %v", err))
+	}
+	c.cs, c.shared = cs, shared
+	f.inflight.add(c)
+	return c, nil
+}
+
+// end reports how the call went and classifies err: nil, a JSON-RPC error
+// of the upstream (passed on as it is), or a refusal for the client.
+func (c *call) end(err error) (rpcErr error, r *refusal) {
+	defer c.idle.stop()
+	c.f.inflight.remove(c)
+	var je *jsonrpc.Error
+	switch {
+	case err == nil:
+		c.up.report(c.probe, answered)
+		return nil, nil
+	case c.parent.Err() != nil:
+		c.up.report(c.probe, abandoned)
+		return c.parent.Err(), nil
+	case errors.Is(context.Cause(c.ctx), errIdle):
+		c.up.report(c.probe, failed)
+		return nil, c.up.failure(fmt.Sprintf("it sent nothing for %v", c.idle.d))
+	case errors.As(err, &je) && !transportCode(je.Code):
+		c.up.report(c.probe, answered)
+		return je, nil
+	}
+	c.up.report(c.probe, failed)
+	c.up.drop(c.cs)
+	c.f.log.Warn("federate: upstream call failed", "upstream", c.up.cfg.Name, "err", err)
+	return nil, c.up.failure(fmt.Sprintf("the call failed: %v", err))
+}
+
+// transportCode reports whether a JSON-RPC error code is one the SDK's
+// own transport makes (the request never reached the upstream, or the
+// connection is closing) rather than an answer of the upstream.
+func transportCode(code int64) bool {
+	switch code {
+	case -32005, -32004, -32003: // rejected by transport, server closing, client closing
+		return true
+	}
+	return false
+}
+
+// failure is the refusal a failed call gets: a 429 seen on the way names
+// its retry time.
+func (up *upstream) failure(reason string) *refusal {
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if time.Now().Before(up.limited) {
+		return &refusal{reason: "it answered 429 Too Many Requests", retry: up.limited}
+	}
+	return &refusal{reason: reason}
+}
+
+// result renders a refusal as the tool error a client and a model can act
+// on: its text names the upstream and the retry time; structuredContent
+// carries the same.
+func (r *refusal) result(up string) *mcp.CallToolResult {
+	text := fmt.Sprintf("upstream %q is unavailable: %s", up, r.reason)
+	data := map[string]any{"error": "upstream_unavailable", "upstream": up, "reason": r.reason}
+	if !r.retry.IsZero() {
+		secs := int(time.Until(r.retry).Round(time.Second) / time.Second)
+		secs = max(secs, 1)
+		text += fmt.Sprintf("; retry in %ds", secs)
+		data["retryAfterSeconds"] = secs
+	}
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}, StructuredContent: data}
+}
+
+// rpcError renders a refusal of a request other than tools/call.
+func (r *refusal) rpcError(up string) error {
+	msg := fmt.Sprintf("upstream %q is unavailable: %s", up, r.reason)
+	if !r.retry.IsZero() {
+		msg += fmt.Sprintf("; retry in %ds", max(int(time.Until(r.retry).Round(time.Second)/time.Second), 1))
+	}
+	return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: msg}
+}
+
+// toolHandler routes a tools/call by its exposed name.
+func (f *Federator) toolHandler(stateless bool) mcp.ToolHandler {
+	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		name := req.Params.Name
+		rt, ok := f.cat.tool(name)
+		if !ok {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown tool %q", name)}
+		}
+		timeout := rt.up.cfg.Timeout
+		if d, ok := f.opts.ToolTimeouts[name]; ok && d > 0 {
+			timeout = d
+		}
+		c, r := f.begin(ctx, rt.up, req.Session, stateless, timeout)
+		if r != nil {
+			return r.result(rt.up.cfg.Name), nil
+		}
+		params := &mcp.CallToolParams{Meta: maps.Clone(req.Params.Meta), Name: rt.name, Arguments: req.Params.Arguments}
+		if tok := req.Params.GetProgressToken(); tok != nil && req.Session != nil {
+			ft := f.progress.add(c, tok)
+			defer f.progress.retire(ft)
+			params.SetProgressToken(ft)
+		}
+		res, err := c.cs.CallTool(c.ctx, params)
+		rpcErr, r := c.end(err)
+		switch {
+		case r != nil:
+			return r.result(rt.up.cfg.Name), nil
+		case rpcErr != nil:
+			return nil, rpcErr
+		}
+		return res, nil
+	}
+}
+
+// promptHandler routes a prompts/get by its exposed name.
+func (f *Federator) promptHandler(stateless bool) mcp.PromptHandler {
+	return func(ctx context.Context, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+		rt, ok := f.cat.prompt(req.Params.Name)
+		if !ok {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown prompt %q", req.Params.Name)}
+		}
+		var res *mcp.GetPromptResult
+		err := f.forward(ctx, rt.up, req.Session, stateless, func(ctx context.Context, cs *mcp.ClientSession) (err error) {
+			p := *req.Params
+			p.Name = rt.name
+			res, err = cs.GetPrompt(ctx, &p)
+			return err
+		})
+		return res, err
+	}
+}
+
+// resourceHandler routes a resources/read to up: the upstream that listed
+// the resource, or the template the SDK matched the URI with.
+func (f *Federator) resourceHandler(stateless bool, up *upstream) mcp.ResourceHandler {
+	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		var res *mcp.ReadResourceResult
+		err := f.forward(ctx, up, req.Session, stateless, func(ctx context.Context, cs *mcp.ClientSession) (err error) {
+			res, err = cs.ReadResource(ctx, req.Params)
+			return err
+		})
+		return res, err
+	}
+}
+
+// resourceOwner finds the upstream of a URI: the one that listed it, else
+// the first (in configuration order) with a template matching it.
+func (f *Federator) resourceOwner(uri string) *upstream {
+	if up, ok := f.cat.resource(uri); ok {
+		return up
+	}
+	f.cat.mu.RLock()
+	defer f.cat.mu.RUnlock()
+	for _, up := range f.ups {
+		if l := f.cat.byUp[up]; l != nil {
+			for _, t := range l.templates {
+				if matchTemplate(t.URITemplate, uri) {
+					return up
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// forward runs one request other than tools/call on up, under its
+// breaker and idle timeout; a refusal becomes a JSON-RPC error.
+func (f *Federator) forward(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool, do func(context.Context, *mcp.ClientSession) error) error {
+	c, r := f.begin(ctx, up, ss, stateless, up.cfg.Timeout)
+	if r != nil {
+		return r.rpcError(up.cfg.Name)
+	}
+	rpcErr, r := c.end(do(c.ctx, c.cs))
+	if r != nil {
+		return r.rpcError(up.cfg.Name)
+	}
+	return rpcErr
+}
+
+// complete routes a completion/complete: by prompt name, or by resource
+// template.
+func (f *Federator) complete(stateless bool) func(context.Context, *mcp.CompleteRequest) (*mcp.CompleteResult, error) {
+	return func(ctx context.Context, req *mcp.CompleteRequest) (*mcp.CompleteResult, error) {
+		p := *req.Params
+		var up *upstream
+		if p.Ref != nil {
+			ref := *p.Ref
+			switch ref.Type {
+			case "ref/prompt":
+				if rt, ok := f.cat.prompt(ref.Name); ok {
+					up, ref.Name = rt.up, rt.name
+				}
+			case "ref/resource":
+				up = f.resourceOwner(ref.URI)
+			}
+			p.Ref = &ref
+		}
+		if up == nil {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "completion: unknown reference"}
+		}
+		var res *mcp.CompleteResult
+		err := f.forward(ctx, up, req.Session, stateless, func(ctx context.Context, cs *mcp.ClientSession) (err error) {
+			res, err = cs.Complete(ctx, &p)
+			return err
+		})
+		return res, err
+	}
+}
+
+// subscriptions counts the clients subscribed to each URI: the upstream
+// subscription (on its shared session) is made by the first and ended by
+// the last; the SDK server tells each subscribed client of an update.
+type subscriptions struct {
+	sync.Mutex
+	n map[string]int
+}
+
+func (f *Federator) subscribe(ctx context.Context, req *mcp.SubscribeRequest) error {
+	up := f.resourceOwner(req.Params.URI)
+	if up == nil {
+		return mcp.ResourceNotFoundError(req.Params.URI)
+	}
+	key := up.cfg.Name + "\x00" + req.Params.URI
+	f.subs.Lock()
+	f.subs.n[key]++
+	first := f.subs.n[key] == 1
+	f.subs.Unlock()
+	if !first {
+		return nil
+	}
+	err := f.forward(ctx, up, nil, true, func(ctx context.Context, cs *mcp.ClientSession) error {
+		return cs.Subscribe(ctx, req.Params)
+	})
+	if err != nil {
+		f.subs.Lock()
+		f.subs.n[key]--
+		f.subs.Unlock()
+	}
+	return err
+}
+
+func (f *Federator) unsubscribe(ctx context.Context, req *mcp.UnsubscribeRequest) error {
+	up := f.resourceOwner(req.Params.URI)
+	if up == nil {
+		return nil
+	}
+	key := up.cfg.Name + "\x00" + req.Params.URI
+	f.subs.Lock()
+	if f.subs.n[key] > 0 {
+		f.subs.n[key]--
+	}
+	last := f.subs.n[key] == 0
+	if last {
+		delete(f.subs.n, key)
+	}
+	f.subs.Unlock()
+	if !last {
+		return nil
+	}
+	return f.forward(ctx, up, nil, true, func(ctx context.Context, cs *mcp.ClientSession) error {
+		return cs.Unsubscribe(ctx, &mcp.UnsubscribeParams{URI: req.Params.URI})
+	})
+}
+
+// idleTimer cancels a call's context with errIdle when the upstream has
+// been silent for d; touch starts the wait again.
+type idleTimer struct {
+	d      time.Duration
+	t      *time.Timer
+	cancel context.CancelCauseFunc
+}
+
+func withIdle(ctx context.Context, d time.Duration) (context.Context, *idleTimer) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	it := &idleTimer{d: d, cancel: cancel}
+	it.t = time.AfterFunc(d, func() { cancel(errIdle) })
+	return ctx, it
+}
+
+func (it *idleTimer) touch() { it.t.Reset(it.d) }
+
+func (it *idleTimer) stop() {
+	it.t.Stop()
+	it.cancel(context.Canceled)
+}
+
+// matchTemplate reports whether uri is an instance of the RFC 6570 template.
+func matchTemplate(template, uri string) bool {
+	t, err := uritemplate.New(template)
+	return err == nil && t.Regexp().MatchString(uri)
+}

@@ -1,0 +1,199 @@
+package federate_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// stdioEnv makes the test binary a stdio MCP server (testServer) named by
+// its value: the stdio upstream of these tests is a go-sdk server built by
+// the test, run by the Federator as it runs any command.
+const stdioEnv = "FEDERATE_TEST_STDIO_SERVER"
+
+func TestMain(m *testing.M) {
+	if name := os.Getenv(stdioEnv); name != "" {
+		srv := newTestServer(name, nil)
+		if err := srv.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
+			fmt.Fprintln(os.Stderr, "stdio server:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// stdioCommand is the command of a stdio upstream named name.
+func stdioCommand(t *testing.T) []string {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{exe, "-test.run=^$"}
+}
+
+// counter counts the calls that reached a test server, by tool.
+type counter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counter) add(tool string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[tool]++
+	c.mu.Unlock()
+}
+
+func (c *counter) get(tool string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[tool]
+}
+
+type textArgs struct {
+	Text string `json:"text,omitempty"`
+	MS   int    `json:"ms,omitempty"`
+}
+
+// newTestServer is an upstream whose answers name it: tools echo, sample
+// (asks its client for a completion), notify (logs and reports progress),
+// slow (sleeps ms, reporting progress every 50ms when asked), crash (exits:
+// for stdio); a prompt greet; a resource test://<name>/info and a template
+// test://<name>/items/{id}.
+func newTestServer(name string, calls *counter) *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: name, Version: "1"}, nil)
+	text := func(s string) *mcp.CallToolResult {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: s}}}
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: "echo"}, func(ctx context.Context, req *mcp.CallToolRequest, a textArgs) (*mcp.CallToolResult, any, error) {
+		calls.add("echo")
+		return text(name + ": " + a.Text), nil, nil
+	})
+	mcp.AddTool(s, &mcp.Tool{Name: "sample"}, func(ctx context.Context, req *mcp.CallToolRequest, a textArgs) (*mcp.CallToolResult, any, error) {
+		calls.add("sample")
+		res, err := req.Session.CreateMessage(ctx, &mcp.CreateMessageParams{MaxTokens: 10,
+			Messages: []*mcp.SamplingMessage{{Role: "user", Content: &mcp.TextContent{Text: a.Text}}}})
+		if err != nil {
+			return nil, nil, err
+		}
+		return text(name + " sampled: " + res.Content.(*mcp.TextContent).Text), nil, nil
+	})
+	mcp.AddTool(s, &mcp.Tool{Name: "notify"}, func(ctx context.Context, req *mcp.CallToolRequest, a textArgs) (*mcp.CallToolResult, any, error) {
+		calls.add("notify")
+		_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "info", Data: name + " says " + a.Text})
+		if tok := req.Params.GetProgressToken(); tok != nil {
+			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: 1, Total: 2, Message: name})
+		}
+		return text("notified"), nil, nil
+	})
+	mcp.AddTool(s, &mcp.Tool{Name: "slow"}, func(ctx context.Context, req *mcp.CallToolRequest, a textArgs) (*mcp.CallToolResult, any, error) {
+		calls.add("slow")
+		tok := req.Params.GetProgressToken()
+		end := time.Now().Add(time.Duration(a.MS) * time.Millisecond)
+		for i := 0; time.Now().Before(end); i++ {
+			select {
+			case <-ctx.Done():
+				return nil, nil, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+			if tok != nil {
+				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: float64(i)})
+			}
+		}
+		return text("slept"), nil, nil
+	})
+	mcp.AddTool(s, &mcp.Tool{Name: "crash"}, func(ctx context.Context, req *mcp.CallToolRequest, a textArgs) (*mcp.CallToolResult, any, error) {
+		os.Exit(3)
+		return nil, nil, nil
+	})
+	s.AddPrompt(&mcp.Prompt{Name: "greet"}, func(ctx context.Context, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+		return &mcp.GetPromptResult{Messages: []*mcp.PromptMessage{{Role: "user", Content: &mcp.TextContent{Text: "hello from " + name}}}}, nil
+	})
+	s.AddResource(&mcp.Resource{URI: "test://" + name + "/info", Name: name + "-info"}, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "info of " + name}}}, nil
+	})
+	s.AddResourceTemplate(&mcp.ResourceTemplate{URITemplate: "test://" + name + "/items/{id}", Name: name + "-items"}, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "item of " + name}}}, nil
+	})
+	return s
+}
+
+// httpUpstream serves a test server over Streamable HTTP on a loopback port
+// that survives restarts (stop, then start again on the same address).
+type httpUpstream struct {
+	t     *testing.T
+	name  string
+	calls *counter
+	addr  string
+	wrap  func(http.Handler) http.Handler
+	mu    sync.Mutex
+	srv   *httptest.Server
+}
+
+func startHTTPUpstream(t *testing.T, name string, wrap func(http.Handler) http.Handler) *httpUpstream {
+	u := &httpUpstream{t: t, name: name, calls: &counter{}, wrap: wrap}
+	u.start()
+	t.Cleanup(u.stop)
+	return u
+}
+
+func (u *httpUpstream) URL() string { return "http://" + u.addr + "/mcp" }
+
+func (u *httpUpstream) start() {
+	srv := newTestServer(u.name, u.calls)
+	var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+	if u.wrap != nil {
+		h = u.wrap(h)
+	}
+	ts := httptest.NewUnstartedServer(h)
+	if u.addr != "" {
+		ln, err := listenRetry(u.addr)
+		if err != nil {
+			u.t.Fatal(err)
+		}
+		ts.Listener.Close()
+		ts.Listener = ln
+	}
+	ts.Start()
+	u.mu.Lock()
+	u.srv, u.addr = ts, ts.Listener.Addr().String()
+	u.mu.Unlock()
+}
+
+// stop kills the server: listener and every connection.
+func (u *httpUpstream) stop() {
+	u.mu.Lock()
+	ts := u.srv
+	u.srv = nil
+	u.mu.Unlock()
+	if ts != nil {
+		ts.CloseClientConnections()
+		ts.Close()
+	}
+}
+
+func listenRetry(addr string) (net.Listener, error) {
+	var err error
+	for range 50 {
+		var ln net.Listener
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			return ln, nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil, err
+}

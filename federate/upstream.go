@@ -1,0 +1,266 @@
+package federate
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// upstream is one server behind the Federator: its shared session, its
+// breaker and its 429 back-off.
+type upstream struct {
+	f   *Federator
+	cfg Upstream
+	hc  *http.Client // HTTP upstreams: headers set, 429 seen
+
+	mu       sync.Mutex
+	shared   *mcp.ClientSession // nil while not connected (HTTP: reconnected on use; stdio: by supervise)
+	init     *mcp.InitializeResult
+	down     bool      // stdio: the process is not running
+	failures int       // consecutive
+	openTill time.Time // breaker open until then (failures >= threshold)
+	probing  bool      // a half-open probe is in flight
+	limited  time.Time // 429 Retry-After: no call before then
+	restarts int
+	state    State
+	proc     *process             // stdio: the running process
+
+	refreshMu sync.Mutex // one refresh at a time
+}
+
+func newUpstream(f *Federator, cfg Upstream) *upstream {
+	up := &upstream{f: f, cfg: cfg, state: StateUp}
+	if !cfg.stdio() {
+		base := f.opts.HTTPClient
+		up.hc = &http.Client{
+			Transport:     &headerTransport{base: base.Transport, up: up},
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+			Jar:           base.Jar,
+		}
+	}
+	return up
+}
+
+// headerTransport sets an HTTP upstream's headers and notes its 429s.
+type headerTransport struct {
+	base http.RoundTripper
+	up   *upstream
+}
+
+func (t *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if len(t.up.cfg.Headers) > 0 {
+		r = r.Clone(r.Context())
+		for k, v := range t.up.cfg.Headers {
+			r.Header.Set(k, v)
+		}
+	}
+	base := t.base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	resp, err := base.RoundTrip(r)
+	if err == nil && resp.StatusCode == http.StatusTooManyRequests {
+		t.up.rateLimited(retryAfter(resp.Header.Get("Retry-After"), time.Now()))
+	}
+	return resp, err
+}
+
+// retryAfter parses a Retry-After value (seconds or an HTTP date); a
+// missing or bad one means one second.
+func retryAfter(v string, now time.Time) time.Time {
+	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
+		return now.Add(time.Duration(min(s, 3600)) * time.Second)
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t
+	}
+	return now.Add(time.Second)
+}
+
+func (up *upstream) rateLimited(until time.Time) {
+	up.mu.Lock()
+	if until.After(up.limited) {
+		up.limited = until
+	}
+	up.setStateLocked()
+	up.mu.Unlock()
+}
+
+// refusal is why a call is not sent to the upstream.
+type refusal struct {
+	reason string
+	retry  time.Time // zero: unknown
+}
+
+// admit reports whether a call may go to the upstream now, and whether it
+// is the half-open probe.
+func (up *upstream) admit(now time.Time) (probe bool, r *refusal) {
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	switch {
+	case up.down:
+		return false, &refusal{reason: "its process is not running (being restarted)"}
+	case now.Before(up.limited):
+		return false, &refusal{reason: "it answered 429 Too Many Requests", retry: up.limited}
+	case up.failures < up.f.opts.Failures:
+		return false, nil
+	case now.Before(up.openTill):
+		return false, &refusal{reason: fmt.Sprintf("its circuit is open after %d consecutive failures", up.failures), retry: up.openTill}
+	case up.probing:
+		return false, &refusal{reason: "its circuit is half open and a probe call is in flight", retry: now.Add(time.Second)}
+	}
+	up.probing = true
+	up.setStateLocked()
+	return true, nil
+}
+
+// outcome is how a call that went to the upstream ended, for its breaker.
+type outcome int
+
+const (
+	answered  outcome = iota // a result or a JSON-RPC error: the upstream works
+	failed                   // a transport error or a timeout
+	abandoned                // the client cancelled: says nothing of the upstream
+)
+
+func (up *upstream) report(probe bool, o outcome) {
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if probe {
+		up.probing = false
+	}
+	switch o {
+	case answered:
+		up.failures = 0
+	case failed:
+		up.failures++
+		if up.failures >= up.f.opts.Failures {
+			up.openTill = time.Now().Add(up.f.opts.Cooldown)
+		}
+	}
+	up.setStateLocked()
+}
+
+// setStateLocked recomputes the state and tells Options.OnState of a
+// change. up.mu is held.
+func (up *upstream) setStateLocked() {
+	now := time.Now()
+	s := StateUp
+	switch {
+	case up.down:
+		s = StateDown
+	case up.failures >= up.f.opts.Failures && (now.Before(up.openTill) || !up.probing):
+		s = StateOpen
+		if up.probing || !now.Before(up.openTill) {
+			s = StateHalfOpen
+		}
+	case up.probing:
+		s = StateHalfOpen
+	case now.Before(up.limited):
+		s = StateLimited
+	}
+	if s != up.state {
+		up.state = s
+		if up.f.opts.OnState != nil {
+			up.f.opts.OnState(up.cfg.Name, s)
+		}
+	}
+}
+
+func (up *upstream) health() Health {
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	up.setStateLocked() // time may have moved a state on (open → half open)
+	h := Health{Name: up.cfg.Name, Transport: "http", State: up.state, Failures: up.failures, Restarts: up.restarts}
+	if up.cfg.stdio() {
+		h.Transport = "stdio"
+	}
+	switch up.state {
+	case StateOpen:
+		h.RetryAfter = up.openTill
+	case StateLimited:
+		h.RetryAfter = up.limited
+	}
+	if up.f.cat != nil {
+		h.Tools = up.f.cat.toolCount(up)
+	}
+	return h
+}
+
+// transport returns a new transport to the upstream (HTTP only).
+func (up *upstream) httpTransport() mcp.Transport {
+	return &mcp.StreamableClientTransport{Endpoint: up.cfg.URL, HTTPClient: up.hc, MaxRetries: 2}
+}
+
+// connectShared opens the upstream's shared session (for a stdio upstream:
+// starts its process).
+func (up *upstream) connectShared(ctx context.Context) error {
+	var cs *mcp.ClientSession
+	var err error
+	if up.cfg.stdio() {
+		cs, err = up.startProcess(ctx)
+	} else {
+		cs, err = up.f.newClient(up, nil).Connect(ctx, up.httpTransport(), &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrStart, describe(up.cfg), err)
+	}
+	up.mu.Lock()
+	old := up.shared
+	up.shared, up.init, up.down = cs, cs.InitializeResult(), false
+	up.setStateLocked()
+	up.mu.Unlock()
+	if old != nil {
+		_ = old.Close()
+	}
+	return nil
+}
+
+// sharedSession returns the shared session, reconnecting an HTTP upstream
+// whose session was dropped.
+func (up *upstream) sharedSession(ctx context.Context) (*mcp.ClientSession, error) {
+	up.mu.Lock()
+	cs := up.shared
+	up.mu.Unlock()
+	if cs != nil {
+		return cs, nil
+	}
+	if up.cfg.stdio() {
+		return nil, fmt.Errorf("upstream %q: process not running", up.cfg.Name)
+	}
+	if err := up.connectShared(ctx); err != nil {
+		return nil, err
+	}
+	// A new session may be a restarted server with other tools.
+	go up.f.refresh(up)
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	return up.shared, nil
+}
+
+// drop forgets a session that failed, so that the next call opens a new
+// one (HTTP). A stdio upstream's session is replaced by supervise.
+func (up *upstream) drop(cs *mcp.ClientSession) {
+	up.mu.Lock()
+	if up.shared == cs && !up.cfg.stdio() {
+		up.shared = nil
+	}
+	up.mu.Unlock()
+	up.f.sessions.forget(up, cs)
+	_ = cs.Close()
+}
+
+func (up *upstream) close() {
+	up.mu.Lock()
+	cs := up.shared
+	up.shared = nil
+	up.mu.Unlock()
+	if cs != nil {
+		_ = cs.Close()
+	}
+}

@@ -1,0 +1,141 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/mcpgate/mcpgate/federate"
+	"github.com/mcpgate/mcpgate/metrics"
+	"github.com/mcpgate/mcpgate/policy"
+)
+
+// federation is the in-process MCP server that puts the servers of
+// upstreams: behind one endpoint. The gateway forwards to it over a
+// loopback listener, exactly as it forwards to a single upstream: every
+// stage (authentication, scopes, limits, cache, metering, audit) runs
+// unchanged, on the exposed names.
+type federation struct {
+	fed *federate.Federator
+	srv *http.Server
+	url string
+	// timeout is the proxy's idle timeout towards the federation: the
+	// longest upstream or tool timeout and a margin, so that the
+	// federation's own timeouts (per upstream, per tool) are the ones that
+	// fire, with their clearer errors.
+	timeout time.Duration
+}
+
+// federationStates are the values of metrics.UpstreamState's state label.
+var federationStates = []federate.State{federate.StateUp, federate.StateOpen, federate.StateHalfOpen, federate.StateDown, federate.StateLimited}
+
+// startFederation connects to (and starts) the upstreams of cfg and serves
+// them on a loopback port.
+func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (*federation, error) {
+	opts := federate.Options{Logger: log, ToolTimeouts: map[string]time.Duration{}}
+	longest := cfg.Upstream.Timeout
+	for _, u := range cfg.Upstreams {
+		opts.Upstreams = append(opts.Upstreams, federate.Upstream{Name: u.Name, URL: u.URL, Headers: u.Headers,
+			Command: u.Command, Env: u.Env, Timeout: u.Timeout, Prefix: u.Prefix})
+		longest = max(longest, u.Timeout)
+	}
+	for name, t := range cfg.Tools {
+		if t.Timeout > 0 {
+			opts.ToolTimeouts[name] = t.Timeout
+			longest = max(longest, t.Timeout)
+		}
+	}
+	opts.OnState = func(upstream string, s federate.State) { setUpstreamState(m, upstream, s) }
+	for _, u := range cfg.Upstreams {
+		setUpstreamState(m, u.Name, federate.StateUp)
+	}
+	fed, err := federate.New(context.Background(), opts)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: upstreams: %w", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fed.Close()
+		return nil, fmt.Errorf("gateway: upstreams: loopback listener: %w", err)
+	}
+	fd := &federation{fed: fed, url: "http://" + ln.Addr().String() + "/mcp", timeout: longest + 5*time.Second,
+		srv: &http.Server{Handler: fed.Handler(), ReadHeaderTimeout: 10 * time.Second}}
+	go func() {
+		if err := fd.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("federation listener stopped", "err", err)
+		}
+	}()
+	return fd, nil
+}
+
+func setUpstreamState(m *metrics.Metrics, upstream string, s federate.State) {
+	for _, st := range federationStates {
+		v := 0.0
+		if st == s {
+			v = 1
+		}
+		m.UpstreamState.WithLabelValues(upstream, string(st)).Set(v)
+	}
+}
+
+// effective returns the configuration the gateway's stages use: with
+// upstreams:, the single upstream is the federation (its URL, no headers:
+// each upstream has its own, and the proxy's idle timeout is the longest
+// of theirs).
+func (fd *federation) effective(cfg *policy.Config) *policy.Config {
+	if fd == nil {
+		return cfg
+	}
+	c := *cfg
+	c.Upstream.URL = fd.url
+	c.Upstream.Headers = nil
+	c.Upstream.Timeout = fd.timeout
+	return &c
+}
+
+// close stops the federation (its upstream sessions and stdio processes)
+// and its listener.
+func (fd *federation) close() {
+	if fd == nil {
+		return
+	}
+	// The federation first: it ends its client sessions, whose event
+	// streams would hold a graceful shutdown of the listener.
+	fd.fed.Close()
+	_ = fd.srv.Close()
+}
+
+// writeUpstreamHealth adds a line per upstream of upstreams: to /readyz.
+// The gateway stays ready while upstreams fail: their tools fail fast with
+// errors naming them, and the other upstreams keep serving.
+func (g *Gateway) writeUpstreamHealth(w io.Writer) {
+	if g.fed == nil {
+		return
+	}
+	for _, h := range g.fed.fed.Health() {
+		line := fmt.Sprintf("upstream %s (%s): %s, %d tools", h.Name, h.Transport, h.State, h.Tools)
+		if h.Failures > 0 {
+			line += fmt.Sprintf(", %d consecutive failures", h.Failures)
+		}
+		if !h.RetryAfter.IsZero() {
+			line += ", retry after " + h.RetryAfter.UTC().Format(time.RFC3339)
+		}
+		if h.Restarts > 0 {
+			line += fmt.Sprintf(", %d restarts", h.Restarts)
+		}
+		fmt.Fprintln(w, line)
+	}
+}
+
+// Federation returns the federation of upstreams:, nil without it.
+func (g *Gateway) Federation() *federate.Federator {
+	if g.fed == nil {
+		return nil
+	}
+	return g.fed.fed
+}
