@@ -28,7 +28,7 @@ type upstream struct {
 	limited  time.Time // 429 Retry-After: no call before then
 	restarts int
 	state    State
-	proc     *process             // stdio: the running process
+	proc     *process // stdio: the running process
 
 	refreshMu sync.Mutex // one refresh at a time
 }

@@ -113,7 +113,7 @@ type Gateway struct {
 	// proxyWarned: the warning that forwarded headers met a derived OAuth
 	// resource was logged (once per Gateway).
 	proxyWarned atomic.Bool
-	trace       *tracing // nil: tracing off
+	trace       *tracing    // nil: tracing off
 	fed         *federation // nil: a single upstream (no upstreams:)
 }
 
