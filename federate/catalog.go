@@ -28,7 +28,8 @@ type route struct {
 // catalog is the union of the upstreams' listings under exposed names.
 // Resource URIs and templates are not renamed: a URI routes to the
 // upstream that listed it, else to the one whose template matches it (the
-// SDK server matches templates).
+// SDK server matches templates); one listed by two upstreams belongs to
+// the first in configuration order.
 type catalog struct {
 	mu        sync.RWMutex
 	tools     map[string]route
@@ -36,6 +37,7 @@ type catalog struct {
 	resources map[string]*upstream
 	templates map[string]*upstream
 	byUp      map[*upstream]*listing // as last installed
+	shadowed  []string               // resources left to an earlier upstream, for the log
 }
 
 func newCatalog() *catalog {
@@ -149,6 +151,10 @@ func (f *Federator) buildCatalog(ctx context.Context) (*catalog, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	for _, msg := range c.shadowed {
+		f.log.Warn("federate: a resource two upstreams list goes to the first", "detail", msg)
+	}
+	c.shadowed = nil
 	return c, nil
 }
 
@@ -185,9 +191,12 @@ func (c *catalog) merge(up *upstream, l *listing) []error {
 		c.prompts[name] = route{up, p.Name}
 		kept.prompts = append(kept.prompts, p)
 	}
+	// A URI (or template) two upstreams list stays with the first in
+	// configuration order: two servers of one kind (two file servers) list
+	// the same URIs, and refusing to start would leave both out.
 	for _, r := range l.resources {
 		if other, ok := c.resources[r.URI]; ok && other != up {
-			errs = append(errs, fmt.Errorf("%w: resource %q is exposed by upstream %q and by upstream %q", ErrConflict, r.URI, other.cfg.Name, up.cfg.Name))
+			c.shadowed = append(c.shadowed, fmt.Sprintf("resource %q of upstream %q is served by upstream %q", r.URI, up.cfg.Name, other.cfg.Name))
 			continue
 		}
 		c.resources[r.URI] = up
@@ -195,7 +204,7 @@ func (c *catalog) merge(up *upstream, l *listing) []error {
 	}
 	for _, t := range l.templates {
 		if other, ok := c.templates[t.URITemplate]; ok && other != up {
-			errs = append(errs, fmt.Errorf("%w: resource template %q is exposed by upstream %q and by upstream %q", ErrConflict, t.URITemplate, other.cfg.Name, up.cfg.Name))
+			c.shadowed = append(c.shadowed, fmt.Sprintf("resource template %q of upstream %q is served by upstream %q", t.URITemplate, up.cfg.Name, other.cfg.Name))
 			continue
 		}
 		c.templates[t.URITemplate] = up
@@ -325,6 +334,9 @@ func (f *Federator) refresh(up *upstream) {
 	for _, err := range f.cat.merge(up, l) {
 		f.log.Error("federate: upstream entry not exposed", "upstream", up.cfg.Name, "err", err)
 	}
+	f.cat.mu.Lock()
+	f.cat.shadowed = nil
+	f.cat.mu.Unlock()
 	f.cat.mu.RLock()
 	kept := f.cat.byUp[up]
 	f.cat.mu.RUnlock()

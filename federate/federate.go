@@ -4,7 +4,8 @@
 // prompts, resources and resource templates are those of its upstreams:
 // Streamable HTTP servers it calls, and stdio programs it runs. Tool and
 // prompt names are exposed as Prefix+name; resource URIs pass unchanged and
-// are routed by the list (or template) they came from. The gateway puts its
+// are routed by the list (or template) they came from; a URI or template
+// that two upstreams list belongs to the first in configuration order. The gateway puts its
 // Handler behind the enforcement engine, so limits, quotas, the loop breaker,
 // the cache and metering see every upstream's traffic under the exposed
 // names.
@@ -26,9 +27,12 @@
 package federate
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"regexp"
@@ -47,6 +51,9 @@ const (
 	DefaultFailures      = 5
 	DefaultCooldown      = 10 * time.Second
 	DefaultMaxRestartGap = 30 * time.Second
+	// DefaultSessionTimeout is long: the gateway ends the sessions it
+	// sweeps itself (a DELETE); this bounds those of clients that vanish.
+	DefaultSessionTimeout = time.Hour
 )
 
 // upstreamProtocol is the protocol version the Federator speaks to its
@@ -60,8 +67,7 @@ var (
 	ErrConfig = errors.New("federate: invalid options")
 	// ErrStart means an upstream could not be reached or started at boot.
 	ErrStart = errors.New("federate: upstream did not start")
-	// ErrConflict means two upstreams expose the same tool or prompt name,
-	// resource URI or resource template.
+	// ErrConflict means two upstreams expose the same tool or prompt name.
 	ErrConflict = errors.New("federate: two upstreams expose the same name")
 )
 
@@ -119,6 +125,9 @@ type Options struct {
 	// HTTPClient sends requests to HTTP upstreams; nil means a pooled
 	// client. Its Transport is wrapped to see 429 answers.
 	HTTPClient *http.Client
+	// SessionTimeout ends a client session idle this long (with its
+	// upstream sessions). Zero means DefaultSessionTimeout.
+	SessionTimeout time.Duration
 	// OnState, when set, is called when an upstream's health state
 	// changes (for metrics); it must not block.
 	OnState func(upstream string, state State)
@@ -232,6 +241,9 @@ func setDefaults(o *Options) {
 	if o.Name == "" {
 		o.Name = "mcpgate"
 	}
+	if o.SessionTimeout <= 0 {
+		o.SessionTimeout = DefaultSessionTimeout
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -261,19 +273,35 @@ func (f *Federator) Handler() http.Handler { return f.handler }
 
 func (f *Federator) newHandler() http.Handler {
 	stateful := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return f.stateful },
-		&mcp.StreamableHTTPOptions{Logger: f.sdkLogger()})
+		&mcp.StreamableHTTPOptions{Logger: f.sdkLogger(), SessionTimeout: f.opts.SessionTimeout})
 	stateless := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return f.stateless },
 		&mcp.StreamableHTTPOptions{Stateless: true, Logger: f.sdkLogger(), PropagateRequestCancellation: true})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// A 2026-07-28 client names its version on every request, and has no
-		// session; every older client's requests after initialize carry its
-		// (older) version or a session id.
-		if v := r.Header.Get("Mcp-Protocol-Version"); v >= "2026-07-28" && r.Header.Get("Mcp-Session-Id") == "" {
+		if r.Header.Get("Mcp-Session-Id") == "" && r.Method == http.MethodPost && !isInitialize(r) {
+			// A 2026-07-28 client has no session, nor has an older client
+			// of a stateless server (a request other than initialize,
+			// without a session id): each request is the whole exchange.
 			stateless.ServeHTTP(w, r)
 			return
 		}
 		stateful.ServeHTTP(w, r)
 	})
+}
+
+// isInitialize reports whether r's body is an initialize request, leaving
+// the body readable again. A body that cannot be read is not one (the
+// stateless handler then answers the error).
+func isInitialize(r *http.Request) bool {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 16<<20))
+	r.Body.Close()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if err != nil || !bytes.Contains(body, []byte("initialize")) {
+		return false
+	}
+	var m struct {
+		Method string `json:"method"`
+	}
+	return json.Unmarshal(body, &m) == nil && m.Method == "initialize"
 }
 
 func (f *Federator) sdkLogger() *slog.Logger { return f.log.With("component", "federate") }
@@ -283,6 +311,14 @@ func (f *Federator) sdkLogger() *slog.Logger { return f.log.With("component", "f
 func (f *Federator) Close() error {
 	f.closeOnce.Do(func() {
 		f.stop()
+		for _, srv := range []*mcp.Server{f.stateful, f.stateless} {
+			if srv == nil {
+				continue
+			}
+			for ss := range srv.Sessions() {
+				_ = ss.Close()
+			}
+		}
 		f.sessions.closeAll()
 		for _, up := range f.ups {
 			up.close()

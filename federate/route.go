@@ -200,7 +200,7 @@ func (f *Federator) toolHandler(stateless bool) mcp.ToolHandler {
 		if d, ok := f.opts.ToolTimeouts[name]; ok && d > 0 {
 			timeout = d
 		}
-		c, r := f.begin(ctx, rt.up, req.Session, stateless, timeout)
+		c, r := f.begin(withForwarded(ctx, req.Extra), rt.up, req.Session, stateless, timeout)
 		if r != nil {
 			return r.result(rt.up.cfg.Name), nil
 		}
@@ -230,7 +230,7 @@ func (f *Federator) promptHandler(stateless bool) mcp.PromptHandler {
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown prompt %q", req.Params.Name)}
 		}
 		var res *mcp.GetPromptResult
-		err := f.forward(ctx, rt.up, req.Session, stateless, func(ctx context.Context, cs *mcp.ClientSession) (err error) {
+		err := f.forward(withForwarded(ctx, req.Extra), rt.up, req.Session, stateless, func(ctx context.Context, cs *mcp.ClientSession) (err error) {
 			p := *req.Params
 			p.Name = rt.name
 			res, err = cs.GetPrompt(ctx, &p)
@@ -245,7 +245,7 @@ func (f *Federator) promptHandler(stateless bool) mcp.PromptHandler {
 func (f *Federator) resourceHandler(stateless bool, up *upstream) mcp.ResourceHandler {
 	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		var res *mcp.ReadResourceResult
-		err := f.forward(ctx, up, req.Session, stateless, func(ctx context.Context, cs *mcp.ClientSession) (err error) {
+		err := f.forward(withForwarded(ctx, req.Extra), up, req.Session, stateless, func(ctx context.Context, cs *mcp.ClientSession) (err error) {
 			res, err = cs.ReadResource(ctx, req.Params)
 			return err
 		})
@@ -309,7 +309,7 @@ func (f *Federator) complete(stateless bool) func(context.Context, *mcp.Complete
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "completion: unknown reference"}
 		}
 		var res *mcp.CompleteResult
-		err := f.forward(ctx, up, req.Session, stateless, func(ctx context.Context, cs *mcp.ClientSession) (err error) {
+		err := f.forward(withForwarded(ctx, req.Extra), up, req.Session, stateless, func(ctx context.Context, cs *mcp.ClientSession) (err error) {
 			res, err = cs.Complete(ctx, &p)
 			return err
 		})

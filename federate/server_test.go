@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.uber.org/goleak"
 )
 
 // stdioEnv makes the test binary a stdio MCP server (testServer) named by
@@ -28,7 +29,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// Every Federator is closed by its test: no goroutine of it (session
+	// watchers, supervisors, relays) may outlive the tests.
+	goleak.VerifyTestMain(m)
 }
 
 // stdioCommand is the command of a stdio upstream named name.
@@ -142,6 +145,7 @@ type httpUpstream struct {
 	wrap  func(http.Handler) http.Handler
 	mu    sync.Mutex
 	srv   *httptest.Server
+	mcp   *mcp.Server
 }
 
 func startHTTPUpstream(t *testing.T, name string, wrap func(http.Handler) http.Handler) *httpUpstream {
@@ -170,19 +174,22 @@ func (u *httpUpstream) start() {
 	}
 	ts.Start()
 	u.mu.Lock()
-	u.srv, u.addr = ts, ts.Listener.Addr().String()
+	u.srv, u.mcp, u.addr = ts, srv, ts.Listener.Addr().String()
 	u.mu.Unlock()
 }
 
 // stop kills the server: listener and every connection.
 func (u *httpUpstream) stop() {
 	u.mu.Lock()
-	ts := u.srv
-	u.srv = nil
+	ts, srv := u.srv, u.mcp
+	u.srv, u.mcp = nil, nil
 	u.mu.Unlock()
 	if ts != nil {
 		ts.CloseClientConnections()
 		ts.Close()
+		for ss := range srv.Sessions() { // a dead server keeps no session
+			_ = ss.Close()
+		}
 	}
 }
 

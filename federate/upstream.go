@@ -53,8 +53,12 @@ type headerTransport struct {
 }
 
 func (t *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if len(t.up.cfg.Headers) > 0 {
+	fwd, _ := r.Context().Value(forwardKey{}).(http.Header)
+	if len(t.up.cfg.Headers) > 0 || len(fwd) > 0 {
 		r = r.Clone(r.Context())
+		for k, v := range fwd {
+			r.Header[k] = v
+		}
 		for k, v := range t.up.cfg.Headers {
 			r.Header.Set(k, v)
 		}
@@ -68,6 +72,36 @@ func (t *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		t.up.rateLimited(retryAfter(resp.Header.Get("Retry-After"), time.Now()))
 	}
 	return resp, err
+}
+
+// ForwardHeaders are the headers of a client's request that the
+// Federator passes on to an HTTP upstream with the calls it makes for that
+// request: trace context, and the caller's identity the gateway sets when
+// upstream.identity_headers is on (it never lets a client set them).
+var ForwardHeaders = []string{"Traceparent", "Tracestate", "X-Mcp-Tenant", "X-Mcp-Subject"}
+
+// forwardKey is the context key of the headers to forward.
+type forwardKey struct{}
+
+// withForwarded returns ctx carrying the ForwardHeaders of the client's
+// request (nil extra: none).
+func withForwarded(ctx context.Context, extra *mcp.RequestExtra) context.Context {
+	if extra == nil || extra.Header == nil {
+		return ctx
+	}
+	var h http.Header
+	for _, k := range ForwardHeaders {
+		if v := extra.Header.Values(k); len(v) > 0 {
+			if h == nil {
+				h = make(http.Header, len(ForwardHeaders))
+			}
+			h[k] = v
+		}
+	}
+	if h == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, forwardKey{}, h)
 }
 
 // retryAfter parses a Retry-After value (seconds or an HTTP date); a

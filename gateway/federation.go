@@ -2,6 +2,9 @@ package gateway
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +27,10 @@ type federation struct {
 	fed *federate.Federator
 	srv *http.Server
 	url string
+	// auth is the Authorization header the federation's listener requires:
+	// a random secret of this process, so that no other local process can
+	// reach the upstreams around the gateway.
+	auth string
 	// timeout is the proxy's idle timeout towards the federation: the
 	// longest upstream or tool timeout and a margin, so that the
 	// federation's own timeouts (per upstream, per tool) are the ones that
@@ -37,7 +44,10 @@ var federationStates = []federate.State{federate.StateUp, federate.StateOpen, fe
 // startFederation connects to (and starts) the upstreams of cfg and serves
 // them on a loopback port.
 func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (*federation, error) {
-	opts := federate.Options{Logger: log, ToolTimeouts: map[string]time.Duration{}}
+	opts := federate.Options{Logger: log, ToolTimeouts: map[string]time.Duration{},
+		// The gateway sweeps idle sessions itself (a DELETE ends the
+		// federation's); this catches any it did not see end.
+		SessionTimeout: 2 * cfg.Sessions.IdleTimeout}
 	longest := cfg.Upstream.Timeout
 	for _, u := range cfg.Upstreams {
 		opts.Upstreams = append(opts.Upstreams, federate.Upstream{Name: u.Name, URL: u.URL, Headers: u.Headers,
@@ -58,19 +68,48 @@ func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (
 	if err != nil {
 		return nil, fmt.Errorf("gateway: upstreams: %w", err)
 	}
+	if err := checkAttribution(cfg, fed); err != nil {
+		fed.Close()
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		fed.Close()
 		return nil, fmt.Errorf("gateway: upstreams: loopback listener: %w", err)
 	}
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret) // never fails (crypto/rand)
 	fd := &federation{fed: fed, url: "http://" + ln.Addr().String() + "/mcp", timeout: longest + 5*time.Second,
-		srv: &http.Server{Handler: fed.Handler(), ReadHeaderTimeout: 10 * time.Second}}
+		auth: "Bearer " + hex.EncodeToString(secret)}
+	fd.srv = &http.Server{Handler: fd.guard(fed.Handler()), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := fd.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("federation listener stopped", "err", err)
 		}
 	}()
 	return fd, nil
+}
+
+// checkAttribution refuses a catalog whose names the configuration would
+// put under the wrong upstream: limits find a tool's upstream by its name
+// (policy.Config.UpstreamOf), so a bare upstream exposing "search__x" would
+// be counted by search's limits.
+func checkAttribution(cfg *policy.Config, fed *federate.Federator) error {
+	limited := map[string]bool{}
+	for _, u := range cfg.Upstreams {
+		limited[u.Name] = len(u.Limits) > 0
+	}
+	for _, tool := range fed.Tools() {
+		serving, _ := fed.UpstreamOf(tool)
+		named, ok := cfg.UpstreamOf(tool)
+		if ok && named == serving {
+			continue
+		}
+		if limited[serving] || (ok && limited[named]) {
+			return fmt.Errorf("gateway: upstreams: tool %q is served by upstream %q but its name reads as upstream %q's: the upstreams' limits would count it wrongly (give %q a prefix)", tool, serving, named, serving)
+		}
+	}
+	return nil
 }
 
 func setUpstreamState(m *metrics.Metrics, upstream string, s federate.State) {
@@ -83,17 +122,29 @@ func setUpstreamState(m *metrics.Metrics, upstream string, s federate.State) {
 	}
 }
 
+// guard refuses requests without the federation's secret.
+func (fd *federation) guard(h http.Handler) http.Handler {
+	want := []byte(fd.auth)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			http.Error(w, "forbidden", http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // effective returns the configuration the gateway's stages use: with
-// upstreams:, the single upstream is the federation (its URL, no headers:
-// each upstream has its own, and the proxy's idle timeout is the longest
-// of theirs).
+// upstreams:, the single upstream is the federation (its URL and secret;
+// each upstream has its own headers; the proxy's idle timeout is the
+// longest of theirs).
 func (fd *federation) effective(cfg *policy.Config) *policy.Config {
 	if fd == nil {
 		return cfg
 	}
 	c := *cfg
 	c.Upstream.URL = fd.url
-	c.Upstream.Headers = nil
+	c.Upstream.Headers = map[string]string{"Authorization": fd.auth}
 	c.Upstream.Timeout = fd.timeout
 	return &c
 }

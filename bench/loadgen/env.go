@@ -116,6 +116,9 @@ type Options struct {
 	// every admitted call into its own SQLite usage store (in a temporary
 	// directory), as `mcpgate serve` does with its default usage.store.
 	NoUsage bool
+	// Federation adds the fed-1 and fed-3 targets (see FedOne): gateway-mem
+	// fronting one, then three, upstreams through upstreams:.
+	Federation bool
 	// Tracing adds the gateway-mem-traced target: gateway-mem with
 	// OpenTelemetry tracing on as `mcpgate serve` turns it on from the
 	// OTEL_* environment, exporting over OTLP/HTTP to a receiver in this
@@ -257,6 +260,32 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 			return nil, err
 		}
 	}
+	if o.Federation {
+		var others []string
+		for _, name := range []string{"upstream-b", "upstream-c"} {
+			u, err := e.server(name, upstream.New(&upstream.Options{Stateless: true, JSONResponse: true}).Handler())
+			if err != nil {
+				return nil, err
+			}
+			others = append(others, u)
+		}
+		addFed := func(name, cfgText string) error {
+			g, err := newGateway(ctx, cfgText, !o.NoUsage, o.Logger, nil)
+			if err != nil {
+				return fmt.Errorf("loadgen: %s: %w", name, err)
+			}
+			e.closers = append(e.closers, g.close)
+			u, err := e.server(name, g.gw)
+			if err != nil {
+				return err
+			}
+			e.Targets = append(e.Targets, Target{Name: name, URL: u, Tokens: tokens, Status: http.StatusOK, degraded: g.degraded})
+			return nil
+		}
+		if err := e.addFederation(addFed, text, upURL, others); err != nil {
+			return nil, err
+		}
+	}
 	if o.RedisAddr != "" {
 		if err := add(GatewayRed, DenyRedis, o.RedisAddr, nil); err != nil {
 			return nil, err
@@ -266,7 +295,7 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 		e.Targets[i].redisCPU = o.RedisCPU
 	}
 	// Order: admitted targets first, then the denial paths.
-	order := map[string]int{Direct: 0, BareProxy: 1, GatewayMem: 2, GatewayMemTraced: 3, GatewayRed: 4, DenyMem: 5, DenyRedis: 6}
+	order := map[string]int{Direct: 0, BareProxy: 1, GatewayMem: 2, GatewayMemTraced: 3, FedOne: 4, FedThree: 5, GatewayRed: 6, DenyMem: 7, DenyRedis: 8}
 	for i := 1; i < len(e.Targets); i++ {
 		for j := i; j > 0 && order[e.Targets[j].Name] < order[e.Targets[j-1].Name]; j-- {
 			e.Targets[j], e.Targets[j-1] = e.Targets[j-1], e.Targets[j]

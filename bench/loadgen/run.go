@@ -146,6 +146,7 @@ func (r *Results) Print(w io.Writer) {
 	}
 	stats.WriteTable(w, rows)
 	r.printTracing(w)
+	r.printFederation(w)
 	defer r.printBare(w) // last, after the table against direct if any
 	if _, ok := r.Rounds[Direct]; !ok || len(r.Order) < 2 {
 		return

@@ -49,12 +49,13 @@ func run() error {
 	warmup := flag.Duration("warmup", 500*time.Millisecond, "uncounted warm-up before each window")
 	rules := flag.String("rules", loadgen.RulesLayered, "gateway rules: layered (2 tenant rules + 1 global) or single (1 tenant rule)")
 	redisAddr := flag.String("redis", "", `redis-server host:port; "" starts one, "none" skips the Redis targets`)
-	targets := flag.String("targets", "", "comma-separated targets (default all): direct, bare-proxy, gateway-mem, gateway-mem-traced (with -tracing), gateway-redis, deny-mem, deny-redis")
+	targets := flag.String("targets", "", "comma-separated targets (default all): direct, bare-proxy, gateway-mem, gateway-mem-traced (with -tracing), fed-1, fed-3 (with -federation), gateway-redis, deny-mem, deny-redis")
 	tenants := flag.Int("tenants", 64, "tenants (tokens) the workers spread over")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memprofile := flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
 	verbose := flag.Bool("v", false, "print every measurement as it is taken")
 	tracing := flag.Bool("tracing", false, "add gateway-mem-traced: gateway-mem with OpenTelemetry tracing on, exporting OTLP/HTTP to a receiver in this process that discards; prints the traced/untraced ratio")
+	federation := flag.Bool("federation", false, "add fed-1 and fed-3: gateway-mem fronting one, then three, upstreams (upstreams:); prints fed-3/fed-1")
 	noUsage := flag.Bool("no-usage", false, "gateways without usage metering (by default each meters into its own SQLite store, as mcpgate serve does)")
 	flag.Parse()
 
@@ -92,7 +93,7 @@ func run() error {
 	}
 
 	env, err := loadgen.Start(ctx, &loadgen.Options{
-		Rules: *rules, RedisAddr: addr, Tenants: *tenants, RedisCPU: redisCPU, NoUsage: *noUsage, Tracing: *tracing,
+		Rules: *rules, RedisAddr: addr, Tenants: *tenants, RedisCPU: redisCPU, NoUsage: *noUsage, Tracing: *tracing, Federation: *federation,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 	})
 	if err != nil {

@@ -1,0 +1,80 @@
+package loadgen
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/mcpgate/mcpgate/bench/internal/stats"
+)
+
+// Federation targets (Options.Federation): gateway-mem's config with
+// upstreams: instead of upstream.url. In both, echo is served by upstream
+// "a" with prefix "" (so the calls are the same as the other targets');
+// fed-3 has two more upstreams ("b__", "c__"), so that fed-3 / fed-1 is
+// the cost of routing among several upstreams rather than one.
+const (
+	FedOne   = "fed-1"
+	FedThree = "fed-3"
+)
+
+// federationConfig returns the gateway config text with upstream.url
+// replaced by n upstreams, each a demo upstream of its own.
+func federationConfig(text, upURL string, others []string) string {
+	var b strings.Builder
+	b.WriteString("upstream:\n  identity_headers: true\nupstreams:\n")
+	fmt.Fprintf(&b, "  - {name: a, url: %q, prefix: \"\"}\n", upURL)
+	for i, u := range others {
+		name := string(rune('b' + i))
+		fmt.Fprintf(&b, "  - {name: %s, url: %q}\n", name, u)
+	}
+	return strings.Replace(text, "upstream:\n  url: "+upURL+"\n  identity_headers: true\n", b.String(), 1)
+}
+
+// addFederation adds fed-1 and fed-3, memory store, with their own demo
+// upstreams for b and c.
+func (e *Env) addFederation(add func(name, cfgText string) error, text, upURL string, others []string) error {
+	if err := add(FedOne, federationConfig(text, upURL, nil)); err != nil {
+		return err
+	}
+	return add(FedThree, federationConfig(text, upURL, others))
+}
+
+// FederationRatio returns, per round, fed-3's calls/s over fed-1's.
+func (r *Results) FederationRatio() []float64 {
+	var out []float64
+	one := r.Rounds[FedOne]
+	for i, x := range r.Rounds[FedThree] {
+		if i < len(one) && one[i].PerSec() > 0 {
+			out = append(out, x.PerSec()/one[i].PerSec())
+		}
+	}
+	return out
+}
+
+// printFederation writes fed-3 / fed-1 and fed-1 / gateway-mem when
+// measured.
+func (r *Results) printFederation(w io.Writer) {
+	ratios := r.FederationRatio()
+	if len(ratios) == 0 {
+		return
+	}
+	per := make([]string, len(ratios))
+	for i, v := range ratios {
+		per[i] = fmt.Sprintf("%.3f", v)
+	}
+	var vsMem []float64
+	mem := r.Rounds[GatewayMem]
+	for i, x := range r.Rounds[FedOne] {
+		if i < len(mem) && mem[i].PerSec() > 0 {
+			vsMem = append(vsMem, x.PerSec()/mem[i].PerSec())
+		}
+	}
+	fmt.Fprintln(w)
+	rows := [][]string{{"federation", "calls/s ratio (median)", "per round"},
+		{FedThree + " / " + FedOne, fmt.Sprintf("%.3f", stats.Median(ratios)), strings.Join(per, " ")}}
+	if len(vsMem) > 0 {
+		rows = append(rows, []string{FedOne + " / " + GatewayMem, fmt.Sprintf("%.3f", stats.Median(vsMem)), perRound(vsMem)})
+	}
+	stats.WriteTable(w, rows)
+}
