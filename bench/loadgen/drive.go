@@ -77,6 +77,9 @@ func (r Result) PerSec() float64 { return float64(r.Calls) / r.Window.Seconds() 
 // connections, for warmup (not counted) then d (counted). Only calls
 // started within the counted window are counted. ctx ends it early.
 func Drive(ctx context.Context, t Target, workers int, warmup, d time.Duration) Result {
+	if t.drive != nil {
+		return t.drive(ctx, workers, warmup, d)
+	}
 	c := newClient(workers)
 	defer c.CloseIdleConnections()
 	var degraded0 float64

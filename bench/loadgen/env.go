@@ -116,6 +116,9 @@ type Options struct {
 	// every admitted call into its own SQLite usage store (in a temporary
 	// directory), as `mcpgate serve` does with its default usage.store.
 	NoUsage bool
+	// Stdio, when set, is the path of bench/cmd/stdioserver (see
+	// BuildStdioServer): it adds the stdio-direct and fed-stdio targets.
+	Stdio string
 	// Federation adds the fed-1 and fed-3 targets (see FedOne): gateway-mem
 	// fronting one, then three, upstreams through upstreams:.
 	Federation bool
@@ -140,6 +143,9 @@ type Target struct {
 	degraded func() float64
 	// redisCPU is Options.RedisCPU.
 	redisCPU func() (time.Duration, error)
+	// drive, when set, measures the target instead of HTTP calls to URL
+	// (stdio-direct).
+	drive func(ctx context.Context, workers int, warmup, d time.Duration) Result
 }
 
 // Env is the servers of a run: the demo upstream and the gateways, each on
@@ -286,6 +292,23 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 			return nil, err
 		}
 	}
+	if o.Stdio != "" {
+		drive, err := e.stdioDriver(ctx, o.Stdio)
+		if err != nil {
+			return nil, err
+		}
+		e.Targets = append(e.Targets, Target{Name: StdioDirect, Tokens: tokens, Status: http.StatusOK, drive: drive})
+		g, err := newGateway(ctx, stdioConfig(text, upURL, o.Stdio), !o.NoUsage, o.Logger, nil)
+		if err != nil {
+			return nil, fmt.Errorf("loadgen: %s: %w", FedStdio, err)
+		}
+		e.closers = append(e.closers, g.close)
+		u, err := e.server(FedStdio, g.gw)
+		if err != nil {
+			return nil, err
+		}
+		e.Targets = append(e.Targets, Target{Name: FedStdio, URL: u, Tokens: tokens, Status: http.StatusOK, degraded: g.degraded})
+	}
 	if o.RedisAddr != "" {
 		if err := add(GatewayRed, DenyRedis, o.RedisAddr, nil); err != nil {
 			return nil, err
@@ -295,7 +318,7 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 		e.Targets[i].redisCPU = o.RedisCPU
 	}
 	// Order: admitted targets first, then the denial paths.
-	order := map[string]int{Direct: 0, BareProxy: 1, GatewayMem: 2, GatewayMemTraced: 3, FedOne: 4, FedThree: 5, GatewayRed: 6, DenyMem: 7, DenyRedis: 8}
+	order := map[string]int{Direct: 0, BareProxy: 1, GatewayMem: 2, GatewayMemTraced: 3, FedOne: 4, FedThree: 5, StdioDirect: 6, FedStdio: 7, GatewayRed: 8, DenyMem: 9, DenyRedis: 10}
 	for i := 1; i < len(e.Targets); i++ {
 		for j := i; j > 0 && order[e.Targets[j].Name] < order[e.Targets[j-1].Name]; j-- {
 			e.Targets[j], e.Targets[j-1] = e.Targets[j-1], e.Targets[j]
@@ -451,6 +474,9 @@ func (e *Env) Exhaust(ctx context.Context) error {
 // admitted call, that the tool's answer came back.
 func (e *Env) Check(ctx context.Context) error {
 	for _, t := range e.Targets {
+		if t.drive != nil {
+			continue // driven otherwise: its driver checks every answer
+		}
 		c := newClient(1)
 		status, body, err := call(ctx, c, t.URL, t.Tokens[0])
 		c.CloseIdleConnections()

@@ -28,7 +28,12 @@ func federationConfig(text, upURL string, others []string) string {
 		name := string(rune('b' + i))
 		fmt.Fprintf(&b, "  - {name: %s, url: %q}\n", name, u)
 	}
-	return strings.Replace(text, "upstream:\n  url: "+upURL+"\n  identity_headers: true\n", b.String(), 1)
+	return replaceUpstream(text, upURL, b.String())
+}
+
+// replaceUpstream replaces the upstream section of the config text.
+func replaceUpstream(text, upURL, with string) string {
+	return strings.Replace(text, "upstream:\n  url: "+upURL+"\n  identity_headers: true\n", with, 1)
 }
 
 // addFederation adds fed-1 and fed-3, memory store, with their own demo
@@ -41,12 +46,15 @@ func (e *Env) addFederation(add func(name, cfgText string) error, text, upURL st
 }
 
 // FederationRatio returns, per round, fed-3's calls/s over fed-1's.
-func (r *Results) FederationRatio() []float64 {
+func (r *Results) FederationRatio() []float64 { return r.pairRatio(FedThree, FedOne) }
+
+// pairRatio returns, per round, a's calls/s over b's.
+func (r *Results) pairRatio(a, b string) []float64 {
 	var out []float64
-	one := r.Rounds[FedOne]
-	for i, x := range r.Rounds[FedThree] {
-		if i < len(one) && one[i].PerSec() > 0 {
-			out = append(out, x.PerSec()/one[i].PerSec())
+	bs := r.Rounds[b]
+	for i, x := range r.Rounds[a] {
+		if i < len(bs) && bs[i].PerSec() > 0 {
+			out = append(out, x.PerSec()/bs[i].PerSec())
 		}
 	}
 	return out
@@ -55,26 +63,15 @@ func (r *Results) FederationRatio() []float64 {
 // printFederation writes fed-3 / fed-1 and fed-1 / gateway-mem when
 // measured.
 func (r *Results) printFederation(w io.Writer) {
-	ratios := r.FederationRatio()
-	if len(ratios) == 0 {
-		return
-	}
-	per := make([]string, len(ratios))
-	for i, v := range ratios {
-		per[i] = fmt.Sprintf("%.3f", v)
-	}
-	var vsMem []float64
-	mem := r.Rounds[GatewayMem]
-	for i, x := range r.Rounds[FedOne] {
-		if i < len(mem) && mem[i].PerSec() > 0 {
-			vsMem = append(vsMem, x.PerSec()/mem[i].PerSec())
+	rows := [][]string{{"federation", "calls/s ratio (median)", "per round"}}
+	for _, p := range [][2]string{{FedThree, FedOne}, {FedOne, GatewayMem}, {FedStdio, StdioDirect}} {
+		if rs := r.pairRatio(p[0], p[1]); len(rs) > 0 {
+			rows = append(rows, []string{p[0] + " / " + p[1], fmt.Sprintf("%.3f", stats.Median(rs)), perRound(rs)})
 		}
 	}
-	fmt.Fprintln(w)
-	rows := [][]string{{"federation", "calls/s ratio (median)", "per round"},
-		{FedThree + " / " + FedOne, fmt.Sprintf("%.3f", stats.Median(ratios)), strings.Join(per, " ")}}
-	if len(vsMem) > 0 {
-		rows = append(rows, []string{FedOne + " / " + GatewayMem, fmt.Sprintf("%.3f", stats.Median(vsMem)), perRound(vsMem)})
+	if len(rows) == 1 {
+		return
 	}
+	fmt.Fprintln(w)
 	stats.WriteTable(w, rows)
 }

@@ -56,6 +56,7 @@ func run() error {
 	verbose := flag.Bool("v", false, "print every measurement as it is taken")
 	tracing := flag.Bool("tracing", false, "add gateway-mem-traced: gateway-mem with OpenTelemetry tracing on, exporting OTLP/HTTP to a receiver in this process that discards; prints the traced/untraced ratio")
 	federation := flag.Bool("federation", false, "add fed-1 and fed-3: gateway-mem fronting one, then three, upstreams (upstreams:); prints fed-3/fed-1")
+	stdio := flag.Bool("stdio", false, "add stdio-direct and fed-stdio: the demo upstream over stdio, called directly and through a gateway; prints fed-stdio/stdio-direct")
 	noUsage := flag.Bool("no-usage", false, "gateways without usage metering (by default each meters into its own SQLite store, as mcpgate serve does)")
 	flag.Parse()
 
@@ -92,7 +93,18 @@ func run() error {
 		redisVersion = "external, " + addr
 	}
 
-	env, err := loadgen.Start(ctx, &loadgen.Options{
+	var stdioBin string
+	if *stdio {
+		dir, err := os.MkdirTemp("", "loadgen-stdio-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if stdioBin, err = loadgen.BuildStdioServer(ctx, dir); err != nil {
+			return err
+		}
+	}
+	env, err := loadgen.Start(ctx, &loadgen.Options{Stdio: stdioBin,
 		Rules: *rules, RedisAddr: addr, Tenants: *tenants, RedisCPU: redisCPU, NoUsage: *noUsage, Tracing: *tracing, Federation: *federation,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 	})
