@@ -3,6 +3,7 @@ package faults_test
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -36,75 +37,191 @@ func tenantSlot(tenant string) uint16 {
 	return keyspace.Slot(keyspace.RateLimit(keyspace.PerTenantTool, "echo_cap", keyspace.Owner{Tenant: tenant, Tool: "echo"}))
 }
 
-// stamped is one answer and when it came.
+// stamped is one answer: the instance that gave it, when the call was made
+// and when its answer came.
 type stamped struct {
-	at   time.Time
-	kind string
+	inst     int
+	sent, at time.Time
+	kind     string
 }
 
-// traffic runs workers goroutines calling echo for tenant (pausing pause
-// between calls) until stop is closed, and returns every answer.
-func traffic(e *env, workers int, tenant string, pause time.Duration, stop <-chan struct{}) func() []stamped {
+// load is traffic running on the gateways (see traffic).
+type load struct {
+	mu    sync.Mutex
+	out   []stamped
+	stop  chan struct{}
+	wg    sync.WaitGroup
+	ended bool
+}
+
+// traffic runs workers goroutines calling echo for tenant (worker w on
+// instance w%instances, pausing pause between calls) until it is ended.
+func traffic(e *env, workers int, tenant string, pause time.Duration) *load {
 	tok := token(e.t, tenant, "agent")
-	var mu sync.Mutex
-	var out []stamped
-	var wg sync.WaitGroup
+	l := &load{stop: make(chan struct{})}
 	for w := range workers {
-		wg.Go(func() {
+		l.wg.Go(func() {
 			for {
 				select {
-				case <-stop:
+				case <-l.stop:
 					return
 				default:
 				}
+				sent := time.Now()
 				r := e.call(w, tok, "echo", map[string]any{"text": "x"}, 10*time.Second)
-				mu.Lock()
-				out = append(out, stamped{time.Now(), kind(r)})
-				mu.Unlock()
+				l.mu.Lock()
+				l.out = append(l.out, stamped{w % len(e.srvs), sent, time.Now(), kind(r)})
+				l.mu.Unlock()
 				time.Sleep(pause)
 			}
 		})
 	}
-	return func() []stamped {
-		wg.Wait()
-		sort.Slice(out, func(i, j int) bool { return out[i].at.Before(out[j].at) })
-		return out
+	return l
+}
+
+// answers returns the answers so far, by time of answer.
+func (l *load) answers() []stamped {
+	l.mu.Lock()
+	out := slices.Clone(l.out)
+	l.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].at.Before(out[j].at) })
+	return out
+}
+
+// end stops the workers, waits for their calls in progress, and returns
+// every answer. It may be called again.
+func (l *load) end() []stamped {
+	if !l.ended {
+		l.ended = true
+		close(l.stop)
+		l.wg.Wait()
 	}
+	return l.answers()
+}
+
+// summary is what one instance answered from a point in time on.
+type summary struct {
+	first   time.Time      // its first admitted call (zero: none)
+	lastOK  time.Time      // its last admitted call (zero: none)
+	kinds   map[string]int // its answers, by kind
+	slowest time.Duration  // its longest call
+}
+
+// summarize sums up, per instance of n, the answers that came after from.
+func summarize(answers []stamped, n int, from time.Time) []summary {
+	ss := make([]summary, n)
+	for i := range ss {
+		ss[i].kinds = map[string]int{}
+	}
+	for _, a := range answers {
+		if !a.at.After(from) {
+			continue
+		}
+		s := &ss[a.inst]
+		s.kinds[a.kind]++
+		s.slowest = max(s.slowest, a.at.Sub(a.sent))
+		if a.kind == "ok" {
+			if s.first.IsZero() {
+				s.first = a.at
+			}
+			s.lastOK = a.at
+		}
+	}
+	return ss
+}
+
+// admitting reports whether every instance admitted a call after from.
+func admitting(l *load, n int, from time.Time) bool {
+	for _, s := range summarize(l.answers(), n, from) {
+		if s.first.IsZero() {
+			return false
+		}
+	}
+	return true
+}
+
+// timeline is instance inst's answers after from, in order, runs of one
+// kind merged (the first 30 runs): "+12ms 503×40 (slowest 251ms), ...".
+func timeline(answers []stamped, inst int, from time.Time) string {
+	var runs []string
+	var kind string
+	var n int
+	var at time.Time
+	var slowest time.Duration
+	flush := func() {
+		if n > 0 {
+			runs = append(runs, fmt.Sprintf("+%v %s×%d (slowest %v)", at.Sub(from).Round(time.Millisecond), kind, n, slowest.Round(time.Millisecond)))
+		}
+	}
+	for _, a := range answers {
+		if a.inst != inst || !a.at.After(from) {
+			continue
+		}
+		if a.kind != kind || n == 0 {
+			flush()
+			kind, n, at, slowest = a.kind, 0, a.at, 0
+		}
+		n++
+		slowest = max(slowest, a.at.Sub(a.sent))
+	}
+	flush()
+	if len(runs) > 30 {
+		runs = append(runs[:30], fmt.Sprintf("... %d runs more", len(runs)-30))
+	}
+	return strings.Join(runs, ", ")
 }
 
 // A master of the Cluster dies under traffic (SIGKILL, or SIGSTOP: hung,
 // its connections open and silent, as behind a partition; three rounds,
-// each time the master owning the tenant's slot): calls in the gap get
-// on_error's answer (closed: 503), none hangs, and decisions resume in Redis
-// once the survivors report cluster_state:ok. The time from cluster_state:ok
-// to the first decision made in Redis again is logged, not asserted (it
-// depends on the machine).
+// each time the master owning the tenant's slot) while every gateway
+// instance admits calls: calls in the gap get on_error's answer (closed:
+// 503), none hangs, and decisions resume in Redis on every instance once
+// the survivors report cluster_state:ok. The traffic goes on until each
+// instance has admitted a call after cluster_state:ok (for at most
+// recoveryDeadline), and a little longer.
+//
+// Each instance has its own client, which finds the new master on its own
+// (rueidis refreshes its slot map up to 1s after a connection error, and a
+// call that times out on a frozen master is no such error), and its own
+// breaker (a probe every 250ms while open): the instances recover at
+// different times, and a fixed wait after the first one admits proves
+// nothing about the others. The time from cluster_state:ok to each
+// instance's first decision in Redis is logged, not asserted: it depends on
+// the machine (the target is 1s; a loaded machine with -race takes more).
 func TestClusterFailoverRecovery(t *testing.T) {
+	const (
+		instances = 2
+		// recoveryDeadline bounds the wait for decisions on every
+		// instance, before the fault and after cluster_state:ok: far
+		// above the 1s target, so that a loaded machine does not fail the
+		// test, far below forever.
+		recoveryDeadline = 20 * time.Second
+		target           = time.Second
+	)
 	leakCheck(t)
 	cl := testenv.StartCluster(t)
-	e := newEnv(t, opts{Config: clusterYAML(cl, 1_000_000), Instances: 2})
+	e := newEnv(t, opts{Config: clusterYAML(cl, 1_000_000), Instances: instances})
 	const tenant = "failover-tenant"
 	slot := tenantSlot(tenant)
-	tok := token(t, tenant, "agent")
-	eventually(t, 10*time.Second, "a first decision in Redis", func() bool {
-		return e.call(0, tok, "echo", map[string]any{"text": "x"}, 10*time.Second).ok()
-	})
 
-	var recoveries []time.Duration
+	var recoveries [][instances]time.Duration
 	for round, fault := range []string{"kill", "freeze", "kill"} {
 		owner := cl.MasterOf(t, slot)
-		stop := make(chan struct{})
-		wait := traffic(e, 4, tenant, 2*time.Millisecond, stop)
-		t.Cleanup(func() { // a failed round leaves no caller behind
-			select {
-			case <-stop:
-			default:
-				close(stop)
-				wait()
+		began := time.Now()
+		l := traffic(e, 2*instances, tenant, 2*time.Millisecond)
+		t.Cleanup(func() { l.end() }) // a failed round leaves no caller behind
+		// Decisions in Redis on every instance before the fault.
+		for deadline := began.Add(recoveryDeadline); !admitting(l, instances, began); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				var kinds []string
+				for i, s := range summarize(l.end(), instances, began) {
+					kinds = append(kinds, fmt.Sprintf("instance %d: %v", i, s.kinds))
+				}
+				t.Fatalf("round %d: before the fault, some instance admitted no call in %v; answers %s", round, recoveryDeadline, strings.Join(kinds, ", "))
 			}
-		})
-		time.Sleep(200 * time.Millisecond)
-		killed := time.Now()
+		}
+		time.Sleep(100 * time.Millisecond)
+		faulted := time.Now()
 		if fault == "kill" {
 			cl.Nodes[owner].Kill()
 		} else {
@@ -114,45 +231,48 @@ func TestClusterFailoverRecovery(t *testing.T) {
 			t.Log("no survivor reported cluster_state:fail: the failover was quicker than the poll")
 		}
 		stateOK := cl.WaitStateOK(t, 30*time.Second, owner)
-		// Decisions must come back; keep the traffic on until they do.
-		var answers []stamped
-		var first time.Time
-		deadline := time.Now().Add(30 * time.Second)
-		for first.IsZero() && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
-			if e.call(0, tok, "echo", map[string]any{"text": "x"}, 10*time.Second).ok() {
-				time.Sleep(300 * time.Millisecond) // some traffic after the recovery
-				close(stop)
-				answers = wait()
-				for _, a := range answers {
-					if a.kind == "ok" && a.at.After(stateOK) {
-						first = a.at
-						break
-					}
-				}
-				if first.IsZero() {
-					t.Fatalf("round %d: a direct call was admitted but no traffic call after cluster_state:ok", round)
-				}
-			}
+		// Decisions must come back on every instance; keep the traffic on
+		// until they do.
+		for deadline := stateOK.Add(recoveryDeadline); !admitting(l, instances, stateOK) && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
 		}
-		if first.IsZero() {
-			close(stop)
-			wait()
-			t.Fatalf("round %d: no decision in Redis 30s after cluster_state:ok", round)
+		if admitting(l, instances, stateOK) {
+			time.Sleep(300 * time.Millisecond) // some traffic after the recovery
+		}
+		answers := l.end()
+		after := summarize(answers, instances, stateOK)
+		whole := summarize(answers, instances, began)
+		before := summarize(slices.DeleteFunc(slices.Clone(answers), func(a stamped) bool { return !a.at.Before(faulted) }), instances, began)
+		var per []string
+		failed := false
+		var rec [instances]time.Duration
+		for i, s := range after {
+			if s.first.IsZero() {
+				failed = true
+				per = append(per, fmt.Sprintf("instance %d: NO decision; answers after cluster_state:ok %v, slowest call %v; timeline after cluster_state:ok: %s",
+					i, s.kinds, s.slowest.Round(time.Millisecond), timeline(answers, i, stateOK)))
+				continue
+			}
+			rec[i] = s.first.Sub(stateOK)
+			per = append(per, fmt.Sprintf("instance %d: first decision %v after cluster_state:ok (no decision for %v), answers after cluster_state:ok %v, slowest call of the round %v",
+				i, rec[i].Round(time.Millisecond), s.first.Sub(before[i].lastOK).Round(time.Millisecond), s.kinds, whole[i].slowest.Round(time.Millisecond)))
 		}
 		kinds := map[string]int{}
-		var lastOKBefore time.Time
 		for _, a := range answers {
 			kinds[a.kind]++
-			if a.kind == "ok" && a.at.Before(killed) {
-				lastOKBefore = a.at
+		}
+		report := fmt.Sprintf("round %d: %s node %d (slot %d); cluster_state:ok %v after the fault; answers %v;\n  %s",
+			round, fault, owner, slot, stateOK.Sub(faulted).Round(time.Millisecond), kinds, strings.Join(per, ";\n  "))
+		if failed {
+			t.Fatalf("%s\nsome instance made no decision in Redis in the %v after cluster_state:ok", report, recoveryDeadline)
+		}
+		t.Log(report)
+		recoveries = append(recoveries, rec)
+		for i, r := range rec {
+			if r > target {
+				t.Logf("round %d: instance %d resumed %v after cluster_state:ok, over the %v target (logged, not asserted)", round, i, r.Round(time.Millisecond), target)
 			}
 		}
-		rec := first.Sub(stateOK)
-		recoveries = append(recoveries, rec)
-		t.Logf("round %d: %s node %d (slot %d); cluster_state:ok %v after the fault; first decision in Redis %v after cluster_state:ok; gap without decisions %v; answers %v",
-			round, fault, owner, slot, stateOK.Sub(killed).Round(time.Millisecond), rec.Round(time.Millisecond),
-			first.Sub(lastOKBefore).Round(time.Millisecond), kinds)
 		for k, n := range kinds {
 			if k != "ok" && k != "503" {
 				t.Errorf("round %d: %d answers of kind %s: only 200 (Redis decided) and 503 (on_error closed) are expected", round, n, k)
@@ -163,7 +283,7 @@ func TestClusterFailoverRecovery(t *testing.T) {
 		cl.Nodes[owner].Restart(t)
 		eventually(t, 20*time.Second, "the restarted node to rejoin", func() bool { return cl.Healthy() == nil })
 	}
-	t.Logf("recovery after cluster_state:ok, per round: %v", recoveries)
+	t.Logf("recovery after cluster_state:ok, per round and instance: %v", recoveries)
 }
 
 // The slots of two active tenants move to another master under traffic
