@@ -314,3 +314,80 @@ func TestIdleTimeout(t *testing.T) {
 		t.Fatalf("slow call with progress: %v, %+v", err, res)
 	}
 }
+
+// A client's cancellation reaches the upstream serving the call, and only
+// that call: the upstream's handler sees its context end.
+func TestCancellationReachesTheUpstream(t *testing.T) {
+	a := startHTTPUpstream(t, "a", nil)
+	_, cs := start(t, federate.Options{Upstreams: []federate.Upstream{
+		{Name: "a", URL: a.URL(), Prefix: "a__"},
+		{Name: "c", Command: stdioCommand(t), Env: map[string]string{stdioEnv: "c"}, Prefix: "c__"},
+	}}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "a__slow", Arguments: map[string]any{"ms": 30000}})
+		done <- err
+	}()
+	waitFor(t, "the slow call to reach a", func() bool { return a.calls.get("slow") == 1 })
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a cancelled call returned a result")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the cancelled call did not return")
+	}
+	waitFor(t, "a to see the cancellation", func() bool { return a.calls.get("slow-cancelled") == 1 })
+	// The session is still good.
+	if got, _ := callText(t, cs, "a__echo", map[string]any{"text": "after"}); got != "a: after" {
+		t.Errorf("a__echo after a cancellation = %q", got)
+	}
+}
+
+// An upstream's list changes at run time: the federation lists it again
+// and its clients are told (notifications/tools/list_changed), under the
+// exposed name.
+func TestListChangedReachesTheClient(t *testing.T) {
+	a := startHTTPUpstream(t, "a", nil)
+	changed := make(chan struct{}, 10)
+	_, cs := start(t, federate.Options{Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__"}}},
+		&mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} }})
+	if got, _ := callText(t, cs, "a__echo", map[string]any{"text": "x"}); got != "a: x" { // opens a's session for this client
+		t.Fatalf("a__echo = %q", got)
+	}
+	a.mu.Lock()
+	srv := a.mcp
+	a.mu.Unlock()
+	mcp.AddTool(srv, &mcp.Tool{Name: "added"}, func(ctx context.Context, req *mcp.CallToolRequest, _ textArgs) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "new"}}}, nil, nil
+	})
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no tools/list_changed reached the client")
+	}
+	waitFor(t, "a__added to be listed", func() bool {
+		for tool, err := range cs.Tools(context.Background(), nil) {
+			if err == nil && tool.Name == "a__added" {
+				return true
+			}
+		}
+		return false
+	})
+	if got, isErr := callText(t, cs, "a__added", nil); got != "new" || isErr {
+		t.Errorf("a__added = %q (isError %v)", got, isErr)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

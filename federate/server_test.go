@@ -110,6 +110,7 @@ func newTestServer(name string, calls *counter) *mcp.Server {
 		for i := 0; time.Now().Before(end); i++ {
 			select {
 			case <-ctx.Done():
+				calls.add("slow-cancelled")
 				return nil, nil, ctx.Err()
 			case <-time.After(50 * time.Millisecond):
 			}
