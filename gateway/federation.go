@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"time"
 
@@ -19,17 +18,21 @@ import (
 )
 
 // federation is the in-process MCP server that puts the servers of
-// upstreams: behind one endpoint. The gateway forwards to it over a
-// loopback listener, exactly as it forwards to a single upstream: every
-// stage (authentication, scopes, limits, cache, metering, audit) runs
-// unchanged, on the exposed names.
+// upstreams: behind one endpoint. The gateway forwards to it over
+// in-memory pipes (no socket), exactly as it forwards to a single upstream
+// over HTTP: every stage (authentication, scopes, limits, cache, metering,
+// audit) runs unchanged, on the exposed names.
 type federation struct {
 	fed *federate.Federator
 	srv *http.Server
+	ln  *pipeListener
 	url string
-	// auth is the Authorization header the federation's listener requires:
-	// a random secret of this process, so that no other local process can
-	// reach the upstreams around the gateway.
+	// rt is the transport of every request the gateway sends the
+	// federation (the proxy's, session ends, cache warm-up).
+	rt http.RoundTripper
+	// auth is the Authorization header the federation requires: a random
+	// secret of this process (defence in depth: the pipes are reachable
+	// from this process only).
 	auth string
 	// timeout is the proxy's idle timeout towards the federation: the
 	// longest upstream or tool timeout and a margin, so that the
@@ -42,7 +45,7 @@ type federation struct {
 var federationStates = []federate.State{federate.StateUp, federate.StateOpen, federate.StateHalfOpen, federate.StateDown, federate.StateLimited}
 
 // startFederation connects to (and starts) the upstreams of cfg and serves
-// them on a loopback port.
+// them in this process.
 func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (*federation, error) {
 	opts := federate.Options{Logger: log, ToolTimeouts: map[string]time.Duration{},
 		// The gateway sweeps idle sessions itself (a DELETE ends the
@@ -72,19 +75,15 @@ func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (
 		fed.Close()
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fed.Close()
-		return nil, fmt.Errorf("gateway: upstreams: loopback listener: %w", err)
-	}
+	ln := newPipeListener()
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret) // never fails (crypto/rand)
-	fd := &federation{fed: fed, url: "http://" + ln.Addr().String() + "/mcp", timeout: longest + 5*time.Second,
+	fd := &federation{fed: fed, ln: ln, rt: ln.transport(), url: "http://federation.invalid/mcp", timeout: longest + 5*time.Second,
 		auth: "Bearer " + hex.EncodeToString(secret)}
 	fd.srv = &http.Server{Handler: fd.guard(fed.Handler()), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := fd.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("federation listener stopped", "err", err)
+			log.Error("federation server stopped", "err", err)
 		}
 	}()
 	return fd, nil
@@ -150,7 +149,7 @@ func (fd *federation) effective(cfg *policy.Config) *policy.Config {
 }
 
 // close stops the federation (its upstream sessions and stdio processes)
-// and its listener.
+// and its server.
 func (fd *federation) close() {
 	if fd == nil {
 		return
@@ -159,6 +158,9 @@ func (fd *federation) close() {
 	// streams would hold a graceful shutdown of the listener.
 	fd.fed.Close()
 	_ = fd.srv.Close()
+	if t, ok := fd.rt.(*http.Transport); ok {
+		t.CloseIdleConnections()
+	}
 }
 
 // writeUpstreamHealth adds a line per upstream of upstreams: to /readyz.
@@ -189,4 +191,13 @@ func (g *Gateway) Federation() *federate.Federator {
 		return nil
 	}
 	return g.fed.fed
+}
+
+// transport is the transport of the gateway's requests to its upstream:
+// the federation's pipes, or nil (the default) without upstreams:.
+func (fd *federation) transport() http.RoundTripper {
+	if fd == nil {
+		return nil
+	}
+	return fd.rt
 }

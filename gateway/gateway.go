@@ -170,7 +170,7 @@ func New(opts Options) (*Gateway, error) {
 		g.Close()
 		return nil, fmt.Errorf("gateway: audit.file: %w", err)
 	}
-	rt, err := newRuntime(cfg, opts.Auth)
+	rt, err := newRuntime(cfg, opts.Auth, g.fed.transport())
 	if err != nil {
 		g.Close()
 		return nil, err
@@ -186,12 +186,18 @@ func New(opts Options) (*Gateway, error) {
 	return g, nil
 }
 
-func newRuntime(cfg *policy.Config, a *auth.Authenticator) (*runtime, error) {
+// newRuntime builds what a configuration needs per request. rt, when not
+// nil, carries the requests to the upstream (the federation's pipes).
+func newRuntime(cfg *policy.Config, a *auth.Authenticator, rt http.RoundTripper) (*runtime, error) {
 	headers := make(http.Header, len(cfg.Upstream.Headers))
 	for k, v := range cfg.Upstream.Headers {
 		headers.Set(k, v)
 	}
-	proxy, err := mcp.NewProxy(mcp.ProxyOptions{Upstream: cfg.Upstream.URL, Headers: headers,
+	var client *http.Client
+	if rt != nil {
+		client = &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	}
+	proxy, err := mcp.NewProxy(mcp.ProxyOptions{Upstream: cfg.Upstream.URL, Headers: headers, Client: client,
 		Timeout: cfg.Upstream.Timeout, MaxDuration: cfg.Upstream.MaxDuration})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: upstream: %w", err)
@@ -207,7 +213,7 @@ func newRuntime(cfg *policy.Config, a *auth.Authenticator) (*runtime, error) {
 // part of cfg: set it with SetAdminToken.
 func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 	cfg = g.fed.effective(cfg)
-	rt, err := newRuntime(cfg, a)
+	rt, err := newRuntime(cfg, a, g.fed.transport())
 	if err != nil {
 		return err
 	}

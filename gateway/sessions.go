@@ -148,7 +148,7 @@ func newSessionTracker(g *Gateway, size int) *sessionTracker {
 		size = DefaultMaxTrackedSessions
 	}
 	return &sessionTracker{g: g, max: size, m: map[string]*sessionEntry{}, now: time.Now,
-		hc: &http.Client{Timeout: endTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+		hc: &http.Client{Transport: g.fed.transport(), Timeout: endTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
 
 // add records a session that was just opened (opened) or first seen here.

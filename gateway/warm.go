@@ -51,7 +51,7 @@ func (g *Gateway) warm(ctx context.Context, cfg *policy.Config) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, warmTimeout)
 	defer cancel()
-	sessions := newWarmSessions(cfg)
+	sessions := newWarmSessions(cfg, g.fed.transport())
 	defer sessions.close()
 	items := make([]cache.WarmItem, 0, len(cfg.Cache.Warm))
 	for _, w := range cfg.Cache.Warm {
@@ -102,12 +102,16 @@ func (g *Gateway) warm(ctx context.Context, cfg *policy.Config) {
 // warmSessions holds one upstream MCP session per tenant during warm-up.
 type warmSessions struct {
 	cfg *policy.Config
+	rt  http.RoundTripper // nil: http.DefaultTransport
 	mu  sync.Mutex
 	m   map[string]*sdk.ClientSession
 }
 
-func newWarmSessions(cfg *policy.Config) *warmSessions {
-	return &warmSessions{cfg: cfg, m: make(map[string]*sdk.ClientSession)}
+func newWarmSessions(cfg *policy.Config, rt http.RoundTripper) *warmSessions {
+	if rt == nil {
+		rt = http.DefaultTransport
+	}
+	return &warmSessions{cfg: cfg, rt: rt, m: make(map[string]*sdk.ClientSession)}
 }
 
 func (s *warmSessions) get(ctx context.Context, tenant string) (*sdk.ClientSession, error) {
@@ -126,7 +130,7 @@ func (s *warmSessions) get(ctx context.Context, tenant string) (*sdk.ClientSessi
 	client := sdk.NewClient(&sdk.Implementation{Name: "mcpgate-warmup", Version: "1"}, nil)
 	cs, err := client.Connect(ctx, &sdk.StreamableClientTransport{
 		Endpoint:             s.cfg.Upstream.URL,
-		HTTPClient:           &http.Client{Transport: headerTransport{base: http.DefaultTransport, header: h}},
+		HTTPClient:           &http.Client{Transport: headerTransport{base: s.rt, header: h}},
 		MaxRetries:           -1,
 		DisableStandaloneSSE: true,
 	}, &sdk.ClientSessionOptions{ProtocolVersion: warmProtocol})
