@@ -1,3 +1,4 @@
+//lint:file-ignore SA1019 sampling, elicitation, roots and logging are deprecated in MCP 2026-07-28 but still served; the federation relays them.
 package federate
 
 import (

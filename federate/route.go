@@ -1,3 +1,4 @@
+//lint:file-ignore SA1019 sampling, elicitation, roots and logging are deprecated in MCP 2026-07-28 but still served; the federation relays them.
 package federate
 
 import (
@@ -118,7 +119,7 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 
 // end reports how the call went and classifies err: nil, a JSON-RPC error
 // of the upstream (passed on as it is), or a refusal for the client.
-func (c *call) end(err error) (rpcErr error, r *refusal) {
+func (c *call) end(err error) (r *refusal, rpcErr error) {
 	defer c.idle.stop()
 	c.f.inflight.remove(c)
 	var je *jsonrpc.Error
@@ -128,18 +129,18 @@ func (c *call) end(err error) (rpcErr error, r *refusal) {
 		return nil, nil
 	case c.parent.Err() != nil:
 		c.up.report(c.probe, abandoned)
-		return c.parent.Err(), nil
+		return nil, c.parent.Err()
 	case errors.Is(context.Cause(c.ctx), errIdle):
 		c.up.report(c.probe, failed)
-		return nil, c.up.failure(fmt.Sprintf("it sent nothing for %v", c.idle.d))
+		return c.up.failure(fmt.Sprintf("it sent nothing for %v", c.idle.d)), nil
 	case errors.As(err, &je) && !transportCode(je.Code):
 		c.up.report(c.probe, answered)
-		return je, nil
+		return nil, je
 	}
 	c.up.report(c.probe, failed)
 	c.up.drop(c.cs)
 	c.f.log.Warn("federate: upstream call failed", "upstream", c.up.cfg.Name, "err", err)
-	return nil, c.up.failure(fmt.Sprintf("the call failed: %v", err))
+	return c.up.failure(fmt.Sprintf("the call failed: %v", err)), nil
 }
 
 // transportCode reports whether a JSON-RPC error code is one the SDK's
@@ -211,7 +212,7 @@ func (f *Federator) toolHandler(stateless bool) mcp.ToolHandler {
 			params.SetProgressToken(ft)
 		}
 		res, err := c.cs.CallTool(c.ctx, params)
-		rpcErr, r := c.end(err)
+		r, rpcErr := c.end(err)
 		switch {
 		case r != nil:
 			return r.result(rt.up.cfg.Name), nil
@@ -280,7 +281,7 @@ func (f *Federator) forward(ctx context.Context, up *upstream, ss *mcp.ServerSes
 	if r != nil {
 		return r.rpcError(up.cfg.Name)
 	}
-	rpcErr, r := c.end(do(c.ctx, c.cs))
+	r, rpcErr := c.end(do(c.ctx, c.cs))
 	if r != nil {
 		return r.rpcError(up.cfg.Name)
 	}

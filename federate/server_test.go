@@ -1,3 +1,4 @@
+//lint:file-ignore SA1019 the test upstream samples and logs, deprecated in MCP 2026-07-28 but still served; the federation relays them.
 package federate_test
 
 import (
