@@ -317,6 +317,11 @@ func (f *Federator) installAll() {
 // another upstream's is not exposed and is logged. Concurrent refreshes of
 // one upstream run one after the other.
 func (f *Federator) refresh(up *upstream) {
+	select {
+	case <-f.installed: // New has built the catalog (which this may then correct)
+	case <-f.ctx.Done():
+		return
+	}
 	up.refreshMu.Lock()
 	defer up.refreshMu.Unlock()
 	ctx, cancel := context.WithTimeout(f.ctx, f.opts.StartTimeout)

@@ -177,8 +177,13 @@ type Federator struct {
 	inflight  inflightTable
 	subs      subscriptions
 	ctx       context.Context // ends at Close: the supervisors' lifetime
+	// installed is closed once the catalog is built and installed: a
+	// refresh (an upstream's list_changed may come during New) waits for it.
+	installed chan struct{}
 	stop      context.CancelFunc
-	wg        sync.WaitGroup
+	wg        sync.WaitGroup // the goroutines of spawn
+	spawnMu   sync.Mutex
+	closed    bool // no more spawns
 	closeOnce sync.Once
 }
 
@@ -192,7 +197,7 @@ func New(ctx context.Context, opts Options) (*Federator, error) {
 		return nil, err
 	}
 	setDefaults(&opts)
-	f := &Federator{opts: opts, log: opts.Logger, byName: map[string]*upstream{}}
+	f := &Federator{opts: opts, log: opts.Logger, byName: map[string]*upstream{}, installed: make(chan struct{})}
 	f.ctx, f.stop = context.WithCancel(context.Background())
 	f.sessions.init()
 	f.progress.init()
@@ -215,12 +220,24 @@ func New(ctx context.Context, opts Options) (*Federator, error) {
 	f.stateful, f.stateless = f.newServer(false), f.newServer(true)
 	f.installAll()
 	f.handler = f.newHandler()
+	close(f.installed)
 	for _, up := range f.ups {
 		if up.cfg.stdio() {
-			f.wg.Go(func() { up.supervise(f.ctx) })
+			f.spawn(func() { up.supervise(f.ctx) })
 		}
 	}
 	return f, nil
+}
+
+// spawn runs fn in a goroutine that Close waits for; after Close it does
+// nothing.
+func (f *Federator) spawn(fn func()) {
+	f.spawnMu.Lock()
+	defer f.spawnMu.Unlock()
+	if f.closed {
+		return
+	}
+	f.wg.Go(fn)
 }
 
 func setDefaults(o *Options) {
@@ -310,6 +327,9 @@ func (f *Federator) sdkLogger() *slog.Logger { return f.log.With("component", "f
 // processes (stdin closed, then SIGTERM after 5s). It is idempotent.
 func (f *Federator) Close() error {
 	f.closeOnce.Do(func() {
+		f.spawnMu.Lock()
+		f.closed = true
+		f.spawnMu.Unlock()
 		f.stop()
 		for _, srv := range []*mcp.Server{f.stateful, f.stateless} {
 			if srv == nil {

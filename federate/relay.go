@@ -51,13 +51,13 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession) *mcp.Client {
 		Logger:       f.sdkLogger(),
 		Capabilities: caps,
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
-			go f.refresh(up)
+			f.spawn(func() { f.refresh(up) })
 		},
 		PromptListChangedHandler: func(context.Context, *mcp.PromptListChangedRequest) {
-			go f.refresh(up)
+			f.spawn(func() { f.refresh(up) })
 		},
 		ResourceListChangedHandler: func(context.Context, *mcp.ResourceListChangedRequest) {
-			go f.refresh(up)
+			f.spawn(func() { f.refresh(up) })
 		},
 		ResourceUpdatedHandler: func(ctx context.Context, r *mcp.ResourceUpdatedNotificationRequest) {
 			_ = f.stateful.ResourceUpdated(ctx, r.Params)
@@ -235,7 +235,7 @@ func (f *Federator) clientSetOf(ss *mcp.ServerSession) *clientSet {
 	}
 	s := &clientSet{byUp: map[*upstream]*sessionSlot{}}
 	t.m[ss] = s
-	f.wg.Go(func() {
+	f.spawn(func() {
 		_ = ss.Wait()
 		t.mu.Lock()
 		delete(t.m, ss)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -205,7 +204,7 @@ func (f *Federator) toolHandler(stateless bool) mcp.ToolHandler {
 		if r != nil {
 			return r.result(rt.up.cfg.Name), nil
 		}
-		params := &mcp.CallToolParams{Meta: maps.Clone(req.Params.Meta), Name: rt.name, Arguments: req.Params.Arguments}
+		params := &mcp.CallToolParams{Meta: forwardMeta(req.Params.Meta), Name: rt.name, Arguments: req.Params.Arguments}
 		if tok := req.Params.GetProgressToken(); tok != nil && req.Session != nil {
 			ft := f.progress.add(c, tok)
 			defer f.progress.retire(ft)
@@ -233,7 +232,7 @@ func (f *Federator) promptHandler(stateless bool) mcp.PromptHandler {
 		var res *mcp.GetPromptResult
 		err := f.forward(withForwarded(ctx, req.Extra), rt.up, req.Session, stateless, func(ctx context.Context, cs *mcp.ClientSession) (err error) {
 			p := *req.Params
-			p.Name = rt.name
+			p.Name, p.Meta = rt.name, forwardMeta(p.Meta)
 			res, err = cs.GetPrompt(ctx, &p)
 			return err
 		})
@@ -247,7 +246,9 @@ func (f *Federator) resourceHandler(stateless bool, up *upstream) mcp.ResourceHa
 	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		var res *mcp.ReadResourceResult
 		err := f.forward(withForwarded(ctx, req.Extra), up, req.Session, stateless, func(ctx context.Context, cs *mcp.ClientSession) (err error) {
-			res, err = cs.ReadResource(ctx, req.Params)
+			p := *req.Params
+			p.Meta = forwardMeta(p.Meta)
+			res, err = cs.ReadResource(ctx, &p)
 			return err
 		})
 		return res, err
@@ -293,6 +294,7 @@ func (f *Federator) forward(ctx context.Context, up *upstream, ss *mcp.ServerSes
 func (f *Federator) complete(stateless bool) func(context.Context, *mcp.CompleteRequest) (*mcp.CompleteResult, error) {
 	return func(ctx context.Context, req *mcp.CompleteRequest) (*mcp.CompleteResult, error) {
 		p := *req.Params
+		p.Meta = forwardMeta(p.Meta)
 		var up *upstream
 		if p.Ref != nil {
 			ref := *p.Ref
@@ -371,6 +373,25 @@ func (f *Federator) unsubscribe(ctx context.Context, req *mcp.UnsubscribeRequest
 	return f.forward(ctx, up, nil, true, func(ctx context.Context, cs *mcp.ClientSession) error {
 		return cs.Unsubscribe(ctx, &mcp.UnsubscribeParams{URI: req.Params.URI})
 	})
+}
+
+// forwardMeta returns the _meta of a client's request as it goes upstream:
+// without the protocol's own per-request keys (io.modelcontextprotocol/...:
+// a 2026-07-28 client's version, info and capabilities), which describe the
+// client's exchange with the federation, not the federation's session with
+// the upstream (where they would make the SDK client send the client's
+// protocol version).
+func forwardMeta(m mcp.Meta) mcp.Meta {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(mcp.Meta, len(m))
+	for k, v := range m {
+		if !strings.HasPrefix(k, "io.modelcontextprotocol/") {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // idleTimer cancels a call's context with errIdle when the upstream has

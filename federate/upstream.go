@@ -271,7 +271,7 @@ func (up *upstream) sharedSession(ctx context.Context) (*mcp.ClientSession, erro
 		return nil, err
 	}
 	// A new session may be a restarted server with other tools.
-	go up.f.refresh(up)
+	up.f.spawn(func() { up.f.refresh(up) })
 	up.mu.Lock()
 	defer up.mu.Unlock()
 	return up.shared, nil
