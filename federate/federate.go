@@ -175,6 +175,7 @@ type Federator struct {
 	sessions  sessionTable
 	progress  progressTable
 	inflight  inflightTable
+	wires     wireTable
 	subs      subscriptions
 	ctx       context.Context // ends at Close: the supervisors' lifetime
 	// installed is closed once the catalog is built and installed: a

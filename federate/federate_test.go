@@ -2,13 +2,18 @@
 package federate_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -81,8 +86,8 @@ func TestMergedListsAndRouting(t *testing.T) {
 			t.Errorf("tools/list lacks %q: %v", want, tools)
 		}
 	}
-	if len(tools) != 15 {
-		t.Errorf("%d tools, want 3 upstreams × 5: %v", len(tools), tools)
+	if len(tools) != 21 {
+		t.Errorf("%d tools, want 3 upstreams × 7: %v", len(tools), tools)
 	}
 	for tool, want := range map[string]string{"a__echo": "a: hi", "echo": "b: hi", "c__echo": "c: hi"} {
 		if got, isErr := callText(t, cs, tool, map[string]any{"text": "hi"}); got != want || isErr {
@@ -223,8 +228,10 @@ func TestStdioRestart(t *testing.T) {
 	if got, _ := callText(t, cs, "c__echo", map[string]any{"text": "1"}); got != "c: 1" {
 		t.Fatalf("c__echo = %q", got)
 	}
-	if got, isErr := callText(t, cs, "c__crash", nil); !isErr || !strings.Contains(got, `upstream "c"`) {
-		t.Fatalf("c__crash = %q (isError %v)", got, isErr)
+	// The process dies mid-call: a JSON-RPC error naming the upstream, as
+	// the gateway answers for a single upstream that breaks off.
+	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "c__crash"}); err == nil || !strings.Contains(err.Error(), `upstream "c" failed`) {
+		t.Fatalf("c__crash: err = %v, want one naming upstream c", err)
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -297,15 +304,16 @@ func TestServerToClientRelay(t *testing.T) {
 	}
 }
 
-// The idle timeout cuts a silent call with a tool error; progress starts
-// it again, so a call that reports progress outlives it.
+// The idle timeout cuts a silent call with a JSON-RPC error naming the
+// upstream; progress starts it again, so a call that reports progress
+// outlives it.
 func TestIdleTimeout(t *testing.T) {
 	a := startHTTPUpstream(t, "a", nil)
 	_, cs := start(t, federate.Options{Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__", Timeout: 5 * time.Second}},
 		ToolTimeouts: map[string]time.Duration{"a__slow": time.Second}}, nil)
-	got, isErr := callText(t, cs, "a__slow", map[string]any{"ms": 4000})
-	if !isErr || !strings.Contains(got, "sent nothing for 1s") {
-		t.Fatalf("silent slow call = %q (isError %v)", got, isErr)
+	_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "a__slow", Arguments: map[string]any{"ms": 4000}})
+	if err == nil || !strings.Contains(err.Error(), `upstream "a" timed out: it sent nothing for 1s`) {
+		t.Fatalf("silent slow call: err = %v", err)
 	}
 	// Progress every 50ms, for 2.5 times the idle timeout.
 	params := &mcp.CallToolParams{Name: "a__slow", Arguments: map[string]any{"ms": 2500}}
@@ -390,5 +398,198 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The progress an upstream sends right before its answer reaches the
+// client before the answer, through HTTP and stdio upstreams alike: the
+// SDK client queues notifications but not responses, and the federation
+// waits for its relays. Read on the wire: an SDK client would itself
+// queue what it got.
+func TestProgressBeforeTheAnswer(t *testing.T) {
+	a := startHTTPUpstream(t, "a", nil)
+	f, err := federate.New(context.Background(), federate.Options{Logger: slog.New(slog.DiscardHandler), Upstreams: []federate.Upstream{
+		{Name: "a", URL: a.URL(), Prefix: "a__"},
+		{Name: "c", Command: stdioCommand(t), Env: map[string]string{stdioEnv: "c"}, Prefix: "c__"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	ts := httptest.NewServer(f.Handler())
+	t.Cleanup(ts.Close)
+	rc := &rawClient{t: t, url: ts.URL}
+	rc.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
+	rc.post(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	for i := range 20 {
+		for _, up := range []string{"a", "c"} {
+			events := rc.post(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"%s__burst","_meta":{"progressToken":"t%d"}}}`, i+1, up, i))
+			var kinds []string
+			for _, ev := range events {
+				switch {
+				case strings.Contains(ev, `"notifications/progress"`):
+					kinds = append(kinds, "progress")
+				case strings.Contains(ev, `"result"`):
+					kinds = append(kinds, "result")
+				}
+			}
+			if strings.Join(kinds, ",") != "progress,progress,progress,result" {
+				t.Fatalf("%s__burst #%d: events in order %v, want 3 progress then the result", up, i, kinds)
+			}
+		}
+	}
+}
+
+// rawClient speaks Streamable HTTP by hand, to see the order of events.
+type rawClient struct {
+	t       *testing.T
+	url     string
+	session string
+}
+
+// post sends one message and returns the data of each event of the answer
+// (or the JSON body).
+func (c *rawClient) post(body string) []string {
+	c.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, c.url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	if c.session != "" {
+		req.Header.Set("Mcp-Session-Id", c.session)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if id := resp.Header.Get("Mcp-Session-Id"); id != "" {
+		c.session = id
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		c.t.Fatalf("%s: %d %s", body, resp.StatusCode, b)
+	}
+	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		return []string{string(b)}
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if d, ok := strings.CutPrefix(line, "data:"); ok {
+			out = append(out, strings.TrimSpace(d))
+		}
+	}
+	return out
+}
+
+// A call without arguments reaches the upstream with {} (not null, which
+// schema-checking servers refuse).
+func TestCallWithoutArguments(t *testing.T) {
+	var bodies sync.Map
+	a := startHTTPUpstream(t, "a", func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			if bytes.Contains(b, []byte(`"tools/call"`)) {
+				bodies.Store(string(b), true)
+			}
+			r.Body = io.NopCloser(bytes.NewReader(b))
+			h.ServeHTTP(w, r)
+		})
+	})
+	f, err := federate.New(context.Background(), federate.Options{Logger: slog.New(slog.DiscardHandler),
+		Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	ts := httptest.NewServer(f.Handler())
+	t.Cleanup(ts.Close)
+	// A raw request: the SDK client would add {} itself.
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a__echo"}}`
+	req, _ := http.NewRequest(http.MethodPost, ts.URL, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(out), "a: ") {
+		t.Fatalf("answer: %d %s", resp.StatusCode, out)
+	}
+	n := 0
+	bodies.Range(func(k, _ any) bool {
+		n++
+		if strings.Contains(k.(string), `"arguments":null`) || !strings.Contains(k.(string), `"arguments":{}`) {
+			t.Errorf("the upstream got %s", k)
+		}
+		return true
+	})
+	if n != 1 {
+		t.Errorf("%d tools/call bodies reached the upstream, want 1", n)
+	}
+}
+
+// An upstream refusing one request (HTTP 4xx) answered: the client gets a
+// JSON-RPC error naming it, the breaker stays closed however many such
+// answers come, and the session goes on. An upstream that lost the session
+// (404) gets a new one and the request again, unseen by the client.
+func TestRefusedRequestsAndLostSessions(t *testing.T) {
+	var refuse, lose atomic.Int64
+	a := startHTTPUpstream(t, "a", func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(b))
+			if r.Method == http.MethodPost && bytes.Contains(b, []byte(`"tools/call"`)) {
+				if refuse.Load() > 0 {
+					refuse.Add(-1)
+					http.Error(w, "no", http.StatusBadRequest)
+					return
+				}
+				if lose.Load() > 0 {
+					lose.Add(-1)
+					http.Error(w, "session not found", http.StatusNotFound)
+					return
+				}
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	f, cs := start(t, federate.Options{Failures: 2, Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__"}}}, nil)
+	if got, _ := callText(t, cs, "a__echo", map[string]any{"text": "1"}); got != "a: 1" {
+		t.Fatalf("a__echo = %q", got)
+	}
+	refuse.Store(5)
+	for range 5 {
+		_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "a__echo", Arguments: map[string]any{"text": "x"}})
+		if err == nil || !strings.Contains(err.Error(), `upstream "a" refused the request: HTTP 400`) {
+			t.Fatalf("refused call: err = %v", err)
+		}
+	}
+	if h := f.Health()[0]; h.State != federate.StateUp || h.Failures != 0 {
+		t.Fatalf("after 5 refused requests: %+v, want up", h)
+	}
+	lose.Store(1)
+	if got, isErr := callText(t, cs, "a__echo", map[string]any{"text": "2"}); got != "a: 2" || isErr {
+		t.Fatalf("a__echo after a lost session = %q (isError %v)", got, isErr)
+	}
+	if n := a.calls.get("echo"); n != 2 {
+		t.Errorf("a served %d echo calls, want 2", n)
+	}
+}
+
+// A stdio server gets the variables of Upstream.Env and what programs need
+// (PATH, HOME, ...), never the rest of mcpgate's environment (its secrets).
+func TestStdioEnvironment(t *testing.T) {
+	t.Setenv("MCPGATE_TEST_SECRET", "s3cret")
+	_, cs := start(t, federate.Options{Upstreams: []federate.Upstream{
+		{Name: "c", Command: stdioCommand(t), Env: map[string]string{stdioEnv: "c", "GIVEN": "yes"}, Prefix: "c__"},
+	}}, nil)
+	for name, want := range map[string]string{"MCPGATE_TEST_SECRET": "", "GIVEN": "yes", "PATH": os.Getenv("PATH")} {
+		if got, _ := callText(t, cs, "c__env", map[string]any{"text": name}); got != want {
+			t.Errorf("$%s in the stdio server = %q, want %q", name, got, want)
+		}
 	}
 }

@@ -22,7 +22,7 @@ var errNoClient = errors.New("federate: no client session to relay the request t
 // Its capabilities are the client's (all of them for a shared session:
 // a request the client cannot serve fails there), and what the upstream
 // asks of its client is relayed to ss (shared: to the newest caller).
-func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession) *mcp.Client {
+func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount) *mcp.Client {
 	// target is where a message of upstream session cs goes: the client
 	// session and the context of the newest call in flight on cs (so that
 	// the message travels on that call's stream, before its answer), else
@@ -70,7 +70,7 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession) *mcp.Client {
 			f.progress.relay(ctx, r.Params)
 		},
 	})
-	c.AddReceivingMiddleware(relayRequests(target))
+	c.AddReceivingMiddleware(relayRequests(target), countRelayed(w))
 	return c
 }
 
@@ -333,7 +333,7 @@ func (f *Federator) session(ctx context.Context, up *upstream, ss *mcp.ServerSes
 	if sl.cs != nil {
 		return sl.cs, false, nil
 	}
-	cs, err = f.newClient(up, ss).Connect(ctx, up.httpTransport(), &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
+	cs, err = up.connect(ctx, ss)
 	if err != nil {
 		return nil, false, err
 	}

@@ -77,93 +77,6 @@ func (f *Federator) passSetLevel(next mcp.MethodHandler) mcp.MethodHandler {
 	}
 }
 
-// call is one request on its way to an upstream: the breaker's admission,
-// the idle timeout, the session, and the outcome reported back.
-type call struct {
-	f      *Federator
-	up     *upstream
-	ss     *mcp.ServerSession
-	cs     *mcp.ClientSession
-	shared bool
-	probe  bool
-	ctx    context.Context // the client's, with the idle timeout
-	idle   *idleTimer
-	parent context.Context // the client's
-}
-
-// begin admits a call to up and opens (or finds) its session. A refused
-// call gets a non-nil *mcp.CallToolResult-ready refusal.
-func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool, timeout time.Duration) (*call, *refusal) {
-	probe, r := up.admit(time.Now())
-	if r != nil {
-		return nil, r
-	}
-	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx}
-	c.ctx, c.idle = withIdle(ctx, timeout)
-	cs, shared, err := f.session(c.ctx, up, ss, stateless)
-	if err != nil {
-		c.idle.stop()
-		if ctx.Err() != nil {
-			up.report(probe, abandoned)
-			return nil, &refusal{reason: "the client went away"}
-		}
-		up.report(probe, failed)
-		f.log.Warn("federate: cannot open an upstream session", "upstream", up.cfg.Name, "err", err)
-		return nil, up.failure(fmt.Sprintf("it cannot be reached: %v", err))
-	}
-	c.cs, c.shared = cs, shared
-	f.inflight.add(c)
-	return c, nil
-}
-
-// end reports how the call went and classifies err: nil, a JSON-RPC error
-// of the upstream (passed on as it is), or a refusal for the client.
-func (c *call) end(err error) (r *refusal, rpcErr error) {
-	defer c.idle.stop()
-	c.f.inflight.remove(c)
-	var je *jsonrpc.Error
-	switch {
-	case err == nil:
-		c.up.report(c.probe, answered)
-		return nil, nil
-	case c.parent.Err() != nil:
-		c.up.report(c.probe, abandoned)
-		return nil, c.parent.Err()
-	case errors.Is(context.Cause(c.ctx), errIdle):
-		c.up.report(c.probe, failed)
-		return c.up.failure(fmt.Sprintf("it sent nothing for %v", c.idle.d)), nil
-	case errors.As(err, &je) && !transportCode(je.Code):
-		c.up.report(c.probe, answered)
-		return nil, je
-	}
-	c.up.report(c.probe, failed)
-	c.up.drop(c.cs)
-	c.f.log.Warn("federate: upstream call failed", "upstream", c.up.cfg.Name, "err", err)
-	return c.up.failure(fmt.Sprintf("the call failed: %v", err)), nil
-}
-
-// transportCode reports whether a JSON-RPC error code is one the SDK's
-// own transport makes (the request never reached the upstream, or the
-// connection is closing) rather than an answer of the upstream.
-func transportCode(code int64) bool {
-	switch code {
-	case -32005, -32004, -32003: // rejected by transport, server closing, client closing
-		return true
-	}
-	return false
-}
-
-// failure is the refusal a failed call gets: a 429 seen on the way names
-// its retry time.
-func (up *upstream) failure(reason string) *refusal {
-	up.mu.Lock()
-	defer up.mu.Unlock()
-	if time.Now().Before(up.limited) {
-		return &refusal{reason: "it answered 429 Too Many Requests", retry: up.limited}
-	}
-	return &refusal{reason: reason}
-}
-
 // result renders a refusal as the tool error a client and a model can act
 // on: its text names the upstream and the retry time; structuredContent
 // carries the same.
@@ -200,25 +113,36 @@ func (f *Federator) toolHandler(stateless bool) mcp.ToolHandler {
 		if d, ok := f.opts.ToolTimeouts[name]; ok && d > 0 {
 			timeout = d
 		}
-		c, r := f.begin(withForwarded(ctx, req.Extra), rt.up, req.Session, stateless, timeout)
-		if r != nil {
-			return r.result(rt.up.cfg.Name), nil
+		ctx = withForwarded(ctx, req.Extra)
+		for attempt := 0; ; attempt++ {
+			c, r := f.begin(ctx, rt.up, req.Session, stateless, timeout)
+			if r != nil {
+				return r.result(rt.up.cfg.Name), nil
+			}
+			params := &mcp.CallToolParams{Meta: forwardMeta(req.Params.Meta), Name: rt.name}
+			if len(req.Params.Arguments) > 0 {
+				params.Arguments = req.Params.Arguments // else {} (a nil RawMessage would be sent as null)
+			}
+			var ft string
+			if tok := req.Params.GetProgressToken(); tok != nil && req.Session != nil {
+				ft = f.progress.add(c, tok)
+				params.SetProgressToken(ft)
+			}
+			res, err := c.cs.CallTool(c.ctx, params)
+			v := c.end(err)
+			if ft != "" {
+				f.progress.retire(ft)
+			}
+			switch {
+			case v.retry && attempt == 0:
+				continue
+			case v.refusal != nil:
+				return v.refusal.result(rt.up.cfg.Name), nil
+			case v.err != nil:
+				return nil, v.err
+			}
+			return res, nil
 		}
-		params := &mcp.CallToolParams{Meta: forwardMeta(req.Params.Meta), Name: rt.name, Arguments: req.Params.Arguments}
-		if tok := req.Params.GetProgressToken(); tok != nil && req.Session != nil {
-			ft := f.progress.add(c, tok)
-			defer f.progress.retire(ft)
-			params.SetProgressToken(ft)
-		}
-		res, err := c.cs.CallTool(c.ctx, params)
-		r, rpcErr := c.end(err)
-		switch {
-		case r != nil:
-			return r.result(rt.up.cfg.Name), nil
-		case rpcErr != nil:
-			return nil, rpcErr
-		}
-		return res, nil
 	}
 }
 
@@ -278,15 +202,20 @@ func (f *Federator) resourceOwner(uri string) *upstream {
 // forward runs one request other than tools/call on up, under its
 // breaker and idle timeout; a refusal becomes a JSON-RPC error.
 func (f *Federator) forward(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool, do func(context.Context, *mcp.ClientSession) error) error {
-	c, r := f.begin(ctx, up, ss, stateless, up.cfg.Timeout)
-	if r != nil {
-		return r.rpcError(up.cfg.Name)
+	for attempt := 0; ; attempt++ {
+		c, r := f.begin(ctx, up, ss, stateless, up.cfg.Timeout)
+		if r != nil {
+			return r.rpcError(up.cfg.Name)
+		}
+		v := c.end(do(c.ctx, c.cs))
+		switch {
+		case v.retry && attempt == 0:
+			continue
+		case v.refusal != nil:
+			return v.refusal.rpcError(up.cfg.Name)
+		}
+		return v.err
 	}
-	r, rpcErr := c.end(do(c.ctx, c.cs))
-	if r != nil {
-		return r.rpcError(up.cfg.Name)
-	}
-	return rpcErr
 }
 
 // complete routes a completion/complete: by prompt name, or by resource

@@ -75,8 +75,9 @@ type textArgs struct {
 
 // newTestServer is an upstream whose answers name it: tools echo, sample
 // (asks its client for a completion), notify (logs and reports progress),
-// slow (sleeps ms, reporting progress every 50ms when asked), crash (exits:
-// for stdio); a prompt greet; a resource test://<name>/info and a template
+// slow (sleeps ms, reporting progress every 50ms when asked), burst (three
+// progress notifications right before its answer), env (the value of the
+// environment variable text), crash (exits: for stdio); a prompt greet; a resource test://<name>/info and a template
 // test://<name>/items/{id}.
 func newTestServer(name string, calls *counter) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: name, Version: "1"}, nil)
@@ -120,6 +121,20 @@ func newTestServer(name string, calls *counter) *mcp.Server {
 			}
 		}
 		return text("slept"), nil, nil
+	})
+	mcp.AddTool(s, &mcp.Tool{Name: "burst"}, func(ctx context.Context, req *mcp.CallToolRequest, a textArgs) (*mcp.CallToolResult, any, error) {
+		calls.add("burst")
+		// Three progress notifications and the answer at once: the
+		// notifications must still reach the client first.
+		if tok := req.Params.GetProgressToken(); tok != nil {
+			for i := 1; i <= 3; i++ {
+				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: float64(i), Total: 3})
+			}
+		}
+		return text("burst"), nil, nil
+	})
+	mcp.AddTool(s, &mcp.Tool{Name: "env"}, func(ctx context.Context, req *mcp.CallToolRequest, a textArgs) (*mcp.CallToolResult, any, error) {
+		return text(os.Getenv(a.Text)), nil, nil
 	})
 	mcp.AddTool(s, &mcp.Tool{Name: "crash"}, func(ctx context.Context, req *mcp.CallToolRequest, a textArgs) (*mcp.CallToolResult, any, error) {
 		os.Exit(3)

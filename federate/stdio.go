@@ -3,12 +3,14 @@ package federate
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -20,10 +22,31 @@ const stderrTail = 10
 
 // process is one run of a stdio upstream's command.
 type process struct {
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	tail []string // last stderr lines
-	done chan struct{}
+	cmd      *exec.Cmd
+	mu       sync.Mutex
+	tail     []string      // last stderr lines
+	done     chan struct{} // closed when stderr ends
+	waitOnce sync.Once
+	waited   chan struct{} // closed when the process has exited (and was waited for)
+}
+
+// exited returns a channel closed once the process has exited; the first
+// call starts the one cmd.Wait.
+func (p *process) exited() <-chan struct{} {
+	p.waitOnce.Do(func() {
+		p.waited = make(chan struct{})
+		go func() {
+			// Wait closes the stderr pipe: let its last lines be read first
+			// (bounded: a child of the server may hold it open).
+			select {
+			case <-p.done:
+			case <-time.After(time.Second):
+			}
+			_ = p.cmd.Wait()
+			close(p.waited)
+		}()
+	})
+	return p.waited
 }
 
 func (p *process) tailText() string {
@@ -32,46 +55,101 @@ func (p *process) tailText() string {
 	return strings.Join(p.tail, "\n")
 }
 
-// startProcess starts the command and initializes its session. The SDK's
-// command transport owns the process: closing the session closes its
-// stdin, waits 5s, then sends SIGTERM (and SIGKILL).
+// startProcess starts the command and initializes its session. Closing
+// the session closes the process's stdin, waits up to 5s for it to exit,
+// then sends SIGTERM, then SIGKILL (see stdioPipe.Close).
 func (up *upstream) startProcess(ctx context.Context) (*mcp.ClientSession, error) {
 	argv := up.cfg.Command
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = os.Environ()
-	for k, v := range up.cfg.Env {
-		cmd.Env = append(cmd.Env, k+"="+v)
+	cmd.Env = processEnv(up.cfg.Env)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
 	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err
 	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	cs, err := up.f.newClient(up, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
-	if cmd.Process != nil {
-		go up.logStderr(p, stderr)
-	} else {
-		_ = stderr.Close()
-		close(p.done)
+	if err := cmd.Start(); err != nil {
+		return nil, err
 	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	go up.logStderr(p, stderr)
+	w := new(wireCount)
+	t := &mcp.IOTransport{
+		Reader: io.NopCloser(&counted{r: stdout, w: w}), // the connection closes by closing stdin
+		Writer: &stdioPipe{cmd: cmd, stdin: stdin, exited: p.exited},
+	}
+	cs, err := up.f.newClient(up, nil, w).Connect(ctx, t, &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
 	if err != nil {
-		if cmd.Process != nil {
-			_ = cmd.Process.Kill()
-			select { // let the last stderr lines arrive
-			case <-p.done:
-			case <-time.After(time.Second):
-			}
+		_ = cmd.Process.Kill()
+		select { // let the last stderr lines arrive
+		case <-p.done:
+		case <-time.After(time.Second):
 		}
 		if t := p.tailText(); t != "" {
 			return nil, fmt.Errorf("%v; stderr:\n%s", err, t)
 		}
 		return nil, err
 	}
+	up.f.track(cs, w)
 	up.mu.Lock()
 	up.proc = p
 	up.mu.Unlock()
 	return cs, nil
 }
+
+// baseEnv are the variables of mcpgate's own environment a stdio server
+// gets (besides Upstream.Env): what programs need to run, none of
+// mcpgate's secrets (its JWT secret, its store and upstream credentials).
+var baseEnv = []string{"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TEMP", "TMP", "SYSTEMROOT"}
+
+// processEnv is the environment of a stdio server: baseEnv from mcpgate's,
+// then env.
+func processEnv(env map[string]string) []string {
+	out := make([]string, 0, len(baseEnv)+len(env))
+	for _, k := range baseEnv {
+		if v, ok := os.LookupEnv(k); ok {
+			out = append(out, k+"="+v)
+		}
+	}
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+// stdioPipe is the writing end of a stdio server's session: closing it
+// ends the process as MCP asks (stdin closed, then SIGTERM, then SIGKILL).
+type stdioPipe struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	exited func() <-chan struct{}
+}
+
+func (s *stdioPipe) Write(p []byte) (int, error) { return s.stdin.Write(p) }
+
+func (s *stdioPipe) Close() error {
+	_ = s.stdin.Close()
+	for _, sig := range []os.Signal{nil, syscall.SIGTERM, os.Kill} {
+		if sig != nil {
+			_ = s.cmd.Process.Signal(sig)
+		}
+		select {
+		case <-s.exited():
+			return nil
+		case <-time.After(stopWait):
+		}
+	}
+	return errors.New("federate: the stdio server does not exit")
+}
+
+// stopWait is how long Close waits after closing stdin, then after SIGTERM.
+const stopWait = 5 * time.Second
 
 // logStderr logs the process's stderr line by line and keeps the last
 // lines for errors.

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -16,7 +18,6 @@ import (
 type upstream struct {
 	f   *Federator
 	cfg Upstream
-	hc  *http.Client // HTTP upstreams: headers set, 429 seen
 
 	mu       sync.Mutex
 	shared   *mcp.ClientSession // nil while not connected (HTTP: reconnected on use; stdio: by supervise)
@@ -34,22 +35,16 @@ type upstream struct {
 }
 
 func newUpstream(f *Federator, cfg Upstream) *upstream {
-	up := &upstream{f: f, cfg: cfg, state: StateUp}
-	if !cfg.stdio() {
-		base := f.opts.HTTPClient
-		up.hc = &http.Client{
-			Transport:     &headerTransport{base: base.Transport, up: up},
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-			Jar:           base.Jar,
-		}
-	}
-	return up
+	return &upstream{f: f, cfg: cfg, state: StateUp}
 }
 
-// headerTransport sets an HTTP upstream's headers and notes its 429s.
+// headerTransport sets an HTTP upstream's headers (its own, and those
+// forwarded from the client's request), notes its 429s, records the status
+// of a call's POST, and counts the notifications of its event streams.
 type headerTransport struct {
 	base http.RoundTripper
 	up   *upstream
+	wire *wireCount
 }
 
 func (t *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -68,10 +63,19 @@ func (t *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		base = http.DefaultTransport
 	}
 	resp, err := base.RoundTrip(r)
-	if err == nil && resp.StatusCode == http.StatusTooManyRequests {
+	if err != nil {
+		return resp, err
+	}
+	if resp.StatusCode == http.StatusTooManyRequests {
 		t.up.rateLimited(retryAfter(resp.Header.Get("Retry-After"), time.Now()))
 	}
-	return resp, err
+	if st, ok := r.Context().Value(statusKey{}).(*atomic.Int32); ok && r.Method == http.MethodPost {
+		st.Store(int32(resp.StatusCode))
+	}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		resp.Body = &countedBody{counted: counted{r: resp.Body, w: t.wire}, Closer: resp.Body}
+	}
+	return resp, nil
 }
 
 // ForwardHeaders are the headers of a client's request that the
@@ -226,9 +230,28 @@ func (up *upstream) health() Health {
 	return h
 }
 
-// transport returns a new transport to the upstream (HTTP only).
-func (up *upstream) httpTransport() mcp.Transport {
-	return &mcp.StreamableClientTransport{Endpoint: up.cfg.URL, HTTPClient: up.hc, MaxRetries: 2}
+// httpTransport returns a new transport to the upstream (HTTP only),
+// counting into w.
+func (up *upstream) httpTransport(w *wireCount) mcp.Transport {
+	base := up.f.opts.HTTPClient
+	hc := &http.Client{
+		Transport:     &headerTransport{base: base.Transport, up: up, wire: w},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Jar:           base.Jar,
+	}
+	return &mcp.StreamableClientTransport{Endpoint: up.cfg.URL, HTTPClient: hc, MaxRetries: 2}
+}
+
+// connect opens a session to the upstream (HTTP only) for ss (nil: the
+// shared session).
+func (up *upstream) connect(ctx context.Context, ss *mcp.ServerSession) (*mcp.ClientSession, error) {
+	w := new(wireCount)
+	cs, err := up.f.newClient(up, ss, w).Connect(ctx, up.httpTransport(w), &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
+	if err != nil {
+		return nil, err
+	}
+	up.f.track(cs, w)
+	return cs, nil
 }
 
 // connectShared opens the upstream's shared session (for a stdio upstream:
@@ -239,7 +262,7 @@ func (up *upstream) connectShared(ctx context.Context) error {
 	if up.cfg.stdio() {
 		cs, err = up.startProcess(ctx)
 	} else {
-		cs, err = up.f.newClient(up, nil).Connect(ctx, up.httpTransport(), &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
+		cs, err = up.connect(ctx, nil)
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrStart, describe(up.cfg), err)

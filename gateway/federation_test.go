@@ -372,8 +372,9 @@ func TestFederationUpstreamBreaker(t *testing.T) {
 	}
 }
 
-// The stdio process crashes: the call that crashed it gets a tool error
-// naming the upstream, the process is restarted (readyz counts the
+// The stdio process crashes: the call that crashed it gets a JSON-RPC
+// error naming the upstream (it broke off mid-call, as a single upstream's
+// failure is answered), the process is restarted (readyz counts the
 // restart), and calls resume on the new process; the HTTP upstreams never
 // notice.
 func TestFederationStdioRestart(t *testing.T) {
@@ -381,9 +382,8 @@ func TestFederationStdioRestart(t *testing.T) {
 	e := newFedEnv(t, fedSetup{})
 	cs := fedConnect(t, e.mcpURL(0), token(t, "acme", "alice"), "2025-11-25", nil)
 	wantCall(t, cs, "c__echo", map[string]any{"text": "1"}, "c: 1")
-	got, isErr := fedCall(t, cs, "c__crash", nil)
-	if !isErr || !strings.Contains(got, `upstream "c"`) {
-		t.Fatalf("c__crash = %q (isError %v), want a tool error naming c", got, isErr)
+	if _, err := cs.CallTool(context.Background(), &sdk.CallToolParams{Name: "c__crash"}); err == nil || !strings.Contains(err.Error(), `upstream "c" failed`) {
+		t.Fatalf("c__crash: err = %v, want a JSON-RPC error naming c", err)
 	}
 	testenv.Eventually(t, 30*time.Second, "the stdio process to be restarted", func() bool {
 		return strings.Contains(readyz(t, e.base[0]), fmt.Sprintf("upstream c (stdio): up, %d tools, 1 restarts", len(fedToolsC)))

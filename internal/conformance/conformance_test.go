@@ -13,7 +13,6 @@ import (
 
 	"github.com/mcpgate/mcpgate/internal/testenv"
 
-	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/cli"
 )
 
@@ -32,10 +31,7 @@ func TestConformanceThroughGateway(t *testing.T) {
 	s := requireSuite(t)
 	upstream, upstreamLog := startReference(t, s)
 	gateway, gatewayLog := startGateway(t, upstream)
-	token, err := auth.SignHS256([]byte(secret), map[string]any{"tenant_id": "conformance", "sub": "suite", "scope": "tools:* resources:* prompts:*", "exp": time.Now().Add(time.Hour).Unix()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	token := suiteToken(t)
 
 	// The token is what lets the suite through: without it the gateway
 	// refuses even the handshake.
@@ -154,11 +150,17 @@ var listening = regexp.MustCompile(`msg="mcpgate listening" addr=(\S+)`)
 // until the suite's own 60s request timeout.
 func startGateway(t *testing.T, upstream string) (url string, log *testenv.SyncBuffer) {
 	t.Helper()
+	return startGatewayWith(t, fmt.Sprintf("upstream: {url: %q, timeout: 5s}\n", upstream))
+}
+
+// startGatewayWith is startGateway with upstreamYAML (the upstream section,
+// or upstream and upstreams: YAML lines) in its config.
+func startGatewayWith(t *testing.T, upstreamYAML string) (url string, log *testenv.SyncBuffer) {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "mcpgate.yaml")
 	config := fmt.Sprintf(`listen: 127.0.0.1:0
-upstream: {url: %q, timeout: 5s}
-auth:
+%sauth:
   jwt: {hs256_secret_env: MCPGATE_CONFORMANCE_SECRET}
 usage: {store: %q, flush_interval: 1s}
 default_tier: free
@@ -169,7 +171,7 @@ tiers:
       # the suite opens a session per scenario, all as one tenant and subject
       - {name: all_methods, per: tenant, methods: ["*"], algorithm: fixed_window, limit: 1000000, period: 1m}
 sessions: {max_per_tenant: 10000, max_per_subject: 10000}
-`, upstream, "sqlite:"+filepath.Join(dir, "usage.db"))
+`, upstreamYAML, "sqlite:"+filepath.Join(dir, "usage.db"))
 	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,150 @@
+package federate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// call is one request on its way to an upstream: the breaker's admission,
+// the idle timeout, the session, and the outcome reported back.
+type call struct {
+	f      *Federator
+	up     *upstream
+	ss     *mcp.ServerSession
+	cs     *mcp.ClientSession
+	shared bool
+	probe  bool
+	ctx    context.Context // the client's, with the idle timeout and the HTTP status recorder
+	idle   *idleTimer
+	parent context.Context // the client's
+	status *atomic.Int32   // the HTTP status of the call's POST (HTTP upstreams)
+}
+
+// begin admits a call to up and opens (or finds) its session. A call that
+// is not sent gets a refusal.
+func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool, timeout time.Duration) (*call, *refusal) {
+	probe, r := up.admit(time.Now())
+	if r != nil {
+		return nil, r
+	}
+	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx, status: new(atomic.Int32)}
+	c.ctx, c.idle = withIdle(context.WithValue(ctx, statusKey{}, c.status), timeout)
+	cs, shared, err := f.session(c.ctx, up, ss, stateless)
+	if err != nil {
+		c.idle.stop()
+		if ctx.Err() != nil {
+			up.report(probe, abandoned)
+			return nil, &refusal{reason: "the client went away"}
+		}
+		up.report(probe, failed)
+		f.log.Warn("federate: cannot open an upstream session", "upstream", up.cfg.Name, "err", err)
+		return nil, up.failure(fmt.Sprintf("it cannot be reached: %v", err))
+	}
+	c.cs, c.shared = cs, shared
+	f.inflight.add(c)
+	return c, nil
+}
+
+// verdict is how a call ended, for the client: nothing (a result), err (a
+// JSON-RPC error: the upstream's own, or one saying what went wrong after
+// the request was sent), or a refusal (it was not served: a tool error
+// with the retry time); retry means the upstream had lost the session, a
+// new one is open, and the request may be sent again.
+type verdict struct {
+	err     error
+	refusal *refusal
+	retry   bool
+}
+
+// end reports how the call went to the breaker and tells the client's
+// answer. It first lets the notifications the upstream sent before its
+// answer reach the client (see wireCount).
+func (c *call) end(err error) verdict {
+	c.f.wires.drain(c.cs)
+	defer c.idle.stop()
+	c.f.inflight.remove(c)
+	status := int(c.status.Load())
+	var je *jsonrpc.Error
+	switch {
+	case err == nil:
+		c.up.report(c.probe, answered)
+		return verdict{}
+	case c.parent.Err() != nil:
+		c.up.report(c.probe, abandoned)
+		return verdict{err: c.parent.Err()}
+	case errors.Is(context.Cause(c.ctx), errIdle):
+		c.up.report(c.probe, failed)
+		return verdict{err: c.up.rpcErr(fmt.Sprintf("timed out: it sent nothing for %v", c.idle.d))}
+	case errors.As(err, &je) && !transportCode(je.Code):
+		c.up.report(c.probe, answered)
+		return verdict{err: je}
+	case status == http.StatusNotFound || (errors.As(err, &je) && je.Code == -32003 && status == 0):
+		// The upstream lost the session (it restarted, or expired it), or
+		// the SDK client had closed it (after an earlier non-2xx answer):
+		// the request was not sent. A new session, and the request again;
+		// not a failure of the upstream.
+		c.up.report(c.probe, abandoned)
+		c.up.drop(c.cs)
+		return verdict{retry: true, err: c.up.rpcErr("lost the session")}
+	case status == http.StatusTooManyRequests:
+		c.up.report(c.probe, answered)
+		c.up.drop(c.cs) // the SDK client ended it
+		return verdict{refusal: c.up.failure("it answered 429")}
+	case status >= 400 && status < 500:
+		// It answered: this request is refused, the upstream works (one
+		// client's bad request must not open the breaker for all). The SDK
+		// client ends a session on such an answer: the next call opens
+		// another.
+		c.up.report(c.probe, answered)
+		c.up.drop(c.cs)
+		return verdict{err: c.up.rpcErr(fmt.Sprintf("refused the request: HTTP %d", status))}
+	case errors.As(err, &je) && je.Code == -32005 && status == 0:
+		// Rejected by the transport before anything was sent (no
+		// connection): not served, so a refusal, as when the breaker is open.
+		c.up.report(c.probe, failed)
+		c.up.drop(c.cs)
+		return verdict{refusal: c.up.failure(fmt.Sprintf("it cannot be reached: %v", err))}
+	}
+	c.up.report(c.probe, failed)
+	c.up.drop(c.cs)
+	c.f.log.Warn("federate: upstream call failed", "upstream", c.up.cfg.Name, "status", status, "err", err)
+	return verdict{err: c.up.rpcErr(fmt.Sprintf("failed: %v", err))}
+}
+
+// rpcErr is the JSON-RPC error of a call that went wrong after it was
+// sent, as the gateway answers for its single upstream (-32603).
+func (up *upstream) rpcErr(what string) error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("upstream %q %s", up.cfg.Name, what)}
+}
+
+// transportCode reports whether a JSON-RPC error code is one the SDK's
+// own transport makes (the request never reached the upstream, or the
+// connection is closing) rather than an answer of the upstream.
+func transportCode(code int64) bool {
+	switch code {
+	case -32005, -32004, -32003: // rejected by transport, server closing, client closing
+		return true
+	}
+	return false
+}
+
+// failure is the refusal a call that was not served gets: a 429 seen on
+// the way names its retry time.
+func (up *upstream) failure(reason string) *refusal {
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if time.Now().Before(up.limited) {
+		return &refusal{reason: "it answered 429 Too Many Requests", retry: up.limited}
+	}
+	return &refusal{reason: reason}
+}
+
+// statusKey is the context key of a call's HTTP status recorder.
+type statusKey struct{}
