@@ -88,7 +88,10 @@ type Upstream struct {
 	// restarted with backoff (100ms doubling to DefaultMaxRestartGap); its
 	// stderr goes to the log, line by line.
 	Command []string
-	// Env is added to the process's environment (Command only).
+	// Env is the process's environment (Command only), with the few
+	// variables of mcpgate's own that programs need (PATH, HOME, locale,
+	// TZ, temp dirs; see baseEnv): nothing else of mcpgate's environment,
+	// which holds its secrets, reaches the server.
 	Env map[string]string
 	// Timeout is the idle timeout of one call: it fails when the upstream
 	// sends nothing for this long; a progress notification starts it again.
