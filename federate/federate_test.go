@@ -86,8 +86,8 @@ func TestMergedListsAndRouting(t *testing.T) {
 			t.Errorf("tools/list lacks %q: %v", want, tools)
 		}
 	}
-	if len(tools) != 21 {
-		t.Errorf("%d tools, want 3 upstreams × 7: %v", len(tools), tools)
+	if len(tools) != 24 {
+		t.Errorf("%d tools, want 3 upstreams × 8: %v", len(tools), tools)
 	}
 	for tool, want := range map[string]string{"a__echo": "a: hi", "echo": "b: hi", "c__echo": "c: hi"} {
 		if got, isErr := callText(t, cs, tool, map[string]any{"text": "hi"}); got != want || isErr {
@@ -300,6 +300,35 @@ func TestServerToClientRelay(t *testing.T) {
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("no progress from %s", up)
+		}
+	}
+}
+
+// An upstream asking for the client's roots gets the client's own, over
+// HTTP (the client's own upstream session) and stdio (the shared session,
+// relayed to the client of the call in flight).
+func TestRootsRelay(t *testing.T) {
+	a := startHTTPUpstream(t, "a", nil)
+	c := mcp.NewClient(&mcp.Implementation{Name: "roots-client", Version: "1"}, nil)
+	c.AddRoots(&mcp.Root{URI: "file:///work", Name: "work"})
+	f, err := federate.New(context.Background(), federate.Options{Logger: slog.New(slog.DiscardHandler), Upstreams: []federate.Upstream{
+		{Name: "a", URL: a.URL(), Prefix: "a__"},
+		{Name: "c", Command: stdioCommand(t), Env: map[string]string{stdioEnv: "c"}, Prefix: "c__"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	ts := httptest.NewServer(f.Handler())
+	t.Cleanup(ts.Close)
+	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: ts.URL}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	for _, up := range []string{"a", "c"} {
+		if got, isErr := callText(t, cs, up+"__roots", nil); got != up+" roots: file:///work" || isErr {
+			t.Errorf("%s__roots = %q (isError %v)", up, got, isErr)
 		}
 	}
 }
