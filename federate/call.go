@@ -32,6 +32,7 @@ type call struct {
 func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool, timeout time.Duration) (*call, *refusal) {
 	probe, r := up.admit(time.Now())
 	if r != nil {
+		f.outcome(up, OutcomeRefused)
 		return nil, r
 	}
 	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx, status: new(atomic.Int32)}
@@ -41,9 +42,11 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 		c.idle.stop()
 		if ctx.Err() != nil {
 			up.report(probe, abandoned)
+			f.outcome(up, OutcomeCancelled)
 			return nil, &refusal{reason: "the client went away"}
 		}
 		up.report(probe, failed)
+		f.outcome(up, OutcomeRefused)
 		f.log.Warn("federate: cannot open an upstream session", "upstream", up.cfg.Name, "err", err)
 		return nil, up.failure(fmt.Sprintf("it cannot be reached: %v", err))
 	}
@@ -61,12 +64,20 @@ type verdict struct {
 	err     error
 	refusal *refusal
 	retry   bool
+	outcome Outcome // for Options.OnCall
 }
 
-// end reports how the call went to the breaker and tells the client's
-// answer. It first lets the notifications the upstream sent before its
-// answer reach the client (see wireCount).
+// end reports how the call went to the breaker and to Options.OnCall, and
+// tells the client's answer. It first lets the notifications the upstream
+// sent before its answer reach the client (see wireCount).
 func (c *call) end(err error) verdict {
+	v := c.verdict(err)
+	c.f.outcome(c.up, v.outcome)
+	return v
+}
+
+// verdict classifies how the call ended; see end.
+func (c *call) verdict(err error) verdict {
 	c.f.wires.drain(c.cs)
 	defer c.idle.stop()
 	c.f.inflight.remove(c)
@@ -75,16 +86,16 @@ func (c *call) end(err error) verdict {
 	switch {
 	case err == nil:
 		c.up.report(c.probe, answered)
-		return verdict{}
+		return verdict{outcome: OutcomeOK}
 	case c.parent.Err() != nil:
 		c.up.report(c.probe, abandoned)
-		return verdict{err: c.parent.Err()}
+		return verdict{err: c.parent.Err(), outcome: OutcomeCancelled}
 	case errors.Is(context.Cause(c.ctx), errIdle):
 		c.up.report(c.probe, failed)
-		return verdict{err: c.up.rpcErr(fmt.Sprintf("timed out: it sent nothing for %v", c.idle.d))}
+		return verdict{err: c.up.rpcErr(fmt.Sprintf("timed out: it sent nothing for %v", c.idle.d)), outcome: OutcomeFailed}
 	case errors.As(err, &je) && !transportCode(je.Code):
 		c.up.report(c.probe, answered)
-		return verdict{err: je}
+		return verdict{err: je, outcome: OutcomeError}
 	case status == http.StatusNotFound || (errors.As(err, &je) && je.Code == -32003 && status == 0):
 		// The upstream lost the session (it restarted, or expired it), or
 		// the SDK client had closed it (after an earlier non-2xx answer):
@@ -92,11 +103,11 @@ func (c *call) end(err error) verdict {
 		// not a failure of the upstream.
 		c.up.report(c.probe, abandoned)
 		c.up.drop(c.cs)
-		return verdict{retry: true, err: c.up.rpcErr("lost the session")}
+		return verdict{retry: true, err: c.up.rpcErr("lost the session"), outcome: OutcomeRetried}
 	case status == http.StatusTooManyRequests:
 		c.up.report(c.probe, answered)
 		c.up.drop(c.cs) // the SDK client ended it
-		return verdict{refusal: c.up.failure("it answered 429")}
+		return verdict{refusal: c.up.failure("it answered 429"), outcome: OutcomeRefused}
 	case status >= 400 && status < 500:
 		// It answered: this request is refused, the upstream works (one
 		// client's bad request must not open the breaker for all). The SDK
@@ -104,18 +115,18 @@ func (c *call) end(err error) verdict {
 		// another.
 		c.up.report(c.probe, answered)
 		c.up.drop(c.cs)
-		return verdict{err: c.up.rpcErr(fmt.Sprintf("refused the request: HTTP %d", status))}
+		return verdict{err: c.up.rpcErr(fmt.Sprintf("refused the request: HTTP %d", status)), outcome: OutcomeError}
 	case errors.As(err, &je) && je.Code == -32005 && status == 0:
 		// Rejected by the transport before anything was sent (no
 		// connection): not served, so a refusal, as when the breaker is open.
 		c.up.report(c.probe, failed)
 		c.up.drop(c.cs)
-		return verdict{refusal: c.up.failure(fmt.Sprintf("it cannot be reached: %v", err))}
+		return verdict{refusal: c.up.failure(fmt.Sprintf("it cannot be reached: %v", err)), outcome: OutcomeRefused}
 	}
 	c.up.report(c.probe, failed)
 	c.up.drop(c.cs)
 	c.f.log.Warn("federate: upstream call failed", "upstream", c.up.cfg.Name, "status", status, "err", err)
-	return verdict{err: c.up.rpcErr(fmt.Sprintf("failed: %v", err))}
+	return verdict{err: c.up.rpcErr(fmt.Sprintf("failed: %v", err)), outcome: OutcomeFailed}
 }
 
 // rpcErr is the JSON-RPC error of a call that went wrong after it was
@@ -148,3 +159,10 @@ func (up *upstream) failure(reason string) *refusal {
 
 // statusKey is the context key of a call's HTTP status recorder.
 type statusKey struct{}
+
+// outcome tells Options.OnCall.
+func (f *Federator) outcome(up *upstream, o Outcome) {
+	if f.opts.OnCall != nil {
+		f.opts.OnCall(up.cfg.Name, o)
+	}
+}

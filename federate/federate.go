@@ -131,6 +131,9 @@ type Options struct {
 	// SessionTimeout ends a client session idle this long (with its
 	// upstream sessions). Zero means DefaultSessionTimeout.
 	SessionTimeout time.Duration
+	// OnCall, when set, is told how each request sent (or refused) to an
+	// upstream ended: one of the Outcome values. It must not block.
+	OnCall func(upstream string, outcome Outcome)
 	// OnState, when set, is called when an upstream's health state
 	// changes (for metrics); it must not block.
 	OnState func(upstream string, state State)
@@ -351,6 +354,19 @@ func (f *Federator) Close() error {
 	})
 	return nil
 }
+
+// Outcome is how a request to an upstream ended, for metrics.
+type Outcome string
+
+// The outcomes of Options.OnCall.
+const (
+	OutcomeOK        Outcome = "ok"        // a result (a tool error included)
+	OutcomeError     Outcome = "error"     // a JSON-RPC error or a refusal (HTTP 4xx) of the upstream
+	OutcomeRefused   Outcome = "refused"   // not sent: breaker open, 429 back-off, process down, no connection
+	OutcomeFailed    Outcome = "failed"    // sent, then a timeout or a broken connection
+	OutcomeCancelled Outcome = "cancelled" // the client cancelled or went away
+	OutcomeRetried   Outcome = "retried"   // the upstream had lost the session: sent again on a new one
+)
 
 // State is an upstream's health.
 type State string

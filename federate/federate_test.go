@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -586,7 +587,14 @@ func TestRefusedRequestsAndLostSessions(t *testing.T) {
 			h.ServeHTTP(w, r)
 		})
 	})
-	f, cs := start(t, federate.Options{Failures: 2, Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__"}}}, nil)
+	var mu sync.Mutex
+	outcomes := map[federate.Outcome]int{}
+	f, cs := start(t, federate.Options{Failures: 2, Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__"}},
+		OnCall: func(up string, o federate.Outcome) {
+			mu.Lock()
+			outcomes[o]++
+			mu.Unlock()
+		}}, nil)
 	if got, _ := callText(t, cs, "a__echo", map[string]any{"text": "1"}); got != "a: 1" {
 		t.Fatalf("a__echo = %q", got)
 	}
@@ -606,6 +614,12 @@ func TestRefusedRequestsAndLostSessions(t *testing.T) {
 	}
 	if n := a.calls.get("echo"); n != 2 {
 		t.Errorf("a served %d echo calls, want 2", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := map[federate.Outcome]int{federate.OutcomeOK: 2, federate.OutcomeError: 5, federate.OutcomeRetried: 1}
+	if !maps.Equal(outcomes, want) {
+		t.Errorf("outcomes %v, want %v", outcomes, want)
 	}
 }
 

@@ -342,6 +342,12 @@ func TestFederationUpstreamBreaker(t *testing.T) {
 			t.Errorf("%s = %v (present %v), want %v", series, got, ok, v)
 		}
 	}
+	// The calls a refused while its breaker was open are counted as such.
+	if m[`mcpgate_upstream_calls_total{outcome="refused",upstream="a"}`] < float64(federate.DefaultFailures)+1 ||
+		m[`mcpgate_upstream_calls_total{outcome="ok",upstream="b"}`] < 1 {
+		t.Errorf("upstream call outcomes: a refused %v, b ok %v", m[`mcpgate_upstream_calls_total{outcome="refused",upstream="a"}`],
+			m[`mcpgate_upstream_calls_total{outcome="ok",upstream="b"}`])
+	}
 
 	// Back on its address before the cooldown ends: the breaker still
 	// answers, and nothing reaches the upstream.

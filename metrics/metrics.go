@@ -54,6 +54,9 @@ type Metrics struct {
 	// UpstreamState is 1 for each federated upstream's current health
 	// state (up, open, half_open, down, limited) and 0 for the others.
 	UpstreamState *prometheus.GaugeVec
+	// UpstreamCalls counts the requests the federation sent (or refused)
+	// to each upstream of upstreams:, by outcome (federate.Outcome).
+	UpstreamCalls *prometheus.CounterVec
 	// SessionsEnded counts upstream sessions the gateway ended itself (idle,
 	// or without a slot), by sending the upstream a DELETE.
 	SessionsEnded prometheus.Counter
@@ -134,6 +137,9 @@ func New() *Metrics {
 		UpstreamState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "mcpgate_upstream_state", Help: "Health of each upstream of upstreams: 1 for its current state (up, open, half_open, down, limited), 0 for the others.",
 		}, []string{"upstream", "state"}),
+		UpstreamCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcpgate_upstream_calls_total", Help: "Requests to each upstream of upstreams:, by outcome: ok, error (the upstream's JSON-RPC error or HTTP 4xx), refused (not sent: breaker open, 429 back-off, process down, no connection), failed (timeout, broken connection), cancelled, retried (session lost, sent again).",
+		}, []string{"upstream", "outcome"}),
 		SessionsEnded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mcpgate_upstream_sessions_ended_total", Help: "Upstream sessions the gateway ended (idle, or without a slot).",
 		}),
@@ -157,7 +163,7 @@ func New() *Metrics {
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
 		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
 		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.CacheDegraded,
-		m.UpstreamSessions, m.UpstreamState, m.SessionsEnded, m.OpenConnections, m.AuditDropped, m.UsageFlushFailures, m.UsageLastFlush, m.TenantQuota)
+		m.UpstreamSessions, m.UpstreamState, m.UpstreamCalls, m.SessionsEnded, m.OpenConnections, m.AuditDropped, m.UsageFlushFailures, m.UsageLastFlush, m.TenantQuota)
 	presetLabels(m)
 	// The runtime collectors too carry the prefix: every name we serve starts
 	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).
