@@ -25,7 +25,12 @@ type call struct {
 	idle   *idleTimer
 	parent context.Context // the client's
 	status *atomic.Int32   // the HTTP status of the call's POST (HTTP upstreams)
+	// stopOnClose undoes the call's cancellation by Federator.Close.
+	stopOnClose func() bool
 }
+
+// errClosing is the cause of the calls Federator.Close ends.
+var errClosing = errors.New("federate: closing")
 
 // begin admits a call to up and opens (or finds) its session. A call that
 // is not sent gets a refusal.
@@ -37,10 +42,14 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 	}
 	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx, status: new(atomic.Int32)}
 	c.ctx, c.idle = withIdle(context.WithValue(ctx, statusKey{}, c.status), timeout)
+	// Close ends the calls in flight (a call reporting progress would
+	// otherwise hold it without bound).
+	c.stopOnClose = context.AfterFunc(f.ctx, func() { c.idle.cancel(errClosing) })
 	cs, shared, err := f.session(c.ctx, up, ss, stateless)
 	if err != nil {
+		c.stopOnClose()
 		c.idle.stop()
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || f.ctx.Err() != nil || errors.Is(err, errSessionEnded) {
 			up.report(probe, abandoned)
 			f.outcome(up, OutcomeCancelled)
 			return nil, &refusal{reason: "the client went away"}
@@ -71,6 +80,7 @@ type verdict struct {
 // tells the client's answer. It first lets the notifications the upstream
 // sent before its answer reach the client (see wireCount).
 func (c *call) end(err error) verdict {
+	defer c.stopOnClose()
 	v := c.verdict(err)
 	c.f.outcome(c.up, v.outcome)
 	return v
@@ -90,29 +100,34 @@ func (c *call) verdict(err error) verdict {
 	case c.parent.Err() != nil:
 		c.up.report(c.probe, abandoned)
 		return verdict{err: c.parent.Err(), outcome: OutcomeCancelled}
+	case errors.Is(context.Cause(c.ctx), errClosing):
+		c.up.report(c.probe, abandoned)
+		return verdict{err: c.up.rpcErr("was not waited for: the gateway is shutting down"), outcome: OutcomeCancelled}
 	case errors.Is(context.Cause(c.ctx), errIdle):
 		c.up.report(c.probe, failed)
 		return verdict{err: c.up.rpcErr(fmt.Sprintf("timed out: it sent nothing for %v", c.idle.d)), outcome: OutcomeFailed}
-	case errors.As(err, &je) && !transportCode(je.Code):
-		c.up.report(c.probe, answered)
-		return verdict{err: je, outcome: OutcomeError}
-	case status == http.StatusNotFound || (errors.As(err, &je) && je.Code == -32003 && status == 0):
+	case status == http.StatusNotFound, status == 0 && (errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing)):
 		// The upstream lost the session (it restarted, or expired it), or
-		// the SDK client had closed it (after an earlier non-2xx answer):
-		// the request was not sent. A new session, and the request again;
-		// not a failure of the upstream.
+		// the SDK client had ended it (after an earlier non-2xx answer, a
+		// broken event stream): the request was not served. A new session,
+		// and the request again; not a failure of the upstream. Checked
+		// before the upstream's own JSON-RPC errors: a 404 may carry one.
 		c.up.report(c.probe, abandoned)
 		c.up.drop(c.cs)
 		return verdict{retry: true, err: c.up.rpcErr("lost the session"), outcome: OutcomeRetried}
-	case status == http.StatusTooManyRequests:
+	case errors.As(err, &je) && !transportCode(je.Code):
 		c.up.report(c.probe, answered)
-		c.up.drop(c.cs) // the SDK client ended it
+		return verdict{err: je, outcome: OutcomeError}
+	case status == http.StatusTooManyRequests:
+		// The SDK keeps the session (a transient status): so do we.
+		c.up.report(c.probe, answered)
 		return verdict{refusal: c.up.failure("it answered 429"), outcome: OutcomeRefused}
 	case status >= 400 && status < 500:
 		// It answered: this request is refused, the upstream works (one
 		// client's bad request must not open the breaker for all). The SDK
 		// client ends a session on such an answer: the next call opens
-		// another.
+		// another, and the calls that were in flight on it are sent again
+		// (the ErrConnectionClosed case above).
 		c.up.report(c.probe, answered)
 		c.up.drop(c.cs)
 		return verdict{err: c.up.rpcErr(fmt.Sprintf("refused the request: HTTP %d", status)), outcome: OutcomeError}
@@ -124,7 +139,9 @@ func (c *call) verdict(err error) verdict {
 		return verdict{refusal: c.up.failure(fmt.Sprintf("it cannot be reached: %v", err)), outcome: OutcomeRefused}
 	}
 	c.up.report(c.probe, failed)
-	c.up.drop(c.cs)
+	if status < 500 { // a 5xx leaves the session alive in the SDK
+		c.up.drop(c.cs)
+	}
 	c.f.log.Warn("federate: upstream call failed", "upstream", c.up.cfg.Name, "status", status, "err", err)
 	return verdict{err: c.up.rpcErr(fmt.Sprintf("failed: %v", err)), outcome: OutcomeFailed}
 }

@@ -163,6 +163,23 @@ func (f *Federator) buildCatalog(ctx context.Context) (*catalog, error) {
 func (c *catalog) merge(up *upstream, l *listing) []error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.mergeLocked(up, l)
+}
+
+// replace swaps up's entries for those of l in one step (a concurrent call
+// never finds a kept name missing) and returns the previous listing and
+// the names not exposed.
+func (c *catalog) replace(up *upstream, l *listing) (old *listing, errs []error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old = c.forgetLocked(up)
+	errs = c.mergeLocked(up, l)
+	c.shadowed = nil
+	return old, errs
+}
+
+// mergeLocked is merge with c.mu held.
+func (c *catalog) mergeLocked(up *upstream, l *listing) []error {
 	var errs []error
 	conflict := func(kind, name string, other *upstream, theirs string) {
 		errs = append(errs, fmt.Errorf("%w: %s %q is exposed by upstream %q (as %q) and by upstream %q (as %q)",
@@ -314,16 +331,29 @@ func (f *Federator) installAll() {
 
 // refresh lists up again (after a list_changed notification, a reconnect
 // or a restart) and installs the difference. A name that now collides with
-// another upstream's is not exposed and is logged. Concurrent refreshes of
-// one upstream run one after the other.
+// another upstream's is not exposed and is logged. Refreshes of one
+// upstream asked for while one runs make it list once more, not once each.
 func (f *Federator) refresh(up *upstream) {
 	select {
 	case <-f.installed: // New has built the catalog (which this may then correct)
 	case <-f.ctx.Done():
 		return
 	}
-	up.refreshMu.Lock()
-	defer up.refreshMu.Unlock()
+	// Coalesced: every client session of an upstream hears its
+	// list_changed; one refresh lists it again for all of them.
+	up.refreshAgain.Store(true)
+	for up.refreshAgain.Load() {
+		if !up.refreshMu.TryLock() {
+			return // the refresh running will list it again
+		}
+		for up.refreshAgain.Swap(false) {
+			f.refreshOnce(up)
+		}
+		up.refreshMu.Unlock()
+	}
+}
+
+func (f *Federator) refreshOnce(up *upstream) {
 	ctx, cancel := context.WithTimeout(f.ctx, f.opts.StartTimeout)
 	defer cancel()
 	l, err := list(ctx, up)
@@ -333,15 +363,10 @@ func (f *Federator) refresh(up *upstream) {
 		}
 		return
 	}
-	f.cat.mu.Lock()
-	old := f.cat.forgetLocked(up)
-	f.cat.mu.Unlock()
-	for _, err := range f.cat.merge(up, l) {
+	old, errs := f.cat.replace(up, l)
+	for _, err := range errs {
 		f.log.Error("federate: upstream entry not exposed", "upstream", up.cfg.Name, "err", err)
 	}
-	f.cat.mu.Lock()
-	f.cat.shadowed = nil
-	f.cat.mu.Unlock()
 	f.cat.mu.RLock()
 	kept := f.cat.byUp[up]
 	f.cat.mu.RUnlock()

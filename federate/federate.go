@@ -208,7 +208,7 @@ func New(ctx context.Context, opts Options) (*Federator, error) {
 	f.ctx, f.stop = context.WithCancel(context.Background())
 	f.sessions.init()
 	f.progress.init()
-	f.subs.n = map[string]int{}
+	f.subs.by, f.subs.watched = map[subKey]map[*mcp.ServerSession]bool{}, map[*mcp.ServerSession]bool{}
 	for _, u := range opts.Upstreams {
 		up := newUpstream(f, u)
 		f.ups = append(f.ups, up)
@@ -236,15 +236,24 @@ func New(ctx context.Context, opts Options) (*Federator, error) {
 	return f, nil
 }
 
-// spawn runs fn in a goroutine that Close waits for; after Close it does
-// nothing.
-func (f *Federator) spawn(fn func()) {
+// closeLater closes an upstream session in the background: a graceful
+// close waits for the calls still on it, and its caller must not.
+func (f *Federator) closeLater(cs *mcp.ClientSession) {
+	if !f.spawn(func() { _ = cs.Close() }) {
+		_ = cs.Close() // closed: nothing left to wait for
+	}
+}
+
+// spawn runs fn in a goroutine that Close waits for and reports true;
+// after Close it does nothing and reports false.
+func (f *Federator) spawn(fn func()) bool {
 	f.spawnMu.Lock()
 	defer f.spawnMu.Unlock()
 	if f.closed {
-		return
+		return false
 	}
 	f.wg.Go(fn)
+	return true
 }
 
 func setDefaults(o *Options) {

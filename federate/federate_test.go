@@ -636,3 +636,105 @@ func TestStdioEnvironment(t *testing.T) {
 		}
 	}
 }
+
+// An upstream whose initialize result has no capabilities is served (it
+// exposes nothing), and a client's logging/setLevel does not trip on it.
+func TestUpstreamWithoutCapabilities(t *testing.T) {
+	a := startHTTPUpstream(t, "a", nil)
+	_, cs := start(t, federate.Options{Upstreams: []federate.Upstream{
+		{Name: "a", URL: a.URL(), Prefix: "a__"},
+		{Name: "raw", Command: stdioCommand(t), Env: map[string]string{rawEnv: "1"}},
+	}}, nil)
+	if err := cs.SetLoggingLevel(context.Background(), &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := callText(t, cs, "a__echo", map[string]any{"text": "x"}); got != "a: x" {
+		t.Fatalf("a__echo = %q", got)
+	}
+}
+
+// An HTTP upstream restarts (every client's session on it is lost): each
+// client's next call opens a new session and goes through; none counts as
+// a failure, so the breaker stays closed for everyone.
+func TestUpstreamRestartKeepsTheBreakerClosed(t *testing.T) {
+	a := startHTTPUpstream(t, "a", nil)
+	f, err := federate.New(context.Background(), federate.Options{Logger: slog.New(slog.DiscardHandler), Failures: 2,
+		Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	ts := httptest.NewServer(f.Handler())
+	t.Cleanup(ts.Close)
+	var clients []*mcp.ClientSession
+	for range 3 {
+		c := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "1"}, nil)
+		cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: ts.URL}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		clients = append(clients, cs)
+		if got, _ := callText(t, cs, "a__echo", map[string]any{"text": "1"}); got != "a: 1" {
+			t.Fatalf("a__echo = %q", got)
+		}
+	}
+	a.stop()
+	a.start()
+	for i, cs := range clients {
+		if got, isErr := callText(t, cs, "a__echo", map[string]any{"text": "2"}); got != "a: 2" || isErr {
+			t.Errorf("client %d after the restart: %q (isError %v)", i, got, isErr)
+		}
+	}
+	if h := f.Health()[0]; h.State != federate.StateUp || h.Failures != 0 {
+		t.Errorf("health after the restart: %+v, want up with no failure", h)
+	}
+}
+
+// On a shared session (stdio) a server-to-client request goes to a client
+// only when every call in flight there is that client's: with another
+// client's call in flight it is refused, and the other client never sees
+// it.
+func TestSharedSessionRequestsStayWithTheirClient(t *testing.T) {
+	var asked atomic.Int64
+	opts := federate.Options{Upstreams: []federate.Upstream{
+		{Name: "c", Command: stdioCommand(t), Env: map[string]string{stdioEnv: "c"}, Prefix: "c__"},
+	}}
+	f, alice := start(t, opts, &mcp.ClientOptions{
+		CreateMessageHandler: func(ctx context.Context, req *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+			asked.Add(1)
+			return &mcp.CreateMessageResult{Role: "assistant", Model: "m", Content: &mcp.TextContent{Text: "alice's"}}, nil
+		},
+	})
+	ts := httptest.NewServer(f.Handler())
+	t.Cleanup(ts.Close)
+	c := mcp.NewClient(&mcp.Implementation{Name: "bob", Version: "1"}, &mcp.ClientOptions{
+		CreateMessageHandler: func(ctx context.Context, req *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+			return &mcp.CreateMessageResult{Role: "assistant", Model: "m", Content: &mcp.TextContent{Text: "bob's"}}, nil
+		},
+	})
+	bob, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: ts.URL}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bob.Close() })
+	// Alone on the session, bob's sampling reaches bob.
+	if got, _ := callText(t, bob, "c__sample", map[string]any{"text": "q"}); got != "c sampled: bob's" {
+		t.Fatalf("bob alone: %q", got)
+	}
+	// With alice's call in flight, bob's sampling request has no owner.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = alice.CallTool(context.Background(), &mcp.CallToolParams{Name: "c__slow", Arguments: map[string]any{"ms": 1500}})
+	}()
+	time.Sleep(300 * time.Millisecond) // alice's call is in flight
+	got, isErr := callText(t, bob, "c__sample", map[string]any{"text": "q"})
+	<-done
+	if !isErr || strings.Contains(got, "sampled") {
+		t.Errorf("bob's sampling with alice's call in flight: %q (isError %v), want a refusal", got, isErr)
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("alice was asked %d sampling requests of bob's call", n)
+	}
+}

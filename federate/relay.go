@@ -13,6 +13,10 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
+// errSessionEnded means the client session (or the Federator) ended
+// before the call could be sent: nothing to tell the breaker.
+var errSessionEnded = errors.New("federate: client session ended")
+
 // errNoClient is the answer to a server-to-client request of a shared
 // session when no client has a call in flight on it.
 var errNoClient = errors.New("federate: no client session to relay the request to")
@@ -23,15 +27,22 @@ var errNoClient = errors.New("federate: no client session to relay the request t
 // a request the client cannot serve fails there), and what the upstream
 // asks of its client is relayed to ss (shared: to the newest caller).
 func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount) *mcp.Client {
-	// target is where a message of upstream session cs goes: the client
-	// session and the context of the newest call in flight on cs (so that
-	// the message travels on that call's stream, before its answer), else
-	// ss itself (nil for a shared session) outside any call.
-	target := func(cs *mcp.ClientSession) (*mcp.ServerSession, context.Context) {
-		if c := f.inflight.newest(cs); c != nil {
-			return c.ss, c.parent
+	// target is where a message of upstream session cs goes, and the call
+	// it belongs to: the newest call in flight on cs (so that the message
+	// travels on that call's stream, before its answer), else ss itself
+	// (nil for a shared session) outside any call. On a shared session a
+	// message goes to a client only when every call in flight on it is
+	// that client's: it cannot say whose it is, and another tenant must
+	// never get it.
+	target := func(cs *mcp.ClientSession) (*mcp.ServerSession, *call) {
+		c, sole := f.inflight.newest(cs)
+		switch {
+		case c != nil && (ss != nil || sole):
+			return c.ss, c
+		case c != nil:
+			return nil, nil
 		}
-		return ss, context.Background()
+		return ss, nil
 	}
 	caps := &mcp.ClientCapabilities{
 		RootsV2:     &mcp.RootCapabilities{ListChanged: true},
@@ -63,11 +74,11 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount)
 			_ = f.stateful.ResourceUpdated(ctx, r.Params)
 		},
 		LoggingMessageHandler: func(ctx context.Context, r *mcp.LoggingMessageRequest) {
-			to, cctx := target(r.Session)
-			f.relayLog(cctx, to, r.Params)
+			to, c := target(r.Session)
+			f.relayLog(to, c, up, r.Params)
 		},
 		ProgressNotificationHandler: func(ctx context.Context, r *mcp.ProgressNotificationClientRequest) {
-			f.progress.relay(ctx, r.Params)
+			f.progress.relay(r.Session, r.Params)
 		},
 	})
 	c.AddReceivingMiddleware(relayRequests(target), countRelayed(w))
@@ -78,7 +89,7 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount)
 // requests to the client session target returns, as new requests of that
 // session: the SDK gives each side its own ids. The relayed request is
 // cancelled when the upstream cancels its own.
-func relayRequests(target func(*mcp.ClientSession) (*mcp.ServerSession, context.Context)) mcp.Middleware {
+func relayRequests(target func(*mcp.ClientSession) (*mcp.ServerSession, *call)) mcp.Middleware {
 	return func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 			switch method {
@@ -87,9 +98,16 @@ func relayRequests(target func(*mcp.ClientSession) (*mcp.ServerSession, context.
 				return next(ctx, method, req)
 			}
 			cs, _ := req.GetSession().(*mcp.ClientSession)
-			ss, cctx := target(cs)
+			ss, c := target(cs)
 			if ss == nil {
 				return nil, errNoClient
+			}
+			cctx := context.Background()
+			if c != nil {
+				// On the call's stream; its idle timeout waits meanwhile.
+				cctx = c.parent
+				c.idle.pause()
+				defer c.idle.resume()
 			}
 			cctx, cancel := context.WithCancel(cctx)
 			defer cancel()
@@ -110,18 +128,20 @@ func relayRequests(target func(*mcp.ClientSession) (*mcp.ServerSession, context.
 	}
 }
 
-// relayLog sends an upstream's log message to ss; with no ss (a shared
-// session and no call in flight), to every client session (the SDK drops
-// it for sessions that did not ask for that level).
-func (f *Federator) relayLog(ctx context.Context, ss *mcp.ServerSession, p *mcp.LoggingMessageParams) {
-	if ss != nil {
-		if err := ss.Log(ctx, p); err != nil && ctx != context.Background() {
-			_ = ss.Log(context.Background(), p) // the call has ended: the session's own stream
-		}
+// relayLog sends an upstream's log message to ss, on the stream of call c
+// when there is one. A message of a shared session with no client to own it
+// goes to mcpgate's log instead (debug level): it cannot say whose it is.
+func (f *Federator) relayLog(ss *mcp.ServerSession, c *call, up *upstream, p *mcp.LoggingMessageParams) {
+	if ss == nil {
+		f.log.Debug("upstream log message with no client to own it", "upstream", up.cfg.Name, "level", p.Level, "data", p.Data)
 		return
 	}
-	for s := range f.stateful.Sessions() {
-		_ = s.Log(ctx, p)
+	ctx := context.Background()
+	if c != nil {
+		ctx = c.parent
+	}
+	if err := ss.Log(ctx, p); err != nil && c != nil {
+		_ = ss.Log(context.Background(), p) // the call has ended: the session's own stream
 	}
 }
 
@@ -176,15 +196,16 @@ func (t *progressTable) retire(ft string) {
 	}
 }
 
-// relay passes a progress notification on to the client whose call it is
-// about, and restarts that call's idle timeout.
-func (t *progressTable) relay(ctx context.Context, p *mcp.ProgressNotificationParams) {
-
+// relay passes a progress notification of upstream session from on to the
+// client whose call it is about, and restarts that call's idle timeout. A
+// token of a call on another session is ignored: an upstream cannot reach
+// into another's calls.
+func (t *progressTable) relay(from *mcp.ClientSession, p *mcp.ProgressNotificationParams) {
 	ft, _ := p.ProgressToken.(string)
 	t.mu.Lock()
 	e, ok := t.m[ft]
 	t.mu.Unlock()
-	if !ok {
+	if !ok || e.c.cs != from {
 		return
 	}
 	out := *p
@@ -322,11 +343,11 @@ func (f *Federator) session(ctx context.Context, up *upstream, ss *mcp.ServerSes
 	}
 	set := f.clientSetOf(ss)
 	if set == nil {
-		return nil, false, errors.New("federate: shutting down")
+		return nil, false, errSessionEnded
 	}
 	sl, level := set.slot(up)
 	if sl == nil {
-		return nil, false, errors.New("federate: client session ended")
+		return nil, false, errSessionEnded
 	}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
@@ -337,7 +358,7 @@ func (f *Federator) session(ctx context.Context, up *upstream, ss *mcp.ServerSes
 	if err != nil {
 		return nil, false, err
 	}
-	if level != "" && cs.InitializeResult().Capabilities.Logging != nil {
+	if level != "" && hasLogging(cs) {
 		_ = cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: level})
 	}
 	sl.cs = cs
@@ -369,12 +390,23 @@ func (f *Federator) setLevel(ctx context.Context, ss *mcp.ServerSession, level m
 		}
 		up.mu.Unlock()
 	}
+	var wg sync.WaitGroup
 	for _, cs := range own {
-		if cs != nil && cs.InitializeResult().Capabilities.Logging != nil {
-			_ = cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: level})
+		if cs != nil && hasLogging(cs) {
+			wg.Go(func() {
+				// Bounded, and each upstream on its own: one that hangs
+				// must not hold the client's logging/setLevel.
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), setLevelTimeout)
+				defer cancel()
+				_ = cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: level})
+			})
 		}
 	}
+	wg.Wait()
 }
+
+// setLevelTimeout bounds passing a logging/setLevel on to one upstream.
+const setLevelTimeout = 5 * time.Second
 
 // inflightTable holds the calls in flight on each upstream session, oldest
 // first: where that session's log messages and requests go.
@@ -409,15 +441,32 @@ func (t *inflightTable) remove(c *call) {
 	}
 }
 
-// newest is the newest call in flight on cs with a client session, or nil.
-func (t *inflightTable) newest(cs *mcp.ClientSession) *call {
+// newest is the newest call in flight on cs with a client session (nil if
+// none), and whether every call in flight on cs is of that client session.
+func (t *inflightTable) newest(cs *mcp.ClientSession) (c *call, sole bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	l := t.m[cs]
 	for i := len(l) - 1; i >= 0; i-- {
 		if l[i].ss != nil {
-			return l[i]
+			c = l[i]
+			break
 		}
 	}
-	return nil
+	if c == nil {
+		return nil, false
+	}
+	for _, x := range l {
+		if x.ss != c.ss {
+			return c, false
+		}
+	}
+	return c, true
+}
+
+// hasLogging reports whether the upstream of cs declared logging (an
+// upstream may leave capabilities out altogether).
+func hasLogging(cs *mcp.ClientSession) bool {
+	r := cs.InitializeResult()
+	return r != nil && r.Capabilities != nil && r.Capabilities.Logging != nil
 }

@@ -164,10 +164,17 @@ func (f *Federator) promptHandler(stateless bool) mcp.PromptHandler {
 	}
 }
 
-// resourceHandler routes a resources/read to up: the upstream that listed
-// the resource, or the template the SDK matched the URI with.
-func (f *Federator) resourceHandler(stateless bool, up *upstream) mcp.ResourceHandler {
+// resourceHandler routes a resources/read: to the upstream that listed the
+// URI, else to the first in configuration order with a template matching
+// it (resourceOwner: the SDK matched some template, not necessarily that
+// upstream's), else to up, the upstream of the resource or template the
+// SDK matched.
+func (f *Federator) resourceHandler(stateless bool, matched *upstream) mcp.ResourceHandler {
 	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		up := matched
+		if owner := f.resourceOwner(req.Params.URI); owner != nil {
+			up = owner
+		}
 		var res *mcp.ReadResourceResult
 		err := f.forward(withForwarded(ctx, req.Extra), up, req.Session, stateless, func(ctx context.Context, cs *mcp.ClientSession) (err error) {
 			p := *req.Params
@@ -249,34 +256,59 @@ func (f *Federator) complete(stateless bool) func(context.Context, *mcp.Complete
 	}
 }
 
-// subscriptions counts the clients subscribed to each URI: the upstream
-// subscription (on its shared session) is made by the first and ended by
-// the last; the SDK server tells each subscribed client of an update.
+// subscriptions holds which client sessions subscribed to each URI of each
+// upstream: the upstream subscription (on its shared session) is made by
+// the first and ended by the last; the SDK server tells each subscribed
+// client of an update. A client session that ends leaves all its
+// subscriptions; a new shared session subscribes again.
 type subscriptions struct {
 	sync.Mutex
-	n map[string]int
+	by      map[subKey]map[*mcp.ServerSession]bool
+	watched map[*mcp.ServerSession]bool
 }
+
+type subKey struct {
+	up  *upstream
+	uri string
+}
+
+// subTimeout bounds the upstream subscriptions made outside a request.
+const subTimeout = 10 * time.Second
 
 func (f *Federator) subscribe(ctx context.Context, req *mcp.SubscribeRequest) error {
 	up := f.resourceOwner(req.Params.URI)
 	if up == nil {
 		return mcp.ResourceNotFoundError(req.Params.URI)
 	}
-	key := up.cfg.Name + "\x00" + req.Params.URI
+	k, ss := subKey{up, req.Params.URI}, req.Session
 	f.subs.Lock()
-	f.subs.n[key]++
-	first := f.subs.n[key] == 1
+	set := f.subs.by[k]
+	if set[ss] {
+		f.subs.Unlock()
+		return nil // already subscribed
+	}
+	if set == nil {
+		set = map[*mcp.ServerSession]bool{}
+		f.subs.by[k] = set
+	}
+	first := len(set) == 0
+	set[ss] = true
+	if !f.subs.watched[ss] {
+		f.subs.watched[ss] = true
+		f.spawn(func() {
+			_ = ss.Wait()
+			f.leaveAll(ss)
+		})
+	}
 	f.subs.Unlock()
 	if !first {
 		return nil
 	}
 	err := f.forward(ctx, up, nil, true, func(ctx context.Context, cs *mcp.ClientSession) error {
-		return cs.Subscribe(ctx, req.Params)
+		return cs.Subscribe(ctx, &mcp.SubscribeParams{URI: k.uri})
 	})
 	if err != nil {
-		f.subs.Lock()
-		f.subs.n[key]--
-		f.subs.Unlock()
+		f.leave(k, ss)
 	}
 	return err
 }
@@ -286,21 +318,75 @@ func (f *Federator) unsubscribe(ctx context.Context, req *mcp.UnsubscribeRequest
 	if up == nil {
 		return nil
 	}
-	key := up.cfg.Name + "\x00" + req.Params.URI
-	f.subs.Lock()
-	if f.subs.n[key] > 0 {
-		f.subs.n[key]--
+	if f.leave(subKey{up, req.Params.URI}, req.Session) {
+		return f.forward(ctx, up, nil, true, func(ctx context.Context, cs *mcp.ClientSession) error {
+			return cs.Unsubscribe(ctx, &mcp.UnsubscribeParams{URI: req.Params.URI})
+		})
 	}
-	last := f.subs.n[key] == 0
-	if last {
-		delete(f.subs.n, key)
+	return nil
+}
+
+// leave removes ss from k's subscribers and reports whether it was the
+// last one (a client that never subscribed changes nothing).
+func (f *Federator) leave(k subKey, ss *mcp.ServerSession) (last bool) {
+	f.subs.Lock()
+	defer f.subs.Unlock()
+	set := f.subs.by[k]
+	if !set[ss] {
+		return false
+	}
+	delete(set, ss)
+	if len(set) > 0 {
+		return false
+	}
+	delete(f.subs.by, k)
+	return true
+}
+
+// leaveAll ends the subscriptions of a client session that ended.
+func (f *Federator) leaveAll(ss *mcp.ServerSession) {
+	f.subs.Lock()
+	delete(f.subs.watched, ss)
+	var keys []subKey
+	for k, set := range f.subs.by {
+		if set[ss] {
+			keys = append(keys, k)
+		}
 	}
 	f.subs.Unlock()
-	if !last {
-		return nil
+	for _, k := range keys {
+		if f.leave(k, ss) {
+			ctx, cancel := context.WithTimeout(f.ctx, subTimeout)
+			_ = f.forward(ctx, k.up, nil, true, func(ctx context.Context, cs *mcp.ClientSession) error {
+				return cs.Unsubscribe(ctx, &mcp.UnsubscribeParams{URI: k.uri})
+			})
+			cancel()
+		}
 	}
-	return f.forward(ctx, up, nil, true, func(ctx context.Context, cs *mcp.ClientSession) error {
-		return cs.Unsubscribe(ctx, &mcp.UnsubscribeParams{URI: req.Params.URI})
+}
+
+// resubscribe makes up's subscriptions again on its new shared session cs
+// (a reconnection, a restarted process), in the background.
+func (f *Federator) resubscribe(up *upstream, cs *mcp.ClientSession) {
+	f.subs.Lock()
+	var uris []string
+	for k := range f.subs.by {
+		if k.up == up {
+			uris = append(uris, k.uri)
+		}
+	}
+	f.subs.Unlock()
+	if len(uris) == 0 {
+		return
+	}
+	f.spawn(func() {
+		for _, uri := range uris {
+			ctx, cancel := context.WithTimeout(f.ctx, subTimeout)
+			if err := cs.Subscribe(ctx, &mcp.SubscribeParams{URI: uri}); err != nil {
+				f.log.Warn("federate: cannot subscribe again", "upstream", up.cfg.Name, "uri", uri, "err", err)
+			}
+			cancel()
+		}
 	})
 }
 
@@ -310,13 +396,17 @@ func (f *Federator) unsubscribe(ctx context.Context, req *mcp.UnsubscribeRequest
 // client's exchange with the federation, not the federation's session with
 // the upstream (where they would make the SDK client send the client's
 // protocol version).
+//
+// The client's progressToken is left out too: it is the client's, unique
+// in its own session only; tools/call sends a token of the federation's
+// instead (progressTable), other requests none.
 func forwardMeta(m mcp.Meta) mcp.Meta {
 	if len(m) == 0 {
 		return nil
 	}
 	out := make(mcp.Meta, len(m))
 	for k, v := range m {
-		if !strings.HasPrefix(k, "io.modelcontextprotocol/") {
+		if !strings.HasPrefix(k, "io.modelcontextprotocol/") && k != "progressToken" {
 			out[k] = v
 		}
 	}
@@ -324,11 +414,14 @@ func forwardMeta(m mcp.Meta) mcp.Meta {
 }
 
 // idleTimer cancels a call's context with errIdle when the upstream has
-// been silent for d; touch starts the wait again.
+// been silent for d; touch starts the wait again. While paused (the
+// upstream waits on the client) it does not run.
 type idleTimer struct {
 	d      time.Duration
 	t      *time.Timer
 	cancel context.CancelCauseFunc
+	mu     sync.Mutex
+	paused int
 }
 
 func withIdle(ctx context.Context, d time.Duration) (context.Context, *idleTimer) {
@@ -338,11 +431,35 @@ func withIdle(ctx context.Context, d time.Duration) (context.Context, *idleTimer
 	return ctx, it
 }
 
-func (it *idleTimer) touch() { it.t.Reset(it.d) }
+func (it *idleTimer) touch() {
+	it.mu.Lock()
+	if it.paused == 0 {
+		it.t.Reset(it.d)
+	}
+	it.mu.Unlock()
+}
 
 func (it *idleTimer) stop() {
 	it.t.Stop()
 	it.cancel(context.Canceled)
+}
+
+// pause stops the wait while the upstream waits on the client (a relayed
+// sampling or elicitation request, which a person may take minutes to
+// answer); resume starts it again once no such request is pending.
+func (it *idleTimer) pause() {
+	it.mu.Lock()
+	it.paused++
+	it.t.Stop()
+	it.mu.Unlock()
+}
+
+func (it *idleTimer) resume() {
+	it.mu.Lock()
+	if it.paused--; it.paused == 0 {
+		it.t.Reset(it.d)
+	}
+	it.mu.Unlock()
 }
 
 // matchTemplate reports whether uri is an instance of the RFC 6570 template.

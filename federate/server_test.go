@@ -2,7 +2,9 @@
 package federate_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -22,7 +24,15 @@ import (
 // the test, run by the Federator as it runs any command.
 const stdioEnv = "FEDERATE_TEST_STDIO_SERVER"
 
+// rawEnv makes the test binary a bare stdio JSON-RPC server whose
+// initialize result has no capabilities at all (as some servers answer).
+const rawEnv = "FEDERATE_TEST_RAW_SERVER"
+
 func TestMain(m *testing.M) {
+	if os.Getenv(rawEnv) != "" {
+		serveRaw()
+		os.Exit(0)
+	}
 	if name := os.Getenv(stdioEnv); name != "" {
 		srv := newTestServer(name, nil)
 		if err := srv.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
@@ -232,4 +242,24 @@ func listenRetry(addr string) (net.Listener, error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return nil, err
+}
+
+// serveRaw answers initialize without capabilities and ping; it ignores
+// everything else.
+func serveRaw() {
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		var m struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		if json.Unmarshal(sc.Bytes(), &m) != nil || m.ID == nil {
+			continue
+		}
+		result := `{}`
+		if m.Method == "initialize" {
+			result = `{"protocolVersion":"2025-11-25","serverInfo":{"name":"raw","version":"1"}}`
+		}
+		fmt.Printf(`{"jsonrpc":"2.0","id":%s,"result":%s}`+"\n", m.ID, result)
+	}
 }

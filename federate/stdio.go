@@ -62,6 +62,7 @@ func (up *upstream) startProcess(ctx context.Context) (*mcp.ClientSession, error
 	argv := up.cfg.Command
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = processEnv(up.cfg.Env)
+	ownGroup(cmd) // signals reach what it started too (sh -c, npx wrappers)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -86,7 +87,7 @@ func (up *upstream) startProcess(ctx context.Context) (*mcp.ClientSession, error
 	}
 	cs, err := up.f.newClient(up, nil, w).Connect(ctx, t, &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
 	if err != nil {
-		_ = cmd.Process.Kill()
+		_ = signalGroup(cmd.Process, os.Kill)
 		select { // let the last stderr lines arrive
 		case <-p.done:
 		case <-time.After(time.Second):
@@ -137,7 +138,7 @@ func (s *stdioPipe) Close() error {
 	_ = s.stdin.Close()
 	for _, sig := range []os.Signal{nil, syscall.SIGTERM, os.Kill} {
 		if sig != nil {
-			_ = s.cmd.Process.Signal(sig)
+			_ = signalGroup(s.cmd.Process, sig)
 		}
 		select {
 		case <-s.exited():

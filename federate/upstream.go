@@ -31,7 +31,9 @@ type upstream struct {
 	state    State
 	proc     *process // stdio: the running process
 
-	refreshMu sync.Mutex // one refresh at a time
+	refreshMu    sync.Mutex  // one refresh at a time
+	refreshAgain atomic.Bool // a refresh was asked for since the running one listed
+	connMu       sync.Mutex  // one reconnection of the shared session at a time
 }
 
 func newUpstream(f *Federator, cfg Upstream) *upstream {
@@ -243,10 +245,21 @@ func (up *upstream) httpTransport(w *wireCount) mcp.Transport {
 }
 
 // connect opens a session to the upstream (HTTP only) for ss (nil: the
-// shared session).
+// shared session). The session keeps its connecting context's values for
+// its own requests (its event stream, its DELETE): it connects with none
+// of the call's (the caller's identity, the call's status recorder), only
+// its cancellation.
 func (up *upstream) connect(ctx context.Context, ss *mcp.ServerSession) (*mcp.ClientSession, error) {
+	cctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	defer context.AfterFunc(ctx, cancel)()
+	if d, ok := ctx.Deadline(); ok {
+		var cancelD context.CancelFunc
+		cctx, cancelD = context.WithDeadline(cctx, d)
+		defer cancelD()
+	}
 	w := new(wireCount)
-	cs, err := up.f.newClient(up, ss, w).Connect(ctx, up.httpTransport(w), &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
+	cs, err := up.f.newClient(up, ss, w).Connect(cctx, up.httpTransport(w), &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
 	if err != nil {
 		return nil, err
 	}
@@ -273,8 +286,12 @@ func (up *upstream) connectShared(ctx context.Context) error {
 	up.setStateLocked()
 	up.mu.Unlock()
 	if old != nil {
-		_ = old.Close()
+		up.f.closeLater(old)
 	}
+	if up.f.ctx.Err() != nil { // Close ran meanwhile: it did not see cs
+		up.close()
+	}
+	up.f.resubscribe(up, cs)
 	return nil
 }
 
@@ -290,6 +307,16 @@ func (up *upstream) sharedSession(ctx context.Context) (*mcp.ClientSession, erro
 	if up.cfg.stdio() {
 		return nil, fmt.Errorf("upstream %q: process not running", up.cfg.Name)
 	}
+	// One reconnection at a time: the calls that found no session wait for
+	// it rather than each opening one.
+	up.connMu.Lock()
+	defer up.connMu.Unlock()
+	up.mu.Lock()
+	cs = up.shared
+	up.mu.Unlock()
+	if cs != nil {
+		return cs, nil
+	}
 	if err := up.connectShared(ctx); err != nil {
 		return nil, err
 	}
@@ -300,16 +327,22 @@ func (up *upstream) sharedSession(ctx context.Context) (*mcp.ClientSession, erro
 	return up.shared, nil
 }
 
-// drop forgets a session that failed, so that the next call opens a new
-// one (HTTP). A stdio upstream's session is replaced by supervise.
+// drop forgets an HTTP session that failed, so that the next call opens a
+// new one, and closes it in the background (a graceful close waits for
+// the other calls on it). A stdio upstream's session is its process:
+// supervise alone replaces it, when the process exits; one bad answer
+// must not restart a process every client shares.
 func (up *upstream) drop(cs *mcp.ClientSession) {
+	if up.cfg.stdio() {
+		return
+	}
 	up.mu.Lock()
-	if up.shared == cs && !up.cfg.stdio() {
+	if up.shared == cs {
 		up.shared = nil
 	}
 	up.mu.Unlock()
 	up.f.sessions.forget(up, cs)
-	_ = cs.Close()
+	up.f.closeLater(cs)
 }
 
 func (up *upstream) close() {
