@@ -39,24 +39,33 @@ func TestConformanceThroughGateway(t *testing.T) {
 		t.Fatal("server-initialize passed through the gateway without a bearer token")
 	}
 
-	direct, err := runSuite(t, s, upstream, "")
+	compareThroughGateway(t, s, upstream, gateway+"/mcp", token, gatewayRuns, "mcpgate", upstreamLog, gatewayLog)
+}
+
+// compareThroughGateway runs the suite against the reference server, then
+// n times through the gateway, and fails every scenario that passes
+// directly but not through the gateway (or not in every run); what names
+// the gateway in the logs.
+func compareThroughGateway(t *testing.T, s *suite, reference, gateway, token string, n int, what string, referenceLog, gatewayLog *testenv.SyncBuffer) {
+	t.Helper()
+	direct, err := runSuite(t, s, reference, "")
 	if err != nil {
-		t.Fatalf("direct run: %v\nreference server output:\n%s", err, upstreamLog.String())
+		t.Fatalf("direct run: %v\nreference server output:\n%s", err, referenceLog.String())
 	}
-	runs := make([]map[string]outcome, gatewayRuns)
+	runs := make([]map[string]outcome, n)
 	for i := range runs {
-		if runs[i], err = runSuite(t, s, gateway+"/mcp", token); err != nil {
-			t.Fatalf("run %d through the gateway: %v\ngateway log:\n%s", i+1, err, gatewayLog.String())
+		if runs[i], err = runSuite(t, s, gateway, token); err != nil {
+			t.Fatalf("run %d through %s: %v\ngateway log:\n%s", i+1, what, err, gatewayLog.String())
 		}
 	}
-	t.Logf("per-scenario results (direct: against the reference server; gw N: run N through mcpgate):\n%s", table(direct, runs))
+	t.Logf("per-scenario results (direct: against the reference server; gw N: run N through %s):\n%s", what, table(direct, runs))
 
 	passedDirectly := 0
 	for _, name := range scenarioNames(append([]map[string]outcome{direct}, runs...)...) {
 		d, ok := direct[name]
 		switch {
 		case !ok:
-			t.Errorf("%s: ran through the gateway but not directly", name)
+			t.Errorf("%s: ran through %s but not directly", name, what)
 			continue
 		case !d.ok():
 			t.Logf("%s fails directly, not compared: %s", name, strings.Join(d.failures, "; "))
@@ -66,7 +75,7 @@ func TestConformanceThroughGateway(t *testing.T) {
 		checkGatewayRuns(t, name, d, runs)
 	}
 	if passedDirectly == 0 {
-		t.Fatalf("no scenario passes against the reference server: the suite or its server is broken\nreference server output:\n%s", upstreamLog.String())
+		t.Fatalf("no scenario passes against the reference server: the suite or its server is broken\nreference server output:\n%s", referenceLog.String())
 	}
 	if t.Failed() {
 		t.Logf("gateway log:\n%s", gatewayLog.String())

@@ -84,38 +84,7 @@ upstreams:
 	checkFederated(t, gateway+"/mcp", token, "2025-11-25", gatewayLog)
 	checkFederated(t, gateway+"/mcp", token, "", gatewayLog)
 
-	direct, err := runSuite(t, s, reference, "")
-	if err != nil {
-		t.Fatalf("direct run: %v\nreference server output:\n%s", err, referenceLog.String())
-	}
-	runs := make([]map[string]outcome, federatedRuns)
-	for i := range runs {
-		if runs[i], err = runSuite(t, s, gateway+"/mcp", token); err != nil {
-			t.Fatalf("run %d through the federated gateway: %v\ngateway log:\n%s", i+1, err, gatewayLog.String())
-		}
-	}
-	t.Logf("per-scenario results (direct: against the reference server; gw N: run N through the federated gateway):\n%s", table(direct, runs))
-
-	passedDirectly := 0
-	for _, name := range scenarioNames(append([]map[string]outcome{direct}, runs...)...) {
-		d, ok := direct[name]
-		switch {
-		case !ok:
-			t.Errorf("%s: ran through the federated gateway but not directly", name)
-			continue
-		case !d.ok():
-			t.Logf("%s fails directly, not compared: %s", name, strings.Join(d.failures, "; "))
-		default:
-			passedDirectly++
-		}
-		checkGatewayRuns(t, name, d, runs)
-	}
-	if passedDirectly == 0 {
-		t.Fatalf("no scenario passes against the reference server: the suite or its server is broken\nreference server output:\n%s", referenceLog.String())
-	}
-	if t.Failed() {
-		t.Logf("gateway log:\n%s", gatewayLog.String())
-	}
+	compareThroughGateway(t, s, reference, gateway+"/mcp", token, federatedRuns, "the federated gateway", referenceLog, gatewayLog)
 }
 
 // checkFederated lists the tools through the gateway with the Go SDK's
