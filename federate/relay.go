@@ -298,13 +298,7 @@ func (s *clientSet) closeAll() {
 
 // forget removes cs (which failed) from whichever client set holds it.
 func (t *sessionTable) forget(up *upstream, cs *mcp.ClientSession) {
-	t.mu.Lock()
-	sets := make([]*clientSet, 0, len(t.m))
-	for _, s := range t.m {
-		sets = append(sets, s)
-	}
-	t.mu.Unlock()
-	for _, s := range sets {
+	for _, s := range t.all() {
 		s.mu.Lock()
 		sl := s.byUp[up]
 		s.mu.Unlock()
@@ -322,15 +316,20 @@ func (t *sessionTable) forget(up *upstream, cs *mcp.ClientSession) {
 // closeAll ends every client session (which closes their upstream
 // sessions).
 func (t *sessionTable) closeAll() {
+	for _, s := range t.all() {
+		s.closeAll()
+	}
+}
+
+// all returns the client sets, to work on without t.mu.
+func (t *sessionTable) all() []*clientSet {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	sets := make([]*clientSet, 0, len(t.m))
 	for _, s := range t.m {
 		sets = append(sets, s)
 	}
-	t.mu.Unlock()
-	for _, s := range sets {
-		s.closeAll()
-	}
+	return sets
 }
 
 // session returns the upstream session a call of ss goes through: ss's

@@ -234,11 +234,9 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 	}
 
 	text := strings.NewReplacer("UPSTREAM", upURL, "SECRETENV", secretEnv, "RULES", rules[0], "GLOBAL", rules[1]).Replace(configTemplate)
-	add := func(name, deny, redis string, tp trace.TracerProvider) error {
-		cfgText := text
-		if redis != "" {
-			cfgText = strings.Replace(cfgText, "store:\n", "store:\n  redis: "+redis+"\n", 1)
-		}
+	// add serves a gateway of cfgText as target name (and its exhausted
+	// tenant as deny, unless "").
+	add := func(name, deny, cfgText string, tp trace.TracerProvider) error {
 		g, err := newGateway(ctx, cfgText, !o.NoUsage, o.Logger, tp)
 		if err != nil {
 			return fmt.Errorf("loadgen: %s: %w", name, err)
@@ -254,7 +252,7 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 		}
 		return nil
 	}
-	if err := add(GatewayMem, DenyMem, "", nil); err != nil {
+	if err := add(GatewayMem, DenyMem, text, nil); err != nil {
 		return nil, err
 	}
 	if o.Tracing {
@@ -262,7 +260,7 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := add(GatewayMemTraced, "", "", tp); err != nil {
+		if err := add(GatewayMemTraced, "", text, tp); err != nil {
 			return nil, err
 		}
 	}
@@ -275,19 +273,7 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 			}
 			others = append(others, u)
 		}
-		addFed := func(name, cfgText string) error {
-			g, err := newGateway(ctx, cfgText, !o.NoUsage, o.Logger, nil)
-			if err != nil {
-				return fmt.Errorf("loadgen: %s: %w", name, err)
-			}
-			e.closers = append(e.closers, g.close)
-			u, err := e.server(name, g.gw)
-			if err != nil {
-				return err
-			}
-			e.Targets = append(e.Targets, Target{Name: name, URL: u, Tokens: tokens, Status: http.StatusOK, degraded: g.degraded})
-			return nil
-		}
+		addFed := func(name, cfgText string) error { return add(name, "", cfgText, nil) }
 		if err := e.addFederation(addFed, text, upURL, others); err != nil {
 			return nil, err
 		}
@@ -298,19 +284,13 @@ func Start(ctx context.Context, opts *Options) (_ *Env, err error) {
 			return nil, err
 		}
 		e.Targets = append(e.Targets, Target{Name: StdioDirect, Tokens: tokens, Status: http.StatusOK, drive: drive})
-		g, err := newGateway(ctx, stdioConfig(text, upURL, o.Stdio), !o.NoUsage, o.Logger, nil)
-		if err != nil {
-			return nil, fmt.Errorf("loadgen: %s: %w", FedStdio, err)
-		}
-		e.closers = append(e.closers, g.close)
-		u, err := e.server(FedStdio, g.gw)
-		if err != nil {
+		if err := add(FedStdio, "", stdioConfig(text, upURL, o.Stdio), nil); err != nil {
 			return nil, err
 		}
-		e.Targets = append(e.Targets, Target{Name: FedStdio, URL: u, Tokens: tokens, Status: http.StatusOK, degraded: g.degraded})
 	}
 	if o.RedisAddr != "" {
-		if err := add(GatewayRed, DenyRedis, o.RedisAddr, nil); err != nil {
+		withRedis := strings.Replace(text, "store:\n", "store:\n  redis: "+o.RedisAddr+"\n", 1)
+		if err := add(GatewayRed, DenyRedis, withRedis, nil); err != nil {
 			return nil, err
 		}
 	}

@@ -159,3 +159,40 @@ func TestBareProxyIsTransparent(t *testing.T) {
 		t.Fatalf("bare-proxy answered\n%s\ndirect answered\n%s", bare, direct)
 	}
 }
+
+// The federation and stdio targets answer every call, and the report
+// carries their ratios.
+func TestFederationTargets(t *testing.T) {
+	bin, err := BuildStdioServer(context.Background(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := Start(context.Background(), &Options{Federation: true, Stdio: bin, NoUsage: true, Tenants: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	if err := e.Exhaust(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Check(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	targets := []string{GatewayMem, FedOne, FedThree, StdioDirect, FedStdio}
+	res, err := Run(context.Background(), e, RunOptions{Workers: 4, Rounds: 1, Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond, Targets: targets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range targets {
+		if r := res.Rounds[name][0]; r.Calls == 0 || r.Errors != 0 {
+			t.Errorf("%s: %+v", name, r)
+		}
+	}
+	var b strings.Builder
+	res.Print(&b)
+	for _, row := range []string{"| fed-3 / fed-1 ", "| fed-1 / gateway-mem ", "| fed-stdio / stdio-direct "} {
+		if !strings.Contains(b.String(), row) {
+			t.Errorf("report lacks %q:\n%s", row, b.String())
+		}
+	}
+}
