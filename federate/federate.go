@@ -233,7 +233,29 @@ func New(ctx context.Context, opts Options) (*Federator, error) {
 			f.spawn(func() { up.supervise(f.ctx) })
 		}
 	}
+	f.spawn(f.tick)
 	return f, nil
+}
+
+// tick moves the states that change with time alone (an open breaker's
+// cooldown ending, a 429's Retry-After passing) every second, so that
+// Options.OnState (the gateway's metrics) sees them without waiting for a
+// call.
+func (f *Federator) tick() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, up := range f.ups {
+			up.mu.Lock()
+			up.setStateLocked()
+			up.mu.Unlock()
+		}
+	}
 }
 
 // closeLater closes an upstream session in the background: a graceful

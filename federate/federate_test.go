@@ -174,7 +174,9 @@ func TestUpstreamBreaker(t *testing.T) {
 		t.Errorf("b__echo while a is down = %q", got)
 	}
 	a.start()
-	time.Sleep(400 * time.Millisecond) // the cooldown
+	// The cooldown ends: the state moves to half open by itself (no call,
+	// no Health), for the gateway's metrics.
+	waitFor(t, "a's state to move to half_open", func() bool { s, _ := states.Load().(string); return s == "a:half_open" })
 	if got, isErr := callText(t, cs, "a__echo", map[string]any{"text": "back"}); got != "a: back" || isErr {
 		t.Fatalf("a__echo after recovery = %q (isError %v)", got, isErr)
 	}
