@@ -44,11 +44,6 @@ type suite struct {
 	server      string // the reference server (everything-server.ts)
 }
 
-func inCI() bool {
-	ci, err := strconv.ParseBool(os.Getenv("CI"))
-	return err == nil && ci
-}
-
 // requireSuite returns the installed suite. When any part is missing the
 // test is skipped with the command that installs it, or fails when CI is
 // true: CI never skips.
@@ -59,10 +54,7 @@ func requireSuite(t *testing.T) *suite {
 		return s
 	}
 	msg := fmt.Sprintf("conformance: the MCP conformance suite is not installed (%v); %s", err, installHint)
-	if inCI() {
-		t.Fatalf("%s (CI is set: CI never skips)", msg)
-	}
-	t.Skipf("%s; skipping (with CI=true this test fails instead: CI never skips)", msg)
+	testenv.Missing(t, msg)
 	return nil
 }
 

@@ -48,16 +48,27 @@ func RequireBinary(tb testing.TB, name string) string {
 	if err == nil {
 		return path
 	}
-	if inCI() {
-		tb.Fatalf("testenv: %s not found in PATH (CI is set: CI never skips, install %s): %v", name, name, err)
-	}
-	tb.Skipf("testenv: %s not found in PATH, skipping (with CI=true this test fails instead: CI never skips)", name)
+	Missing(tb, fmt.Sprintf("testenv: %s not found in PATH (%v); install %s", name, err, name))
 	return ""
 }
 
-func inCI() bool {
+// InCI reports whether the environment variable CI holds a true value
+// ("true", "1", ...), as .ci/run sets it.
+func InCI() bool {
 	ci, err := strconv.ParseBool(os.Getenv("CI"))
 	return err == nil && ci
+}
+
+// Missing ends a test that cannot run because msg (a server, a tool, a
+// package) is missing: it fails in CI, which must run every test against
+// real servers and never skips, and skips elsewhere. Every such check goes
+// through it, so that no test can skip in CI.
+func Missing(tb testing.TB, msg string) {
+	tb.Helper()
+	if InCI() {
+		tb.Fatalf("%s (CI is set: CI never skips)", msg)
+	}
+	tb.Skipf("%s; skipping (with CI=true this test fails instead: CI never skips)", msg)
 }
 
 // errPortInUse means a server could not bind its port because another

@@ -7,14 +7,13 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/mcpgate/mcpgate/internal/testenv"
 )
 
 func TestStartStop(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(ErrNoBinary)
-		}
-		t.Skip(ErrNoBinary)
+		testenv.Missing(t, ErrNoBinary.Error())
 	}
 	s, err := Start()
 	if err != nil {
