@@ -19,12 +19,11 @@ type call struct {
 	up     *upstream
 	ss     *mcp.ServerSession
 	cs     *mcp.ClientSession
-	shared bool
 	probe  bool
 	ctx    context.Context // the client's, with the idle timeout and the HTTP status recorder
 	idle   *idleTimer
 	parent context.Context // the client's
-	status *atomic.Int32   // the HTTP status of the call's POST (HTTP upstreams)
+	status atomic.Int32    // the HTTP status of the call's POST (HTTP upstreams)
 	// stopOnClose undoes the call's cancellation by Federator.Close.
 	stopOnClose func() bool
 }
@@ -40,12 +39,12 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 		f.outcome(up, OutcomeRefused)
 		return nil, r
 	}
-	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx, status: new(atomic.Int32)}
-	c.ctx, c.idle = withIdle(context.WithValue(ctx, statusKey{}, c.status), timeout)
+	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx}
+	c.ctx, c.idle = withIdle(context.WithValue(ctx, statusKey{}, &c.status), timeout)
 	// Close ends the calls in flight (a call reporting progress would
 	// otherwise hold it without bound).
 	c.stopOnClose = context.AfterFunc(f.ctx, func() { c.idle.cancel(errClosing) })
-	cs, shared, err := f.session(c.ctx, up, ss, stateless)
+	cs, err := f.session(c.ctx, up, ss, stateless)
 	if err != nil {
 		c.stopOnClose()
 		c.idle.stop()
@@ -59,7 +58,7 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 		f.log.Warn("federate: cannot open an upstream session", "upstream", up.cfg.Name, "err", err)
 		return nil, up.failure(fmt.Sprintf("it cannot be reached: %v", err))
 	}
-	c.cs, c.shared = cs, shared
+	c.cs = cs
 	f.inflight.add(c)
 	return c, nil
 }
@@ -113,6 +112,12 @@ func (c *call) verdict(err error) verdict {
 		// and the request again; not a failure of the upstream. Checked
 		// before the upstream's own JSON-RPC errors: a 404 may carry one.
 		c.up.report(c.probe, abandoned)
+		if c.up.cfg.stdio() {
+			// A stdio session is its process: closed, the process has
+			// exited and supervise is restarting it; sent again, the
+			// request would only meet the same closed session.
+			return verdict{refusal: &refusal{reason: reasonDown}, outcome: OutcomeRefused}
+		}
 		c.up.drop(c.cs)
 		return verdict{retry: true, err: c.up.rpcErr("lost the session"), outcome: OutcomeRetried}
 	case errors.As(err, &je) && !transportCode(je.Code):

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
+	"regexp"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -36,13 +36,13 @@ type catalog struct {
 	prompts   map[string]route
 	resources map[string]*upstream
 	templates map[string]*upstream
-	byUp      map[*upstream]*listing // as last installed
-	shadowed  []string               // resources left to an earlier upstream, for the log
+	matchers  map[string]*regexp.Regexp // of each template of templates (nil: it does not parse)
+	byUp      map[*upstream]*listing    // as last installed
 }
 
 func newCatalog() *catalog {
 	return &catalog{tools: map[string]route{}, prompts: map[string]route{}, resources: map[string]*upstream{},
-		templates: map[string]*upstream{}, byUp: map[*upstream]*listing{}}
+		templates: map[string]*upstream{}, matchers: map[string]*regexp.Regexp{}, byUp: map[*upstream]*listing{}}
 }
 
 func (c *catalog) tool(name string) (route, bool) {
@@ -140,95 +140,98 @@ func (f *Federator) buildCatalog(ctx context.Context) (*catalog, error) {
 	defer cancel()
 	c := newCatalog()
 	var errs []error
+	var shadowed []string
 	for _, up := range f.ups {
 		l, err := list(ctx, up)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%w: %s: %v", ErrStart, describe(up.cfg), err))
 			continue
 		}
-		errs = append(errs, c.merge(up, l)...)
+		c.mu.Lock()
+		_, merrs, shadows := c.mergeLocked(up, l)
+		c.mu.Unlock()
+		errs, shadowed = append(errs, merrs...), append(shadowed, shadows...)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	for _, msg := range c.shadowed {
+	for _, msg := range shadowed {
 		f.log.Warn("federate: a resource two upstreams list goes to the first", "detail", msg)
 	}
-	c.shadowed = nil
 	return c, nil
 }
 
-// merge adds up's listing, refusing (and reporting) each name another
-// upstream already exposes. c.mu is not held.
-func (c *catalog) merge(up *upstream, l *listing) []error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.mergeLocked(up, l)
-}
-
 // replace swaps up's entries for those of l in one step (a concurrent call
-// never finds a kept name missing) and returns the previous listing and
-// the names not exposed.
-func (c *catalog) replace(up *upstream, l *listing) (old *listing, errs []error) {
+// never finds a kept name missing) and returns the previous listing, what
+// of l is now exposed, and the names not exposed.
+func (c *catalog) replace(up *upstream, l *listing) (old, kept *listing, errs []error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	old = c.forgetLocked(up)
-	errs = c.mergeLocked(up, l)
-	c.shadowed = nil
-	return old, errs
+	kept, errs, _ = c.mergeLocked(up, l)
+	return old, kept, errs
 }
 
-// mergeLocked is merge with c.mu held.
-func (c *catalog) mergeLocked(up *upstream, l *listing) []error {
-	var errs []error
-	conflict := func(kind, name string, other *upstream, theirs string) {
-		errs = append(errs, fmt.Errorf("%w: %s %q is exposed by upstream %q (as %q) and by upstream %q (as %q)",
-			ErrConflict, kind, name, other.cfg.Name, theirs, up.cfg.Name, strings.TrimPrefix(name, up.cfg.Prefix)))
-	}
-	kept := &listing{}
-	for _, t := range l.tools {
-		name := up.cfg.Prefix + t.Name
-		if r, ok := c.tools[name]; ok && r.up != up {
-			conflict("tool", name, r.up, r.name)
-			continue
-		}
-		if err := checkSchema(t); err != nil {
-			errs = append(errs, fmt.Errorf("upstream %q: tool %q: %v (not exposed)", up.cfg.Name, t.Name, err))
-			continue
-		}
-		c.tools[name] = route{up, t.Name}
-		kept.tools = append(kept.tools, t)
-	}
-	for _, p := range l.prompts {
-		name := up.cfg.Prefix + p.Name
-		if r, ok := c.prompts[name]; ok && r.up != up {
-			conflict("prompt", name, r.up, r.name)
-			continue
-		}
-		c.prompts[name] = route{up, p.Name}
-		kept.prompts = append(kept.prompts, p)
+// mergeLocked adds up's listing and returns what of it is exposed: not a
+// tool or prompt name another upstream exposes (an error each), nor a URI
+// or template another lists (a message each, for the log). c.mu is held.
+func (c *catalog) mergeLocked(up *upstream, l *listing) (kept *listing, errs []error, shadowed []string) {
+	kept = &listing{
+		tools:   exposeNamed(c.tools, up, l.tools, "tool", func(t *mcp.Tool) string { return t.Name }, checkSchema, &errs),
+		prompts: exposeNamed(c.prompts, up, l.prompts, "prompt", func(p *mcp.Prompt) string { return p.Name }, nil, &errs),
 	}
 	// A URI (or template) two upstreams list stays with the first in
 	// configuration order: two servers of one kind (two file servers) list
 	// the same URIs, and refusing to start would leave both out.
-	for _, r := range l.resources {
-		if other, ok := c.resources[r.URI]; ok && other != up {
-			c.shadowed = append(c.shadowed, fmt.Sprintf("resource %q of upstream %q is served by upstream %q", r.URI, up.cfg.Name, other.cfg.Name))
-			continue
-		}
-		c.resources[r.URI] = up
-		kept.resources = append(kept.resources, r)
-	}
-	for _, t := range l.templates {
-		if other, ok := c.templates[t.URITemplate]; ok && other != up {
-			c.shadowed = append(c.shadowed, fmt.Sprintf("resource template %q of upstream %q is served by upstream %q", t.URITemplate, up.cfg.Name, other.cfg.Name))
-			continue
-		}
-		c.templates[t.URITemplate] = up
-		kept.templates = append(kept.templates, t)
+	kept.resources = claim(c.resources, up, l.resources, "resource", func(r *mcp.Resource) string { return r.URI }, &shadowed)
+	kept.templates = claim(c.templates, up, l.templates, "resource template", func(t *mcp.ResourceTemplate) string { return t.URITemplate }, &shadowed)
+	for _, t := range kept.templates {
+		c.matchers[t.URITemplate] = templateMatcher(t.URITemplate)
 	}
 	c.byUp[up] = kept
-	return errs
+	return kept, errs, shadowed
+}
+
+// exposeNamed routes up's items (tools or prompts) under up's prefix and
+// returns those exposed: not one whose exposed name another upstream
+// exposes (ErrConflict naming both), nor one check refuses (nil: none).
+func exposeNamed[T any](routes map[string]route, up *upstream, items []T, kind string, nameOf func(T) string, check func(T) error, errs *[]error) []T {
+	var kept []T
+	for _, x := range items {
+		own := nameOf(x)
+		name := up.cfg.Prefix + own
+		if r, ok := routes[name]; ok && r.up != up {
+			*errs = append(*errs, fmt.Errorf("%w: %s %q is exposed by upstream %q (as %q) and by upstream %q (as %q)",
+				ErrConflict, kind, name, r.up.cfg.Name, r.name, up.cfg.Name, own))
+			continue
+		}
+		if check != nil {
+			if err := check(x); err != nil {
+				*errs = append(*errs, fmt.Errorf("upstream %q: %s %q: %v (not exposed)", up.cfg.Name, kind, own, err))
+				continue
+			}
+		}
+		routes[name] = route{up, own}
+		kept = append(kept, x)
+	}
+	return kept
+}
+
+// claim gives up the keys (URIs, templates) of its items that no other
+// upstream holds, and returns those items; each left to another upstream
+// is noted in shadowed.
+func claim[T any](owners map[string]*upstream, up *upstream, items []T, kind string, keyOf func(T) string, shadowed *[]string) []T {
+	var kept []T
+	for _, x := range items {
+		key := keyOf(x)
+		if other, ok := owners[key]; ok && other != up {
+			*shadowed = append(*shadowed, fmt.Sprintf("%s %q of upstream %q is served by upstream %q", kind, key, up.cfg.Name, other.cfg.Name))
+			continue
+		}
+		owners[key] = up
+		kept = append(kept, x)
+	}
+	return kept
 }
 
 // forget removes up's entries. c.mu is held.
@@ -249,6 +252,7 @@ func (c *catalog) forgetLocked(up *upstream) (old *listing) {
 	}
 	for _, t := range old.templates {
 		delete(c.templates, t.URITemplate)
+		delete(c.matchers, t.URITemplate)
 	}
 	return old
 }
@@ -363,13 +367,10 @@ func (f *Federator) refreshOnce(up *upstream) {
 		}
 		return
 	}
-	old, errs := f.cat.replace(up, l)
+	old, kept, errs := f.cat.replace(up, l)
 	for _, err := range errs {
 		f.log.Error("federate: upstream entry not exposed", "upstream", up.cfg.Name, "err", err)
 	}
-	f.cat.mu.RLock()
-	kept := f.cat.byUp[up]
-	f.cat.mu.RUnlock()
 	f.install(up, old, kept)
 }
 

@@ -42,6 +42,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	gwmcp "github.com/mcpgate/mcpgate/mcp"
 )
 
 // Defaults for Options.
@@ -173,7 +175,6 @@ type Federator struct {
 	opts      Options
 	log       *slog.Logger
 	ups       []*upstream
-	byName    map[string]*upstream
 	cat       *catalog
 	stateful  *mcp.Server // sessions: MCP ≤ 2025-11-25
 	stateless *mcp.Server // MCP 2026-07-28: every request its own session
@@ -204,15 +205,13 @@ func New(ctx context.Context, opts Options) (*Federator, error) {
 		return nil, err
 	}
 	setDefaults(&opts)
-	f := &Federator{opts: opts, log: opts.Logger, byName: map[string]*upstream{}, installed: make(chan struct{})}
+	f := &Federator{opts: opts, log: opts.Logger, installed: make(chan struct{})}
 	f.ctx, f.stop = context.WithCancel(context.Background())
 	f.sessions.init()
 	f.progress.init()
 	f.subs.by, f.subs.watched = map[subKey]map[*mcp.ServerSession]bool{}, map[*mcp.ServerSession]bool{}
 	for _, u := range opts.Upstreams {
-		up := newUpstream(f, u)
-		f.ups = append(f.ups, up)
-		f.byName[u.Name] = up
+		f.ups = append(f.ups, newUpstream(f, u))
 	}
 	if err := f.connectAll(ctx); err != nil {
 		f.Close()
@@ -332,7 +331,7 @@ func (f *Federator) newHandler() http.Handler {
 	stateless := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return f.stateless },
 		&mcp.StreamableHTTPOptions{Stateless: true, Logger: f.sdkLogger(), PropagateRequestCancellation: true})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Mcp-Session-Id") == "" && r.Method == http.MethodPost && !isInitialize(r) {
+		if r.Header.Get(gwmcp.HeaderSessionID) == "" && r.Method == http.MethodPost && !isInitialize(r) {
 			// A 2026-07-28 client has no session, nor has an older client
 			// of a stateless server (a request other than initialize,
 			// without a session id): each request is the whole exchange.
@@ -346,7 +345,17 @@ func (f *Federator) newHandler() http.Handler {
 // isInitialize reports whether r's body is an initialize request, leaving
 // the body readable again. A body that cannot be read is not one (the
 // stateless handler then answers the error).
+//
+// A request of MCP 2026-07-28 or later names its method in Mcp-Method,
+// which both SDK handlers check against the body (a mismatch is refused
+// either way): its body, every stateless client's request, is not read
+// twice.
 func isInitialize(r *http.Request) bool {
+	if r.Header.Get(gwmcp.HeaderProtocolVersion) >= headerMethodVersion {
+		if m := r.Header.Get(gwmcp.HeaderMethod); m != "" {
+			return m == "initialize"
+		}
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, 16<<20))
 	r.Body.Close()
 	r.Body = io.NopCloser(bytes.NewReader(body))
@@ -358,6 +367,10 @@ func isInitialize(r *http.Request) bool {
 	}
 	return json.Unmarshal(body, &m) == nil && m.Method == "initialize"
 }
+
+// headerMethodVersion is the first protocol version whose requests carry
+// Mcp-Method (checked by the SDK).
+const headerMethodVersion = "2026-07-28"
 
 func (f *Federator) sdkLogger() *slog.Logger { return f.log.With("component", "federate") }
 
@@ -427,15 +440,6 @@ func (f *Federator) Health() []Health {
 	out := make([]Health, 0, len(f.ups))
 	for _, up := range f.ups {
 		out = append(out, up.health())
-	}
-	return out
-}
-
-// Upstreams returns the names of the upstreams, in configuration order.
-func (f *Federator) Upstreams() []string {
-	out := make([]string, 0, len(f.ups))
-	for _, up := range f.ups {
-		out = append(out, up.cfg.Name)
 	}
 	return out
 }

@@ -20,11 +20,20 @@ import (
 	"time"
 
 	"github.com/mcpgate/mcpgate/federate"
+	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // start returns a Federator over ups and a client session to it.
 func start(t *testing.T, opts federate.Options, copts *mcp.ClientOptions) (*federate.Federator, *mcp.ClientSession) {
+	t.Helper()
+	f, url := serve(t, opts)
+	return f, connect(t, url, newClient("test-client", copts))
+}
+
+// serve returns a Federator over opts (logging nowhere unless
+// opts.Logger is set), closed with the test, and the URL of its handler.
+func serve(t *testing.T, opts federate.Options) (*federate.Federator, string) {
 	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -36,13 +45,23 @@ func start(t *testing.T, opts federate.Options, copts *mcp.ClientOptions) (*fede
 	t.Cleanup(func() { f.Close() })
 	ts := httptest.NewServer(f.Handler())
 	t.Cleanup(ts.Close)
-	c := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "1"}, copts)
-	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: ts.URL}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	return f, ts.URL
+}
+
+func newClient(name string, copts *mcp.ClientOptions) *mcp.Client {
+	return mcp.NewClient(&mcp.Implementation{Name: name, Version: "1"}, copts)
+}
+
+// connect opens a session of c to url (MCP 2025-11-25), closed with the
+// test.
+func connect(t *testing.T, url string, c *mcp.Client) *mcp.ClientSession {
+	t.Helper()
+	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cs.Close() })
-	return f, cs
+	return cs
 }
 
 func callText(t *testing.T, cs *mcp.ClientSession, tool string, args map[string]any) (string, bool) {
@@ -176,7 +195,7 @@ func TestUpstreamBreaker(t *testing.T) {
 	a.start()
 	// The cooldown ends: the state moves to half open by itself (no call,
 	// no Health), for the gateway's metrics.
-	waitFor(t, "a's state to move to half_open", func() bool { s, _ := states.Load().(string); return s == "a:half_open" })
+	testenv.Eventually(t, waitLong, "a's state to move to half_open", func() bool { s, _ := states.Load().(string); return s == "a:half_open" })
 	if got, isErr := callText(t, cs, "a__echo", map[string]any{"text": "back"}); got != "a: back" || isErr {
 		t.Fatalf("a__echo after recovery = %q (isError %v)", got, isErr)
 	}
@@ -236,17 +255,10 @@ func TestStdioRestart(t *testing.T) {
 	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "c__crash"}); err == nil || !strings.Contains(err.Error(), `upstream "c" failed`) {
 		t.Fatalf("c__crash: err = %v, want one naming upstream c", err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.Eventually(t, 20*time.Second, "an answer from the restarted process", func() bool {
 		got, isErr := callText(t, cs, "c__echo", map[string]any{"text": "2"})
-		if got == "c: 2" && !isErr {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no answer from the restarted process: %q", got)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return got == "c: 2" && !isErr
+	})
 	if h := f.Health()[0]; h.Restarts != 1 || h.State != federate.StateUp || h.Transport != "stdio" {
 		t.Errorf("health = %+v, want up after 1 restart", h)
 	}
@@ -312,23 +324,13 @@ func TestServerToClientRelay(t *testing.T) {
 // relayed to the client of the call in flight).
 func TestRootsRelay(t *testing.T) {
 	a := startHTTPUpstream(t, "a", nil)
-	c := mcp.NewClient(&mcp.Implementation{Name: "roots-client", Version: "1"}, nil)
+	c := newClient("roots-client", nil)
 	c.AddRoots(&mcp.Root{URI: "file:///work", Name: "work"})
-	f, err := federate.New(context.Background(), federate.Options{Logger: slog.New(slog.DiscardHandler), Upstreams: []federate.Upstream{
+	_, url := serve(t, federate.Options{Upstreams: []federate.Upstream{
 		{Name: "a", URL: a.URL(), Prefix: "a__"},
 		{Name: "c", Command: stdioCommand(t), Env: map[string]string{stdioEnv: "c"}, Prefix: "c__"},
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	ts := httptest.NewServer(f.Handler())
-	t.Cleanup(ts.Close)
-	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: ts.URL}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cs.Close() })
+	cs := connect(t, url, c)
 	for _, up := range []string{"a", "c"} {
 		if got, isErr := callText(t, cs, up+"__roots", nil); got != up+" roots: file:///work" || isErr {
 			t.Errorf("%s__roots = %q (isError %v)", up, got, isErr)
@@ -370,7 +372,7 @@ func TestCancellationReachesTheUpstream(t *testing.T) {
 		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "a__slow", Arguments: map[string]any{"ms": 30000}})
 		done <- err
 	}()
-	waitFor(t, "the slow call to reach a", func() bool { return a.calls.get("slow") == 1 })
+	testenv.Eventually(t, waitLong, "the slow call to reach a", func() bool { return a.calls.get("slow") == 1 })
 	cancel()
 	select {
 	case err := <-done:
@@ -380,7 +382,7 @@ func TestCancellationReachesTheUpstream(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the cancelled call did not return")
 	}
-	waitFor(t, "a to see the cancellation", func() bool { return a.calls.get("slow-cancelled") == 1 })
+	testenv.Eventually(t, waitLong, "a to see the cancellation", func() bool { return a.calls.get("slow-cancelled") == 1 })
 	// The session is still good.
 	if got, _ := callText(t, cs, "a__echo", map[string]any{"text": "after"}); got != "a: after" {
 		t.Errorf("a__echo after a cancellation = %q", got)
@@ -409,7 +411,7 @@ func TestListChangedReachesTheClient(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no tools/list_changed reached the client")
 	}
-	waitFor(t, "a__added to be listed", func() bool {
+	testenv.Eventually(t, waitLong, "a__added to be listed", func() bool {
 		for tool, err := range cs.Tools(context.Background(), nil) {
 			if err == nil && tool.Name == "a__added" {
 				return true
@@ -422,16 +424,9 @@ func TestListChangedReachesTheClient(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// waitLong bounds the waits on the upstreams and the Federator's
+// goroutines (testenv.Eventually).
+const waitLong = 15 * time.Second
 
 // The progress an upstream sends right before its answer reaches the
 // client before the answer, through HTTP and stdio upstreams alike: the
@@ -440,17 +435,11 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // queue what it got.
 func TestProgressBeforeTheAnswer(t *testing.T) {
 	a := startHTTPUpstream(t, "a", nil)
-	f, err := federate.New(context.Background(), federate.Options{Logger: slog.New(slog.DiscardHandler), Upstreams: []federate.Upstream{
+	_, url := serve(t, federate.Options{Upstreams: []federate.Upstream{
 		{Name: "a", URL: a.URL(), Prefix: "a__"},
 		{Name: "c", Command: stdioCommand(t), Env: map[string]string{stdioEnv: "c"}, Prefix: "c__"},
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	ts := httptest.NewServer(f.Handler())
-	t.Cleanup(ts.Close)
-	rc := &rawClient{t: t, url: ts.URL}
+	rc := &rawClient{t: t, url: url}
 	rc.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
 	rc.post(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
 	for i := range 20 {
@@ -528,17 +517,10 @@ func TestCallWithoutArguments(t *testing.T) {
 			h.ServeHTTP(w, r)
 		})
 	})
-	f, err := federate.New(context.Background(), federate.Options{Logger: slog.New(slog.DiscardHandler),
-		Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	ts := httptest.NewServer(f.Handler())
-	t.Cleanup(ts.Close)
+	_, url := serve(t, federate.Options{Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__"}}})
 	// A raw request: the SDK client would add {} itself.
 	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a__echo"}}`
-	req, _ := http.NewRequest(http.MethodPost, ts.URL, strings.NewReader(body))
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
@@ -660,22 +642,10 @@ func TestUpstreamWithoutCapabilities(t *testing.T) {
 // a failure, so the breaker stays closed for everyone.
 func TestUpstreamRestartKeepsTheBreakerClosed(t *testing.T) {
 	a := startHTTPUpstream(t, "a", nil)
-	f, err := federate.New(context.Background(), federate.Options{Logger: slog.New(slog.DiscardHandler), Failures: 2,
-		Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	ts := httptest.NewServer(f.Handler())
-	t.Cleanup(ts.Close)
+	f, url := serve(t, federate.Options{Failures: 2, Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__"}}})
 	var clients []*mcp.ClientSession
 	for range 3 {
-		c := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "1"}, nil)
-		cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: ts.URL}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cs.Close() })
+		cs := connect(t, url, newClient("c", nil))
 		clients = append(clients, cs)
 		if got, _ := callText(t, cs, "a__echo", map[string]any{"text": "1"}); got != "a: 1" {
 			t.Fatalf("a__echo = %q", got)
@@ -702,24 +672,18 @@ func TestSharedSessionRequestsStayWithTheirClient(t *testing.T) {
 	opts := federate.Options{Upstreams: []federate.Upstream{
 		{Name: "c", Command: stdioCommand(t), Env: map[string]string{stdioEnv: "c"}, Prefix: "c__"},
 	}}
-	f, alice := start(t, opts, &mcp.ClientOptions{
+	_, url := serve(t, opts)
+	alice := connect(t, url, newClient("alice", &mcp.ClientOptions{
 		CreateMessageHandler: func(ctx context.Context, req *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
 			asked.Add(1)
 			return &mcp.CreateMessageResult{Role: "assistant", Model: "m", Content: &mcp.TextContent{Text: "alice's"}}, nil
 		},
-	})
-	ts := httptest.NewServer(f.Handler())
-	t.Cleanup(ts.Close)
-	c := mcp.NewClient(&mcp.Implementation{Name: "bob", Version: "1"}, &mcp.ClientOptions{
+	}))
+	bob := connect(t, url, newClient("bob", &mcp.ClientOptions{
 		CreateMessageHandler: func(ctx context.Context, req *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
 			return &mcp.CreateMessageResult{Role: "assistant", Model: "m", Content: &mcp.TextContent{Text: "bob's"}}, nil
 		},
-	})
-	bob, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: ts.URL}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { bob.Close() })
+	}))
 	// Alone on the session, bob's sampling reaches bob.
 	if got, _ := callText(t, bob, "c__sample", map[string]any{"text": "q"}); got != "c sampled: bob's" {
 		t.Fatalf("bob alone: %q", got)

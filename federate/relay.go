@@ -242,7 +242,7 @@ type sessionSlot struct {
 
 func (t *sessionTable) init() { t.m = map[*mcp.ServerSession]*clientSet{} }
 
-// set returns ss's set, creating it (and the watch that closes its
+// clientSetOf returns ss's set, creating it (and the watch that closes its
 // sessions when ss ends) on first use; nil once ss has ended.
 func (f *Federator) clientSetOf(ss *mcp.ServerSession) *clientSet {
 	t := &f.sessions
@@ -334,34 +334,33 @@ func (t *sessionTable) all() []*clientSet {
 
 // session returns the upstream session a call of ss goes through: ss's
 // own (opened now if it has none) for an HTTP upstream and a client with
-// sessions; the shared one otherwise. shared reports which.
-func (f *Federator) session(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool) (cs *mcp.ClientSession, shared bool, err error) {
+// sessions; the shared one otherwise.
+func (f *Federator) session(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool) (*mcp.ClientSession, error) {
 	if stateless || ss == nil || up.cfg.stdio() {
-		cs, err = up.sharedSession(ctx)
-		return cs, true, err
+		return up.sharedSession(ctx)
 	}
 	set := f.clientSetOf(ss)
 	if set == nil {
-		return nil, false, errSessionEnded
+		return nil, errSessionEnded
 	}
 	sl, level := set.slot(up)
 	if sl == nil {
-		return nil, false, errSessionEnded
+		return nil, errSessionEnded
 	}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	if sl.cs != nil {
-		return sl.cs, false, nil
+		return sl.cs, nil
 	}
-	cs, err = up.connect(ctx, ss)
+	cs, err := up.connect(ctx, ss)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	if level != "" && hasLogging(cs) {
 		_ = cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: level})
 	}
 	sl.cs = cs
-	return cs, false, nil
+	return cs, nil
 }
 
 // setLevel passes a client's logging/setLevel on to its upstream sessions

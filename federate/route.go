@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -81,12 +82,9 @@ func (f *Federator) passSetLevel(next mcp.MethodHandler) mcp.MethodHandler {
 // on: its text names the upstream and the retry time; structuredContent
 // carries the same.
 func (r *refusal) result(up string) *mcp.CallToolResult {
-	text := fmt.Sprintf("upstream %q is unavailable: %s", up, r.reason)
+	text, secs := r.text(up)
 	data := map[string]any{"error": "upstream_unavailable", "upstream": up, "reason": r.reason}
-	if !r.retry.IsZero() {
-		secs := int(time.Until(r.retry).Round(time.Second) / time.Second)
-		secs = max(secs, 1)
-		text += fmt.Sprintf("; retry in %ds", secs)
+	if secs > 0 {
 		data["retryAfterSeconds"] = secs
 	}
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}, StructuredContent: data}
@@ -94,11 +92,19 @@ func (r *refusal) result(up string) *mcp.CallToolResult {
 
 // rpcError renders a refusal of a request other than tools/call.
 func (r *refusal) rpcError(up string) error {
-	msg := fmt.Sprintf("upstream %q is unavailable: %s", up, r.reason)
-	if !r.retry.IsZero() {
-		msg += fmt.Sprintf("; retry in %ds", max(int(time.Until(r.retry).Round(time.Second)/time.Second), 1))
+	text, _ := r.text(up)
+	return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: text}
+}
+
+// text is the refusal's message, naming the upstream and the retry time,
+// and the seconds to wait (at least 1; 0 when unknown).
+func (r *refusal) text(up string) (string, int) {
+	text := fmt.Sprintf("upstream %q is unavailable: %s", up, r.reason)
+	if r.retry.IsZero() {
+		return text, 0
 	}
-	return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: msg}
+	secs := max(int(time.Until(r.retry).Round(time.Second)/time.Second), 1)
+	return text + fmt.Sprintf("; retry in %ds", secs), secs
 }
 
 // toolHandler routes a tools/call by its exposed name.
@@ -114,14 +120,14 @@ func (f *Federator) toolHandler(stateless bool) mcp.ToolHandler {
 			timeout = d
 		}
 		ctx = withForwarded(ctx, req.Extra)
+		params := &mcp.CallToolParams{Meta: forwardMeta(req.Params.Meta), Name: rt.name}
+		if len(req.Params.Arguments) > 0 {
+			params.Arguments = req.Params.Arguments // else {} (a nil RawMessage would be sent as null)
+		}
 		for attempt := 0; ; attempt++ {
 			c, r := f.begin(ctx, rt.up, req.Session, stateless, timeout)
 			if r != nil {
 				return r.result(rt.up.cfg.Name), nil
-			}
-			params := &mcp.CallToolParams{Meta: forwardMeta(req.Params.Meta), Name: rt.name}
-			if len(req.Params.Arguments) > 0 {
-				params.Arguments = req.Params.Arguments // else {} (a nil RawMessage would be sent as null)
 			}
 			var ft string
 			if tok := req.Params.GetProgressToken(); tok != nil && req.Session != nil {
@@ -197,7 +203,7 @@ func (f *Federator) resourceOwner(uri string) *upstream {
 	for _, up := range f.ups {
 		if l := f.cat.byUp[up]; l != nil {
 			for _, t := range l.templates {
-				if matchTemplate(t.URITemplate, uri) {
+				if re := f.cat.matchers[t.URITemplate]; re != nil && re.MatchString(uri) {
 					return up
 				}
 			}
@@ -462,8 +468,12 @@ func (it *idleTimer) resume() {
 	it.mu.Unlock()
 }
 
-// matchTemplate reports whether uri is an instance of the RFC 6570 template.
-func matchTemplate(template, uri string) bool {
+// templateMatcher returns the regexp of the URIs that are instances of the
+// RFC 6570 template, nil for a template that does not parse.
+func templateMatcher(template string) *regexp.Regexp {
 	t, err := uritemplate.New(template)
-	return err == nil && t.Regexp().MatchString(uri)
+	if err != nil {
+		return nil
+	}
+	return t.Regexp()
 }

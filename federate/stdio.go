@@ -98,9 +98,6 @@ func (up *upstream) startProcess(ctx context.Context) (*mcp.ClientSession, error
 		return nil, err
 	}
 	up.f.track(cs, w)
-	up.mu.Lock()
-	up.proc = p
-	up.mu.Unlock()
 	return cs, nil
 }
 

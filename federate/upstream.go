@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	gwmcp "github.com/mcpgate/mcpgate/mcp"
 )
 
 // upstream is one server behind the Federator: its shared session, its
@@ -29,7 +31,6 @@ type upstream struct {
 	limited  time.Time // 429 Retry-After: no call before then
 	restarts int
 	state    State
-	proc     *process // stdio: the running process
 
 	refreshMu    sync.Mutex  // one refresh at a time
 	refreshAgain atomic.Bool // a refresh was asked for since the running one listed
@@ -84,7 +85,7 @@ func (t *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // Federator passes on to an HTTP upstream with the calls it makes for that
 // request: trace context, and the caller's identity the gateway sets when
 // upstream.identity_headers is on (it never lets a client set them).
-var ForwardHeaders = []string{"Traceparent", "Tracestate", "X-Mcp-Tenant", "X-Mcp-Subject"}
+var ForwardHeaders = []string{"Traceparent", "Tracestate", gwmcp.HeaderTenant, gwmcp.HeaderSubject}
 
 // forwardKey is the context key of the headers to forward.
 type forwardKey struct{}
@@ -144,7 +145,7 @@ func (up *upstream) admit(now time.Time) (probe bool, r *refusal) {
 	defer up.mu.Unlock()
 	switch {
 	case up.down:
-		return false, &refusal{reason: "its process is not running (being restarted)"}
+		return false, &refusal{reason: reasonDown}
 	case now.Before(up.limited):
 		return false, &refusal{reason: "it answered 429 Too Many Requests", retry: up.limited}
 	case up.failures < up.f.opts.Failures:
@@ -158,6 +159,10 @@ func (up *upstream) admit(now time.Time) (probe bool, r *refusal) {
 	up.setStateLocked()
 	return true, nil
 }
+
+// reasonDown is the refusal of a call to a stdio upstream whose process
+// is not running.
+const reasonDown = "its process is not running (being restarted)"
 
 // outcome is how a call that went to the upstream ended, for its breaker.
 type outcome int
@@ -190,16 +195,14 @@ func (up *upstream) report(probe bool, o outcome) {
 // change. up.mu is held.
 func (up *upstream) setStateLocked() {
 	now := time.Now()
+	tripped := up.failures >= up.f.opts.Failures
 	s := StateUp
 	switch {
 	case up.down:
 		s = StateDown
-	case up.failures >= up.f.opts.Failures && (now.Before(up.openTill) || !up.probing):
+	case tripped && now.Before(up.openTill) && !up.probing:
 		s = StateOpen
-		if up.probing || !now.Before(up.openTill) {
-			s = StateHalfOpen
-		}
-	case up.probing:
+	case tripped || up.probing: // cooldown over, or a probe in flight
 		s = StateHalfOpen
 	case now.Before(up.limited):
 		s = StateLimited

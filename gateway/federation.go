@@ -25,11 +25,10 @@ import (
 type federation struct {
 	fed *federate.Federator
 	srv *http.Server
-	ln  *pipeListener
 	url string
 	// rt is the transport of every request the gateway sends the
 	// federation (the proxy's, session ends, cache warm-up).
-	rt http.RoundTripper
+	rt *http.Transport
 	// auth is the Authorization header the federation requires: a random
 	// secret of this process (defence in depth: the pipes are reachable
 	// from this process only).
@@ -79,7 +78,7 @@ func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (
 	ln := newPipeListener()
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret) // never fails (crypto/rand)
-	fd := &federation{fed: fed, ln: ln, rt: ln.transport(), url: "http://federation.invalid/mcp", timeout: longest + 5*time.Second,
+	fd := &federation{fed: fed, rt: ln.transport(), url: "http://federation.invalid/mcp", timeout: longest + 5*time.Second,
 		auth: "Bearer " + hex.EncodeToString(secret)}
 	fd.srv = &http.Server{Handler: fd.guard(fed.Handler()), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
@@ -159,9 +158,7 @@ func (fd *federation) close() {
 	// streams would hold a graceful shutdown of the listener.
 	fd.fed.Close()
 	_ = fd.srv.Close()
-	if t, ok := fd.rt.(*http.Transport); ok {
-		t.CloseIdleConnections()
-	}
+	fd.rt.CloseIdleConnections()
 }
 
 // writeUpstreamHealth adds a line per upstream of upstreams: to /readyz.

@@ -406,16 +406,8 @@ func TestFederationStdioRestart(t *testing.T) {
 
 // Clients of MCP 2025-06-18 and 2025-11-25 (sessions) and 2026-07-28
 // (stateless) all list the merged tools, call every upstream, get a prompt
-// and read a resource through the federated gateway.
-//
-// Known failure (federate bug, reported): for 2026-07-28 the calls, gets
-// and reads routed to an HTTP upstream fail. The Federator forwards the
-// client's per-request _meta (io.modelcontextprotocol/protocolVersion
-// "2026-07-28", clientCapabilities, clientInfo) on its 2025-11-25 upstream
-// session, the SDK client transport then sends Mcp-Protocol-Version:
-// 2026-07-28, and the (stateful) upstream answers 400 -32022 "protocol
-// version "2026-07-28" is not supported by this server". The stdio upstream
-// does not check, so c's calls pass.
+// and read a resource through the federated gateway. (A 2026-07-28
+// client's per-request _meta stays on its side: see federate's forwardMeta.)
 func TestFederationProtocolVersions(t *testing.T) {
 	t.Parallel()
 	e := newFedEnv(t, fedSetup{})
@@ -439,7 +431,7 @@ func TestFederationProtocolVersions(t *testing.T) {
 				before := srv.Calls("echo")
 				res, err := callTool(ctx, cs, up+"__echo", map[string]any{"text": v})
 				if err != nil || res.IsError || fedResultText(res) != v {
-					t.Errorf("%s__echo: %v, %+v; want %q (fails for 2026-07-28: see the comment above)", up, err, res, v)
+					t.Errorf("%s__echo: %v, %+v; want %q", up, err, res, v)
 				} else if n := srv.Calls("echo"); n != before+1 {
 					t.Errorf("%s saw %d echo calls, want %d", up, n, before+1)
 				}

@@ -45,9 +45,6 @@ func (e *Env) addFederation(add func(name, cfgText string) error, text, upURL st
 	return add(FedThree, federationConfig(text, upURL, others))
 }
 
-// FederationRatio returns, per round, fed-3's calls/s over fed-1's.
-func (r *Results) FederationRatio() []float64 { return r.pairRatio(FedThree, FedOne) }
-
 // pairRatio returns, per round, a's calls/s over b's.
 func (r *Results) pairRatio(a, b string) []float64 {
 	var out []float64
