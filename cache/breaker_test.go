@@ -9,7 +9,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -53,6 +52,20 @@ func stopRedis(t *testing.T, client rueidis.Client) (resume func()) {
 	}
 	t.Cleanup(resume)
 	return resume
+}
+
+// openBreaker opens c's breaker with Gets of other keys of sc on a store
+// that does not answer, failing the test if DefaultBreakerFailures of them
+// do not open it.
+func openBreaker(t *testing.T, c *Cache, sc Scope) {
+	t.Helper()
+	var l loads
+	for i := 0; c.StoreAvailable(); i++ {
+		if i == DefaultBreakerFailures {
+			t.Fatalf("breaker still closed after %d failed Gets", i)
+		}
+		get(t, c, mustKey(t, sc, "search", fmt.Sprintf(`{"i":%d}`, i)), l.fixed("other", 0), minute)
+	}
 }
 
 // eventually polls cond until it holds, failing the test after a generous
@@ -206,12 +219,7 @@ func TestWaiterGivesUpWhenTheBreakerOpens(t *testing.T) {
 	b := newCache(t, mustRedisStore(t, bc), &Options{Timeout: 200 * time.Millisecond, WaitTimeout: time.Hour})
 	sc := scope(t)
 	k := mustKey(t, sc, "search", `{}`)
-	started, finish := make(chan struct{}), make(chan struct{})
-	// Runs before the caches' Close (which waits for a's load) if the
-	// test fails.
-	var finishOnce sync.Once
-	release := func() { finishOnce.Do(func() { close(finish) }) }
-	t.Cleanup(release)
+	started, finish, release := gate(t)
 	slow := goGet(context.Background(), a, k, gated("a's", started, finish), minute)
 	<-started
 	var lb loads
@@ -225,12 +233,7 @@ func TestWaiterGivesUpWhenTheBreakerOpens(t *testing.T) {
 
 	resume := stopRedis(t, admin)
 	// Other Gets of b fail on the stalled store and open its breaker.
-	for i := 0; b.StoreAvailable(); i++ {
-		if i == DefaultBreakerFailures {
-			t.Fatalf("breaker still closed after %d failed Gets", i)
-		}
-		get(t, b, mustKey(t, sc, "search", fmt.Sprintf(`{"i":%d}`, i)), lb.fixed("other", 0), minute)
-	}
+	openBreaker(t, b, sc)
 	select {
 	case res := <-waiter:
 		if res.err != nil || res.v != "b's" || res.src != Miss {

@@ -37,6 +37,26 @@ func gated(v string, started, finish chan struct{}) Loader {
 	}
 }
 
+// gatedErr is gated for a loader that fails with err.
+func gatedErr(err error, started, finish chan struct{}) Loader {
+	return func(context.Context) ([]byte, bool, error) {
+		close(started)
+		<-finish
+		return nil, false, err
+	}
+}
+
+// gate returns the channels of a gated loader and release, which closes
+// finish once. release also runs when the test ends: before the caches'
+// Close (which waits for the gated load) when the caches were made first.
+func gate(t *testing.T) (started, finish chan struct{}, release func()) {
+	started, finish = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(finish) }) }
+	t.Cleanup(release)
+	return started, finish, release
+}
+
 func testFencing(t *testing.T, e storeEnv) {
 	a := newCache(t, e.store(t), &Options{LockTTL: 100 * time.Millisecond, LoadTimeout: 5 * time.Second})
 	b := newCache(t, e.store(t), nil)
@@ -174,11 +194,7 @@ func testReleaseWakesWaiter(t *testing.T, e storeEnv) {
 	k := mustKey(t, scope(t), "search", `{}`)
 	started, finish := make(chan struct{}), make(chan struct{})
 	errUpstream := errors.New("upstream timeout")
-	failing := goGet(context.Background(), a, k, func(context.Context) ([]byte, bool, error) {
-		close(started)
-		<-finish
-		return nil, false, errUpstream
-	}, minute)
+	failing := goGet(context.Background(), a, k, gatedErr(errUpstream, started, finish), minute)
 	<-started
 	var lb loads
 	waiter := goGet(context.Background(), b, k, lb.fixed("b's", 0), minute)

@@ -5,8 +5,6 @@ package cache
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -106,21 +104,12 @@ func TestCommitSkippedByTheBreakerReleasesTheLock(t *testing.T) {
 	b := orphanWaiter(t, r)
 	sc := scope(t)
 	k := mustKey(t, sc, "search", `{}`)
-	started, finish := make(chan struct{}), make(chan struct{})
-	var finishOnce sync.Once
-	release := func() { finishOnce.Do(func() { close(finish) }) }
-	t.Cleanup(release)
+	started, finish, release := gate(t)
 	loading := goGet(context.Background(), a, k, gated("a's", started, finish), minute)
 	<-started // a holds the lock
 
 	thaw := r.Freeze(t)
-	var l loads
-	for i := 0; a.StoreAvailable(); i++ {
-		if i == DefaultBreakerFailures {
-			t.Fatalf("breaker still closed after %d failed Gets", i)
-		}
-		get(t, a, mustKey(t, sc, "search", fmt.Sprintf(`{"i":%d}`, i)), l.fixed("other", 0), minute)
-	}
+	openBreaker(t, a, sc)
 	thaw()
 	release()
 	if res := <-loading; res.err != nil || res.v != "a's" || res.src != Miss {
@@ -140,26 +129,13 @@ func TestReleaseSkippedByTheBreakerReleasesTheLock(t *testing.T) {
 	b := orphanWaiter(t, r)
 	sc := scope(t)
 	k := mustKey(t, sc, "search", `{}`)
-	started, finish := make(chan struct{}), make(chan struct{})
-	var finishOnce sync.Once
-	release := func() { finishOnce.Do(func() { close(finish) }) }
-	t.Cleanup(release)
+	started, finish, release := gate(t)
 	boom := errors.New("upstream failed")
-	loading := goGet(context.Background(), a, k, func(context.Context) ([]byte, bool, error) {
-		close(started)
-		<-finish
-		return nil, false, boom
-	}, minute)
+	loading := goGet(context.Background(), a, k, gatedErr(boom, started, finish), minute)
 	<-started
 
 	thaw := r.Freeze(t)
-	var l loads
-	for i := 0; a.StoreAvailable(); i++ {
-		if i == DefaultBreakerFailures {
-			t.Fatalf("breaker still closed after %d failed Gets", i)
-		}
-		get(t, a, mustKey(t, sc, "search", fmt.Sprintf(`{"i":%d}`, i)), l.fixed("other", 0), minute)
-	}
+	openBreaker(t, a, sc)
 	thaw()
 	release()
 	if res := <-loading; !errors.Is(res.err, boom) {

@@ -139,9 +139,10 @@ const (
 	opLeft          // the caller stopped waiting first
 )
 
-// settle runs op, a round trip that takes or gives up locks, to its end,
-// while the caller waits for it only until ctx ends; settle then returns
-// ctx's error and op's outcome goes to left (nil: nothing to undo) instead.
+// settle runs op, a round trip that takes or gives up locks for n
+// requests, to its end, while the caller waits for it only until ctx ends;
+// the caller then gets n results made by gaveUp from ctx's error, and op's
+// results go to left (nil: nothing to undo) instead.
 //
 // Giving up on such a round trip does not undo it: once sent, the script
 // runs on the server, late (the cause of the timeout), and a lock it takes
@@ -152,9 +153,10 @@ const (
 // gets a deadline of its own, life (the lock's TTL: a script held up
 // longer than that is a stalled server, which the breaker deals with), and
 // its reply, even a late one, is acted on.
-func (r *RedisStore) settle(ctx context.Context, life time.Duration, op, left func(ctx context.Context)) error {
+func settle[R any](ctx context.Context, life time.Duration, n int, op func(context.Context) []R,
+	left func(context.Context, []R), gaveUp func(error) R) []R {
 	if err := ctx.Err(); err != nil {
-		return err // nothing sent
+		return gaveUpAll(n, err, gaveUp) // nothing sent
 	}
 	if life <= 0 {
 		life = DefaultLockTTL
@@ -163,39 +165,48 @@ func (r *RedisStore) settle(ctx context.Context, life time.Duration, op, left fu
 		life = max(life, time.Until(d))
 	}
 	var state atomic.Int32
+	var out []R
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), life)
 		defer cancel()
-		op(octx)
+		out = op(octx)
 		if !state.CompareAndSwap(opRunning, opWaited) && left != nil {
-			left(octx)
+			left(octx, out)
 		}
 	}()
 	select {
 	case <-done:
-		return nil
+		return out
 	case <-ctx.Done():
 		if state.CompareAndSwap(opRunning, opLeft) {
-			return ctx.Err()
+			return gaveUpAll(n, ctx.Err(), gaveUp) // out is op's, still running
 		}
 		<-done // op ended meanwhile: its outcome is the caller's
-		return nil
+		return out
 	}
+}
+
+// gaveUpAll is n results of gaveUp(err).
+func gaveUpAll[R any](n int, err error, gaveUp func(error) R) []R {
+	out := make([]R, n)
+	for i := range out {
+		out[i] = gaveUp(err)
+	}
+	return out
 }
 
 // acquire runs acquireNow to its end (settle): the locks it takes after
 // the caller stopped waiting are released.
 func (r *RedisStore) acquire(ctx context.Context, reqs []acquireReq) []acquireRes {
-	var out []acquireRes
 	life := time.Duration(0)
 	for _, q := range reqs {
 		life = max(life, q.lockTTL)
 	}
-	err := r.settle(ctx, life, func(ctx context.Context) {
-		out = r.acquireNow(ctx, reqs)
-	}, func(ctx context.Context) {
+	return settle(ctx, life, len(reqs), func(ctx context.Context) []acquireRes {
+		return r.acquireNow(ctx, reqs)
+	}, func(ctx context.Context, out []acquireRes) {
 		var taken []releaseReq
 		for i, res := range out {
 			if res.err == nil && res.status == statusLocked {
@@ -205,16 +216,7 @@ func (r *RedisStore) acquire(ctx context.Context, reqs []acquireReq) []acquireRe
 		if len(taken) > 0 {
 			r.releaseNow(ctx, taken)
 		}
-	})
-	if err != nil {
-		// out is op's, still running: the caller gets its own.
-		gaveUp := make([]acquireRes, len(reqs))
-		for i := range gaveUp {
-			gaveUp[i].err = err
-		}
-		return gaveUp
-	}
-	return out
+	}, func(err error) acquireRes { return acquireRes{err: err} })
 }
 
 func (r *RedisStore) acquireNow(ctx context.Context, reqs []acquireReq) []acquireRes {
@@ -303,20 +305,12 @@ func parseAcquire(res rueidis.RedisResult) acquireRes {
 
 // commit runs commitNow to its end (settle).
 func (r *RedisStore) commit(ctx context.Context, reqs []commitReq) []commitRes {
-	var out []commitRes
 	life := time.Duration(0)
 	for _, q := range reqs {
 		life = max(life, q.lockTTL)
 	}
-	if err := r.settle(ctx, life, func(ctx context.Context) { out = r.commitNow(ctx, reqs) }, nil); err != nil {
-		// out is op's, still running: the caller gets its own.
-		gaveUp := make([]commitRes, len(reqs))
-		for i := range gaveUp {
-			gaveUp[i].err = err
-		}
-		return gaveUp
-	}
-	return out
+	return settle(ctx, life, len(reqs), func(ctx context.Context) []commitRes { return r.commitNow(ctx, reqs) },
+		nil, func(err error) commitRes { return commitRes{err: err} })
 }
 
 func (r *RedisStore) commitNow(ctx context.Context, reqs []commitReq) []commitRes {
@@ -337,20 +331,12 @@ func (r *RedisStore) commitNow(ctx context.Context, reqs []commitReq) []commitRe
 
 // release runs releaseNow to its end (settle).
 func (r *RedisStore) release(ctx context.Context, reqs []releaseReq) []error {
-	var out []error
 	life := time.Duration(0)
 	for _, q := range reqs {
 		life = max(life, q.lockTTL)
 	}
-	if err := r.settle(ctx, life, func(ctx context.Context) { out = r.releaseNow(ctx, reqs) }, nil); err != nil {
-		// out is op's, still running: the caller gets its own.
-		gaveUp := make([]error, len(reqs))
-		for i := range gaveUp {
-			gaveUp[i] = err
-		}
-		return gaveUp
-	}
-	return out
+	return settle(ctx, life, len(reqs), func(ctx context.Context) []error { return r.releaseNow(ctx, reqs) },
+		nil, func(err error) error { return err })
 }
 
 func (r *RedisStore) releaseNow(ctx context.Context, reqs []releaseReq) []error {

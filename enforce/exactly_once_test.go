@@ -5,11 +5,8 @@ package enforce_test
 import (
 	"context"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -41,14 +38,9 @@ func TestExactlyOnceUnderFaults(t *testing.T) {
 		// run on SIGCONT), the store breaker opens, calls are admitted
 		// open; their charges are placed again with their ops.
 		{"sigstop", func(t *testing.T, r *testenv.Redis, admin rueidis.Client) {
-			pid := redisPID(t, admin)
-			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-				t.Fatal(err)
-			}
+			thaw := r.Freeze(t)
 			time.Sleep(600 * time.Millisecond)
-			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-				t.Fatal(err)
-			}
+			thaw()
 		}},
 		// SIGKILL and a restart with an empty data set: the meter and the
 		// ops' markers are gone; what the durable store does not hold is
@@ -79,22 +71,6 @@ func TestExactlyOnceUnderFaults(t *testing.T) {
 			exactlyOnce(t, f.fault)
 		})
 	}
-}
-
-func redisPID(t *testing.T, admin rueidis.Client) int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	info, err := admin.Do(ctx, admin.B().Info().Section("server").Build()).ToString()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`(?m)^process_id:(\d+)`).FindStringSubmatch(info)
-	if m == nil {
-		t.Fatalf("no process_id in INFO server")
-	}
-	pid, _ := strconv.Atoi(m[1])
-	return pid
 }
 
 func exactlyOnce(t *testing.T, fault func(t *testing.T, r *testenv.Redis, admin rueidis.Client)) {

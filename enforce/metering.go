@@ -404,7 +404,7 @@ func (m *meterer) placeKey(ctx context.Context, key string, seed *limit.Usage) {
 	if p.delta != (limit.Usage{}) {
 		ops = append(ops, pendingOp{op: limit.NewOp(), delta: p.delta})
 	}
-	for i, op := range ops {
+	for _, op := range ops {
 		meter := p.meter
 		meter.Op, meter.Replay = op.op, op.replay
 		if seed != nil {
@@ -413,7 +413,6 @@ func (m *meterer) placeKey(ctx context.Context, key string, seed *limit.Usage) {
 		if !op.sent.IsZero() && !op.doubt && time.Since(op.sent) > opHorizon {
 			// Its marker may be gone: placed all the same (the call ran),
 			// it may count twice.
-			ops[i].doubt = true
 			op.doubt = true
 			m.stats.Unmetered.Add(float64(op.delta.Calls))
 			m.log.Error("a usage write left unanswered longer than its op is remembered is placed again: it may count twice",

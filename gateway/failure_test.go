@@ -278,7 +278,7 @@ tools:
 	// Wait until Redis decides one.
 	admitted := func() bool { return e.callRaw(0, tok, 0, "search", failureArgs).Status == http.StatusOK }
 	eventually(t, 10*time.Second, "a call admitted by Redis", admitted)
-	thaw := freezeRedis(t, redis.Client(t))
+	thaw := redis.Freeze(t)
 	before := calls.n.Load()
 	// Until the breaker opens, each call waits for the 25ms deadline.
 	var tripped int

@@ -24,8 +24,6 @@ import (
 	"testing"
 	"time"
 
-	mcpsetup "github.com/mcpgate/mcpgate/setup"
-
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/redis/rueidis"
 	"go.opentelemetry.io/otel/trace"
@@ -37,6 +35,7 @@ import (
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/limit/redisstore"
 	"github.com/mcpgate/mcpgate/policy"
+	mcpsetup "github.com/mcpgate/mcpgate/setup"
 	"github.com/mcpgate/mcpgate/usage"
 )
 

@@ -8,9 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mcpgate/mcpgate/enforce"
-
 	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/mcp"
 )
 

@@ -54,11 +54,11 @@ func (c *tenantRequests) release(tenant string) {
 // any work is done for it.
 func (g *Gateway) capTenant(x *exchange) bool {
 	max := x.rt.cfg.Server.MaxRequestsPerTenant
-	if max <= 0 || g.tenantRequests.acquire(x.p.Tenant, max) {
-		if max > 0 {
-			tenant := x.p.Tenant
-			x.after(func() { g.tenantRequests.release(tenant) })
-		}
+	if max <= 0 {
+		return true
+	}
+	if tenant := x.p.Tenant; g.tenantRequests.acquire(tenant, max) {
+		x.after(func() { g.tenantRequests.release(tenant) })
 		return true
 	}
 	g.metrics.Requests.WithLabelValues("any", "denied").Inc()

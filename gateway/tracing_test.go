@@ -12,8 +12,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/mcpgate/mcpgate/internal/testenv"
-
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -21,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/metrics"
 )
 

@@ -22,7 +22,7 @@ var ErrNumberRange = errors.New("jsonscan: number out of range")
 // number a tool can decode survives normalisation exactly).
 const maxExponent = 1 << 20
 
-// CanonicalArguments returns the canonical JSON form of a tools/call
+// Canonical returns the canonical JSON form of a tools/call
 // arguments value, the form the result cache and the loop breaker key on:
 // two arguments that mean the same thing give the same bytes.
 //
@@ -40,7 +40,7 @@ const maxExponent = 1 << 20
 //
 // Invalid JSON, raw invalid UTF-8, nesting deeper than MaxDepth, a duplicate
 // member (ErrDuplicateKey) or an absurd exponent (ErrNumberRange) is an
-// error. CanonicalArguments does not require an object: any JSON value is
+// error. Canonical does not require an object: any JSON value is
 // canonicalised.
 func Canonical(raw json.RawMessage) ([]byte, error) {
 	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
@@ -136,7 +136,7 @@ func (s *Scanner) canonical(dst []byte) ([]byte, error) {
 const hexDigits = "0123456789abcdef"
 
 // AppendString writes s (WTF-8) as a JSON string with the single
-// escaping scheme documented on CanonicalArguments.
+// escaping scheme documented on Canonical.
 func AppendString(dst []byte, s string) []byte {
 	dst = append(dst, '"')
 	for i := 0; i < len(s); {

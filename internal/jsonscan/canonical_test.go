@@ -113,7 +113,7 @@ func TestCanonicalNumbersExact(t *testing.T) {
 	}
 }
 
-// FuzzCanonicalArguments: the canonical form is valid JSON, is a fixed
+// FuzzCanonical: the canonical form is valid JSON, is a fixed
 // point, and means the same thing to encoding/json (outside lone surrogates,
 // which encoding/json collapses).
 func FuzzCanonical(f *testing.F) {

@@ -20,7 +20,7 @@ const MaxDepth = 128
 // errJSON is the root of every syntax error the scanner reports.
 var errJSON = errors.New("invalid JSON")
 
-// scanner is a strict, allocation-light JSON reader over a byte slice. It
+// Scanner is a strict, allocation-light JSON reader over a byte slice. It
 // exists instead of encoding/json because the gateway must see a message
 // exactly as a strict upstream would: encoding/json matches member names
 // case-insensitively and lets a duplicate member silently win, which would
@@ -55,13 +55,13 @@ func (s *Scanner) ws() {
 	}
 }
 
-// EOF is what peek returns at the end of input. It is outside the byte range
+// EOF is what Peek returns at the end of input. It is outside the byte range
 // so that a NUL byte in the input (0) is never mistaken for the end: when
 // peek returned 0 for both, "{...}\x00{...}" passed for one value followed
 // by nothing, while a parser reading on would see a second message.
 const EOF = -1
 
-// peek returns the next byte after whitespace, or EOF at the end of input.
+// Peek returns the next byte after whitespace, or EOF at the end of input.
 func (s *Scanner) Peek() int {
 	s.ws()
 	if s.i >= len(s.data) {
@@ -86,7 +86,7 @@ func (s *Scanner) enter() error {
 	return nil
 }
 
-// skipValue validates one value and returns its raw bytes.
+// SkipValue validates one value and returns its raw bytes.
 func (s *Scanner) SkipValue() ([]byte, error) {
 	c := s.Peek()
 	start := s.i
@@ -131,7 +131,7 @@ func (s *Scanner) literal(lit string) error {
 	return nil
 }
 
-// object reads an object, calling member with each decoded key while the
+// Object reads an object, calling member with each decoded key while the
 // scanner is positioned on the member's value; member must consume it.
 func (s *Scanner) Object(member func(key string) error) error {
 	if err := s.expect('{'); err != nil {
@@ -175,7 +175,7 @@ func (s *Scanner) Object(member func(key string) error) error {
 	}
 }
 
-// array reads an array, calling elem with the scanner positioned on each
+// Array reads an array, calling elem with the scanner positioned on each
 // element; elem must consume it.
 func (s *Scanner) Array(elem func() error) error {
 	if err := s.expect('['); err != nil {
@@ -207,7 +207,7 @@ func (s *Scanner) Array(elem func() error) error {
 	}
 }
 
-// str reads a string and, when keep is set, appends its decoded value to dst
+// Str reads a string and, when keep is set, appends its decoded value to dst
 // (WTF-8: an escaped lone surrogate becomes its 3-byte generalized UTF-8
 // form). lone reports whether such a surrogate was present.
 func (s *Scanner) Str(dst []byte, keep bool) (out []byte, lone bool, err error) {
@@ -325,7 +325,7 @@ func (s *Scanner) hex4() (rune, bool) {
 	return r, true
 }
 
-// number reads a number with the RFC 8259 grammar and returns its literal.
+// Number reads a number with the RFC 8259 grammar and returns its literal.
 func (s *Scanner) Number() ([]byte, error) {
 	start := s.i
 	if s.i < len(s.data) && s.data[s.i] == '-' {
@@ -366,7 +366,7 @@ func (s *Scanner) digits() int {
 	return n
 }
 
-// end checks that only JSON whitespace (space, tab, LF, CR) follows: any
+// End checks that only JSON whitespace (space, tab, LF, CR) follows: any
 // other byte, a NUL included, is data a parser reading further would see.
 func (s *Scanner) End() error {
 	if c := s.Peek(); c != EOF {

@@ -111,7 +111,6 @@ func (s *Store) evaluate(ctx context.Context, req limit.Request) (limit.Outcome,
 // the same call), its meter and its breaker.
 func (s *Store) request(b *batch, req limit.Request, checks []limit.Check, lease string) {
 	op := opTake
-	defer func() { b.opTail(req.Meter) }()
 	switch {
 	case req.Breaker != nil && req.Meter != nil:
 		op = opTakeMeteredBreaker
@@ -131,6 +130,7 @@ func (s *Store) request(b *batch, req limit.Request, checks []limit.Check, lease
 		}
 		b.breaker(req.Breaker)
 	}
+	b.opTail(req.Meter) // last (see opTail)
 }
 
 // parseOutcome reads the reply of a call laid out by request, with n

@@ -95,17 +95,17 @@ func Eval(r limit.Rule, s *State, now, cost int64, lease string, commit bool) li
 	var res limit.Result
 	switch r.Algorithm {
 	case limit.FixedWindow:
-		res = fixedWindow(r, s, now, p, capacity, cost, lease, never, commit)
+		res = fixedWindow(r, s, now, p, cost, commit)
 	case limit.SlidingWindowCounter:
-		res = slidingWindowCounter(r, s, now, p, capacity, cost, lease, never, commit)
+		res = slidingWindowCounter(r, s, now, p, cost, never, commit)
 	case limit.TokenBucket:
-		res = tokenBucket(r, s, now, p, capacity, cost, lease, never, commit)
+		res = tokenBucket(r, s, now, p, capacity, cost, commit)
 	case limit.GCRA:
-		res = gcra(r, s, now, p, capacity, cost, lease, never, commit)
+		res = gcra(r, s, now, capacity, cost, commit)
 	case limit.SlidingWindow:
-		res = slidingWindow(r, s, now, p, capacity, cost, lease, never, commit)
+		res = slidingWindow(r, s, now, p, cost, never, commit)
 	case limit.Concurrency:
-		res = concurrency(r, s, now, p, capacity, cost, lease, never, commit)
+		res = concurrency(r, s, now, p, lease, commit)
 	}
 	if never {
 		res.RetryAfter = limit.Never
@@ -117,7 +117,7 @@ func Eval(r limit.Rule, s *State, now, cost int64, lease string, commit bool) li
 
 // fixedWindow is Eval for limit.FixedWindow: units counted per window of
 // one period, windows aligned to the epoch.
-func fixedWindow(r limit.Rule, s *State, now, p, capacity, cost int64, lease string, never, commit bool) (res limit.Result) {
+func fixedWindow(r limit.Rule, s *State, now, p, cost int64, commit bool) (res limit.Result) {
 	ws := now - now%p
 	n := int64(0)
 	if s.Used && s.A == ws {
@@ -140,7 +140,7 @@ func fixedWindow(r limit.Rule, s *State, now, p, capacity, cost int64, lease str
 
 // slidingWindowCounter is Eval for limit.SlidingWindowCounter: the
 // previous window weighted by the part of it still inside the period.
-func slidingWindowCounter(r limit.Rule, s *State, now, p, capacity, cost int64, lease string, never, commit bool) (res limit.Result) {
+func slidingWindowCounter(r limit.Rule, s *State, now, p, cost int64, never, commit bool) (res limit.Result) {
 	ws := now - now%p
 	cur, prev := int64(0), int64(0)
 	if s.Used && s.A == ws {
@@ -177,7 +177,7 @@ func slidingWindowCounter(r limit.Rule, s *State, now, p, capacity, cost int64, 
 
 // tokenBucket is Eval for limit.TokenBucket: tokens scaled by the period
 // (token-microseconds), so refills stay integers.
-func tokenBucket(r limit.Rule, s *State, now, p, capacity, cost int64, lease string, never, commit bool) (res limit.Result) {
+func tokenBucket(r limit.Rule, s *State, now, p, capacity, cost int64, commit bool) (res limit.Result) {
 	full := capacity * p
 	tokens := full
 	if s.Used {
@@ -202,7 +202,7 @@ func tokenBucket(r limit.Rule, s *State, now, p, capacity, cost int64, lease str
 
 // gcra is Eval for limit.GCRA: the theoretical arrival time of the next
 // unit.
-func gcra(r limit.Rule, s *State, now, p, capacity, cost int64, lease string, never, commit bool) (res limit.Result) {
+func gcra(r limit.Rule, s *State, now, capacity, cost int64, commit bool) (res limit.Result) {
 	t := Interval(r)
 	tau := t * capacity
 	tat := now
@@ -227,7 +227,7 @@ func gcra(r limit.Rule, s *State, now, p, capacity, cost int64, lease string, ne
 
 // slidingWindow is Eval for limit.SlidingWindow: one log entry per
 // admitted unit (exact).
-func slidingWindow(r limit.Rule, s *State, now, p, capacity, cost int64, lease string, never, commit bool) (res limit.Result) {
+func slidingWindow(r limit.Rule, s *State, now, p, cost int64, never, commit bool) (res limit.Result) {
 	log := s.Log
 	if !s.Used {
 		log = nil
@@ -260,7 +260,7 @@ func slidingWindow(r limit.Rule, s *State, now, p, capacity, cost int64, lease s
 
 // concurrency is Eval for limit.Concurrency: one lease per call in
 // progress, expiring after the period.
-func concurrency(r limit.Rule, s *State, now, p, capacity, cost int64, lease string, never, commit bool) (res limit.Result) {
+func concurrency(r limit.Rule, s *State, now, p int64, lease string, commit bool) (res limit.Result) {
 	var live map[string]int64
 	earliest, latest := int64(-1), int64(-1)
 	if s.Used {
