@@ -597,59 +597,59 @@ func (d *decoder) checkSharedCounters(c *Config) {
 			}
 		}
 	}
-	byKey := map[key]ruleRef{}
-	// shared reports whether r may count on the counter of key k, which the
-	// rules of other tools and upstreams may share, and claims it.
-	shared := func(k key, r ruleRef) bool {
-		if k.per != keyspace.PerTenant && k.per != keyspace.PerSubject {
-			return true // the key holds the tool: no sharing across tools
+	// tierClash reports, as a problem, whether r counts on the key of a
+	// tier's rule (the two are evaluated together).
+	tierClash := func(k key, r ruleRef) bool {
+		t, ok := inTier[k]
+		if ok {
+			d.errf(r.name, r.path, "rule %q per %s is also defined in %s (line %d): the two would share one counter; rename one",
+				k.name, k.per, strings.TrimSuffix(t.path, ".name"), t.name.Line)
 		}
-		if first, ok := byKey[k]; ok && !sameRule(first.rule, r.rule) {
+		return ok
+	}
+	byKey := map[key]ruleRef{}
+	// share claims for r the counter of key k, which the rules of other
+	// tools and upstreams may share with identical settings.
+	share := func(k key, r ruleRef) {
+		if k.per != keyspace.PerTenant && k.per != keyspace.PerSubject {
+			return // the key holds the tool: no sharing across tools
+		}
+		if first, ok := byKey[k]; !ok {
+			byKey[k] = r
+		} else if !sameRule(first.rule, r.rule) {
 			d.errf(r.name, r.path, "rule %q per %s shares a counter with %s (line %d) but has different settings; rules that share a counter must be identical",
 				k.name, k.per, strings.TrimSuffix(first.path, ".name"), first.name.Line)
-			return false
 		}
-		if _, ok := byKey[k]; !ok {
-			byKey[k] = r
-		}
-		return true
 	}
-	inTool := map[key][]string{} // the tools with a rule of that key
-	toolRule := map[string]map[key]ruleRef{}
+	type toolRule struct {
+		tool string
+		ruleRef
+	}
+	inTool := map[key][]toolRule{} // the tools' rules, by key
 	for _, tool := range sortedKeys(d.toolRules) {
 		for _, r := range d.toolRules[tool] {
 			k := key{r.rule.Name, r.rule.Per}
-			if t, ok := inTier[k]; ok {
-				d.errf(r.name, r.path, "rule %q per %s is also defined in %s (line %d): the two would share one counter; rename one",
-					k.name, k.per, strings.TrimSuffix(t.path, ".name"), t.name.Line)
-				continue
+			if !tierClash(k, r) {
+				inTool[k] = append(inTool[k], toolRule{tool, r})
+				share(k, r)
 			}
-			inTool[k] = append(inTool[k], tool)
-			if toolRule[tool] == nil {
-				toolRule[tool] = map[key]ruleRef{}
-			}
-			toolRule[tool][k] = r
-			shared(k, r)
 		}
 	}
 	for i, u := range d.upstreamAt {
 	rules:
 		for _, r := range u.rules {
 			k := key{r.rule.Name, r.rule.Per}
-			if t, ok := inTier[k]; ok {
-				d.errf(r.name, r.path, "rule %q per %s is also defined in %s (line %d): the two would share one counter; rename one",
-					k.name, k.per, strings.TrimSuffix(t.path, ".name"), t.name.Line)
+			if tierClash(k, r) {
 				continue
 			}
-			for _, tool := range inTool[k] {
-				if c.upstreamIndex(tool) == i {
-					t := toolRule[tool][k]
+			for _, t := range inTool[k] {
+				if c.upstreamIndex(t.tool) == i {
 					d.errf(r.name, r.path, "rule %q per %s is also defined in %s (line %d), a tool of this upstream: the two would share one counter; rename one",
 						k.name, k.per, strings.TrimSuffix(t.path, ".name"), t.name.Line)
 					continue rules
 				}
 			}
-			shared(k, r)
+			share(k, r)
 		}
 	}
 }

@@ -382,6 +382,26 @@ func (d *decoder) smallCount(n *yaml.Node, path string) (int, bool) {
 	return int(v), ok
 }
 
+// positiveInt64 is int64 that must also be at least 1.
+func (d *decoder) positiveInt64(n *yaml.Node, path string) (int64, bool) {
+	v, ok := d.int64(n, path)
+	if ok && v < 1 {
+		d.errf(n, path, "must be at least 1, got %d", v)
+		return 0, false
+	}
+	return v, ok
+}
+
+// positiveSmallCount is smallCount that must also be at least 1.
+func (d *decoder) positiveSmallCount(n *yaml.Node, path string) (int, bool) {
+	v, ok := d.smallCount(n, path)
+	if ok && v < 1 {
+		d.errf(n, path, "must be at least 1, got %d", v)
+		return 0, false
+	}
+	return v, ok
+}
+
 func (d *decoder) bool(n *yaml.Node, path string) (bool, bool) {
 	if !d.scalar(n, path, "true or false") {
 		return false, false

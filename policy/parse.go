@@ -206,28 +206,12 @@ func (d *decoder) server(n *yaml.Node, path string, s *Server) {
 		return func(v *yaml.Node, p string) { *dst, _ = d.positiveDuration(v, p) }
 	}
 	d.object(n, path, fields{
-		"read_header_timeout": dur(&s.ReadHeaderTimeout),
-		"read_timeout":        dur(&s.ReadTimeout),
-		"idle_timeout":        dur(&s.IdleTimeout),
-		"write_timeout":       dur(&s.WriteTimeout),
-		"max_connections": func(v *yaml.Node, p string) {
-			if x, ok := d.smallCount(v, p); ok {
-				if x < 1 {
-					d.errf(v, p, "must be at least 1, got %d", x)
-				} else {
-					s.MaxConnections = x
-				}
-			}
-		},
-		"max_requests_per_tenant": func(v *yaml.Node, p string) {
-			if x, ok := d.smallCount(v, p); ok {
-				if x < 1 {
-					d.errf(v, p, "must be at least 1, got %d", x)
-				} else {
-					s.MaxRequestsPerTenant = x
-				}
-			}
-		},
+		"read_header_timeout":     dur(&s.ReadHeaderTimeout),
+		"read_timeout":            dur(&s.ReadTimeout),
+		"idle_timeout":            dur(&s.IdleTimeout),
+		"write_timeout":           dur(&s.WriteTimeout),
+		"max_connections":         func(v *yaml.Node, p string) { s.MaxConnections, _ = d.positiveSmallCount(v, p) },
+		"max_requests_per_tenant": func(v *yaml.Node, p string) { s.MaxRequestsPerTenant, _ = d.positiveSmallCount(v, p) },
 		"allowed_origins": func(v *yaml.Node, p string) {
 			d.list(v, p, func(_ int, v *yaml.Node, p string) {
 				if o, ok := d.str(v, p); ok && d.checkOrigin(v, p, o) {
@@ -239,20 +223,9 @@ func (d *decoder) server(n *yaml.Node, path string, s *Server) {
 }
 
 func (d *decoder) sessions(n *yaml.Node, path string, s *Sessions) {
-	limit := func(dst *int) func(v *yaml.Node, p string) {
-		return func(v *yaml.Node, p string) {
-			if x, ok := d.smallCount(v, p); ok {
-				if x < 1 {
-					d.errf(v, p, "must be at least 1, got %d", x)
-				} else {
-					*dst = x
-				}
-			}
-		}
-	}
 	d.object(n, path, fields{
-		"max_per_tenant":  limit(&s.MaxPerTenant),
-		"max_per_subject": limit(&s.MaxPerSubject),
+		"max_per_tenant":  func(v *yaml.Node, p string) { s.MaxPerTenant, _ = d.positiveSmallCount(v, p) },
+		"max_per_subject": func(v *yaml.Node, p string) { s.MaxPerSubject, _ = d.positiveSmallCount(v, p) },
 		"idle_timeout":    func(v *yaml.Node, p string) { s.IdleTimeout, _ = d.positiveDuration(v, p) },
 	})
 }
@@ -452,11 +425,7 @@ func (d *decoder) tools(n *yaml.Node, path string) map[string]Tool {
 // cost decodes `cost: 3` or `cost: {estimate: 150, from_result: path}`.
 func (d *decoder) cost(n *yaml.Node, path string, c *Cost) {
 	if n.Kind == yaml.ScalarNode {
-		if v, ok := d.int64(n, path); ok {
-			if v < 1 {
-				d.errf(n, path, "must be at least 1, got %d", v)
-				return
-			}
+		if v, ok := d.positiveInt64(n, path); ok {
 			*c = Cost{Fixed: v}
 		}
 		return
@@ -469,12 +438,8 @@ func (d *decoder) cost(n *yaml.Node, path string, c *Cost) {
 	fromSet := false
 	d.object(n, path, fields{
 		"estimate": func(v *yaml.Node, p string) {
-			if x, ok := d.int64(v, p); ok {
-				if x < 1 {
-					d.errf(v, p, "must be at least 1, got %d", x)
-				} else {
-					out.Estimate = x
-				}
+			if x, ok := d.positiveInt64(v, p); ok {
+				out.Estimate = x
 			}
 		},
 		"from_result": func(v *yaml.Node, p string) {

@@ -46,16 +46,8 @@ func (d *decoder) upstream(n *yaml.Node, path string, u *Upstream) {
 			}
 		},
 		"identity_headers": func(v *yaml.Node, p string) { u.IdentityHeaders, _ = d.bool(v, p) },
-		"max_body_bytes": func(v *yaml.Node, p string) {
-			if x, ok := d.int64(v, p); ok {
-				if x < 1 {
-					d.errf(v, p, "must be at least 1, got %d", x)
-				} else {
-					u.MaxBodyBytes = x
-				}
-			}
-		},
-		"timeout": func(v *yaml.Node, p string) { u.Timeout, _ = d.positiveDuration(v, p) },
+		"max_body_bytes":   func(v *yaml.Node, p string) { u.MaxBodyBytes, _ = d.positiveInt64(v, p) },
+		"timeout":          func(v *yaml.Node, p string) { u.Timeout, _ = d.positiveDuration(v, p) },
 		"max_duration": func(v *yaml.Node, p string) {
 			if x, ok := d.duration(v, p); ok {
 				if x < 0 {

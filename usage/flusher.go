@@ -244,10 +244,10 @@ func (f *Flusher) Flush(ctx context.Context) error {
 			}
 		case !found[i]:
 			f.tell(key, false, limit.MeterState{}, limit.Usage{})
-		case !states[i].Flushed.Covers(states[i].Live):
-			dirty = append(dirty, states[i])
-			f.tell(key, true, states[i], states[i].Flushed)
 		default:
+			if !states[i].Flushed.Covers(states[i].Live) {
+				dirty = append(dirty, states[i])
+			}
 			f.tell(key, true, states[i], states[i].Flushed)
 		}
 	}

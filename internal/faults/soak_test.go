@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -16,7 +15,6 @@ import (
 	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/usage"
-	"github.com/mcpgate/mcpgate/usage/sqlite"
 )
 
 // soakDuration is 20s, or MCPGATE_SOAK (a Go duration, e.g. 3m).
@@ -64,11 +62,7 @@ func TestSoak(t *testing.T) {
 	leakCheck(t)
 	d := soakDuration(t)
 	redis := testenv.StartRedis(t, nil)
-	st, err := sqlite.Open(filepath.Join(t.TempDir(), "usage.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
+	st, _ := sqliteUsage(t)
 	e := newEnv(t, opts{Usage: st, Instances: 2, Config: `
 store: {redis: "redis://` + redis.Addr + `", timeout: 250ms}
 usage: {flush_interval: 1s}

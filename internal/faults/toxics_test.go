@@ -68,23 +68,17 @@ tools:
 			var lat []time.Duration
 			kinds := map[string]int{}
 			const calls = 120
-			var wg sync.WaitGroup
-			for w := range 4 {
-				wg.Go(func() {
-					for i := w; i < calls; i += 4 {
-						tool := "echo"
-						if i%2 == 1 {
-							tool = "search"
-						}
-						r := e.call(0, tok, tool, map[string]any{"text": "x", "query": "q"}, 10*time.Second)
-						mu.Lock()
-						lat = append(lat, r.Elapsed)
-						kinds[tool+":"+kind(r)]++
-						mu.Unlock()
-					}
-				})
-			}
-			wg.Wait()
+			testenv.Run(4, calls, func(i int) {
+				tool := "echo"
+				if i%2 == 1 {
+					tool = "search"
+				}
+				r := e.call(0, tok, tool, map[string]any{"text": "x", "query": "q"}, 10*time.Second)
+				mu.Lock()
+				lat = append(lat, r.Elapsed)
+				kinds[tool+":"+kind(r)]++
+				mu.Unlock()
+			})
 			slices.Sort(lat)
 			p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
 			t.Logf("%s: answers %v; p50 %v, p99 %v, max %v (bound store.timeout + upstream timeout = %v); breaker open: %v",

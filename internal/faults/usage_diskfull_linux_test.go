@@ -5,15 +5,9 @@ package faults_test
 import (
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/mcpgate/mcpgate/internal/testenv"
-	"github.com/mcpgate/mcpgate/limit"
-	"github.com/mcpgate/mcpgate/usage"
-	"github.com/mcpgate/mcpgate/usage/sqlite"
 )
 
 // The SQLite usage file cannot grow (a full disk, simulated: the process's
@@ -27,22 +21,7 @@ import (
 // admitted calls.
 func TestUsageSQLiteDiskFull(t *testing.T) {
 	leakCheck(t)
-	path := filepath.Join(t.TempDir(), "usage.db")
-	st, err := sqlite.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	redis := testenv.StartRedis(t, nil) // started before the limit: its process keeps its own
-	e := newEnv(t, opts{Usage: st, Config: `
-store: {redis: "redis://` + redis.Addr + `", timeout: 2s}
-usage: {flush_interval: 100ms}
-`})
-	period := usage.Period(time.Now())
-	usageLoad(t, e, "acme", 20)
-	eventually(t, 10*time.Second, "the first flush", func() bool {
-		return durable(t, st, "acme", period) == limit.Usage{Charged: 20, Calls: 20}
-	})
+	e, st, path, period := meteredEnv(t, 1) // redis-server started before the limit: its process keeps its own
 	wal, err := os.Stat(path + "-wal")
 	if err != nil {
 		t.Fatal(err)

@@ -22,22 +22,49 @@ func usageLoad(t *testing.T, e *env, tenant string, n int) time.Duration {
 	tok := token(t, tenant, "agent")
 	var mu sync.Mutex
 	var slowest time.Duration
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Go(func() {
-			for i := w; i < n; i += 4 {
-				r := e.call(i, tok, "echo", map[string]any{"text": "x"}, 10*time.Second)
-				if !r.ok() {
-					t.Errorf("call %d for %s: %s %v %s", i, tenant, kind(r), r.Err, r.Body)
-				}
-				mu.Lock()
-				slowest = max(slowest, r.Elapsed)
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
+	testenv.Run(4, n, func(i int) {
+		r := e.call(i, tok, "echo", map[string]any{"text": "x"}, 10*time.Second)
+		if !r.ok() {
+			t.Errorf("call %d for %s: %s %v %s", i, tenant, kind(r), r.Err, r.Body)
+		}
+		mu.Lock()
+		slowest = max(slowest, r.Elapsed)
+		mu.Unlock()
+	})
 	return slowest
+}
+
+// sqliteUsage opens a usage store in a new SQLite file, at path; it is
+// closed when the test ends.
+func sqliteUsage(t *testing.T) (st *sqlite.Store, path string) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "usage.db")
+	st, err := sqlite.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	return st, path
+}
+
+// meteredEnv starts a redis-server and instances gateways (0 means 1)
+// metering into a new SQLite usage file (flushed every 100ms), then makes 20
+// calls of acme and waits for their flush: the start of the tests of a
+// usage file that fails. period is the usage period of those calls.
+func meteredEnv(t *testing.T, instances int) (e *env, st *sqlite.Store, path, period string) {
+	t.Helper()
+	st, path = sqliteUsage(t)
+	redis := testenv.StartRedis(t, nil)
+	e = newEnv(t, opts{Usage: st, Instances: instances, Config: `
+store: {redis: "redis://` + redis.Addr + `", timeout: 2s}
+usage: {flush_interval: 100ms}
+`})
+	period = usage.Period(time.Now())
+	usageLoad(t, e, "acme", 20)
+	eventually(t, 10*time.Second, "the first flush", func() bool {
+		return durable(t, st, "acme", period) == limit.Usage{Charged: 20, Calls: 20}
+	})
+	return e, st, path, period
 }
 
 // The SQLite usage file is locked by another process's write transaction
@@ -50,22 +77,7 @@ func usageLoad(t *testing.T, e *env, tenant string, n int) time.Duration {
 // TestUsageStoreDownThenBack.)
 func TestUsageSQLiteLocked(t *testing.T) {
 	leakCheck(t)
-	path := filepath.Join(t.TempDir(), "usage.db")
-	st, err := sqlite.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	redis := testenv.StartRedis(t, nil)
-	e := newEnv(t, opts{Usage: st, Instances: 2, Config: `
-store: {redis: "redis://` + redis.Addr + `", timeout: 2s}
-usage: {flush_interval: 100ms}
-`})
-	period := usage.Period(time.Now())
-	usageLoad(t, e, "acme", 20)
-	eventually(t, 10*time.Second, "the first flush", func() bool {
-		return durable(t, st, "acme", period) == limit.Usage{Charged: 20, Calls: 20}
-	})
+	e, st, path, period := meteredEnv(t, 2)
 
 	locker, err := sql.Open("sqlite", path+"?_busy_timeout=0")
 	if err != nil {

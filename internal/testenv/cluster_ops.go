@@ -64,16 +64,6 @@ func (c *Cluster) nodes() ([]clusterNode, error) {
 	return nil, last
 }
 
-// index returns the position in c.Nodes of the node at addr, -1 if none.
-func (c *Cluster) index(addr string) int {
-	for i, a := range c.Addrs {
-		if a == addr {
-			return i
-		}
-	}
-	return -1
-}
-
 // MasterOf returns the index in Nodes of the master serving slot, as a
 // running node sees the cluster. It fails the test when no master serves it.
 func (c *Cluster) MasterOf(tb testing.TB, slot uint16) int {
@@ -88,7 +78,7 @@ func (c *Cluster) MasterOf(tb testing.TB, slot uint16) int {
 		}
 		for _, r := range n.slots {
 			if r[0] <= int(slot) && int(slot) <= r[1] {
-				if i := c.index(n.addr); i >= 0 {
+				if i := slices.Index(c.Addrs, n.addr); i >= 0 { // Nodes are in the order of Addrs
 					return i
 				}
 			}
@@ -112,14 +102,7 @@ func (c *Cluster) WaitStateOK(tb testing.TB, timeout time.Duration, except ...in
 			if !r.Running() || slices.Contains(except, i) {
 				continue
 			}
-			conn, err := dialRESP(r.Addr, nil, time.Second)
-			if err != nil {
-				ok = false
-				break
-			}
-			info, err := conn.doString("CLUSTER", "INFO")
-			conn.Close()
-			if err != nil || infoField(info, "cluster_state") != "ok" {
+			if state, err := clusterState(r.Addr); err != nil || state != "ok" {
 				ok = false
 				break
 			}
@@ -145,19 +128,28 @@ func (c *Cluster) WaitStateFail(timeout time.Duration, except ...int) bool {
 			if !r.Running() || slices.Contains(except, i) {
 				continue
 			}
-			conn, err := dialRESP(r.Addr, nil, time.Second)
-			if err != nil {
-				continue
-			}
-			info, err := conn.doString("CLUSTER", "INFO")
-			conn.Close()
-			if err == nil && infoField(info, "cluster_state") != "ok" {
+			if state, err := clusterState(r.Addr); err == nil && state != "ok" {
 				return true
 			}
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	return false
+}
+
+// clusterState returns the cluster_state the node at addr reports in
+// CLUSTER INFO ("ok", "fail").
+func clusterState(addr string) (string, error) {
+	conn, err := dialRESP(addr, nil, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	info, err := conn.doString("CLUSTER", "INFO")
+	if err != nil {
+		return "", err
+	}
+	return infoField(info, "cluster_state"), nil
 }
 
 // MoveSlot migrates slot from the master at index from to the master at
