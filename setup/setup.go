@@ -125,8 +125,9 @@ type Stores struct {
 
 	cfg         *policy.Config
 	log         *slog.Logger
-	sharedConn  rueidis.Client // nil without store.redis
-	cacheClient rueidis.Client // nil unless cache.redis is set
+	sharedConn  rueidis.Client    // nil without store.redis
+	sharedStore *redisstore.Store // Shared, to close
+	cacheClient rueidis.Client    // nil unless cache.redis is set
 }
 
 // Open opens the stores cfg names, in this order: the usage store
@@ -179,15 +180,13 @@ func (s *Stores) openShared(ctx context.Context, cfg *policy.Config) error {
 	if err != nil {
 		return fmt.Errorf("store.redis: cannot connect: %w", err)
 	}
-	st, err := redisstore.New(client, &redisstore.Options{Timeout: cfg.Store.Timeout})
+	st, err := redisstore.New(client, &redisstore.Options{Timeout: cfg.Store.Timeout, Logger: s.log})
 	if err != nil {
 		client.Close()
 		return err
 	}
-	s.sharedConn, s.Shared = client, st
-	s.Probe = func(ctx context.Context) error {
-		return client.Do(ctx, client.B().Ping().Build()).Error()
-	}
+	s.sharedConn, s.sharedStore, s.Shared = client, st, st
+	s.Probe = st.Ping
 	CheckEviction(ctx, s.log, client, cache.RoleStore, "store.redis")
 	return nil
 }
@@ -250,6 +249,9 @@ func (s *Stores) Close() error {
 	}
 	if s.Usage != nil {
 		err = errors.Join(err, s.Usage.Close())
+	}
+	if s.sharedStore != nil {
+		s.sharedStore.Close()
 	}
 	if s.sharedConn != nil {
 		s.sharedConn.Close()

@@ -180,14 +180,16 @@ func timeline(answers []stamped, inst int, from time.Time) string {
 // instance has admitted a call after cluster_state:ok (for at most
 // recoveryDeadline), and a little longer.
 //
-// Each instance has its own client, which finds the new master on its own
-// (rueidis refreshes its slot map up to 1s after a connection error, and a
-// call that times out on a frozen master is no such error), and its own
-// breaker (a probe every 250ms while open): the instances recover at
-// different times, and a fixed wait after the first one admits proves
-// nothing about the others. The time from cluster_state:ok to each
-// instance's first decision in Redis is logged, not asserted: it depends on
-// the machine (the target is 1s; a loaded machine with -race takes more).
+// Each instance has its own client and store, which find the new master on
+// their own (the store watches a slot whose calls get no answer and detours
+// them to the node that took it over, without waiting for rueidis's slot
+// map refresh; see limit/redisstore/detour.go), and its own breaker (a
+// probe every 100ms while open): the instances recover at different times,
+// and a fixed wait after the first one admits proves nothing about the
+// others. The time from cluster_state:ok to each instance's first decision
+// in Redis is logged; the median over every round and instance must be
+// within the 1s target (one slow instance on a loaded machine is logged,
+// not failed).
 func TestClusterFailoverRecovery(t *testing.T) {
 	const (
 		instances = 2
@@ -284,6 +286,14 @@ func TestClusterFailoverRecovery(t *testing.T) {
 		eventually(t, 20*time.Second, "the restarted node to rejoin", func() bool { return cl.Healthy() == nil })
 	}
 	t.Logf("recovery after cluster_state:ok, per round and instance: %v", recoveries)
+	var all []time.Duration
+	for _, rec := range recoveries {
+		all = append(all, rec[:]...)
+	}
+	slices.Sort(all)
+	if med := all[len(all)/2]; med > target {
+		t.Errorf("median recovery after cluster_state:ok %v, over the %v target", med, target)
+	}
 }
 
 // The slots of two active tenants move to another master under traffic

@@ -47,12 +47,14 @@ func (s *Store) exec(ctx context.Context, b *batch) ([]rueidis.RedisMessage, err
 	ctx, cancel := s.deadline(ctx)
 	defer cancel()
 	fn, gen := s.functions(ctx)
-	r := s.client.Do(ctx, s.command(b, fn, false))
-	return s.retry(ctx, b, r, fn, gen).ToArray()
+	c := s.route(b)
+	r := s.retry(ctx, c, b, s.send(ctx, c, b, fn, false), fn, gen)
+	s.observe(b, r.Error())
+	return r.ToArray()
 }
 
-// retry sends b again while its reply r says it did not run, and returns
-// the last reply:
+// retry sends b again through c (see send) while its reply r says it did
+// not run, and returns the last reply:
 //   - for want of the library (see retryable): at most FCALL after a load,
 //     then EVALSHA, then EVAL (when flushes keep coming);
 //   - because its slot is moving or the cluster is not serving (TRYAGAIN
@@ -61,14 +63,14 @@ func (s *Store) exec(ctx context.Context, b *batch) ([]rueidis.RedisMessage, err
 //
 // Either way the call never ran, so sending it again cannot apply it twice
 // (a call whose answer is lost is never resent).
-func (s *Store) retry(ctx context.Context, b *batch, r rueidis.RedisResult, fn bool, gen uint64) rueidis.RedisResult {
+func (s *Store) retry(ctx context.Context, c rueidis.Client, b *batch, r rueidis.RedisResult, fn bool, gen uint64) rueidis.RedisResult {
 	eval := false
 	for loads := 0; ; {
 		if notServing(r) {
 			if !pause(ctx, notServingPause) {
 				return r
 			}
-			r = s.client.Do(ctx, s.command(b, fn, eval))
+			r = s.send(ctx, c, b, fn, eval)
 			continue
 		}
 		if loads == 3 {
@@ -80,7 +82,7 @@ func (s *Store) retry(ctx context.Context, b *batch, r rueidis.RedisResult, fn b
 		}
 		loads++
 		fn, eval = asFn, asEval
-		r = s.client.Do(ctx, s.command(b, fn, eval))
+		r = s.send(ctx, c, b, fn, eval)
 	}
 }
 
@@ -118,14 +120,26 @@ func (s *Store) execMulti(ctx context.Context, bs ...*batch) ([][]rueidis.RedisM
 	ctx, cancel := s.deadline(ctx)
 	defer cancel()
 	fn, gen := s.functions(ctx)
-	cmds := make(rueidis.Commands, len(bs))
-	for i, b := range bs {
-		cmds[i] = s.command(b, fn, false)
+	routes := make([]rueidis.Client, len(bs))
+	var res []rueidis.RedisResult
+	if s.detours.n.Load() == 0 {
+		cmds := make(rueidis.Commands, len(bs))
+		for i, b := range bs {
+			cmds[i], routes[i] = s.command(b, fn, false), s.client
+		}
+		res = s.client.DoMulti(ctx, cmds...)
+	} else { // a failover is under way: each batch by its own route
+		res = make([]rueidis.RedisResult, len(bs))
+		for i, b := range bs {
+			routes[i] = s.route(b)
+			res[i] = s.send(ctx, routes[i], b, fn, false)
+		}
 	}
-	res := s.client.DoMulti(ctx, cmds...)
 	arrs, errs := make([][]rueidis.RedisMessage, len(bs)), make([]error, len(bs))
 	for i, r := range res {
-		arrs[i], errs[i] = s.retry(ctx, bs[i], r, fn, gen).ToArray()
+		r = s.retry(ctx, routes[i], bs[i], r, fn, gen)
+		s.observe(bs[i], r.Error())
+		arrs[i], errs[i] = r.ToArray()
 	}
 	return arrs, errs
 }

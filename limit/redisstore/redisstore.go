@@ -193,6 +193,7 @@ type Store struct {
 	timeout time.Duration
 	cluster bool // a Cluster client: keys of different slots need calls of their own
 	lib     library
+	detours detours // Cluster slots whose master failed (see detour.go)
 	log     *slog.Logger
 	// offset is added, in microseconds, to the Redis time the script reads.
 	// Always 0 in production; tests move the store's clock forward with it
@@ -227,6 +228,47 @@ func New(client rueidis.Client, opts *Options) (*Store, error) {
 	return s, nil
 }
 
+// Close ends the store's background work (on a Cluster, the watches of
+// slots whose master failed; see detour.go) and waits for it. It does not
+// close the client. Calls made after Close still work, without detours.
+func (s *Store) Close() {
+	s.detours.stop()
+}
+
+// Ping reports whether the store's Redis answers, by the end of ctx
+// whatever the client does (see do): a PING, sent on a Cluster to every
+// node the client knows, the first answer deciding. A PING sent the
+// Cluster way goes to one node picked at random, and one that hung keeps it
+// past its deadline; every node at once says whether the cluster answers.
+// It is the probe of a breaker around the store (the gateway's
+// store.on_error).
+func (s *Store) Ping(ctx context.Context) error {
+	nodes := map[string]rueidis.Client{"": s.client}
+	if s.cluster {
+		nodes = s.client.Nodes()
+	}
+	answers := make(chan error, len(nodes)) // never blocks a sender
+	for _, c := range nodes {
+		go func() { answers <- c.Do(ctx, c.B().Ping().Build()).Error() }()
+	}
+	err := errors.New("redisstore: no node to ping")
+	for range nodes {
+		select {
+		case err = <-answers:
+			if err == nil {
+				return nil
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("redisstore: ping: %w", ctx.Err())
+		}
+	}
+	return fmt.Errorf("redisstore: ping: %w", err)
+}
+
+// TopologyRefresh is how often a Cluster client made from ClientOption
+// reads the slot map when nothing made it do so sooner.
+const TopologyRefresh = time.Minute
+
 // ClientOption returns the rueidis options of a client for a Store.
 //
 // One address with a scheme is a URL parsed by rueidis.ParseURL:
@@ -248,7 +290,11 @@ func New(client rueidis.Client, opts *Options) (*Store, error) {
 // about 8s after the failover (measured in internal/faults,
 // TestClusterFailoverRecovery; 1s is under any cluster-node-timeout, so the
 // dead connection is gone by the time a replica is promoted). Every command
-// of the store and the cache is small, far below a second. It leaves retries
+// of the store and the cache is small, far below a second. On a Cluster it
+// also has the client read the slot map every TopologyRefresh: a client
+// knows the nodes the map listed when it last read it, and the store can
+// only detour a failed master's calls (see Store) to a replica the client
+// knows, so one that joined later must not stay unknown. It leaves retries
 // enabled: rueidis retries read-only commands only, never the store's
 // scripts. ConnLifetime stays 0, as the package documentation requires.
 //
@@ -281,6 +327,9 @@ func ClientOption(addrs ...string) (rueidis.ClientOption, error) {
 		if opt.ConnWriteTimeout == 0 {
 			opt.ConnWriteTimeout = connTimeout
 		}
+		if opt.ClusterOption.ShardsRefreshInterval == 0 {
+			opt.ClusterOption.ShardsRefreshInterval = TopologyRefresh
+		}
 		return opt, nil
 	}
 	seeds := make([]string, len(addrs))
@@ -292,6 +341,7 @@ func ClientOption(addrs ...string) (rueidis.ClientOption, error) {
 	}
 	opt := rueidis.ClientOption{InitAddress: seeds, DisableCache: true, ConnWriteTimeout: connTimeout}
 	opt.Dialer.Timeout = connTimeout
+	opt.ClusterOption.ShardsRefreshInterval = TopologyRefresh
 	return opt, nil
 }
 
