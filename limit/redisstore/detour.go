@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,51 +25,61 @@ import (
 // back anywhere from a few milliseconds to well over a second after the
 // cluster reported cluster_state:ok.
 //
-// So when a call to a slot fails for want of an answer (a connection error,
-// a timeout, CLUSTERDOWN), the store watches the slot (follow): every
-// watchPause it asks, at once, (1) the client, whether a read of a key in
-// the slot gets an answer (the client's own routing works: the watch ends),
-// and (2) every node the client knows, who owns the slot (CLUSTER MYID and
-// CLUSTER SLOTS). Once a node that answers claims the slot and a majority
-// of the nodes name it (a promoted replica says so as soon as it takes
-// over, the others as soon as gossip tells them; the dead master answers
-// nothing), the slot's calls
-// go to that node directly, through the client's own connection to it,
-// until the client's routing works again. A node that answers a detoured
-// call with MOVED or ASK did not run it: the detour is dropped and the call
-// goes through the client, which follows the redirection.
+// So when a call to a slot gets no answer (a connection error, the store's
+// own deadline, CLUSTERDOWN), the store watches the slot. One watcher per
+// store looks at every watched slot each watchPause, asking at once (1) the
+// client, whether a read of a key in each slot gets an answer (its routing
+// of the slot works: the slot's watch ends), and (2) from a slot's second
+// look on, every node the client knows, who owns the watched slots (CLUSTER
+// MYID and CLUSTER SLOTS, one question per node for all slots). Once a node
+// that answers claims a slot, and a majority of the nodes the client knows
+// (the dead master counted) name it, the slot's calls go to that node
+// directly, through the client's own connection to it, until the client's
+// routing works again. A promoted replica claims the slot as soon as it
+// takes over, the others name it as soon as gossip tells them; a dead or
+// hung master answers nothing. A node that answers a detoured call with
+// MOVED or ASK did not run it: the detour is dropped and the call goes
+// through the client, which follows the redirection.
 //
-// Nothing is sent twice that may have run: the watch only reads, and a call
-// that failed stays failed. The hot path pays one atomic load when no slot
-// is watched.
+// Nothing is sent twice that may have run: the watcher only reads, and a
+// call that failed stays failed. While a slot is watched, its calls return
+// by their deadline whatever the client does (see do). When no slot is
+// watched, the hot path pays one atomic load.
 const (
-	// watchPause is the pause between two looks at a watched slot.
+	// watchPause is the pause between two looks.
 	watchPause = 50 * time.Millisecond
-	// lookTimeout bounds one look (a frozen node answers nothing).
+	// lookTimeout bounds one look (a hung node answers nothing).
 	lookTimeout = 200 * time.Millisecond
-	// watchLimit ends a watch that never saw the slot served again (a
-	// cluster down for longer); the next failed call starts another.
+	// watchLimit ends the watch of a slot never seen served again (a
+	// cluster down for longer); the next call that fails starts another.
 	watchLimit = time.Minute
 	// maxWatched bounds the slots watched at once: a Redis that stopped
 	// answering altogether fails every slot's calls.
 	maxWatched = 64
 )
 
-// detours are the slots of a Cluster under watch. The zero value is ready;
-// stop ends every watch.
+// detours are the watched slots of a Cluster store. The zero value is
+// ready; stop ends the watcher.
 type detours struct {
-	n       atomic.Int32 // len(slots): all the hot path reads
+	// view maps each watched slot to the node its calls go to (nil: through
+	// the client); nil when no slot is watched. Replaced, never changed:
+	// the hot path reads it without a lock.
+	view atomic.Pointer[map[uint16]*node]
+
 	mu      sync.Mutex
-	slots   map[uint16]*detour
+	slots   map[uint16]*watch
+	running bool // the watcher goroutine is running
 	stopped bool
 	done    chan struct{} // closed by stop
 	wg      sync.WaitGroup
 }
 
-// detour is one watched slot: to is the node its calls go to, nil while
-// the new owner is not known (calls go through the client).
-type detour struct {
-	to atomic.Pointer[node]
+// watch is one watched slot.
+type watch struct {
+	key   string    // a key in the slot, for the client's read
+	since time.Time // when the watch began
+	looks int       // looks done
+	to    *node     // the node its calls go to, nil: the client
 }
 
 // node is a Cluster node's client, on the cluster client's connection.
@@ -77,29 +88,26 @@ type node struct {
 	client rueidis.Client
 }
 
-// route returns the client b's call goes through: the node its slot is
-// detoured to, else the store's client.
-func (s *Store) route(b *batch) rueidis.Client {
-	if s.detours.n.Load() == 0 || len(b.keys) == 0 {
-		return s.client
+// route returns the client b's call goes through (the node its slot is
+// detoured to, else the store's client) and whether its slot is watched.
+func (s *Store) route(b *batch) (rueidis.Client, bool) {
+	v := s.detours.view.Load()
+	if v == nil || len(b.keys) == 0 {
+		return s.client, false
 	}
-	slot := keyspace.Slot(b.keys[0])
-	s.detours.mu.Lock()
-	d := s.detours.slots[slot]
-	s.detours.mu.Unlock()
-	if d != nil {
-		if to := d.to.Load(); to != nil {
-			return to.client
-		}
+	to, watched := (*v)[keyspace.Slot(b.keys[0])]
+	if to != nil {
+		return to.client, true
 	}
-	return s.client
+	return s.client, watched
 }
 
-// send sends b once through c (see route). When c is a detour and the node
-// answers MOVED or ASK (it did not run the call: the slot moved on), the
-// detour is dropped and b goes through the store's client.
-func (s *Store) send(ctx context.Context, c rueidis.Client, b *batch, fn, eval bool) rueidis.RedisResult {
-	r := s.do(ctx, c, s.command(b, fn, eval))
+// send sends b once through c (see route; watched: its slot is). When c is
+// a detour and the node answers MOVED or ASK (it did not run the call: the
+// slot moved on), the detour is dropped and b goes through the store's
+// client.
+func (s *Store) send(ctx context.Context, c rueidis.Client, watched bool, b *batch, fn, eval bool) rueidis.RedisResult {
+	r := s.do(ctx, c, watched, s.command(b, fn, eval))
 	if c == s.client {
 		return r
 	}
@@ -107,20 +115,21 @@ func (s *Store) send(ctx context.Context, c rueidis.Client, b *batch, fn, eval b
 		_, moved := rerr.IsMoved()
 		_, ask := rerr.IsAsk()
 		if moved || ask {
-			s.detours.drop(keyspace.Slot(b.keys[0]))
-			return s.do(ctx, s.client, s.command(b, fn, eval))
+			s.detours.detour(keyspace.Slot(b.keys[0]), nil)
+			return s.do(ctx, s.client, watched, s.command(b, fn, eval))
 		}
 	}
 	return r
 }
 
-// do sends cmd through c. While a slot is watched it returns by the end of
-// ctx whatever c does: a call that meets a connection being dialled to a
-// hung node waits for the dial (up to the dial timeout), ctx or not, and a
-// failover is when that happens. The call left behind ends on its own; its
-// caller sees a timeout, which says the call may have run, as any timeout.
-func (s *Store) do(ctx context.Context, c rueidis.Client, cmd rueidis.Completed) rueidis.RedisResult {
-	if s.detours.n.Load() == 0 {
+// do sends cmd through c. For a watched slot it returns by the end of ctx
+// whatever c does: a call that meets a connection being dialled to a hung
+// node waits for the dial (up to the dial timeout), ctx or not, and a
+// watched slot is where that happens. The call left behind ends on its
+// own; its caller sees a timeout, which says the call may have run, as any
+// timeout.
+func (s *Store) do(ctx context.Context, c rueidis.Client, watched bool, cmd rueidis.Completed) rueidis.RedisResult {
+	if !watched {
 		return c.Do(ctx, cmd)
 	}
 	done := make(chan rueidis.RedisResult, 1)
@@ -129,73 +138,111 @@ func (s *Store) do(ctx context.Context, c rueidis.Client, cmd rueidis.Completed)
 	case r := <-done:
 		return r
 	case <-ctx.Done():
-		return rueidis.NewErrorResult(ctx.Err())
+		select {
+		case r := <-done: // an answer that came with the deadline still counts
+			return r
+		default:
+			return rueidis.NewErrorResult(ctx.Err())
+		}
 	}
 }
 
-// observe starts a watch of b's slot when err says its call got no answer
-// from the slot's owner: a connection error, a timeout, or CLUSTERDOWN. A
-// call the caller cancelled, or one a server refused, says nothing about
+// doMulti is do for a pipeline of commands through the store's client.
+func (s *Store) doMulti(ctx context.Context, watched bool, cmds rueidis.Commands) []rueidis.RedisResult {
+	if !watched {
+		return s.client.DoMulti(ctx, cmds...)
+	}
+	done := make(chan []rueidis.RedisResult, 1)
+	go func() { done <- s.client.DoMulti(ctx, cmds...) }()
+	select {
+	case rs := <-done:
+		return rs
+	case <-ctx.Done():
+		select {
+		case rs := <-done:
+			return rs
+		default:
+		}
+	}
+	rs := make([]rueidis.RedisResult, len(cmds))
+	for i := range rs {
+		rs[i] = rueidis.NewErrorResult(ctx.Err())
+	}
+	return rs
+}
+
+// observe starts the watch of b's slot when err says its call got no
+// answer from the slot's owner: a connection error, the store's own
+// deadline, or CLUSTERDOWN. A call whose caller's context ended (parent),
+// one made on a closed client, or one a server refused, says nothing about
 // the slot.
-func (s *Store) observe(b *batch, err error) {
-	if !s.cluster || err == nil || len(b.keys) == 0 || errors.Is(err, context.Canceled) {
+func (s *Store) observe(parent context.Context, b *batch, err error) {
+	if !s.cluster || err == nil || len(b.keys) == 0 || parent.Err() != nil ||
+		errors.Is(err, context.Canceled) || errors.Is(err, rueidis.ErrClosing) {
 		return
 	}
 	if rerr, ok := rueidis.IsRedisErr(err); ok && !rerr.IsClusterDown() {
 		return
 	}
-	slot, key := keyspace.Slot(b.keys[0]), b.keys[0]
-	d := s.detours.add(slot)
-	if d == nil {
-		return
-	}
-	s.log.Debug("redisstore: a call to a Cluster slot got no answer; watching the slot", "slot", slot, "err", err)
-	go func() {
-		defer s.detours.wg.Done()
-		s.follow(slot, key, d)
-	}()
+	s.detours.watch(keyspace.Slot(b.keys[0]), b.keys[0], func() { s.watcher() })
 }
 
-// add registers a watch of slot and returns it, or nil when slot is
-// watched already, too many slots are, or the store is closed. The caller
-// runs the watch and calls wg.Done when it ends.
-func (ds *detours) add(slot uint16) *detour {
+// watch adds slot (key is one of its keys) to the watched slots, starting
+// run as the watcher when none runs. It does nothing when slot is watched
+// already, too many slots are, or the store is closed.
+func (ds *detours) watch(slot uint16, key string, run func()) {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	if ds.stopped || ds.slots[slot] != nil || len(ds.slots) >= maxWatched {
-		return nil
+		return
 	}
 	if ds.slots == nil {
-		ds.slots = make(map[uint16]*detour)
+		ds.slots = make(map[uint16]*watch)
 		ds.done = make(chan struct{})
 	}
-	d := new(detour)
-	ds.slots[slot] = d
-	ds.n.Store(int32(len(ds.slots)))
-	ds.wg.Add(1) // under mu: stop's Wait cannot have begun
-	return d
-}
-
-// drop sends slot's calls through the client again; its watch goes on.
-func (ds *detours) drop(slot uint16) {
-	ds.mu.Lock()
-	if d := ds.slots[slot]; d != nil {
-		d.to.Store(nil)
+	ds.slots[slot] = &watch{key: key, since: time.Now()}
+	ds.publishLocked()
+	if !ds.running {
+		ds.running = true
+		ds.wg.Add(1) // under mu: stop's Wait cannot have begun
+		go func() {
+			defer ds.wg.Done()
+			run()
+		}()
 	}
-	ds.mu.Unlock()
 }
 
-// remove ends the watch d of slot.
-func (ds *detours) remove(slot uint16, d *detour) {
+// detour sends slot's calls to the node to (nil: through the client) while
+// it is watched, and reports whether that changed where they go.
+func (ds *detours) detour(slot uint16, to *node) bool {
 	ds.mu.Lock()
-	if ds.slots[slot] == d {
-		delete(ds.slots, slot)
-		ds.n.Store(int32(len(ds.slots)))
+	defer ds.mu.Unlock()
+	w := ds.slots[slot]
+	if w == nil || w.to == to || w.to != nil && to != nil && w.to.id == to.id {
+		return false
 	}
-	ds.mu.Unlock()
+	w.to = to
+	ds.publishLocked()
+	return true
 }
 
-// stop ends every watch and waits for them; no watch starts after it.
+// publishLocked replaces the view with the watched slots' routes. Call
+// with mu held.
+func (ds *detours) publishLocked() {
+	if len(ds.slots) == 0 {
+		ds.view.Store(nil)
+		return
+	}
+	v := make(map[uint16]*node, len(ds.slots))
+	for slot, w := range ds.slots {
+		v[slot] = w.to
+	}
+	ds.view.Store(&v)
+}
+
+// stop ends the watcher and waits for it and for the questions it left
+// out (each ends by its node's dial timeout at most); no watch starts
+// after it.
 func (ds *detours) stop() {
 	ds.mu.Lock()
 	if !ds.stopped {
@@ -203,130 +250,187 @@ func (ds *detours) stop() {
 		if ds.done != nil {
 			close(ds.done)
 		}
+		clear(ds.slots)
+		ds.publishLocked()
 	}
 	ds.mu.Unlock()
 	ds.wg.Wait()
 }
 
-// follow watches slot (key is one of its keys) until the client serves it
-// again, detouring its calls meanwhile to the node that took it over.
-func (s *Store) follow(slot uint16, key string, d *detour) {
-	defer s.detours.remove(slot, d)
-	end := time.Now().Add(watchLimit)
+// watcher looks at the watched slots every watchPause until none is left
+// (or the store is closed).
+func (s *Store) watcher() {
+	ds := &s.detours
 	for {
-		if s.look(slot, key, d) {
-			if d.to.Load() != nil {
-				s.log.Info("redisstore: the client routes a failed-over slot again; detour ended", "slot", slot)
-			} else {
-				s.log.Debug("redisstore: the client routes the slot again", "slot", slot)
+		ds.mu.Lock()
+		now := time.Now()
+		for slot, w := range ds.slots {
+			if now.Sub(w.since) > watchLimit {
+				delete(ds.slots, slot)
 			}
+		}
+		if len(ds.slots) == 0 || ds.stopped {
+			ds.running = false
+			ds.publishLocked()
+			ds.mu.Unlock()
 			return
 		}
+		look := make(map[uint16]watch, len(ds.slots))
+		for slot, w := range ds.slots {
+			look[slot] = *w
+			w.looks++
+		}
+		ds.mu.Unlock()
+
+		s.look(look)
 		t := time.NewTimer(watchPause)
 		select {
-		case <-s.detours.done:
+		case <-ds.done:
 			t.Stop()
-			return
 		case <-t.C:
 		}
-		if time.Now().After(end) {
-			return
-		}
 	}
 }
 
-// look asks, at once, whether the client gets an answer for key (its
-// routing of slot works: look reports true) and which node owns slot (see
-// owner), detouring d to it as soon as it is known. It returns when either
-// question is settled, within lookTimeout: a call stuck on a hung node
-// (rueidis waits for a connection being dialled whatever the context says)
-// is left to end on its own.
-func (s *Store) look(slot uint16, key string, d *detour) (served bool) {
+// look asks, at once, whether the client gets an answer for each slot's key
+// (the slots it serves stop being watched) and which node owns each slot
+// looked at before (a slot is detoured as soon as its owner is known). It
+// returns when both questions are settled, or after lookTimeout: a question
+// stuck on a hung node (rueidis waits for a connection being dialled
+// whatever the context says) is left to end on its own.
+func (s *Store) look(slots map[uint16]watch) {
+	ds := &s.detours
 	ctx, cancel := context.WithTimeout(context.Background(), lookTimeout)
 	defer cancel()
-	settled := make(chan struct{})
-	s.detours.wg.Go(func() {
-		defer close(settled)
-		owner := s.owner(ctx, slot)
-		if owner == nil {
+	served := make(chan map[uint16]bool, 1)
+	ds.wg.Go(func() { served <- s.served(ctx, slots) })
+	var again []uint16 // slots looked at before: ask who owns them
+	for slot, w := range slots {
+		if w.looks > 0 {
+			again = append(again, slot)
+		}
+	}
+	owners := make(chan map[uint16]*node, 1)
+	if len(again) > 0 {
+		ds.wg.Go(func() { owners <- s.owners(ctx, again) })
+	} else {
+		owners <- nil
+	}
+	for pending := 2; pending > 0; pending-- {
+		select {
+		case m := <-owners:
+			for slot, to := range m {
+				if ds.detour(slot, to) {
+					s.log.Warn("redisstore: a Cluster slot's calls get no answer through the client; they go to the node that owns it until the client refreshes its slot map", "slot", slot, "node", to.id)
+				}
+			}
+		case m := <-served:
+			ds.mu.Lock()
+			for slot, ok := range m {
+				if w := ds.slots[slot]; ok && w != nil {
+					if w.to != nil {
+						s.log.Info("redisstore: the client routes a detoured Cluster slot again; detour ended", "slot", slot)
+					}
+					delete(ds.slots, slot)
+				}
+			}
+			ds.publishLocked()
+			ds.mu.Unlock()
+		case <-ctx.Done():
+			return
+		case <-ds.done:
 			return
 		}
-		if prev := d.to.Swap(owner); prev == nil || prev.id != owner.id {
-			s.log.Warn("redisstore: a slot's master stopped answering; its calls go to the node that took it over until the client refreshes its slot map", "slot", slot, "node", owner.id)
-		}
-	})
-	answered := make(chan bool, 1)
-	s.detours.wg.Go(func() {
-		answered <- s.client.Do(ctx, s.client.B().Pttl().Key(key).Build()).Error() == nil
-	})
-	select {
-	case served = <-answered:
-	case <-settled:
-		// The client's answer, when it comes at once, still counts.
-		select {
-		case served = <-answered:
-		default:
-		}
-	case <-ctx.Done():
-	case <-s.detours.done:
 	}
-	return served
 }
 
-// owner asks every node the client knows for its id and its view of the
-// slot map, and returns the node that owns slot: one that answers and
-// claims slot itself, named as its owner by a majority of the nodes asked.
-// It returns as soon as one has that majority (a dead node's answer is not
-// waited for), nil when none has it by the end of ctx (the failover is not
-// done, the answers disagree).
-func (s *Store) owner(ctx context.Context, slot uint16) *node {
+// served reads a key of each slot through the client, in one round trip,
+// and reports the slots that got an answer: a value, or an error reply
+// that does not say the cluster cannot serve it (a user not allowed PTTL
+// still got an answer from the slot's owner).
+func (s *Store) served(ctx context.Context, slots map[uint16]watch) map[uint16]bool {
+	order := make([]uint16, 0, len(slots))
+	cmds := make(rueidis.Commands, 0, len(slots))
+	for slot, w := range slots {
+		order = append(order, slot)
+		cmds = append(cmds, s.client.B().Pttl().Key(w.key).Build())
+	}
+	out := make(map[uint16]bool, len(slots))
+	for i, r := range s.client.DoMulti(ctx, cmds...) {
+		err := r.Error()
+		rerr, isRedis := rueidis.IsRedisErr(err)
+		out[order[i]] = err == nil || isRedis && !rerr.IsClusterDown() && !rerr.IsTryAgain() && !rerr.IsLoading()
+	}
+	return out
+}
+
+// owners asks every node the client knows for its id and its view of the
+// slot map, and returns, for each of slots that has one, the node that owns
+// it: one that answers and claims the slot itself, named as its owner by a
+// majority of the nodes the client knows (a node that does not answer, the
+// dead master, counts against). It returns as soon as every slot has one
+// (a dead node's answer is not waited for), or when every node answered or
+// ctx ended.
+func (s *Store) owners(ctx context.Context, slots []uint16) map[uint16]*node {
 	nodes := s.client.Nodes()
 	type view struct {
-		self, owner string
-		client      rueidis.Client
+		self   string
+		owners []string // of slots, in order; "" unknown
+		client rueidis.Client
 	}
 	views := make(chan view, len(nodes)) // never blocks a sender
 	for _, c := range nodes {
 		s.detours.wg.Go(func() {
 			rs := c.DoMulti(ctx, c.B().ClusterMyid().Build(), c.B().ClusterSlots().Build())
 			self, err := rs[0].ToString()
-			owner, ok := slotMaster(rs[1], slot)
-			if err != nil || !ok {
-				self, owner = "", ""
+			ranges, err2 := rs[1].ToArray()
+			if err != nil || err2 != nil {
+				views <- view{}
+				return
 			}
-			views <- view{self, owner, c}
+			owners := make([]string, len(slots))
+			for i, slot := range slots {
+				owners[i] = slotMaster(ranges, slot)
+			}
+			views <- view{self, owners, c}
 		})
 	}
-	votes := map[string]int{}
-	claims := map[string]rueidis.Client{}
+	votes := make([]map[string]int, len(slots))
+	claims := make([]map[string]rueidis.Client, len(slots))
+	for i := range slots {
+		votes[i], claims[i] = map[string]int{}, map[string]rueidis.Client{}
+	}
+	found := make(map[uint16]*node, len(slots))
 	for range nodes {
 		var v view
 		select {
 		case v = <-views:
 		case <-ctx.Done():
-			return nil
+			return found
 		}
-		if v.owner == "" {
-			continue
+		for i, id := range v.owners {
+			if id == "" {
+				continue
+			}
+			votes[i][id]++
+			if id == v.self {
+				claims[i][id] = v.client
+			}
+			if c := claims[i][id]; c != nil && votes[i][id] > len(nodes)/2 {
+				found[slots[i]] = &node{id: id, client: c}
+			}
 		}
-		votes[v.owner]++
-		if v.self == v.owner {
-			claims[v.self] = v.client
-		}
-		if c := claims[v.owner]; c != nil && votes[v.owner] > len(nodes)/2 {
-			return &node{id: v.owner, client: c}
+		if len(found) == len(slots) {
+			break
 		}
 	}
-	return nil
+	return found
 }
 
-// slotMaster returns the id of slot's master in a CLUSTER SLOTS reply:
-// entries [start, end, [host, port, id, ...], replicas...].
-func slotMaster(r rueidis.RedisResult, slot uint16) (string, bool) {
-	ranges, err := r.ToArray()
-	if err != nil {
-		return "", false
-	}
+// slotMaster returns the id of slot's master in a CLUSTER SLOTS reply
+// (entries [start, end, [host, port, id, ...], replicas...]), "" when the
+// reply names none.
+func slotMaster(ranges []rueidis.RedisMessage, slot uint16) string {
 	for _, rg := range ranges {
 		e, err := rg.ToArray()
 		if err != nil || len(e) < 3 {
@@ -339,10 +443,18 @@ func slotMaster(r rueidis.RedisResult, slot uint16) (string, bool) {
 		}
 		master, err := e[2].ToArray()
 		if err != nil || len(master) < 3 {
-			return "", false
+			return ""
 		}
-		id, err := master[2].ToString()
-		return id, err == nil && id != ""
+		id, _ := master[2].ToString()
+		return id
 	}
-	return "", false
+	return ""
+}
+
+// watchedSlots is the watched slots (for tests).
+func (ds *detours) watchedSlots() map[uint16]*node {
+	if v := ds.view.Load(); v != nil {
+		return maps.Clone(*v)
+	}
+	return nil
 }

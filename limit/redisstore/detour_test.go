@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
@@ -31,13 +33,31 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
+// setDetour makes slot watched (key one of its keys) with its calls going to
+// to, without a watcher; nil to ends the watch.
+func setDetour(s *Store, slot uint16, key string, to *node) {
+	ds := &s.detours
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	if ds.slots == nil {
+		ds.slots, ds.done = map[uint16]*watch{}, make(chan struct{})
+	}
+	if to == nil {
+		delete(ds.slots, slot)
+	} else {
+		ds.slots[slot] = &watch{key: key, since: time.Now(), to: to}
+	}
+	ds.publishLocked()
+}
+
 // How a Cluster store finds and uses a slot's owner without the client's
-// slot map: owner names the master (before a failover and after it, the
+// slot map: owners names the master (before a failover and after it, the
 // dead master answering nothing), a detoured call runs on the node the slot
 // is detoured to, a detour to a node that does not own the slot is dropped
 // on its MOVED and the call goes through the client (run once: the
-// counter says so), a watch of a slot the client serves ends at once, and
-// Close ends the watches (calls go on without them).
+// counter says so), a watch of a slot the client serves ends without a
+// detour, calls that say nothing about the slot start no watch, and Close
+// ends the watches (calls go on without them).
 func TestClusterDetour(t *testing.T) {
 	t.Parallel()
 	cl := testenv.StartCluster(t)
@@ -60,73 +80,89 @@ func TestClusterDetour(t *testing.T) {
 		t.Fatalf("first take: remaining %d, want 99", d.Remaining)
 	}
 	master := cl.MasterOf(t, slot)
-	lookCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if o := s.owner(lookCtx, slot); o == nil || o.id != nodeID(t, cl, master) {
+	owner := func() *node {
+		lctx, cancel := context.WithTimeout(ctx, lookTimeout)
+		defer cancel()
+		return s.owners(lctx, []uint16{slot})[slot]
+	}
+	if o := owner(); o == nil || o.id != nodeID(t, cl, master) {
 		t.Fatalf("owner of slot %d: %+v, want node %d (%s)", slot, o, master, nodeID(t, cl, master))
 	}
 
 	// A detour to a node that does not own the slot (any other node
 	// answers MOVED): dropped, the call goes through the client and is
 	// charged once.
-	d := s.detours.add(slot)
-	if d == nil {
-		t.Fatal("add: no watch")
-	}
+	var wrong, right *node
 	for addr, n := range c.Nodes() {
-		if addr != cl.Addrs[master] {
-			id, err := n.Do(ctx, n.B().ClusterMyid().Build()).ToString()
-			if err != nil {
-				t.Fatal(err)
-			}
-			d.to.Store(&node{id: id, client: n})
-			break
+		id, err := n.Do(ctx, n.B().ClusterMyid().Build()).ToString()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if addr == cl.Addrs[master] {
+			right = &node{id: id, client: n}
+		} else if wrong == nil {
+			wrong = &node{id: id, client: n}
 		}
 	}
-	if d.to.Load() == nil {
-		t.Fatal("the client knows no node but the slot's master")
+	if wrong == nil || right == nil {
+		t.Fatalf("the client knows no node but the slot's master, or not the master: %v", c.Nodes())
 	}
+	setDetour(s, slot, checks[0].Key, wrong)
 	if got := take(); got.Remaining != 98 {
 		t.Errorf("take through a wrong detour: remaining %d, want 98 (run once, on the owner)", got.Remaining)
 	}
-	if d.to.Load() != nil {
-		t.Error("the detour that answered MOVED was kept")
+	if to, watched := s.detours.watchedSlots()[slot]; !watched || to != nil {
+		t.Errorf("after MOVED: watched %v, detour %+v; want watched, no detour", watched, to)
 	}
 	// A detour to the owner itself serves the calls.
-	for id, n := range c.Nodes() {
-		if id == cl.Addrs[master] {
-			d.to.Store(&node{id: nodeID(t, cl, master), client: n})
-		}
-	}
+	setDetour(s, slot, checks[0].Key, right)
 	if got := take(); got.Remaining != 97 {
 		t.Errorf("take through the owner's detour: remaining %d, want 97", got.Remaining)
 	}
-	s.detours.remove(slot, d)
-	s.detours.wg.Done() // the watch add counted, never started
+	if to := s.detours.watchedSlots()[slot]; to == nil || to.id != right.id {
+		t.Errorf("the detour to the owner was not kept: %+v", to)
+	}
+	setDetour(s, slot, "", nil)
 
-	// A watch of a slot the client serves ends at once.
+	// Calls that say nothing about the slot start no watch.
 	b := batches.Get().(*batch)
+	defer b.release()
 	b.build(opTake, 0, checks, 1, "")
-	s.observe(b, context.DeadlineExceeded)
-	if s.detours.n.Load() != 1 {
-		t.Fatal("a timed-out call started no watch")
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	for _, c := range []struct {
+		parent context.Context
+		err    error
+	}{
+		{ctx, context.Canceled},
+		{ctx, rueidis.ErrClosing},
+		{cancelled, context.DeadlineExceeded}, // the caller's own deadline or cancellation
+	} {
+		s.observe(c.parent, b, c.err)
+		if n := len(s.detours.watchedSlots()); n != 0 {
+			t.Errorf("observe(%v, %v) started a watch", c.parent.Err(), c.err)
+			setDetour(s, slot, "", nil)
+		}
 	}
-	waitFor(t, 10*time.Second, "the watch of a served slot to end", func() bool { return s.detours.n.Load() == 0 })
-	s.observe(b, context.Canceled)
-	if s.detours.n.Load() != 0 {
-		t.Error("a call its caller cancelled started a watch")
+	// A watch of a slot the client serves ends, without a detour.
+	s.observe(ctx, b, context.DeadlineExceeded)
+	if _, ok := s.detours.watchedSlots()[slot]; !ok {
+		t.Fatal("a call that reached the store's deadline started no watch")
 	}
-	b.release()
+	waitFor(t, 10*time.Second, "the watch of a served slot to end", func() bool {
+		if to := s.detours.watchedSlots()[slot]; to != nil {
+			t.Fatalf("a served slot was detoured to %s", to.id)
+		}
+		return s.detours.view.Load() == nil
+	})
 
-	// The master dies; once a replica took over, owner names it.
+	// The master dies; once a replica took over, owners names it.
 	cl.Nodes[master].Kill()
 	before := time.Now()
 	cl.WaitStateOK(t, 30*time.Second, master)
 	var o *node
-	waitFor(t, 10*time.Second, "owner to name the promoted replica", func() bool {
-		lctx, cancel := context.WithTimeout(ctx, lookTimeout)
-		defer cancel()
-		o = s.owner(lctx, slot)
+	waitFor(t, 10*time.Second, "owners to name the promoted replica", func() bool {
+		o = owner()
 		return o != nil
 	})
 	promoted := cl.MasterOf(t, slot)
@@ -141,18 +177,15 @@ func TestClusterDetour(t *testing.T) {
 	t.Logf("first decision %v after the kill", time.Since(before).Round(time.Millisecond))
 
 	// Close ends the watches; calls after it still work.
-	b = batches.Get().(*batch)
-	b.build(opTake, 0, checks, 1, "")
-	s.observe(b, context.DeadlineExceeded)
+	s.observe(ctx, b, context.DeadlineExceeded)
 	s.Close()
-	if n := s.detours.n.Load(); n != 0 {
+	if n := len(s.detours.watchedSlots()); n != 0 {
 		t.Errorf("%d slots still watched after Close", n)
 	}
-	s.observe(b, context.DeadlineExceeded)
-	if n := s.detours.n.Load(); n != 0 {
+	s.observe(ctx, b, context.DeadlineExceeded)
+	if n := len(s.detours.watchedSlots()); n != 0 {
 		t.Error("a watch started after Close")
 	}
-	b.release()
 	// Without detours, decisions wait for the client's own refresh.
 	waitFor(t, 10*time.Second, "a decision after Close", func() bool {
 		_, err := s.Take(ctx, checks, 1)

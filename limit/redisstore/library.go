@@ -43,13 +43,13 @@ type library struct {
 
 // exec runs the library for b under the store's deadline and returns its
 // reply.
-func (s *Store) exec(ctx context.Context, b *batch) ([]rueidis.RedisMessage, error) {
-	ctx, cancel := s.deadline(ctx)
+func (s *Store) exec(parent context.Context, b *batch) ([]rueidis.RedisMessage, error) {
+	ctx, cancel := s.deadline(parent)
 	defer cancel()
 	fn, gen := s.functions(ctx)
-	c := s.route(b)
-	r := s.retry(ctx, c, b, s.send(ctx, c, b, fn, false), fn, gen)
-	s.observe(b, r.Error())
+	c, watched := s.route(b)
+	r := s.retry(ctx, c, watched, b, s.send(ctx, c, watched, b, fn, false), fn, gen)
+	s.observe(parent, b, r.Error())
 	return r.ToArray()
 }
 
@@ -63,14 +63,14 @@ func (s *Store) exec(ctx context.Context, b *batch) ([]rueidis.RedisMessage, err
 //
 // Either way the call never ran, so sending it again cannot apply it twice
 // (a call whose answer is lost is never resent).
-func (s *Store) retry(ctx context.Context, c rueidis.Client, b *batch, r rueidis.RedisResult, fn bool, gen uint64) rueidis.RedisResult {
+func (s *Store) retry(ctx context.Context, c rueidis.Client, watched bool, b *batch, r rueidis.RedisResult, fn bool, gen uint64) rueidis.RedisResult {
 	eval := false
 	for loads := 0; ; {
 		if notServing(r) {
 			if !pause(ctx, notServingPause) {
 				return r
 			}
-			r = s.send(ctx, c, b, fn, eval)
+			r = s.send(ctx, c, watched, b, fn, eval)
 			continue
 		}
 		if loads == 3 {
@@ -82,7 +82,7 @@ func (s *Store) retry(ctx context.Context, c rueidis.Client, b *batch, r rueidis
 		}
 		loads++
 		fn, eval = asFn, asEval
-		r = s.send(ctx, c, b, fn, eval)
+		r = s.send(ctx, c, watched, b, fn, eval)
 	}
 }
 
@@ -116,32 +116,64 @@ func pause(ctx context.Context, d time.Duration) bool {
 // execMulti runs the library for every batch in one round trip (a pipeline,
 // split by node in a Cluster) under the store's deadline, and returns each
 // batch's reply and error.
-func (s *Store) execMulti(ctx context.Context, bs ...*batch) ([][]rueidis.RedisMessage, []error) {
-	ctx, cancel := s.deadline(ctx)
+func (s *Store) execMulti(parent context.Context, bs ...*batch) ([][]rueidis.RedisMessage, []error) {
+	ctx, cancel := s.deadline(parent)
 	defer cancel()
 	fn, gen := s.functions(ctx)
-	routes := make([]rueidis.Client, len(bs))
 	var res []rueidis.RedisResult
-	if s.detours.n.Load() == 0 {
+	var routes []route // nil: every batch through the client, no slot watched
+	if s.detours.view.Load() == nil {
 		cmds := make(rueidis.Commands, len(bs))
 		for i, b := range bs {
-			cmds[i], routes[i] = s.command(b, fn, false), s.client
+			cmds[i] = s.command(b, fn, false)
 		}
 		res = s.client.DoMulti(ctx, cmds...)
-	} else { // a failover is under way: each batch by its own route
-		res = make([]rueidis.RedisResult, len(bs))
-		for i, b := range bs {
-			routes[i] = s.route(b)
-			res[i] = s.send(ctx, routes[i], b, fn, false)
-		}
+	} else {
+		res, routes = s.sendRouted(ctx, bs, fn)
 	}
 	arrs, errs := make([][]rueidis.RedisMessage, len(bs)), make([]error, len(bs))
 	for i, r := range res {
-		r = s.retry(ctx, routes[i], bs[i], r, fn, gen)
-		s.observe(bs[i], r.Error())
+		rt := route{s.client, false}
+		if routes != nil {
+			rt = routes[i]
+		}
+		r = s.retry(ctx, rt.c, rt.watched, bs[i], r, fn, gen)
+		s.observe(parent, bs[i], r.Error())
 		arrs[i], errs[i] = r.ToArray()
 	}
 	return arrs, errs
+}
+
+// route is where a batch goes (see Store.route).
+type route struct {
+	c       rueidis.Client
+	watched bool
+}
+
+// sendRouted sends bs while some slot is watched: the batches that go
+// through the client in one pipeline, each detoured one to its node.
+func (s *Store) sendRouted(ctx context.Context, bs []*batch, fn bool) ([]rueidis.RedisResult, []route) {
+	res, routes := make([]rueidis.RedisResult, len(bs)), make([]route, len(bs))
+	var viaClient []int
+	var cmds rueidis.Commands
+	watched := false
+	for i, b := range bs {
+		c, w := s.route(b)
+		routes[i] = route{c, w}
+		if c == s.client {
+			viaClient = append(viaClient, i)
+			cmds = append(cmds, s.command(b, fn, false))
+			watched = watched || w
+			continue
+		}
+		res[i] = s.send(ctx, c, w, b, fn, false)
+	}
+	if len(cmds) > 0 {
+		for j, r := range s.doMulti(ctx, watched, cmds) {
+			res[viaClient[j]] = r
+		}
+	}
+	return res, routes
 }
 
 // command is the call of the library for b: FCALL when fn, else EVALSHA,

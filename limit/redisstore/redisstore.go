@@ -228,20 +228,22 @@ func New(client rueidis.Client, opts *Options) (*Store, error) {
 	return s, nil
 }
 
-// Close ends the store's background work (on a Cluster, the watches of
-// slots whose master failed; see detour.go) and waits for it. It does not
-// close the client. Calls made after Close still work, without detours.
+// Close ends the store's background work (on a Cluster, the watch of
+// slots whose calls got no answer; see detour.go) and waits for it: at most
+// the client's dial timeout, for a question left out to a hung node. It
+// does not close the client. Calls made after Close still work, without
+// detours.
 func (s *Store) Close() {
 	s.detours.stop()
 }
 
-// Ping reports whether the store's Redis answers, by the end of ctx
-// whatever the client does (see do): a PING, sent on a Cluster to every
-// node the client knows, the first answer deciding. A PING sent the
-// Cluster way goes to one node picked at random, and one that hung keeps it
-// past its deadline; every node at once says whether the cluster answers.
-// It is the probe of a breaker around the store (the gateway's
-// store.on_error).
+// Ping reports whether the store's Redis answers a PING, by the end of ctx
+// whatever the client does (see do). On a Cluster the PING goes to every
+// node the client knows at once, and succeeds when any node answers it: a
+// PING sent the Cluster way goes to one node picked at random, and one
+// that hung keeps it past its deadline. It is the probe of a breaker around
+// the store (the gateway's store.on_error); the breaker's next calls say
+// whether their slots are served.
 func (s *Store) Ping(ctx context.Context) error {
 	nodes := map[string]rueidis.Client{"": s.client}
 	if s.cluster {
@@ -293,7 +295,7 @@ const TopologyRefresh = time.Minute
 // of the store and the cache is small, far below a second. On a Cluster it
 // also has the client read the slot map every TopologyRefresh: a client
 // knows the nodes the map listed when it last read it, and the store can
-// only detour a failed master's calls (see Store) to a replica the client
+// only detour a failed master's calls (see detour.go) to a replica the client
 // knows, so one that joined later must not stay unknown. It leaves retries
 // enabled: rueidis retries read-only commands only, never the store's
 // scripts. ConnLifetime stays 0, as the package documentation requires.
