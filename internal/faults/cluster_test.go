@@ -184,7 +184,7 @@ func timeline(answers []stamped, inst int, from time.Time) string {
 // their own (the store watches a slot whose calls get no answer and detours
 // them to the node that took it over, without waiting for rueidis's slot
 // map refresh; see limit/redisstore/detour.go), and its own breaker (a
-// probe every 100ms while open): the instances recover at different times,
+// probe every 250ms while open): the instances recover at different times,
 // and a fixed wait after the first one admits proves nothing about the
 // others. The time from cluster_state:ok to each instance's first decision
 // in Redis is logged; the median over every round and instance must be

@@ -21,7 +21,8 @@ const (
 // 1 KB/s, connections reset as soon as they carry data (reset_peer), and
 // half-open connections that swallow everything (timeout). Under each:
 // every call is answered (none hangs), each tool's on_error decides (echo
-// open: admitted; search closed: 503), the store breaker opens, the p99 of a
+// open: admitted; search closed: 503, but for the odd call a narrow link
+// carried to Redis in time), the store breaker opens, the p99 of a
 // call stays within store.timeout plus one upstream call, and once the toxic
 // is removed the same gateway (not restarted) decides in Redis again. No
 // goroutine outlives the test.
@@ -83,8 +84,11 @@ tools:
 			p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
 			t.Logf("%s: answers %v; p50 %v, p99 %v, max %v (bound store.timeout + upstream timeout = %v); breaker open: %v",
 				tc.Name, kinds, p50.Round(time.Microsecond), p99.Round(time.Microsecond), lat[len(lat)-1].Round(time.Microsecond), bound, !e.gws[0].Engine().StoreAvailable())
-			if kinds["echo:ok"] != calls/2 || kinds["search:503"] != calls/2 {
-				t.Errorf("%s: answers %v; want every echo admitted (on_error open) and every search 503 (closed)", tc.Name, kinds)
+			// A search admitted was decided in Redis (closed never admits
+			// without a decision): a narrow link still carries a small
+			// call now and then, once a probe closed the breaker.
+			if kinds["echo:ok"] != calls/2 || kinds["search:503"]+kinds["search:ok"] != calls/2 || kinds["search:503"] < calls/4 {
+				t.Errorf("%s: answers %v; want every echo admitted (on_error open) and the searches 503 (closed), but for a few decided in Redis", tc.Name, kinds)
 			}
 			if p99 > bound {
 				t.Errorf("%s: p99 %v above store.timeout + upstream timeout (%v)", tc.Name, p99, bound)

@@ -25,7 +25,7 @@ const (
 	DefaultFailures = 3
 	// DefaultProbeInterval is how often the probe checks an open breaker's
 	// store.
-	DefaultProbeInterval = 100 * time.Millisecond
+	DefaultProbeInterval = 250 * time.Millisecond
 	// MinProbeTimeout is the shortest deadline of one probe.
 	MinProbeTimeout = 100 * time.Millisecond
 )
