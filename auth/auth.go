@@ -189,26 +189,9 @@ type Authenticator struct {
 // fast: a gateway that cannot verify any token should not start); ctx bounds
 // that fetch. Close releases the background refresh.
 func New(ctx context.Context, opts Options) (*Authenticator, error) {
-	sources := 0
-	for _, set := range []bool{len(opts.HS256Secret) > 0, opts.PublicKeyFile != "", opts.JWKSFile != "", opts.JWKSURL != ""} {
-		if set {
-			sources++
-		}
-	}
-	if sources != 1 {
-		return nil, fmt.Errorf("auth: exactly one of HS256Secret, PublicKeyFile, JWKSFile and JWKSURL must be set (%d are)", sources)
-	}
-	leeway := opts.Leeway
-	switch {
-	case leeway == 0:
-		leeway = DefaultLeeway
-	case leeway < 0:
-		leeway = 0
-	case leeway > MaxLeeway:
-		return nil, fmt.Errorf("auth: leeway %s is more than %s", leeway, MaxLeeway)
-	}
-	if opts.JWKSRefresh < 0 {
-		return nil, fmt.Errorf("auth: negative JWKS refresh interval %s", opts.JWKSRefresh)
+	leeway, err := checkOptions(&opts)
+	if err != nil {
+		return nil, err
 	}
 	now := opts.Now
 	if now == nil {
@@ -226,52 +209,93 @@ func New(ctx context.Context, opts Options) (*Authenticator, error) {
 		defaultTier: opts.DefaultTier,
 		requireSub:  opts.RequireSubject,
 	}
-	a.validate = []jwt.ValidateOption{
+	if a.validate, err = validateOptions(&opts, now, leeway); err != nil {
+		return nil, err
+	}
+	if a.keys, err = loadKeys(ctx, &opts, log, now); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// checkOptions checks what opts says of the key sources, the leeway and the
+// JWKS refresh interval, and returns the leeway to allow: 0 in opts means
+// DefaultLeeway, a negative one means none.
+func checkOptions(opts *Options) (time.Duration, error) {
+	sources := 0
+	for _, set := range []bool{len(opts.HS256Secret) > 0, opts.PublicKeyFile != "", opts.JWKSFile != "", opts.JWKSURL != ""} {
+		if set {
+			sources++
+		}
+	}
+	if sources != 1 {
+		return 0, fmt.Errorf("auth: exactly one of HS256Secret, PublicKeyFile, JWKSFile and JWKSURL must be set (%d are)", sources)
+	}
+	leeway := opts.Leeway
+	switch {
+	case leeway == 0:
+		leeway = DefaultLeeway
+	case leeway < 0:
+		leeway = 0
+	case leeway > MaxLeeway:
+		return 0, fmt.Errorf("auth: leeway %s is more than %s", leeway, MaxLeeway)
+	}
+	if opts.JWKSRefresh < 0 {
+		return 0, fmt.Errorf("auth: negative JWKS refresh interval %s", opts.JWKSRefresh)
+	}
+	return leeway, nil
+}
+
+// validateOptions returns the checks of a token's claims that opts asks
+// for, on the clock now with leeway. A Resource is an audience too, unless
+// it is the Audience already; an invalid Resource is an error.
+func validateOptions(opts *Options, now func() time.Time, leeway time.Duration) ([]jwt.ValidateOption, error) {
+	validate := []jwt.ValidateOption{
 		jwt.WithClock(jwt.ClockFunc(now)),
 		jwt.WithAcceptableSkew(leeway),
 	}
 	if opts.Issuer != "" {
-		a.validate = append(a.validate, jwt.WithIssuer(opts.Issuer))
+		validate = append(validate, jwt.WithIssuer(opts.Issuer))
 	}
 	if opts.Audience != "" {
-		a.validate = append(a.validate, jwt.WithAudience(opts.Audience))
+		validate = append(validate, jwt.WithAudience(opts.Audience))
 	}
 	if opts.Resource != "" {
 		if err := CheckResource(opts.Resource); err != nil {
 			return nil, err
 		}
 		if opts.Resource != opts.Audience {
-			a.validate = append(a.validate, jwt.WithAudience(opts.Resource))
+			validate = append(validate, jwt.WithAudience(opts.Resource))
 		}
 	}
 	if opts.RequireExpiry {
-		a.validate = append(a.validate, jwt.WithRequiredClaim(jwt.ExpirationKey))
+		validate = append(validate, jwt.WithRequiredClaim(jwt.ExpirationKey))
 	}
+	return validate, nil
+}
 
-	var err error
+// loadKeys loads the keys of the one source opts sets (checkOptions made
+// sure there is exactly one), logging what is weak or skipped. A JWKS URL
+// is fetched once before loadKeys returns, within ctx.
+func loadKeys(ctx context.Context, opts *Options, log *slog.Logger, now func() time.Time) (keySource, error) {
 	switch {
 	case len(opts.HS256Secret) > 0:
-		a.keys, err = hmacKeys(opts.HS256Secret)
+		keys, err := hmacKeys(opts.HS256Secret)
 		if n := len(opts.HS256Secret); err == nil && n < MinHS256SecretBytes {
 			log.Warn("HS256 secret is shorter than RFC 7518 requires; rotate it to a random secret of at least 32 bytes", "bytes", n, "want", MinHS256SecretBytes)
 		}
+		return keys, err
 	case opts.PublicKeyFile != "":
-		a.keys, err = loadPEMKeys(opts.PublicKeyFile)
+		return loadPEMKeys(opts.PublicKeyFile)
 	case opts.JWKSFile != "":
-		var fk *fileKeys
-		var skipped []string
-		fk, skipped, err = loadJWKSFile(opts.JWKSFile)
+		keys, skipped, err := loadJWKSFile(opts.JWKSFile)
 		for _, s := range skipped {
 			log.Warn("auth: JWKS key skipped", "file", opts.JWKSFile, "reason", s)
 		}
-		a.keys = fk
+		return keys, err
 	default:
-		a.keys, err = newRemoteKeys(ctx, &opts, log, now)
+		return newRemoteKeys(ctx, opts, log, now)
 	}
-	if err != nil {
-		return nil, err
-	}
-	return a, nil
 }
 
 func orDefault(v, def string) string {

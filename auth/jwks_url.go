@@ -56,6 +56,10 @@ type remoteKeys struct {
 	closed atomic.Bool
 }
 
+// newRemoteKeys checks opts.JWKSURL and fetches its key set once: it fails
+// when that fetch fails or brings no usable key. ctx bounds the fetch (with
+// jwksStartTimeout when it has no earlier deadline); later refreshes run
+// until close.
 func newRemoteKeys(ctx context.Context, opts *Options, log *slog.Logger, now func() time.Time) (*remoteKeys, error) {
 	u, err := url.Parse(opts.JWKSURL)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
@@ -71,7 +75,40 @@ func newRemoteKeys(ctx context.Context, opts *Options, log *slog.Logger, now fun
 	if u.Scheme == "http" && !isLoopback(u.Hostname()) {
 		log.Warn("auth: JWKS URL is plain http; anyone on the path can swap the keys", "url", r.logURL)
 	}
+	if err := r.start(ctx, registerOptions(opts)); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
 
+// registerOptions returns how the cache fetches the key set: with
+// opts.HTTPClient (else one with defaultHTTPTimeout), every opts.JWKSRefresh
+// (else DefaultJWKSRefresh) or, when Cache-Control allows, less often, up
+// to maxJWKSInterval.
+func registerOptions(opts *Options) []jwk.RegisterOption {
+	hc := opts.HTTPClient
+	if hc == nil {
+		hc = &http.Client{Timeout: defaultHTTPTimeout}
+	}
+	refresh := opts.JWKSRefresh
+	if refresh <= 0 {
+		refresh = DefaultJWKSRefresh
+	}
+	return []jwk.RegisterOption{
+		jwk.WithHTTPClient(hc),
+		jwk.WithMinInterval(refresh),
+		jwk.WithMaxInterval(max(refresh, maxJWKSInterval)),
+		// The identity provider owns this set: keep the keys we understand
+		// when it publishes one we do not (a new key type, for example).
+		jwk.WithIgnoreParseError(true),
+	}
+}
+
+// start creates r's cache, registers r.url with reg and waits, within ctx,
+// for the first fetch; then it checks that the set holds a usable key. When
+// start fails, the cache is shut down. A refresh that fails after start is
+// logged, and the previous key set kept.
+func (r *remoteKeys) start(ctx context.Context, reg []jwk.RegisterOption) error {
 	// The first fetch runs in httprc's worker and reports failure only to the
 	// error sink, so the sink cancels the start-up wait with the cause: New
 	// fails at once with the real reason instead of waiting out its deadline.
@@ -83,60 +120,63 @@ func newRemoteKeys(ctx context.Context, opts *Options, log *slog.Logger, now fun
 			cancelStart(err)
 			return
 		}
-		log.Warn("auth: JWKS refresh failed; keeping the previous key set", "url", r.logURL, "err", err)
+		r.log.Warn("auth: JWKS refresh failed; keeping the previous key set", "url", r.logURL, "err", err)
 	})
-
-	hc := opts.HTTPClient
-	if hc == nil {
-		hc = &http.Client{Timeout: defaultHTTPTimeout}
-	}
-	refresh := opts.JWKSRefresh
-	if refresh <= 0 {
-		refresh = DefaultJWKSRefresh
-	}
 
 	// The cache outlives New's ctx (often a start-up deadline); Close stops it.
 	cache, err := jwk.NewCache(context.WithoutCancel(ctx), httprc.NewClient(httprc.WithWorkers(1), httprc.WithErrorSink(sink)))
 	if err != nil {
-		return nil, fmt.Errorf("auth: starting JWKS cache: %w", err)
+		return fmt.Errorf("auth: starting JWKS cache: %w", err)
 	}
 	r.cache = cache
-	fail := func(err error) (*remoteKeys, error) {
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = cache.Shutdown(shutdownCtx)
-		return nil, err
+	if err := r.register(startCtx, reg); err != nil {
+		return r.abortStart(ctx, err)
 	}
+	started.Store(true)
+	if err := r.load(ctx); err != nil {
+		return r.abortStart(ctx, err)
+	}
+	return nil
+}
 
+// register registers r.url with the cache and waits for its first fetch,
+// at most jwksStartTimeout. The error is the reason the error sink gave
+// when it cut the wait short, else the wait's own.
+func (r *remoteKeys) register(startCtx context.Context, reg []jwk.RegisterOption) error {
 	waitCtx, cancelWait := context.WithTimeout(startCtx, jwksStartTimeout)
 	defer cancelWait()
-	err = cache.Register(waitCtx, r.url,
-		jwk.WithHTTPClient(hc),
-		jwk.WithMinInterval(refresh),
-		jwk.WithMaxInterval(max(refresh, maxJWKSInterval)),
-		// The identity provider owns this set: keep the keys we understand
-		// when it publishes one we do not (a new key type, for example).
-		jwk.WithIgnoreParseError(true),
-	)
-	if err != nil {
+	if err := r.cache.Register(waitCtx, r.url, reg...); err != nil {
 		cause := context.Cause(waitCtx)
 		if cause == nil {
 			cause = err
 		}
-		return fail(fmt.Errorf("auth: fetching JWKS %s: %w", r.logURL, cause))
+		return fmt.Errorf("auth: fetching JWKS %s: %w", r.logURL, cause)
 	}
-	started.Store(true)
+	return nil
+}
 
-	res, err := cache.LookupResource(ctx, r.url)
+// load takes the fetched set from the cache and fails when it holds no key
+// r can verify with, naming the keys skipped and why.
+func (r *remoteKeys) load(ctx context.Context) error {
+	res, err := r.cache.LookupResource(ctx, r.url)
 	if err != nil {
-		return fail(fmt.Errorf("auth: JWKS %s: %w", r.logURL, err))
+		return fmt.Errorf("auth: JWKS %s: %w", r.logURL, err)
 	}
 	r.res = res
 	ix := r.index()
 	if len(ix.all) == 0 {
-		return fail(fmt.Errorf("auth: JWKS %s holds no usable signing key (%s)", r.logURL, strings.Join(ix.skipped, "; ")))
+		return fmt.Errorf("auth: JWKS %s holds no usable signing key (%s)", r.logURL, strings.Join(ix.skipped, "; "))
 	}
-	return r, nil
+	return nil
+}
+
+// abortStart shuts the cache down after start failed with err, and returns
+// err. The shutdown gets its own few seconds: ctx may be what ran out.
+func (r *remoteKeys) abortStart(ctx context.Context, err error) error {
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = r.cache.Shutdown(shutdownCtx)
+	return err
 }
 
 func isLoopback(host string) bool {

@@ -111,31 +111,12 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd mc
 // others get the final result as JSON with their own id. It reports whether
 // the answer was an error (for the breaker), the result this caller's own
 // load produced (for a cost correction; nil unless this caller's flight
-// loaded it) and the HTTP status written.
+// loaded it) and the HTTP status written. loading is nil unless the caller
+// left while its own load runs on for the flight: it is closed when that
+// load ends, and the call is settled only then.
 func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int, loading <-chan struct{}) {
-	msg := fwd.Msg
-	// bypass forwards the call without the cache, reporting what the
-	// proxy reports (the caller overwrites its own record with the values
-	// returned).
-	bypass := func() (bool, json.RawMessage, int) {
-		call.cached.Store(false)
-		g.metrics.CacheRequests.WithLabelValues("bypass").Inc()
-		g.trace.cache(r.Context(), "bypass")
-		var failed bool
-		var loaded json.RawMessage
-		report := fwd.OnResult
-		f := fwd
-		f.OnResult = func(result, rpcErr json.RawMessage) {
-			failed, loaded = rpcErr != nil || isErrorResult(result), result
-			if report != nil {
-				report(result, rpcErr)
-			}
-		}
-		status := g.forward(w, r, rt, f, "tools/call")
-		return failed || status >= 500, loaded, status
-	}
-	if !cacheableParams(msg.Params) {
-		failed, loaded, status = bypass()
+	if !cacheableParams(fwd.Msg.Params) {
+		failed, loaded, status = g.bypassCache(w, r, rt, fwd, call)
 		return failed, loaded, status, nil
 	}
 	// The loader may also run after this call returned (an early refresh
@@ -143,16 +124,6 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 	// and lw, which is made for it.
 	var ran atomic.Bool
 	lw := newLeaderWriter(w)
-	defer func() {
-		// A caller that left (cancelled, or gone) while its own load runs
-		// on for the flight: the call is settled only when that load ends,
-		// so that its concurrency slots stay held for the upstream work it
-		// started (else cancelling and calling again would run any number
-		// of loads at once under a concurrency rule).
-		if r.Context().Err() != nil && ran.Load() {
-			loading = lw.done
-		}
-	}()
 	call.cached.Store(true)
 	entry, src, err := g.eng.Cache().Get(r.Context(), plan.Key, func(ctx context.Context) ([]byte, bool, error) {
 		ran.Store(true)
@@ -161,50 +132,47 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		return g.load(ctx, r, rt, fwd, lw)
 	}, plan.Policy)
 	g.countDegraded(entry)
-	if lw.release() {
+	switch {
+	case lw.release():
 		// This caller's own load streams the answer to it (or, rarely, an
 		// early refresh its hit started got there first): that is its
 		// answer, whatever the flight's outcome.
 		failed, loaded, status = g.streamedAnswer(r, lw, answered)
-		return failed, loaded, status, nil
+	case err != nil:
+		failed, loaded, status = g.failedFlightAnswer(w, r, rt, fwd, call, err, ran.Load())
+	default:
+		failed, loaded, status = g.entryAnswer(w, r, fwd.Msg, entry, src, answered)
 	}
-	if err != nil {
-		var u *uncacheable
-		switch {
-		case errors.As(err, &u) && u.interim && !ran.Load():
-			// Another caller's load got an interim answer: it is that
-			// caller's (its request state, its input to give). Ask for
-			// this caller's own.
-			failed, loaded, status = bypass()
-			return failed, loaded, status, nil
-		case errors.As(err, &u):
-			failed, loaded, status = g.uncacheableAnswer(w, msg, u)
-			return failed, loaded, status, nil
-		case errors.Is(context.Cause(r.Context()), mcp.ErrCancelled):
-			// MCP: a cancelled request gets no response.
-			g.metrics.Requests.WithLabelValues("tools/call", "cancelled").Inc()
-			w.WriteHeader(http.StatusAccepted)
-			return false, nil, http.StatusAccepted, nil
-		case r.Context().Err() != nil:
-			return false, nil, 0, nil // the caller went away
-		default:
-			g.metrics.Requests.WithLabelValues("tools/call", "upstream_error").Inc()
-			mcp.WriteError(w, http.StatusBadGateway, msg.ID, mcp.CodeInternalError, "upstream MCP server unavailable: "+err.Error(), nil)
-			return true, nil, http.StatusBadGateway, nil
+	if r.Context().Err() != nil && ran.Load() {
+		// A caller that left (cancelled, or gone) while its own load runs
+		// on for the flight: the call is settled only when that load ends,
+		// so that its concurrency slots stay held for the upstream work it
+		// started (else cancelling and calling again would run any number
+		// of loads at once under a concurrency rule).
+		loading = lw.done
+	}
+	return failed, loaded, status, loading
+}
+
+// bypassCache forwards the call without the cache, reporting what the
+// proxy reports: whether the answer was an error or a 5xx, the result, and
+// the HTTP status written (the caller overwrites its own record with them).
+func (g *Gateway) bypassCache(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, call *liveCall) (bool, json.RawMessage, int) {
+	call.cached.Store(false)
+	g.metrics.CacheRequests.WithLabelValues("bypass").Inc()
+	g.trace.cache(r.Context(), "bypass")
+	var failed bool
+	var loaded json.RawMessage
+	report := fwd.OnResult
+	f := fwd
+	f.OnResult = func(result, rpcErr json.RawMessage) {
+		failed, loaded = rpcErr != nil || isErrorResult(result), result
+		if report != nil {
+			report(result, rpcErr)
 		}
 	}
-	g.metrics.Requests.WithLabelValues("tools/call", "admitted").Inc()
-	g.metrics.CacheRequests.WithLabelValues(src.String()).Inc()
-	g.trace.cache(r.Context(), src.String())
-	w.Header().Set("X-Mcp-Cache", src.String())
-	answered.call(entry.Value, nil) // before the caller has it
-	writeRPC(w, http.StatusOK, msg.ID, "result", entry.Value)
-	if src == cache.Miss {
-		// Miss: this caller's own flight ran the loader, so the value is
-		// what its upstream call returned.
-		loaded = entry.Value
-	}
-	return entry.Negative, loaded, http.StatusOK, nil
+	status := g.forward(w, r, rt, f, "tools/call")
+	return failed || status >= 500, loaded, status
 }
 
 // streamedAnswer waits until the load streaming its answer to the caller
@@ -243,6 +211,33 @@ func (g *Gateway) streamedAnswer(r *http.Request, lw *leaderWriter, answered res
 	return failed, result, status
 }
 
+// failedFlightAnswer answers a call whose flight ended without a value and
+// whose own load is not streaming to it; ran tells whether this caller's
+// loader ran. The results are cachedCall's.
+func (g *Gateway) failedFlightAnswer(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, call *liveCall, err error, ran bool) (failed bool, loaded json.RawMessage, status int) {
+	var u *uncacheable
+	switch {
+	case errors.As(err, &u) && u.interim && !ran:
+		// Another caller's load got an interim answer: it is that
+		// caller's (its request state, its input to give). Ask for
+		// this caller's own.
+		return g.bypassCache(w, r, rt, fwd, call)
+	case errors.As(err, &u):
+		return g.uncacheableAnswer(w, fwd.Msg, u)
+	case errors.Is(context.Cause(r.Context()), mcp.ErrCancelled):
+		// MCP: a cancelled request gets no response.
+		g.metrics.Requests.WithLabelValues("tools/call", "cancelled").Inc()
+		w.WriteHeader(http.StatusAccepted)
+		return false, nil, http.StatusAccepted
+	case r.Context().Err() != nil:
+		return false, nil, 0 // the caller went away
+	default:
+		g.metrics.Requests.WithLabelValues("tools/call", "upstream_error").Inc()
+		mcp.WriteError(w, http.StatusBadGateway, fwd.Msg.ID, mcp.CodeInternalError, "upstream MCP server unavailable: "+err.Error(), nil)
+		return true, nil, http.StatusBadGateway
+	}
+}
+
 // uncacheableAnswer writes a load's answer that is not cached, with the
 // caller's id.
 func (g *Gateway) uncacheableAnswer(w http.ResponseWriter, msg *mcp.Message, u *uncacheable) (failed bool, loaded json.RawMessage, status int) {
@@ -260,6 +255,23 @@ func (g *Gateway) uncacheableAnswer(w http.ResponseWriter, msg *mcp.Message, u *
 		mcp.WriteError(w, u.status, msg.ID, mcp.CodeInternalError, "upstream MCP server unavailable", nil)
 	}
 	return !u.interim || isErrorResult(u.value), nil, u.status
+}
+
+// entryAnswer writes the flight's value as JSON with the caller's id,
+// telling answered first. It reports whether the value is a negative
+// (isError) result, the value as loaded when src is a miss (this caller's
+// own flight ran the loader; nil otherwise) and the status written.
+func (g *Gateway) entryAnswer(w http.ResponseWriter, r *http.Request, msg *mcp.Message, entry cache.Entry, src cache.Source, answered resultHook) (failed bool, loaded json.RawMessage, status int) {
+	g.metrics.Requests.WithLabelValues("tools/call", "admitted").Inc()
+	g.metrics.CacheRequests.WithLabelValues(src.String()).Inc()
+	g.trace.cache(r.Context(), src.String())
+	w.Header().Set("X-Mcp-Cache", src.String())
+	answered.call(entry.Value, nil) // before the caller has it
+	writeRPC(w, http.StatusOK, msg.ID, "result", entry.Value)
+	if src == cache.Miss {
+		loaded = entry.Value
+	}
+	return entry.Negative, loaded, http.StatusOK
 }
 
 // countDegraded counts an answer the cache loaded without its store (the

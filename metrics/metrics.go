@@ -85,80 +85,14 @@ type Metrics struct {
 // collectors, prefixed mcpgate_ as well).
 func New() *Metrics {
 	r := prometheus.NewRegistry()
-	m := &Metrics{
-		Registry: r,
-		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mcpgate_requests_total", Help: "MCP requests by method class and outcome.",
-		}, []string{"method", "outcome"}),
-		Denials: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mcpgate_denials_total", Help: "Calls denied (429 or a deny_as: result answer), by scope and rule.",
-		}, []string{"scope", "rule"}),
-		ShadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mcpgate_shadow_denials_total", Help: "Calls a shadow rule would have denied, by rule.",
-		}, []string{"rule"}),
-		Degraded: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mcpgate_degraded_decisions_total", Help: "Limit decisions taken without the shared store, by failure policy.",
-		}, []string{"policy"}),
-		DenialCacheHits: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "mcpgate_denial_cache_hits_total", Help: "Denials answered in-process without asking the shared store.",
-		}),
-		DecisionSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "mcpgate_limit_decision_seconds", Help: "Latency of one limit-store call.",
-			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05},
-		}),
-		UpstreamSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "mcpgate_upstream_seconds", Help: "Latency of upstream calls, until the answer is relayed.",
-			Buckets: prometheus.DefBuckets,
-		}),
-		StoreUp: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "mcpgate_limit_store_up", Help: "1 while the shared limit store answers, 0 while it is skipped.",
-		}),
-		UsagePending: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "mcpgate_usage_pending_meters", Help: "Meters with admitted usage not yet recorded on them (a store was down).",
-		}),
-		CostCorrections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mcpgate_cost_corrections_total", Help: "Cost corrections read from tool results, by outcome.",
-		}, []string{"outcome"}),
-		Unmetered: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "mcpgate_unmetered_calls_total", Help: "Admitted calls whose usage cannot be proved recorded exactly once (a write unanswered past the op TTL).",
-		}),
-		BreakersOpened: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mcpgate_breakers_opened_total", Help: "Loop breakers opened, by reason.",
-		}, []string{"reason"}),
-		AlertsFailed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "mcpgate_breaker_alerts_failed_total", Help: "Breaker alerts that could not be delivered.",
-		}),
-		CacheRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mcpgate_cache_requests_total", Help: "Calls of cacheable tools, by outcome.",
-		}, []string{"outcome"}),
-		UpstreamSessions: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "mcpgate_upstream_sessions", Help: "Upstream MCP sessions tracked by this instance.",
-		}),
-		UpstreamState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "mcpgate_upstream_state", Help: "Health of each upstream of upstreams: 1 for its current state (up, open, half_open, down, limited), 0 for the others.",
-		}, []string{"upstream", "state"}),
-		UpstreamCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mcpgate_upstream_calls_total", Help: "Requests to each upstream of upstreams:, by outcome: ok, error (the upstream's JSON-RPC error or HTTP 4xx), refused (not sent: breaker open, 429 back-off, process down, no connection), failed (timeout, broken connection), cancelled, retried (session lost, sent again).",
-		}, []string{"upstream", "outcome"}),
-		SessionsEnded: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "mcpgate_upstream_sessions_ended_total", Help: "Upstream sessions the gateway ended (idle, or without a slot).",
-		}),
-		OpenConnections: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "mcpgate_open_connections", Help: "Client connections accepted and not yet closed.",
-		}),
-		CacheDegraded: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mcpgate_cache_degraded_total", Help: "Calls of cacheable tools answered without the cache store (skipped by its breaker, or a failed or timed-out store operation), by reason.",
-		}, []string{"reason"}),
-		AuditDropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "mcpgate_audit_dropped_total", Help: "Audit log lines lost: the audit buffer was full or a write failed.",
-		}),
-		UsageLastFlush: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "mcpgate_usage_last_flush_success_timestamp_seconds", Help: "When the durable usage store last took a flush (Unix seconds; 0 before the first).",
-		}),
-		UsageFlushFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mcpgate_usage_flush_failures_total", Help: "Failed writes of usage to the durable store, by op (flush, sweep).",
-		}, []string{"op"}),
-	}
+	m := &Metrics{Registry: r}
+	// The groups only create their collectors: all are registered below,
+	// so a new one must join that list too.
+	m.initRequestMetrics()
+	m.initStoreMetrics()
+	m.initUsageMetrics()
+	m.initUpstreamMetrics()
+	m.initCacheMetrics()
 	m.TenantQuota, _ = NewQuotaUsage(DefaultQuotaThreshold, DefaultQuotaMaxTenants, nil) // valid constants
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
 		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
@@ -170,6 +104,100 @@ func New() *Metrics {
 	prometheus.WrapRegistererWithPrefix("mcpgate_", r).MustRegister(
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// initRequestMetrics sets up the metrics of callers' requests: outcomes,
+// denials, loop breakers, connections and audit lines.
+func (m *Metrics) initRequestMetrics() {
+	m.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mcpgate_requests_total", Help: "MCP requests by method class and outcome.",
+	}, []string{"method", "outcome"})
+	m.Denials = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mcpgate_denials_total", Help: "Calls denied (429 or a deny_as: result answer), by scope and rule.",
+	}, []string{"scope", "rule"})
+	m.ShadowDenials = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mcpgate_shadow_denials_total", Help: "Calls a shadow rule would have denied, by rule.",
+	}, []string{"rule"})
+	m.BreakersOpened = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mcpgate_breakers_opened_total", Help: "Loop breakers opened, by reason.",
+	}, []string{"reason"})
+	m.AlertsFailed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mcpgate_breaker_alerts_failed_total", Help: "Breaker alerts that could not be delivered.",
+	})
+	m.OpenConnections = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "mcpgate_open_connections", Help: "Client connections accepted and not yet closed.",
+	})
+	m.AuditDropped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mcpgate_audit_dropped_total", Help: "Audit log lines lost: the audit buffer was full or a write failed.",
+	})
+}
+
+// initStoreMetrics sets up the metrics of limit decisions and the shared
+// limit store.
+func (m *Metrics) initStoreMetrics() {
+	m.Degraded = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mcpgate_degraded_decisions_total", Help: "Limit decisions taken without the shared store, by failure policy.",
+	}, []string{"policy"})
+	m.DenialCacheHits = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mcpgate_denial_cache_hits_total", Help: "Denials answered in-process without asking the shared store.",
+	})
+	m.DecisionSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "mcpgate_limit_decision_seconds", Help: "Latency of one limit-store call.",
+		Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05},
+	})
+	m.StoreUp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "mcpgate_limit_store_up", Help: "1 while the shared limit store answers, 0 while it is skipped.",
+	})
+}
+
+// initUsageMetrics sets up the metrics of usage recording, cost
+// corrections and the durable usage store.
+func (m *Metrics) initUsageMetrics() {
+	m.UsagePending = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "mcpgate_usage_pending_meters", Help: "Meters with admitted usage not yet recorded on them (a store was down).",
+	})
+	m.CostCorrections = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mcpgate_cost_corrections_total", Help: "Cost corrections read from tool results, by outcome.",
+	}, []string{"outcome"})
+	m.Unmetered = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mcpgate_unmetered_calls_total", Help: "Admitted calls whose usage cannot be proved recorded exactly once (a write unanswered past the op TTL).",
+	})
+	m.UsageLastFlush = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "mcpgate_usage_last_flush_success_timestamp_seconds", Help: "When the durable usage store last took a flush (Unix seconds; 0 before the first).",
+	})
+	m.UsageFlushFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mcpgate_usage_flush_failures_total", Help: "Failed writes of usage to the durable store, by op (flush, sweep).",
+	}, []string{"op"})
+}
+
+// initUpstreamMetrics sets up the metrics of upstream calls, sessions and health.
+func (m *Metrics) initUpstreamMetrics() {
+	m.UpstreamSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "mcpgate_upstream_seconds", Help: "Latency of upstream calls, until the answer is relayed.",
+		Buckets: prometheus.DefBuckets,
+	})
+	m.UpstreamSessions = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "mcpgate_upstream_sessions", Help: "Upstream MCP sessions tracked by this instance.",
+	})
+	m.UpstreamState = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "mcpgate_upstream_state", Help: "Health of each upstream of upstreams: 1 for its current state (up, open, half_open, down, limited), 0 for the others.",
+	}, []string{"upstream", "state"})
+	m.UpstreamCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mcpgate_upstream_calls_total", Help: "Requests to each upstream of upstreams:, by outcome: ok, error (the upstream's JSON-RPC error or HTTP 4xx), refused (not sent: breaker open, 429 back-off, process down, no connection), failed (timeout, broken connection), cancelled, retried (session lost, sent again).",
+	}, []string{"upstream", "outcome"})
+	m.SessionsEnded = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mcpgate_upstream_sessions_ended_total", Help: "Upstream sessions the gateway ended (idle, or without a slot).",
+	})
+}
+
+// initCacheMetrics sets up the metrics of the result cache.
+func (m *Metrics) initCacheMetrics() {
+	m.CacheRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mcpgate_cache_requests_total", Help: "Calls of cacheable tools, by outcome.",
+	}, []string{"outcome"})
+	m.CacheDegraded = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mcpgate_cache_degraded_total", Help: "Calls of cacheable tools answered without the cache store (skipped by its breaker, or a failed or timed-out store operation), by reason.",
+	}, []string{"reason"})
 }
 
 // Handler serves the metrics in the Prometheus text format.

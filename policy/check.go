@@ -67,72 +67,38 @@ func (d *decoder) rules(n *yaml.Node, path string, scope ruleScope) []Rule {
 	return out
 }
 
-// rule decodes one rule. ok is false when it has any problem.
+// rule decodes one rule. nameNode is the value of its name field (nil when
+// n is not a mapping); ok is false when the rule has any problem. A field's
+// problems are reported as its value is read, then the missing required
+// fields, a misplaced burst and, last and only for a rule without other
+// problems, what Rule.Validate finds.
 func (d *decoder) rule(n *yaml.Node, path string, scope ruleScope) (r Rule, nameNode *yaml.Node, ok bool) {
 	errs := len(d.errs)
 	var burstNode *yaml.Node
 	set := map[string]bool{}
+	// mark records that a required field was given: a null value is not.
 	mark := func(k string, fn func(v *yaml.Node, p string)) func(v *yaml.Node, p string) {
 		return func(v *yaml.Node, p string) { set[k] = true; fn(v, p) }
 	}
 	d.object(n, path, fields{
 		"name": mark("name", func(v *yaml.Node, p string) {
 			nameNode = v
-			if s, ok := d.str(v, p); ok {
-				if !ruleNameRE.MatchString(s) {
-					d.errf(v, p, "bad rule name %q: use 1 to 64 letters, digits, '_', '-' or '.' (it appears in headers)", s)
-				}
-				r.Name = s
-			}
+			r.Name = d.ruleName(v, p)
 		}),
 		"per": func(v *yaml.Node, p string) {
 			if s, ok := d.str(v, p); ok {
 				r.Per = d.per(v, p, keyspace.Per(s), scope)
 			}
 		},
-		"algorithm": mark("algorithm", func(v *yaml.Node, p string) {
-			if s, ok := d.str(v, p); ok {
-				r.Algorithm = limit.Algorithm(s)
-				if !r.Algorithm.Valid() {
-					d.errf(v, p, "unknown algorithm %q (want one of %s)", s, algorithmList())
-				}
-			}
-		}),
-		"limit": mark("limit", func(v *yaml.Node, p string) {
-			if x, ok := d.int64(v, p); ok {
-				if x < 1 {
-					d.errf(v, p, "must be at least 1, got %d", x)
-				}
-				r.Limit = x
-			}
-		}),
-		"period": mark("period", func(v *yaml.Node, p string) {
-			if x, ok := d.duration(v, p); ok {
-				switch {
-				case x < limit.MinPeriod || x > limit.MaxPeriod:
-					d.errf(v, p, "must be between %v and %v, got %v", limit.MinPeriod, limit.MaxPeriod, x)
-				case x%time.Microsecond != 0:
-					d.errf(v, p, "must be a whole number of microseconds, got %v", x)
-				}
-				r.Period = x
-			}
-		}),
+		"algorithm": mark("algorithm", func(v *yaml.Node, p string) { r.Algorithm = d.algorithm(v, p) }),
+		"limit":     mark("limit", func(v *yaml.Node, p string) { r.Limit = d.ruleLimit(v, p) }),
+		"period":    mark("period", func(v *yaml.Node, p string) { r.Period = d.rulePeriod(v, p) }),
 		"burst": func(v *yaml.Node, p string) {
 			burstNode = v
 			r.Burst, _ = d.count(v, p)
 		},
-		"shadow": func(v *yaml.Node, p string) { r.Shadow, _ = d.bool(v, p) },
-		"methods": func(v *yaml.Node, p string) {
-			switch scope {
-			case scopeTool:
-				d.errf(v, p, "not allowed in a tool's rules (they count calls of that tool); name methods in a tier's or the global rules")
-				return
-			case scopeUpstream:
-				d.errf(v, p, "not allowed in an upstream's rules (they count calls of its tools); name methods in a tier's or the global rules")
-				return
-			}
-			r.Methods = d.methods(v, p)
-		},
+		"shadow":  func(v *yaml.Node, p string) { r.Shadow, _ = d.bool(v, p) },
+		"methods": func(v *yaml.Node, p string) { r.Methods = d.ruleMethods(v, p, scope) },
 	})
 	if n.Kind != yaml.MappingNode {
 		return r, nil, false
@@ -143,7 +109,7 @@ func (d *decoder) rule(n *yaml.Node, path string, scope ruleScope) (r Rule, name
 		}
 	}
 	if r.Per == "" {
-		r.Per = map[ruleScope]keyspace.Per{scopeGlobal: keyspace.PerGlobal, scopeTier: keyspace.PerTenant, scopeTool: keyspace.PerTenantTool, scopeUpstream: keyspace.PerTenant}[scope]
+		r.Per = defaultPer[scope]
 	}
 	if burstNode != nil && r.Algorithm.Valid() && r.Algorithm != limit.TokenBucket && r.Algorithm != limit.GCRA {
 		d.errf(burstNode, join(path, "burst"), "only token_bucket and gcra have a burst (%s would ignore it)", r.Algorithm)
@@ -151,12 +117,96 @@ func (d *decoder) rule(n *yaml.Node, path string, scope ruleScope) (r Rule, name
 	if len(d.errs) != errs {
 		return r, nameNode, false
 	}
+	return r, nameNode, d.validRule(n, path, r)
+}
+
+// defaultPer is the per of a rule that gives none, by the list it is in.
+var defaultPer = map[ruleScope]keyspace.Per{
+	scopeGlobal:   keyspace.PerGlobal,
+	scopeTier:     keyspace.PerTenant,
+	scopeTool:     keyspace.PerTenantTool,
+	scopeUpstream: keyspace.PerTenant,
+}
+
+// ruleName decodes a rule's name; a name that is not a string is "". A
+// name that breaks ruleNameRE is reported but kept, so that checks across
+// lists can still name the rule.
+func (d *decoder) ruleName(v *yaml.Node, p string) string {
+	s, ok := d.str(v, p)
+	if !ok {
+		return ""
+	}
+	if !ruleNameRE.MatchString(s) {
+		d.errf(v, p, "bad rule name %q: use 1 to 64 letters, digits, '_', '-' or '.' (it appears in headers)", s)
+	}
+	return s
+}
+
+// algorithm decodes a rule's algorithm; one that is not a string is "". An
+// unknown algorithm is reported but kept (it is then not Valid, which
+// quiets the checks that depend on it).
+func (d *decoder) algorithm(v *yaml.Node, p string) limit.Algorithm {
+	s, ok := d.str(v, p)
+	if !ok {
+		return ""
+	}
+	a := limit.Algorithm(s)
+	if !a.Valid() {
+		d.errf(v, p, "unknown algorithm %q (want one of %s)", s, algorithmList())
+	}
+	return a
+}
+
+// ruleLimit decodes a rule's limit: 0 when it is not an integer; a limit
+// below 1 is reported but kept.
+func (d *decoder) ruleLimit(v *yaml.Node, p string) int64 {
+	x, ok := d.int64(v, p)
+	if ok && x < 1 {
+		d.errf(v, p, "must be at least 1, got %d", x)
+	}
+	return x
+}
+
+// rulePeriod decodes a rule's period: 0 when it is not a duration. A period
+// out of limit's range, or not in whole microseconds (the unit in which the
+// limiters measure time), is reported but kept.
+func (d *decoder) rulePeriod(v *yaml.Node, p string) time.Duration {
+	x, ok := d.duration(v, p)
+	switch {
+	case !ok:
+	case x < limit.MinPeriod || x > limit.MaxPeriod:
+		d.errf(v, p, "must be between %v and %v, got %v", limit.MinPeriod, limit.MaxPeriod, x)
+	case x%time.Microsecond != 0:
+		d.errf(v, p, "must be a whole number of microseconds, got %v", x)
+	}
+	return x
+}
+
+// ruleMethods decodes a rule's methods. Only tiers and the global list may
+// name methods: the rules of a tool or an upstream count calls of tools,
+// so there methods is refused (and nil).
+func (d *decoder) ruleMethods(v *yaml.Node, p string, scope ruleScope) []string {
+	switch scope {
+	case scopeTool:
+		d.errf(v, p, "not allowed in a tool's rules (they count calls of that tool); name methods in a tier's or the global rules")
+		return nil
+	case scopeUpstream:
+		d.errf(v, p, "not allowed in an upstream's rules (they count calls of its tools); name methods in a tier's or the global rules")
+		return nil
+	}
+	return d.methods(v, p)
+}
+
+// validRule reports whether r, free of decoding problems, passes
+// Rule.Validate, reporting its problem at the rule. The rule's name is cut
+// from the message: the path already says which rule it is.
+func (d *decoder) validRule(n *yaml.Node, path string, r Rule) bool {
 	if err := r.Validate(); err != nil {
 		msg := strings.TrimPrefix(err.Error(), fmt.Sprintf("%v %q: ", limit.ErrInvalidRule, r.Name))
 		d.errf(n, path, "%s", msg)
-		return r, nameNode, false
+		return false
 	}
-	return r, nameNode, true
+	return true
 }
 
 // methods decodes a rule's methods: a non-empty list of names from

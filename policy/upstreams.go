@@ -144,62 +144,40 @@ func (d *decoder) upstreams(n *yaml.Node, path string) []UpstreamServer {
 }
 
 // upstreamServer decodes one entry of upstreams:. ok is false when it is
-// not a mapping.
+// not a mapping. A field's problems are reported as its value is read, then
+// a missing name, then the first conflict of url, command, env and headers.
 func (d *decoder) upstreamServer(n *yaml.Node, path string) (u UpstreamServer, ref upstreamRef, ok bool) {
 	ref = upstreamRef{node: n, path: path}
 	if isNull(n) {
 		d.errf(n, path, "want a mapping (an upstream's settings), got null")
 		return u, ref, false
 	}
-	var urlAt, cmdAt, envAt, headersAt *yaml.Node
+	var t transportAt
 	d.object(n, path, fields{
 		"name": func(v *yaml.Node, p string) {
 			ref.name = v
-			if s, ok := d.str(v, p); ok {
-				if !upstreamNameRE.MatchString(s) {
-					d.errf(v, p, "bad upstream name %q: use 1 to 63 lowercase letters, digits or '-'", s)
-					return
-				}
-				u.Name, ref.nameOK = s, true
-			}
+			u.Name, ref.nameOK = d.upstreamName(v, p)
 		},
 		"url": func(v *yaml.Node, p string) {
-			urlAt = v
-			s, ok := d.str(v, p)
-			if !ok {
-				return
-			}
-			errs := len(d.errs)
-			u.URL = d.upstreamURL(v, p, s)
-			switch {
-			case u.URL != "" || len(d.errs) != errs:
-			case strings.Contains(s, "${"):
-				d.errf(v, p, "%q expands to an empty string", s)
-			default:
-				d.errf(v, p, "empty: want the http:// or https:// URL of a Streamable HTTP MCP server")
-			}
+			t.url = v
+			u.URL = d.serverURL(v, p)
 		},
 		"command": func(v *yaml.Node, p string) {
-			cmdAt = v
+			t.command = v
 			u.Command = d.command(v, p)
 		},
 		"env": func(v *yaml.Node, p string) {
-			envAt = d.keyOf(n, "env", v)
+			t.env = d.keyOf(n, "env", v)
 			u.Env = d.env(v, p)
 		},
 		"headers": func(v *yaml.Node, p string) {
-			headersAt = d.keyOf(n, "headers", v)
+			t.headers = d.keyOf(n, "headers", v)
 			u.Headers = d.headers(v, p)
 		},
 		"timeout": func(v *yaml.Node, p string) { u.Timeout, _ = d.positiveDuration(v, p) },
 		"prefix": func(v *yaml.Node, p string) {
 			ref.prefix = v
-			if s, ok := d.str(v, p); ok {
-				if !prefixRE.MatchString(s) {
-					d.errf(v, p, "bad prefix %q: use letters, digits, '_', '.' or '-' (\"\" exposes bare names)", s)
-				}
-				u.Prefix = s
-			}
+			u.Prefix = d.upstreamPrefix(v, p)
 		},
 		"limits": func(v *yaml.Node, p string) {
 			ref.limits = d.keyOf(n, "limits", v)
@@ -216,17 +194,83 @@ func (d *decoder) upstreamServer(n *yaml.Node, path string) (u UpstreamServer, r
 	if ref.name == nil {
 		d.errf(n, join(path, "name"), "required")
 	}
-	switch {
-	case urlAt == nil && cmdAt == nil:
-		d.errf(n, path, "set url (a Streamable HTTP server) or command (a stdio server mcpgate runs)")
-	case urlAt != nil && cmdAt != nil:
-		d.errf(d.keyOf(n, "command", cmdAt), join(path, "command"), "url is set too: set url (Streamable HTTP) or command (stdio), not both")
-	case envAt != nil && urlAt != nil:
-		d.errf(envAt, join(path, "env"), "only with command (the environment of the process mcpgate runs), and url is set")
-	case headersAt != nil && cmdAt != nil:
-		d.errf(headersAt, join(path, "headers"), "only with url (headers of the HTTP requests), and command is set")
-	}
+	d.checkTransport(n, path, t)
 	return u, ref, true
+}
+
+// transportAt is where an entry of upstreams: gave the fields that choose
+// and configure how mcpgate reaches the server; nil when not given.
+type transportAt struct {
+	url     *yaml.Node // the value
+	command *yaml.Node // the value
+	env     *yaml.Node // the key, else the value
+	headers *yaml.Node // the key, else the value
+}
+
+// upstreamName decodes the name of an entry of upstreams:. ok is false
+// when it is not a string or breaks upstreamNameRE (reported); the name is
+// then "".
+func (d *decoder) upstreamName(v *yaml.Node, p string) (name string, ok bool) {
+	s, ok := d.str(v, p)
+	if !ok {
+		return "", false
+	}
+	if !upstreamNameRE.MatchString(s) {
+		d.errf(v, p, "bad upstream name %q: use 1 to 63 lowercase letters, digits or '-'", s)
+		return "", false
+	}
+	return s, true
+}
+
+// serverURL decodes the url of an entry of upstreams:. An empty URL, or
+// one that expands to nothing, is reported here at its value (upstream.url
+// leaves that to check), unless expanding or checking it was reported
+// already. A problem gives "".
+func (d *decoder) serverURL(v *yaml.Node, p string) string {
+	s, ok := d.str(v, p)
+	if !ok {
+		return ""
+	}
+	errs := len(d.errs)
+	out := d.upstreamURL(v, p, s)
+	switch {
+	case out != "" || len(d.errs) != errs:
+	case strings.Contains(s, "${"):
+		d.errf(v, p, "%q expands to an empty string", s)
+	default:
+		d.errf(v, p, "empty: want the http:// or https:// URL of a Streamable HTTP MCP server")
+	}
+	return out
+}
+
+// upstreamPrefix decodes the prefix of an entry of upstreams:; one that is not a
+// string is "". A prefix that breaks prefixRE is reported but kept, so
+// that checkUpstreams can still compare it with the others.
+func (d *decoder) upstreamPrefix(v *yaml.Node, p string) string {
+	s, ok := d.str(v, p)
+	if !ok {
+		return ""
+	}
+	if !prefixRE.MatchString(s) {
+		d.errf(v, p, "bad prefix %q: use letters, digits, '_', '.' or '-' (\"\" exposes bare names)", s)
+	}
+	return s
+}
+
+// checkTransport reports the first problem with the fields t of entry n of
+// upstreams:. Exactly one of url and command must be set; env goes only
+// with command, headers only with url.
+func (d *decoder) checkTransport(n *yaml.Node, path string, t transportAt) {
+	switch {
+	case t.url == nil && t.command == nil:
+		d.errf(n, path, "set url (a Streamable HTTP server) or command (a stdio server mcpgate runs)")
+	case t.url != nil && t.command != nil:
+		d.errf(d.keyOf(n, "command", t.command), join(path, "command"), "url is set too: set url (Streamable HTTP) or command (stdio), not both")
+	case t.env != nil && t.url != nil:
+		d.errf(t.env, join(path, "env"), "only with command (the environment of the process mcpgate runs), and url is set")
+	case t.headers != nil && t.command != nil:
+		d.errf(t.headers, join(path, "headers"), "only with url (headers of the HTTP requests), and command is set")
+	}
 }
 
 // keyOf returns the key node of k in mapping n, else fallback (a key

@@ -154,11 +154,58 @@ func (s *Store) Evaluate(ctx context.Context, req limit.Request) (limit.Outcome,
 // guarded evaluates checks, the meter m and the breaker spec (either may
 // be nil) atomically: it fills results and returns the lease (when a
 // concurrency slot was taken), the meter's and the breaker's results, and
-// whether the breaker's gate denied the call.
+// whether the breaker's gate denied the call. Every shard the call reads
+// or writes is locked before its first read and unlocked after its last
+// write: the op's replay, the gate and settle run in one critical section.
 func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.BreakerSpec, cost int64, results []limit.Result) (lease string, mr limit.MeterResult, bs limit.BreakerState, gated bool, err error) {
 	var ib, lb [batchSize]int
-	var sb [batchSize]*counter
-	idx, locks := ib[:0], lb[:0]
+	pl := c.plan(checks, m, spec, ib[:0], lb[:0])
+	for _, i := range pl.locks {
+		c.shards[i].mu.Lock()
+	}
+	defer c.unlock(pl.locks)
+	now := c.at(c.now(), pl.locks)
+
+	// A repeated op applies nothing and answers what it did.
+	var opKey string
+	if m != nil && m.Op != "" {
+		opKey = m.Key + " " + m.Op
+		if o := c.shards[pl.ms].op(opKey, now); o != nil {
+			copy(results, o.results)
+			return o.lease, o.mr, o.bs, false, nil
+		}
+	}
+
+	// The breaker's gate: an open breaker denies before anything is read.
+	var br breakerRead
+	if spec != nil {
+		var deny bool
+		if br, deny, bs = c.gate(spec, pl.p, pl.bsi, now); deny {
+			return "", mr, bs, true, nil
+		}
+	}
+	lease, mr, bs, err = c.settle(checks, m, spec, cost, results, &pl, br, now, opKey)
+	return lease, mr, bs, false, err
+}
+
+// guardPlan says where a guarded call's state lives: the shard of each
+// check (idx), of the meter (ms), of the breaker (bsi) and of its
+// identical-calls counter (csi), and locks, each of those shards once, in
+// the ascending order every call locks in. p is the breaker's params,
+// whose Identical says whether csi is among the locks. A shard unused (no
+// meter, no breaker, no identical-calls trigger) is 0 and not locked for
+// it.
+type guardPlan struct {
+	idx, locks   []int
+	ms, bsi, csi int
+	p            algo.BreakerParams
+}
+
+// plan finds the shards of a guarded call of checks, the meter m and the
+// breaker spec (either may be nil). The shard indexes are appended to idx
+// and locks, which the caller provides (on its stack) so that a batch of
+// up to batchSize shards costs no allocation.
+func (c *core) plan(checks []limit.Check, m *limit.Meter, spec *limit.BreakerSpec, idx, locks []int) guardPlan {
 	for _, ch := range checks {
 		i := c.shardOf(ch.Key)
 		idx = append(idx, i)
@@ -179,50 +226,60 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 			locks = insertShard(locks, csi)
 		}
 	}
-	for _, i := range locks {
-		c.shards[i].mu.Lock()
-	}
-	defer c.unlock(locks)
-	now := c.at(c.now(), locks)
+	return guardPlan{idx: idx, locks: locks, ms: ms, bsi: bsi, csi: csi, p: p}
+}
 
-	// A repeated op applies nothing and answers what it did.
-	var opKey string
-	if m != nil && m.Op != "" {
-		opKey = m.Key + " " + m.Op
-		if o := c.shards[ms].op(opKey, now); o != nil {
-			copy(results, o.results)
-			return o.lease, o.mr, o.bs, false, nil
-		}
-	}
+// breakerRead is a breaker as a call's gate read it and let the call
+// through: its state b, whether the shard held it, and whether the call is
+// the half-open breaker's probe.
+type breakerRead struct {
+	b     algo.Breaker
+	held  bool
+	probe bool
+}
 
-	// The breaker's gate: an open breaker denies before anything is read.
-	var b algo.Breaker
-	var held, probe bool
+// settle is the part of a guarded call its gate let through, under the
+// locks of pl (at time now): the checks are tried without charging, the
+// meter m is judged, and the checks and the meter are charged only if
+// both admit; then the breaker of spec read as br (nil spec: none) counts
+// the verdict, and an admitted op (opKey, "" for none) is recorded for its
+// repeats. The counters the dry run read are handed back to their shards
+// (releaseAll) last, after every other write. On an error nothing is
+// charged or counted.
+func (c *core) settle(checks []limit.Check, m *limit.Meter, spec *limit.BreakerSpec, cost int64, results []limit.Result, pl *guardPlan, br breakerRead, now int64, opKey string) (lease string, mr limit.MeterResult, bs limit.BreakerState, err error) {
+	var sb [batchSize]*counter
+	states, admit := c.dryRun(checks, pl.idx, sb[:0], results, now, cost)
+	defer c.releaseAll(checks, pl.idx, states)
+
+	if lease, mr, admit, err = c.charge(checks, m, states, results, pl, now, cost, admit); err != nil {
+		return "", limit.MeterResult{}, limit.BreakerState{}, err
+	}
 	if spec != nil {
-		var deny bool
-		if b, held, probe, deny, bs = c.gate(spec, p, bsi, now); deny {
-			return "", mr, bs, true, nil
-		}
+		bs = c.breakerAfter(spec, pl.p, br.b, verdict(mr, admit), br.held, br.probe, now, pl.bsi, pl.csi)
 	}
+	if opKey != "" && admit {
+		c.shards[pl.ms].putOp(opKey, &opMarker{exp: now + limit.OpTTL.Microseconds(),
+			results: append([]limit.Result(nil), results...), lease: lease, mr: mr, bs: bs})
+	}
+	return lease, mr, bs, nil
+}
 
-	states, admit := c.dryRun(checks, idx, sb[:0], results, now, cost)
-
-	defer func() {
-		for i, st := range states {
-			c.shards[idx[i]].release(checks[i].Key, st)
-		}
-	}()
-
+// charge judges the meter m (nil: none) and, when it and the dry run
+// (admit, with the checks' states and results) both admit, charges the
+// checks and the meter. It returns the lease (when a concurrency slot was
+// taken), the meter's result with its usage after the call, and whether
+// the call was admitted. On an error (the meter's) nothing is charged.
+func (c *core) charge(checks []limit.Check, m *limit.Meter, states []*counter, results []limit.Result, pl *guardPlan, now, cost int64, admit bool) (lease string, mr limit.MeterResult, admitted bool, err error) {
 	var mt *algo.Meter
 	var exp, mcost int64
 	if m != nil {
-		if mt, exp, mcost, mr, err = c.meterEval(m, ms, now, cost); err != nil {
-			return "", limit.MeterResult{}, bs, false, err
+		if mt, exp, mcost, mr, err = c.meterEval(m, pl.ms, now, cost); err != nil {
+			return "", limit.MeterResult{}, false, err
 		}
 		admit = admit && mr.Allowed
 	}
 	if admit {
-		lease = c.commit(checks, results, states, idx, now, cost)
+		lease = c.commit(checks, results, states, pl.idx, now, cost)
 		if mt != nil {
 			algo.MeterCharge(mt, mcost, exp)
 		}
@@ -230,37 +287,42 @@ func (c *core) guarded(checks []limit.Check, m *limit.Meter, spec *limit.Breaker
 	if mt != nil {
 		mr.Usage, mr.Gen = mt.Live, mt.Gen
 	}
-
-	if spec != nil {
-		v := algo.Admitted
-		switch {
-		case mr.NeedSeed:
-			v = algo.Unjudged
-		case !admit:
-			v = algo.Denied
-		}
-		bs = c.breakerAfter(spec, p, b, v, held, probe, now, bsi, csi)
-	}
-	if opKey != "" && admit {
-		c.shards[ms].putOp(opKey, &opMarker{exp: now + limit.OpTTL.Microseconds(),
-			results: append([]limit.Result(nil), results...), lease: lease, mr: mr, bs: bs})
-	}
-	return lease, mr, bs, false, nil
+	return lease, mr, admit, nil
 }
 
-// gate passes a call through the breaker of spec in shard bsi: b is its
-// state (held: it was in the shard), probe whether the call would be the
-// half-open breaker's probe, deny whether the gate refused it, bs then
-// what it says.
-func (c *core) gate(spec *limit.BreakerSpec, p algo.BreakerParams, bsi int, now int64) (b algo.Breaker, held, probe, deny bool, bs limit.BreakerState) {
-	b, held = c.shards[bsi].breaker(spec.Key, now)
-	deny, _, probe = algo.BreakerGate(&b, p, now)
+// verdict is what the breaker counts of a call: nothing when the meter
+// could not judge it (NeedSeed), else its denial or admission.
+func verdict(mr limit.MeterResult, admit bool) algo.Verdict {
+	switch {
+	case mr.NeedSeed:
+		return algo.Unjudged
+	case !admit:
+		return algo.Denied
+	}
+	return algo.Admitted
+}
+
+// releaseAll hands each check's state (states[i], in shard idx[i]; nil
+// for none) back to its shard, which drops a counter that holds nothing
+// (see shard.release). The shards must be locked.
+func (c *core) releaseAll(checks []limit.Check, idx []int, states []*counter) {
+	for i, st := range states {
+		c.shards[idx[i]].release(checks[i].Key, st)
+	}
+}
+
+// gate passes a call through the breaker of spec in shard bsi. It returns
+// the breaker as read (br), whether the gate refused the call (deny) and,
+// when it did, what the breaker says (bs).
+func (c *core) gate(spec *limit.BreakerSpec, p algo.BreakerParams, bsi int, now int64) (br breakerRead, deny bool, bs limit.BreakerState) {
+	br.b, br.held = c.shards[bsi].breaker(spec.Key, now)
+	deny, _, br.probe = algo.BreakerGate(&br.b, p, now)
 	if deny {
 		// b is unchanged: BreakerBlocked says what the gate did
-		bs = algo.BreakerView(&b, p, now, false)
-		algo.BreakerBlocked(&bs, &b, now)
+		bs = algo.BreakerView(&br.b, p, now, false)
+		algo.BreakerBlocked(&bs, &br.b, now)
 	}
-	return b, held, probe, deny, bs
+	return br, deny, bs
 }
 
 // meterEval opens the meter m (creating it from its seed, which is no

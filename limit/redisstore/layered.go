@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/redis/rueidis"
+
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
 )
@@ -176,14 +178,50 @@ func (s *Store) refundCharged(ctx context.Context, checks []limit.Check, results
 // in one pipeline to the tenant's node: its counters, its meter charge,
 // the half-open probe it took; and it has the breaker count the denial,
 // with the denials count the call reset (before) restored. It updates t's
-// meter usage and breaker state to what the undo left.
+// meter usage and breaker state to what the undo left. A step that fails
+// is logged and leaves what it would have given back charged.
 func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outcome, lease string, before int64) {
-	var bs []*batch
-	defer func() {
-		for _, b := range bs {
-			b.release()
+	bs, at := s.undoBatches(req, t, lease, before)
+	defer releaseBatches(bs)
+	if len(bs) == 0 {
+		return
+	}
+	arrs, errs := s.execMulti(ctx, bs...)
+	if m := req.Meter; at.adjust >= 0 && errs[at.adjust] == nil && m.Op != "" {
+		s.dropOpMarker(ctx, m)
+	}
+	for i, err := range errs {
+		if err != nil {
+			s.log.Warn("undoing an admitted tenant half failed: it keeps this request", "err", err)
+			continue
 		}
-	}()
+		switch i {
+		case at.adjust:
+			if mr, ok := undoneMeter(arrs[i]); ok {
+				t.Meter.Usage = mr.Usage
+			}
+		case at.denials:
+			if st, ok := undoneBreaker(arrs[i], t.Breaker.Opened); ok {
+				t.Breaker = st
+			}
+		}
+	}
+}
+
+// undoSteps says where, in the undo pipeline of a tenant half, are the
+// steps whose replies update the outcome: the meter's adjustment and the
+// breaker's denial; -1 for a step not sent. (The refund's and the probe
+// release's replies carry nothing the outcome needs.)
+type undoSteps struct{ adjust, denials int }
+
+// undoBatches builds undoTenant's pipeline, in the order it is sent: the
+// refund of the checks of req that t charged (those whose result allowed),
+// the meter's charge given back (Refunded, RefundedCalls), the release of
+// the probe t took, and the breaker's denial, counted over before (the
+// denials count the call reset). A part of req that has nothing to give
+// back sends nothing. The caller releases the batches.
+func (s *Store) undoBatches(req limit.Request, t *limit.Outcome, lease string, before int64) ([]*batch, undoSteps) {
+	var bs []*batch
 	add := func() *batch {
 		b := batches.Get().(*batch)
 		bs = append(bs, b)
@@ -195,13 +233,12 @@ func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outc
 			charged = append(charged, c)
 		}
 	}
-	refund, adjust, denials := -1, -1, -1
+	at := undoSteps{adjust: -1, denials: -1}
 	if len(charged) > 0 {
-		refund = len(bs)
 		add().build(opRefund, s.offset.Load(), charged, req.Cost, lease)
 	}
 	if m := req.Meter; m != nil {
-		adjust = len(bs)
+		at.adjust = len(bs)
 		b := add()
 		b.build(opAdjust, s.offset.Load(), nil, 0, "")
 		b.meter(m, 0)
@@ -214,50 +251,61 @@ func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outc
 			b.keys = append(b.keys, sp.Key)
 			b.breaker(sp)
 		}
-		denials = len(bs)
+		at.denials = len(bs)
 		b := add()
 		b.build(opAddDenials, s.offset.Load(), nil, 0, "")
 		b.keys = append(b.keys, sp.Key)
 		b.breaker(sp)
 		b.nums(min(before+1, limit.MaxBreakerCount))
 	}
-	if len(bs) == 0 {
-		return
+	return bs, at
+}
+
+// releaseBatches returns bs to their pool.
+func releaseBatches(bs []*batch) {
+	for _, b := range bs {
+		b.release()
 	}
-	arrs, errs := s.execMulti(ctx, bs...)
-	if m := req.Meter; adjust >= 0 && errs[adjust] == nil && m.Op != "" {
-		// The meter charge was given back: the op's marker, which says it
-		// applied, must go too, or placing the op again (the engine does,
-		// when the global half failed rather than denied) would be taken
-		// as done and the call's usage lost.
-		if err := s.client.Do(ctx, s.client.B().Del().Key(keyspace.MeterOp(m.Key, m.Op)).Build()).Error(); err != nil {
-			s.log.Warn("removing the marker of an undone op failed: placing it again will count nothing", "err", err)
-		}
+}
+
+// dropOpMarker deletes the marker of m's op after the undo gave the op's
+// meter charge back: the marker says the op applied, so placing the op
+// again (the engine does, when the global half failed rather than denied)
+// would be taken as done and the call's usage lost. A failure is logged.
+func (s *Store) dropOpMarker(ctx context.Context, m *limit.Meter) {
+	if err := s.client.Do(ctx, s.client.B().Del().Key(keyspace.MeterOp(m.Key, m.Op)).Build()).Error(); err != nil {
+		s.log.Warn("removing the marker of an undone op failed: placing it again will count nothing", "err", err)
 	}
-	for i, err := range errs {
-		if err != nil {
-			s.log.Warn("undoing an admitted tenant half failed: it keeps this request", "err", err)
-			continue
-		}
-		switch i {
-		case refund:
-		case adjust:
-			if len(arrs[i]) == 1+meterLen {
-				if mr, err := meterResult(arrs[i][1:]); err == nil {
-					t.Meter.Usage = mr.Usage
-				}
-			}
-		case denials:
-			if len(arrs[i]) == 1+blockLen {
-				if st, err := parseBlock(arrs[i][1:]); err == nil {
-					opened := t.Breaker.Opened || st.Opened
-					st.Open, st.HalfOpen, st.Probe, st.Opened = false, false, false, opened
-					if !opened {
-						st.RetryAfter = 0
-					}
-					t.Breaker = st
-				}
-			}
-		}
+}
+
+// undoneMeter parses the reply of the undo's meter adjustment; ok is false
+// when the reply is not a meter's.
+func undoneMeter(arr []rueidis.RedisMessage) (mr limit.MeterResult, ok bool) {
+	if len(arr) != 1+meterLen {
+		return limit.MeterResult{}, false
 	}
+	mr, err := meterResult(arr[1:])
+	return mr, err == nil
+}
+
+// undoneBreaker parses the reply of the undo's AddDenials into the breaker
+// state the undone request reports (ok is false when the reply is not a
+// breaker's): its gate did not deny it and its probe, if any, was
+// released, so Open, HalfOpen and Probe are false; Opened says whether
+// the request's call (opened) or the denial counted opened the breaker,
+// and RetryAfter is kept only then.
+func undoneBreaker(arr []rueidis.RedisMessage, opened bool) (st limit.BreakerState, ok bool) {
+	if len(arr) != 1+blockLen {
+		return limit.BreakerState{}, false
+	}
+	st, err := parseBlock(arr[1:])
+	if err != nil {
+		return limit.BreakerState{}, false
+	}
+	opened = opened || st.Opened
+	st.Open, st.HalfOpen, st.Probe, st.Opened = false, false, false, opened
+	if !opened {
+		st.RetryAfter = 0
+	}
+	return st, true
 }
