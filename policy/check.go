@@ -83,7 +83,7 @@ func (d *decoder) rule(n *yaml.Node, path string, scope ruleScope) (r Rule, name
 	d.object(n, path, fields{
 		"name": mark("name", func(v *yaml.Node, p string) {
 			nameNode = v
-			r.Name = d.ruleName(v, p)
+			r.Name = d.matching(v, p, ruleNameRE, "bad rule name %q: use 1 to 64 letters, digits, '_', '-' or '.' (it appears in headers)")
 		}),
 		"per": func(v *yaml.Node, p string) {
 			if s, ok := d.str(v, p); ok {
@@ -128,16 +128,16 @@ var defaultPer = map[ruleScope]keyspace.Per{
 	scopeUpstream: keyspace.PerTenant,
 }
 
-// ruleName decodes a rule's name; a name that is not a string is "". A
-// name that breaks ruleNameRE is reported but kept, so that checks across
-// lists can still name the rule.
-func (d *decoder) ruleName(v *yaml.Node, p string) string {
+// matching decodes a string that must match re. One that does not is
+// reported (bad formats it with %q) but kept, so that checks across lists
+// can still name or compare it; a value that is not a string is "".
+func (d *decoder) matching(v *yaml.Node, p string, re *regexp.Regexp, bad string) string {
 	s, ok := d.str(v, p)
 	if !ok {
 		return ""
 	}
-	if !ruleNameRE.MatchString(s) {
-		d.errf(v, p, "bad rule name %q: use 1 to 64 letters, digits, '_', '-' or '.' (it appears in headers)", s)
+	if !re.MatchString(s) {
+		d.errf(v, p, bad, s)
 	}
 	return s
 }

@@ -177,7 +177,7 @@ func (d *decoder) upstreamServer(n *yaml.Node, path string) (u UpstreamServer, r
 		"timeout": func(v *yaml.Node, p string) { u.Timeout, _ = d.positiveDuration(v, p) },
 		"prefix": func(v *yaml.Node, p string) {
 			ref.prefix = v
-			u.Prefix = d.upstreamPrefix(v, p)
+			u.Prefix = d.matching(v, p, prefixRE, "bad prefix %q: use letters, digits, '_', '.' or '-' (\"\" exposes bare names)")
 		},
 		"limits": func(v *yaml.Node, p string) {
 			ref.limits = d.keyOf(n, "limits", v)
@@ -241,20 +241,6 @@ func (d *decoder) serverURL(v *yaml.Node, p string) string {
 		d.errf(v, p, "empty: want the http:// or https:// URL of a Streamable HTTP MCP server")
 	}
 	return out
-}
-
-// upstreamPrefix decodes the prefix of an entry of upstreams:; one that is not a
-// string is "". A prefix that breaks prefixRE is reported but kept, so
-// that checkUpstreams can still compare it with the others.
-func (d *decoder) upstreamPrefix(v *yaml.Node, p string) string {
-	s, ok := d.str(v, p)
-	if !ok {
-		return ""
-	}
-	if !prefixRE.MatchString(s) {
-		d.errf(v, p, "bad prefix %q: use letters, digits, '_', '.' or '-' (\"\" exposes bare names)", s)
-	}
-	return s
 }
 
 // checkTransport reports the first problem with the fields t of entry n of

@@ -49,6 +49,19 @@ func startStore(tb testing.TB) (*testenv.Redis, rueidis.Client, *Store) {
 	return r, c, newStore(tb, c, testTimeout)
 }
 
+// taker returns a function taking one unit of checks on s; an error fails
+// the test.
+func taker(tb testing.TB, ctx context.Context, s *Store, checks []limit.Check) func() limit.Decision {
+	return func() limit.Decision {
+		tb.Helper()
+		d, err := s.Take(ctx, checks, 1)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return d
+	}
+}
+
 // tenantChecks builds checks of rules on tenant's counters: one slot.
 func tenantChecks(tenant string, rules ...limit.Rule) []limit.Check {
 	checks := make([]limit.Check, len(rules))

@@ -244,14 +244,7 @@ func TestNoScriptFallback(t *testing.T) {
 			}
 			ctx := ctxT(t)
 			checks := tenantChecks("noscript", rule("fw", limit.FixedWindow, 100, time.Hour))
-			take := func() limit.Decision {
-				t.Helper()
-				d, err := s.Take(ctx, checks, 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return d
-			}
+			take := taker(t, ctx, s, checks)
 			call := "evalsha"
 			if tc.functions {
 				call = "fcall"
