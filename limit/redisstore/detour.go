@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"maps"
 	"sync"
 	"sync/atomic"
@@ -27,11 +28,14 @@ import (
 //
 // So when a call to a slot gets no answer (a connection error, the store's
 // own deadline, CLUSTERDOWN), the store watches the slot. One watcher per
-// store looks at every watched slot each watchPause, asking at once (1) the
-// client, whether a read of a key in each slot gets an answer (its routing
-// of the slot works: the slot's watch ends), and (2) from a slot's second
-// look on, every node the client knows, who owns the watched slots (CLUSTER
-// MYID and CLUSTER SLOTS, one question per node for all slots). Once a node
+// store looks at every watched slot, a look every watchPause plus the
+// look's own time (a look waits lookTimeout at most, for a hung node),
+// asking at once (1) the client, whether a read of a key in each slot gets
+// an answer (its routing of the slot works: the slot's watch ends), and (2)
+// from a slot's second look on, every node the client knows, who owns the
+// watched slots (CLUSTER MYID and CLUSTER SLOTS, one question per node for
+// all slots). Every question is sent once (rueidis would retry a read
+// after a connection error until the look's deadline). Once a node
 // that answers claims a slot, and a majority of the nodes the client knows
 // (the dead master counted) name it, the slot's calls go to that node
 // directly, through the client's own connection to it, until the client's
@@ -54,8 +58,10 @@ const (
 	// cluster down for longer); the next call that fails starts another.
 	watchLimit = time.Minute
 	// maxWatched bounds the slots watched at once: a Redis that stopped
-	// answering altogether fails every slot's calls.
-	maxWatched = 64
+	// answering altogether fails every slot's calls, and every tenant has
+	// a slot of its own (its hash tag). A failed master's slots beyond it
+	// wait for the client's own refresh.
+	maxWatched = 256
 )
 
 // detours are the watched slots of a Cluster store. The zero value is
@@ -104,7 +110,7 @@ func (s *Store) route(b *batch) (rueidis.Client, bool) {
 
 // send sends b once through c (see route; watched: its slot is). When c is
 // a detour and the node answers MOVED or ASK (it did not run the call: the
-// slot moved on), the detour is dropped and b goes through the store's
+// slot moved on), that detour is dropped and b goes through the store's
 // client.
 func (s *Store) send(ctx context.Context, c rueidis.Client, watched bool, b *batch, fn, eval bool) rueidis.RedisResult {
 	r := s.do(ctx, c, watched, s.command(b, fn, eval))
@@ -115,7 +121,7 @@ func (s *Store) send(ctx context.Context, c rueidis.Client, watched bool, b *bat
 		_, moved := rerr.IsMoved()
 		_, ask := rerr.IsAsk()
 		if moved || ask {
-			s.detours.detour(keyspace.Slot(b.keys[0]), nil)
+			s.detours.undetour(keyspace.Slot(b.keys[0]), c)
 			return s.do(ctx, s.client, watched, s.command(b, fn, eval))
 		}
 	}
@@ -175,7 +181,9 @@ func (s *Store) doMulti(ctx context.Context, watched bool, cmds rueidis.Commands
 // answer from the slot's owner: a connection error, the store's own
 // deadline, or CLUSTERDOWN. A call whose caller's context ended (parent),
 // one made on a closed client, or one a server refused, says nothing about
-// the slot.
+// the slot. So a caller whose own deadline is never later than
+// Options.Timeout starts no watch by timing out: it sees its own deadline
+// (the gateway's requests carry none).
 func (s *Store) observe(parent context.Context, b *batch, err error) {
 	if !s.cluster || err == nil || len(b.keys) == 0 || parent.Err() != nil ||
 		errors.Is(err, context.Canceled) || errors.Is(err, rueidis.ErrClosing) {
@@ -212,18 +220,31 @@ func (ds *detours) watch(slot uint16, key string, run func()) {
 	}
 }
 
-// detour sends slot's calls to the node to (nil: through the client) while
-// it is watched, and reports whether that changed where they go.
+// detour sends slot's calls to the node to while it is watched, and
+// reports whether that changed the node they go to (a new client for the
+// same node, rueidis having replaced the connection, is taken silently).
 func (ds *detours) detour(slot uint16, to *node) bool {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	w := ds.slots[slot]
-	if w == nil || w.to == to || w.to != nil && to != nil && w.to.id == to.id {
+	if w == nil || w.to != nil && w.to.id == to.id && w.to.client == to.client {
 		return false
 	}
+	changed := w.to == nil || w.to.id != to.id
 	w.to = to
 	ds.publishLocked()
-	return true
+	return changed
+}
+
+// undetour sends slot's calls through the client again, unless its detour
+// is no longer to c (a look set a newer one since the call was routed).
+func (ds *detours) undetour(slot uint16, c rueidis.Client) {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	if w := ds.slots[slot]; w != nil && w.to != nil && w.to.client == c {
+		w.to = nil
+		ds.publishLocked()
+	}
 }
 
 // publishLocked replaces the view with the watched slots' routes. Call
@@ -241,8 +262,8 @@ func (ds *detours) publishLocked() {
 }
 
 // stop ends the watcher and waits for it and for the questions it left
-// out (each ends by its node's dial timeout at most); no watch starts
-// after it.
+// out (each ends by lookTimeout plus its node's dial timeout at most); no
+// watch starts after it.
 func (ds *detours) stop() {
 	ds.mu.Lock()
 	if !ds.stopped {
@@ -263,10 +284,11 @@ func (s *Store) watcher() {
 	ds := &s.detours
 	for {
 		ds.mu.Lock()
-		now := time.Now()
+		now, expired := time.Now(), false
 		for slot, w := range ds.slots {
 			if now.Sub(w.since) > watchLimit {
 				delete(ds.slots, slot)
+				expired = true
 			}
 		}
 		if len(ds.slots) == 0 || ds.stopped {
@@ -274,6 +296,9 @@ func (s *Store) watcher() {
 			ds.publishLocked()
 			ds.mu.Unlock()
 			return
+		}
+		if expired {
+			ds.publishLocked()
 		}
 		look := make(map[uint16]watch, len(ds.slots))
 		for slot, w := range ds.slots {
@@ -295,28 +320,28 @@ func (s *Store) watcher() {
 // look asks, at once, whether the client gets an answer for each slot's key
 // (the slots it serves stop being watched) and which node owns each slot
 // looked at before (a slot is detoured as soon as its owner is known). It
-// returns when both questions are settled, or after lookTimeout: a question
+// returns when every question is settled, or after lookTimeout: a question
 // stuck on a hung node (rueidis waits for a connection being dialled
 // whatever the context says) is left to end on its own.
 func (s *Store) look(slots map[uint16]watch) {
 	ds := &s.detours
 	ctx, cancel := context.WithTimeout(context.Background(), lookTimeout)
 	defer cancel()
-	served := make(chan map[uint16]bool, 1)
-	ds.wg.Go(func() { served <- s.served(ctx, slots) })
-	var again []uint16 // slots looked at before: ask who owns them
+	served := make(chan servedSlot, len(slots)) // never blocks a sender
+	var again []uint16                          // slots looked at before: ask who owns them
 	for slot, w := range slots {
+		ds.wg.Go(func() { served <- servedSlot{slot, s.served(ctx, w.key)} })
 		if w.looks > 0 {
 			again = append(again, slot)
 		}
 	}
 	owners := make(chan map[uint16]*node, 1)
+	pending := len(slots)
 	if len(again) > 0 {
+		pending++
 		ds.wg.Go(func() { owners <- s.owners(ctx, again) })
-	} else {
-		owners <- nil
 	}
-	for pending := 2; pending > 0; pending-- {
+	for ; pending > 0; pending-- {
 		select {
 		case m := <-owners:
 			for slot, to := range m {
@@ -324,18 +349,10 @@ func (s *Store) look(slots map[uint16]watch) {
 					s.log.Warn("redisstore: a Cluster slot's calls get no answer through the client; they go to the node that owns it until the client refreshes its slot map", "slot", slot, "node", to.id)
 				}
 			}
-		case m := <-served:
-			ds.mu.Lock()
-			for slot, ok := range m {
-				if w := ds.slots[slot]; ok && w != nil {
-					if w.to != nil {
-						s.log.Info("redisstore: the client routes a detoured Cluster slot again; detour ended", "slot", slot)
-					}
-					delete(ds.slots, slot)
-				}
+		case a := <-served:
+			if a.ok {
+				ds.end(a.slot, s.log)
 			}
-			ds.publishLocked()
-			ds.mu.Unlock()
 		case <-ctx.Done():
 			return
 		case <-ds.done:
@@ -344,24 +361,41 @@ func (s *Store) look(slots map[uint16]watch) {
 	}
 }
 
-// served reads a key of each slot through the client, in one round trip,
-// and reports the slots that got an answer: a value, or an error reply
-// that does not say the cluster cannot serve it (a user not allowed PTTL
-// still got an answer from the slot's owner).
-func (s *Store) served(ctx context.Context, slots map[uint16]watch) map[uint16]bool {
-	order := make([]uint16, 0, len(slots))
-	cmds := make(rueidis.Commands, 0, len(slots))
-	for slot, w := range slots {
-		order = append(order, slot)
-		cmds = append(cmds, s.client.B().Pttl().Key(w.key).Build())
+// servedSlot is the client's answer for a slot: ok when it got one.
+type servedSlot struct {
+	slot uint16
+	ok   bool
+}
+
+// served reads key through the client and reports whether it got an
+// answer from the owner of key's slot: a value, or an error reply that
+// does not say the cluster cannot serve it (a user not allowed PTTL still
+// got an answer). The read is sent once: rueidis would retry a read-only
+// command after a connection error until ctx ends, and a look must learn
+// that the slot is not served as soon as the client does. A closed client
+// serves nothing any more: the watch ends.
+func (s *Store) served(ctx context.Context, key string) bool {
+	err := s.client.Do(ctx, s.client.B().Arbitrary("PTTL").Keys(key).Build()).Error()
+	if err == nil || errors.Is(err, rueidis.ErrClosing) {
+		return true
 	}
-	out := make(map[uint16]bool, len(slots))
-	for i, r := range s.client.DoMulti(ctx, cmds...) {
-		err := r.Error()
-		rerr, isRedis := rueidis.IsRedisErr(err)
-		out[order[i]] = err == nil || isRedis && !rerr.IsClusterDown() && !rerr.IsTryAgain() && !rerr.IsLoading()
+	rerr, isRedis := rueidis.IsRedisErr(err)
+	return isRedis && !rerr.IsClusterDown() && !rerr.IsTryAgain() && !rerr.IsLoading()
+}
+
+// end ends the watch of slot, the client serving it again.
+func (ds *detours) end(slot uint16, log *slog.Logger) {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	w := ds.slots[slot]
+	if w == nil {
+		return
 	}
-	return out
+	if w.to != nil {
+		log.Info("redisstore: the client routes a detoured Cluster slot again; detour ended", "slot", slot)
+	}
+	delete(ds.slots, slot)
+	ds.publishLocked()
 }
 
 // owners asks every node the client knows for its id and its view of the
@@ -381,7 +415,8 @@ func (s *Store) owners(ctx context.Context, slots []uint16) map[uint16]*node {
 	views := make(chan view, len(nodes)) // never blocks a sender
 	for _, c := range nodes {
 		s.detours.wg.Go(func() {
-			rs := c.DoMulti(ctx, c.B().ClusterMyid().Build(), c.B().ClusterSlots().Build())
+			// Sent once (see served): a dead node's answer is an error at once.
+			rs := c.DoMulti(ctx, c.B().Arbitrary("CLUSTER", "MYID").Build(), c.B().Arbitrary("CLUSTER", "SLOTS").Build())
 			self, err := rs[0].ToString()
 			ranges, err2 := rs[1].ToArray()
 			if err != nil || err2 != nil {

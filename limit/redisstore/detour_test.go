@@ -109,10 +109,21 @@ func TestClusterDetour(t *testing.T) {
 	if to, watched := s.detours.watchedSlots()[slot]; !watched || to != nil {
 		t.Errorf("after MOVED: watched %v, detour %+v; want watched, no detour", watched, to)
 	}
-	// A detour to the owner itself serves the calls.
+	// A detour to the owner itself serves the calls, alone and in a
+	// layered request whose global half goes through the client in the
+	// same round trip.
 	setDetour(s, slot, checks[0].Key, right)
 	if got := take(); got.Remaining != 97 {
 		t.Errorf("take through the owner's detour: remaining %d, want 97", got.Remaining)
+	}
+	gr := rule("detour-global", limit.FixedWindow, 1000, time.Hour)
+	global := limit.Check{Rule: gr, Key: keyspace.RateLimit(keyspace.PerGlobal, gr.Name+tenant, keyspace.Owner{})}
+	if keyspace.Slot(global.Key) == slot {
+		t.Fatal("the global key shares the tenant's slot: the test proves nothing")
+	}
+	lo, err := s.Evaluate(ctx, limit.Request{Checks: checks, Global: []limit.Check{global}, Cost: 1})
+	if err != nil || !lo.Decision.Allowed || lo.Decision.Remaining != 96 {
+		t.Errorf("layered request with a detoured tenant slot: %+v, %v; want allowed, remaining 96", lo.Decision, err)
 	}
 	if to := s.detours.watchedSlots()[slot]; to == nil || to.id != right.id {
 		t.Errorf("the detour to the owner was not kept: %+v", to)
@@ -156,6 +167,7 @@ func TestClusterDetour(t *testing.T) {
 	// The master dies; once a replica took over, owners names it.
 	cl.Nodes[master].Kill()
 	before := time.Now()
+	cl.WaitStateFail(10*time.Second, master)
 	cl.WaitStateOK(t, 30*time.Second, master)
 	var o *node
 	waitFor(t, 10*time.Second, "owners to name the promoted replica", func() bool {

@@ -38,6 +38,7 @@ func newStore(tb testing.TB, c rueidis.Client, timeout time.Duration) *Store {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(s.Close) // before the client's Close: cleanups run last first
 	return s
 }
 

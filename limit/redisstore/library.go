@@ -48,13 +48,13 @@ func (s *Store) exec(parent context.Context, b *batch) ([]rueidis.RedisMessage, 
 	defer cancel()
 	fn, gen := s.functions(ctx)
 	c, watched := s.route(b)
-	r := s.retry(ctx, c, watched, b, s.send(ctx, c, watched, b, fn, false), fn, gen)
+	r := s.retry(ctx, b, s.send(ctx, c, watched, b, fn, false), fn, gen)
 	s.observe(parent, b, r.Error())
 	return r.ToArray()
 }
 
-// retry sends b again through c (see send) while its reply r says it did
-// not run, and returns the last reply:
+// retry sends b again (routed anew each time: see send) while its reply r
+// says it did not run, and returns the last reply:
 //   - for want of the library (see retryable): at most FCALL after a load,
 //     then EVALSHA, then EVAL (when flushes keep coming);
 //   - because its slot is moving or the cluster is not serving (TRYAGAIN
@@ -63,14 +63,14 @@ func (s *Store) exec(parent context.Context, b *batch) ([]rueidis.RedisMessage, 
 //
 // Either way the call never ran, so sending it again cannot apply it twice
 // (a call whose answer is lost is never resent).
-func (s *Store) retry(ctx context.Context, c rueidis.Client, watched bool, b *batch, r rueidis.RedisResult, fn bool, gen uint64) rueidis.RedisResult {
+func (s *Store) retry(ctx context.Context, b *batch, r rueidis.RedisResult, fn bool, gen uint64) rueidis.RedisResult {
 	eval := false
 	for loads := 0; ; {
 		if notServing(r) {
 			if !pause(ctx, notServingPause) {
 				return r
 			}
-			r = s.send(ctx, c, watched, b, fn, eval)
+			r = s.resend(ctx, b, fn, eval)
 			continue
 		}
 		if loads == 3 {
@@ -82,8 +82,15 @@ func (s *Store) retry(ctx context.Context, c rueidis.Client, watched bool, b *ba
 		}
 		loads++
 		fn, eval = asFn, asEval
-		r = s.send(ctx, c, watched, b, fn, eval)
+		r = s.resend(ctx, b, fn, eval)
 	}
+}
+
+// resend sends b once more, by the route its slot has now (a detour may
+// have been set or dropped since).
+func (s *Store) resend(ctx context.Context, b *batch, fn, eval bool) rueidis.RedisResult {
+	c, watched := s.route(b)
+	return s.send(ctx, c, watched, b, fn, eval)
 }
 
 // notServingPause is the wait before a call that met TRYAGAIN, CLUSTERDOWN
@@ -121,7 +128,6 @@ func (s *Store) execMulti(parent context.Context, bs ...*batch) ([][]rueidis.Red
 	defer cancel()
 	fn, gen := s.functions(ctx)
 	var res []rueidis.RedisResult
-	var routes []route // nil: every batch through the client, no slot watched
 	if s.detours.view.Load() == nil {
 		cmds := make(rueidis.Commands, len(bs))
 		for i, b := range bs {
@@ -129,51 +135,48 @@ func (s *Store) execMulti(parent context.Context, bs ...*batch) ([][]rueidis.Red
 		}
 		res = s.client.DoMulti(ctx, cmds...)
 	} else {
-		res, routes = s.sendRouted(ctx, bs, fn)
+		res = s.sendRouted(ctx, bs, fn)
 	}
 	arrs, errs := make([][]rueidis.RedisMessage, len(bs)), make([]error, len(bs))
 	for i, r := range res {
-		rt := route{s.client, false}
-		if routes != nil {
-			rt = routes[i]
-		}
-		r = s.retry(ctx, rt.c, rt.watched, bs[i], r, fn, gen)
+		r = s.retry(ctx, bs[i], r, fn, gen)
 		s.observe(parent, bs[i], r.Error())
 		arrs[i], errs[i] = r.ToArray()
 	}
 	return arrs, errs
 }
 
-// route is where a batch goes (see Store.route).
-type route struct {
-	c       rueidis.Client
-	watched bool
-}
-
-// sendRouted sends bs while some slot is watched: the batches that go
-// through the client in one pipeline, each detoured one to its node.
-func (s *Store) sendRouted(ctx context.Context, bs []*batch, fn bool) ([]rueidis.RedisResult, []route) {
-	res, routes := make([]rueidis.RedisResult, len(bs)), make([]route, len(bs))
-	var viaClient []int
+// sendRouted sends bs while some slot is watched, all at the same time: the
+// batches that go through the client in one pipeline, each detoured one to
+// its node.
+func (s *Store) sendRouted(ctx context.Context, bs []*batch, fn bool) []rueidis.RedisResult {
+	res := make([]rueidis.RedisResult, len(bs))
+	var viaClient, detoured []int
 	var cmds rueidis.Commands
 	watched := false
 	for i, b := range bs {
-		c, w := s.route(b)
-		routes[i] = route{c, w}
-		if c == s.client {
+		if c, w := s.route(b); c == s.client {
 			viaClient = append(viaClient, i)
 			cmds = append(cmds, s.command(b, fn, false))
 			watched = watched || w
-			continue
+		} else {
+			detoured = append(detoured, i)
 		}
-		res[i] = s.send(ctx, c, w, b, fn, false)
 	}
+	var pipeline chan []rueidis.RedisResult
 	if len(cmds) > 0 {
-		for j, r := range s.doMulti(ctx, watched, cmds) {
+		pipeline = make(chan []rueidis.RedisResult, 1)
+		go func() { pipeline <- s.doMulti(ctx, watched, cmds) }()
+	}
+	for _, i := range detoured {
+		res[i] = s.resend(ctx, bs[i], fn, false)
+	}
+	if pipeline != nil {
+		for j, r := range <-pipeline {
 			res[viaClient[j]] = r
 		}
 	}
-	return res, routes
+	return res
 }
 
 // command is the call of the library for b: FCALL when fn, else EVALSHA,

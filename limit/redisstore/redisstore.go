@@ -94,8 +94,9 @@ type Options struct {
 	// LOAD is refused (Redis < 7, a user without the permission).
 	NoFunctions bool
 	// Logger receives what the store cannot return: a refund of half a
-	// request that failed (see Evaluate with global checks on a Cluster).
-	// nil means slog.Default().
+	// request that failed (see Evaluate with global checks on a Cluster),
+	// and on a Cluster the slots whose calls are detoured to the node that
+	// took them over (see detour.go). nil means slog.Default().
 	Logger *slog.Logger
 }
 
@@ -230,7 +231,8 @@ func New(client rueidis.Client, opts *Options) (*Store, error) {
 
 // Close ends the store's background work (on a Cluster, the watch of
 // slots whose calls got no answer; see detour.go) and waits for it: at most
-// the client's dial timeout, for a question left out to a hung node. It
+// a look's deadline plus the client's dial timeout, for a question left out
+// to a hung node. It
 // does not close the client. Calls made after Close still work, without
 // detours.
 func (s *Store) Close() {
