@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"sync"
@@ -35,15 +36,18 @@ import (
 // from a slot's second look on, every node the client knows, who owns the
 // watched slots (CLUSTER MYID and CLUSTER SLOTS, one question per node for
 // all slots). Every question is sent once (rueidis would retry a read
-// after a connection error until the look's deadline). Once a node
-// that answers claims a slot, and a majority of the nodes the client knows
-// (the dead master counted) name it, the slot's calls go to that node
+// after a connection error until the look's deadline). Once a node that
+// answers claims a slot, and a majority of the nodes the client knows
+// (the dead master counted) name it, the slot's calls, and those of the
+// range of slots the node claims around it (a failed master's slots move
+// together, and every tenant has a slot of its own), go to that node
 // directly, through the client's own connection to it, until the client's
-// routing works again. A promoted replica claims the slot as soon as it
-// takes over, the others name it as soon as gossip tells them; a dead or
-// hung master answers nothing. A node that answers a detoured call with
-// MOVED or ASK did not run it: the detour is dropped and the call goes
-// through the client, which follows the redirection.
+// routing of the watched slot works again (a refresh reads the whole map).
+// A promoted replica claims the slot as soon as it takes over, the others
+// name it as soon as gossip tells them; a dead or hung master answers
+// nothing. A node that answers a detoured call with MOVED or ASK did not
+// run it: the detour is dropped and the call goes through the client,
+// which follows the redirection.
 //
 // Nothing is sent twice that may have run: the watcher only reads, and a
 // call that failed stays failed. While a slot is watched, its calls return
@@ -59,18 +63,17 @@ const (
 	watchLimit = time.Minute
 	// maxWatched bounds the slots watched at once: a Redis that stopped
 	// answering altogether fails every slot's calls, and every tenant has
-	// a slot of its own (its hash tag). A failed master's slots beyond it
-	// wait for the client's own refresh.
+	// a slot of its own (its hash tag). A slot beyond it is detoured all
+	// the same when it lies in a detoured slot's range.
 	maxWatched = 256
 )
 
 // detours are the watched slots of a Cluster store. The zero value is
 // ready; stop ends the watcher.
 type detours struct {
-	// view maps each watched slot to the node its calls go to (nil: through
-	// the client); nil when no slot is watched. Replaced, never changed:
-	// the hot path reads it without a lock.
-	view atomic.Pointer[map[uint16]*node]
+	// view is where calls go while some slot is watched; nil when none is.
+	// Replaced, never changed: the hot path reads it without a lock.
+	view atomic.Pointer[routes]
 
 	mu      sync.Mutex
 	slots   map[uint16]*watch
@@ -86,6 +89,40 @@ type watch struct {
 	since time.Time // when the watch began
 	looks int       // looks done
 	to    *node     // the node its calls go to, nil: the client
+	// lo and hi are the range of slots around it that to claims: their
+	// calls go to to as well, watched or not (a failed master's slots all
+	// moved together).
+	lo, hi uint16
+}
+
+// routes are the calls' detours: each watched slot's node (nil: through
+// the client) and the ranges the detoured slots' nodes claim.
+type routes struct {
+	slots  map[uint16]*node
+	ranges []span
+}
+
+// span is a range of slots whose calls go to a node.
+type span struct {
+	lo, hi uint16
+	to     *node
+}
+
+// of returns the node slot's calls go to (nil: the client) and whether
+// slot is watched. A watched slot's own detour comes first, then the
+// ranges (a handful: one per failed master's range that held a watched
+// slot).
+func (r *routes) of(slot uint16) (*node, bool) {
+	to, watched := r.slots[slot]
+	if to != nil {
+		return to, true
+	}
+	for _, sp := range r.ranges {
+		if sp.lo <= slot && slot <= sp.hi {
+			return sp.to, watched
+		}
+	}
+	return nil, watched
 }
 
 // node is a Cluster node's client, on the cluster client's connection.
@@ -101,9 +138,9 @@ func (s *Store) route(b *batch) (rueidis.Client, bool) {
 	if v == nil || len(b.keys) == 0 {
 		return s.client, false
 	}
-	to, watched := (*v)[keyspace.Slot(b.keys[0])]
+	to, watched := v.of(keyspace.Slot(b.keys[0]))
 	if to != nil {
-		return to.client, true
+		return to.client, watched
 	}
 	return s.client, watched
 }
@@ -220,29 +257,37 @@ func (ds *detours) watch(slot uint16, key string, run func()) {
 	}
 }
 
-// detour sends slot's calls to the node to while it is watched, and
-// reports whether that changed the node they go to (a new client for the
-// same node, rueidis having replaced the connection, is taken silently).
-func (ds *detours) detour(slot uint16, to *node) bool {
+// detour sends the calls of slot, and of the range lo..hi around it, to
+// the node to while slot is watched, and reports whether that changed the
+// node they go to (a new client for the same node, rueidis having replaced
+// the connection, is taken silently).
+func (ds *detours) detour(slot uint16, to *node, lo, hi uint16) bool {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	w := ds.slots[slot]
-	if w == nil || w.to != nil && w.to.id == to.id && w.to.client == to.client {
+	if w == nil || w.to != nil && w.to.id == to.id && w.to.client == to.client && w.lo == lo && w.hi == hi {
 		return false
 	}
 	changed := w.to == nil || w.to.id != to.id
-	w.to = to
+	w.to, w.lo, w.hi = to, lo, hi
 	ds.publishLocked()
 	return changed
 }
 
-// undetour sends slot's calls through the client again, unless its detour
-// is no longer to c (a look set a newer one since the call was routed).
+// undetour sends slot's calls through the client again, unless they no
+// longer go to c (a look set a newer detour since the call was routed):
+// slot's own detour, and every range holding slot, that go to c.
 func (ds *detours) undetour(slot uint16, c rueidis.Client) {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
-	if w := ds.slots[slot]; w != nil && w.to != nil && w.to.client == c {
-		w.to = nil
+	changed := false
+	for s, w := range ds.slots {
+		if w.to != nil && w.to.client == c && (s == slot || w.lo <= slot && slot <= w.hi) {
+			w.to = nil
+			changed = true
+		}
+	}
+	if changed {
 		ds.publishLocked()
 	}
 }
@@ -254,11 +299,24 @@ func (ds *detours) publishLocked() {
 		ds.view.Store(nil)
 		return
 	}
-	v := make(map[uint16]*node, len(ds.slots))
+	v := &routes{slots: make(map[uint16]*node, len(ds.slots))}
 	for slot, w := range ds.slots {
-		v[slot] = w.to
+		v.slots[slot] = w.to
+		if w.to != nil && !v.covered(w.lo, w.hi, w.to) {
+			v.ranges = append(v.ranges, span{w.lo, w.hi, w.to})
+		}
 	}
-	ds.view.Store(&v)
+	ds.view.Store(v)
+}
+
+// covered reports whether r already sends the range lo..hi to the node to.
+func (r *routes) covered(lo, hi uint16, to *node) bool {
+	for _, sp := range r.ranges {
+		if sp.lo == lo && sp.hi == hi && sp.to.id == to.id {
+			return true
+		}
+	}
+	return false
 }
 
 // stop ends the watcher and waits for it and for the questions it left
@@ -335,7 +393,7 @@ func (s *Store) look(slots map[uint16]watch) {
 			again = append(again, slot)
 		}
 	}
-	owners := make(chan map[uint16]*node, 1)
+	owners := make(chan map[uint16]owner, 1)
 	pending := len(slots)
 	if len(again) > 0 {
 		pending++
@@ -344,9 +402,9 @@ func (s *Store) look(slots map[uint16]watch) {
 	for ; pending > 0; pending-- {
 		select {
 		case m := <-owners:
-			for slot, to := range m {
-				if ds.detour(slot, to) {
-					s.log.Warn("redisstore: a Cluster slot's calls get no answer through the client; they go to the node that owns it until the client refreshes its slot map", "slot", slot, "node", to.id)
+			for slot, o := range m {
+				if ds.detour(slot, o.node, o.lo, o.hi) {
+					s.log.Warn("redisstore: a Cluster slot's calls get no answer through the client; they go to the node that owns it, with its range, until the client refreshes its slot map", "slot", slot, "range", fmt.Sprintf("%d-%d", o.lo, o.hi), "node", o.id)
 				}
 			}
 		case a := <-served:
@@ -398,18 +456,25 @@ func (ds *detours) end(slot uint16, log *slog.Logger) {
 	ds.publishLocked()
 }
 
+// owner is the node that owns a slot, and the range of slots around it
+// that the node claims.
+type owner struct {
+	*node
+	lo, hi uint16
+}
+
 // owners asks every node the client knows for its id and its view of the
 // slot map, and returns, for each of slots that has one, the node that owns
 // it: one that answers and claims the slot itself, named as its owner by a
 // majority of the nodes the client knows (a node that does not answer, the
-// dead master, counts against). It returns as soon as every slot has one
-// (a dead node's answer is not waited for), or when every node answered or
-// ctx ended.
-func (s *Store) owners(ctx context.Context, slots []uint16) map[uint16]*node {
+// dead master, counts against), with the range around the slot that the
+// node claims. It returns as soon as every slot has one (a dead node's
+// answer is not waited for), or when every node answered or ctx ended.
+func (s *Store) owners(ctx context.Context, slots []uint16) map[uint16]owner {
 	nodes := s.client.Nodes()
 	type view struct {
 		self   string
-		owners []string // of slots, in order; "" unknown
+		owners []slotRange // of slots, in order; id "" unknown
 		client rueidis.Client
 	}
 	views := make(chan view, len(nodes)) // never blocks a sender
@@ -423,7 +488,7 @@ func (s *Store) owners(ctx context.Context, slots []uint16) map[uint16]*node {
 				views <- view{}
 				return
 			}
-			owners := make([]string, len(slots))
+			owners := make([]slotRange, len(slots))
 			for i, slot := range slots {
 				owners[i] = slotMaster(ranges, slot)
 			}
@@ -431,11 +496,11 @@ func (s *Store) owners(ctx context.Context, slots []uint16) map[uint16]*node {
 		})
 	}
 	votes := make([]map[string]int, len(slots))
-	claims := make([]map[string]rueidis.Client, len(slots))
+	claims := make([]map[string]owner, len(slots))
 	for i := range slots {
-		votes[i], claims[i] = map[string]int{}, map[string]rueidis.Client{}
+		votes[i], claims[i] = map[string]int{}, map[string]owner{}
 	}
-	found := make(map[uint16]*node, len(slots))
+	found := make(map[uint16]owner, len(slots))
 	for range nodes {
 		var v view
 		select {
@@ -443,16 +508,16 @@ func (s *Store) owners(ctx context.Context, slots []uint16) map[uint16]*node {
 		case <-ctx.Done():
 			return found
 		}
-		for i, id := range v.owners {
-			if id == "" {
+		for i, r := range v.owners {
+			if r.id == "" {
 				continue
 			}
-			votes[i][id]++
-			if id == v.self {
-				claims[i][id] = v.client
+			votes[i][r.id]++
+			if r.id == v.self {
+				claims[i][r.id] = owner{&node{id: r.id, client: v.client}, r.lo, r.hi}
 			}
-			if c := claims[i][id]; c != nil && votes[i][id] > len(nodes)/2 {
-				found[slots[i]] = &node{id: id, client: c}
+			if o, ok := claims[i][r.id]; ok && votes[i][r.id] > len(nodes)/2 {
+				found[slots[i]] = o
 			}
 		}
 		if len(found) == len(slots) {
@@ -462,10 +527,16 @@ func (s *Store) owners(ctx context.Context, slots []uint16) map[uint16]*node {
 	return found
 }
 
-// slotMaster returns the id of slot's master in a CLUSTER SLOTS reply
-// (entries [start, end, [host, port, id, ...], replicas...]), "" when the
-// reply names none.
-func slotMaster(ranges []rueidis.RedisMessage, slot uint16) string {
+// slotRange is a range of slots and the id of its master.
+type slotRange struct {
+	lo, hi uint16
+	id     string
+}
+
+// slotMaster returns the range holding slot in a CLUSTER SLOTS reply
+// (entries [start, end, [host, port, id, ...], replicas...]) and its
+// master's id; the id is "" when the reply names none.
+func slotMaster(ranges []rueidis.RedisMessage, slot uint16) slotRange {
 	for _, rg := range ranges {
 		e, err := rg.ToArray()
 		if err != nil || len(e) < 3 {
@@ -478,18 +549,18 @@ func slotMaster(ranges []rueidis.RedisMessage, slot uint16) string {
 		}
 		master, err := e[2].ToArray()
 		if err != nil || len(master) < 3 {
-			return ""
+			return slotRange{}
 		}
 		id, _ := master[2].ToString()
-		return id
+		return slotRange{uint16(lo), uint16(hi), id}
 	}
-	return ""
+	return slotRange{}
 }
 
 // watchedSlots is the watched slots (for tests).
 func (ds *detours) watchedSlots() map[uint16]*node {
 	if v := ds.view.Load(); v != nil {
-		return maps.Clone(*v)
+		return maps.Clone(v.slots)
 	}
 	return nil
 }

@@ -34,7 +34,8 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 // setDetour makes slot watched (key one of its keys) with its calls going to
-// to, without a watcher; nil to ends the watch.
+// to, without a watcher; nil to ends the watch. Its range is the slot
+// alone.
 func setDetour(s *Store, slot uint16, key string, to *node) {
 	ds := &s.detours
 	ds.mu.Lock()
@@ -45,7 +46,7 @@ func setDetour(s *Store, slot uint16, key string, to *node) {
 	if to == nil {
 		delete(ds.slots, slot)
 	} else {
-		ds.slots[slot] = &watch{key: key, since: time.Now(), to: to}
+		ds.slots[slot] = &watch{key: key, since: time.Now(), to: to, lo: slot, hi: slot}
 	}
 	ds.publishLocked()
 }
@@ -73,12 +74,17 @@ func TestClusterDetour(t *testing.T) {
 		t.Fatalf("first take: remaining %d, want 99", d.Remaining)
 	}
 	master := cl.MasterOf(t, slot)
-	owner := func() *node {
+	ownerOf := func() (owner, bool) {
 		// Far above lookTimeout: a starved test process must not read
 		// as a node that did not answer.
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		return s.owners(lctx, []uint16{slot})[slot]
+		o, ok := s.owners(lctx, []uint16{slot})[slot]
+		return o, ok
+	}
+	owner := func() *node {
+		o, _ := ownerOf()
+		return o.node
 	}
 	if o := owner(); o == nil || o.id != nodeID(t, cl, master) {
 		t.Fatalf("owner of slot %d: %+v, want node %d (%s)", slot, o, master, nodeID(t, cl, master))
@@ -127,6 +133,40 @@ func TestClusterDetour(t *testing.T) {
 	}
 	if to := s.detours.watchedSlots()[slot]; to == nil || to.id != right.id {
 		t.Errorf("the detour to the owner was not kept: %+v", to)
+	}
+	// The detour covers the range its node claims: a slot in it goes
+	// there too, unwatched; one outside it goes through the client.
+	own, ok := ownerOf()
+	if !ok || own.lo > slot || slot > own.hi {
+		t.Fatalf("owner of slot %d: %+v, %v; want a range holding it", slot, own, ok)
+	}
+	s.detours.detour(slot, right, own.lo, own.hi)
+	var in, out []limit.Check
+	for i := 0; in == nil || out == nil; i++ {
+		cs := tenantChecks(fmt.Sprintf("%s-%d", tenant, i), fw)
+		switch sl := keyspace.Slot(cs[0].Key); {
+		case sl == slot:
+		case own.lo <= sl && sl <= own.hi:
+			in = cs
+		default:
+			out = cs
+		}
+	}
+	for _, tc := range []struct {
+		checks []limit.Check
+		want   rueidis.Client
+	}{{in, right.client}, {out, c}} {
+		b := batches.Get().(*batch)
+		b.build(opTake, 0, tc.checks, 1, "")
+		got, watched := s.route(b)
+		b.release()
+		if got != tc.want || watched {
+			t.Errorf("slot %d (range %d-%d detoured): routed to the node: %v, watched %v; want %v, false",
+				keyspace.Slot(tc.checks[0].Key), own.lo, own.hi, got == right.client, watched, tc.want == right.client)
+		}
+		if d := taker(t, ctx, s, tc.checks)(); d.Remaining != 99 {
+			t.Errorf("a take routed by the range: remaining %d, want 99", d.Remaining)
+		}
 	}
 	setDetour(s, slot, "", nil)
 
