@@ -143,7 +143,7 @@ func TestPublicKeyFileRefused(t *testing.T) {
 	t.Run("P-224", func(t *testing.T) {
 		der, err := x509.MarshalPKIXPublicKey(&p224.PublicKey)
 		if err != nil {
-			t.Skip("P-224 cannot be marshalled here")
+			t.Fatal(err) // crypto/x509 marshals P-224 keys: only a test bug gets here
 		}
 		_, err = New(context.Background(), Options{PublicKeyFile: writeFile(t, "k.pem", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))})
 		if err == nil || !strings.Contains(err.Error(), "curve") {
