@@ -72,13 +72,7 @@ func callText(t *testing.T, cs *mcp.ClientSession, tool string, args map[string]
 	if err != nil {
 		t.Fatalf("%s: %v", tool, err)
 	}
-	var b strings.Builder
-	for _, c := range res.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
-	return b.String(), res.IsError
+	return testenv.ToolText(res), res.IsError
 }
 
 // Two HTTP upstreams (one with bare names) and a stdio one: the lists

@@ -158,16 +158,11 @@ func everythingCall(t *testing.T, cs *sdk.ClientSession, params *sdk.CallToolPar
 	if err != nil {
 		t.Fatalf("%s: %v", params.Name, err)
 	}
-	var b strings.Builder
-	for _, c := range res.Content {
-		if tc, ok := c.(*sdk.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
+	text := testenv.ToolText(res)
 	if res.IsError {
-		t.Fatalf("%s: tool error %q", params.Name, b.String())
+		t.Fatalf("%s: tool error %q", params.Name, text)
 	}
-	return b.String()
+	return text
 }
 
 // The Go SDK client, through a gateway federating server-everything
@@ -365,14 +360,8 @@ func everythingStateless(t *testing.T, endpoint string) {
 			t.Errorf("%s: %v", c.tool, err)
 			continue
 		}
-		var b strings.Builder
-		for _, ct := range res.Content {
-			if tc, ok := ct.(*sdk.TextContent); ok {
-				b.WriteString(tc.Text)
-			}
-		}
-		if res.IsError || b.String() != c.want {
-			t.Errorf("%s: %q (isError %t), want %q", c.tool, b.String(), res.IsError, c.want)
+		if got := testenv.ToolText(res); res.IsError || got != c.want {
+			t.Errorf("%s: %q (isError %t), want %q", c.tool, got, res.IsError, c.want)
 		}
 	}
 }

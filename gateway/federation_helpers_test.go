@@ -276,17 +276,6 @@ func fedConnect(t *testing.T, endpoint, tok, protocol string, opts *sdk.ClientOp
 	return cs
 }
 
-// fedResultText joins the text contents of a tool result.
-func fedResultText(res *sdk.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range res.Content {
-		if tc, ok := c.(*sdk.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
-	return b.String()
-}
-
 // fedCall calls tool and fails the test on a protocol error; it returns the
 // result's text and isError.
 func fedCall(t *testing.T, cs *sdk.ClientSession, tool string, args map[string]any) (string, bool) {
@@ -297,7 +286,7 @@ func fedCall(t *testing.T, cs *sdk.ClientSession, tool string, args map[string]a
 	if err != nil {
 		t.Fatalf("%s: %v", tool, err)
 	}
-	return fedResultText(res), res.IsError
+	return testenv.ToolText(res), res.IsError
 }
 
 // wantCall calls tool and fails the test unless it answers want.

@@ -14,7 +14,13 @@ import (
 func startEnv(t *testing.T, rules string) *Env {
 	t.Helper()
 	srv := testenv.StartRedis(t, nil)
-	e, err := Start(context.Background(), &Options{Rules: rules, RedisAddr: srv.Addr, Tenants: 4})
+	return readyEnv(t, &Options{Rules: rules, RedisAddr: srv.Addr, Tenants: 4})
+}
+
+// readyEnv starts an Env of opts whose targets answer as they must.
+func readyEnv(t *testing.T, opts *Options) *Env {
+	t.Helper()
+	e, err := Start(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,17 +173,7 @@ func TestFederationTargets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := Start(context.Background(), &Options{Federation: true, Stdio: bin, NoUsage: true, Tenants: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	if err := e.Exhaust(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Check(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	e := readyEnv(t, &Options{Federation: true, Stdio: bin, NoUsage: true, Tenants: 4})
 	targets := []string{GatewayMem, FedOne, FedThree, StdioDirect, FedStdio}
 	res, err := Run(context.Background(), e, RunOptions{Workers: 4, Rounds: 1, Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond, Targets: targets})
 	if err != nil {

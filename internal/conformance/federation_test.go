@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -127,21 +126,10 @@ func checkFederated(t *testing.T, endpoint, token, protocol string, gatewayLog *
 			t.Errorf("protocol %s: call %s through the federated gateway: %v", version, c.tool, err)
 			continue
 		}
-		if got := textOf(res); res.IsError || got != c.want {
+		if got := testenv.ToolText(res); res.IsError || got != c.want {
 			t.Errorf("protocol %s: call %s through the federated gateway: %q (isError %t), want %q", version, c.tool, got, res.IsError, c.want)
 		}
 	}
-}
-
-// textOf joins the text contents of a tool result.
-func textOf(res *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range res.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
-	return b.String()
 }
 
 // bearer is an http.RoundTripper adding "Authorization: Bearer <token>".
