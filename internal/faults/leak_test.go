@@ -27,8 +27,7 @@ func leakCheck(t *testing.T) {
 			// its deadline and leaves the client's call behind, which may be
 			// waiting for a connection being dialled to a hung node: it ends
 			// by the dial timeout (1s).
-			goleak.IgnoreAnyFunction("github.com/mcpgate/mcpgate/limit/redisstore.(*Store).do.func1"),
-			goleak.IgnoreAnyFunction("github.com/mcpgate/mcpgate/limit/redisstore.(*Store).doMulti.func1"),
+			goleak.IgnoreAnyFunction("github.com/mcpgate/mcpgate/limit/redisstore.bounded[...].func1"),
 			goleak.IgnoreAnyFunction("github.com/mcpgate/mcpgate/limit/redisstore.(*Store).Ping.func1"),
 		)
 	})

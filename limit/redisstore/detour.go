@@ -51,7 +51,7 @@ import (
 //
 // Nothing is sent twice that may have run: the watcher only reads, and a
 // call that failed stays failed. While a slot is watched, its calls return
-// by their deadline whatever the client does (see do). When no slot is
+// by their deadline whatever the client does (see bounded). When no slot is
 // watched, the hot path pays one atomic load.
 const (
 	// watchPause is the pause between two looks.
@@ -145,11 +145,13 @@ func (s *Store) route(b *batch) (rueidis.Client, bool) {
 	return s.client, watched
 }
 
-// send sends b once through c (see route; watched: its slot is). When c is
-// a detour and the node answers MOVED or ASK (it did not run the call: the
+// send sends b once, by the route its slot has now (see route: a detour
+// may have been set or dropped since b's last try). When it went to a
+// detour and the node answers MOVED or ASK (it did not run the call: the
 // slot moved on), that detour is dropped and b goes through the store's
 // client.
-func (s *Store) send(ctx context.Context, c rueidis.Client, watched bool, b *batch, fn, eval bool) rueidis.RedisResult {
+func (s *Store) send(ctx context.Context, b *batch, fn, eval bool) rueidis.RedisResult {
+	c, watched := s.route(b)
 	r := s.do(ctx, c, watched, s.command(b, fn, eval))
 	if c == s.client {
 		return r
@@ -166,17 +168,38 @@ func (s *Store) send(ctx context.Context, c rueidis.Client, watched bool, b *bat
 }
 
 // do sends cmd through c. For a watched slot it returns by the end of ctx
-// whatever c does: a call that meets a connection being dialled to a hung
-// node waits for the dial (up to the dial timeout), ctx or not, and a
-// watched slot is where that happens. The call left behind ends on its
-// own; its caller sees a timeout, which says the call may have run, as any
-// timeout.
+// whatever c does (see bounded).
 func (s *Store) do(ctx context.Context, c rueidis.Client, watched bool, cmd rueidis.Completed) rueidis.RedisResult {
 	if !watched {
 		return c.Do(ctx, cmd)
 	}
-	done := make(chan rueidis.RedisResult, 1)
-	go func() { done <- c.Do(ctx, cmd) }()
+	return bounded(ctx, func() rueidis.RedisResult { return c.Do(ctx, cmd) }, rueidis.NewErrorResult)
+}
+
+// doMulti is do for a pipeline of commands through the store's client.
+func (s *Store) doMulti(ctx context.Context, watched bool, cmds rueidis.Commands) []rueidis.RedisResult {
+	if !watched {
+		return s.client.DoMulti(ctx, cmds...)
+	}
+	return bounded(ctx, func() []rueidis.RedisResult { return s.client.DoMulti(ctx, cmds...) },
+		func(err error) []rueidis.RedisResult {
+			rs := make([]rueidis.RedisResult, len(cmds))
+			for i := range rs {
+				rs[i] = rueidis.NewErrorResult(err)
+			}
+			return rs
+		})
+}
+
+// bounded returns what call returns, or by the end of ctx what late makes
+// of ctx's error: a call that meets a connection being dialled to a hung
+// node waits for the dial (up to the dial timeout), ctx or not, and a
+// watched slot is where that happens. The call left behind ends on its
+// own; its caller sees a timeout, which says the call may have run, as any
+// timeout.
+func bounded[T any](ctx context.Context, call func() T, late func(error) T) T {
+	done := make(chan T, 1)
+	go func() { done <- call() }()
 	select {
 	case r := <-done:
 		return r
@@ -185,33 +208,9 @@ func (s *Store) do(ctx context.Context, c rueidis.Client, watched bool, cmd ruei
 		case r := <-done: // an answer that came with the deadline still counts
 			return r
 		default:
-			return rueidis.NewErrorResult(ctx.Err())
+			return late(ctx.Err())
 		}
 	}
-}
-
-// doMulti is do for a pipeline of commands through the store's client.
-func (s *Store) doMulti(ctx context.Context, watched bool, cmds rueidis.Commands) []rueidis.RedisResult {
-	if !watched {
-		return s.client.DoMulti(ctx, cmds...)
-	}
-	done := make(chan []rueidis.RedisResult, 1)
-	go func() { done <- s.client.DoMulti(ctx, cmds...) }()
-	select {
-	case rs := <-done:
-		return rs
-	case <-ctx.Done():
-		select {
-		case rs := <-done:
-			return rs
-		default:
-		}
-	}
-	rs := make([]rueidis.RedisResult, len(cmds))
-	for i := range rs {
-		rs[i] = rueidis.NewErrorResult(ctx.Err())
-	}
-	return rs
 }
 
 // observe starts the watch of b's slot when err says its call got no

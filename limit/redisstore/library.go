@@ -47,14 +47,13 @@ func (s *Store) exec(parent context.Context, b *batch) ([]rueidis.RedisMessage, 
 	ctx, cancel := s.deadline(parent)
 	defer cancel()
 	fn, gen := s.functions(ctx)
-	c, watched := s.route(b)
-	r := s.retry(ctx, b, s.send(ctx, c, watched, b, fn, false), fn, gen)
+	r := s.retry(ctx, b, s.send(ctx, b, fn, false), fn, gen)
 	s.observe(parent, b, r.Error())
 	return r.ToArray()
 }
 
-// retry sends b again (routed anew each time: see send) while its reply r
-// says it did not run, and returns the last reply:
+// retry sends b again (see send) while its reply r says it did not run,
+// and returns the last reply:
 //   - for want of the library (see retryable): at most FCALL after a load,
 //     then EVALSHA, then EVAL (when flushes keep coming);
 //   - because its slot is moving or the cluster is not serving (TRYAGAIN
@@ -70,7 +69,7 @@ func (s *Store) retry(ctx context.Context, b *batch, r rueidis.RedisResult, fn b
 			if !pause(ctx, notServingPause) {
 				return r
 			}
-			r = s.resend(ctx, b, fn, eval)
+			r = s.send(ctx, b, fn, eval)
 			continue
 		}
 		if loads == 3 {
@@ -82,15 +81,8 @@ func (s *Store) retry(ctx context.Context, b *batch, r rueidis.RedisResult, fn b
 		}
 		loads++
 		fn, eval = asFn, asEval
-		r = s.resend(ctx, b, fn, eval)
+		r = s.send(ctx, b, fn, eval)
 	}
-}
-
-// resend sends b once more, by the route its slot has now (a detour may
-// have been set or dropped since).
-func (s *Store) resend(ctx context.Context, b *batch, fn, eval bool) rueidis.RedisResult {
-	c, watched := s.route(b)
-	return s.send(ctx, c, watched, b, fn, eval)
 }
 
 // notServingPause is the wait before a call that met TRYAGAIN, CLUSTERDOWN
@@ -169,7 +161,7 @@ func (s *Store) sendRouted(ctx context.Context, bs []*batch, fn bool) []rueidis.
 		go func() { pipeline <- s.doMulti(ctx, watched, cmds) }()
 	}
 	for _, i := range detoured {
-		res[i] = s.resend(ctx, bs[i], fn, false)
+		res[i] = s.send(ctx, bs[i], fn, false)
 	}
 	if pipeline != nil {
 		for j, r := range <-pipeline {

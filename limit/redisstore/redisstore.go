@@ -240,7 +240,7 @@ func (s *Store) Close() {
 }
 
 // Ping reports whether the store's Redis answers a PING, by the end of ctx
-// whatever the client does (see do). On a Cluster the PING goes to every
+// whatever the client does (see bounded). On a Cluster the PING goes to every
 // node the client knows at once, and succeeds when any node answers it: a
 // PING sent the Cluster way goes to one node picked at random, and one
 // that hung keeps it past its deadline. It is the probe of a breaker around
