@@ -154,7 +154,7 @@ func (o *outcomes) add(tool string, res *sdk.CallToolResult, err error) {
 	case err == nil && !res.IsError:
 		o.ok[tool]++
 	case err == nil:
-		o.other = append(o.other, fmt.Sprintf("%s: tool error %q", tool, fedResultText(res)))
+		o.other = append(o.other, fmt.Sprintf("%s: tool error %q", tool, testenv.ToolText(res)))
 	case isRateLimited(err):
 		o.limited[tool]++
 	default:
@@ -430,7 +430,7 @@ func TestFederationProtocolVersions(t *testing.T) {
 			for up, srv := range map[string]*fedHTTP{"a": e.a, "b": e.b} {
 				before := srv.Calls("echo")
 				res, err := callTool(ctx, cs, up+"__echo", map[string]any{"text": v})
-				if err != nil || res.IsError || fedResultText(res) != v {
+				if err != nil || res.IsError || testenv.ToolText(res) != v {
 					t.Errorf("%s__echo: %v, %+v; want %q", up, err, res, v)
 				} else if n := srv.Calls("echo"); n != before+1 {
 					t.Errorf("%s saw %d echo calls, want %d", up, n, before+1)
