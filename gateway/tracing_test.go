@@ -156,10 +156,22 @@ tools:
 			if r := post(t, e.mcpURL(0), tok, callBody(2, "echo", map[string]any{"text": "x"}), nil); r.Status != http.StatusTooManyRequests {
 				t.Fatalf("denied call: %d %s", r.Status, r.Body)
 			}
+			// A GET without a session is refused, but still traced; its span
+			// is the one that records the HTTP method.
+			if r := get(t, e.mcpURL(0), tok); r.Status < 400 {
+				t.Fatalf("GET without a session: %d %s", r.Status, r.Body)
+			}
 			if err := shutdown(context.Background()); err != nil { // flushes every span
 				t.Fatal(err)
 			}
 			checkSpans(t, rc.all(), e.requests(), clientTrace, clientSpan)
+			gets := spanNamed(t, rc.all(), "mcp GET")
+			if len(gets) != 1 {
+				t.Fatalf("%d spans named mcp GET, want 1", len(gets))
+			}
+			if a := attrs(gets[0]); a["http.request.method"] != http.MethodGet {
+				t.Errorf("GET span: %v", a)
+			}
 		})
 	}
 }
@@ -189,7 +201,7 @@ func checkSpans(t *testing.T, spans []*tracepb.Span, seen []seenRequest, clientT
 	}
 	want := map[string]string{
 		"mcp.method.name": "tools/call", "gen_ai.tool.name": "echo", "mcpgate.tenant": "acme",
-		"mcpgate.decision": "admitted", "mcpgate.rule": "echo_once", "mcpgate.scope": "tenant_tool",
+		"mcpgate.decision": "admitted", "mcpgate.rule": "echo_once",
 		"mcpgate.upstream.status": "200", "http.response.status_code": "200",
 	}
 	got := attrs(admitted)
@@ -201,13 +213,18 @@ func checkSpans(t *testing.T, spans []*tracepb.Span, seen []seenRequest, clientT
 	if _, ok := got["mcpgate.tier"]; !ok {
 		t.Errorf("admitted server span has no mcpgate.tier: %v", got)
 	}
+	for _, k := range []string{"mcpgate.scope", "http.request.method"} {
+		if _, ok := got[k]; ok {
+			t.Errorf("admitted POST's server span has %s (the rule names the scope; every MCP message is a POST): %v", k, got)
+		}
+	}
 	for k, v := range got {
 		if strings.Contains(v, "secret-argument") || strings.Contains(v, "Bearer") {
 			t.Errorf("attribute %s records arguments or a token: %q", k, v)
 		}
 	}
 	dg := attrs(denied)
-	if dg["mcpgate.decision"] != "denied" || dg["mcpgate.rule"] != "echo_once" || dg["http.response.status_code"] != "429" {
+	if dg["mcpgate.decision"] != "denied" || dg["mcpgate.rule"] != "echo_once" || dg["mcpgate.scope"] != "tenant_tool" || dg["http.response.status_code"] != "429" {
 		t.Errorf("denied server span: %v", dg)
 	}
 	if _, ok := dg["mcpgate.upstream.status"]; ok {

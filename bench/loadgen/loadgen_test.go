@@ -192,3 +192,24 @@ func TestFederationTargets(t *testing.T) {
 		}
 	}
 }
+
+// TestRoundOrder: odd rounds keep the targets' order, even rounds reverse
+// it, and neither touches the caller's slice.
+func TestRoundOrder(t *testing.T) {
+	targets := []Target{{Name: "a"}, {Name: "b"}, {Name: "c"}}
+	names := func(ts []Target) string {
+		var s string
+		for _, x := range ts {
+			s += x.Name
+		}
+		return s
+	}
+	for round, want := range map[int]string{1: "abc", 2: "cba", 3: "abc", 4: "cba"} {
+		if got := names(roundOrder(targets, round)); got != want {
+			t.Errorf("round %d: %s, want %s", round, got, want)
+		}
+	}
+	if got := names(targets); got != "abc" {
+		t.Errorf("targets changed to %s", got)
+	}
+}

@@ -35,7 +35,8 @@ type Results struct {
 
 // Run measures the targets of e interleaved, one after the other in each
 // round (direct, bare-proxy, gateway-mem, gateway-redis, deny-mem,
-// deny-redis, direct, ...), so that the drift of a shared machine spreads over all of them. A
+// deny-redis, then the same in reverse, ...: see roundOrder), so that the
+// drift of a shared machine spreads over all of them. A
 // measurement with errors (a wrong status, a transport error) fails the run.
 func Run(ctx context.Context, e *Env, o RunOptions) (*Results, error) {
 	if o.Workers <= 0 {
@@ -66,7 +67,7 @@ func Run(ctx context.Context, e *Env, o RunOptions) (*Results, error) {
 		res.Order = append(res.Order, t.Name)
 	}
 	for round := 1; round <= o.Rounds; round++ {
-		for _, t := range targets {
+		for _, t := range roundOrder(targets, round) {
 			r := Drive(ctx, t, o.Workers, o.Warmup, o.Duration)
 			if err := ctx.Err(); err != nil {
 				return nil, err
@@ -81,6 +82,21 @@ func Run(ctx context.Context, e *Env, o RunOptions) (*Results, error) {
 		}
 	}
 	return res, nil
+}
+
+// roundOrder is the order of round's measurements: targets as given in odd
+// rounds, reversed in even ones. Each target measured right after another
+// pays for what that one left behind (its garbage for the collector, its
+// idle connections, a warmer or colder cache); alternating the order puts
+// each pair of neighbours both ways round, so a ratio of neighbours taken
+// over an even number of rounds carries no position bias.
+func roundOrder(targets []Target, round int) []Target {
+	if round%2 == 1 {
+		return targets
+	}
+	r := slices.Clone(targets)
+	slices.Reverse(r)
+	return r
 }
 
 // Targets of the gateway figures, from the issue.
