@@ -146,18 +146,24 @@ func BenchmarkMeteringOverhead(b *testing.B) {
 				s.Redis = testenv.StartRedis(b, nil)
 				s.Config += "store: {redis: \"@@REDIS@@\"}\n"
 			}
-			off := newEnv(b, s)
-			s.Usage = openUsageDB(b, "")
-			on := newEnv(b, s)
-			tok := token(b, "acme", "alice")
-			body := callBody(1, "echo", map[string]any{"text": "x"})
-			client := benchClient(b)
-			callOff := rawCall(client, off.mcpURL(0), tok, body, "")
-			callOn := rawCall(client, on.mcpURL(0), tok, body, "")
-			b.Run("off", func(b *testing.B) { benchPair(b, callOff, nil, "") })
-			b.Run("on", func(b *testing.B) { benchPair(b, callOn, callOff, "on/off") })
+			benchOnOff(b, s, func(s *setup) { s.Usage = openUsageDB(b, "") })
 		})
 	}
+}
+
+// benchOnOff runs "off" (a gateway of s) and "on" (one of s after turnOn)
+// as benchPair's subject and peer: tools/call of echo, interleaved.
+func benchOnOff(b *testing.B, s setup, turnOn func(*setup)) {
+	off := newEnv(b, s)
+	turnOn(&s)
+	on := newEnv(b, s)
+	tok := token(b, "acme", "alice")
+	body := callBody(1, "echo", map[string]any{"text": "x"})
+	client := benchClient(b)
+	callOff := rawCall(client, off.mcpURL(0), tok, body, "")
+	callOn := rawCall(client, on.mcpURL(0), tok, body, "")
+	b.Run("off", func(b *testing.B) { benchPair(b, callOff, nil, "") })
+	b.Run("on", func(b *testing.B) { benchPair(b, callOn, callOff, "on/off") })
 }
 
 // BenchmarkCacheHit: the cacheable search tool answered from the cache
@@ -208,14 +214,5 @@ func BenchmarkTracingOverhead(b *testing.B) {
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 
 	s := setup{Config: meteringBenchConfig, Upstream: upstream.Options{JSONResponse: true, Stateless: true}}
-	off := newEnv(b, s)
-	s.TracerProvider = tp
-	on := newEnv(b, s)
-	tok := token(b, "acme", "alice")
-	body := callBody(1, "echo", map[string]any{"text": "x"})
-	client := benchClient(b)
-	callOff := rawCall(client, off.mcpURL(0), tok, body, "")
-	callOn := rawCall(client, on.mcpURL(0), tok, body, "")
-	b.Run("off", func(b *testing.B) { benchPair(b, callOff, nil, "") })
-	b.Run("on", func(b *testing.B) { benchPair(b, callOn, callOff, "on/off") })
+	benchOnOff(b, s, func(s *setup) { s.TracerProvider = tp })
 }
