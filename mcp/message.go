@@ -499,6 +499,15 @@ func ReadBody(r *http.Request, max int64) ([]byte, *Error) {
 	return body, nil
 }
 
+// plusOne is x+1, or x at math.MaxInt64 (a length no body reaches), where
+// x+1 would wrap to a negative size.
+func plusOne(x int64) int64 {
+	if x == math.MaxInt64 {
+		return x
+	}
+	return x + 1
+}
+
 // errOverLimit means readGrowing received more than its limit.
 var errOverLimit = errors.New("body over the limit")
 
@@ -509,13 +518,10 @@ var errOverLimit = errors.New("body over the limit")
 // (the extra byte lets the final read see EOF without growing again), and
 // none goes past max+1 (one byte past the limit proves the body too long).
 func readGrowing(rd io.Reader, declared, max int64) ([]byte, error) {
-	limit := max
-	if max < math.MaxInt64 {
-		limit = max + 1
-	}
+	limit := plusOne(max)
 	size := min(int64(initialBodyBuffer), limit)
 	if declared >= 0 {
-		size = min(size, declared+1)
+		size = min(size, plusOne(declared))
 	}
 	buf := make([]byte, 0, size)
 	for {
@@ -523,7 +529,7 @@ func readGrowing(rd io.Reader, declared, max int64) ([]byte, error) {
 			c := int64(cap(buf))
 			next := 2 * c
 			if declared >= 0 && c <= declared && next >= declared {
-				next = declared + 1
+				next = plusOne(declared)
 			}
 			next = min(next, limit)
 			grown := make([]byte, len(buf), next)

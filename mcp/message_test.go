@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -193,6 +194,11 @@ func TestReadBody(t *testing.T) {
 	}
 	if b, e := ReadBody(req("abc", 3), 0); e != nil || string(b) != "abc" {
 		t.Fatalf("default limit: %q %v", b, e)
+	}
+	// The largest limit and a declared length equal to it: no length+1
+	// may wrap to a negative buffer size (it panicked in make).
+	if b, e := ReadBody(req("abc", math.MaxInt64), math.MaxInt64); e != nil || string(b) != "abc" {
+		t.Fatalf("limit and declared length at MaxInt64: %q %v", b, e)
 	}
 }
 
