@@ -168,12 +168,16 @@ func (s *Store) send(ctx context.Context, b *batch, fn, eval bool) rueidis.Redis
 }
 
 // do sends cmd through c. For a watched slot it returns by the end of ctx
-// whatever c does (see bounded).
+// whatever c does (see bounded); on a standalone or Sentinel client, see
+// solo.
 func (s *Store) do(ctx context.Context, c rueidis.Client, watched bool, cmd rueidis.Completed) rueidis.RedisResult {
-	if !watched {
-		return c.Do(ctx, cmd)
+	switch {
+	case watched:
+		return bounded(ctx, func() rueidis.RedisResult { return c.Do(ctx, cmd) }, rueidis.NewErrorResult)
+	case !s.cluster:
+		return s.solo(ctx, cmd)
 	}
-	return bounded(ctx, func() rueidis.RedisResult { return c.Do(ctx, cmd) }, rueidis.NewErrorResult)
+	return c.Do(ctx, cmd)
 }
 
 // doMulti is do for a pipeline of commands through the store's client.

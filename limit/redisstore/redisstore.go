@@ -200,6 +200,10 @@ type Store struct {
 	// Always 0 in production; tests move the store's clock forward with it
 	// instead of sleeping.
 	offset atomic.Int64
+	// inflight counts the calls under way (standalone and Sentinel
+	// clients), and soloConn keeps the connection of lone calls (see solo.go).
+	inflight atomic.Int64
+	soloConn soloConn
 }
 
 var _ limit.GuardedStore = (*Store)(nil)
@@ -226,17 +230,22 @@ func New(client rueidis.Client, opts *Options) (*Store, error) {
 			s.timeout = opts.Timeout
 		}
 	}
+	if !s.cluster {
+		s.soloConn.start(client, s.log)
+	}
 	return s, nil
 }
 
 // Close ends the store's background work (on a Cluster, the watch of
-// slots whose calls got no answer; see detour.go) and waits for it: at most
-// a look's deadline plus the client's dial timeout, for a question left out
-// to a hung node. It
-// does not close the client. Calls made after Close still work, without
-// detours.
+// slots whose calls got no answer, see detour.go; otherwise the dial of
+// the lone calls' connection, see solo.go) and waits for it: at most a
+// look's deadline or a PING's, plus the client's dial timeout, for a
+// question left out to a hung node. It does not close the client. Calls
+// made after Close still work, without detours, all through the client's
+// pipeline.
 func (s *Store) Close() {
 	s.detours.stop()
+	s.soloConn.stop()
 }
 
 // Ping reports whether the store's Redis answers a PING, by the end of ctx
