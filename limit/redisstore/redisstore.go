@@ -231,7 +231,7 @@ func New(client rueidis.Client, opts *Options) (*Store, error) {
 		}
 	}
 	if !s.cluster {
-		s.soloConn.start(client, s.log)
+		s.soloConn.start(s)
 	}
 	return s, nil
 }

@@ -19,13 +19,12 @@ import (
 // the store fast under load. But once that connection has seen concurrent
 // calls, every call is handed to rueidis's writer goroutine and its reply
 // back from the reader goroutine: wake-ups that a call made alone pays in
-// latency, about 100 µs per decision on a busy two-core host
-// (docs/benchmarks.md, F.3). On a dedicated connection rueidis writes and
-// reads on the caller's goroutine, as go-redis does. Only a call that finds
-// no other under way takes it, so no two calls ever share it, and calls
-// under load keep the pipeline. On it a call ends at its deadline, as on
-// the pipeline, but a cancelled caller waits for the deadline too (the
-// store's timeout at most).
+// latency (docs/benchmarks.md, F.3). On a dedicated connection rueidis
+// writes and reads on the caller's goroutine, as go-redis does. Only a
+// call that finds no other under way takes it, so no two calls ever share
+// it, and calls under load keep the pipeline. On it a call ends at its
+// deadline, as on the pipeline, but a cancelled caller waits for the
+// deadline too (the store's timeout at most).
 func (s *Store) solo(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 	defer s.inflight.Add(-1)
 	if s.inflight.Add(1) != 1 || !s.soloConn.ready.Load() {
@@ -35,7 +34,8 @@ func (s *Store) solo(ctx context.Context, cmd rueidis.Completed) rueidis.RedisRe
 	r := dc.Do(ctx, cmd)
 	release()
 	if !answered(r) {
-		s.soloConn.lost()
+		s.soloConn.ready.Store(false)
+		s.soloConn.wake()
 	}
 	return r
 }
@@ -51,92 +51,145 @@ func answered(r rueidis.RedisResult) bool {
 	return ok
 }
 
-// Bounds of the dial of the lone calls' connection: the PING that proves
-// it, and the pause between two tries while the server does not answer.
+// Timing of the lone calls' connection: the PING that proves it, the
+// pause between two tries while the server does not answer, and the PING
+// that keeps it while idle.
 const (
 	soloPing     = time.Second
 	soloRetryMin = 100 * time.Millisecond
 	soloRetryMax = 5 * time.Second
 )
 
-// soloConn keeps the dedicated connection of lone calls ready, dialling it
-// in the background: rueidis dials a connection without regard to a call's
-// deadline (up to the client's dial timeout, on a server that accepts
-// connections but answers nothing), so no call ever waits for one. A call
-// on it that gets no answer closes it (rueidis does, for want of the
-// reply); lone calls then take the pipeline, whose connection stays up and
-// honours their deadline, until a new one answers a PING.
+// soloKeep is the keeper's PING interval on an idle connection: under
+// rueidis's keep-alive interval (the dialer's KeepAlive, 1 s by default).
+// A variable for the tests.
+var soloKeep = 250 * time.Millisecond
+
+// soloConn keeps the dedicated connection of lone calls ready, from one
+// goroutine per store:
+//
+//   - it dials the connection and proves it with a PING before any call
+//     may take it: rueidis dials without regard to a call's deadline (up to
+//     the client's dial timeout, on a server that accepts connections but
+//     answers nothing), so no call ever waits for a dial. A call on it that
+//     gets no answer closes it (rueidis does, for want of the reply); lone
+//     calls then take the pipeline, whose connection stays up and honours
+//     their deadline, until a new one answers;
+//   - while it is idle, it PINGs it every soloKeep, counted as a call of
+//     the store (so never at the same time as one). rueidis's own
+//     keep-alive PINGs a connection that received nothing for a while; one
+//     that met a call would leave the connection queueing every later call
+//     to background goroutines, and every release sending UNSUBSCRIBEs:
+//     the keeper's answers are what keeps rueidis's from being sent.
 type soloConn struct {
-	ready   atomic.Bool // a lone call may take the connection
-	client  rueidis.Client
-	log     *slog.Logger
-	ctx     context.Context // ended by stop
-	cancel  context.CancelFunc
-	mu      sync.Mutex // guards dialing and wg's Add against stop's Wait
-	dialing bool
-	wg      sync.WaitGroup
+	ready  atomic.Bool // a lone call may take the connection
+	client rueidis.Client
+	store  *Store
+	log    *slog.Logger
+	ctx    context.Context // ended by stop
+	cancel context.CancelFunc
+	lost   chan struct{} // a call found the connection dead (buffered: one wake-up)
+	mu     sync.Mutex    // orders ready's setting against stop
+	done   chan struct{} // closed when the goroutine returned
 }
 
-// start dials the connection of client's lone calls in the background.
-func (c *soloConn) start(client rueidis.Client, log *slog.Logger) {
-	c.client, c.log = client, log
+// start runs s's keeper of the lone calls' connection.
+func (c *soloConn) start(s *Store) {
+	c.client, c.store, c.log = s.client, s, s.log
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	c.dial()
+	c.lost = make(chan struct{}, 1)
+	c.done = make(chan struct{})
+	go c.run()
 }
 
-// lost takes the connection out of use after a call on it got no answer,
-// and dials a new one.
-func (c *soloConn) lost() {
-	c.ready.Store(false)
-	c.dial()
-}
-
-// dial starts the dialling goroutine unless it runs or the store closed.
-func (c *soloConn) dial() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.dialing || c.ctx.Err() != nil {
-		return
+// wake tells the keeper that the connection was lost.
+func (c *soloConn) wake() {
+	select {
+	case c.lost <- struct{}{}:
+	default:
 	}
-	c.dialing = true
-	c.wg.Go(c.redial)
 }
 
-// redial proves a dedicated connection with a PING, pausing longer after
-// each failure, until one answers (the connection then waits in the
-// client's pool for the next lone call) or the store closes.
-func (c *soloConn) redial() {
-	defer func() {
-		c.mu.Lock()
-		c.dialing = false
-		c.mu.Unlock()
-	}()
-	for pause := soloRetryMin; ; pause = min(2*pause, soloRetryMax) {
-		dc, release := c.client.Dedicate()
-		ctx, cancel := context.WithTimeout(c.ctx, soloPing)
-		err := dc.Do(ctx, dc.B().Ping().Build()).Error()
-		cancel()
-		release()
-		switch {
-		case err == nil:
-			c.mu.Lock()
-			c.ready.Store(c.ctx.Err() == nil)
-			c.mu.Unlock()
-			return
-		case c.ctx.Err() != nil, errors.Is(err, rueidis.ErrClosing):
+func (c *soloConn) run() {
+	defer close(c.done)
+	for {
+		if !c.dial() {
 			return
 		}
-		c.log.Debug("redisstore: the connection of lone calls does not answer; they take the pipeline", "err", err)
+		if !c.keep() {
+			return
+		}
+	}
+}
+
+// dial proves a dedicated connection with a PING, pausing longer after
+// each failure, until one answers (it then waits in the client's pool for
+// the next lone call, and ready is set) or the store closes (false).
+func (c *soloConn) dial() bool {
+	for pause := soloRetryMin; ; pause = min(2*pause, soloRetryMax) {
+		if err := c.ping(); err == nil {
+			select {
+			case <-c.lost: // news of the connection this one replaces
+			default:
+			}
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if c.ctx.Err() != nil {
+				return false
+			}
+			c.ready.Store(true)
+			return true
+		} else if errors.Is(err, rueidis.ErrClosing) {
+			return false
+		} else {
+			c.log.Debug("redisstore: the connection of lone calls does not answer; they take the pipeline", "err", err)
+		}
 		select {
 		case <-c.ctx.Done():
-			return
+			return false
 		case <-time.After(pause):
 		}
 	}
 }
 
-// stop ends the dialling and waits for it; lone calls take the pipeline
-// from then on.
+// keep PINGs the idle connection every soloKeep, skipping a turn when a
+// call is under way, until a call or the PING finds it dead (true: dial
+// again) or the store closes (false).
+func (c *soloConn) keep() bool {
+	tick := time.NewTicker(soloKeep)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return false
+		case <-c.lost:
+			return true
+		case <-tick.C:
+		}
+		if c.store.inflight.Add(1) == 1 && c.ready.Load() {
+			err := c.ping()
+			if err != nil {
+				c.ready.Store(false)
+			}
+		}
+		c.store.inflight.Add(-1)
+		if !c.ready.Load() {
+			return c.ctx.Err() == nil
+		}
+	}
+}
+
+// ping sends a PING on a dedicated connection of the client's pool.
+func (c *soloConn) ping() error {
+	dc, release := c.client.Dedicate()
+	defer release()
+	ctx, cancel := context.WithTimeout(c.ctx, soloPing)
+	defer cancel()
+	return dc.Do(ctx, dc.B().Ping().Build()).Error()
+}
+
+// stop ends the keeper and waits for it; lone calls take the pipeline from
+// then on.
 func (c *soloConn) stop() {
 	if c.cancel == nil {
 		return // a Cluster store: never started
@@ -145,5 +198,5 @@ func (c *soloConn) stop() {
 	c.cancel()
 	c.ready.Store(false)
 	c.mu.Unlock()
-	c.wg.Wait()
+	<-c.done
 }
