@@ -98,6 +98,10 @@ type Options struct {
 	// and on a Cluster the slots whose calls are detoured to the node that
 	// took them over (see detour.go). nil means slog.Default().
 	Logger *slog.Logger
+
+	// soloKeep is the keeper's PING interval on the lone calls' idle
+	// connection; 0 means defaultSoloKeep (tests set it).
+	soloKeep time.Duration
 }
 
 // ErrCrossSlot means the checks of one batch are not all in one Redis
@@ -231,7 +235,11 @@ func New(client rueidis.Client, opts *Options) (*Store, error) {
 		}
 	}
 	if !s.cluster {
-		s.soloConn.start(s)
+		keep := defaultSoloKeep
+		if opts != nil && opts.soloKeep > 0 {
+			keep = opts.soloKeep
+		}
+		s.soloConn.start(s, keep)
 	}
 	return s, nil
 }

@@ -27,8 +27,17 @@ import (
 // deadline too (the store's timeout at most).
 func (s *Store) solo(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 	defer s.inflight.Add(-1)
-	if s.inflight.Add(1) != 1 || !s.soloConn.ready.Load() {
+	if s.inflight.Add(1) != 1 {
 		return s.client.Do(ctx, cmd)
+	}
+	if !s.soloConn.ready.Load() {
+		// Lone, without its connection (not dialled yet, or lost): the
+		// pipeline's connection, used by one call at a time, is in
+		// rueidis's synchronous mode too, which closes it when a call gets
+		// no answer, and the next call would wait for its dial, whatever
+		// its deadline. So the call returns by its deadline whatever
+		// rueidis does (see bounded).
+		return bounded(ctx, func() rueidis.RedisResult { return s.client.Do(ctx, cmd) }, rueidis.NewErrorResult)
 	}
 	dc, release := s.client.Dedicate()
 	r := dc.Do(ctx, cmd)
@@ -60,10 +69,10 @@ const (
 	soloRetryMax = 5 * time.Second
 )
 
-// soloKeep is the keeper's PING interval on an idle connection: under
-// rueidis's keep-alive interval (the dialer's KeepAlive, 1 s by default).
-// A variable for the tests.
-var soloKeep = 250 * time.Millisecond
+// defaultSoloKeep is the keeper's PING interval on an idle connection:
+// under rueidis's keep-alive interval (the dialer's KeepAlive, 1 s by
+// default).
+const defaultSoloKeep = 250 * time.Millisecond
 
 // soloConn keeps the dedicated connection of lone calls ready, from one
 // goroutine per store:
@@ -73,29 +82,30 @@ var soloKeep = 250 * time.Millisecond
 //     the client's dial timeout, on a server that accepts connections but
 //     answers nothing), so no call ever waits for a dial. A call on it that
 //     gets no answer closes it (rueidis does, for want of the reply); lone
-//     calls then take the pipeline, whose connection stays up and honours
-//     their deadline, until a new one answers;
-//   - while it is idle, it PINGs it every soloKeep, counted as a call of
+//     calls then take the pipeline with a hard deadline (see solo) until a
+//     new one answers;
+//   - while it is idle, it PINGs it every keepEvery, counted as a call of
 //     the store (so never at the same time as one). rueidis's own
 //     keep-alive PINGs a connection that received nothing for a while; one
 //     that met a call would leave the connection queueing every later call
 //     to background goroutines, and every release sending UNSUBSCRIBEs:
 //     the keeper's answers are what keeps rueidis's from being sent.
 type soloConn struct {
-	ready  atomic.Bool // a lone call may take the connection
-	client rueidis.Client
-	store  *Store
-	log    *slog.Logger
-	ctx    context.Context // ended by stop
-	cancel context.CancelFunc
-	lost   chan struct{} // a call found the connection dead (buffered: one wake-up)
-	mu     sync.Mutex    // orders ready's setting against stop
-	done   chan struct{} // closed when the goroutine returned
+	ready     atomic.Bool // a lone call may take the connection
+	client    rueidis.Client
+	store     *Store
+	log       *slog.Logger
+	keepEvery time.Duration
+	ctx       context.Context // ended by stop
+	cancel    context.CancelFunc
+	lost      chan struct{} // a call found the connection dead (buffered: one wake-up)
+	mu        sync.Mutex    // orders ready's setting against stop
+	done      chan struct{} // closed when the goroutine returned
 }
 
 // start runs s's keeper of the lone calls' connection.
-func (c *soloConn) start(s *Store) {
-	c.client, c.store, c.log = s.client, s, s.log
+func (c *soloConn) start(s *Store, keepEvery time.Duration) {
+	c.client, c.store, c.log, c.keepEvery = s.client, s, s.log, keepEvery
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.lost = make(chan struct{}, 1)
 	c.done = make(chan struct{})
@@ -152,11 +162,11 @@ func (c *soloConn) dial() bool {
 	}
 }
 
-// keep PINGs the idle connection every soloKeep, skipping a turn when a
+// keep PINGs the idle connection every keepEvery, skipping a turn when a
 // call is under way, until a call or the PING finds it dead (true: dial
 // again) or the store closes (false).
 func (c *soloConn) keep() bool {
-	tick := time.NewTicker(soloKeep)
+	tick := time.NewTicker(c.keepEvery)
 	defer tick.Stop()
 	for {
 		select {

@@ -51,14 +51,11 @@ func fcallConns(t *testing.T, admin rueidis.Client, name string) (fcall, all int
 // reads it on the caller's goroutine); calls made together share the
 // client's pipeline. Both count against the same limit, exactly.
 func TestLoneCallsUseADedicatedConnection(t *testing.T) {
-	// No keeper PING while the test reads which command each connection
-	// ran last.
-	keep := soloKeep
-	soloKeep = time.Hour
-	t.Cleanup(func() { soloKeep = keep })
 	r := testenv.StartRedis(t, nil)
 	admin := r.Client(t)
-	s := newStore(t, namedClient(t, r, "store"), time.Second)
+	// No keeper PING while the test reads which command each connection
+	// ran last.
+	s := newStoreOpts(t, namedClient(t, r, "store"), &Options{Timeout: time.Second, soloKeep: time.Hour})
 	ctx := ctxT(t)
 	const limitN = 60
 	checks := tenantChecks("solo", rule("fw", limit.FixedWindow, limitN, time.Hour))
@@ -116,10 +113,11 @@ func TestLoneCallsUseADedicatedConnection(t *testing.T) {
 
 // On a server that accepts connections but answers nothing, every lone call
 // still returns at its deadline: after the first, whose dedicated connection
-// is closed for want of an answer, they take the pipeline (a new dedicated
-// connection would wait for its dial, whatever the deadline), while a new
-// one is dialled in the background. Once the server answers again, lone
-// calls go back to a connection of their own.
+// is closed for want of an answer, they take the pipeline with a hard
+// deadline (a new connection, dedicated or the pipeline's, would wait for
+// its dial, whatever the deadline), while a new one is dialled in the
+// background. Once the server answers again, lone calls go back to a
+// connection of their own.
 func TestLoneCallsOnAStalledServerKeepTheirDeadline(t *testing.T) {
 	r := testenv.StartRedis(t, &testenv.RedisOptions{Args: []string{"--enable-debug-command", "yes"}})
 	other := r.Client(t)
@@ -169,6 +167,17 @@ func TestLoneCallsOnAStalledServerKeepTheirDeadline(t *testing.T) {
 	}
 }
 
+// newStoreOpts is newStore with options.
+func newStoreOpts(tb testing.TB, c rueidis.Client, o *Options) *Store {
+	tb.Helper()
+	s, err := New(c, o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(s.Close)
+	return s
+}
+
 // eventually polls cond until it holds, failing the test after a bound
 // that only a hang exceeds.
 func eventually(t *testing.T, what string, cond func() bool) {
@@ -183,12 +192,9 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // The keeper finds the idle connection of lone calls dead (here killed by
 // the server) by its PING and dials a new one before any call needs it.
 func TestKeeperReplacesAKilledConnection(t *testing.T) {
-	keep := soloKeep
-	soloKeep = 20 * time.Millisecond
-	t.Cleanup(func() { soloKeep = keep })
 	r := testenv.StartRedis(t, nil)
 	admin := r.Client(t)
-	s := newStore(t, namedClient(t, r, "store"), time.Second)
+	s := newStoreOpts(t, namedClient(t, r, "store"), &Options{Timeout: time.Second, soloKeep: 20 * time.Millisecond})
 	eventually(t, "the lone calls' connection to be ready", s.soloConn.ready.Load)
 	ctx := ctxT(t)
 	if err := admin.Do(ctx, admin.B().Arbitrary("CLIENT", "KILL", "USER", "default").Build()).Error(); err != nil {
