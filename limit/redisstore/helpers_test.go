@@ -34,7 +34,13 @@ func ctxT(tb testing.TB) context.Context {
 
 func newStore(tb testing.TB, c rueidis.Client, timeout time.Duration) *Store {
 	tb.Helper()
-	s, err := New(c, &Options{Timeout: timeout})
+	return newStoreOpts(tb, c, &Options{Timeout: timeout})
+}
+
+// newStoreOpts is newStore with options.
+func newStoreOpts(tb testing.TB, c rueidis.Client, o *Options) *Store {
+	tb.Helper()
+	s, err := New(c, o)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -68,7 +68,7 @@ func TestLoneCallsUseADedicatedConnection(t *testing.T) {
 		return res.Allowed
 	}
 
-	eventually(t, "the lone calls' connection to be ready", s.soloConn.ready.Load)
+	testenv.Eventually(t, 15*time.Second, "the lone calls' connection to be ready", s.soloConn.ready.Load)
 	if _, all := fcallConns(t, admin, "store"); all != 2 {
 		t.Fatalf("%d connections before any call, want 2 (the pipeline's and the lone calls')", all)
 	}
@@ -125,7 +125,7 @@ func TestLoneCallsOnAStalledServerKeepTheirDeadline(t *testing.T) {
 	s := newStore(t, r.Client(t), timeout)
 	ctx := ctxT(t)
 	checks := tenantChecks("stall", rule("tb", limit.TokenBucket, 1000, time.Second))
-	eventually(t, "the lone calls' connection to be ready", s.soloConn.ready.Load)
+	testenv.Eventually(t, 15*time.Second, "the lone calls' connection to be ready", s.soloConn.ready.Load)
 	if _, err := s.Take(ctx, checks, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestLoneCallsOnAStalledServerKeepTheirDeadline(t *testing.T) {
 	if _, err := s.Take(ctx, checks, 1); err != nil {
 		t.Fatalf("Take after the stall: %v", err)
 	}
-	eventually(t, "a new connection for lone calls", s.soloConn.ready.Load)
+	testenv.Eventually(t, 15*time.Second, "a new connection for lone calls", s.soloConn.ready.Load)
 	s.Close()
 	if s.soloConn.ready.Load() {
 		t.Error("lone calls take a dedicated connection after Close")
@@ -167,42 +167,20 @@ func TestLoneCallsOnAStalledServerKeepTheirDeadline(t *testing.T) {
 	}
 }
 
-// newStoreOpts is newStore with options.
-func newStoreOpts(tb testing.TB, c rueidis.Client, o *Options) *Store {
-	tb.Helper()
-	s, err := New(c, o)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(s.Close)
-	return s
-}
-
-// eventually polls cond until it holds, failing the test after a bound
-// that only a hang exceeds.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(15 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 // The keeper finds the idle connection of lone calls dead (here killed by
 // the server) by its PING and dials a new one before any call needs it.
 func TestKeeperReplacesAKilledConnection(t *testing.T) {
 	r := testenv.StartRedis(t, nil)
 	admin := r.Client(t)
 	s := newStoreOpts(t, namedClient(t, r, "store"), &Options{Timeout: time.Second, soloKeep: 20 * time.Millisecond})
-	eventually(t, "the lone calls' connection to be ready", s.soloConn.ready.Load)
+	testenv.Eventually(t, 15*time.Second, "the lone calls' connection to be ready", s.soloConn.ready.Load)
 	ctx := ctxT(t)
 	if err := admin.Do(ctx, admin.B().Arbitrary("CLIENT", "KILL", "USER", "default").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	// No call is made: only the keeper dials (rueidis redials its pipeline
 	// at the next call).
-	eventually(t, "a new connection, dialled by the keeper", func() bool {
+	testenv.Eventually(t, 15*time.Second, "a new connection, dialled by the keeper", func() bool {
 		_, all := fcallConns(t, admin, "store")
 		return all >= 1 && s.soloConn.ready.Load()
 	})
