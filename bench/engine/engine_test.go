@@ -19,7 +19,24 @@ import (
 	"github.com/mcpgate/mcpgate/limit/memstore"
 )
 
-var rounds = flag.Int("rounds", 0, "TestReport: interleaved rounds of every variant (0 skips the report)")
+var rounds = flag.Int("rounds", 0, "TestReport, TestPeerReport: interleaved rounds of every variant (0: one short smoke round)")
+
+// reportRounds is -rounds. Without it a report runs one round of 100
+// iterations per variant: a smoke run of its code against the real servers
+// whose figures mean nothing, so that no run of the suite (CI's included)
+// skips it.
+func reportRounds(t *testing.T) int {
+	if *rounds > 0 {
+		return *rounds
+	}
+	bt := flag.Lookup("test.benchtime")
+	old := bt.Value.String()
+	if err := bt.Value.Set("100x"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bt.Value.Set(old) })
+	return 1
+}
 
 // manyKeys is the key count of the many-keys memory benchmarks.
 const manyKeys = 10_000
@@ -55,14 +72,12 @@ func BenchmarkRedis(b *testing.B) {
 //
 //	go test ./engine -run TestReport -v -rounds 5
 func TestReport(t *testing.T) {
-	if *rounds <= 0 {
-		t.Skip("pass -rounds N to run the interleaved report")
-	}
+	n := reportRounds(t)
 	progress := func(round int, name string, s Sample) {
 		t.Logf("round %d %-28s %12.0f ops/s %6d allocs/op", round, name, s.OpsPerSec, s.AllocsPerOp)
 	}
 	t.Run("memory", func(t *testing.T) {
-		res, err := Interleave(*rounds, memoryVariants(), progress)
+		res, err := Interleave(n, memoryVariants(), progress)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -75,7 +90,7 @@ func TestReport(t *testing.T) {
 	})
 	t.Run("redis", func(t *testing.T) {
 		r := startRedis(t)
-		res, err := Interleave(*rounds, r.Variants(), progress)
+		res, err := Interleave(n, r.Variants(), progress)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -29,15 +29,13 @@ func BenchmarkPeer(b *testing.B) {
 //
 //	go test ./engine -run TestPeerReport -v -rounds 9 -test.benchtime 1s
 func TestPeerReport(t *testing.T) {
-	if *rounds <= 0 {
-		t.Skip("pass -rounds N to run the interleaved report")
-	}
+	n := reportRounds(t)
 	r := startRedis(t)
 	progress := func(round int, name string, s Sample) {
 		t.Logf("round %d %-28s %12.0f ops/s %8.2f server-us/op %8.2f p50-us", round, name, s.OpsPerSec,
 			s.Extra[MetricServerCPU]/1e3, s.Extra[MetricP50]/1e3)
 	}
-	res, err := Interleave(*rounds, r.PeerVariants(), progress)
+	res, err := Interleave(n, r.PeerVariants(), progress)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +62,7 @@ func TestPeerReport(t *testing.T) {
 	})
 	os.Stdout.WriteString("\n" + b.String() + "\n")
 
-	single, err := Interleave(*rounds, r.SingleVariants(), progress)
+	single, err := Interleave(n, r.SingleVariants(), progress)
 	if err != nil {
 		t.Fatal(err)
 	}
