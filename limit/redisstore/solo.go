@@ -3,8 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,22 +40,10 @@ func (s *Store) solo(ctx context.Context, cmd rueidis.Completed) rueidis.RedisRe
 	dc, release := s.client.Dedicate()
 	r := dc.Do(ctx, cmd)
 	release()
-	if !answered(r) {
+	if r.NonRedisError() != nil { // no answer: the keeper dials a new one
 		s.soloConn.ready.Store(false)
-		s.soloConn.wake()
 	}
 	return r
-}
-
-// answered reports whether r came from the server: a reply, or an error
-// reply (which includes a nil reply).
-func answered(r rueidis.RedisResult) bool {
-	err := r.Error()
-	if err == nil {
-		return true
-	}
-	_, ok := rueidis.IsRedisErr(err)
-	return ok
 }
 
 // Timing of the lone calls' connection: the PING that proves it, the
@@ -81,9 +67,9 @@ const defaultSoloKeep = 250 * time.Millisecond
 //     may take it: rueidis dials without regard to a call's deadline (up to
 //     the client's dial timeout, on a server that accepts connections but
 //     answers nothing), so no call ever waits for a dial. A call on it that
-//     gets no answer closes it (rueidis does, for want of the reply); lone
-//     calls then take the pipeline with a hard deadline (see solo) until a
-//     new one answers;
+//     gets no answer closes it (rueidis does, for want of the reply) and
+//     clears ready; lone calls then take the pipeline with a hard deadline
+//     (see solo) until the keeper, at its next turn, has a new one answer;
 //   - while it is idle, it PINGs it every keepEvery, counted as a call of
 //     the store (so never at the same time as one). rueidis's own
 //     keep-alive PINGs a connection that received nothing for a while; one
@@ -92,43 +78,24 @@ const defaultSoloKeep = 250 * time.Millisecond
 //     the keeper's answers are what keeps rueidis's from being sent.
 type soloConn struct {
 	ready     atomic.Bool // a lone call may take the connection
-	client    rueidis.Client
 	store     *Store
-	log       *slog.Logger
 	keepEvery time.Duration
 	ctx       context.Context // ended by stop
 	cancel    context.CancelFunc
-	lost      chan struct{} // a call found the connection dead (buffered: one wake-up)
-	mu        sync.Mutex    // orders ready's setting against stop
 	done      chan struct{} // closed when the goroutine returned
 }
 
 // start runs s's keeper of the lone calls' connection.
 func (c *soloConn) start(s *Store, keepEvery time.Duration) {
-	c.client, c.store, c.log, c.keepEvery = s.client, s, s.log, keepEvery
+	c.store, c.keepEvery = s, keepEvery
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	c.lost = make(chan struct{}, 1)
 	c.done = make(chan struct{})
 	go c.run()
 }
 
-// wake tells the keeper that the connection was lost.
-func (c *soloConn) wake() {
-	select {
-	case c.lost <- struct{}{}:
-	default:
-	}
-}
-
 func (c *soloConn) run() {
 	defer close(c.done)
-	for {
-		if !c.dial() {
-			return
-		}
-		if !c.keep() {
-			return
-		}
+	for c.dial() && c.keep() {
 	}
 }
 
@@ -137,23 +104,15 @@ func (c *soloConn) run() {
 // the next lone call, and ready is set) or the store closes (false).
 func (c *soloConn) dial() bool {
 	for pause := soloRetryMin; ; pause = min(2*pause, soloRetryMax) {
-		if err := c.ping(); err == nil {
-			select {
-			case <-c.lost: // news of the connection this one replaces
-			default:
-			}
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			if c.ctx.Err() != nil {
-				return false
-			}
+		err := c.ping()
+		switch {
+		case err == nil:
 			c.ready.Store(true)
 			return true
-		} else if errors.Is(err, rueidis.ErrClosing) {
+		case errors.Is(err, rueidis.ErrClosing):
 			return false
-		} else {
-			c.log.Debug("redisstore: the connection of lone calls does not answer; they take the pipeline", "err", err)
 		}
+		c.store.log.Debug("redisstore: the connection of lone calls does not answer; they take the pipeline", "err", err)
 		select {
 		case <-c.ctx.Done():
 			return false
@@ -163,7 +122,7 @@ func (c *soloConn) dial() bool {
 }
 
 // keep PINGs the idle connection every keepEvery, skipping a turn when a
-// call is under way, until a call or the PING finds it dead (true: dial
+// call is under way, until a call or the PING found it dead (true: dial
 // again) or the store closes (false).
 func (c *soloConn) keep() bool {
 	tick := time.NewTicker(c.keepEvery)
@@ -172,15 +131,10 @@ func (c *soloConn) keep() bool {
 		select {
 		case <-c.ctx.Done():
 			return false
-		case <-c.lost:
-			return true
 		case <-tick.C:
 		}
-		if c.store.inflight.Add(1) == 1 && c.ready.Load() {
-			err := c.ping()
-			if err != nil {
-				c.ready.Store(false)
-			}
+		if c.store.inflight.Add(1) == 1 && c.ready.Load() && c.ping() != nil {
+			c.ready.Store(false)
 		}
 		c.store.inflight.Add(-1)
 		if !c.ready.Load() {
@@ -191,7 +145,7 @@ func (c *soloConn) keep() bool {
 
 // ping sends a PING on a dedicated connection of the client's pool.
 func (c *soloConn) ping() error {
-	dc, release := c.client.Dedicate()
+	dc, release := c.store.client.Dedicate()
 	defer release()
 	ctx, cancel := context.WithTimeout(c.ctx, soloPing)
 	defer cancel()
@@ -199,14 +153,12 @@ func (c *soloConn) ping() error {
 }
 
 // stop ends the keeper and waits for it; lone calls take the pipeline from
-// then on.
+// then on (ready is cleared once the keeper cannot set it again).
 func (c *soloConn) stop() {
 	if c.cancel == nil {
 		return // a Cluster store: never started
 	}
-	c.mu.Lock()
 	c.cancel()
-	c.ready.Store(false)
-	c.mu.Unlock()
 	<-c.done
+	c.ready.Store(false)
 }
