@@ -75,17 +75,19 @@ type pendingOp struct {
 }
 
 // journal is what this instance wrote to one meter and the durable store
-// is not yet known to hold.
+// is not yet known to hold. Its entries are all of one generation of the
+// meter, gen: an answer of another generation sends them to be placed
+// again first (see record), so a call compares one generation, not one per
+// entry (a hot tenant's journal holds every call of a flush interval).
 type journal struct {
 	meter   limit.Meter
+	gen     string
 	entries []journalEntry
 }
 
-// journalEntry is one op that landed: in generation gen, leaving the meter
-// at after.
+// journalEntry is one op that landed, leaving the meter at after.
 type journalEntry struct {
 	op           string
-	gen          string
 	delta, after limit.Usage
 }
 
@@ -198,7 +200,8 @@ func (m *meterer) record(meter limit.Meter, op string, delta limit.Usage, mr lim
 		m.journal[meter.Key] = j
 	}
 	m.lostLocked(j, mr.Gen.ID)
-	j.entries = append(j.entries, journalEntry{op: op, gen: mr.Gen.ID, delta: delta, after: mr.Usage})
+	j.gen = mr.Gen.ID
+	j.entries = append(j.entries, journalEntry{op: op, delta: delta, after: mr.Usage})
 	m.mu.Unlock()
 }
 
@@ -209,22 +212,19 @@ func bare(meter limit.Meter) limit.Meter {
 	return meter
 }
 
-// lostLocked moves the entries of j whose generation is not gen (every
-// entry when gen is "") to the pending replays of its key. Call with mu held.
+// lostLocked moves the entries of j to the pending replays of its key
+// unless they are of generation gen (every entry when gen is ""). Call with
+// mu held.
 func (m *meterer) lostLocked(j *journal, gen string) {
-	kept := j.entries[:0]
-	var lost []pendingOp
-	for _, e := range j.entries {
-		if gen != "" && e.gen == gen {
-			kept = append(kept, e)
-			continue
-		}
-		lost = append(lost, pendingOp{op: e.op + "-r", replay: &limit.Replay{Gen: e.gen, After: e.after}, delta: e.delta})
-	}
-	j.entries = kept
-	if len(lost) == 0 {
+	if len(j.entries) == 0 || gen != "" && j.gen == gen {
 		return
 	}
+	lost := make([]pendingOp, len(j.entries))
+	for i, e := range j.entries {
+		lost[i] = pendingOp{op: e.op + "-r", replay: &limit.Replay{Gen: j.gen, After: e.after}, delta: e.delta}
+	}
+	clear(j.entries)
+	j.entries = j.entries[:0]
 	p := m.pendingLocked(j.meter)
 	p.ops = append(p.ops, lost...)
 	m.log.Warn("usage meter lost by its store: this instance's writes the durable store may not hold are placed again",
@@ -251,6 +251,7 @@ func (m *meterer) observe(key string, found bool, gen limit.Generation, durable 
 				kept = append(kept, e)
 			}
 		}
+		clear(j.entries[len(kept):])
 		j.entries = kept
 	}
 	if len(j.entries) == 0 {

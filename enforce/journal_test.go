@@ -1,0 +1,93 @@
+package enforce
+
+import (
+	"fmt"
+	"log/slog"
+	"testing"
+
+	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/metrics"
+)
+
+// newJournalMeterer is a meterer with only what record and lostLocked use.
+func newJournalMeterer() *meterer {
+	return &meterer{
+		log:     slog.New(slog.DiscardHandler),
+		stats:   metrics.New(),
+		pending: make(map[string]*pendingUsage),
+		journal: make(map[string]*journal),
+	}
+}
+
+func charge(calls int64, gen string) (limit.Usage, limit.MeterResult) {
+	delta := limit.Usage{Charged: 1, Calls: 1}
+	return delta, limit.MeterResult{Allowed: true, Usage: limit.Usage{Charged: calls, Calls: calls}, Gen: limit.Generation{ID: gen}}
+}
+
+// TestJournalGenerations: the ops journaled in one generation of a meter
+// are placed again, as replays of that generation, when an answer of
+// another generation arrives (the store lost the meter), and when the
+// meter is lost outright.
+func TestJournalGenerations(t *testing.T) {
+	m := newJournalMeterer()
+	meter := limit.Meter{Key: "k", Tenant: "t", Period: "2026-12"}
+	for i := int64(1); i <= 3; i++ {
+		d, mr := charge(i, "g1")
+		m.record(meter, fmt.Sprintf("op%d", i), d, mr)
+	}
+	if n := len(m.journal["k"].entries); n != 3 || len(m.pending) != 0 {
+		t.Fatalf("after three ops of g1: %d entries, %d pending keys; want 3 and 0", n, len(m.pending))
+	}
+
+	d, mr := charge(1, "g2") // the meter was re-created: g1's ops are lost
+	m.record(meter, "op4", d, mr)
+	j := m.journal["k"]
+	if len(j.entries) != 1 || j.gen != "g2" || j.entries[0].op != "op4" {
+		t.Fatalf("journal after g2: gen %q, entries %+v; want op4 alone in g2", j.gen, j.entries)
+	}
+	p := m.pending["k"]
+	if p == nil || len(p.ops) != 3 {
+		t.Fatalf("pending after g2: %+v; want g1's three ops", p)
+	}
+	for i, op := range p.ops {
+		want := fmt.Sprintf("op%d-r", i+1)
+		if op.op != want || op.replay == nil || op.replay.Gen != "g1" || op.replay.After.Calls != int64(i+1) || op.delta.Calls != 1 {
+			t.Errorf("pending op %d = %+v (replay %+v); want %s replaying g1 after %d calls", i, op, op.replay, want, i+1)
+		}
+	}
+
+	m.lostLocked(j, "g2") // its own generation: nothing lost
+	if len(j.entries) != 1 || len(p.ops) != 3 {
+		t.Fatalf("lostLocked of the journal's own generation moved entries: %d left, %d pending", len(j.entries), len(p.ops))
+	}
+	m.lostLocked(j, "") // the meter is gone
+	if len(j.entries) != 0 || len(p.ops) != 4 || p.ops[3].replay.Gen != "g2" {
+		t.Fatalf("lostLocked(\"\"): %d entries left, pending %+v; want none left and op4 replaying g2", len(j.entries), p.ops)
+	}
+}
+
+// BenchmarkJournalRecord is the cost of journaling one charge of a tenant
+// whose journal already holds n entries (a hot tenant's calls between two
+// flushes): it must not grow with n.
+func BenchmarkJournalRecord(b *testing.B) {
+	for _, n := range []int{10, 1000, 100000} {
+		b.Run(fmt.Sprintf("entries=%d", n), func(b *testing.B) {
+			m := newJournalMeterer()
+			meter := limit.Meter{Key: "k", Tenant: "t", Period: "2026-12"}
+			for i := range n {
+				// every answer carries its own copy of the generation, as
+				// parsed from the store's reply
+				d, mr := charge(int64(i+1), string([]byte("0123456789abcdef0123456789abcdef")))
+				m.record(meter, "op", d, mr)
+			}
+			j := m.journal["k"]
+			d, mr := charge(int64(n+1), string([]byte("0123456789abcdef0123456789abcdef")))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				m.record(meter, "op", d, mr)
+				j.entries = j.entries[:n]
+			}
+		})
+	}
+}
