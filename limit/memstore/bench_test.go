@@ -86,3 +86,41 @@ func BenchmarkTake(b *testing.B) {
 		})
 	})
 }
+
+// BenchmarkTakeFullState measures one Take (and, for concurrency, its
+// Release) on a key whose counter already holds n units: n live leases of
+// a concurrency rule, or n units in a sliding window's log. Its cost must
+// not grow with n beyond the scan of the live leases (no copy of the state
+// per call).
+func BenchmarkTakeFullState(b *testing.B) {
+	ctx := context.Background()
+	for _, a := range []limit.Algorithm{limit.Concurrency, limit.SlidingWindow} {
+		for _, n := range []int{10, 1000, 10000} {
+			b.Run(fmt.Sprintf("%s/n=%d", a, n), func(b *testing.B) {
+				s := newStore(b, nil)
+				r := limit.Rule{Name: "full", Algorithm: a, Limit: int64(n) + 1000, Period: time.Hour}
+				checks := []limit.Check{{Rule: r, Key: "mcpgate:rl:{t}:tenant:full"}}
+				for range n {
+					if _, err := s.Take(ctx, checks, 1); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range b.N {
+					d, err := s.Take(ctx, checks, 1)
+					if err != nil || !d.Allowed {
+						b.Fatal(d, err)
+					}
+					if d.Lease != "" {
+						if err := s.Release(ctx, checks, d.Lease); err != nil {
+							b.Fatal(err)
+						}
+					} else if err := s.Refund(ctx, checks, 1, ""); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

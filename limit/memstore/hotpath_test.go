@@ -162,3 +162,46 @@ func TestDecideOneIsCombine(t *testing.T) {
 		}
 	}
 }
+
+// A counter holding many units is updated in place: a Take on a key with
+// 1 000 live leases, or 1 000 units in a sliding window's log, allocates
+// no copy of them (it did: 109 KB in 13 allocations per concurrency Take,
+// 12 KB in one per sliding window Take). A concurrency Take allocates its
+// lease id only.
+func TestFullStateNotCopied(t *testing.T) {
+	ctx := context.Background()
+	for _, a := range []limit.Algorithm{limit.Concurrency, limit.SlidingWindow} {
+		t.Run(string(a), func(t *testing.T) {
+			s := newStore(t, nil)
+			checks := []limit.Check{{Rule: limit.Rule{Name: "full", Algorithm: a, Limit: 2000, Period: time.Hour}, Key: "mcpgate:rl:{t}:tenant:full"}}
+			for range 1000 {
+				if _, err := s.Take(ctx, checks, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var err error
+			allocs := testing.AllocsPerRun(50, func() {
+				var d limit.Decision
+				if d, err = s.Take(ctx, checks, 1); err != nil || !d.Allowed {
+					err = fmt.Errorf("take: %+v, %v", d, err)
+					return
+				}
+				if d.Lease != "" {
+					err = s.Release(ctx, checks, d.Lease)
+				} else {
+					err = s.Refund(ctx, checks, 1, "")
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := 0.0
+			if a == limit.Concurrency {
+				want = 1 // the lease id
+			}
+			if allocs > want {
+				t.Errorf("%v allocations per Take and its undo on a counter of 1 000 units; want at most %v", allocs, want)
+			}
+		})
+	}
+}

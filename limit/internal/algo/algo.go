@@ -78,8 +78,11 @@ func Interval(r limit.Rule) int64 { return ceilDiv(us(r.Period), r.Limit) }
 // limit.Rule.Validate and cost must be at least 1.
 // lease is the id under which a concurrency slot is taken.
 //
-// Eval never modifies the Log or Leases that s held before the call (a commit
-// replaces them), so a shallow copy of a State taken earlier stays valid.
+// A commit updates the Log and Leases of s in place (copying them on every
+// call would cost each call the size of the counter: a hot concurrency rule
+// holds a lease per call in progress), so a copy of a State shares them:
+// clone them to keep a State taken earlier (as Refund and Release, which
+// also write in place, already required).
 func Eval(r limit.Rule, s *State, now, cost int64, lease string, commit bool) limit.Result {
 	p := us(r.Period)
 	capacity := r.Capacity()
@@ -239,11 +242,13 @@ func slidingWindow(r limit.Rule, s *State, now, p, cost int64, never, commit boo
 	res.Allowed = n+cost <= r.Limit
 	if res.Allowed {
 		if commit {
-			log = append(log[:n:n], make([]int64, cost)...)
-			for k := n; k < n+cost; k++ {
-				log[k] = now
+			// Appended in place after the live units: the expired ones
+			// before them stay in the array until append outgrows it,
+			// which then copies the live units alone (amortised O(cost)).
+			for range cost {
+				log = append(log, now)
 			}
-			*s = State{Used: true, Log: log, ExpiresAt: now + p}
+			s.Used, s.A, s.B, s.C, s.Log, s.Leases, s.ExpiresAt = true, 0, 0, 0, log, nil, now+p
 		}
 		n += cost
 		res.ResetAfter = dur(p)
@@ -261,35 +266,41 @@ func slidingWindow(r limit.Rule, s *State, now, p, cost int64, never, commit boo
 // concurrency is Eval for limit.Concurrency: one lease per call in
 // progress, expiring after the period.
 func concurrency(r limit.Rule, s *State, now, p int64, lease string, commit bool) (res limit.Result) {
-	var live map[string]int64
+	var n int64
 	earliest, latest := int64(-1), int64(-1)
 	if s.Used {
-		for id, exp := range s.Leases {
+		for _, exp := range s.Leases {
 			if exp <= now {
 				continue
 			}
-			if live == nil {
-				live = make(map[string]int64, len(s.Leases)+1)
-			}
-			live[id] = exp
+			n++
 			if earliest < 0 || exp < earliest {
 				earliest = exp
 			}
 			latest = max(latest, exp)
 		}
 	}
-	n := int64(len(live))
 	res.Allowed = n+1 <= r.Limit
 	if res.Allowed {
-		n++
 		latest = max(latest, now+p)
 		if commit {
-			if live == nil {
-				live = make(map[string]int64, 1)
+			leases := s.Leases
+			switch {
+			case !s.Used || leases == nil:
+				leases = make(map[string]int64, 1)
+			case int64(len(leases)) > n:
+				// expired leases (calls that never released theirs) go
+				// now, or they would pile up under a key kept busy
+				for id, exp := range leases {
+					if exp <= now {
+						delete(leases, id)
+					}
+				}
 			}
-			live[lease] = now + p
-			*s = State{Used: true, Leases: live, ExpiresAt: latest}
+			leases[lease] = now + p
+			s.Used, s.A, s.B, s.C, s.Log, s.Leases, s.ExpiresAt = true, 0, 0, 0, nil, leases, latest
 		}
+		n++
 	}
 	res.Remaining = r.Limit - n
 	// all slots are free again when the last live lease expires (a
