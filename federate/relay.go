@@ -148,16 +148,34 @@ func (f *Federator) relayLog(ss *mcp.ServerSession, c *call, up *upstream, p *mc
 // progressTable maps the progress tokens the Federator sends upstream to
 // the client's own token and session: tokens are unique per client
 // session, and a shared upstream session carries many clients' calls.
+//
+// It holds every token retired within progressGrace, about call rate ×
+// progressGrace of them, under the lock every call and progress
+// notification takes: so the retired tokens wait in a queue in the order
+// they were retired, and each add, retire and relay forgets the expired
+// ones at its front, never walking the whole table.
 type progressTable struct {
 	mu   sync.Mutex
 	next atomic.Uint64
 	m    map[string]progressEntry
+	// retired holds the tokens in the order they were retired (their
+	// times increase: taken under mu), from retired[head] on.
+	retired []retiredToken
+	head    int
+	now     func() time.Time // time.Now; tests set it
 }
 
 type progressEntry struct {
-	c       *call
+	c       *call // while it runs; nil once retired, so the ended call is not kept for progressGrace
+	cs      *mcp.ClientSession
+	ss      *mcp.ServerSession
 	token   any
 	retired time.Time // when the call ended; zero while it runs
+}
+
+type retiredToken struct {
+	ft string
+	at time.Time
 }
 
 // progressGrace is how long a token stays known after its call ended: the
@@ -168,11 +186,19 @@ const progressGrace = 30 * time.Second
 
 func (t *progressTable) init() { t.m = map[string]progressEntry{} }
 
+func (t *progressTable) clock() time.Time {
+	if t.now != nil {
+		return t.now()
+	}
+	return time.Now()
+}
+
 // add registers the client's token and returns the one to send upstream.
 func (t *progressTable) add(c *call, token any) string {
 	ft := "mcpgate-" + strconv.FormatUint(t.next.Add(1), 36)
 	t.mu.Lock()
-	t.m[ft] = progressEntry{c: c, token: token}
+	t.expire(t.clock())
+	t.m[ft] = progressEntry{c: c, cs: c.cs, ss: c.ss, token: token}
 	t.mu.Unlock()
 	return ft
 }
@@ -180,20 +206,60 @@ func (t *progressTable) add(c *call, token any) string {
 // retire marks ft's call as ended, and forgets the tokens retired more
 // than progressGrace ago.
 func (t *progressTable) retire(ft string) {
-	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	now := t.clock()
+	t.expire(now)
 	if e, ok := t.m[ft]; ok {
-		e.retired = now
+		e.c, e.retired = nil, now
 		t.m[ft] = e
+		t.retired = append(t.retired, retiredToken{ft: ft, at: now})
 	}
-	if t.next.Load()%64 == 0 {
-		for k, e := range t.m {
-			if !e.retired.IsZero() && now.Sub(e.retired) > progressGrace {
-				delete(t.m, k)
-			}
+}
+
+// expired reports whether e was retired more than progressGrace before now.
+func (e *progressEntry) expired(now time.Time) bool {
+	return !e.retired.IsZero() && now.Sub(e.retired) > progressGrace
+}
+
+// expire forgets the tokens retired more than progressGrace before now:
+// those at the front of the queue. t.mu is held.
+func (t *progressTable) expire(now time.Time) {
+	q := t.retired
+	for t.head < len(q) && now.Sub(q[t.head].at) > progressGrace {
+		// A token retired again since is left to its later place in the queue.
+		if e, ok := t.m[q[t.head].ft]; ok && e.expired(now) {
+			delete(t.m, q[t.head].ft)
 		}
+		q[t.head] = retiredToken{}
+		t.head++
 	}
+	// Compacted once half of it is consumed (amortised O(1) a token), and
+	// given back after a burst.
+	if t.head > 0 && t.head >= len(q)/2 {
+		n := len(q) - t.head
+		if cap(q) > 1024 && n < cap(q)/4 {
+			t.retired = append(make([]retiredToken, 0, 2*n), q[t.head:]...)
+		} else {
+			copy(q, q[t.head:])
+			clear(q[n:])
+			t.retired = q[:n]
+		}
+		t.head = 0
+	}
+}
+
+// lookup returns the entry of ft if it is known and its call is on from.
+func (t *progressTable) lookup(from *mcp.ClientSession, ft string) (progressEntry, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.clock()
+	t.expire(now)
+	e, ok := t.m[ft]
+	if !ok || e.cs != from || e.expired(now) {
+		return progressEntry{}, false
+	}
+	return e, true
 }
 
 // relay passes a progress notification of upstream session from on to the
@@ -202,21 +268,19 @@ func (t *progressTable) retire(ft string) {
 // into another's calls.
 func (t *progressTable) relay(from *mcp.ClientSession, p *mcp.ProgressNotificationParams) {
 	ft, _ := p.ProgressToken.(string)
-	t.mu.Lock()
-	e, ok := t.m[ft]
-	t.mu.Unlock()
-	if !ok || e.c.cs != from {
+	e, ok := t.lookup(from, ft)
+	if !ok {
 		return
 	}
 	out := *p
 	out.ProgressToken = e.token
-	if e.retired.IsZero() {
+	if e.c != nil {
 		e.c.idle.touch()
-		if e.c.ss.NotifyProgress(e.c.parent, &out) == nil {
+		if e.ss.NotifyProgress(e.c.parent, &out) == nil {
 			return
 		}
 	}
-	_ = e.c.ss.NotifyProgress(context.Background(), &out) // the call has ended: the session's own stream
+	_ = e.ss.NotifyProgress(context.Background(), &out) // the call has ended: the session's own stream
 }
 
 // sessionTable holds each client session's upstream sessions.
