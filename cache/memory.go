@@ -20,7 +20,9 @@ type MemoryOptions struct {
 	// MaxEntries bounds the entries held (values, locks and fences of one
 	// key count once). When full, an insertion drops expired entries
 	// first, else the sampled entry nearest its expiry (like Redis's
-	// volatile-ttl). Default DefaultMaxEntries.
+	// volatile-ttl). Default DefaultMaxEntries. It bounds the tag
+	// indexes too: a membership lives no longer than its entry's slot, so
+	// they hold about MaxEntries times the tags one policy renders.
 	MaxEntries int
 }
 
@@ -28,12 +30,20 @@ type MemoryOptions struct {
 // what Caches of one process share. Locks, fences, wake-ups and tag indexes
 // behave as in RedisStore, on a monotonic clock. It is safe for concurrent
 // use; the zero MemoryStore is not usable: build one with NewMemoryStore.
+//
+// Tag names come from clients' arguments, so the tag indexes must not
+// outgrow the entries: each slot lists the indexes it is a member of, and
+// leaves them all when it is dropped (evicted or dead); the memberships of
+// a slot that have ended are removed when the slot is next registered or
+// sampled by an insertion's sweep; an index with no member left is deleted,
+// and Invalidate deletes the indexes it read.
 type MemoryStore struct {
 	seed     maphash.Seed
 	shards   [memShards]memShard
 	perShard int
 	fences   atomic.Uint64
 
+	// tagMu is taken after a shard's lock, never before one.
 	tagMu sync.Mutex
 	tags  map[string]*memTag
 }
@@ -55,19 +65,107 @@ type memSlot struct {
 	fence      uint64
 	fenceUntil time.Time
 	wake       chan struct{} // closed on commit and release; nil until armed
+	// tags are the indexes this slot was registered in (written under
+	// the shard's lock and tagMu, read under either). A ref may outlive
+	// its membership (pruned with its index, or its index deleted by
+	// Invalidate); its until is never earlier than the membership's.
+	tags []memRef
+}
+
+// memRef is a slot's side of a tag membership.
+type memRef struct {
+	tag   string // the index's key in MemoryStore.tags
+	until time.Time
 }
 
 func (s *memSlot) dead(now time.Time) bool {
 	return !now.Before(s.until) && !now.Before(s.lockUntil) && !now.Before(s.fenceUntil)
 }
 
-// drop deletes the slot of k, waking its waiters (they check again).
-func drop(sh *memShard, k string, sl *memSlot) {
+// drop deletes the slot of k, waking its waiters (they check again), and
+// its tag memberships: with no slot, an invalidation has nothing to delete
+// or fence, and a new slot registers its tags again before it can be
+// locked. The shard is locked.
+func (s *MemoryStore) drop(sh *memShard, k string, sl *memSlot) {
 	if sl.wake != nil {
 		close(sl.wake)
 		sl.wake = nil
 	}
 	delete(sh.m, k)
+	if len(sl.tags) > 0 {
+		s.untagAll(k, sl)
+	}
+}
+
+// untagAll removes all the tag memberships of entry's slot, and their
+// refs; the shard is locked. Out of drop's frame, as sweepTags is out of
+// sweep's: they run at the bottom of a load's new goroutine, whose stack
+// would otherwise grow (a copy) on every miss.
+func (s *MemoryStore) untagAll(entry string, sl *memSlot) {
+	s.tagMu.Lock()
+	for i := range sl.tags {
+		k := sl.tags[i].tag
+		if t := s.tags[k]; t != nil {
+			delete(t.members, entry)
+			s.shrunk(k, t)
+		}
+	}
+	s.tagMu.Unlock()
+	sl.tags = nil
+}
+
+// untagEnded removes the memberships of entry's slot that have ended, and
+// their refs. The shard is locked and tagMu held.
+func (s *MemoryStore) untagEnded(entry string, sl *memSlot, now time.Time) {
+	kept := sl.tags[:0]
+	for _, ref := range sl.tags {
+		if now.Before(ref.until) {
+			kept = append(kept, ref)
+			continue
+		}
+		// Registrations renew the ref with the membership, so the
+		// membership has ended too, if it is still there: an index's
+		// prune or an invalidation may have removed it already.
+		if t := s.tags[ref.tag]; t != nil {
+			if u, ok := t.members[entry]; ok && !now.Before(u) {
+				delete(t.members, entry)
+				s.shrunk(ref.tag, t)
+			}
+		}
+	}
+	clear(sl.tags[len(kept):])
+	sl.tags = kept
+}
+
+// sweepTags removes the ended memberships of entry's slot, if any; the
+// shard is locked.
+func (s *MemoryStore) sweepTags(entry string, sl *memSlot, now time.Time) {
+	if sl.ended(now) {
+		s.tagMu.Lock()
+		s.untagEnded(entry, sl, now)
+		s.tagMu.Unlock()
+	}
+}
+
+// ended reports whether a membership of sl has ended (without tagMu: the
+// refs only change under the shard's lock, which the caller holds).
+func (sl *memSlot) ended(now time.Time) bool {
+	for _, ref := range sl.tags {
+		if !now.Before(ref.until) {
+			return true
+		}
+	}
+	return false
+}
+
+// shrunk deletes index k once it has no member. tagMu is held.
+func (s *MemoryStore) shrunk(k string, t *memTag) {
+	if len(t.members) == 0 {
+		delete(s.tags, k)
+		return
+	}
+	// The next prune is due when the index doubles from what is left.
+	t.pruned = min(t.pruned, len(t.members))
 }
 
 type memTag struct {
@@ -141,8 +239,11 @@ func (s *MemoryStore) slot(sh *memShard, entry string, now time.Time) *memSlot {
 }
 
 // sweep drops dead slots among a few sampled ones (map iteration starts at
-// a random place); when full is set and none was dead, it drops the sampled
-// slot nearest its expiry that no loader holds.
+// a random place) and the ended tag memberships of the others; when full is
+// set and none was dead, it drops the sampled slot nearest its expiry that
+// no loader holds. A slot outlives its value by its fence's life, so
+// without the second step the memberships of expired values would stay for
+// as long.
 func (s *MemoryStore) sweep(sh *memShard, now time.Time, full bool) {
 	const samples = 8
 	var victim string
@@ -153,9 +254,12 @@ func (s *MemoryStore) sweep(sh *memShard, now time.Time, full bool) {
 			break
 		}
 		if sl.dead(now) {
-			drop(sh, k, sl)
+			s.drop(sh, k, sl)
 			dropped = true
 			continue
+		}
+		if len(sl.tags) > 0 {
+			s.sweepTags(k, sl, now)
 		}
 		if now.Before(sl.lockUntil) {
 			continue
@@ -165,7 +269,7 @@ func (s *MemoryStore) sweep(sh *memShard, now time.Time, full bool) {
 		}
 	}
 	if full && !dropped && victim != "" {
-		drop(sh, victim, sh.m[victim])
+		s.drop(sh, victim, sh.m[victim])
 	}
 }
 
@@ -175,18 +279,34 @@ func (s *MemoryStore) acquire(_ context.Context, reqs []acquireReq) []acquireRes
 	out := make([]acquireRes, len(reqs))
 	for i := range reqs {
 		r := &reqs[i]
-		s.register(r)
-		out[i] = s.acquireOne(r)
+		out[i] = s.acquireOne(r, tagKeys(r))
 	}
 	return out
 }
 
-func (s *MemoryStore) acquireOne(r *acquireReq) acquireRes {
+// tagKeys returns the keys of r's tag indexes, built before the shard is
+// locked.
+func tagKeys(r *acquireReq) []string {
+	if len(r.tags) == 0 {
+		return nil
+	}
+	keys := make([]string, len(r.tags))
+	for i, tag := range r.tags {
+		keys[i] = keyspace.CacheTag(r.scope, tag)
+	}
+	return keys
+}
+
+// acquireOne registers r's entry in the tag indexes keys, then runs
+// get-or-lock, under the shard's lock: the slot that will hold the lock
+// carries the memberships, so they cannot be dropped before it.
+func (s *MemoryStore) acquireOne(r *acquireReq, keys []string) acquireRes {
 	sh := s.shard(r.entry)
 	now := time.Now()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sl := s.slot(sh, r.entry, now)
+	s.register(r, sl, keys, now)
 	live := sl.has && now.Before(sl.until)
 	switch {
 	case r.mode == modeMiss && live && sl.until.Sub(now) > sl.rec.stale:
@@ -204,35 +324,55 @@ func (s *MemoryStore) acquireOne(r *acquireReq) acquireRes {
 	return acquireRes{status: statusLocked, fence: sl.fence}
 }
 
-// register adds r's entry to its tag indexes, pruning expired members once
-// an index has doubled since its last prune.
-func (s *MemoryStore) register(r *acquireReq) {
-	if len(r.tags) == 0 {
+// register adds r's entry (slot sl, whose shard is locked) to the tag
+// indexes keys (from tagKeys) for r.tagLife, after removing the slot's
+// ended memberships. An index is pruned of every ended membership once it
+// has doubled since its last prune (amortised O(1) per registration): a
+// popular tag would otherwise keep the ended memberships of slots that are
+// not sampled soon.
+func (s *MemoryStore) register(r *acquireReq, sl *memSlot, keys []string, now time.Time) {
+	if len(keys) == 0 && !sl.ended(now) {
 		return
 	}
-	now := time.Now()
-	until := now.Add(r.tagLife)
+	entry, until := r.entry, now.Add(r.tagLife)
 	s.tagMu.Lock()
 	defer s.tagMu.Unlock()
-	for _, tag := range r.tags {
-		k := keyspace.CacheTag(r.scope, tag)
+	s.untagEnded(entry, sl, now)
+	for _, k := range keys {
 		t := s.tags[k]
 		if t == nil {
 			t = &memTag{members: make(map[string]time.Time)}
 			s.tags[k] = t
 		}
-		if cur, ok := t.members[r.entry]; !ok || cur.Before(until) {
-			t.members[r.entry] = until
+		if cur, ok := t.members[entry]; !ok || cur.Before(until) {
+			t.members[entry] = until
 		}
+		sl.ref(k, until)
 		if len(t.members) > 2*t.pruned+16 {
 			for m, u := range t.members {
 				if !now.Before(u) {
+					// m's slot keeps its ref until the slot is
+					// sampled, registered or dropped.
 					delete(t.members, m)
 				}
 			}
 			t.pruned = len(t.members)
 		}
 	}
+}
+
+// ref records sl's membership of index k until until (a policy has a few
+// tags: a linear search).
+func (sl *memSlot) ref(k string, until time.Time) {
+	for i := range sl.tags {
+		if sl.tags[i].tag == k {
+			if sl.tags[i].until.Before(until) {
+				sl.tags[i].until = until
+			}
+			return
+		}
+	}
+	sl.tags = append(sl.tags, memRef{tag: k, until: until})
 }
 
 func (s *MemoryStore) commit(_ context.Context, reqs []commitReq) []commitRes {
@@ -277,17 +417,27 @@ func (s *MemoryStore) release(_ context.Context, reqs []releaseReq) []error {
 	return make([]error, len(reqs))
 }
 
+// invalidate deletes the values of the live members of tags' indexes and
+// bumps their fences, and deletes the indexes. Redis keeps an index until
+// its memberships end, but that is not observable: a load registered in it
+// took its fence in the same critical section, before this, so its fence
+// is bumped below and it cannot store; any value or load of a member
+// after this registers in the index again before taking its lock.
 func (s *MemoryStore) invalidate(_ context.Context, scope Scope, tags []string, _ time.Duration) (int, error) {
 	now := time.Now()
 	members := make(map[string]struct{})
 	s.tagMu.Lock()
 	for _, tag := range tags {
-		if t := s.tags[keyspace.CacheTag(scope, tag)]; t != nil {
+		k := keyspace.CacheTag(scope, tag)
+		if t := s.tags[k]; t != nil {
 			for m, u := range t.members {
 				if now.Before(u) {
 					members[m] = struct{}{}
 				}
 			}
+			// The members' refs to k stay, harmless: a ref only ever
+			// removes its own entry from an index.
+			delete(s.tags, k)
 		}
 	}
 	s.tagMu.Unlock()
