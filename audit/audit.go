@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/mcpgate/mcpgate/internal/clip"
 )
 
 // Stdout is the path that writes the log to standard output.
@@ -79,8 +81,39 @@ type Record struct {
 	// stale, coalesced).
 	Cache string `json:"cache,omitempty"`
 	// Arguments are the tools/call arguments, only when the gateway is
-	// configured to include them.
-	Arguments json.RawMessage `json:"arguments,omitempty"`
+	// configured to include them, and at most MaxArguments bytes of them:
+	// larger ones are left out and ArgumentsOmitted says how large they were.
+	Arguments        json.RawMessage `json:"arguments,omitempty"`
+	ArgumentsOmitted int             `json:"arguments_omitted_bytes,omitempty"`
+}
+
+// Bounds of a record. Names and arguments come from the client, up to the
+// gateway's body limit (4 MiB by default), and a refused call costs the
+// client nothing: without bounds a client could fill the disk with a few
+// requests, and the queue (DefaultBuffer records) could hold gigabytes
+// behind a slow disk.
+const (
+	// MaxField is the most bytes a string field keeps; a longer one is cut
+	// on a UTF-8 boundary and ends with "…".
+	MaxField = 512
+	// MaxArguments is the most bytes of arguments a record keeps.
+	MaxArguments = 16 << 10
+)
+
+// bound cuts rec's strings to MaxField and leaves out arguments longer
+// than MaxArguments. The arguments kept are copied: the caller's may point
+// into a request body, which the queue would otherwise keep alive.
+func bound(rec *Record) {
+	for _, f := range []*string{&rec.RequestID, &rec.Tenant, &rec.Subject, &rec.Method, &rec.Tool,
+		&rec.Prompt, &rec.Resource, &rec.Scope, &rec.Rule, &rec.Cache, &rec.Upstream} {
+		*f = clip.String(*f, MaxField)
+	}
+	switch n := len(rec.Arguments); {
+	case n > MaxArguments:
+		rec.Arguments, rec.ArgumentsOmitted = nil, n
+	case n > 0:
+		rec.Arguments = bytes.Clone(rec.Arguments)
+	}
 }
 
 // Options tune a Logger. The zero value is the defaults.
@@ -171,11 +204,13 @@ func openFile(path string) (*os.File, error) {
 }
 
 // Log queues rec for writing and returns at once. When the buffer is full,
-// or the Logger is closed, rec is dropped and counted.
+// or the Logger is closed, rec is dropped and counted. Its fields are first
+// cut to MaxField and MaxArguments.
 func (l *Logger) Log(rec Record) {
 	if l == nil {
 		return
 	}
+	bound(&rec)
 	l.mu.RLock()
 	sent := false
 	if !l.closed {

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/mcpgate/mcpgate/internal/clip"
 )
 
 func lines(t *testing.T, data []byte) []map[string]any {
@@ -101,7 +103,7 @@ func TestHostileStrings(t *testing.T) {
 	}
 	got := lines(t, buf.Bytes())
 	for i, s := range hostile {
-		want := string([]rune(s)) // each invalid byte becomes U+FFFD
+		want := string([]rune(clip.String(s, MaxField))) // each invalid byte becomes U+FFFD
 		if got[i]["tenant"] != want || got[i]["tool"] != want {
 			t.Errorf("record %d: tenant %q, want %q", i, got[i]["tenant"], want)
 		}
@@ -268,5 +270,41 @@ func TestCloseFlushes(t *testing.T) {
 	nl.Log(Record{})
 	if nl.Dropped() != 0 || nl.Close() != nil || nl.Reopen(context.Background()) != nil || nl.Flush(context.Background()) != nil {
 		t.Error("nil Logger is not a no-op")
+	}
+}
+
+// A record holds at most MaxField bytes of each string and MaxArguments of
+// arguments, whatever the client sent, and keeps no reference to the
+// caller's arguments (they may point into a request body).
+func TestRecordBounds(t *testing.T) {
+	var buf bytes.Buffer
+	l := New(&buf, nil)
+	long := strings.Repeat("é", 1<<20)
+	big := json.RawMessage(`{"q":"` + strings.Repeat("x", MaxArguments) + `"}`)
+	small := json.RawMessage(`{"q":"abc"}`)
+	l.Log(Record{Tenant: long, Subject: long, Method: long, Tool: long, Resource: long, Rule: long, Decision: "forbidden", Arguments: big})
+	l.Log(Record{Tool: "echo", Decision: "admitted", Arguments: small})
+	copy(small[6:], "XYZ") // the caller reuses its buffer
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if buf.Len() > 8*MaxField+1024 {
+		t.Fatalf("%d bytes written for two records", buf.Len())
+	}
+	got := lines(t, buf.Bytes())
+	if len(got) != 2 {
+		t.Fatalf("%d lines", len(got))
+	}
+	for _, k := range []string{"tenant", "subject", "method", "tool", "resource", "rule"} {
+		v, _ := got[0][k].(string)
+		if len(v) > MaxField || !strings.HasSuffix(v, "…") || !strings.HasPrefix(long, strings.TrimSuffix(v, "…")) {
+			t.Errorf("%s: %d bytes, %q…", k, len(v), v[:min(len(v), 16)])
+		}
+	}
+	if _, ok := got[0]["arguments"]; ok || got[0]["arguments_omitted_bytes"] != float64(len(big)) {
+		t.Errorf("arguments over MaxArguments: arguments %v, omitted %v; want none and %d", ok, got[0]["arguments_omitted_bytes"], len(big))
+	}
+	if args, _ := got[1]["arguments"].(map[string]any); args["q"] != "abc" {
+		t.Errorf("small arguments written as %v, want them as logged", got[1]["arguments"])
 	}
 }

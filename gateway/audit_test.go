@@ -412,3 +412,26 @@ tools:
 		t.Errorf("unavailable call's line: decision %q status %d, want unavailable / 503", search.Decision, search.Status)
 	}
 }
+
+// A name as long as the body limit allows costs a refused caller nothing,
+// so the audit line keeps at most audit.MaxField bytes of it (a 1 MiB tool
+// name outside the caller's scopes wrote 1 MiB per 403 before).
+func TestAuditLongNames(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	e := newEnv(t, setup{Config: auditConfig(path, ""), Upstream: upstream.Options{Stateless: true, JSONResponse: true}})
+	name := strings.Repeat("n", 1<<20)
+	for i := range 3 {
+		if r := e.callRaw(0, sign(t, claims("acme", "alice", "tools:echo")), i, name, nil); r.Status != http.StatusForbidden {
+			t.Fatalf("call %d: %d %s", i, r.Status, r.Body[:min(len(r.Body), 200)])
+		}
+	}
+	lines, data := auditLines(t, e.gws[0], path)
+	if len(lines) != 3 || len(data) > 3*(audit.MaxField+1024) {
+		t.Fatalf("%d lines, %d bytes for 3 calls", len(lines), len(data))
+	}
+	for _, l := range lines {
+		if l.Decision != "forbidden" || len(l.Tool) > audit.MaxField || !strings.HasPrefix(l.Tool, "nnnn") || !strings.HasSuffix(l.Tool, "…") {
+			t.Errorf("line: decision %s, tool of %d bytes", l.Decision, len(l.Tool))
+		}
+	}
+}

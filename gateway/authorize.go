@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/internal/clip"
 	"github.com/mcpgate/mcpgate/mcp"
 )
 
@@ -33,7 +34,7 @@ func authorize(p auth.Principal, msg *mcp.Message, fwd *mcp.Forward) *denial {
 		if allowed {
 			return nil
 		}
-		return &denial{kind: kind, name: cutForLog(msg.Name, maxDeniedName), scope: auth.NeededScope(kind, msg.Name)}
+		return &denial{kind: kind, name: clip.String(msg.Name, maxDeniedName), scope: auth.NeededScope(kind, msg.Name)}
 	}
 	switch msg.Method {
 	case mcp.MethodToolsCall:
@@ -63,11 +64,11 @@ func authorizeCompletion(sc auth.Scopes, msg *mcp.Message) *denial {
 	kind, name, err := mcp.CompletionRef(msg)
 	switch {
 	case err != nil:
-		return &denial{kind: "prompt", name: cutForLog(err.Message, maxDeniedName), scope: "prompts:*"}
+		return &denial{kind: "prompt", name: clip.String(err.Message, maxDeniedName), scope: "prompts:*"}
 	case kind == "prompt" && !sc.AllowsPrompt(name):
-		return &denial{kind: kind, name: cutForLog(name, maxDeniedName), scope: auth.NeededScope(kind, name)}
+		return &denial{kind: kind, name: clip.String(name, maxDeniedName), scope: auth.NeededScope(kind, name)}
 	case kind == "resource" && !sc.AllowsResourceTemplate(name):
-		return &denial{kind: kind, name: cutForLog(name, maxDeniedName), scope: auth.NeededScope(kind, name)}
+		return &denial{kind: kind, name: clip.String(name, maxDeniedName), scope: auth.NeededScope(kind, name)}
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/mcpgate/mcpgate/enforce"
+	"github.com/mcpgate/mcpgate/internal/clip"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -79,8 +80,13 @@ func spanName(names map[string]string, prefix, method string) string {
 	if n, ok := names[method]; ok {
 		return n
 	}
-	return prefix + method
+	return prefix + clip.String(method, maxSpanString)
 }
+
+// maxSpanString bounds the names the client chooses (method, tool) on a
+// span: they can be as long as the request body, and every span waits in
+// the exporter's queue.
+const maxSpanString = 256
 
 // Start options of the two span kinds, made once: an option built per call
 // is one more allocation on every traced request.
@@ -226,10 +232,10 @@ func (t *tracing) message(ctx context.Context, p auth.Principal, msg *mcp.Messag
 	if name == "" {
 		name = "response"
 	}
-	attrs := [4]attribute.KeyValue{attrMethod.String(name), attrTenant.String(p.Tenant), attrTier.String(p.Tier)}
+	attrs := [4]attribute.KeyValue{attrMethod.String(clip.String(name, maxSpanString)), attrTenant.String(p.Tenant), attrTier.String(p.Tier)}
 	n := 3
 	if msg.ToolName != "" {
-		attrs[n] = attrTool.String(msg.ToolName)
+		attrs[n] = attrTool.String(clip.String(msg.ToolName, maxSpanString))
 		n++
 	}
 	rs.mu.Lock()

@@ -377,3 +377,44 @@ func TestTracingSampledOut(t *testing.T) {
 		t.Fatal("no POST reached the upstream")
 	}
 }
+
+// Names the client chooses reach a span cut to maxSpanString: a tool name
+// or a method as long as the body limit would otherwise wait, whole, in the
+// exporter's queue.
+func TestTracingLongNames(t *testing.T) {
+	rc := &receiver{}
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", startReceiver(t, rc, metrics.ProtocolHTTP)+"/v1/traces")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "")
+	t.Setenv("OTEL_SDK_DISABLED", "")
+	shutdown, err := metrics.SetupTracing(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}, TracerProvider: metrics.TracerProvider()})
+	long := strings.Repeat("n", 1<<20)
+	tok := sign(t, claims("acme", "alice", "tools:echo"))
+	if r := post(t, e.mcpURL(0), tok, callBody(1, long, nil), nil); r.Status != http.StatusForbidden {
+		t.Fatalf("tool outside the scopes: %d", r.Status)
+	}
+	body := `{"jsonrpc":"2.0","id":2,"method":"` + long + `","params":{}}`
+	r := post(t, e.mcpURL(0), tok, body, nil)
+	if err := shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans := rc.all()
+	if len(spans) < 2 {
+		t.Fatalf("%d spans (the unknown method answered %d)", len(spans), r.Status)
+	}
+	for _, s := range spans {
+		if len(s.Name) > len("upstream ")+maxSpanString {
+			t.Errorf("span name of %d bytes", len(s.Name))
+		}
+		for k, v := range attrs(s) {
+			if len(v) > maxSpanString {
+				t.Errorf("span %.20s: attribute %s of %d bytes", s.Name, k, len(v))
+			}
+		}
+	}
+}

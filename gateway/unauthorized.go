@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/internal/clip"
 	"github.com/mcpgate/mcpgate/mcp"
 )
 
@@ -39,20 +40,7 @@ func (g *Gateway) unauthorized(w http.ResponseWriter, r *http.Request, err error
 		msg, level = "unauthorized: the bearer token was not accepted", slog.LevelWarn
 	}
 	g.log.Log(r.Context(), level, "request refused: authentication failed",
-		"request_id", id, "reason", cutForLog(err.Error(), maxLoggedReason), "method", r.Method, "remote", r.RemoteAddr)
+		"request_id", id, "reason", clip.String(err.Error(), maxLoggedReason), "method", r.Method, "remote", r.RemoteAddr)
 	w.Header().Set("WWW-Authenticate", challenge.String())
 	mcp.WriteError(w, http.StatusUnauthorized, nil, CodeUnauthorized, msg, unauthorizedData{RequestID: id})
-}
-
-// cutForLog cuts s to at most n bytes, on a UTF-8 boundary, marking the cut.
-func cutForLog(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	const mark = "…"
-	cut := n - len(mark)
-	for cut > 0 && s[cut]&0xc0 == 0x80 { // not inside a rune
-		cut--
-	}
-	return s[:cut] + mark
 }
