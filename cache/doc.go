@@ -58,7 +58,9 @@
 // # Stores
 //
 // NewMemoryStore keeps everything in the process (the embedded default;
-// Caches of one process may share it). NewRedisStore uses Redis, Valkey or
+// Caches of one process may share it), within MemoryOptions.MaxEntries
+// entries and MaxBytes of values (DefaultMaxBytes: 256 MiB; a value over a
+// quarter of a shard's share, 2 MiB by default, is served but not kept). NewRedisStore uses Redis, Valkey or
 // Redis Cluster through rueidis; every gateway instance sharing it
 // coalesces its loads with the others. Sharded pub/sub needs Redis 7 (or
 // Valkey); on older servers waiters poll every Options.PollInterval. Give

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"hash/maphash"
@@ -14,6 +15,26 @@ import (
 // DefaultMaxEntries is MemoryOptions.MaxEntries when zero.
 const DefaultMaxEntries = 100_000
 
+// DefaultMaxBytes is MemoryOptions.MaxBytes when zero. Cache keys come from
+// clients' arguments and an answer can be 16 MiB (mcp's response limit), so
+// without a byte bound MaxEntries alone would let clients pin gigabytes. 256
+// MiB holds the usual tool results (a few KiB each) by the tens of
+// thousands while leaving a gateway in a 512 MiB container room for its
+// proxy buffers; it admits values of up to 2 MiB (see MaxBytes).
+const DefaultMaxBytes = 256 << 20
+
+// memEntryOverhead estimates what a stored value costs beyond its bytes and
+// its key's: the slot (about 210 bytes) and its place in the shard's map.
+// Tag memberships are not counted: they are bounded with the entries (see
+// MaxEntries).
+const memEntryOverhead = 256
+
+// memEntryShare is the part of a shard's share of MaxBytes one value may
+// take at most: a value of a whole share would flush its shard (a 32nd of
+// the cache) on each store, so a client alternating a few large answers
+// would evict everyone else's entries of that shard.
+const memEntryShare = 4
+
 // MemoryOptions configures a MemoryStore. A nil *MemoryOptions means all
 // defaults.
 type MemoryOptions struct {
@@ -24,6 +45,19 @@ type MemoryOptions struct {
 	// indexes too: a membership lives no longer than its entry's slot, so
 	// they hold about MaxEntries times the tags one policy renders.
 	MaxEntries int
+	// MaxBytes bounds the bytes of the values held, each counted with its
+	// key and memEntryOverhead: the entry count alone does not bound
+	// memory, as values are up to the proxy's response limit. Each of the
+	// store's 32 shards gets an equal share, so that no store-wide lock is
+	// taken; a value that would not fit evicts as MaxEntries does (dead
+	// entries first, else the sampled value nearest its expiry that no
+	// loader holds) until it fits. A value counting over a quarter of a
+	// share (MaxBytes/128: 2 MiB by default) is not stored at all, nor is
+	// one that cannot fit because loaders hold the rest of its shard: its
+	// load's callers still get it, and waiters of other Caches are woken
+	// to load it themselves, as after a failed load. Default
+	// DefaultMaxBytes.
+	MaxBytes int64
 }
 
 // MemoryStore keeps entries in this process: the embedded default, and
@@ -37,11 +71,17 @@ type MemoryOptions struct {
 // a slot that have ended are removed when the slot is next registered or
 // sampled by an insertion's sweep; an index with no member left is deleted,
 // and Invalidate deletes the indexes it read.
+//
+// Its memory is bounded by both MaxEntries and MaxBytes, as the keys, and
+// so the number and size of the values, are the clients' to choose.
 type MemoryStore struct {
 	seed     maphash.Seed
 	shards   [memShards]memShard
 	perShard int
-	fences   atomic.Uint64
+	// shardBytes is a shard's share of MaxBytes; maxValue the most one
+	// value may count (memEntryShare).
+	shardBytes, maxValue int64
+	fences               atomic.Uint64
 
 	// tagMu is taken after a shard's lock, never before one.
 	tagMu sync.Mutex
@@ -51,8 +91,9 @@ type MemoryStore struct {
 const memShards = 32
 
 type memShard struct {
-	mu sync.RWMutex
-	m  map[string]*memSlot
+	mu    sync.RWMutex
+	m     map[string]*memSlot
+	bytes int64 // the sizes of m's slots
 }
 
 // memSlot is everything of one entry key: value, lock, fence, waiters.
@@ -65,6 +106,7 @@ type memSlot struct {
 	fence      uint64
 	fenceUntil time.Time
 	wake       chan struct{} // closed on commit and release; nil until armed
+	size       int64         // what the value counts toward MaxBytes (0: none)
 	// tags are the indexes this slot was registered in (written under
 	// the shard's lock and tagMu, read under either). A ref may outlive
 	// its membership (pruned with its index, or its index deleted by
@@ -92,9 +134,17 @@ func (s *MemoryStore) drop(sh *memShard, k string, sl *memSlot) {
 		sl.wake = nil
 	}
 	delete(sh.m, k)
+	sh.bytes -= sl.size
 	if len(sl.tags) > 0 {
 		s.untagAll(k, sl)
 	}
+}
+
+// clearValue forgets sl's value; the shard is locked.
+func clearValue(sh *memShard, sl *memSlot) {
+	sl.has, sl.rec, sl.until = false, record{}, time.Time{}
+	sh.bytes -= sl.size
+	sl.size = 0
 }
 
 // untagAll removes all the tag memberships of entry's slot, and their
@@ -177,16 +227,29 @@ var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore(opts *MemoryOptions) (*MemoryStore, error) {
-	limit := DefaultMaxEntries
+	limit, maxBytes := DefaultMaxEntries, int64(DefaultMaxBytes)
 	if opts != nil {
 		if opts.MaxEntries < 0 {
 			return nil, fmt.Errorf("%w: negative MaxEntries %d", ErrInvalidOptions, opts.MaxEntries)
 		}
+		if opts.MaxBytes < 0 {
+			return nil, fmt.Errorf("%w: negative MaxBytes %d", ErrInvalidOptions, opts.MaxBytes)
+		}
 		if opts.MaxEntries > 0 {
 			limit = opts.MaxEntries
 		}
+		if opts.MaxBytes > 0 {
+			maxBytes = opts.MaxBytes
+		}
 	}
-	s := &MemoryStore{seed: maphash.MakeSeed(), perShard: max(1, (limit+memShards-1)/memShards), tags: make(map[string]*memTag)}
+	// Rounded down (unlike perShard), so that the shards together never
+	// hold more than MaxBytes.
+	shardBytes := maxBytes / memShards
+	s := &MemoryStore{
+		seed: maphash.MakeSeed(), perShard: max(1, (limit+memShards-1)/memShards),
+		shardBytes: shardBytes, maxValue: shardBytes / memEntryShare,
+		tags: make(map[string]*memTag),
+	}
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]*memSlot)
 	}
@@ -203,6 +266,18 @@ func (s *MemoryStore) Len() int {
 		sh := &s.shards[i]
 		sh.mu.RLock()
 		n += len(sh.m)
+		sh.mu.RUnlock()
+	}
+	return n
+}
+
+// heldBytes returns what the values held count toward MaxBytes.
+func (s *MemoryStore) heldBytes() int64 {
+	var n int64
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.RLock()
+		n += sh.bytes
 		sh.mu.RUnlock()
 	}
 	return n
@@ -384,15 +459,75 @@ func (s *MemoryStore) commit(_ context.Context, reqs []commitReq) []commitRes {
 		sl := sh.m[r.entry]
 		if sl != nil {
 			if sl.fence == r.rec.fence && now.Before(sl.fenceUntil) {
-				sl.rec, sl.has, sl.until = r.rec, true, now.Add(r.rec.life)
-				sl.rec.life = 0
-				out[i].stored = true
+				out[i].stored = s.put(sh, r.entry, sl, &r.rec, now)
 			}
+			// Waiters wake whether or not the value was kept: without
+			// it they take the lock and load.
 			unlock(sl, r.token)
 		}
 		sh.mu.Unlock()
 	}
 	return out
+}
+
+// put stores rec as entry's value (slot sl, whose shard sh is locked),
+// making room within the shard's share of MaxBytes, and reports whether it
+// did. The value it replaces goes in any case: the load that passed the
+// fence is newer, and an older copy must not be served after it. The value
+// is copied: a loader's slice may share its array with a larger buffer (a
+// response body), which would stay reachable but uncounted.
+func (s *MemoryStore) put(sh *memShard, entry string, sl *memSlot, rec *record, now time.Time) bool {
+	clearValue(sh, sl)
+	size := int64(len(rec.value)) + int64(len(entry)) + memEntryOverhead
+	if size > s.maxValue {
+		return false
+	}
+	for sh.bytes+size > s.shardBytes {
+		if !s.shed(sh, entry, now) {
+			return false
+		}
+	}
+	sl.rec, sl.has, sl.until, sl.size = *rec, true, now.Add(rec.life), size
+	sl.rec.value, sl.rec.life = bytes.Clone(rec.value), 0
+	sh.bytes += size
+	return true
+}
+
+// shed drops the dead slots holding a value among a few sampled ones
+// (map iteration starts at a random place), else the sampled one nearest
+// its expiry, as sweep does; it skips keep and the slots a loader holds,
+// and reports false when no slot of the shard is left to drop. Slots
+// without a value are not sampled: dropping them frees no bytes (MaxEntries
+// bounds them).
+func (s *MemoryStore) shed(sh *memShard, keep string, now time.Time) bool {
+	const samples = 8
+	var victim string
+	var victimUntil time.Time
+	seen, dropped := 0, false
+	for k, sl := range sh.m {
+		if sl.size == 0 || k == keep {
+			continue
+		}
+		if sl.dead(now) {
+			s.drop(sh, k, sl)
+			dropped = true
+		} else if now.Before(sl.lockUntil) {
+			continue
+		} else if victim == "" || sl.until.Before(victimUntil) {
+			victim, victimUntil = k, sl.until
+		}
+		if seen++; seen >= samples {
+			break
+		}
+	}
+	switch {
+	case dropped:
+		return true
+	case victim == "":
+		return false
+	}
+	s.drop(sh, victim, sh.m[victim])
+	return true
 }
 
 func unlock(sl *memSlot, token string) {
@@ -449,7 +584,7 @@ func (s *MemoryStore) invalidate(_ context.Context, scope Scope, tags []string, 
 			if sl.has && now.Before(sl.until) {
 				n++
 			}
-			sl.has, sl.rec, sl.until = false, record{}, time.Time{}
+			clearValue(sh, sl)
 			if now.Before(sl.fenceUntil) {
 				sl.fence = s.nextFence()
 			}
