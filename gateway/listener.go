@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"container/list"
 	"net"
+	"net/http"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -10,35 +13,67 @@ import (
 // limitListener caps the client connections open at once. While max are
 // open, Accept waits for one to close: further clients wait in the kernel's
 // accept queue, where they cost the gateway no goroutine and no buffer (and
-// past the queue's length the kernel refuses them). A connection gives its
-// slot back when it is closed, once however often Close is called. The open
-// count is kept in the gauge. It is safe for concurrent use.
+// past the queue's length the kernel refuses them); the one client Accept
+// took meanwhile waits with it. A connection gives its slot back when it is
+// closed, once however often Close is called. The open count is kept in the
+// gauge. It is safe for concurrent use.
+//
+// A keep-alive connection between two requests holds a slot while it
+// serves no one: at the cap, Accept closes the connection idle longest
+// (idle, when not nil, knows them), so that idle connections, a hostile
+// client's or many clients', cannot keep others out for idle_timeout.
 type limitListener struct {
 	net.Listener
 	slots     chan struct{}
 	open      prometheus.Gauge
+	idle      *idleConns
 	done      chan struct{} // closed by Close: ends an Accept waiting for a slot
 	closeOnce sync.Once
 }
 
-func newLimitListener(ln net.Listener, max int, open prometheus.Gauge) *limitListener {
-	return &limitListener{Listener: ln, slots: make(chan struct{}, max), open: open, done: make(chan struct{})}
+func newLimitListener(ln net.Listener, max int, open prometheus.Gauge, idle *idleConns) *limitListener {
+	return &limitListener{Listener: ln, slots: make(chan struct{}, max), open: open, idle: idle, done: make(chan struct{})}
 }
 
-// Accept waits for a free slot, then for a connection.
+// Accept waits for a connection, then for a free slot (see waitSlot).
 func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.slots <- struct{}{}:
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
 	c, err := l.Listener.Accept()
 	if err != nil {
-		<-l.slots
 		return nil, err
+	}
+	select {
+	case l.slots <- struct{}{}:
+	default:
+		if err := l.waitSlot(c); err != nil {
+			return nil, err
+		}
 	}
 	l.open.Inc()
 	return &limitConn{Conn: c, release: l.release}, nil
+}
+
+// idleRecheck is how often Accept, waiting at the cap, looks again for an
+// idle connection to close: connections busy when the client came become
+// idle long before idle_timeout closes them.
+const idleRecheck = 50 * time.Millisecond
+
+// waitSlot takes a slot for c at the cap: the slot of the connection idle
+// longest, closed for it (its Close gives the slot back at once), or else
+// the first slot given back.
+func (l *limitListener) waitSlot(c net.Conn) error {
+	tick := time.NewTicker(idleRecheck)
+	defer tick.Stop()
+	for {
+		l.idle.closeOldest()
+		select {
+		case l.slots <- struct{}{}:
+			return nil
+		case <-l.done:
+			_ = c.Close()
+			return net.ErrClosed
+		case <-tick.C:
+		}
+	}
 }
 
 func (l *limitListener) release() {
@@ -63,4 +98,49 @@ func (c *limitConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
+}
+
+// idleConns tracks the server's connections waiting for their next request
+// (http.Server.ConnState), oldest first. Safe for concurrent use; a nil
+// *idleConns tracks nothing.
+type idleConns struct {
+	mu    sync.Mutex
+	order list.List // of net.Conn, the longest idle at the front
+	at    map[net.Conn]*list.Element
+}
+
+// track is an http.Server.ConnState hook.
+func (t *idleConns) track(c net.Conn, st http.ConnState) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.at[c]; ok {
+		t.order.Remove(e)
+		delete(t.at, c)
+	}
+	if st == http.StateIdle {
+		if t.at == nil {
+			t.at = make(map[net.Conn]*list.Element)
+		}
+		t.at[c] = t.order.PushBack(c)
+	}
+}
+
+// closeOldest closes the connection idle longest, if any. A request that
+// arrives on it at that moment fails as it would at idle_timeout; clients
+// send again a request that met a keep-alive connection closing.
+func (t *idleConns) closeOldest() {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	e := t.order.Front()
+	var c net.Conn
+	if e != nil {
+		c = t.order.Remove(e).(net.Conn)
+		delete(t.at, c)
+	}
+	t.mu.Unlock()
+	if c != nil {
+		_ = c.Close()
+	}
 }

@@ -25,6 +25,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/internal/testenv"
 )
 
 // liveness bounds waits for something that must happen eventually; it is
@@ -341,30 +342,54 @@ func TestSlowReaderIsCut(t *testing.T) {
 	t.Logf("slow reader cut; %d KiB were buffered on the way", len(data)>>10)
 }
 
-// With max_connections 5, a sixth connection is not served while five are
-// open, and is served once one closes.
+// With max_connections 5: while five connections wait idle between
+// requests, a sixth client gets the slot of the one idle longest (closed);
+// while five are busy, a sixth client is not served until one closes.
 func TestConnectionCap(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, setup{Config: "server: {max_connections: 5}\n"})
 	addr := serveReal(t, e)
 	open := e.gws[0].metrics.OpenConnections
-	conns := make([]*rawConn, 5)
-	for i := range conns {
-		conns[i] = dialRaw(t, addr)
-		conns[i].healthz(t)
+	idle := make([]*rawConn, 5)
+	for i := range idle {
+		idle[i] = dialRaw(t, addr)
+		idle[i].healthz(t)
 	}
 	if n := gaugeValue(t, open); n != 5 {
 		t.Fatalf("mcpgate_open_connections = %v, want 5", n)
 	}
-	sixth := dialRaw(t, addr) // the kernel completes the handshake; the gateway does not accept
+	sixth := dialRaw(t, addr)
+	sixth.healthz(t)
+	idle[0].waitEOF(t, "the connection idle longest, at the cap")
+	for _, c := range idle[1:] {
+		c.healthz(t) // still open
+	}
+	if n := gaugeValue(t, open); n > 5 {
+		t.Fatalf("mcpgate_open_connections = %v, over the cap", n)
+	}
+	for _, c := range append(idle[1:], sixth) {
+		_ = c.Close()
+	}
+	testenv.Eventually(t, liveness, "every connection closed", func() bool { return gaugeValue(t, open) == 0 })
+
+	// Five busy connections: each has sent half of a request's headers.
+	busy := make([]*rawConn, 5)
+	for i := range busy {
+		busy[i] = dialRaw(t, addr)
+		if _, err := io.WriteString(busy[i], "GET /healthz HTTP/1.1\r\nHost: gw\r\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, liveness, "five busy connections accepted", func() bool { return gaugeValue(t, open) == 5 })
+	last := dialRaw(t, addr) // the kernel completes the handshake; the gateway does not serve it
 	served := make(chan error, 1)
 	go func() {
-		if _, err := io.WriteString(sixth, "GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n"); err != nil {
+		if _, err := io.WriteString(last, "GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n"); err != nil {
 			served <- err
 			return
 		}
-		_ = sixth.SetReadDeadline(time.Now().Add(liveness))
-		resp, err := http.ReadResponse(sixth.br, nil)
+		_ = last.SetReadDeadline(time.Now().Add(liveness))
+		resp, err := http.ReadResponse(last.br, nil)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusOK {
@@ -376,13 +401,13 @@ func TestConnectionCap(t *testing.T) {
 	// A negative check: a slower machine only makes it likelier to hold.
 	select {
 	case err := <-served:
-		t.Fatalf("sixth connection served while five were open (err %v)", err)
+		t.Fatalf("sixth connection served while five were busy (err %v)", err)
 	case <-time.After(300 * time.Millisecond):
 	}
 	if n := gaugeValue(t, open); n != 5 {
 		t.Fatalf("mcpgate_open_connections = %v at the cap, want 5", n)
 	}
-	_ = conns[0].Close()
+	_ = busy[0].Close()
 	select {
 	case err := <-served:
 		if err != nil {

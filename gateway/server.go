@@ -27,17 +27,20 @@ func (g *Gateway) HTTPServer(errorLog *log.Logger) *http.Server {
 		ReadHeaderTimeout: s.ReadHeaderTimeout,
 		IdleTimeout:       s.IdleTimeout,
 		ErrorLog:          errorLog,
+		ConnState:         g.idle.track,
 	}
 }
 
 // Listener wraps ln so that at most server.max_connections client
 // connections are open at once (read at start); the count is the
 // mcpgate_open_connections gauge; a config not from policy.Parse (zero)
-// gets policy.DefaultMaxConnections. Closing the returned listener closes ln.
+// gets policy.DefaultMaxConnections. At the cap, a new client gets the slot
+// of the connection of HTTPServer's server idle longest (closed), or waits
+// for one to close. Closing the returned listener closes ln.
 func (g *Gateway) Listener(ln net.Listener) net.Listener {
 	max := g.Config().Server.MaxConnections
 	if max <= 0 {
 		max = policy.DefaultMaxConnections
 	}
-	return newLimitListener(ln, max, g.metrics.OpenConnections)
+	return newLimitListener(ln, max, g.metrics.OpenConnections, &g.idle)
 }
