@@ -209,7 +209,7 @@ func New(ctx context.Context, opts Options) (*Federator, error) {
 	f.ctx, f.stop = context.WithCancel(context.Background())
 	f.sessions.init()
 	f.progress.init()
-	f.subs.by, f.subs.watched = map[subKey]map[*mcp.ServerSession]bool{}, map[*mcp.ServerSession]bool{}
+	f.subs.by, f.subs.watched, f.subs.n = map[subKey]map[*mcp.ServerSession]bool{}, map[*mcp.ServerSession]bool{}, map[*mcp.ServerSession]int{}
 	for _, u := range opts.Upstreams {
 		f.ups = append(f.ups, newUpstream(f, u))
 	}

@@ -271,7 +271,16 @@ type subscriptions struct {
 	sync.Mutex
 	by      map[subKey]map[*mcp.ServerSession]bool
 	watched map[*mcp.ServerSession]bool
+	n       map[*mcp.ServerSession]int // subscriptions held by each session
 }
+
+// Bounds of one client session's subscriptions: each is held here, in the
+// SDK and upstream for as long as the session lives, and a session kept in
+// use never ends.
+const (
+	maxSubscriptions = 1024
+	maxSubscribeURI  = 8 << 10
+)
 
 type subKey struct {
 	up  *upstream
@@ -282,6 +291,9 @@ type subKey struct {
 const subTimeout = 10 * time.Second
 
 func (f *Federator) subscribe(ctx context.Context, req *mcp.SubscribeRequest) error {
+	if len(req.Params.URI) > maxSubscribeURI {
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("resource URI of %d bytes: at most %d can be subscribed to", len(req.Params.URI), maxSubscribeURI)}
+	}
 	up := f.resourceOwner(req.Params.URI)
 	if up == nil {
 		return mcp.ResourceNotFoundError(req.Params.URI)
@@ -293,12 +305,17 @@ func (f *Federator) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 		f.subs.Unlock()
 		return nil // already subscribed
 	}
+	if f.subs.n[ss] >= maxSubscriptions {
+		f.subs.Unlock()
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("this session holds %d subscriptions, the most it may: unsubscribe first", maxSubscriptions)}
+	}
 	if set == nil {
 		set = map[*mcp.ServerSession]bool{}
 		f.subs.by[k] = set
 	}
 	first := len(set) == 0
 	set[ss] = true
+	f.subs.n[ss]++
 	if !f.subs.watched[ss] {
 		f.subs.watched[ss] = true
 		f.spawn(func() {
@@ -342,6 +359,9 @@ func (f *Federator) leave(k subKey, ss *mcp.ServerSession) (last bool) {
 		return false
 	}
 	delete(set, ss)
+	if f.subs.n[ss]--; f.subs.n[ss] <= 0 {
+		delete(f.subs.n, ss)
+	}
 	if len(set) > 0 {
 		return false
 	}

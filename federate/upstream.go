@@ -323,11 +323,15 @@ func (up *upstream) sharedSession(ctx context.Context) (*mcp.ClientSession, erro
 	if err := up.connectShared(ctx); err != nil {
 		return nil, err
 	}
+	up.mu.Lock()
+	cs = up.shared
+	up.mu.Unlock()
+	if cs == nil { // Close ran meanwhile and closed it
+		return nil, fmt.Errorf("upstream %q: %w", up.cfg.Name, errClosing)
+	}
 	// A new session may be a restarted server with other tools.
 	up.f.spawn(func() { up.f.refresh(up) })
-	up.mu.Lock()
-	defer up.mu.Unlock()
-	return up.shared, nil
+	return cs, nil
 }
 
 // drop forgets an HTTP session that failed, so that the next call opens a
