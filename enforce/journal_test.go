@@ -7,6 +7,7 @@ import (
 
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/metrics"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // newJournalMeterer is a meterer with only what record and lostLocked use.
@@ -89,5 +90,31 @@ func BenchmarkJournalRecord(b *testing.B) {
 				j.entries = j.entries[:n]
 			}
 		})
+	}
+}
+
+// A journal the usage store never trims (it is down) stays bounded: past
+// maxJournal entries the oldest quarter goes, counted as unmetered, and
+// the newest are kept.
+func TestJournalBounded(t *testing.T) {
+	m := newJournalMeterer()
+	meter := limit.Meter{Key: "k", Tenant: "t", Period: "2026-12"}
+	const calls = 3 * maxJournal
+	for i := int64(1); i <= calls; i++ {
+		d, mr := charge(i, "g1")
+		m.record(meter, "op", d, mr)
+	}
+	j := m.journal["k"]
+	if n := len(j.entries); n > maxJournal || n < maxJournal*3/4 {
+		t.Fatalf("%d entries after %d charges; want between %d and %d", n, calls, maxJournal*3/4, maxJournal)
+	}
+	if last := j.entries[len(j.entries)-1].after.Calls; last != calls {
+		t.Fatalf("newest entry after %d calls, want %d", last, calls)
+	}
+	if first := j.entries[0].after.Calls; first != calls-int64(len(j.entries))+1 {
+		t.Fatalf("oldest entry after %d calls: the kept entries are not the newest %d", first, len(j.entries))
+	}
+	if got := testutil.ToFloat64(m.stats.Unmetered); got != float64(calls-len(j.entries)) {
+		t.Fatalf("unmetered = %v, want the %d entries dropped", got, calls-len(j.entries))
 	}
 }

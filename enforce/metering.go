@@ -202,7 +202,30 @@ func (m *meterer) record(meter limit.Meter, op string, delta limit.Usage, mr lim
 	m.lostLocked(j, mr.Gen.ID)
 	j.gen = mr.Gen.ID
 	j.entries = append(j.entries, journalEntry{op: op, delta: delta, after: mr.Usage})
+	if len(j.entries) > maxJournal {
+		m.trimLocked(j)
+	}
 	m.mu.Unlock()
+}
+
+// maxJournal bounds one meter's journal. It holds a flush interval of the
+// meter's charges while the usage store answers, but every charge while it
+// is down: without a bound, hours of outage at thousands of calls a second
+// would exhaust the process's memory (about 110 bytes an entry), losing
+// its pending usage with it.
+const maxJournal = 1 << 17
+
+// trimLocked drops the oldest quarter of j's entries. Their usage is on
+// the meter, but should the store lose the meter before the usage store
+// holds it, it could no longer be placed again: each is counted in
+// mcpgate_unmetered_calls_total. Call with mu held.
+func (m *meterer) trimLocked(j *journal) {
+	n := len(j.entries) / 4
+	clear(j.entries[:n])
+	j.entries = j.entries[n:]
+	m.stats.Unmetered.Add(float64(n))
+	m.log.Warn("usage journal full: the usage store has not held this meter's charges for a long time; the oldest could not be placed again should the limit store lose the meter",
+		"tenant", j.meter.Tenant, "period", j.meter.Period, "dropped", n)
 }
 
 // bare is meter without its op, seed and quota: the template of the key's

@@ -40,7 +40,10 @@ type Metrics struct {
 	CostCorrections *prometheus.CounterVec
 	// Unmetered counts admitted calls whose usage cannot be proved recorded
 	// exactly once: a write left unanswered longer than the store remembers
-	// its op (limit.OpTTL), placed again all the same. 0 in normal operation.
+	// its op (limit.OpTTL), placed again all the same, or a charge dropped
+	// from a meter's full journal during a long usage-store outage (it could
+	// not be placed again should the limit store then lose the meter). 0 in
+	// normal operation.
 	Unmetered prometheus.Counter
 	// BreakersOpened counts loop breakers opening, by reason.
 	BreakersOpened *prometheus.CounterVec
