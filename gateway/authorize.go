@@ -22,8 +22,8 @@ type denial struct {
 
 // authorize checks msg against the caller's scopes and sets fwd.Filter to
 // the list filter msg's answer needs. tools/call, resources/read and
-// prompts/get outside the scopes are denied, and so are resources/subscribe
-// and resources/unsubscribe of a resource outside them (zero trust: a kind the scopes
+// prompts/get outside the scopes are denied, and so are resources/subscribe,
+// resources/unsubscribe and subscriptions/listen of a resource outside them (zero trust: a kind the scopes
 // do not mention is wholly denied); tools/list, resources/list,
 // resources/templates/list and prompts/list answers are trimmed to what the
 // scopes allow (see auth.Scopes.AllowsResourceTemplate for templates).
@@ -45,6 +45,8 @@ func authorize(p auth.Principal, msg *mcp.Message, fwd *mcp.Forward) *denial {
 		return deny("prompt", sc.AllowsPrompt(msg.Name))
 	case mcp.MethodCompletionComplete:
 		return authorizeCompletion(sc, msg)
+	case mcp.MethodSubscriptionsListen:
+		return authorizeListen(sc, msg)
 	case mcp.MethodToolsList:
 		fwd.Filter = mcp.Filter{List: mcp.ToolsList, Allow: sc.AllowsTool}
 	case mcp.MethodResourcesList:
@@ -69,6 +71,23 @@ func authorizeCompletion(sc auth.Scopes, msg *mcp.Message) *denial {
 		return &denial{kind: kind, name: clip.String(name, maxDeniedName), scope: auth.NeededScope(kind, name)}
 	case kind == "resource" && !sc.AllowsResourceTemplate(name):
 		return &denial{kind: kind, name: clip.String(name, maxDeniedName), scope: auth.NeededScope(kind, name)}
+	}
+	return nil
+}
+
+// authorizeListen scopes a subscriptions/listen (MCP 2026-07-28) like the
+// resources/subscribe it replaces: every resource it asks updates of must
+// be in the scopes, or the whole request is denied, naming the first that
+// is not. A request the gateway cannot read strictly is denied as well.
+func authorizeListen(sc auth.Scopes, msg *mcp.Message) *denial {
+	uris, err := mcp.ListenResources(msg)
+	if err != nil {
+		return &denial{kind: "resource", name: clip.String(err.Message, maxDeniedName), scope: "resources:*"}
+	}
+	for _, uri := range uris {
+		if !sc.AllowsResource(uri) {
+			return &denial{kind: "resource", name: clip.String(uri, maxDeniedName), scope: auth.NeededScope("resource", uri)}
+		}
 	}
 	return nil
 }

@@ -12,7 +12,9 @@ import (
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/mcp"
 )
 
 // listed is what an SDK client sees of the upstream's resources, resource
@@ -56,6 +58,39 @@ func listAll(t *testing.T, cs *sdk.ClientSession) listed {
 func resourceReadBody(uri string) string {
 	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": "r", "method": "resources/read", "params": map[string]any{"uri": uri}})
 	return string(b)
+}
+
+func listenBody(notifications string) string {
+	return `{"jsonrpc":"2.0","id":"l","method":"subscriptions/listen","params":{"notifications":` + notifications + `}}`
+}
+
+// A subscriptions/listen passes when every resource it asks updates of is
+// in the scopes, and when it asks none (list changes only).
+func TestAuthorizeListen(t *testing.T) {
+	sc := auth.ParseScopes("resources:file:///docs/*")
+	for _, tc := range []struct {
+		params string
+		denied string // "": allowed
+	}{
+		{`{"notifications":{"toolsListChanged":true}}`, ""},
+		{`{"notifications":{"resourceSubscriptions":[]}}`, ""},
+		{`{"notifications":null}`, ""},
+		{`{"notifications":{"resourceSubscriptions":["file:///docs/a","file:///docs/b"]}}`, ""},
+		{`{"notifications":{"resourceSubscriptions":["file:///docs/a","file:///etc/passwd"]}}`, "file:///etc/passwd"},
+		{`{"notifications":{"resourceSubscriptions":["file:///docs/../etc/passwd"]}}`, "file:///docs/../etc/passwd"},
+		{`{"notifications":{"resourceSubscriptions":[1]}}`, "subscriptions/listen params.notifications.resourceSubscriptions must be an array of strings"},
+		{`{"notifications":{"resourceSubscriptions":["\ud800"]}}`, "subscriptions/listen params.notifications.resourceSubscriptions must be an array of strings"},
+		{`{"notifications":{},"notifications":{"resourceSubscriptions":["file:///etc/passwd"]}}`, `subscriptions/listen params: duplicate member "notifications"`},
+	} {
+		msg := &mcp.Message{Method: mcp.MethodSubscriptionsListen, Params: json.RawMessage(tc.params)}
+		d := authorizeListen(sc, msg)
+		switch {
+		case tc.denied == "" && d != nil:
+			t.Errorf("%s: denied %+v", tc.params, d)
+		case tc.denied != "" && (d == nil || d.kind != "resource" || !strings.HasPrefix(d.name, tc.denied)):
+			t.Errorf("%s: %+v, want resource %q denied", tc.params, d, tc.denied)
+		}
+	}
 }
 
 func completionBody(ref string) string {
@@ -143,6 +178,10 @@ func TestResourceAndPromptScopes(t *testing.T) {
 				// subscriptions are scoped like reads
 				{subscribeBody("resources/subscribe", "file:///secret/keys.txt"), "resource", "file:///secret/keys.txt"},
 				{subscribeBody("resources/unsubscribe", "file:///secret/keys.txt"), "resource", "file:///secret/keys.txt"},
+				// subscriptions/listen (2026-07-28) is scoped like resources/subscribe
+				{listenBody(`{"resourceSubscriptions":["file:///docs/readme.md","file:///secret/keys.txt"]}`), "resource", "file:///secret/keys.txt"},
+				{listenBody(`{"resourceSubscriptions":["file:///docs/a"],"ResourceSubscriptions":["file:///secret/keys.txt"]}`), "resource",
+					`subscriptions/listen params.notifications: member "ResourceSubscriptions" is ambiguous`},
 				// completions are scoped like what they complete
 				{completionBody(`{"type":"ref/prompt","name":"review"}`), "prompt", "review"},
 				{completionBody(`{"type":"ref/resource","uri":"file:///secret/{name}"}`), "resource", "file:///secret/{name}"},
@@ -167,7 +206,7 @@ func TestResourceAndPromptScopes(t *testing.T) {
 			}
 			if e.up.Requests("resources/read") != reads || e.up.Requests("prompts/get") != gets || e.up.Calls("search") != 0 ||
 				e.up.Requests("resources/subscribe") != 0 || e.up.Requests("resources/unsubscribe") != 0 ||
-				e.up.Requests("completion/complete") != 0 {
+				e.up.Requests("completion/complete") != 0 || e.up.Requests("subscriptions/listen") != 0 {
 				t.Fatal("a denied request reached the upstream")
 			}
 			// The SDK client sees the refusal as an error too.

@@ -10,6 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/internal/clip"
 )
 
 // maxDeniedName bounds the name or URI quoted in a refusal: it comes from
@@ -31,7 +32,8 @@ func TokenScopes(_ context.Context, req mcp.Request) (auth.Scopes, error) {
 // ScopeMiddleware returns receiving middleware that holds every request to
 // the caller's scopes, as the gateway does (see auth.Scopes): a tools/call,
 // prompts/get, resources/read, resources/subscribe or resources/unsubscribe
-// outside them, and a completion/complete of a prompt or resource template
+// outside them, a subscriptions/listen asking updates of a resource outside
+// them, and a completion/complete of a prompt or resource template
 // outside them, is refused with a *jsonrpc.Error of code CodeForbidden whose
 // data names what was refused ({"tool": name}, {"prompt": name} or
 // {"resource": uri}); tools/list, prompts/list, resources/list and
@@ -71,7 +73,8 @@ func ScopeMiddleware(scopes func(ctx context.Context, req mcp.Request) (auth.Sco
 func scoped(method string) bool {
 	switch method {
 	case "tools/call", "tools/list", "prompts/get", "prompts/list", "resources/read", "resources/list",
-		"resources/templates/list", "resources/subscribe", "resources/unsubscribe", "completion/complete":
+		"resources/templates/list", "resources/subscribe", "resources/unsubscribe", "completion/complete",
+		"subscriptions/listen":
 		return true
 	}
 	return false
@@ -90,6 +93,17 @@ func authorize(sc auth.Scopes, params mcp.Params) error {
 		return allowed("resource", p != nil && sc.AllowsResource(p.URI), nameOf(p, func(p *mcp.SubscribeParams) string { return p.URI }))
 	case *mcp.UnsubscribeParams:
 		return allowed("resource", p != nil && sc.AllowsResource(p.URI), nameOf(p, func(p *mcp.UnsubscribeParams) string { return p.URI }))
+	case *mcp.SubscriptionsListenParams:
+		// MCP 2026-07-28's replacement of resources/subscribe: every
+		// resource it asks updates of must be allowed.
+		if p != nil && p.Notifications != nil {
+			for _, uri := range p.Notifications.ResourceSubscriptions {
+				if err := allowed("resource", sc.AllowsResource(uri), uri); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
 	case *mcp.CompleteParams:
 		// Completions are scoped like what they complete.
 		switch {
@@ -117,9 +131,7 @@ func allowed(kind string, ok bool, name string) error {
 	if ok {
 		return nil
 	}
-	if len(name) > maxDeniedName {
-		name = name[:maxDeniedName]
-	}
+	name = clip.String(name, maxDeniedName)
 	data, _ := json.Marshal(map[string]string{kind: name})
 	return &jsonrpc.Error{Code: CodeForbidden, Message: fmt.Sprintf("%s %q is not in the caller's scopes", kind, name), Data: data}
 }

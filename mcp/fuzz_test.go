@@ -7,9 +7,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"unicode"
+	"unicode/utf8"
 )
 
 // FuzzParse: Parse never panics; what it refuses gets a well-formed JSON-RPC
@@ -32,6 +34,8 @@ func FuzzParse(f *testing.F) {
 		`{"jsonrpc":"2.0","id":1,"method":"Tools/call","params":{"name":"echo"}}`,
 		`{"jsonrpc":"2.0","id":1,"method":"tools/call\u0000","params":{"name":"echo"}}`,
 		`{"jsonrpc":"2.0","id":1,"method":" initialize"}`,
+		`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"resourceSubscriptions":["file:///a","x"]}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"resourceSubscriptions":["a"],"resourcesubscriptions":["b"]}}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -101,7 +105,46 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("arguments %q", m.Arguments)
 			}
 		}
+		if m.Method == MethodSubscriptionsListen {
+			checkListen(t, m)
+		}
 	})
+}
+
+// checkListen holds ListenResources to encoding/json matching keys
+// exactly: what it accepts, a strict upstream reads the same.
+func checkListen(t *testing.T, m *Message) {
+	t.Helper()
+	uris, e := ListenResources(m)
+	if e != nil {
+		if e.HTTPStatus != 400 || e.Code != CodeInvalidParams {
+			t.Fatalf("ListenResources error %+v", e)
+		}
+		return
+	}
+	// absent reads as null: nothing asked
+	object := func(raw json.RawMessage) (map[string]json.RawMessage, bool) {
+		var o map[string]json.RawMessage
+		if len(raw) == 0 || string(raw) == "null" {
+			return nil, true
+		}
+		return o, json.Unmarshal(raw, &o) == nil
+	}
+	params, ok1 := object(m.Params)
+	n, ok2 := object(params["notifications"])
+	var want []string
+	ok3 := len(n["resourceSubscriptions"]) == 0 || json.Unmarshal(n["resourceSubscriptions"], &want) == nil
+	if !ok1 || !ok2 || !ok3 {
+		t.Fatalf("ListenResources accepted %s, which encoding/json cannot read", m.Params)
+	}
+	for _, u := range uris {
+		if !utf8.ValidString(u) {
+			return // encoding/json would have replaced its invalid bytes
+		}
+	}
+	if !slices.Equal(uris, want) {
+		t.Fatalf("ListenResources(%s) = %q, encoding/json reads %q", m.Params, uris, want)
+	}
 }
 
 // assertExactMethod fails unless an accepted method name is exact: no
