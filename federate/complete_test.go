@@ -2,8 +2,6 @@ package federate_test
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -30,15 +28,8 @@ func TestCompletionRouting(t *testing.T) {
 	up.AddResourceTemplate(&mcp.ResourceTemplate{URITemplate: "test://up/items/{id}", Name: "items"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "item"}}}, nil
 	})
-	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return up }, nil))
-	t.Cleanup(func() {
-		ts.CloseClientConnections()
-		ts.Close()
-		for ss := range up.Sessions() {
-			_ = ss.Close()
-		}
-	})
-	_, cs := start(t, federate.Options{Upstreams: []federate.Upstream{{Name: "up", URL: ts.URL, Prefix: "u__"}}}, nil)
+	url := serveSDK(t, up)
+	_, cs := start(t, federate.Options{Upstreams: []federate.Upstream{{Name: "up", URL: url, Prefix: "u__"}}}, nil)
 	ctx := context.Background()
 	complete := func(ref *mcp.CompleteReference) (string, error) {
 		res, err := cs.Complete(ctx, &mcp.CompleteParams{Ref: ref, Argument: mcp.CompleteParamsArgument{Name: "who", Value: "wo"}})

@@ -263,3 +263,19 @@ func serveRaw() {
 		fmt.Printf(`{"jsonrpc":"2.0","id":%s,"result":%s}`+"\n", m.ID, result)
 	}
 }
+
+// serveSDK serves srv over Streamable HTTP until the test ends, then closes
+// its connections and sessions (a server keeps its sessions' goroutines
+// otherwise), and returns its URL.
+func serveSDK(t *testing.T, srv *mcp.Server) string {
+	t.Helper()
+	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	t.Cleanup(func() {
+		ts.CloseClientConnections()
+		ts.Close()
+		for ss := range srv.Sessions() {
+			_ = ss.Close()
+		}
+	})
+	return ts.URL
+}

@@ -3,8 +3,6 @@ package federate_test
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -28,15 +26,8 @@ func TestSubscriptionsBounded(t *testing.T) {
 	up.AddResourceTemplate(&mcp.ResourceTemplate{URITemplate: "test://up/items/{id}", Name: "items"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "item"}}}, nil
 	})
-	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return up }, nil))
-	t.Cleanup(func() {
-		ts.CloseClientConnections()
-		ts.Close()
-		for ss := range up.Sessions() {
-			_ = ss.Close()
-		}
-	})
-	_, cs := start(t, federate.Options{Upstreams: []federate.Upstream{{Name: "up", URL: ts.URL}}}, nil)
+	url := serveSDK(t, up)
+	_, cs := start(t, federate.Options{Upstreams: []federate.Upstream{{Name: "up", URL: url}}}, nil)
 	ctx := context.Background()
 	item := func(id string) *mcp.SubscribeParams { return &mcp.SubscribeParams{URI: "test://up/items/" + id} }
 

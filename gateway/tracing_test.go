@@ -272,17 +272,27 @@ func checkSpans(t *testing.T, spans []*tracepb.Span, seen []seenRequest, clientT
 // TestTracingCacheOutcome: a cached tool's server spans say miss, then hit.
 // The decisions are in process (memory store): no mcpgate.admit span, the
 // decision is on the server span.
-func TestTracingCacheOutcome(t *testing.T) {
+// traceToReceiver turns tracing on as mcpgate serve does (OTEL_* read by
+// metrics.SetupTracing, default sampler), exporting OTLP/HTTP to a new
+// receiver; shutdown flushes every span to it.
+func traceToReceiver(t *testing.T) (*receiver, func(context.Context) error) {
+	t.Helper()
 	rc := &receiver{}
 	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", startReceiver(t, rc, metrics.ProtocolHTTP)+"/v1/traces")
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
 	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "")
 	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "")
 	t.Setenv("OTEL_SDK_DISABLED", "")
+	t.Setenv("OTEL_TRACES_SAMPLER", "")
 	shutdown, err := metrics.SetupTracing(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rc, shutdown
+}
+
+func TestTracingCacheOutcome(t *testing.T) {
+	rc, shutdown := traceToReceiver(t)
 	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}, TracerProvider: metrics.TracerProvider(), Config: `
 tools:
   search:
@@ -337,17 +347,7 @@ func TestTracingOff(t *testing.T) {
 // sampler (parentbased_always_on) record nothing, yet the upstream still
 // receives the trace, unsampled, and the call is served as usual.
 func TestTracingSampledOut(t *testing.T) {
-	rc := &receiver{}
-	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", startReceiver(t, rc, metrics.ProtocolHTTP)+"/v1/traces")
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "")
-	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "")
-	t.Setenv("OTEL_SDK_DISABLED", "")
-	t.Setenv("OTEL_TRACES_SAMPLER", "")
-	shutdown, err := metrics.SetupTracing(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc, shutdown := traceToReceiver(t)
 	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}, TracerProvider: metrics.TracerProvider()})
 	const traceID = "0af7651916cd43dd8448eb211c80319c"
 	if r := post(t, e.mcpURL(0), token(t, "acme", "alice"), callBody(1, "echo", map[string]any{"text": "x"}), http.Header{"Traceparent": {"00-" + traceID + "-b7ad6b7169203331-00"}}); r.Status != http.StatusOK {
@@ -382,16 +382,7 @@ func TestTracingSampledOut(t *testing.T) {
 // or a method as long as the body limit would otherwise wait, whole, in the
 // exporter's queue.
 func TestTracingLongNames(t *testing.T) {
-	rc := &receiver{}
-	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", startReceiver(t, rc, metrics.ProtocolHTTP)+"/v1/traces")
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "")
-	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "")
-	t.Setenv("OTEL_SDK_DISABLED", "")
-	shutdown, err := metrics.SetupTracing(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc, shutdown := traceToReceiver(t)
 	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}, TracerProvider: metrics.TracerProvider()})
 	long := strings.Repeat("n", 1<<20)
 	tok := sign(t, claims("acme", "alice", "tools:echo"))
