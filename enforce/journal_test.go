@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/metrics"
@@ -93,9 +94,10 @@ func BenchmarkJournalRecord(b *testing.B) {
 	}
 }
 
-// A journal the usage store never trims (it is down) stays bounded: past
-// maxJournal entries the oldest quarter goes, counted as unmetered, and
-// the newest are kept.
+// A journal the usage store no longer drains (it is down) stays bounded:
+// past maxJournal entries the oldest quarter goes, counted as unmetered,
+// and the newest are kept. One drained within journalStall is not trimmed
+// (a hot tenant under a long flush interval).
 func TestJournalBounded(t *testing.T) {
 	m := newJournalMeterer()
 	meter := limit.Meter{Key: "k", Tenant: "t", Period: "2026-12"}
@@ -104,17 +106,32 @@ func TestJournalBounded(t *testing.T) {
 		d, mr := charge(i, "g1")
 		m.record(meter, "op", d, mr)
 	}
+	if n := len(m.journal["k"].entries); n != calls {
+		t.Fatalf("a journal drained just now was trimmed: %d of %d entries left", n, calls)
+	}
+	m.journal["k"].drained = time.Now().Add(-2 * m.journalStall())
+	d, mr := charge(calls+1, "g1")
+	m.record(meter, "op", d, mr)
 	j := m.journal["k"]
-	if n := len(j.entries); n > maxJournal || n < maxJournal*3/4 {
-		t.Fatalf("%d entries after %d charges; want between %d and %d", n, calls, maxJournal*3/4, maxJournal)
+	if n := len(j.entries); n != (calls+1)-(calls+1)/4 {
+		t.Fatalf("%d entries after %d charges; want the newest three quarters", n, calls+1)
 	}
-	if last := j.entries[len(j.entries)-1].after.Calls; last != calls {
-		t.Fatalf("newest entry after %d calls, want %d", last, calls)
+	if last := j.entries[len(j.entries)-1].after.Calls; last != calls+1 {
+		t.Fatalf("newest entry after %d calls, want %d", last, calls+1)
 	}
-	if first := j.entries[0].after.Calls; first != calls-int64(len(j.entries))+1 {
+	if first := j.entries[0].after.Calls; first != calls+1-int64(len(j.entries))+1 {
 		t.Fatalf("oldest entry after %d calls: the kept entries are not the newest %d", first, len(j.entries))
 	}
-	if got := testutil.ToFloat64(m.stats.Unmetered); got != float64(calls-len(j.entries)) {
-		t.Fatalf("unmetered = %v, want the %d entries dropped", got, calls-len(j.entries))
+	if got := testutil.ToFloat64(m.stats.Unmetered); got != float64(calls+1-len(j.entries)) {
+		t.Fatalf("unmetered = %v, want the %d calls dropped", got, calls+1-len(j.entries))
+	}
+	// Trims go on while the usage store stays stalled: the journal comes
+	// down to maxJournal and stays there.
+	for i := int64(calls + 2); i <= 2*calls; i++ {
+		d, mr := charge(i, "g1")
+		m.record(meter, "op", d, mr)
+	}
+	if n := len(j.entries); n > maxJournal || n < maxJournal*3/4 {
+		t.Fatalf("%d entries after %d more charges with the usage store stalled; want at most %d", n, calls, maxJournal)
 	}
 }

@@ -83,6 +83,9 @@ type journal struct {
 	meter   limit.Meter
 	gen     string
 	entries []journalEntry
+	// drained is when a flush last showed the usage store holding some of
+	// the entries (or when the journal was made): the trim's clock.
+	drained time.Time
 }
 
 // journalEntry is one op that landed, leaving the meter at after.
@@ -196,34 +199,45 @@ func (m *meterer) record(meter limit.Meter, op string, delta limit.Usage, mr lim
 	m.mu.Lock()
 	j := m.journal[meter.Key]
 	if j == nil {
-		j = &journal{meter: bare(meter)}
+		j = &journal{meter: bare(meter), drained: time.Now()}
 		m.journal[meter.Key] = j
 	}
 	m.lostLocked(j, mr.Gen.ID)
 	j.gen = mr.Gen.ID
 	j.entries = append(j.entries, journalEntry{op: op, delta: delta, after: mr.Usage})
-	if len(j.entries) > maxJournal {
+	if len(j.entries) > maxJournal && time.Since(j.drained) > m.journalStall() {
 		m.trimLocked(j)
 	}
 	m.mu.Unlock()
 }
 
-// maxJournal bounds one meter's journal. It holds a flush interval of the
-// meter's charges while the usage store answers, but every charge while it
-// is down: without a bound, hours of outage at thousands of calls a second
+// maxJournal bounds one meter's journal once the usage store has stopped
+// draining it (journalStall). It holds a flush interval of the meter's
+// charges while the usage store answers, but every charge while it is
+// down: without a bound, hours of outage at thousands of calls a second
 // would exhaust the process's memory (about 110 bytes an entry), losing
 // its pending usage with it.
 const maxJournal = 1 << 17
 
+// journalStall is how long a journal goes without a flush draining it
+// before it may be trimmed: a few flush intervals, so that a hot tenant's
+// journal under a long flush_interval is never trimmed while the usage
+// store keeps up.
+func (m *meterer) journalStall() time.Duration { return max(3*m.every, time.Minute) }
+
 // trimLocked drops the oldest quarter of j's entries. Their usage is on
 // the meter, but should the store lose the meter before the usage store
-// holds it, it could no longer be placed again: each is counted in
+// holds it, it could no longer be placed again: their calls are counted in
 // mcpgate_unmetered_calls_total. Call with mu held.
 func (m *meterer) trimLocked(j *journal) {
 	n := len(j.entries) / 4
+	var calls int64
+	for _, e := range j.entries[:n] {
+		calls += e.delta.Calls
+	}
 	clear(j.entries[:n])
 	j.entries = j.entries[n:]
-	m.stats.Unmetered.Add(float64(n))
+	m.stats.Unmetered.Add(float64(calls))
 	m.log.Warn("usage journal full: the usage store has not held this meter's charges for a long time; the oldest could not be placed again should the limit store lose the meter",
 		"tenant", j.meter.Tenant, "period", j.meter.Period, "dropped", n)
 }
@@ -273,6 +287,9 @@ func (m *meterer) observe(key string, found bool, gen limit.Generation, durable 
 			if !limit.Holds(durable, e.after, e.delta) {
 				kept = append(kept, e)
 			}
+		}
+		if len(kept) < len(j.entries) {
+			j.drained = time.Now()
 		}
 		clear(j.entries[len(kept):])
 		j.entries = kept

@@ -320,14 +320,23 @@ func (up *upstream) sharedSession(ctx context.Context) (*mcp.ClientSession, erro
 	if cs != nil {
 		return cs, nil
 	}
-	if err := up.connectShared(ctx); err != nil {
-		return nil, err
-	}
-	up.mu.Lock()
-	cs = up.shared
-	up.mu.Unlock()
-	if cs == nil { // Close ran meanwhile and closed it
-		return nil, fmt.Errorf("upstream %q: %w", up.cfg.Name, errClosing)
+	for attempt := 0; ; attempt++ {
+		if err := up.connectShared(ctx); err != nil {
+			return nil, err
+		}
+		up.mu.Lock()
+		cs = up.shared
+		up.mu.Unlock()
+		switch {
+		case cs != nil:
+		case up.f.ctx.Err() != nil: // Close ran meanwhile and closed it
+			return nil, fmt.Errorf("upstream %q: %w", up.cfg.Name, errClosing)
+		case attempt == 0: // a failing call dropped it at once: once more
+			continue
+		default:
+			return nil, fmt.Errorf("upstream %q: its new session was dropped as soon as it was opened, twice", up.cfg.Name)
+		}
+		break
 	}
 	// A new session may be a restarted server with other tools.
 	up.f.spawn(func() { up.f.refresh(up) })

@@ -102,7 +102,6 @@ type Gateway struct {
 	ready      atomic.Bool // false while the cache warms up
 	closeOnce  sync.Once
 	streams    streamSet // server-initiated streams (GET), ended on shutdown
-	idle       idleConns // HTTPServer's keep-alive connections between requests
 	// tenantRequests counts each tenant's requests in progress
 	// (server.max_requests_per_tenant).
 	tenantRequests tenantRequests

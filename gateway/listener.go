@@ -19,20 +19,21 @@ import (
 // gauge. It is safe for concurrent use.
 //
 // A keep-alive connection between two requests holds a slot while it
-// serves no one: at the cap, Accept closes the connection idle longest
-// (idle, when not nil, knows them), so that idle connections, a hostile
-// client's or many clients', cannot keep others out for idle_timeout.
+// serves no one: at the cap, Accept closes this listener's connection idle
+// longest (known when its server's ConnState is trackIdle), so that idle
+// connections, a hostile client's or many clients', cannot keep others out
+// for idle_timeout.
 type limitListener struct {
 	net.Listener
 	slots     chan struct{}
 	open      prometheus.Gauge
-	idle      *idleConns
+	idle      idleConns
 	done      chan struct{} // closed by Close: ends an Accept waiting for a slot
 	closeOnce sync.Once
 }
 
-func newLimitListener(ln net.Listener, max int, open prometheus.Gauge, idle *idleConns) *limitListener {
-	return &limitListener{Listener: ln, slots: make(chan struct{}, max), open: open, idle: idle, done: make(chan struct{})}
+func newLimitListener(ln net.Listener, max int, open prometheus.Gauge) *limitListener {
+	return &limitListener{Listener: ln, slots: make(chan struct{}, max), open: open, done: make(chan struct{})}
 }
 
 // Accept waits for a connection, then for a free slot (see waitSlot).
@@ -49,7 +50,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 	}
 	l.open.Inc()
-	return &limitConn{Conn: c, release: l.release}, nil
+	return &limitConn{Conn: c, release: l.release, idle: &l.idle}, nil
 }
 
 // idleRecheck is how often Accept, waiting at the cap, looks again for an
@@ -92,6 +93,7 @@ type limitConn struct {
 	net.Conn
 	once    sync.Once
 	release func()
+	idle    *idleConns // its listener's
 }
 
 func (c *limitConn) Close() error {
@@ -100,16 +102,23 @@ func (c *limitConn) Close() error {
 	return err
 }
 
-// idleConns tracks the server's connections waiting for their next request
-// (http.Server.ConnState), oldest first. Safe for concurrent use; a nil
-// *idleConns tracks nothing.
+// trackIdle is an http.Server.ConnState hook: it tells a limitListener's
+// connections' state to that listener (others are not tracked).
+func trackIdle(c net.Conn, st http.ConnState) {
+	if lc, ok := c.(*limitConn); ok {
+		lc.idle.track(c, st)
+	}
+}
+
+// idleConns tracks one listener's connections waiting for their next
+// request, oldest first. Safe for concurrent use; the zero value is ready.
 type idleConns struct {
 	mu    sync.Mutex
 	order list.List // of net.Conn, the longest idle at the front
 	at    map[net.Conn]*list.Element
 }
 
-// track is an http.Server.ConnState hook.
+// track records c's new state.
 func (t *idleConns) track(c net.Conn, st http.ConnState) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -129,9 +138,6 @@ func (t *idleConns) track(c net.Conn, st http.ConnState) {
 // arrives on it at that moment fails as it would at idle_timeout; clients
 // send again a request that met a keep-alive connection closing.
 func (t *idleConns) closeOldest() {
-	if t == nil {
-		return
-	}
 	t.mu.Lock()
 	e := t.order.Front()
 	var c net.Conn
@@ -143,4 +149,11 @@ func (t *idleConns) closeOldest() {
 	if c != nil {
 		_ = c.Close()
 	}
+}
+
+// len is the number of connections tracked as idle.
+func (t *idleConns) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.order.Len()
 }

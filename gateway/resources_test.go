@@ -35,6 +35,12 @@ const liveness = 60 * time.Second
 // serveReal serves gateway instance 0 of e as cli/serve.go does and returns
 // its address.
 func serveReal(t *testing.T, e *env) string {
+	addr, _ := serveRealListener(t, e)
+	return addr
+}
+
+// serveRealListener is serveReal also returning the gateway's listener.
+func serveRealListener(t *testing.T, e *env) (string, *limitListener) {
 	t.Helper()
 	g := e.gws[0]
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -42,9 +48,10 @@ func serveReal(t *testing.T, e *env) string {
 		t.Fatal(err)
 	}
 	srv := g.HTTPServer(log.New(io.Discard, "", 0))
-	go func() { _ = srv.Serve(g.Listener(ln)) }()
+	lln := g.Listener(ln).(*limitListener)
+	go func() { _ = srv.Serve(lln) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	return ln.Addr().String()
+	return ln.Addr().String(), lln
 }
 
 // gaugeValue reads a gauge's current value.
@@ -348,12 +355,15 @@ func TestSlowReaderIsCut(t *testing.T) {
 func TestConnectionCap(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, setup{Config: "server: {max_connections: 5}\n"})
-	addr := serveReal(t, e)
+	addr, ln := serveRealListener(t, e)
 	open := e.gws[0].metrics.OpenConnections
 	idle := make([]*rawConn, 5)
 	for i := range idle {
 		idle[i] = dialRaw(t, addr)
 		idle[i].healthz(t)
+		// the server marks a connection idle after the client has its
+		// answer: wait, so that idle[0] is the one idle longest
+		testenv.Eventually(t, liveness, "the connection marked idle", func() bool { return ln.idle.len() == i+1 })
 	}
 	if n := gaugeValue(t, open); n != 5 {
 		t.Fatalf("mcpgate_open_connections = %v, want 5", n)

@@ -27,7 +27,7 @@ func (g *Gateway) HTTPServer(errorLog *log.Logger) *http.Server {
 		ReadHeaderTimeout: s.ReadHeaderTimeout,
 		IdleTimeout:       s.IdleTimeout,
 		ErrorLog:          errorLog,
-		ConnState:         g.idle.track,
+		ConnState:         trackIdle,
 	}
 }
 
@@ -35,12 +35,12 @@ func (g *Gateway) HTTPServer(errorLog *log.Logger) *http.Server {
 // connections are open at once (read at start); the count is the
 // mcpgate_open_connections gauge; a config not from policy.Parse (zero)
 // gets policy.DefaultMaxConnections. At the cap, a new client gets the slot
-// of the connection of HTTPServer's server idle longest (closed), or waits
-// for one to close. Closing the returned listener closes ln.
+// of the listener's connection idle longest (closed) when its server is
+// HTTPServer's, or else waits for one to close. Closing the returned listener closes ln.
 func (g *Gateway) Listener(ln net.Listener) net.Listener {
 	max := g.Config().Server.MaxConnections
 	if max <= 0 {
 		max = policy.DefaultMaxConnections
 	}
-	return newLimitListener(ln, max, g.metrics.OpenConnections, &g.idle)
+	return newLimitListener(ln, max, g.metrics.OpenConnections)
 }
