@@ -23,7 +23,7 @@ func (g *Gateway) SetAdminToken(token string) {
 //   - listen, server.read_header_timeout, server.idle_timeout,
 //     server.max_connections: the listener and http.Server are built at
 //     start, and net/http reads its timeouts without synchronisation;
-//   - store.*, cache.redis, cache.timeout, usage.*: connections, and the
+//   - store.*, cache.redis, cache.timeout, cache.max_*, usage.*: connections, and the
 //     counters, leases and meters that live in them (a new store would
 //     start empty while calls in flight still hold the old one's leases);
 //   - cache.warm: warming runs once, before /readyz turns ready;
@@ -52,6 +52,8 @@ var startOnlyFields = []struct {
 	{"store.timeout", func(c *policy.Config) any { return c.Store.Timeout }},
 	{"cache.redis", func(c *policy.Config) any { return c.Cache.Redis }},
 	{"cache.timeout", func(c *policy.Config) any { return c.Cache.Timeout }},
+	{"cache.max_entries", func(c *policy.Config) any { return c.Cache.MaxEntries }},
+	{"cache.max_bytes", func(c *policy.Config) any { return c.Cache.MaxBytes }},
 	{"cache.warm", func(c *policy.Config) any { return c.Cache.Warm }},
 	{"usage.store", func(c *policy.Config) any { return c.Usage.Store }},
 	{"usage.flush_interval", func(c *policy.Config) any { return c.Usage.FlushInterval }},

@@ -361,7 +361,16 @@ type Cache struct {
 	// Default DefaultCacheTimeout.
 	Timeout time.Duration
 	Warm    []Warm // calls made at startup, before the gateway reports ready
+	// MaxEntries and MaxBytes bound the in-process cache (used when there
+	// is no Redis): entries held and bytes of values. 0 means the cache
+	// package's defaults (cache.DefaultMaxEntries, cache.DefaultMaxBytes).
+	MaxEntries int
+	MaxBytes   int64 // at least minCacheBytes
 }
+
+// minCacheBytes is the least cache.max_bytes: the in-process cache splits
+// it over its shards and keeps no value over 1/128 of it.
+const minCacheBytes = 1 << 20
 
 // Warm is one call made to fill the cache at startup.
 type Warm struct {

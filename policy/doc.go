@@ -96,6 +96,9 @@
 //	cache.redis                like store.redis; "" uses store.redis
 //	cache.timeout              deadline of one cache store operation; a cached call whose
 //	                           store operation misses it is served uncached [25ms]
+//	cache.max_entries          entries the in-process cache (without Redis) holds [100000]
+//	cache.max_bytes            bytes of values it holds, at least 1 MiB; a value over 1/128
+//	                           of it is served but not kept [268435456]
 //	cache.warm[]               {tool, args, tenant}: calls made at startup; the tool must
 //	                           have a cache, and tenant is required unless it is shared
 //	tools.NAME.cost            N (fixed, at least 1) or {estimate: N [1], from_result: PATH} [1]

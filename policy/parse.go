@@ -345,8 +345,16 @@ func (d *decoder) tiers(n *yaml.Node, path string) map[string]Tier {
 
 func (d *decoder) cache(n *yaml.Node, path string, c *Cache) {
 	d.object(n, path, fields{
-		"redis":   func(v *yaml.Node, p string) { c.Redis = d.redis(v, p) },
-		"timeout": func(v *yaml.Node, p string) { c.Timeout, _ = d.positiveDuration(v, p) },
+		"redis":       func(v *yaml.Node, p string) { c.Redis = d.redis(v, p) },
+		"timeout":     func(v *yaml.Node, p string) { c.Timeout, _ = d.positiveDuration(v, p) },
+		"max_entries": func(v *yaml.Node, p string) { c.MaxEntries, _ = d.positiveSmallCount(v, p) },
+		"max_bytes": func(v *yaml.Node, p string) {
+			if b, ok := d.positiveInt64(v, p); ok && b < minCacheBytes {
+				d.errf(v, p, "must be at least %d (1 MiB: the in-process cache splits it over its shards), got %d", minCacheBytes, b)
+			} else {
+				c.MaxBytes = b
+			}
+		},
 		"warm": func(v *yaml.Node, p string) {
 			d.list(v, p, func(_ int, v *yaml.Node, p string) {
 				w := Warm{Args: map[string]any{}}

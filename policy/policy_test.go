@@ -176,6 +176,8 @@ tools:
 cache:
   redis: "rediss://u:p@cache:6380/2"
   timeout: 40ms
+  max_entries: 5_000
+  max_bytes: 67_108_864
   warm:
     - tool: t
       args: {s: x, i: -3, f: 2.5, b: false, "n": null, l: [1, {k: v}], ts: 2024-01-02, q: "7"}
@@ -195,7 +197,8 @@ cache:
 	if !reflect.DeepEqual(c.Store.Redis, []string{"10.0.0.1:7000", "10.0.0.2:7001"}) || c.Store.OnError != FailLocal {
 		t.Errorf("store %+v", c.Store)
 	}
-	if !reflect.DeepEqual(c.Cache.Redis, []string{"rediss://u:p@cache:6380/2"}) || c.Cache.Timeout != 40*time.Millisecond {
+	if !reflect.DeepEqual(c.Cache.Redis, []string{"rediss://u:p@cache:6380/2"}) || c.Cache.Timeout != 40*time.Millisecond ||
+		c.Cache.MaxEntries != 5000 || c.Cache.MaxBytes != 64<<20 {
 		t.Errorf("cache %+v", c.Cache)
 	}
 	if k, tb := c.Usage.Backend(); k != "dynamodb" || tb != "mcpgate-usage" || c.Usage.FlushInterval != 250*time.Millisecond {

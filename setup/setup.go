@@ -213,7 +213,7 @@ func (s *Stores) openCache(ctx context.Context, cfg *policy.Config) error {
 		CheckEviction(ctx, s.log, s.sharedConn, cache.RoleCache, "store.redis (used by the cache)")
 		store, err = cache.NewRedisStore(s.sharedConn)
 	default:
-		store, err = cache.NewMemoryStore(nil)
+		store, err = cache.NewMemoryStore(&cache.MemoryOptions{MaxEntries: cfg.Cache.MaxEntries, MaxBytes: cfg.Cache.MaxBytes})
 	}
 	if err == nil {
 		if s.Cache, err = cache.New(store, &cache.Options{Logger: s.log, Timeout: cfg.Cache.Timeout}); err == nil {
