@@ -77,6 +77,7 @@ type detours struct {
 
 	mu      sync.Mutex
 	slots   map[uint16]*watch
+	begun   int  // watches begun, ended or not (for tests: a watch may end at once)
 	running bool // the watcher goroutine is running
 	stopped bool
 	done    chan struct{} // closed by stop
@@ -249,6 +250,7 @@ func (ds *detours) watch(slot uint16, key string, run func()) {
 		ds.done = make(chan struct{})
 	}
 	ds.slots[slot] = &watch{key: key, since: time.Now()}
+	ds.begun++
 	ds.publishLocked()
 	if !ds.running {
 		ds.running = true
