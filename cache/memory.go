@@ -307,7 +307,7 @@ func (s *MemoryStore) slot(sh *memShard, entry string, now time.Time) *memSlot {
 	if sl := sh.m[entry]; sl != nil {
 		return sl
 	}
-	s.sweep(sh, now, len(sh.m) >= s.perShard)
+	s.sweep(sh, now, len(sh.m) >= s.perShard, nil)
 	sl := &memSlot{}
 	sh.m[entry] = sl
 	return sl
@@ -318,13 +318,17 @@ func (s *MemoryStore) slot(sh *memShard, entry string, now time.Time) *memSlot {
 // set and none was dead, it drops the sampled slot nearest its expiry that
 // no loader holds. A slot outlives its value by its fence's life, so
 // without the second step the memberships of expired values would stay for
-// as long.
-func (s *MemoryStore) sweep(sh *memShard, now time.Time, full bool) {
+// as long. Slots skip reports (nil: none) are not sampled. It reports
+// whether it dropped a slot.
+func (s *MemoryStore) sweep(sh *memShard, now time.Time, full bool, skip func(string, *memSlot) bool) bool {
 	const samples = 8
 	var victim string
 	var victimUntil time.Time
 	seen, dropped := 0, false
 	for k, sl := range sh.m {
+		if skip != nil && skip(k, sl) {
+			continue
+		}
 		if seen++; seen > samples {
 			break
 		}
@@ -345,7 +349,9 @@ func (s *MemoryStore) sweep(sh *memShard, now time.Time, full bool) {
 	}
 	if full && !dropped && victim != "" {
 		s.drop(sh, victim, sh.m[victim])
+		return true
 	}
+	return dropped
 }
 
 func (s *MemoryStore) nextFence() uint64 { return s.fences.Add(1) }
@@ -482,51 +488,17 @@ func (s *MemoryStore) put(sh *memShard, entry string, sl *memSlot, rec *record, 
 	if size > s.maxValue {
 		return false
 	}
+	// Only slots holding a value free bytes (MaxEntries bounds the
+	// others), and neither entry's own nor one a loader holds may go.
+	skip := func(k string, sl *memSlot) bool { return sl.size == 0 || k == entry || now.Before(sl.lockUntil) }
 	for sh.bytes+size > s.shardBytes {
-		if !s.shed(sh, entry, now) {
+		if !s.sweep(sh, now, true, skip) {
 			return false
 		}
 	}
 	sl.rec, sl.has, sl.until, sl.size = *rec, true, now.Add(rec.life), size
 	sl.rec.value, sl.rec.life = bytes.Clone(rec.value), 0
 	sh.bytes += size
-	return true
-}
-
-// shed drops the dead slots holding a value among a few sampled ones
-// (map iteration starts at a random place), else the sampled one nearest
-// its expiry, as sweep does; it skips keep and the slots a loader holds,
-// and reports false when no slot of the shard is left to drop. Slots
-// without a value are not sampled: dropping them frees no bytes (MaxEntries
-// bounds them).
-func (s *MemoryStore) shed(sh *memShard, keep string, now time.Time) bool {
-	const samples = 8
-	var victim string
-	var victimUntil time.Time
-	seen, dropped := 0, false
-	for k, sl := range sh.m {
-		if sl.size == 0 || k == keep {
-			continue
-		}
-		if sl.dead(now) {
-			s.drop(sh, k, sl)
-			dropped = true
-		} else if now.Before(sl.lockUntil) {
-			continue
-		} else if victim == "" || sl.until.Before(victimUntil) {
-			victim, victimUntil = k, sl.until
-		}
-		if seen++; seen >= samples {
-			break
-		}
-	}
-	switch {
-	case dropped:
-		return true
-	case victim == "":
-		return false
-	}
-	s.drop(sh, victim, sh.m[victim])
 	return true
 }
 
