@@ -159,9 +159,8 @@ type progressTable struct {
 	next atomic.Uint64
 	m    map[string]progressEntry
 	// retired holds the tokens in the order they were retired (their
-	// times increase: taken under mu), from retired[head] on.
+	// times increase: taken under mu); expire pops them from the front.
 	retired []retiredToken
-	head    int
 	now     func() time.Time // time.Now; tests set it
 }
 
@@ -223,29 +222,21 @@ func (e *progressEntry) expired(now time.Time) bool {
 }
 
 // expire forgets the tokens retired more than progressGrace before now:
-// those at the front of the queue. t.mu is held.
+// those at the front of the queue. Popping reslices: append copies only
+// the queued tokens when it outgrows the array (amortised O(1) a token),
+// and an empty queue lets its array go. t.mu is held.
 func (t *progressTable) expire(now time.Time) {
-	q := t.retired
-	for t.head < len(q) && now.Sub(q[t.head].at) > progressGrace {
+	for len(t.retired) > 0 && now.Sub(t.retired[0].at) > progressGrace {
+		ft := t.retired[0].ft
 		// A token retired again since is left to its later place in the queue.
-		if e, ok := t.m[q[t.head].ft]; ok && e.expired(now) {
-			delete(t.m, q[t.head].ft)
+		if e, ok := t.m[ft]; ok && e.expired(now) {
+			delete(t.m, ft)
 		}
-		q[t.head] = retiredToken{}
-		t.head++
+		t.retired[0] = retiredToken{}
+		t.retired = t.retired[1:]
 	}
-	// Compacted once half of it is consumed (amortised O(1) a token), and
-	// given back after a burst.
-	if t.head > 0 && t.head >= len(q)/2 {
-		n := len(q) - t.head
-		if cap(q) > 1024 && n < cap(q)/4 {
-			t.retired = append(make([]retiredToken, 0, 2*n), q[t.head:]...)
-		} else {
-			copy(q, q[t.head:])
-			clear(q[n:])
-			t.retired = q[:n]
-		}
-		t.head = 0
+	if len(t.retired) == 0 {
+		t.retired = nil
 	}
 }
 
@@ -253,10 +244,9 @@ func (t *progressTable) expire(now time.Time) {
 func (t *progressTable) lookup(from *mcp.ClientSession, ft string) (progressEntry, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	now := t.clock()
-	t.expire(now)
-	e, ok := t.m[ft]
-	if !ok || e.cs != from || e.expired(now) {
+	t.expire(t.clock())
+	e, ok := t.m[ft] // expire left no token past progressGrace
+	if !ok || e.cs != from {
 		return progressEntry{}, false
 	}
 	return e, true
