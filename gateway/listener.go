@@ -93,7 +93,8 @@ type limitConn struct {
 	net.Conn
 	once    sync.Once
 	release func()
-	idle    *idleConns // its listener's
+	idle    *idleConns    // its listener's
+	at      *list.Element // its place in idle.order while idle; guarded by idle.mu
 }
 
 func (c *limitConn) Close() error {
@@ -106,7 +107,7 @@ func (c *limitConn) Close() error {
 // connections' state to that listener (others are not tracked).
 func trackIdle(c net.Conn, st http.ConnState) {
 	if lc, ok := c.(*limitConn); ok {
-		lc.idle.track(c, st)
+		lc.idle.track(lc, st)
 	}
 }
 
@@ -114,23 +115,19 @@ func trackIdle(c net.Conn, st http.ConnState) {
 // request, oldest first. Safe for concurrent use; the zero value is ready.
 type idleConns struct {
 	mu    sync.Mutex
-	order list.List // of net.Conn, the longest idle at the front
-	at    map[net.Conn]*list.Element
+	order list.List // of *limitConn, the longest idle at the front
 }
 
 // track records c's new state.
-func (t *idleConns) track(c net.Conn, st http.ConnState) {
+func (t *idleConns) track(c *limitConn, st http.ConnState) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if e, ok := t.at[c]; ok {
-		t.order.Remove(e)
-		delete(t.at, c)
+	if c.at != nil {
+		t.order.Remove(c.at)
+		c.at = nil
 	}
 	if st == http.StateIdle {
-		if t.at == nil {
-			t.at = make(map[net.Conn]*list.Element)
-		}
-		t.at[c] = t.order.PushBack(c)
+		c.at = t.order.PushBack(c)
 	}
 }
 
@@ -139,11 +136,10 @@ func (t *idleConns) track(c net.Conn, st http.ConnState) {
 // send again a request that met a keep-alive connection closing.
 func (t *idleConns) closeOldest() {
 	t.mu.Lock()
-	e := t.order.Front()
-	var c net.Conn
-	if e != nil {
-		c = t.order.Remove(e).(net.Conn)
-		delete(t.at, c)
+	var c *limitConn
+	if e := t.order.Front(); e != nil {
+		c = t.order.Remove(e).(*limitConn)
+		c.at = nil
 	}
 	t.mu.Unlock()
 	if c != nil {
