@@ -24,6 +24,7 @@ type call struct {
 	idle   *idleTimer
 	parent context.Context // the client's
 	status atomic.Int32    // the HTTP status of the call's POST (HTTP upstreams)
+	posted atomic.Bool     // a notification of the call was queued for ss (see flush)
 	// stopOnClose undoes the call's cancellation by Federator.Close.
 	stopOnClose func() bool
 }
@@ -77,7 +78,7 @@ type verdict struct {
 
 // end reports how the call went to the breaker and to Options.OnCall, and
 // tells the client's answer. It first lets the notifications the upstream
-// sent before its answer reach the client (see wireCount).
+// sent before its answer reach the client (see wireCount and flush).
 func (c *call) end(err error) verdict {
 	defer c.stopOnClose()
 	v := c.verdict(err)
@@ -88,6 +89,9 @@ func (c *call) end(err error) verdict {
 // verdict classifies how the call ended; see end.
 func (c *call) verdict(err error) verdict {
 	c.f.wires.drain(c.cs)
+	if c.posted.Load() {
+		c.f.flush(c.parent, c.ss)
+	}
 	defer c.idle.stop()
 	c.f.inflight.remove(c)
 	status := int(c.status.Load())

@@ -139,6 +139,11 @@ type Options struct {
 	// OnState, when set, is called when an upstream's health state
 	// changes (for metrics); it must not block.
 	OnState func(upstream string, state State)
+	// OnDropped, when set, is told of each notification (by its method)
+	// that was not relayed to a client session because that session had
+	// MaxPending notifications waiting already: a client that stops
+	// reading. It must not block.
+	OnDropped func(method string)
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9-]+$`)
@@ -184,6 +189,7 @@ type Federator struct {
 	inflight  inflightTable
 	wires     wireTable
 	subs      subscriptions
+	outboxes  outboxes
 	ctx       context.Context // ends at Close: the supervisors' lifetime
 	// installed is closed once the catalog is built and installed: a
 	// refresh (an upstream's list_changed may come during New) waits for it.

@@ -100,8 +100,8 @@ func TestMergedListsAndRouting(t *testing.T) {
 			t.Errorf("tools/list lacks %q: %v", want, tools)
 		}
 	}
-	if len(tools) != 24 {
-		t.Errorf("%d tools, want 3 upstreams × 8: %v", len(tools), tools)
+	if len(tools) != 27 {
+		t.Errorf("%d tools, want 3 upstreams × 9: %v", len(tools), tools)
 	}
 	for tool, want := range map[string]string{"a__echo": "a: hi", "echo": "b: hi", "c__echo": "c: hi"} {
 		if got, isErr := callText(t, cs, tool, map[string]any{"text": "hi"}); got != want || isErr {
@@ -434,22 +434,12 @@ func TestProgressBeforeTheAnswer(t *testing.T) {
 		{Name: "c", Command: stdioCommand(t), Env: map[string]string{stdioEnv: "c"}, Prefix: "c__"},
 	}})
 	rc := &rawClient{t: t, url: url}
-	rc.post(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
-	rc.post(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	initialize(rc)
 	for i := range 20 {
 		for _, up := range []string{"a", "c"} {
 			events := rc.post(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"%s__burst","_meta":{"progressToken":"t%d"}}}`, i+1, up, i))
-			var kinds []string
-			for _, ev := range events {
-				switch {
-				case strings.Contains(ev, `"notifications/progress"`):
-					kinds = append(kinds, "progress")
-				case strings.Contains(ev, `"result"`):
-					kinds = append(kinds, "result")
-				}
-			}
-			if strings.Join(kinds, ",") != "progress,progress,progress,result" {
-				t.Fatalf("%s__burst #%d: events in order %v, want 3 progress then the result", up, i, kinds)
+			if kinds := eventKinds(events); kinds != "progress,progress,progress,result" {
+				t.Fatalf("%s__burst #%d: events in order %s, want 3 progress then the result", up, i, kinds)
 			}
 		}
 	}

@@ -71,14 +71,16 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount)
 			f.spawn(func() { f.refresh(up) })
 		},
 		ResourceUpdatedHandler: func(ctx context.Context, r *mcp.ResourceUpdatedNotificationRequest) {
-			_ = f.stateful.ResourceUpdated(ctx, r.Params)
+			// The SDK server writes to each subscriber in turn: queued,
+			// so that a stalled subscriber holds up only the updates.
+			f.post(up, "notifications/resources/updated", func() { _ = f.stateful.ResourceUpdated(context.Background(), r.Params) })
 		},
 		LoggingMessageHandler: func(ctx context.Context, r *mcp.LoggingMessageRequest) {
 			to, c := target(r.Session)
 			f.relayLog(to, c, up, r.Params)
 		},
 		ProgressNotificationHandler: func(ctx context.Context, r *mcp.ProgressNotificationClientRequest) {
-			f.progress.relay(r.Session, r.Params)
+			f.relayProgress(r.Session, r.Params)
 		},
 	})
 	c.AddReceivingMiddleware(relayRequests(target), countRelayed(w))
@@ -139,10 +141,13 @@ func (f *Federator) relayLog(ss *mcp.ServerSession, c *call, up *upstream, p *mc
 	ctx := context.Background()
 	if c != nil {
 		ctx = c.parent
+		c.posted.Store(true)
 	}
-	if err := ss.Log(ctx, p); err != nil && c != nil {
-		_ = ss.Log(context.Background(), p) // the call has ended: the session's own stream
-	}
+	f.post(ss, "notifications/message", func() {
+		if err := ss.Log(ctx, p); err != nil && c != nil {
+			_ = ss.Log(context.Background(), p) // the call has ended: the session's own stream
+		}
+	})
 }
 
 // progressTable maps the progress tokens the Federator sends upstream to
@@ -252,25 +257,29 @@ func (t *progressTable) lookup(from *mcp.ClientSession, ft string) (progressEntr
 	return e, true
 }
 
-// relay passes a progress notification of upstream session from on to the
-// client whose call it is about, and restarts that call's idle timeout. A
-// token of a call on another session is ignored: an upstream cannot reach
-// into another's calls.
-func (t *progressTable) relay(from *mcp.ClientSession, p *mcp.ProgressNotificationParams) {
+// relayProgress passes a progress notification of upstream session from on
+// to the client whose call it is about (through its outbox), and restarts
+// that call's idle timeout. A token of a call on another session is
+// ignored: an upstream cannot reach into another's calls.
+func (f *Federator) relayProgress(from *mcp.ClientSession, p *mcp.ProgressNotificationParams) {
 	ft, _ := p.ProgressToken.(string)
-	e, ok := t.lookup(from, ft)
+	e, ok := f.progress.lookup(from, ft)
 	if !ok {
 		return
 	}
 	out := *p
 	out.ProgressToken = e.token
+	ctx := context.Background()
 	if e.c != nil {
 		e.c.idle.touch()
-		if e.ss.NotifyProgress(e.c.parent, &out) == nil {
-			return
-		}
+		e.c.posted.Store(true)
+		ctx = e.c.parent
 	}
-	_ = e.ss.NotifyProgress(context.Background(), &out) // the call has ended: the session's own stream
+	f.post(e.ss, "notifications/progress", func() {
+		if e.ss.NotifyProgress(ctx, &out) != nil && e.c != nil {
+			_ = e.ss.NotifyProgress(context.Background(), &out) // the call has ended: the session's own stream
+		}
+	})
 }
 
 // sessionTable holds each client session's upstream sessions.

@@ -80,15 +80,18 @@ func (c *counter) get(tool string) int {
 }
 
 type textArgs struct {
-	Text string `json:"text,omitempty"`
-	MS   int    `json:"ms,omitempty"`
+	Text  string `json:"text,omitempty"`
+	MS    int    `json:"ms,omitempty"`
+	Count int    `json:"count,omitempty"`
 }
 
 // newTestServer is an upstream whose answers name it: tools echo, sample
 // (asks its client for a completion), notify (logs and reports progress),
 // slow (sleeps ms, reporting progress every 50ms when asked), burst (three
-// progress notifications right before its answer), env (the value of the
-// environment variable text), crash (exits: for stdio); a prompt greet; a resource test://<name>/info and a template
+// progress notifications right before its answer), flood (count progress
+// notifications of 32 KiB each, then creates the file text), env (the value
+// of the environment variable text), crash (exits: for stdio); a prompt
+// greet; a resource test://<name>/info and a template
 // test://<name>/items/{id}.
 func newTestServer(name string, calls *counter) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: name, Version: "1"}, nil)
@@ -143,6 +146,19 @@ func newTestServer(name string, calls *counter) *mcp.Server {
 			}
 		}
 		return text("burst"), nil, nil
+	})
+	mcp.AddTool(s, &mcp.Tool{Name: "flood"}, func(ctx context.Context, req *mcp.CallToolRequest, a textArgs) (*mcp.CallToolResult, any, error) {
+		calls.add("flood")
+		msg := strings.Repeat("x", 32<<10)
+		if tok := req.Params.GetProgressToken(); tok != nil {
+			for i := range a.Count {
+				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: float64(i), Message: msg})
+			}
+		}
+		if err := os.WriteFile(a.Text, nil, 0o600); err != nil {
+			return nil, nil, err
+		}
+		return text("flooded"), nil, nil
 	})
 	mcp.AddTool(s, &mcp.Tool{Name: "roots"}, func(ctx context.Context, req *mcp.CallToolRequest, a textArgs) (*mcp.CallToolResult, any, error) {
 		res, err := req.Session.ListRoots(ctx, nil)

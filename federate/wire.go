@@ -71,13 +71,14 @@ func (t *wireTable) drain(cs *mcp.ClientSession) {
 
 // counted is a reader of an upstream's messages (an SSE body, a stdio
 // process's stdout) that counts the progress and log notifications going
-// through it, line by line. Lines longer than maxCounted are not looked
-// at: a notification is short.
+// through it, line by line. Only a line's first maxCounted bytes are looked
+// at: the SDKs encode a message's method before its params, and a long
+// progress or log message (a big log payload) must still be counted, or
+// its relay would be counted against another's.
 type counted struct {
-	r        io.Reader
-	w        *wireCount
-	line     []byte
-	skipping bool // in a line longer than maxCounted
+	r    io.Reader
+	w    *wireCount
+	line []byte // the current line's first maxCounted bytes
 }
 
 const maxCounted = 8 << 10
@@ -101,23 +102,18 @@ func (c *counted) scan(b []byte) {
 			return
 		}
 		c.add(b[:i])
-		if !c.skipping && (bytes.Contains(c.line, progressMethod) || bytes.Contains(c.line, logMethod)) {
+		if bytes.Contains(c.line, progressMethod) || bytes.Contains(c.line, logMethod) {
 			c.w.seen.Add(1)
 		}
-		c.line, c.skipping = c.line[:0], false
+		c.line = c.line[:0]
 		b = b[i+1:]
 	}
 }
 
 func (c *counted) add(b []byte) {
-	if c.skipping {
-		return
+	if room := maxCounted - len(c.line); room > 0 {
+		c.line = append(c.line, b[:min(len(b), room)]...)
 	}
-	if len(c.line)+len(b) > maxCounted {
-		c.line, c.skipping = c.line[:0], true
-		return
-	}
-	c.line = append(c.line, b...)
 }
 
 // countedBody is an HTTP response body read through counted.

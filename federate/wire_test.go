@@ -3,11 +3,12 @@ package federate
 import (
 	"bytes"
 	"io"
+	"strings"
 	"testing"
 )
 
-// countLines is what counted must find: the lines (of at most maxCounted
-// bytes) naming a progress or log notification.
+// countLines is what counted must find: the lines naming a progress or log
+// notification in their first maxCounted bytes.
 func countLines(data []byte) int64 {
 	var n int64
 	lines := bytes.Split(data, []byte("\n"))
@@ -15,7 +16,8 @@ func countLines(data []byte) int64 {
 		if i == len(lines)-1 {
 			break // no newline after it: not a complete line
 		}
-		if len(l) <= maxCounted && (bytes.Contains(l, progressMethod) || bytes.Contains(l, logMethod)) {
+		l = l[:min(len(l), maxCounted)]
+		if bytes.Contains(l, progressMethod) || bytes.Contains(l, logMethod) {
 			n++
 		}
 	}
@@ -33,7 +35,8 @@ func TestCounted(t *testing.T) {
 		{"stdio lines", `{"method":"notifications/message"}` + "\n" + `{"method":"notifications/progress"}` + "\n", 2},
 		{"escaped in a string", `{"result":{"text":"\"notifications/progress\""}}` + "\n", 0},
 		{"no newline yet", `{"method":"notifications/progress"}`, 0},
-		{"long line skipped", string(bytes.Repeat([]byte("x"), maxCounted+1)) + `"notifications/progress"` + "\n", 0},
+		{"long notification", `{"method":"notifications/message","params":{"data":"` + strings.Repeat("x", 4*maxCounted) + `"}}` + "\n", 1},
+		{"method past the counted start", strings.Repeat("x", maxCounted) + `"notifications/progress"` + "\n", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -64,6 +64,7 @@ func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (
 	}
 	opts.OnState = func(upstream string, s federate.State) { setUpstreamState(m, upstream, s) }
 	opts.OnCall = func(upstream string, o federate.Outcome) { m.UpstreamCalls.WithLabelValues(upstream, string(o)).Inc() }
+	opts.OnDropped = func(method string) { m.NotificationsDropped.WithLabelValues(method).Inc() }
 	for _, u := range cfg.Upstreams {
 		setUpstreamState(m, u.Name, federate.StateUp)
 	}

@@ -63,6 +63,10 @@ type Metrics struct {
 	// SessionsEnded counts upstream sessions the gateway ended itself (idle,
 	// or without a slot), by sending the upstream a DELETE.
 	SessionsEnded prometheus.Counter
+	// NotificationsDropped counts the upstreams' notifications the
+	// federation did not relay because their client was not taking them
+	// (federate.MaxPending waiting), by method.
+	NotificationsDropped *prometheus.CounterVec
 	// OpenConnections is the number of client connections accepted and not
 	// yet closed (at most server.max_connections).
 	OpenConnections prometheus.Gauge
@@ -100,7 +104,7 @@ func New() *Metrics {
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
 		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
 		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.CacheDegraded,
-		m.UpstreamSessions, m.UpstreamState, m.UpstreamCalls, m.SessionsEnded, m.OpenConnections, m.AuditDropped, m.UsageFlushFailures, m.UsageLastFlush, m.TenantQuota)
+		m.UpstreamSessions, m.UpstreamState, m.UpstreamCalls, m.SessionsEnded, m.NotificationsDropped, m.OpenConnections, m.AuditDropped, m.UsageFlushFailures, m.UsageLastFlush, m.TenantQuota)
 	presetLabels(m)
 	// The runtime collectors too carry the prefix: every name we serve starts
 	// with mcpgate_ (mcpgate_go_goroutines, mcpgate_process_cpu_seconds_total).
@@ -191,6 +195,9 @@ func (m *Metrics) initUpstreamMetrics() {
 	m.SessionsEnded = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "mcpgate_upstream_sessions_ended_total", Help: "Upstream sessions the gateway ended (idle, or without a slot).",
 	})
+	m.NotificationsDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mcpgate_notifications_dropped_total", Help: "Upstream notifications not relayed because their client was not taking them, by method.",
+	}, []string{"method"})
 }
 
 // initCacheMetrics sets up the metrics of the result cache.
