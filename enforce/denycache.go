@@ -20,8 +20,12 @@ const DefaultDenialCacheSize = 100_000
 // unless a refund intervenes.
 //
 // The key of an entry is the counter's key, which names the rule, its scope
-// and the owner (keyspace.Counter). The cache is a bounded LRU: when full,
-// the least recently used entry goes.
+// and the owner (keyspace.Counter), and the entry holds the rule that
+// denied: a counter key does not name the rule's limit, so tiers whose
+// rules share a name and algorithm share a counter (a tenant moving between
+// tiers keeps its count), and a denial under one tier's limit must not deny
+// under another's. The cache is a bounded LRU: when full, the least
+// recently used entry goes.
 type denialCache struct {
 	mu  sync.Mutex
 	max int
@@ -32,6 +36,7 @@ type denialCache struct {
 
 type denialEntry struct {
 	key      string
+	rule     limit.Rule // the rule that denied: the entry serves checks of it only
 	cost     int64
 	at       time.Time // when the store denied
 	until    time.Time
@@ -63,7 +68,7 @@ func (c *denialCache) lookup(checks []limit.Check, cost int64) (limit.Decision, 
 			c.removeLocked(el)
 			continue
 		}
-		if cost < e.cost {
+		if cost < e.cost || ch.Rule != e.rule {
 			continue
 		}
 		c.lru.MoveToFront(el)
@@ -84,9 +89,11 @@ func (c *denialCache) remember(checks []limit.Check, cost int64, d limit.Decisio
 	if d.Allowed || d.Rule.Algorithm == limit.Concurrency {
 		return
 	}
+	// The deciding check: its rule, not only its name (a tier rule and a
+	// tool rule may share a name with different scopes and limits).
 	var key string
 	for i, ch := range checks {
-		if ch.Rule.Name == d.Rule.Name && !ch.Rule.Shadow && i < len(d.Results) && !d.Results[i].Allowed {
+		if ch.Rule == d.Rule && !ch.Rule.Shadow && i < len(d.Results) && !d.Results[i].Allowed {
 			key = ch.Key
 			break
 		}
@@ -99,7 +106,7 @@ func (c *denialCache) remember(checks []limit.Check, cost int64, d limit.Decisio
 		hold = d.Rule.Period
 	}
 	now := c.now()
-	e := &denialEntry{key: key, cost: cost, at: now, until: now.Add(hold), decision: d}
+	e := &denialEntry{key: key, rule: d.Rule, cost: cost, at: now, until: now.Add(hold), decision: d}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if el, ok := c.m[key]; ok {

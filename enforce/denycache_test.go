@@ -102,3 +102,37 @@ func TestDenialCacheUnit(t *testing.T) {
 		t.Fatal("forget kept an entry")
 	}
 }
+
+// A cached denial serves only checks of the rule that denied. A tier rule
+// and a tool rule may share a name (with different scopes): the tool
+// rule's long denial must not be cached under the tier rule's key. Tiers
+// whose rules share a name and algorithm share a counter key: a denial
+// under one tier's limit must not deny under another's.
+func TestDenialCacheMatchesTheRule(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	c := newDenialCache(10, func() time.Time { return now })
+	tier := limit.Rule{Name: "cap", Algorithm: limit.FixedWindow, Limit: 1, Period: time.Second}
+	tool := limit.Rule{Name: "cap", Algorithm: limit.FixedWindow, Limit: 1, Period: time.Hour}
+	both := []limit.Check{{Rule: tier, Key: "tenant"}, {Rule: tool, Key: "tenant-tool"}}
+	// Both deny; the tool rule decides (the longer retry).
+	c.remember(both, 1, limit.Decision{Rule: tool, Limit: 1, RetryAfter: time.Hour, ResetAfter: time.Hour,
+		Results: []limit.Result{{RetryAfter: time.Second}, {RetryAfter: time.Hour}}})
+	if d, ok := c.lookup(both[:1], 1); ok {
+		t.Errorf("another tool (the tier rule only) denied from the cache: %+v", d)
+	}
+	if _, ok := c.lookup(both, 1); !ok {
+		t.Error("the tool's own call not denied from the cache")
+	}
+
+	free := limit.Rule{Name: "per_tenant", Algorithm: limit.FixedWindow, Limit: 1, Period: time.Hour}
+	pro := free
+	pro.Limit = 100
+	c.remember([]limit.Check{{Rule: free, Key: "acme"}}, 1, limit.Decision{Rule: free, Limit: 1, RetryAfter: time.Hour,
+		ResetAfter: time.Hour, Results: []limit.Result{{RetryAfter: time.Hour}}})
+	if _, ok := c.lookup([]limit.Check{{Rule: pro, Key: "acme"}}, 1); ok {
+		t.Error("a denial under the free tier's limit denied the tenant under the pro tier's")
+	}
+	if _, ok := c.lookup([]limit.Check{{Rule: free, Key: "acme"}}, 1); !ok {
+		t.Error("the free tier's own denial is not cached")
+	}
+}
