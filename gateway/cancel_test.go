@@ -124,6 +124,16 @@ func TestCancelKeptOpenAndIsolation(t *testing.T) {
 						t.Fatalf("after other caller %d's cancellation: %d calls registered, want the owner's 1", k, n)
 					}
 				}
+				// A requestId spelled twice would be read one way here and
+				// another upstream (a strict decoder takes "requestId",
+				// encoding/json the last case twin): refused, the call kept.
+				twin := fmt.Sprintf(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":999,"RequestId":%d}}`, id)
+				if r := owner.post(0, twin); r.Status != http.StatusBadRequest {
+					t.Fatalf("an ambiguous cancellation answered %d %s, want 400", r.Status, r.Body)
+				}
+				if n := e.gws[0].inflight.size(); n != 1 {
+					t.Fatalf("after an ambiguous cancellation: %d calls registered, want 1", n)
+				}
 				// 41.0 is 41: ids compare as JSON-RPC values.
 				if r := owner.post(0, strings.Replace(cancelID, fmt.Sprint(id), fmt.Sprint(id)+".0", 1)); r.Status != http.StatusAccepted {
 					t.Fatalf("owner's cancellation answered %d %s", r.Status, r.Body)

@@ -130,23 +130,17 @@ func (f *inflight) size() int {
 	return n
 }
 
-// cancelledParams are the params of notifications/cancelled.
-type cancelledParams struct {
-	RequestID json.RawMessage `json:"requestId"`
-}
-
 // cancelCall handles a client's notifications/cancelled before it is
 // forwarded: the caller's call with that id in that session ends now. It
 // reports whether the notification should still go upstream: not when it
 // cancelled a cached call (the upstream request belongs to the cache's
 // flight, which goes on for its other callers).
 func (g *Gateway) cancelCall(r *http.Request, p auth.Principal, msg *mcp.Message) (forward bool) {
-	var params cancelledParams
-	if json.Unmarshal(msg.Params, &params) != nil || len(params.RequestID) == 0 {
+	if len(msg.CancelID) == 0 {
 		return true
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), cancelWait)
 	defer cancel()
-	c := g.inflight.cancel(ctx, ownerOf(p, r), params.RequestID)
+	c := g.inflight.cancel(ctx, ownerOf(p, r), msg.CancelID)
 	return c == nil || !c.cached.Load()
 }

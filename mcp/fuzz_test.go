@@ -36,6 +36,8 @@ func FuzzParse(f *testing.F) {
 		`{"jsonrpc":"2.0","id":1,"method":" initialize"}`,
 		`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"resourceSubscriptions":["file:///a","x"]}}}`,
 		`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"resourceSubscriptions":["a"],"resourcesubscriptions":["b"]}}}`,
+		`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"x"}}`,
+		`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":999,"RequestId":7}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -107,6 +109,15 @@ func FuzzParse(f *testing.F) {
 		}
 		if m.Method == MethodSubscriptionsListen {
 			checkListen(t, m)
+		}
+		if m.Method == MethodCancelled {
+			// The request id the gateway cancels is the one a strict
+			// upstream reads (the gateway forwards the message as it is).
+			var params map[string]json.RawMessage
+			_ = json.Unmarshal(m.Params, &params)
+			if !bytes.Equal(params["requestId"], m.CancelID) {
+				t.Fatalf("cancels %s, encoding/json (exact keys) reads %s", m.CancelID, params["requestId"])
+			}
 		}
 	})
 }

@@ -67,6 +67,8 @@ const (
 	// MethodInitialized is the notification that ends a session's
 	// initialization; clients open their GET stream when it is answered.
 	MethodInitialized = "notifications/initialized"
+	// MethodCancelled ends a request of the sender's: params.requestId.
+	MethodCancelled = "notifications/cancelled"
 	// The list methods whose answers a Filter can trim.
 	MethodResourcesList         = "resources/list"
 	MethodResourceTemplatesList = "resources/templates/list"
@@ -92,6 +94,10 @@ type Message struct {
 	Arguments json.RawMessage
 	// Kind says whether this is a request, a notification or a response.
 	Kind Kind
+
+	// CancelID is params.requestId of notifications/cancelled, nil when
+	// absent: the request the notification ends.
+	CancelID json.RawMessage
 
 	// Name is the value the Mcp-Name header must carry under MCP 2026-07-28:
 	// params.name of tools/call and prompts/get, params.uri of
@@ -318,17 +324,30 @@ func (m *Message) finishResponse() *Error {
 // prompts/get, the uri of resources/read, resources/subscribe and
 // resources/unsubscribe.
 func (m *Message) parseParams() *Error {
+	invalid := func(format string, args ...any) *Error {
+		return newError(http.StatusBadRequest, CodeInvalidParams, m.ID, format, args...)
+	}
 	var nameField string
 	switch m.Method {
 	case MethodToolsCall, MethodPromptsGet:
 		nameField = "name"
 	case MethodResourcesRead, MethodResourcesSubscribe, MethodResourcesUnsubscribe:
 		nameField = "uri"
+	case MethodCancelled:
+		// The gateway ends the call it names and forwards the message: the
+		// upstream must read the same request id, so a duplicate or a case
+		// twin ("RequestId") is refused like one in a tools/call.
+		if m.Params == nil || m.Params[0] != '{' {
+			return nil // nothing to cancel; forwarded as it is
+		}
+		raw, problem := members(m.Params, "requestId")
+		if problem != "" {
+			return invalid("params: %s", problem)
+		}
+		m.CancelID = raw[0]
+		return nil
 	default:
 		return nil
-	}
-	invalid := func(format string, args ...any) *Error {
-		return newError(http.StatusBadRequest, CodeInvalidParams, m.ID, format, args...)
 	}
 	if m.Params == nil || m.Params[0] != '{' {
 		return invalid("%s needs params with a %q", m.Method, nameField)

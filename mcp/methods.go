@@ -23,7 +23,7 @@ var knownMethods = []string{
 	"tasks/get", "tasks/result", "tasks/list", "tasks/cancel", // 2025-11-25
 	"server/discover", MethodSubscriptionsListen, // 2026-07-28
 	// notifications
-	"notifications/initialized", "notifications/cancelled", "notifications/progress",
+	MethodInitialized, MethodCancelled, "notifications/progress",
 	"notifications/message",
 	"notifications/resources/list_changed", "notifications/resources/updated",
 	"notifications/prompts/list_changed", "notifications/tools/list_changed",
