@@ -138,6 +138,19 @@ func (l *limiter) decide(ctx context.Context, tenant, global ruleSet, meter *lim
 		store = l.shared
 	}
 	b, err := l.evaluateMetered(ctx, store, tenant, global, meter, br, cost, onErr)
+	v := l.judge(b, err, tenant, global, meter, cost)
+	if b.opSent && !v.allowed {
+		// The charge may have landed though the call is refused (the
+		// failure policy is closed, the local fallback denied it, or the
+		// client went away): it is placed again with its op, which lands
+		// once, and given back, so the call costs nothing either way.
+		l.meters.takeBack(*meter, limit.Usage{Charged: meter.CostFor(cost), Calls: 1})
+	}
+	return v
+}
+
+// judge turns the store's answer (or failure) into the call's verdict.
+func (l *limiter) judge(b batch, err error, tenant, global ruleSet, meter *limit.Meter, cost int64) verdict {
 	switch {
 	case err != nil || b.unavailable:
 		return verdict{unavailable: true, degraded: b.degraded, release: noRelease}

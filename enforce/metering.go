@@ -379,6 +379,14 @@ func (m *meterer) addPending(meter limit.Meter, delta limit.Usage, cause error) 
 	}
 }
 
+// takeBack cancels the charge delta of a call that was refused after the
+// charge got no answer: the op is placed again (it lands once, whether or
+// not it had) and delta placed as refunded, so the call nets nothing.
+func (m *meterer) takeBack(meter limit.Meter, delta limit.Usage) {
+	m.addOp(meter, pendingOp{op: meter.Op, delta: delta, sent: time.Now()}, errors.New("refused after a meter charge that got no answer"))
+	m.addPending(meter, limit.Usage{Refunded: delta.Charged, RefundedCalls: delta.Calls}, errors.New("the refund of a refused call"))
+}
+
 // addOp keeps an op whose outcome is unknown, to be placed again with the
 // same op.
 func (m *meterer) addOp(meter limit.Meter, op pendingOp, cause error) {

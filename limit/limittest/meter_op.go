@@ -68,10 +68,20 @@ func testMeterOp(c *tcase) {
 	// A take's op placed again through Adjust, as the engine does when the
 	// take's answer was lost: the take landed, so nothing more is applied,
 	// and it is no error (a store that failed here would keep the usage
-	// pending forever, then count it twice once the marker expired).
-	for _, op := range []limit.Meter{m, m3} {
-		if _, err := c.ms().Adjust(c.ctx, op, use(1, 0, 1, 0)); err != nil {
+	// pending forever, then count it twice once the marker expired). It
+	// answers the take's own meter answer, usage and generation, so the
+	// caller keeps the op as if that answer had arrived: a later replay of
+	// it must compare the durable total with the usage right after it,
+	// not with the meter as it stands.
+	for _, t := range []struct {
+		op limit.Meter
+		mr limit.MeterResult
+	}{{m, mr1}, {m3, o1.Meter}} {
+		mr, err := c.ms().Adjust(c.ctx, t.op, use(1, 0, 1, 0))
+		if err != nil {
 			c.t.Errorf("a take's op placed again through Adjust: %v", err)
+		} else if !mr.Allowed || mr.Covered || mr.Usage != t.mr.Usage || mr.Gen != t.mr.Gen {
+			c.t.Errorf("a take's op placed again through Adjust answered %+v; want the take's own %+v", mr, t.mr)
 		}
 	}
 	c.expectUsage("after takes' ops placed again", c.read(m.Key).Live, use(9, 1, 4, 0))

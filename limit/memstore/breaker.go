@@ -339,7 +339,6 @@ func (c *core) meterEval(m *limit.Meter, ms int, now, cost int64) (mt *algo.Mete
 		return nil, 0, 0, limit.MeterResult{}, err
 	}
 	if created { // whatever the call decides: the Seed is no charge
-		nameGen(mt)
 		msh.putMeter(m.Key, mt)
 	}
 	return mt, exp, mcost, limit.MeterResult{Allowed: mst == algo.MeterOK, NeedSeed: mst == algo.MeterNeedSeed}, nil

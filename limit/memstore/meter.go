@@ -136,9 +136,6 @@ func (s *Store) Adjust(ctx context.Context, m limit.Meter, delta limit.Usage) (l
 	}
 	exp := expireUS(m.ExpireAt)
 	mt, created, st := algo.MeterOpen(sh.meter(m.Key, now), m, now, exp)
-	if created {
-		nameGen(mt)
-	}
 	covered := st == algo.MeterOK && algo.MeterReplayed(mt, m.Replay, delta)
 	if st == algo.MeterOK && !covered {
 		st = algo.MeterAdjust(mt, delta, exp)
@@ -203,13 +200,6 @@ func (sh *shard) putOp(key string, o *opMarker) {
 		}
 	}
 	sh.ops[key] = o
-}
-
-// nameGen gives a meter created without an op a generation id of its own.
-func nameGen(mt *algo.Meter) {
-	if mt.Gen.ID == "" {
-		mt.Gen.ID = limit.NewOp()
-	}
 }
 
 // validateAdjust checks the arguments of Adjust (a meter as for a call of

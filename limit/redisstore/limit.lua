@@ -59,8 +59,8 @@
 -- the delta raises, applies nothing either (status 5) and is recorded.
 --
 -- A meter's generation, field g: "<id> <seed c> <seed r> <seed n> <seed rn>",
--- written when the meter is created from a seed; the id is the op id of the
--- creating call, or "t<now>" without one.
+-- written when the meter is created from a seed; the id is "t<now>"
+-- (algo.GenID).
 -- A meter is a hash: c, r, n, rn the live usage (charged, refunded, calls,
 -- refunded calls), fc, fr, fn, frn the part flushed to the durable store,
 -- t the tenant, p the period and g the generation. Every write of the live usage sets the
@@ -275,8 +275,7 @@ if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' or EOP == 'M' or EOP == 'A' or 
       return 1, { tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0 }, false, v[5] or ''
     end
     if ARGV[b + 3] ~= '1' then return 2, { 0, 0, 0, 0 }, false, '' end
-    local id = 't' .. int(now)
-    if opkey then id = ARGV[na + 1] end
+    local id = 't' .. int(now) -- algo.GenID: never the op's id (a lost generation's op creates a new one)
     return 1, { tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8]) }, true,
       id .. ' ' .. ARGV[b + 5] .. ' ' .. ARGV[b + 6] .. ' ' .. ARGV[b + 7] .. ' ' .. ARGV[b + 8]
   end
@@ -307,7 +306,8 @@ if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' or EOP == 'M' or EOP == 'A' or 
     return out, kind
   end
 
-  -- record writes the op's marker: the kind of write ('t' or 'a'), then
+  -- record writes the op's marker: the kind of write ('m' or 'n', a take
+  -- of that op; 'a' an adjust; 't', a take, from earlier versions), then
   -- the reply out, for the TTL.
   record = function(kind, out)
     local parts = { kind }
@@ -616,7 +616,7 @@ local function take()
     if counted then out[o + 8] = calls.n end
     out[o + 10] = before
   end
-  if opkey and metered and admit then record('t', out) end
+  if opkey and metered and admit then record(op == 'n' and 'n' or 'm', out) end
   return out
 end
 
@@ -718,10 +718,21 @@ local function adjust()
   if opkey then
     local r, kind = recorded()
     if kind == 'a' then return r end
-    if r then
+    if kind == 'm' or kind == 'n' then
       -- The op was a take that landed (a denied take leaves no marker): its
-      -- charge is on the meter, so this placement of it applies nothing and
-      -- answers as an adjust would, covered (status 5).
+      -- charge is on the meter, so this placement applies nothing and
+      -- answers the take's own meter block (status, usage right after the
+      -- charge, generation), as the memory store answers the take's reply:
+      -- the caller keeps the op as if that reply had arrived. The block
+      -- ends the reply of 'm' and precedes the breaker's 10 values in 'n'.
+      local b = #r - 5
+      if kind == 'n' then b = b - 10 end
+      return { now, r[b], r[b + 1], r[b + 2], r[b + 3], r[b + 4], r[b + 5] }
+    end
+    if r then
+      -- A take's marker of an earlier version ('t'): its charge is on the
+      -- meter, so this placement applies nothing and answers as an adjust
+      -- would, covered (status 5).
       local st, u, _, gen = meterOpen(KEYS[1], 4)
       if st == 1 then st = 5 end
       if st > 2 and st < 5 then gen = '' end

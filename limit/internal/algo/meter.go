@@ -1,6 +1,10 @@
 package algo
 
-import "github.com/mcpgate/mcpgate/limit"
+import (
+	"strconv"
+
+	"github.com/mcpgate/mcpgate/limit"
+)
 
 // Meter is one usage counter (limit.Meter's state). The memory store keeps
 // it as is; the Redis store keeps the same numbers in a hash, and its script
@@ -11,8 +15,8 @@ type Meter struct {
 	// ExpiresAt is when the counter is dropped (limit.Meter.ExpireAt, in µs
 	// on the store's clock).
 	ExpiresAt int64
-	// Gen is the counter's generation: the op that created it (the store
-	// names one when there is none) and the Seed.
+	// Gen is the counter's generation: when it was created (GenID) and
+	// the Seed.
 	Gen limit.Generation
 }
 
@@ -48,8 +52,15 @@ func MeterOpen(mt *Meter, m limit.Meter, now, expireAt int64) (out *Meter, creat
 		return nil, false, MeterNeedSeed
 	}
 	return &Meter{Live: m.Seed, Flushed: m.Seed, Tenant: m.Tenant, Period: m.Period, ExpiresAt: expireAt,
-		Gen: limit.Generation{ID: m.Op, Seed: m.Seed}}, true, MeterOK
+		Gen: limit.Generation{ID: GenID(now), Seed: m.Seed}}, true, MeterOK
 }
+
+// GenID names the generation of a counter created at now: "t" and the
+// time in µs. Never the creating op's id: an op placed again after its
+// store lost the counter (and the op's marker with it) creates the counter
+// anew, and that new life must not take the lost one's name, or what was
+// charged in the lost one would be judged still counted (MeterReplayed).
+func GenID(now int64) string { return "t" + strconv.FormatInt(now, 10) }
 
 // MeterEval decides whether mt admits cost under quota (0: no quota); cost
 // is the meter's charge (limit.Meter.CostFor), not the checks':
