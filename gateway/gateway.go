@@ -272,7 +272,39 @@ func (g *Gateway) routes() {
 }
 
 // ServeHTTP implements http.Handler.
-func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.ServeHTTP(w, r) }
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !g.bodyBounded(w, r) {
+		return
+	}
+	g.mux.ServeHTTP(w, r)
+}
+
+// bodyBounded bounds the body of every request but the MCP endpoint's
+// POSTs (protect bounds those, and lifts its deadline once the body is
+// in): the server has no ReadTimeout (see HTTPServer), so a declared body
+// that never comes would otherwise hold the connection for ever, busy,
+// where the listener cannot take it back (net/http waits for up to 256
+// KiB of it after the handler answers). Other POSTs (the admin API) get
+// server.read_timeout for the whole request, which ends quickly; a body
+// on any other method (GET, DELETE, ...) has no meaning here and is
+// refused with 400, the connection closed, the rest of it read under the
+// same deadline. A GET stream keeps no deadline: net/http's read of an
+// empty body's connection is its watch for the client going away.
+func (g *Gateway) bodyBounded(w http.ResponseWriter, r *http.Request) bool {
+	post := r.Method == http.MethodPost
+	if post && r.URL.Path == "/mcp" || !post && r.ContentLength == 0 {
+		return true
+	}
+	if t := g.rt.Load().cfg.Server.ReadTimeout; t > 0 {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(t))
+	}
+	if post {
+		return true
+	}
+	w.Header().Set("Connection", "close")
+	http.Error(w, r.Method+" requests carry no body", http.StatusBadRequest)
+	return false
+}
 
 func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -158,6 +158,43 @@ func heapInuse() uint64 {
 	return ms.HeapInuse
 }
 
+// A body declared and never sent holds no connection, on any route (no
+// token needed): a GET, DELETE or any method but POST that declares one is
+// refused with 400; a POST outside the MCP endpoint (the admin API) must
+// send it within server.read_timeout; either way the server closes the
+// connection once read_timeout has passed. Without this, net/http waited
+// for the declared bytes after the handler answered, for ever, and
+// max_connections such connections kept every client out.
+func TestDeclaredBodyNeverSent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{Config: "server: {read_timeout: 1s, idle_timeout: 1m}\n"})
+	addr := serveReal(t, e)
+	for _, tc := range []struct {
+		req  string
+		want int
+	}{
+		{"GET /mcp", http.StatusBadRequest},
+		{"DELETE /mcp", http.StatusBadRequest},
+		{"GET /healthz", http.StatusBadRequest},
+		{"POST /admin/reload", http.StatusUnauthorized},
+	} {
+		c := dialRaw(t, addr)
+		if _, err := io.WriteString(c, tc.req+" HTTP/1.1\r\nHost: gw\r\nContent-Length: 1000\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(liveness))
+		resp, err := http.ReadResponse(c.br, nil)
+		if err != nil {
+			t.Fatalf("%s: no answer: %v", tc.req, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("%s with a body never sent: %d, want %d", tc.req, resp.StatusCode, tc.want)
+		}
+		c.waitEOF(t, tc.req+" with a body never sent")
+	}
+}
+
 // 200 idle keep-alive connections and 60 that declare a 4 MiB body, send
 // one byte and stall: the server closes every one, its goroutines return,
 // the heap does not grow by the declared bodies, nothing reaches the
