@@ -3,6 +3,7 @@ package enforce
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/mcpgate/mcpgate/cache"
@@ -40,6 +41,23 @@ func compileCaching(cfg *policy.Config) (map[string]toolCaching, bool, error) {
 		}
 	}
 	return out, sharedTags, nil
+}
+
+// CheckArguments reports whether a tools/call of tool with arguments args
+// can be governed: a tool whose calls invalidate cache entries needs
+// arguments with a canonical form (no member spelled twice; the error
+// wraps cache.ErrInvalidArguments), or it could not name the entries it
+// makes stale while the upstream, keeping one of the twins, runs the call.
+// Nil for every other tool.
+func (e *Engine) CheckArguments(tool string, args json.RawMessage) error {
+	tc, ok := e.cfg.Load().caching[tool]
+	if !ok || tc.invalidates == nil {
+		return nil
+	}
+	if _, err := tc.invalidates.Render(args); errors.Is(err, cache.ErrInvalidArguments) {
+		return err
+	}
+	return nil
 }
 
 // invalidateAfter drops the cache entries a successful call of a mutating

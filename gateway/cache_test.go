@@ -291,6 +291,15 @@ func TestCacheTagInvalidation(t *testing.T) {
 			}
 			expectResult(t, "acme 42 after update", call(1, acme, "search", q("42")), "miss")
 			expectResult(t, "acme 43 after update", call(0, acme, "search", q("43")), "hit")
+
+			// Arguments spelling a member twice: the upstream would run the
+			// update with one of the twins, the gateway could not name the
+			// entries it makes stale. Refused before anything runs.
+			twin := `{"jsonrpc":"2.0","id":900,"method":"tools/call","params":{"name":"update_product","arguments":{"id":"42","id":"42"}}}`
+			if r := post(t, e.mcpURL(0), acme, twin, nil); r.Status != http.StatusBadRequest || r.Msg.Error == nil {
+				t.Fatalf("update_product with a member twice: %d %s, want 400", r.Status, r.Body)
+			}
+			expectResult(t, "acme 42 after a refused update", call(1, acme, "search", q("42")), "hit")
 			expectResult(t, "globex 42 after acme's update", call(1, globex, "search", q("42")), "hit")
 
 			// A failed mutation (isError) invalidates nothing.

@@ -179,6 +179,11 @@ func (g *Gateway) parse(x *exchange) bool {
 		mcp.WriteError(x.w, herr.HTTPStatus, herr.ID, herr.Code, herr.Message, herr.Data)
 		return false
 	}
+	if err := g.eng.CheckArguments(msg.ToolName, msg.Arguments); err != nil {
+		g.metrics.Requests.WithLabelValues(methodClass(msg), "bad_request").Inc()
+		mcp.WriteError(x.w, http.StatusBadRequest, msg.ID, mcp.CodeInvalidParams, "params.arguments: "+err.Error(), nil)
+		return false
+	}
 	x.fwd.Body, x.fwd.Msg, x.msg = body, msg, msg
 	g.trace.message(x.r.Context(), x.p, msg)
 	var audited func()
