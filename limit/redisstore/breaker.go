@@ -97,6 +97,7 @@ func (s *Store) evaluate(ctx context.Context, req limit.Request) (limit.Outcome,
 	s.request(b, req, checks, lease)
 	arr, err := s.exec(ctx, b)
 	if err != nil {
+		s.releaseLost(lease, checks)
 		return limit.Outcome{}, 0, wrap(err)
 	}
 	o, now, err := parseOutcome(req, len(checks), lease, arr)

@@ -126,6 +126,12 @@ func (s *Store) split(ctx context.Context, req limit.Request) (limit.Outcome, er
 			_, gres, gerr = parseResults(arrs[1], len(req.Global))
 		}
 	}
+	if terr != nil {
+		s.releaseLost(lease, req.Checks)
+	}
+	if gerr != nil {
+		s.releaseLost(lease, req.Global)
+	}
 	tAdmit := terr == nil && t.Decision.Allowed
 	gAdmit := gerr == nil && limit.Combine(req.Global, gres, lease).Allowed
 	bg := context.WithoutCancel(ctx) // a refund is owed even if the caller gave up

@@ -72,6 +72,7 @@ func (s *Store) takeMetered(ctx context.Context, checks []limit.Check, m limit.M
 	}
 	arr, err := s.runMeter(ctx, opTakeMetered, checks, cost, lease, &m, m.CostFor(cost))
 	if err != nil {
+		s.releaseLost(lease, checks)
 		return nil, "", mr, 0, wrap(err)
 	}
 	n := len(checks)

@@ -208,6 +208,7 @@ type Store struct {
 	// clients), and soloConn keeps the connection of lone calls (see solo.go).
 	inflight atomic.Int64
 	soloConn soloConn
+	lost     lostLeases // releases of the slots failed calls may hold (see lostlease.go)
 }
 
 var _ limit.GuardedStore = (*Store)(nil)
@@ -220,6 +221,7 @@ func New(client rueidis.Client, opts *Options) (*Store, error) {
 		return nil, errors.New("redisstore: nil client")
 	}
 	s := &Store{client: client, timeout: DefaultTimeout, cluster: client.Mode() == rueidis.ClientModeCluster, log: slog.Default()}
+	s.lost.init()
 	if opts != nil && opts.NoFunctions {
 		s.lib.mode.Store(modeScripts)
 	}
@@ -252,6 +254,7 @@ func New(client rueidis.Client, opts *Options) (*Store, error) {
 // made after Close still work, without detours, all through the client's
 // pipeline.
 func (s *Store) Close() {
+	s.lost.close()
 	s.detours.stop()
 	s.soloConn.stop()
 }
@@ -394,6 +397,7 @@ func (s *Store) take(ctx context.Context, checks []limit.Check, cost int64) (res
 	}
 	arr, err := s.run(ctx, opTake, checks, cost, lease)
 	if err != nil {
+		s.releaseLost(lease, checks)
 		return nil, "", 0, fmt.Errorf("redisstore: take: %w", err)
 	}
 	if len(arr) != 1+4*len(checks) {

@@ -1,0 +1,73 @@
+package redisstore
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// lostLeases releases the concurrency slots of calls that failed: a script
+// sent before its caller's deadline passed may still run on the server
+// (its reply lost, the server stalled or failing over), and it then takes
+// slots under a lease the caller never learnt. Nobody would release them:
+// they would stay taken for the rule's whole period, refusing calls that
+// should run. Releasing a lease that took nothing changes nothing.
+type lostLeases struct {
+	wg   sync.WaitGroup
+	ctx  context.Context // ended by Close
+	stop context.CancelFunc
+}
+
+func (l *lostLeases) init() { l.ctx, l.stop = context.WithCancel(context.Background()) }
+
+// close stops the releases under way and waits for them.
+func (l *lostLeases) close() {
+	l.stop()
+	l.wg.Wait()
+}
+
+// releaseLost frees, in the background, the slots a call that failed may
+// have taken under lease: at once, and again after twice the store's
+// timeout, for a script the server ran only after the first release (on
+// another connection, or after a pause). Each set of checks is released
+// on its own (a Cluster request's tenant and global checks are in
+// different slots).
+func (s *Store) releaseLost(lease string, sets ...[]limit.Check) {
+	if lease == "" {
+		return
+	}
+	var slots [][]limit.Check
+	for _, checks := range sets {
+		var cs []limit.Check
+		for _, c := range checks {
+			if c.Rule.Algorithm == limit.Concurrency {
+				cs = append(cs, c)
+			}
+		}
+		if len(cs) > 0 {
+			slots = append(slots, cs)
+		}
+	}
+	if len(slots) == 0 {
+		return
+	}
+	l := &s.lost
+	l.wg.Go(func() {
+		for _, wait := range []time.Duration{0, 2 * s.timeout} {
+			select {
+			case <-l.ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			for _, cs := range slots {
+				ctx, cancel := context.WithTimeout(l.ctx, s.timeout)
+				if err := s.Release(ctx, cs, lease); err != nil {
+					s.log.Debug("redisstore: the slots of a failed call are not released yet; they free themselves when the lease expires", "lease", lease, "err", err)
+				}
+				cancel()
+			}
+		}
+	})
+}
