@@ -1,12 +1,15 @@
 package enforce
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/mcpgate/mcpgate/limit"
+	"github.com/mcpgate/mcpgate/limit/memstore"
 	"github.com/mcpgate/mcpgate/metrics"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -133,5 +136,45 @@ func TestJournalBounded(t *testing.T) {
 	}
 	if n := len(j.entries); n > maxJournal || n < maxJournal*3/4 {
 		t.Fatalf("%d entries after %d more charges with the usage store stalled; want at most %d", n, calls, maxJournal)
+	}
+}
+
+// expiredStore refuses every Adjust as a store does once the meter's
+// period ended longer than its grace ago.
+type expiredStore struct{ *memstore.Store }
+
+func (expiredStore) Adjust(context.Context, limit.Meter, limit.Usage) (limit.MeterResult, error) {
+	return limit.MeterResult{}, fmt.Errorf("memstore: adjust: %w", limit.ErrMeterExpired)
+}
+
+// Usage that no store will ever accept is not kept and retried for ever:
+// it is dropped, and its calls are counted as unmetered. Usage that fails
+// for a passing reason stays pending.
+func TestPendingThatCanNeverBePlaced(t *testing.T) {
+	ms, err := memstore.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Close()
+	m := newJournalMeterer()
+	m.store = expiredStore{ms}
+	meter := limit.Meter{Key: "k", Tenant: "t", Period: "2026-10", ExpireAt: time.Now().Add(time.Hour)}
+	m.addPending(meter, limit.Usage{Charged: 3, Calls: 3}, errors.New("test"))
+	m.addOp(meter, pendingOp{op: limit.NewOp(), delta: limit.Usage{Charged: 1, Calls: 1}, sent: time.Now()}, errors.New("test"))
+	m.placePending(context.Background())
+	if n := m.pendingCount(); n != 0 {
+		t.Fatalf("%d meters still pending after a placement no store accepts", n)
+	}
+	if got := testutil.ToFloat64(m.stats.Unmetered); got != 4 {
+		t.Fatalf("unmetered calls %v, want 4", got)
+	}
+
+	m.store = ms // a failure for a passing reason (here the caller's context) stays pending
+	m.addPending(meter, limit.Usage{Charged: 1, Calls: 1}, errors.New("test"))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	m.placePending(ctx)
+	if n := m.pendingCount(); n != 1 {
+		t.Fatalf("%d meters pending after a placement that failed for a passing reason, want 1", n)
 	}
 }

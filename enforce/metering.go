@@ -138,7 +138,10 @@ func (m *meterer) run(ctx context.Context) {
 			stopFlusher()
 			wg.Wait()
 			if n := m.pendingCount(); n > 0 {
-				m.log.Error("usage could not be recorded before shutdown", "meters", n)
+				calls := m.pendingCalls()
+				m.stats.Unmetered.Add(float64(calls))
+				m.log.Error("usage could not be recorded before shutdown: lost with this process; its calls are counted in mcpgate_unmetered_calls_total",
+					"meters", n, "calls", calls)
 			}
 			return
 		case <-t.C:
@@ -428,6 +431,29 @@ func (m *meterer) pendingCount() int {
 // sending; the margin covers the time the new attempt takes to run.
 const opHorizon = limit.OpTTL - 30*time.Second
 
+// neverPlaced reports whether a placement failed for a reason no retry
+// changes: the meter's period ended longer than its grace ago
+// (ErrMeterExpired), a field would pass MaxUsage, or the op is one no
+// store accepts (ErrInvalidMeter, such as a replay of replays whose id
+// grew past MaxOpLen).
+func neverPlaced(err error) bool {
+	return errors.Is(err, limit.ErrMeterExpired) || errors.Is(err, limit.ErrUsageOverflow) || errors.Is(err, limit.ErrInvalidMeter)
+}
+
+// pendingCalls is how many calls the pending usage holds.
+func (m *meterer) pendingCalls() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var n int64
+	for _, p := range m.pending {
+		n += p.delta.Calls
+		for _, op := range p.ops {
+			n += op.delta.Calls
+		}
+	}
+	return n
+}
+
 // placePending moves pending usage onto its meters.
 func (m *meterer) placePending(ctx context.Context) {
 	m.mu.Lock()
@@ -468,6 +494,14 @@ func (m *meterer) placeKey(ctx context.Context, key string, seed *limit.Usage) {
 				"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "sent", op.sent)
 		}
 		covered, err := m.tryAdjust(ctx, meter, op.delta)
+		if err != nil && neverPlaced(err) {
+			// Tried again it would fail again, for ever, and the process
+			// would hold it: dropped, counted and said.
+			m.stats.Unmetered.Add(float64(op.delta.Calls))
+			m.log.Error("usage that can never be placed on its meter is dropped; its calls are counted in mcpgate_unmetered_calls_total",
+				"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "usage", op.delta, "err", err)
+			continue
+		}
 		if err != nil {
 			if op.sent.IsZero() {
 				op.sent = sentAt(err)

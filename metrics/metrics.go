@@ -167,7 +167,7 @@ func (m *Metrics) initUsageMetrics() {
 		Name: "mcpgate_cost_corrections_total", Help: "Cost corrections read from tool results, by outcome.",
 	}, []string{"outcome"})
 	m.Unmetered = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "mcpgate_unmetered_calls_total", Help: "Admitted calls whose usage cannot be proved recorded exactly once (a write unanswered past the op TTL).",
+		Name: "mcpgate_unmetered_calls_total", Help: "Admitted calls whose usage cannot be proved recorded exactly once: a write unanswered past the op TTL, a full journal trimmed, usage no store accepts (its period long over, an overflow), or usage still pending when the process stopped.",
 	})
 	m.UsageLastFlush = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "mcpgate_usage_last_flush_success_timestamp_seconds", Help: "When the durable usage store last took a flush (Unix seconds; 0 before the first).",
