@@ -66,65 +66,9 @@ func (g *Gateway) serveCall(x *exchange) {
 		a.failed, a.result, a.code, loading = g.cachedCall(x.w, x.r, x.rt, x.fwd, plan, call, answered)
 		return
 	}
-	w, r := x.w, x.r
-	if outlivesClient(r) {
-		w, r = &goneWriter{ResponseWriter: w, ctx: r.Context()}, r.WithContext(context.WithoutCancel(r.Context()))
-	}
-	a.code = g.forward(w, r, x.rt, x.fwd, "tools/call")
+	a.code = g.forward(x.w, x.r, x.rt, x.fwd, "tools/call")
 	g.cancelAbandoned(x.r, x.p, msg.ID) // before the call is settled and its slot freed
 }
-
-// outlivesClient reports whether a tools/call's upstream request must
-// outlive its client: one without a session, under MCP before 2026-07-28,
-// cannot be stopped upstream once sent (a notifications/cancelled needs
-// the call's session, and a closed request does not stop the tool: the Go
-// SDK's stateless server runs it to its end). Were the call settled when
-// its client went away or cancelled it, its concurrency slot would be
-// free while the upstream still works: call, hang up, call again, and a
-// limit of one runs many. So the upstream's answer is read to its end (the
-// upstream timeout and max_duration still bound it) and dropped, and the
-// call is settled then.
-func outlivesClient(r *http.Request) bool {
-	return r.Header.Get(mcp.HeaderSessionID) == "" && !mcp.HasCachingHints(r.Header.Get(mcp.HeaderProtocolVersion))
-}
-
-// goneWriter relays to the client until it goes away or cancels the call
-// (ctx ends) or a write to it fails, and then drops what is written.
-type goneWriter struct {
-	http.ResponseWriter
-	ctx  context.Context
-	gone bool
-}
-
-func (g *goneWriter) alive() bool {
-	g.gone = g.gone || g.ctx.Err() != nil
-	return !g.gone
-}
-
-func (g *goneWriter) WriteHeader(code int) {
-	if g.alive() {
-		g.ResponseWriter.WriteHeader(code)
-	}
-}
-
-func (g *goneWriter) Write(b []byte) (int, error) {
-	if g.alive() {
-		if _, err := g.ResponseWriter.Write(b); err != nil {
-			g.gone = true
-		}
-	}
-	return len(b), nil
-}
-
-// FlushError is what http.ResponseController's Flush calls.
-func (g *goneWriter) FlushError() error {
-	if g.alive() && http.NewResponseController(g.ResponseWriter).Flush() != nil {
-		g.gone = true
-	}
-	return nil
-}
-
-func (g *goneWriter) Unwrap() http.ResponseWriter { return g.ResponseWriter }
 
 // answer is what a tools/call got: its result (nil without one), whether
 // that was an error, and the HTTP status written to the caller.
