@@ -159,8 +159,9 @@ func (s Scopes) AllowsResource(uri string) bool {
 // it, a resource another glob than its text suggests: it has a dot segment
 // ("." or ".." between slashes, RFC 3986 §5.2.4), raw or percent-encoded
 // (%2e), an encoded slash or backslash (%2f, %5c), a backslash, or a NUL
-// (%00 or raw). Such URIs have a normalised spelling a client can send
-// instead; refusing them keeps "resources:file:///docs/*" inside /docs/.
+// (%00 or raw), anywhere in it, query and fragment included. Such URIs
+// have a normalised spelling a client can send instead; refusing them
+// keeps "resources:file:///docs/*" inside /docs/.
 func AmbiguousURI(uri string) bool {
 	if strings.ContainsAny(uri, "\\\x00") {
 		return true
@@ -171,14 +172,11 @@ func AmbiguousURI(uri string) bool {
 			return true
 		}
 	}
-	// Dot segments, with %2e decoded: split what follows the scheme on '/'
-	// and look for a segment of only dots ("." or ".."), ignoring a query or
-	// fragment.
-	rest := lower
-	if i := strings.IndexAny(rest, "?#"); i >= 0 {
-		rest = rest[:i]
-	}
-	rest = strings.ReplaceAll(rest, "%2e", ".")
+	// Dot segments, with %2e decoded: split the URI on '/' and look for a
+	// segment of only dots ("." or ".."), in the query and fragment too: an
+	// upstream that joins the text after the scheme to a root as a path
+	// ("file:///docs/x?/../../secret") would resolve them.
+	rest := strings.ReplaceAll(lower, "%2e", ".")
 	for seg := range strings.SplitSeq(rest, "/") {
 		if seg == "." || seg == ".." {
 			return true

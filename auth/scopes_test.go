@@ -245,6 +245,8 @@ func TestAllowsResourceRefusesAmbiguousURIs(t *testing.T) {
 		"file:///docs/a\\..\\etc",
 		"file:///docs/a\x00b",
 		"file:///docs/a%00b",
+		"file:///docs/x?/../../secret",
+		"file:///docs/x#/%2e%2e/secret",
 	} {
 		if !AmbiguousURI(uri) {
 			t.Errorf("AmbiguousURI(%q) = false", uri)

@@ -273,9 +273,7 @@ func (g *Gateway) routes() {
 
 // ServeHTTP implements http.Handler.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !g.bodyBounded(w, r) {
-		return
-	}
+	g.bodyBounded(w, r)
 	g.mux.ServeHTTP(w, r)
 }
 
@@ -285,25 +283,22 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // that never comes would otherwise hold the connection for ever, busy,
 // where the listener cannot take it back (net/http waits for up to 256
 // KiB of it after the handler answers). Other POSTs (the admin API) get
-// server.read_timeout for the whole request, which ends quickly; a body
-// on any other method (GET, DELETE, ...) has no meaning here and is
-// refused with 400, the connection closed, the rest of it read under the
-// same deadline. A GET stream keeps no deadline: net/http's read of an
-// empty body's connection is its watch for the client going away.
-func (g *Gateway) bodyBounded(w http.ResponseWriter, r *http.Request) bool {
+// server.read_timeout for the whole request, which ends quickly; so does
+// a request of any other method that declares a body (meaningless here),
+// whose connection is closed after its answer. A GET stream without a
+// body keeps no deadline: net/http's read of its connection is its watch
+// for the client going away.
+func (g *Gateway) bodyBounded(w http.ResponseWriter, r *http.Request) {
 	post := r.Method == http.MethodPost
 	if post && r.URL.Path == "/mcp" || !post && r.ContentLength == 0 {
-		return true
+		return
 	}
 	if t := g.rt.Load().cfg.Server.ReadTimeout; t > 0 {
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(t))
 	}
-	if post {
-		return true
+	if !post {
+		w.Header().Set("Connection", "close")
 	}
-	w.Header().Set("Connection", "close")
-	http.Error(w, r.Method+" requests carry no body", http.StatusBadRequest)
-	return false
 }
 
 func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {

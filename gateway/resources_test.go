@@ -159,25 +159,16 @@ func heapInuse() uint64 {
 }
 
 // A body declared and never sent holds no connection, on any route (no
-// token needed): a GET, DELETE or any method but POST that declares one is
-// refused with 400; a POST outside the MCP endpoint (the admin API) must
-// send it within server.read_timeout; either way the server closes the
-// connection once read_timeout has passed. Without this, net/http waited
+// token needed): a request that is not a POST to the MCP endpoint must
+// send it within server.read_timeout, and the server closes the connection
+// once that has passed. Without this, net/http waited
 // for the declared bytes after the handler answered, for ever, and
 // max_connections such connections kept every client out.
 func TestDeclaredBodyNeverSent(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, setup{Config: "server: {read_timeout: 1s, idle_timeout: 1m}\n"})
 	addr := serveReal(t, e)
-	for _, tc := range []struct {
-		req  string
-		want int
-	}{
-		{"GET /mcp", http.StatusBadRequest},
-		{"DELETE /mcp", http.StatusBadRequest},
-		{"GET /healthz", http.StatusBadRequest},
-		{"POST /admin/reload", http.StatusUnauthorized},
-	} {
+	for _, tc := range []struct{ req string }{{"GET /mcp"}, {"DELETE /mcp"}, {"GET /healthz"}, {"POST /admin/reload"}} {
 		c := dialRaw(t, addr)
 		if _, err := io.WriteString(c, tc.req+" HTTP/1.1\r\nHost: gw\r\nContent-Length: 1000\r\n\r\n"); err != nil {
 			t.Fatal(err)
@@ -188,9 +179,6 @@ func TestDeclaredBodyNeverSent(t *testing.T) {
 			t.Fatalf("%s: no answer: %v", tc.req, err)
 		}
 		resp.Body.Close()
-		if resp.StatusCode != tc.want {
-			t.Errorf("%s with a body never sent: %d, want %d", tc.req, resp.StatusCode, tc.want)
-		}
 		c.waitEOF(t, tc.req+" with a body never sent")
 	}
 }
