@@ -33,7 +33,12 @@ import (
 //     RefundedCalls), the half-open probe it took is released
 //     (ReleaseProbe), and the breaker counts the denial (AddDenials, with
 //     the count the tenant call reset restored first); the global half's
-//     counters are refunded. Between the first call's execution and the
+//     counters are refunded. A refund carries its half's take time (the
+//     clock of the first call), and gives back the units that take
+//     charged whatever other callers took meanwhile: a sliding window's
+//     units of that time, not its newest; a sliding window counter's
+//     count of the take's window, the previous one once the window turned
+//     (refundAt, algo.RefundAt). Between the first call's execution and the
 //     refund's (about one round trip, at most the store's Timeout) another
 //     caller can see that half charged, and be denied by it; the refunded
 //     request itself is never admitted. One difference remains with the
@@ -111,19 +116,22 @@ func (s *Store) split(ctx context.Context, req limit.Request) (limit.Outcome, er
 	gb.build(opTake, s.offset.Load(), req.Global, req.Cost, lease)
 	arrs, errs := s.execMulti(ctx, tb, gb)
 
+	// tnow and gnow are the halves' take times: their refunds give back
+	// the units those takes charged (refundAt)
 	var t limit.Outcome
-	var before int64
+	var tnow, before int64
 	terr := errs[0]
 	if terr == nil {
-		t, _, before, terr = parseReply(tenant, len(req.Checks), lease, arrs[0])
+		t, tnow, before, terr = parseReply(tenant, len(req.Checks), lease, arrs[0])
 	}
 	var gres []limit.Result
+	var gnow int64
 	gerr := errs[1]
 	if gerr == nil {
 		if len(arrs[1]) != 1+4*len(req.Global) {
 			gerr = fmt.Errorf("%w: %d values for %d checks", errReply, len(arrs[1]), len(req.Global))
 		} else {
-			_, gres, gerr = parseResults(arrs[1], len(req.Global))
+			gnow, gres, gerr = parseResults(arrs[1], len(req.Global))
 		}
 	}
 	if terr != nil {
@@ -136,10 +144,10 @@ func (s *Store) split(ctx context.Context, req limit.Request) (limit.Outcome, er
 	gAdmit := gerr == nil && limit.Combine(req.Global, gres, lease).Allowed
 	bg := context.WithoutCancel(ctx) // a refund is owed even if the caller gave up
 	if tAdmit && !gAdmit {
-		s.undoTenant(bg, req, &t, lease, before)
+		s.undoTenant(bg, req, &t, lease, tnow, before)
 	}
 	if gAdmit && !tAdmit {
-		s.refundCharged(bg, req.Global, gres, req.Cost, lease)
+		s.refundCharged(bg, req.Global, gres, req.Cost, lease, gnow)
 	}
 	if terr != nil {
 		return limit.Outcome{}, wrap(terr)
@@ -163,9 +171,10 @@ func (s *Store) split(ctx context.Context, req limit.Request) (limit.Outcome, er
 	return limit.Outcome{Decision: d, Global: g, GlobalDecides: byGlobal, Meter: t.Meter, Breaker: t.Breaker}, nil
 }
 
-// refundCharged gives back what an admitted half charged: the checks whose
-// result allowed (a denying shadow check charged nothing).
-func (s *Store) refundCharged(ctx context.Context, checks []limit.Check, results []limit.Result, cost int64, lease string) {
+// refundCharged gives back what an admitted half, taken at taken (its
+// take's clock), charged: the checks whose result allowed (a denying
+// shadow check charged nothing), of the units that take charged.
+func (s *Store) refundCharged(ctx context.Context, checks []limit.Check, results []limit.Result, cost int64, lease string, taken int64) {
 	charged := make([]limit.Check, 0, len(checks))
 	for i, c := range checks {
 		if results[i].Allowed {
@@ -175,19 +184,20 @@ func (s *Store) refundCharged(ctx context.Context, checks []limit.Check, results
 	if len(charged) == 0 {
 		return
 	}
-	if err := s.Refund(ctx, charged, cost, lease); err != nil {
+	if _, err := s.refundAt(ctx, charged, cost, lease, taken); err != nil {
 		s.log.Warn("refund of an admitted half failed: its counters keep this request", "err", err)
 	}
 }
 
-// undoTenant gives back what the admitted tenant half t of req charged,
-// in one pipeline to the tenant's node: its counters, its meter charge,
+// undoTenant gives back what the admitted tenant half t of req, taken at
+// taken (its take's clock), charged, in one pipeline to the tenant's node:
+// its counters (the units that take charged), its meter charge,
 // the half-open probe it took; and it has the breaker count the denial,
 // with the denials count the call reset (before) restored. It updates t's
 // meter usage and breaker state to what the undo left. A step that fails
 // is logged and leaves what it would have given back charged.
-func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outcome, lease string, before int64) {
-	bs, at := s.undoBatches(req, t, lease, before)
+func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outcome, lease string, taken, before int64) {
+	bs, at := s.undoBatches(req, t, lease, taken, before)
 	defer releaseBatches(bs)
 	if len(bs) == 0 {
 		return
@@ -222,11 +232,12 @@ type undoSteps struct{ adjust, denials int }
 
 // undoBatches builds undoTenant's pipeline, in the order it is sent: the
 // refund of the checks of req that t charged (those whose result allowed),
-// the meter's charge given back (Refunded, RefundedCalls), the release of
-// the probe t took, and the breaker's denial, counted over before (the
-// denials count the call reset). A part of req that has nothing to give
-// back sends nothing. The caller releases the batches.
-func (s *Store) undoBatches(req limit.Request, t *limit.Outcome, lease string, before int64) ([]*batch, undoSteps) {
+// of the units its take at taken charged, the meter's charge given back
+// (Refunded, RefundedCalls), the release of the probe t took, and the
+// breaker's denial, counted over before (the denials count the call reset).
+// A part of req that has nothing to give back sends nothing. The caller
+// releases the batches.
+func (s *Store) undoBatches(req limit.Request, t *limit.Outcome, lease string, taken, before int64) ([]*batch, undoSteps) {
 	var bs []*batch
 	add := func() *batch {
 		b := batches.Get().(*batch)
@@ -241,7 +252,7 @@ func (s *Store) undoBatches(req limit.Request, t *limit.Outcome, lease string, b
 	}
 	at := undoSteps{adjust: -1, denials: -1}
 	if len(charged) > 0 {
-		add().build(opRefund, s.offset.Load(), charged, req.Cost, lease)
+		add().refund(s.offset.Load(), charged, req.Cost, lease, taken)
 	}
 	if m := req.Meter; m != nil {
 		at.adjust = len(bs)

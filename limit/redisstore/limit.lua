@@ -30,6 +30,9 @@
 -- args[4]             lease id ("" when the batch has no concurrency check)
 -- args[5 + 4(i-1)..]  check i: algorithm, limit, period (µs), capacity; the
 --                     algorithm's letter is upper case for a shadow rule
+-- args[5 + 4n]        refund of n checks only, optional: the clock ("now")
+--                     of the take being refunded, whose units it gives back
+--                     (algo.RefundAt); absent or "": unknown (algo.Refund)
 --
 -- Usage meters (ops m, a, f; see limit/internal/algo/meter.go, which this
 -- ports). The meter key comes after the checks' keys: keys[n+1] for 'm' with
@@ -233,8 +236,8 @@ end
 -- logUnits adds cost units at now to the sliding-window log of key, which
 -- holds n live units. Members are "<now>:<n+k>": unique, because every member
 -- already scored now is live and numbered at most n (a refund removes the
--- newest, highest-numbered ones first; the zero padding makes ties order
--- numerically). ZADD NX never moves an existing unit; should the server clock
+-- newest, or the newest of its take's time: the highest-numbered ones of a
+-- time first; the zero padding makes ties order numerically). ZADD NX never moves an existing unit; should the server clock
 -- step back onto a used time, the rare collision is retried with new numbers.
 local function logUnits(key, n, units)
   local stamp = int(now)
@@ -620,17 +623,23 @@ local function take()
   return out
 end
 
--- refund serves op r.
+-- refund serves op r: algo.RefundAt. The take time at is args[5 + 4n]
+-- (n checks); absent or "" it is unknown, as algo's negative at.
 local function refund()
+  local at = tonumber(ARGV[5 + 4 * #KEYS] or '')
+  if at and at < 0 then at = nil end
   for i = 1, #KEYS do
     local alg, limit, p, cap = rule(i)
     local key = KEYS[i]
     -- no admitted request was charged more than capacity
     local cost = min(cost, cap)
+    local ws = idiv(now, p) * p
+    -- tw is the start of the take's window
+    local tw = ws
+    if at then tw = idiv(at, p) * p end
     if alg == 'f' then
-      local ws = idiv(now, p) * p
       local a, b = fields(get(key))
-      if a == ws then
+      if tw == ws and a == ws then
         b = max(0, b - cost)
         if b == 0 then
           call('DEL', key)
@@ -639,14 +648,20 @@ local function refund()
         end
       end
     elseif alg == 'c' then
-      local ws = idiv(now, p) * p
       local a, b, c = fields(get(key))
-      if a == ws then
-        b = max(0, b - cost)
+      local hit = false
+      if a == tw and (tw == ws or tw == ws - p) then
+        -- the take's window is the counter's own: its count
+        b, hit = max(0, b - cost), true
+      elseif a == ws and tw == ws - p then
+        -- the counter moved on to the next window: the previous count
+        c, hit = max(0, c - cost), true
+      end
+      if hit then
         if b == 0 and c == 0 then
           call('DEL', key)
         else
-          call('SET', key, fmt(int3f, a, b, c), 'PX', px(ws + 2 * p))
+          call('SET', key, fmt(int3f, a, b, c), 'PX', px(a + 2 * p))
         end
       end
     elseif alg == 't' then
@@ -672,11 +687,17 @@ local function refund()
         end
       end
     elseif alg == 'w' then
-      -- the newest units are the ones the request added
-      local card = pcall('ZCARD', key)
-      if type(card) == 'number' then
-        local r = min(cost, card)
-        if r > 0 then call('ZREMRANGEBYRANK', key, int(card - r), int(card - 1)) end
+      -- ranks [lo, hi) are removed: the newest units, or the newest of the
+      -- ones logged at at (a score's members rank by their number)
+      local hi = pcall('ZCARD', key)
+      if type(hi) == 'number' then
+        local lo = 0
+        if at then
+          hi = call('ZCOUNT', key, '-inf', int(at))
+          lo = call('ZCOUNT', key, '-inf', '(' .. int(at))
+        end
+        lo = max(lo, hi - cost)
+        if lo < hi then call('ZREMRANGEBYRANK', key, int(lo), int(hi - 1)) end
       end
     elseif alg == 'k' then
       pcall('ZREM', key, lease)

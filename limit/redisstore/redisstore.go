@@ -442,10 +442,22 @@ func (s *Store) Refund(ctx context.Context, checks []limit.Check, cost int64, le
 }
 
 func (s *Store) refund(ctx context.Context, checks []limit.Check, cost int64, lease string) (now int64, err error) {
+	return s.refundAt(ctx, checks, cost, lease, -1)
+}
+
+// refundAt is Refund for a request taken at at, the script's clock its take
+// replied ("now"; negative: unknown, as Refund): it gives back the units
+// that take charged (algo.RefundAt), even when the counter moved since (a
+// later request's units in a sliding window, the next window of a sliding
+// window counter). It returns the refund's clock.
+func (s *Store) refundAt(ctx context.Context, checks []limit.Check, cost int64, lease string, at int64) (now int64, err error) {
 	if err := validate(checks, cost); err != nil {
 		return 0, fmt.Errorf("redisstore: refund: %w", err)
 	}
-	arr, err := s.run(ctx, opRefund, checks, cost, lease)
+	b := batches.Get().(*batch)
+	defer b.release()
+	b.refund(s.offset.Load(), checks, cost, lease, at)
+	arr, err := s.exec(ctx, b)
 	if err == nil {
 		now, err = scriptClock(arr)
 	}
@@ -453,6 +465,15 @@ func (s *Store) refund(ctx context.Context, checks []limit.Check, cost int64, le
 		return 0, fmt.Errorf("redisstore: refund: %w", err)
 	}
 	return now, nil
+}
+
+// refund lays out a refund of checks taken at at (negative: unknown, and
+// not sent) as limit.lua documents it.
+func (b *batch) refund(offset int64, checks []limit.Check, cost int64, lease string, at int64) {
+	b.build(opRefund, offset, checks, cost, lease)
+	if at >= 0 {
+		b.nums(at)
+	}
 }
 
 // Release frees the concurrency slots held under lease by checks (other

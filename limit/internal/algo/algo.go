@@ -312,8 +312,25 @@ func concurrency(r limit.Rule, s *State, now, p int64, lease string, commit bool
 	return res
 }
 
-// Refund gives back cost units (and the slot of lease) to s at now.
+// Refund gives back cost units (and the slot of lease) to s at now, for a
+// request whose take time is unknown: RefundAt with at = -1.
 func Refund(r limit.Rule, s *State, now, cost int64, lease string) {
+	RefundAt(r, s, now, -1, cost, lease)
+}
+
+// RefundAt gives back cost units (and the slot of lease) to s at now, for
+// the request taken at at (the clock of its take; negative: unknown).
+//
+// With at known, the units given back are the ones that take charged,
+// whatever was taken on the counter since: a sliding window removes units
+// logged at exactly at (units of one time are interchangeable), not the
+// newest; a windowed count gives back from the window at fell in: the
+// current window's count, or the previous window's when the refund lands
+// in the window after the take's, and nothing when the take's window no
+// longer counts (or is not the current one, for a fixed window). With at
+// unknown, the take is taken to be the counter's latest: the newest units
+// of a sliding window, the current window's count.
+func RefundAt(r limit.Rule, s *State, now, at, cost int64, lease string) {
 	if !s.Used {
 		return
 	}
@@ -321,14 +338,25 @@ func Refund(r limit.Rule, s *State, now, cost int64, lease string) {
 	// No admitted request was charged more than capacity; the clamp keeps
 	// cost*p and cost*Interval from overflowing.
 	cost = min(cost, r.Capacity())
+	ws := now - now%p
+	// tw is the start of the take's window
+	tw := ws
+	if at >= 0 {
+		tw = at - at%p
+	}
 	switch r.Algorithm {
 	case limit.FixedWindow:
-		if s.A == now-now%p {
+		if tw == ws && s.A == ws {
 			s.B = max(0, s.B-cost)
 		}
 	case limit.SlidingWindowCounter:
-		if s.A == now-now%p {
+		switch {
+		case s.A == tw && (tw == ws || tw == ws-p):
+			// the take's window is the counter's own: its count
 			s.B = max(0, s.B-cost)
+		case s.A == ws && tw == ws-p:
+			// the counter moved on to the next window: the previous count
+			s.C = max(0, s.C-cost)
 		}
 	case limit.TokenBucket:
 		full := r.Capacity() * p
@@ -340,8 +368,16 @@ func Refund(r limit.Rule, s *State, now, cost int64, lease string) {
 		s.A = max(now, s.A-cost*Interval(r))
 		s.ExpiresAt = s.A
 	case limit.SlidingWindow:
-		// the newest units are the ones this request added
-		s.Log = s.Log[:max(0, len(s.Log)-int(cost))]
+		// units [lo, hi) are removed: the newest ones, or the newest of
+		// the ones logged at at
+		hi := len(s.Log)
+		lo := 0
+		if at >= 0 {
+			hi = sort.Search(len(s.Log), func(i int) bool { return s.Log[i] > at })
+			lo = sort.Search(len(s.Log), func(i int) bool { return s.Log[i] >= at })
+		}
+		lo = max(lo, hi-int(cost))
+		s.Log = append(s.Log[:lo], s.Log[hi:]...)
 	case limit.Concurrency:
 		delete(s.Leases, lease)
 	}
