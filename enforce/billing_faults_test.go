@@ -233,21 +233,12 @@ func TestMeterRecreatedAfterLoss(t *testing.T) {
 		billed(t, e, us, n)
 	})
 	t.Run("redis", func(t *testing.T) {
-		r := testenv.StartRedis(t, nil)
-		client, admin := r.Client(t), r.Client(t)
-		rs, err := redisstore.New(client, &redisstore.Options{Timeout: time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(rs.Close)
-		shared := newFaultyStore(rs)
+		shared, flushAll := redisFaultyStore(t)
 		us := openSQLite(t)
 		e := billingEngine(t, shared, "", us, time.Hour)
 		shared.loseSeeded.Store(true)
 		n := admitN(t, e, 3, nil)
-		if err := admin.Do(context.Background(), admin.B().Flushall().Build()).Error(); err != nil {
-			t.Fatal(err)
-		}
+		flushAll()
 		billed(t, e, us, n)
 	})
 }
@@ -283,6 +274,24 @@ func TestRefusedCallIsNotBilled(t *testing.T) {
 	}
 }
 
+// redisFaultyStore is the Redis store on a redis-server of its own, and a
+// function that loses all its data (FLUSHALL: Redis restarted empty).
+func redisFaultyStore(t *testing.T) (*faultyStore, func()) {
+	t.Helper()
+	r := testenv.StartRedis(t, nil)
+	client, admin := r.Client(t), r.Client(t)
+	rs, err := redisstore.New(client, &redisstore.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rs.Close)
+	return newFaultyStore(rs), func() {
+		if err := admin.Do(context.Background(), admin.B().Flushall().Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // putFailing is a usage store whose Put fails while down.
 type putFailing struct {
 	usage.Store
@@ -305,14 +314,7 @@ func (s *putFailing) Put(ctx context.Context, recs []usage.Record) error {
 func TestPlacedAgainChargeIsJournaled(t *testing.T) {
 	sq := openSQLite(t)
 	us := &putFailing{Store: sq}
-	r := testenv.StartRedis(t, nil)
-	client, admin := r.Client(t), r.Client(t)
-	rs, err := redisstore.New(client, &redisstore.Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rs.Close)
-	shared := newFaultyStore(rs)
+	shared, flushAll := redisFaultyStore(t)
 	e := billingEngine(t, shared, "", us, 100*time.Millisecond)
 	us.down.Store(true)
 	n := admitN(t, e, 2, func(i int) context.Context {
@@ -327,9 +329,7 @@ func TestPlacedAgainChargeIsJournaled(t *testing.T) {
 			t.Fatalf("usage still pending: %d meters", e.PendingUsage())
 		}
 	}
-	if err := admin.Do(context.Background(), admin.B().Flushall().Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
+	flushAll()
 	us.down.Store(false)
 	billed(t, e, sq, n)
 }

@@ -234,7 +234,7 @@ func (r *runner) do(st step) {
 			}
 		}
 	case opRefundStep:
-		now, err := r.s.refund(ctx, r.checks, cost, r.lease)
+		now, err := r.s.refundAt(ctx, r.checks, cost, r.lease, -1)
 		if err != nil {
 			r.tb.Fatalf("step %d: refund: %v", r.n, err)
 		}

@@ -437,12 +437,8 @@ func parseResults(arr []rueidis.RedisMessage, n int) (now int64, results []limit
 // units it never gave). As with Take, an error may mean the refund was
 // applied (once, never twice).
 func (s *Store) Refund(ctx context.Context, checks []limit.Check, cost int64, lease string) error {
-	_, err := s.refund(ctx, checks, cost, lease)
+	_, err := s.refundAt(ctx, checks, cost, lease, -1)
 	return err
-}
-
-func (s *Store) refund(ctx context.Context, checks []limit.Check, cost int64, lease string) (now int64, err error) {
-	return s.refundAt(ctx, checks, cost, lease, -1)
 }
 
 // refundAt is Refund for a request taken at at, the script's clock its take
