@@ -66,8 +66,17 @@ func (g *Gateway) serveCall(x *exchange) {
 		a.failed, a.result, a.code, loading = g.cachedCall(x.w, x.r, x.rt, x.fwd, plan, call, answered)
 		return
 	}
-	a.code = g.forward(x.w, x.r, x.rt, x.fwd, "tools/call")
-	g.cancelAbandoned(x.r, x.p, msg.ID) // before the call is settled and its slot freed
+	if !outlivesClient(x.r) {
+		a.code = g.forward(x.w, x.r, x.rt, x.fwd, "tools/call")
+		g.cancelAbandoned(x.r, x.p, msg.ID) // before the call is settled and its slot freed
+		return
+	}
+	w, r, end := detach(x.w, x.r, x.rt.cfg.Upstream.Timeout)
+	a.code = g.forward(w, r, x.rt, x.fwd, "tools/call")
+	end()
+	if w.gone {
+		a.code = mcp.StatusClientClosedRequest // not the upstream's failure
+	}
 }
 
 // answer is what a tools/call got: its result (nil without one), whether

@@ -190,3 +190,48 @@ func TestAbandonedCallIsCancelledUpstream(t *testing.T) {
 		t.Fatalf("the call after the abandoned one: %d %s", r.Status, r.Body)
 	}
 }
+
+// A call without a session (a stateless upstream, MCP before 2026-07-28)
+// cannot be stopped upstream: a notifications/cancelled has no session to
+// reach it in, and the Go SDK's stateless server runs a tool whose request
+// was closed to its end. So when its client hangs up or cancels it, the
+// call keeps its concurrency slot until the upstream has answered: hanging
+// up and calling again does not run two calls under a limit of one.
+func TestSessionlessCallKeepsItsSlotUntilTheUpstreamEnds(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"hang up", "cancel"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, setup{Config: cancelConfig, Upstream: upstream.Options{Stateless: true}})
+			tok := token(t, "acme", "alice")
+			hdr := http.Header{"Mcp-Protocol-Version": {"2025-06-18"}}
+			ctx, hangUp := context.WithCancel(context.Background())
+			defer hangUp()
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_, _ = postCtx(ctx, e.mcpURL(0), tok, callBody(7, "slow", map[string]any{"ms": 6000}), hdr)
+			}()
+			eventually(t, 10*time.Second, "call 7 to reach the upstream", func() bool { return e.up.Calls("slow") == 1 })
+			if how == "hang up" {
+				hangUp()
+				<-done
+			} else if r := post(t, e.mcpURL(0), tok, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}`, hdr); r.Status != http.StatusAccepted {
+				t.Fatalf("cancellation answered %d %s", r.Status, r.Body)
+			}
+			// Call 7 runs upstream for 6 s: for the next second (the
+			// gateway notices the hang-up within it), its slot stays taken
+			// (a client that cancelled and still reads gets nothing more).
+			for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+				if r := post(t, e.mcpURL(0), tok, callBody(8, "slow", map[string]any{"ms": 1}), hdr); r.Status != http.StatusTooManyRequests {
+					t.Fatalf("a second call while the first still runs upstream: %d %s, want 429", r.Status, r.Body)
+				}
+			}
+			// Once the upstream has answered, the slot is free.
+			eventually(t, 30*time.Second, "the slot to come free when the upstream answers", func() bool {
+				r := post(t, e.mcpURL(0), tok, callBody(9, "slow", map[string]any{"ms": 1}), hdr)
+				return r.Status == http.StatusOK
+			})
+		})
+	}
+}

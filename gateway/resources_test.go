@@ -334,9 +334,13 @@ func TestLongStreamOutlivesWriteTimeout(t *testing.T) {
 // than write_timeout: its connection closes and the upstream call ends.
 func TestSlowReaderIsCut(t *testing.T) {
 	t.Parallel()
+	// Without a session (MCP 2025), a call whose client is cut is still
+	// read from the upstream for upstream.timeout (see outlivesClient):
+	// this one streams for ever, so the gateway must close it then.
 	e := newEnv(t, setup{
-		Upstream: upstream.Options{Stateless: true},
-		Config:   "server: {write_timeout: 1s}\n",
+		Upstream:     upstream.Options{Stateless: true},
+		UpstreamYAML: "  timeout: 2s\n",
+		Config:       "server: {write_timeout: 1s}\n",
 	})
 	ended := make(chan struct{})
 	addStreamingTools(e, ended)

@@ -61,7 +61,8 @@ const cancelTimeout = 2 * time.Second
 // the upstream still works on it: an upstream on MCP 2025 sessions (the Go
 // SDK's) goes on running a tool whose HTTP request was closed. A call the
 // client cancelled itself needs nothing (its own notification went
-// upstream), nor a stateless one (no session: the closed request ends it).
+// upstream), nor one without a session (nothing can cancel it upstream:
+// its answer is read to its end, see outlivesClient).
 func (g *Gateway) cancelAbandoned(r *http.Request, p auth.Principal, id json.RawMessage) {
 	session := r.Header.Get(mcp.HeaderSessionID)
 	if r.Context().Err() == nil || errors.Is(context.Cause(r.Context()), mcp.ErrCancelled) || session == "" || len(id) == 0 {

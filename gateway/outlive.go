@@ -1,0 +1,105 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/mcpgate/mcpgate/mcp"
+)
+
+// outlivesClient reports whether a tools/call's upstream request must
+// outlive its client: one without a session, under MCP before 2026-07-28,
+// cannot be stopped upstream once sent (a notifications/cancelled needs the
+// call's session, and a closed request does not stop a tool that sends
+// nothing: the Go SDK's stateless server runs it to its end). Were the call
+// settled when its client went away or cancelled it, its concurrency slot
+// would be free while the upstream still works: call, hang up, call again,
+// and a limit of one runs many. Under 2026-07-28, closing the request is
+// the protocol's cancellation.
+func outlivesClient(r *http.Request) bool {
+	return r.Header.Get(mcp.HeaderSessionID) == "" && !mcp.HasCachingHints(r.Header.Get(mcp.HeaderProtocolVersion))
+}
+
+// errDrained ends the upstream request of a call whose client left more
+// than its bound ago (see detach).
+var errDrained = errors.New("gateway: the client of this call left and its upstream answer took too long")
+
+// detach returns the writer and request to forward a call that must outlive
+// its client with: the upstream request keeps going when the client hangs
+// up, cancels the call or stops reading (a write fails), and what comes
+// afterwards is read and dropped, so that the call is settled (its slot
+// freed) only when the upstream has answered. From the moment the client
+// left, the upstream has bound to answer (a silent tool is cut sooner by
+// the proxy's idle timeout; a streaming one would otherwise be read for
+// ever); then the request is closed. end releases what detach started; it
+// must be called once the call has been forwarded.
+func detach(w http.ResponseWriter, r *http.Request, bound time.Duration) (gw *goneWriter, dr *http.Request, end func()) {
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
+	gw = &goneWriter{ResponseWriter: w, client: r.Context()}
+	var timer *time.Timer // set under once
+	gw.left = func() {
+		gw.once.Do(func() { timer = time.AfterFunc(bound, func() { cancel(errDrained) }) })
+	}
+	stop := context.AfterFunc(r.Context(), gw.left)
+	return gw, r.WithContext(ctx), func() {
+		stop()
+		gw.once.Do(func() {}) // after this, timer is set for good
+		if timer != nil {
+			timer.Stop()
+		}
+		cancel(nil)
+	}
+}
+
+// goneWriter relays to the client until it goes away or cancels the call
+// (client ends) or a write to it fails, and then drops what is written.
+// Its writes come from one goroutine; left may be called from any.
+type goneWriter struct {
+	http.ResponseWriter
+	client context.Context
+	left   func() // starts the bound on the upstream's answer, once
+	once   sync.Once
+	gone   bool // the client got its last byte; only the writing goroutine
+}
+
+func (g *goneWriter) alive() bool {
+	if !g.gone && g.client.Err() != nil {
+		g.gone = true
+	}
+	return !g.gone
+}
+
+func (g *goneWriter) fail() {
+	g.gone = true
+	g.left()
+}
+
+func (g *goneWriter) WriteHeader(code int) {
+	if g.alive() {
+		g.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (g *goneWriter) Write(b []byte) (int, error) {
+	if g.alive() {
+		if _, err := g.ResponseWriter.Write(b); err != nil {
+			g.fail()
+		}
+	}
+	return len(b), nil
+}
+
+// FlushError is what http.ResponseController's Flush calls.
+func (g *goneWriter) FlushError() error {
+	if g.alive() && http.NewResponseController(g.ResponseWriter).Flush() != nil {
+		g.fail()
+	}
+	return nil
+}
+
+// Unwrap lets http.ResponseController reach the connection (write
+// deadlines).
+func (g *goneWriter) Unwrap() http.ResponseWriter { return g.ResponseWriter }
