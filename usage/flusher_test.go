@@ -28,6 +28,10 @@ var (
 // grace is how long a meter outlives its period, for its last flush.
 const grace = 48 * time.Hour
 
+// period is the billing period most tests charge: the current one, since a
+// store refuses a meter whose period (and grace) has passed on its clock.
+var period = usage.Period(time.Now())
+
 // clock is a settable time source for the memory store and the Flusher.
 type clock struct {
 	mu sync.Mutex
@@ -133,7 +137,6 @@ func TestFlushWritesTrackedMeters(t *testing.T) {
 	ms := newMem(t, nil)
 	st := newSQLite(t, "")
 	f := usage.NewFlusher(ms, st, nil)
-	const period = "2026-11"
 	for range 5 {
 		charge(t, ms, f, f, "acme", period, 3)
 	}
@@ -164,7 +167,6 @@ func TestRetriedFlushDoesNotDoubleCount(t *testing.T) {
 	st := newSQLite(t, "")
 	f := usage.NewFlusher(ms, st, nil)
 	other := usage.NewFlusher(ms, st, nil)
-	const period = "2026-11"
 	for range 4 {
 		charge(t, ms, f, f, "acme", period, 5)
 	}
@@ -244,7 +246,6 @@ func TestStoreDownThenBack(t *testing.T) {
 	f := usage.NewFlusher(ms, w, &usage.FlusherOptions{
 		Interval: 10 * time.Millisecond, MaxBackoff: 40 * time.Millisecond, Logger: quiet(),
 	})
-	const period = "2026-11"
 	charge(t, ms, f, f, "acme", period, 2)
 	charge(t, ms, f, f, "globex", period, 7)
 	if err := f.Flush(t.Context()); err != nil {
@@ -306,7 +307,6 @@ func TestStoreDownThenBack(t *testing.T) {
 func TestSweepWritesDeadInstancesMeters(t *testing.T) {
 	ms := newMem(t, nil)
 	st := newSQLite(t, "")
-	const period = "2026-11"
 	dead := usage.NewFlusher(ms, st, nil) // used to seed only: it never flushes
 	for range 3 {
 		charge(t, ms, dead, nil, "acme", period, 4)
@@ -360,7 +360,7 @@ func TestRunFinalFlush(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()
 	for range 7 {
-		charge(t, ms, f, f, "acme", "2026-11", 1)
+		charge(t, ms, f, f, "acme", period, 1)
 	}
 	cancel()
 	select {
@@ -371,7 +371,7 @@ func TestRunFinalFlush(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after its context ended")
 	}
-	want(t, st, "acme", "2026-11", limit.Usage{Charged: 7, Calls: 7})
+	want(t, st, "acme", period, limit.Usage{Charged: 7, Calls: 7})
 	if !bytes.Contains(logs.Bytes(), []byte("final flush done")) {
 		t.Fatalf("no final flush in the log:\n%s", logs.String())
 	}
@@ -382,7 +382,7 @@ func TestRunFinalFlushFailure(t *testing.T) {
 	ms := newMem(t, nil)
 	st := newSQLite(t, "")
 	f := usage.NewFlusher(ms, st, &usage.FlusherOptions{Interval: time.Hour, Logger: quiet()})
-	charge(t, ms, f, f, "acme", "2026-11", 1)
+	charge(t, ms, f, f, "acme", period, 1)
 	st.Close() // before Run: its first flush fails too, and keeps the key
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
@@ -436,7 +436,6 @@ func TestMonthRollover(t *testing.T) {
 // durable total, and later flushes raise it by exactly the new usage.
 func TestReseedAfterRestart(t *testing.T) {
 	st := newSQLite(t, "")
-	const period = "2026-11"
 	ms := newMem(t, nil)
 	f := usage.NewFlusher(ms, st, nil)
 	for range 3 {
@@ -485,11 +484,11 @@ func TestBadMeterDoesNotBlockOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Track(bad.Key)
-	charge(t, ms, f, f, "acme", "2026-11", 2)
+	charge(t, ms, f, f, "acme", period, 2)
 	if err := f.Flush(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	want(t, st, "acme", "2026-11", limit.Usage{Charged: 2, Calls: 1})
+	want(t, st, "acme", period, limit.Usage{Charged: 2, Calls: 1})
 	if !bytes.Contains(logs.Bytes(), []byte("cannot be stored")) {
 		t.Fatalf("the bad meter was not reported:\n%s", logs.String())
 	}
@@ -497,7 +496,7 @@ func TestBadMeterDoesNotBlockOthers(t *testing.T) {
 
 func TestTrackAllocatesNothingWhenTracked(t *testing.T) {
 	f := usage.NewFlusher(newMem(t, nil), newSQLite(t, ""), nil)
-	key := keyspace.Usage("acme", "2026-11")
+	key := keyspace.Usage("acme", period)
 	f.Track(key)
 	if n := testing.AllocsPerRun(1000, func() { f.Track(key) }); n != 0 {
 		t.Fatalf("Track of a tracked key allocates %v times", n)
@@ -547,11 +546,11 @@ func TestOnFailureCountsFailedFlushes(t *testing.T) {
 		ops = append(ops, op)
 		mu.Unlock()
 	}})
-	charge(t, ms, f, f, "acme", "2026-11", 1)
+	charge(t, ms, f, f, "acme", period, 1)
 	if err := f.Flush(ctxT(t, 10*time.Second)); err != nil {
 		t.Fatalf("Flush = %v", err)
 	}
-	charge(t, ms, f, f, "acme", "2026-11", 1)
+	charge(t, ms, f, f, "acme", period, 1)
 	st.Close()
 	if err := f.Flush(ctxT(t, 10*time.Second)); err == nil {
 		t.Fatal("Flush to a closed store succeeded")

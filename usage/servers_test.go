@@ -42,7 +42,6 @@ func TestRedisDeadInstance(t *testing.T) {
 		return s
 	}
 	st := newSQLite(t, "")
-	const period = "2026-11"
 
 	a := newStore() // the instance that dies
 	fa := usage.NewFlusher(a, st, nil)
@@ -109,7 +108,6 @@ func TestDynamoDBDownThenBack(t *testing.T) {
 	f := usage.NewFlusher(ms, st, &usage.FlusherOptions{
 		Interval: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Timeout: 2 * time.Second, Logger: quiet(),
 	})
-	const period = "2026-11"
 	charge(t, ms, f, f, "acme", period, 2)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
