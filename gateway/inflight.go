@@ -132,15 +132,15 @@ func (f *inflight) size() int {
 
 // cancelCall handles a client's notifications/cancelled before it is
 // forwarded: the caller's call with that id in that session ends now. It
-// reports whether the notification should still go upstream: not when it
-// cancelled a cached call (the upstream request belongs to the cache's
-// flight, which goes on for its other callers).
-func (g *Gateway) cancelCall(r *http.Request, p auth.Principal, msg *mcp.Message) (forward bool) {
+// returns that call, or nil when the caller has none with that id. A
+// cancelled cached call's notification must not go upstream: the upstream
+// request belongs to the cache's flight, which goes on for its other
+// callers.
+func (g *Gateway) cancelCall(r *http.Request, p auth.Principal, msg *mcp.Message) *liveCall {
 	if len(msg.CancelID) == 0 {
-		return true
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), cancelWait)
 	defer cancel()
-	c := g.inflight.cancel(ctx, ownerOf(p, r), msg.CancelID)
-	return c == nil || !c.cached.Load()
+	return g.inflight.cancel(ctx, ownerOf(p, r), msg.CancelID)
 }

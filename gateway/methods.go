@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 
 	"github.com/mcpgate/mcpgate/enforce"
@@ -14,17 +15,17 @@ import (
 // engine like a tool call, with no meter and no breaker, under the store's
 // on_error policy; a denial gets the same 429 as a tool call. An initialize
 // also takes a session slot (see openSession). Notifications and responses
-// are forwarded as they are: they expect no answer and carry no work the
-// upstream would do for the caller.
+// pass the rules of policy.MethodNotifications: each reaches the upstream,
+// and unbounded they would let a tenant flood it for free.
 func (g *Gateway) serveMethod(x *exchange) {
 	msg := x.msg
 	class := methodClass(msg)
+	method, target := msg.Method, enforce.MethodTarget(msg.Method, msg.Name)
 	if !msg.IsCall() {
-		g.forward(x.w, x.r, x.rt, x.fwd, class)
-		return
+		method, target = policy.MethodNotifications, policy.MethodNotifications
 	}
 	t, d := g.eng.Admit(x.r.Context(), enforce.Call{Tenant: x.p.Tenant, Tier: x.p.Tier, Subject: x.p.Subject,
-		Method: msg.Method, Name: enforce.MethodTarget(msg.Method, msg.Name)})
+		Method: method, Name: target})
 	x.after(func() { t.Done(context.WithoutCancel(x.r.Context()), enforce.Outcome{}) })
 	noteDecision(x.r.Context(), d)
 	if !g.admitted(x, class, d) {
@@ -39,18 +40,24 @@ func (g *Gateway) serveMethod(x *exchange) {
 }
 
 // admitted answers a request the engine refused (503, or a denial in the
-// tool's deny_as form) and reports whether it was admitted.
+// tool's deny_as form) and reports whether it was admitted. A refused
+// notification or response gets the error without an id (it answers
+// nothing).
 func (g *Gateway) admitted(x *exchange, class string, d enforce.Decision) bool {
+	var id json.RawMessage
+	if x.msg.IsCall() {
+		id = x.msg.ID
+	}
 	switch {
 	case d.Unavailable:
 		g.metrics.Requests.WithLabelValues(class, "unavailable").Inc()
 		x.w.Header().Set("Retry-After", "1")
-		mcp.WriteError(x.w, http.StatusServiceUnavailable, x.msg.ID, CodeUnavailable,
+		mcp.WriteError(x.w, http.StatusServiceUnavailable, id, CodeUnavailable,
 			"rate-limit store unavailable and this request fails closed; retry shortly", nil)
 		return false
 	case !d.Allowed:
 		g.metrics.Requests.WithLabelValues(class, "denied").Inc()
-		writeCallDenied(x.w, d.DenyAs, x.msg.ID, d, g.now())
+		writeCallDenied(x.w, d.DenyAs, id, d, g.now())
 		return false
 	}
 	return true

@@ -205,11 +205,14 @@ func (g *Gateway) route(x *exchange) {
 	case mcp.MethodToolsCall:
 		g.serveCall(x)
 	case "notifications/cancelled":
-		if !g.cancelCall(x.r, x.p, x.msg) {
+		switch c := g.cancelCall(x.r, x.p, x.msg); {
+		case c == nil: // no call of the caller's: governed like any notification
+			g.serveMethod(x)
+		case c.cached.Load():
 			x.w.WriteHeader(http.StatusAccepted) // the cancelled call was cached: kept from the upstream
-			return
+		default: // it stops work: never refused
+			g.forward(x.w, x.r, x.rt, x.fwd, methodClass(x.msg))
 		}
-		g.serveMethod(x)
 	default:
 		g.serveMethod(x)
 	}

@@ -80,7 +80,10 @@ type Options struct {
 // every request it receives with e:
 //
 //   - Notifications (notifications/initialized, notifications/cancelled,
-//     ...) pass ungoverned, as through the gateway: they ask for no work.
+//     ...) pass ungoverned: in process they reach no other server, and a
+//     refused notification could only be dropped silently. (The gateway,
+//     which forwards them to an upstream, counts them under the rules of
+//     policy.MethodNotifications.)
 //   - tools/call is admitted with Name the tool and Arguments its
 //     arguments (rate limits, monthly quota and metering, the loop breaker,
 //     keyed on the caller and, when breaker.key is session, the SDK's session

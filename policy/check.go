@@ -219,7 +219,7 @@ func (d *decoder) methods(n *yaml.Node, path string) []string {
 		switch {
 		case !ok:
 		case !knownMethod(s):
-			d.errf(v, p, "unknown MCP request method %q (want \"*\" or one of %s)", s, strings.Join(RequestMethods, ", "))
+			d.errf(v, p, "unknown MCP request method %q (want \"*\", %q or one of %s)", s, MethodNotifications, strings.Join(RequestMethods, ", "))
 		case seen[s]:
 			d.errf(v, p, "method %q is listed twice", s)
 		default:

@@ -225,11 +225,14 @@ type Rule struct {
 	limit.Rule
 	Per keyspace.Per
 	// Methods are the JSON-RPC request methods the rule counts: nil means
-	// tools/call only; "*" means every request method. See Applies.
+	// tools/call only; "*" means every request method, and the
+	// notifications and responses of clients (MethodNotifications). See
+	// Applies.
 	Methods []string
 }
 
-// AllMethods in Rule.Methods selects every request method.
+// AllMethods in Rule.Methods selects every request method and
+// MethodNotifications.
 const AllMethods = "*"
 
 // Applies reports whether r counts calls of method.
@@ -564,7 +567,7 @@ func (c *Config) index() {
 		}
 		c.rules[name] = rs
 		byMethod := map[string][]Rule{}
-		for _, m := range append(RequestMethods[:len(RequestMethods):len(RequestMethods)], "") {
+		for _, m := range governedMethods() {
 			if m == MethodToolsCall {
 				continue
 			}
@@ -578,11 +581,17 @@ func (c *Config) index() {
 	}
 	c.global = forMethod(c.Global, MethodToolsCall)
 	c.methodGlobal = map[string][]Rule{}
-	for _, m := range append(RequestMethods[:len(RequestMethods):len(RequestMethods)], "") {
+	for _, m := range governedMethods() {
 		if m != MethodToolsCall {
 			c.methodGlobal[m] = forMethod(c.Global, m)
 		}
 	}
+}
+
+// governedMethods are the names methodRules and methodGlobal are indexed
+// by: the request methods, MethodNotifications and "" (any other method).
+func governedMethods() []string {
+	return append(slices.Clip(RequestMethods), MethodNotifications, "")
 }
 
 // forMethod returns the rules of rs that count method ("" stands for a

@@ -13,6 +13,16 @@ const MethodToolsCall = "tools/call"
 // MethodInitialize opens an MCP session.
 const MethodInitialize = "initialize"
 
+// MethodNotifications is the name under which rules count the messages a
+// client sends that expect no answer: its notifications (initialized,
+// cancelled, progress, roots/list_changed, ...) and its responses to the
+// server's requests (sampling, elicitation, roots). They are forwarded
+// upstream, so they are governed like requests: a rule naming
+// "notifications" in its methods counts them, else the rules naming "*"
+// (DefaultRequestsRule when the tier has none). A cancellation of one of
+// the caller's calls in progress is not counted: it stops work.
+const MethodNotifications = "notifications"
+
 // RequestMethods are the JSON-RPC request methods of MCP (2025-06-18,
 // 2025-11-25 and 2026-07-28) that a rule's methods may name. A request of
 // another method is governed by the rules that name "*" (and by
@@ -69,7 +79,7 @@ func defaultRuleFor(method string) Rule {
 
 // knownMethod reports whether m may be named in a rule's methods.
 func knownMethod(m string) bool {
-	if m == AllMethods {
+	if m == AllMethods || m == MethodNotifications {
 		return true
 	}
 	for _, k := range RequestMethods {
