@@ -92,8 +92,9 @@ func (f *inflight) end(o callOwner, c *liveCall) {
 
 // cancel ends o's call with id, when exactly one matches (a client that
 // reuses an id in flight gets neither cancelled), and waits until it ended
-// or ctx is done. It returns the call, nil when none matched.
-func (f *inflight) cancel(ctx context.Context, o callOwner, id json.RawMessage) *liveCall {
+// or ctx is done. It returns the call, nil when none matched, and whether
+// this was the call's first cancellation (a repeat waits for nothing).
+func (f *inflight) cancel(ctx context.Context, o callOwner, id json.RawMessage) (c *liveCall, first bool) {
 	f.mu.Lock()
 	var match *liveCall
 	n := 0
@@ -102,21 +103,21 @@ func (f *inflight) cancel(ctx context.Context, o callOwner, id json.RawMessage) 
 			match, n = c, n+1
 		}
 	}
-	if n != 1 {
-		match = nil
+	if n == 1 {
+		first = !match.cancelled.Swap(true) // under mu: before end can run
 	} else {
-		match.cancelled.Store(true) // under mu: before end can run
+		match = nil
 	}
 	f.mu.Unlock()
-	if match == nil {
-		return nil
+	if match == nil || !first {
+		return match, first
 	}
 	match.cancel(mcp.ErrCancelled)
 	select {
 	case <-match.done:
 	case <-ctx.Done():
 	}
-	return match
+	return match, true
 }
 
 // size is the number of calls registered.
@@ -132,13 +133,13 @@ func (f *inflight) size() int {
 
 // cancelCall handles a client's notifications/cancelled before it is
 // forwarded: the caller's call with that id in that session ends now. It
-// returns that call, or nil when the caller has none with that id. A
-// cancelled cached call's notification must not go upstream: the upstream
-// request belongs to the cache's flight, which goes on for its other
-// callers.
-func (g *Gateway) cancelCall(r *http.Request, p auth.Principal, msg *mcp.Message) *liveCall {
+// returns that call, or nil when the caller has none with that id, and
+// whether this was its first cancellation. A cancelled cached call's
+// notification must not go upstream: the upstream request belongs to the
+// cache's flight, which goes on for its other callers.
+func (g *Gateway) cancelCall(r *http.Request, p auth.Principal, msg *mcp.Message) (c *liveCall, first bool) {
 	if len(msg.CancelID) == 0 {
-		return nil
+		return nil, false
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), cancelWait)
 	defer cancel()

@@ -173,3 +173,42 @@ func waitNotified(t *testing.T, e *env, accepted int64) int64 {
 	eventually(t, 10*time.Second, "the upstream to handle the accepted notifications", func() bool { return n() >= accepted })
 	return n()
 }
+
+// Only a call's first cancellation passes uncounted: a call without a
+// session outlives its cancellation until the upstream answers (see
+// outlivesClient), and repeating the notification meanwhile must not
+// flood the upstream for free.
+func TestRepeatedCancellationIsCounted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true}, Config: `
+tiers:
+  free:
+    limits:
+      - {name: notes, methods: [notifications], algorithm: fixed_window, limit: 1, period: 1h}
+`})
+	tok := token(t, "acme", "alice")
+	if r := post(t, e.mcpURL(0), tok, rootsChanged, nil); r.Status != http.StatusAccepted {
+		t.Fatalf("the notification that spends the budget: %d %s", r.Status, r.Body)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = postCtx(context.Background(), e.mcpURL(0), tok, callBody(7, "slow", map[string]any{"ms": 8000}), nil)
+	}()
+	eventually(t, 10*time.Second, "call 7 to reach the upstream", func() bool { return e.up.Calls("slow") == 1 })
+	const cancel7 = `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}`
+	if r := post(t, e.mcpURL(0), tok, cancel7, nil); r.Status != http.StatusAccepted {
+		t.Fatalf("the first cancellation of call 7: %d %s, want 202", r.Status, r.Body)
+	}
+	select {
+	case <-done:
+		t.Fatal("call 7 ended before its upstream answered")
+	default:
+	}
+	for i := range 3 {
+		if r := post(t, e.mcpURL(0), tok, cancel7, nil); r.Status != http.StatusTooManyRequests {
+			t.Fatalf("repeat %d of the cancellation while call 7 still runs upstream: %d %s, want 429", i, r.Status, r.Body)
+		}
+	}
+	<-done
+}

@@ -205,13 +205,13 @@ func (g *Gateway) route(x *exchange) {
 	case mcp.MethodToolsCall:
 		g.serveCall(x)
 	case "notifications/cancelled":
-		switch c := g.cancelCall(x.r, x.p, x.msg); {
-		case c == nil: // no call of the caller's: governed like any notification
-			g.serveMethod(x)
-		case c.cached.Load():
+		switch c, first := g.cancelCall(x.r, x.p, x.msg); {
+		case c != nil && c.cached.Load():
 			x.w.WriteHeader(http.StatusAccepted) // the cancelled call was cached: kept from the upstream
-		default: // it stops work: never refused
+		case c != nil && first: // it stops work: never refused
 			g.forward(x.w, x.r, x.rt, x.fwd, methodClass(x.msg))
+		default: // no call of the caller's, or a repeat: governed like any notification
+			g.serveMethod(x)
 		}
 	default:
 		g.serveMethod(x)
