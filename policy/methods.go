@@ -19,8 +19,8 @@ const MethodInitialize = "initialize"
 // server's requests (sampling, elicitation, roots). They are forwarded
 // upstream, so they are governed like requests: a rule naming
 // "notifications" in its methods counts them, else the rules naming "*"
-// (DefaultRequestsRule when the tier has none). A cancellation of one of
-// the caller's calls in progress is not counted: it stops work.
+// (DefaultRequestsRule when the tier has none). The first cancellation of
+// one of the caller's calls in progress is not counted: it stops work.
 const MethodNotifications = "notifications"
 
 // RequestMethods are the JSON-RPC request methods of MCP (2025-06-18,
