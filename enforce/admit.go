@@ -327,12 +327,16 @@ func (t *Ticket) SessionLease() (lease string, store limit.Store) {
 // is relayed to the caller: the loop breaker learns the outcome, and a
 // mutating tool's invalidations run, so that the caller's next call meets
 // the breaker this answer opened and cannot read an entry it made stale.
-// failed is a tool error or a JSON-RPC error. Done follows all the same.
+// failed is a tool error or a JSON-RPC error. When ctx has ended (the
+// caller cancelled the call or left, and its answer came all the same),
+// the breaker learns nothing: a call its client gave up on says nothing of
+// the agent's loop (Done gives its probe back). Done follows all the same.
 func (t *Ticket) Answered(ctx context.Context, result json.RawMessage, failed bool) {
+	left := ctx.Err() != nil
 	ctx = context.WithoutCancel(ctx)
 	t.mu.Lock()
 	t.result = result
-	report := t.br != nil && !t.reported && !t.done
+	report := t.br != nil && !t.reported && !t.done && !left
 	invalidate := t.caching.invalidates != nil && !t.invalidated && !failed && !t.done
 	t.reported = t.reported || report
 	t.invalidated = t.invalidated || invalidate

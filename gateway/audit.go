@@ -176,6 +176,19 @@ func noteForward(ctx context.Context, fwd *mcp.Forward) func(status int, err err
 	return func(_ int, err error) { n.reached, n.err = true, err }
 }
 
+// noteLeft records that the client of a call whose answer was read without
+// it (see forwardCall) left: cancelled, or gone. ctx is the call's.
+func noteLeft(ctx context.Context) {
+	n := noteOf(ctx)
+	if n == nil {
+		return
+	}
+	n.err = mcp.ErrClientGone
+	if errors.Is(context.Cause(ctx), mcp.ErrCancelled) {
+		n.err = mcp.ErrCancelled
+	}
+}
+
 func (n *auditNote) sawResult(result, rpcErr json.RawMessage) {
 	n.rpcErr, n.toolErr = rpcErr != nil, isErrorResult(result)
 }

@@ -171,7 +171,7 @@ func (g *Gateway) bypassCache(w http.ResponseWriter, r *http.Request, rt *runtim
 			report(result, rpcErr)
 		}
 	}
-	status := g.forward(w, r, rt, f, "tools/call")
+	status := g.forwardCall(w, r, rt, f)
 	return failed || status >= 500, loaded, status
 }
 

@@ -24,7 +24,7 @@ func (g *Gateway) serveCall(x *exchange) {
 	setRateHeaders(x.w.Header(), d.Limit, g.now())
 	// From here on the call is the caller's to cancel (notifications/cancelled).
 	caller := ownerOf(x.p, x.r)
-	ctx, call := g.inflight.begin(x.r.Context(), caller, msg.ID)
+	ctx, call := g.inflight.begin(x.r.Context(), caller, msg.ID, outlivesClient(x.r))
 	x.after(func() { g.inflight.end(caller, call) }) // last: after the call is settled
 	x.r = x.r.WithContext(ctx)
 
@@ -66,17 +66,8 @@ func (g *Gateway) serveCall(x *exchange) {
 		a.failed, a.result, a.code, loading = g.cachedCall(x.w, x.r, x.rt, x.fwd, plan, call, answered)
 		return
 	}
-	if !outlivesClient(x.r) {
-		a.code = g.forward(x.w, x.r, x.rt, x.fwd, "tools/call")
-		g.cancelAbandoned(x.r, x.p, msg.ID) // before the call is settled and its slot freed
-		return
-	}
-	w, r, end := detach(x.w, x.r, x.rt.cfg.Upstream.Timeout)
-	a.code = g.forward(w, r, x.rt, x.fwd, "tools/call")
-	end()
-	if w.gone {
-		a.code = mcp.StatusClientClosedRequest // not the upstream's failure
-	}
+	a.code = g.forwardCall(x.w, x.r, x.rt, x.fwd)
+	g.cancelAbandoned(x.r, x.p, msg.ID) // before the call is settled and its slot freed
 }
 
 // answer is what a tools/call got: its result (nil without one), whether

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/usage"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // cancelConfig: two failures in a row open the breaker; one slow call at a
@@ -196,13 +197,20 @@ func TestAbandonedCallIsCancelledUpstream(t *testing.T) {
 // reach it in, and the Go SDK's stateless server runs a tool whose request
 // was closed to its end. So when its client hangs up or cancels it, the
 // call keeps its concurrency slot until the upstream has answered: hanging
-// up and calling again does not run two calls under a limit of one.
+// up and calling again does not run two calls under a limit of one. The
+// same holds for a cached tool whose call bypasses the cache (a params
+// member the cache key does not cover).
 func TestSessionlessCallKeepsItsSlotUntilTheUpstreamEnds(t *testing.T) {
 	t.Parallel()
-	for _, how := range []string{"hang up", "cancel"} {
+	for _, how := range []string{"hang up", "cancel", "hang up, cache bypassed"} {
 		t.Run(how, func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, setup{Config: cancelConfig, Upstream: upstream.Options{Stateless: true}})
+			cfg, body := cancelConfig, callBody(7, "slow", map[string]any{"ms": 6000})
+			if strings.HasSuffix(how, "bypassed") {
+				cfg += "    cache: {ttl: 10m}\n"
+				body = `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow","arguments":{"ms":6000},"x":1}}`
+			}
+			e := newEnv(t, setup{Config: cfg, Upstream: upstream.Options{Stateless: true}})
 			tok := token(t, "acme", "alice")
 			hdr := http.Header{"Mcp-Protocol-Version": {"2025-06-18"}}
 			ctx, hangUp := context.WithCancel(context.Background())
@@ -210,10 +218,10 @@ func TestSessionlessCallKeepsItsSlotUntilTheUpstreamEnds(t *testing.T) {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				_, _ = postCtx(ctx, e.mcpURL(0), tok, callBody(7, "slow", map[string]any{"ms": 6000}), hdr)
+				_, _ = postCtx(ctx, e.mcpURL(0), tok, body, hdr)
 			}()
 			eventually(t, 10*time.Second, "call 7 to reach the upstream", func() bool { return e.up.Calls("slow") == 1 })
-			if how == "hang up" {
+			if how != "cancel" {
 				hangUp()
 				<-done
 			} else if r := post(t, e.mcpURL(0), tok, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}`, hdr); r.Status != http.StatusAccepted {
@@ -233,5 +241,64 @@ func TestSessionlessCallKeepsItsSlotUntilTheUpstreamEnds(t *testing.T) {
 				return r.Status == http.StatusOK
 			})
 		})
+	}
+}
+
+// A shutdown does not wait for the upstream answer of a session-less call
+// whose client has left (nobody reads it): when the shutdown starts
+// (EndStreams), the call ends and its slot is free, long before its tool
+// would have answered.
+func TestShutdownEndsCallsWhoseClientLeft(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{Config: cancelConfig, Upstream: upstream.Options{Stateless: true}})
+	tok := token(t, "acme", "alice")
+	ctx, hangUp := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = postCtx(ctx, e.mcpURL(0), tok, callBody(7, "slow", map[string]any{"ms": 15000}), nil)
+	}()
+	eventually(t, 10*time.Second, "call 7 to reach the upstream", func() bool { return e.up.Calls("slow") == 1 })
+	hangUp()
+	<-done
+	if r := post(t, e.mcpURL(0), tok, callBody(8, "slow", map[string]any{"ms": 1}), nil); r.Status != http.StatusTooManyRequests {
+		t.Fatalf("a call while the first still runs upstream: %d %s, want 429", r.Status, r.Body)
+	}
+	// The tool answers after 15 s; the shutdown frees the slot at once.
+	e.gws[0].EndStreams()
+	eventually(t, 8*time.Second, "the slot to come free once the shutdown started", func() bool {
+		return post(t, e.mcpURL(0), tok, callBody(9, "slow", map[string]any{"ms": 1}), nil).Status == http.StatusOK
+	})
+}
+
+// The answer of a session-less call whose client hung up still comes (the
+// gateway reads it to free the slot), but a call its client gave up on
+// says nothing of the agent's loop: two such tool errors in a row do not
+// open a breaker of consecutive_failures: 2.
+func TestAbandonedAnswerIsNoBreakerFailure(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{Config: cancelConfig, Upstream: upstream.Options{Stateless: true}})
+	sdk.AddTool(e.up.MCPServer(), &sdk.Tool{Name: "slow_fail"}, func(ctx context.Context, _ *sdk.CallToolRequest, in struct {
+		MS int `json:"ms"`
+	}) (*sdk.CallToolResult, any, error) {
+		time.Sleep(time.Duration(in.MS) * time.Millisecond)
+		return &sdk.CallToolResult{IsError: true, Content: []sdk.Content{&sdk.TextContent{Text: "failed late"}}}, nil, nil
+	})
+	tok := token(t, "acme", "alice")
+	for i := range 2 {
+		ctx, hangUp := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = postCtx(ctx, e.mcpURL(0), tok, callBody(i, "slow_fail", map[string]any{"ms": 500}), nil)
+		}()
+		eventually(t, 10*time.Second, "the call to reach the upstream", func() bool { return e.up.Calls("slow_fail") == int64(i+1) })
+		hangUp()
+		<-done
+		eventually(t, 10*time.Second, "the abandoned call to be settled", func() bool { return e.gws[0].inflight.size() == 0 })
+	}
+	r := post(t, e.mcpURL(0), tok, callBody(3, "slow_fail", map[string]any{"ms": 1}), nil)
+	if r.Status != http.StatusOK {
+		t.Fatalf("a call after two abandoned tool errors: %d %s, want 200 (no breaker opened)", r.Status, r.Body)
 	}
 }

@@ -49,6 +49,10 @@ type liveCall struct {
 	// the other callers of its flight: a cancellation must not reach the
 	// upstream, where it would end that load for all of them.
 	cached atomic.Bool
+	// outlives: the call's upstream request outlives its client (see
+	// outlivesClient): a cancellation can reach it only through its client's
+	// request, which it ends.
+	outlives bool
 }
 
 // Cancelled reports whether a client's notifications/cancelled ended the
@@ -58,9 +62,9 @@ func (c *liveCall) Cancelled() bool { return c != nil && c.cancelled.Load() }
 // begin registers a call with id for o and returns its context, derived
 // from ctx and cancelled with cause mcp.ErrCancelled when the client
 // cancels the call. end must follow, once the call's work is all done.
-func (f *inflight) begin(ctx context.Context, o callOwner, id json.RawMessage) (context.Context, *liveCall) {
+func (f *inflight) begin(ctx context.Context, o callOwner, id json.RawMessage, outlives bool) (context.Context, *liveCall) {
 	ctx, cancel := context.WithCancelCause(ctx)
-	c := &liveCall{id: id, cancel: cancel, done: make(chan struct{})}
+	c := &liveCall{id: id, cancel: cancel, done: make(chan struct{}), outlives: outlives}
 	f.mu.Lock()
 	if f.calls == nil {
 		f.calls = make(map[callOwner][]*liveCall)
@@ -113,6 +117,9 @@ func (f *inflight) cancel(ctx context.Context, o callOwner, id json.RawMessage) 
 		return match, first
 	}
 	match.cancel(mcp.ErrCancelled)
+	if match.outlives {
+		return match, true // it ends when its upstream answers: nothing to wait for
+	}
 	select {
 	case <-match.done:
 	case <-ctx.Done():

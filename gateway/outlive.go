@@ -24,8 +24,26 @@ func outlivesClient(r *http.Request) bool {
 }
 
 // errDrained ends the upstream request of a call whose client left more
-// than its bound ago (see detach).
+// than its bound ago, or when the gateway shuts down (see detach).
 var errDrained = errors.New("gateway: the client of this call left and its upstream answer took too long")
+
+// forwardCall forwards a tools/call (not through the cache) and returns
+// the HTTP status written to the client. A call that must outlive its
+// client (outlivesClient) is forwarded detached: it returns when the
+// upstream has answered, with mcp.StatusClientClosedRequest when the
+// client left before.
+func (g *Gateway) forwardCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward) int {
+	if !outlivesClient(r) {
+		return g.forward(w, r, rt, fwd, "tools/call")
+	}
+	gw, dr, end := g.detach(w, r, rt.cfg.Upstream.Timeout)
+	status := g.forward(gw, dr, rt, fwd, "tools/call")
+	if end() {
+		status = mcp.StatusClientClosedRequest // not the upstream's failure
+		noteLeft(r.Context())
+	}
+	return status
+}
 
 // detach returns the writer and request to forward a call that must outlive
 // its client with: the upstream request keeps going when the client hangs
@@ -34,35 +52,59 @@ var errDrained = errors.New("gateway: the client of this call left and its upstr
 // freed) only when the upstream has answered. From the moment the client
 // left, the upstream has bound to answer (a silent tool is cut sooner by
 // the proxy's idle timeout; a streaming one would otherwise be read for
-// ever); then the request is closed. end releases what detach started; it
-// must be called once the call has been forwarded.
-func detach(w http.ResponseWriter, r *http.Request, bound time.Duration) (gw *goneWriter, dr *http.Request, end func()) {
+// ever), and a shutdown ends the wait at once (nobody is waiting for the
+// answer, and the shutdown would wait for it). Then the request is closed.
+//
+// end must be called once the call has been forwarded; it reports whether
+// the client left, and answers a cancelled call whose response had not
+// started with 202 and no body (MCP: a cancelled request gets no answer).
+func (g *Gateway) detach(w http.ResponseWriter, r *http.Request, bound time.Duration) (gw *goneWriter, dr *http.Request, end func() (left bool)) {
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
 	gw = &goneWriter{ResponseWriter: w, client: r.Context()}
-	var timer *time.Timer // set under once
+	var (
+		timer  *time.Timer // set under gw.once
+		remove = func() {}
+	)
 	gw.left = func() {
-		gw.once.Do(func() { timer = time.AfterFunc(bound, func() { cancel(errDrained) }) })
+		gw.once.Do(func() {
+			timer = time.AfterFunc(bound, func() { cancel(errDrained) })
+			remove = g.streams.add(func() { cancel(errDrained) }) // ended on shutdown
+		})
 	}
 	stop := context.AfterFunc(r.Context(), gw.left)
-	return gw, r.WithContext(ctx), func() {
+	return gw, r.WithContext(ctx), func() bool {
 		stop()
-		gw.once.Do(func() {}) // after this, timer is set for good
+		gw.once.Do(func() {}) // after this, timer and remove are set for good
 		if timer != nil {
 			timer.Stop()
 		}
+		remove()
 		cancel(nil)
+		left := gw.gone || r.Context().Err() != nil
+		if left && !gw.started {
+			// Nothing reached the client: no status it could misread (a
+			// Content-Length set for a body that was dropped).
+			h := gw.ResponseWriter.Header()
+			h.Del("Content-Type")
+			h.Set("Content-Length", "0")
+			gw.ResponseWriter.WriteHeader(http.StatusAccepted)
+		}
+		return left
 	}
 }
 
 // goneWriter relays to the client until it goes away or cancels the call
-// (client ends) or a write to it fails, and then drops what is written.
-// Its writes come from one goroutine; left may be called from any.
+// (client ends) or a write to it fails, and then drops what is written,
+// headers included. Its writes come from one goroutine; left may be called
+// from any.
 type goneWriter struct {
 	http.ResponseWriter
-	client context.Context
-	left   func() // starts the bound on the upstream's answer, once
-	once   sync.Once
-	gone   bool // the client got its last byte; only the writing goroutine
+	client  context.Context
+	left    func() // starts the bound on the upstream's answer, once
+	once    sync.Once
+	gone    bool        // the client got its last byte; only the writing goroutine
+	started bool        // a status went to the client
+	scratch http.Header // the headers written once gone
 }
 
 func (g *goneWriter) alive() bool {
@@ -77,14 +119,26 @@ func (g *goneWriter) fail() {
 	g.left()
 }
 
+func (g *goneWriter) Header() http.Header {
+	if g.alive() {
+		return g.ResponseWriter.Header()
+	}
+	if g.scratch == nil {
+		g.scratch = make(http.Header)
+	}
+	return g.scratch
+}
+
 func (g *goneWriter) WriteHeader(code int) {
 	if g.alive() {
+		g.started = true
 		g.ResponseWriter.WriteHeader(code)
 	}
 }
 
 func (g *goneWriter) Write(b []byte) (int, error) {
 	if g.alive() {
+		g.started = true
 		if _, err := g.ResponseWriter.Write(b); err != nil {
 			g.fail()
 		}
@@ -94,8 +148,11 @@ func (g *goneWriter) Write(b []byte) (int, error) {
 
 // FlushError is what http.ResponseController's Flush calls.
 func (g *goneWriter) FlushError() error {
-	if g.alive() && http.NewResponseController(g.ResponseWriter).Flush() != nil {
-		g.fail()
+	if g.alive() {
+		g.started = true
+		if http.NewResponseController(g.ResponseWriter).Flush() != nil {
+			g.fail()
+		}
 	}
 	return nil
 }

@@ -206,8 +206,11 @@ func (g *Gateway) route(x *exchange) {
 		g.serveCall(x)
 	case "notifications/cancelled":
 		switch c, first := g.cancelCall(x.r, x.p, x.msg); {
-		case c != nil && c.cached.Load():
-			x.w.WriteHeader(http.StatusAccepted) // the cancelled call was cached: kept from the upstream
+		case c != nil && (c.cached.Load() || c.outlives):
+			// Kept from the upstream: a cached call's request belongs to
+			// the cache's flight, which goes on for its other callers; one
+			// without a session is beyond the reach of a cancellation.
+			x.w.WriteHeader(http.StatusAccepted)
 		case c != nil && first: // it stops work: never refused
 			g.forward(x.w, x.r, x.rt, x.fwd, methodClass(x.msg))
 		default: // no call of the caller's, or a repeat: governed like any notification
