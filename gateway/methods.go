@@ -32,7 +32,7 @@ func (g *Gateway) serveMethod(x *exchange) {
 		return
 	}
 	setRateHeaders(x.w.Header(), d.Limit, g.now())
-	if msg.Method == policy.MethodInitialize {
+	if msg.IsCall() && msg.Method == policy.MethodInitialize {
 		g.openSession(x.w, x.r, x.rt, x.fwd, x.p, t, class)
 		return
 	}

@@ -69,8 +69,9 @@ tiers:
 	}
 }
 
-// Without a rule naming them, notifications share the tier's default
-// request rule (default_requests: burst 120): a flood is cut there.
+// Without a rule naming them, notifications count under their own
+// built-in rule (default_notifications: burst 120): a flood is cut there,
+// while the tenant's requests keep their own budget.
 func TestNotificationsUnderTheDefaultRule(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, setup{})
@@ -86,10 +87,13 @@ func TestNotificationsUnderTheDefaultRule(t *testing.T) {
 		if r.Status != http.StatusTooManyRequests {
 			t.Fatalf("notification %d: %d %s", i, r.Status, r.Body)
 		}
-		if d := r.denial(t); d.Rule != "default_requests" {
-			t.Fatalf("denial %+v, want default_requests", d)
+		if d := r.denial(t); d.Rule != "default_notifications" {
+			t.Fatalf("denial %+v, want default_notifications", d)
 		}
 		break
+	}
+	if r := post(t, e.mcpURL(0), tok, methodBody(9, "ping", `{}`), hdr); r.Status != http.StatusOK {
+		t.Fatalf("a ping once the notifications' budget is spent: %d %s", r.Status, r.Body)
 	}
 	// 120 of burst, and the refill (10 a second) while they were sent.
 	if accepted < 120 || accepted >= 300 {
@@ -174,41 +178,77 @@ func waitNotified(t *testing.T, e *env, accepted int64) int64 {
 	return n()
 }
 
-// Only a call's first cancellation passes uncounted: a call without a
-// session outlives its cancellation until the upstream answers (see
-// outlivesClient), and repeating the notification meanwhile must not
-// flood the upstream for free.
+// Only a call's first cancellation passes uncounted: 40 concurrent
+// cancellations of one call in progress, with the notifications' budget
+// spent, put exactly one on the upstream; the others are refused.
 func TestRepeatedCancellationIsCounted(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true}, Config: `
+	e := newEnv(t, setup{Config: `
 tiers:
   free:
     limits:
       - {name: notes, methods: [notifications], algorithm: fixed_window, limit: 1, period: 1h}
 `})
 	tok := token(t, "acme", "alice")
-	if r := post(t, e.mcpURL(0), tok, rootsChanged, nil); r.Status != http.StatusAccepted {
-		t.Fatalf("the notification that spends the budget: %d %s", r.Status, r.Body)
-	}
+	hdr := openRawSession(t, e, tok) // spends the budget
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = postCtx(context.Background(), e.mcpURL(0), tok, callBody(7, "slow", map[string]any{"ms": 8000}), nil)
+		_, _ = postCtx(context.Background(), e.mcpURL(0), tok, callBody(7, "slow", map[string]any{"ms": 30000}), hdr)
 	}()
 	eventually(t, 10*time.Second, "call 7 to reach the upstream", func() bool { return e.up.Calls("slow") == 1 })
 	const cancel7 = `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}`
-	if r := post(t, e.mcpURL(0), tok, cancel7, nil); r.Status != http.StatusAccepted {
-		t.Fatalf("the first cancellation of call 7: %d %s, want 202", r.Status, r.Body)
+	var accepted, refused atomic.Int64
+	run(8, 40, func(int) {
+		switch r := post(t, e.mcpURL(0), tok, cancel7, hdr); r.Status {
+		case http.StatusAccepted:
+			accepted.Add(1)
+		case http.StatusTooManyRequests:
+			refused.Add(1)
+		default:
+			t.Errorf("a cancellation of call 7: %d %s", r.Status, r.Body)
+		}
+	})
+	<-done
+	if accepted.Load() != 1 || refused.Load() != 39 {
+		t.Errorf("%d cancellations accepted, %d refused; want 1 and 39", accepted.Load(), refused.Load())
 	}
-	select {
-	case <-done:
-		t.Fatal("call 7 ended before its upstream answered")
-	default:
+	eventually(t, 10*time.Second, "the cancellation to reach the upstream", func() bool { return e.up.Requests("notifications/cancelled") >= 1 })
+	if got := e.up.Requests("notifications/cancelled"); got != 1 {
+		t.Errorf("upstream saw %d cancellations, want 1", got)
 	}
-	for i := range 3 {
-		if r := post(t, e.mcpURL(0), tok, cancel7, nil); r.Status != http.StatusTooManyRequests {
-			t.Fatalf("repeat %d of the cancellation while call 7 still runs upstream: %d %s, want 429", i, r.Status, r.Body)
+}
+
+// A call without a session (MCP before 2026-07-28) cannot be cancelled
+// upstream: its cancellation is answered by the gateway at once and never
+// forwarded, however often it comes, and the cancelled call's own POST
+// gets 202 with no body once the upstream has answered (not the
+// upstream's 200 with a body it no longer has).
+func TestSessionlessCancellationStaysHere(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}})
+	tok := token(t, "acme", "alice")
+	type answer struct {
+		r   *response
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		r, err := postCtx(context.Background(), e.mcpURL(0), tok, callBody(7, "slow", map[string]any{"ms": 3000}), nil)
+		got <- answer{r, err}
+	}()
+	eventually(t, 10*time.Second, "call 7 to reach the upstream", func() bool { return e.up.Calls("slow") == 1 })
+	const cancel7 = `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}`
+	for i := range 5 {
+		if r := post(t, e.mcpURL(0), tok, cancel7, nil); r.Status != http.StatusAccepted {
+			t.Fatalf("cancellation %d of call 7: %d %s, want 202", i, r.Status, r.Body)
 		}
 	}
-	<-done
+	a := <-got
+	if a.err != nil || a.r.Status != http.StatusAccepted || len(a.r.Body) != 0 {
+		t.Fatalf("the cancelled call's own answer: %v, %+v; want 202 with no body", a.err, a.r)
+	}
+	if n := e.up.Requests("notifications/cancelled"); n != 0 {
+		t.Errorf("upstream saw %d cancellations, want none", n)
+	}
 }

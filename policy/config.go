@@ -225,14 +225,13 @@ type Rule struct {
 	limit.Rule
 	Per keyspace.Per
 	// Methods are the JSON-RPC request methods the rule counts: nil means
-	// tools/call only; "*" means every request method, and the
-	// notifications and responses of clients (MethodNotifications). See
-	// Applies.
+	// tools/call only; "*" means every request method; MethodNotifications
+	// the notifications and responses of clients. See Applies.
 	Methods []string
 }
 
-// AllMethods in Rule.Methods selects every request method and
-// MethodNotifications.
+// AllMethods in Rule.Methods selects every request method (not
+// MethodNotifications, which is no request).
 const AllMethods = "*"
 
 // Applies reports whether r counts calls of method.
@@ -241,7 +240,7 @@ func (r Rule) Applies(method string) bool {
 		return method == MethodToolsCall
 	}
 	for _, m := range r.Methods {
-		if m == method || m == AllMethods {
+		if m == method || m == AllMethods && method != MethodNotifications {
 			return true
 		}
 	}

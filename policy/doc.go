@@ -155,13 +155,14 @@
 // the tool's upstream (Config.UpstreamOf), then the tool's.
 //
 // methods (tier and global rules only) lists the JSON-RPC request methods a
-// rule counts (see RequestMethods), "notifications" for the notifications
-// and responses a client sends (MethodNotifications), or "*" for all;
-// without it a rule counts tools/call. Every other method is governed too:
-// where no rule of the tier names a method, DefaultInitializeRule
-// (initialize: 10 per minute per tenant) or DefaultRequestsRule (any other
-// request, and notifications: 600 per minute, burst 120, per tenant)
-// applies. For a method other than tools/call, the "tool" of tenant_tool
+// rule counts (see RequestMethods), "*" for all of them, and
+// "notifications" for the notifications and responses a client sends
+// (MethodNotifications; "*" does not include them); without it a rule
+// counts tools/call. Every other method is governed too: where no rule of
+// the tier names a method, DefaultInitializeRule (initialize: 10 per minute
+// per tenant), DefaultNotificationsRule (notifications and responses: 600
+// per minute, burst 120, per tenant) or DefaultRequestsRule (any other
+// request: the same) applies. For a method other than tools/call, the "tool" of tenant_tool
 // and subject_tool is the method and its target (the prompt name, the
 // resource URI).
 //

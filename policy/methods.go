@@ -17,10 +17,12 @@ const MethodInitialize = "initialize"
 // client sends that expect no answer: its notifications (initialized,
 // cancelled, progress, roots/list_changed, ...) and its responses to the
 // server's requests (sampling, elicitation, roots). They are forwarded
-// upstream, so they are governed like requests: a rule naming
-// "notifications" in its methods counts them, else the rules naming "*"
-// (DefaultRequestsRule when the tier has none). The first cancellation of
-// one of the caller's calls in progress is not counted: it stops work.
+// upstream, so they are governed like requests: by the rules naming
+// "notifications" in their methods, else by DefaultNotificationsRule. "*"
+// does not select them: they have a budget of their own, so that a tenant
+// that spent its requests' budget can still answer the server's requests of
+// the calls it has in progress. The first cancellation of one of the
+// caller's calls in progress is not counted: it stops work.
 const MethodNotifications = "notifications"
 
 // RequestMethods are the JSON-RPC request methods of MCP (2025-06-18,
@@ -67,12 +69,21 @@ var (
 		Rule: limit.Rule{Name: "default_requests", Algorithm: limit.TokenBucket, Limit: 600, Period: time.Minute, Burst: 120},
 		Per:  keyspace.PerTenant, Methods: []string{AllMethods},
 	}
+	// DefaultNotificationsRule counts the notifications and responses of
+	// clients per tenant (MethodNotifications).
+	DefaultNotificationsRule = Rule{
+		Rule: limit.Rule{Name: "default_notifications", Algorithm: limit.TokenBucket, Limit: 600, Period: time.Minute, Burst: 120},
+		Per:  keyspace.PerTenant, Methods: []string{MethodNotifications},
+	}
 )
 
 // defaultRuleFor returns the built-in rule of method (not tools/call).
 func defaultRuleFor(method string) Rule {
-	if method == MethodInitialize {
+	switch method {
+	case MethodInitialize:
 		return DefaultInitializeRule
+	case MethodNotifications:
+		return DefaultNotificationsRule
 	}
 	return DefaultRequestsRule
 }

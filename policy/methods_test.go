@@ -18,9 +18,14 @@ tiers:
       - {name: lists, methods: [tools/list, prompts/list], algorithm: fixed_window, limit: 3, period: 1m}
       - {name: everything, methods: ["*"], algorithm: fixed_window, limit: 100, period: 1m}
   bare: {}
+  chatty:
+    limits:
+      - {name: notes, methods: [notifications, ping], algorithm: fixed_window, limit: 9, period: 1m}
 global:
   - {name: all, algorithm: fixed_window, limit: 1000, period: 1m}
   - {name: inits, methods: [initialize], algorithm: fixed_window, limit: 50, period: 1m}
+  - {name: every_request, methods: ["*"], algorithm: fixed_window, limit: 5000, period: 1m}
+  - {name: all_notes, methods: [notifications], algorithm: fixed_window, limit: 7000, period: 1m}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -36,14 +41,20 @@ global:
 		tier, method   string
 		tenant, global []string
 	}{
-		{"free", "tools/call", []string{"calls", "everything"}, []string{"all"}},
-		{"free", "tools/list", []string{"lists", "everything"}, nil},
-		{"free", "initialize", []string{"everything"}, []string{"inits"}},
-		{"free", "x/custom", []string{"everything"}, nil},
-		{"bare", "initialize", []string{"default_initialize"}, []string{"inits"}},
-		{"bare", "ping", []string{"default_requests"}, nil},
-		{"bare", "x/custom", []string{"default_requests"}, nil},
-		{"bare", "tools/call", nil, []string{"all"}},
+		{"free", "tools/call", []string{"calls", "everything"}, []string{"all", "every_request"}},
+		{"free", "tools/list", []string{"lists", "everything"}, []string{"every_request"}},
+		{"free", "initialize", []string{"everything"}, []string{"inits", "every_request"}},
+		{"free", "x/custom", []string{"everything"}, []string{"every_request"}},
+		// "*" selects requests only: notifications have a budget of their own
+		{"free", MethodNotifications, []string{"default_notifications"}, []string{"all_notes"}},
+		{"bare", "initialize", []string{"default_initialize"}, []string{"inits", "every_request"}},
+		{"bare", "ping", []string{"default_requests"}, []string{"every_request"}},
+		{"bare", "x/custom", []string{"default_requests"}, []string{"every_request"}},
+		{"bare", "tools/call", nil, []string{"all", "every_request"}},
+		{"bare", MethodNotifications, []string{"default_notifications"}, []string{"all_notes"}},
+		{"chatty", MethodNotifications, []string{"notes"}, []string{"all_notes"}},
+		{"chatty", "ping", []string{"notes"}, []string{"every_request"}},
+		{"chatty", "tools/list", []string{"default_requests"}, []string{"every_request"}},
 	} {
 		var tr, gr []Rule
 		if tc.method == MethodToolsCall {
