@@ -13,6 +13,15 @@ import (
 
 const rootsChanged = `{"jsonrpc":"2.0","method":"notifications/roots/list_changed"}`
 
+// oneNotification allows a tenant one notification: the
+// notifications/initialized of its first session spends it.
+const oneNotification = `
+tiers:
+  free:
+    limits:
+      - {name: notes, methods: [notifications], algorithm: fixed_window, limit: 1, period: 1h}
+`
+
 // A client's notifications reach the upstream, so a tenant could flood it
 // for free: a rule naming "notifications" counts them. Of 120 concurrent
 // notifications under a limit of L, exactly L reach the upstream and the
@@ -110,12 +119,7 @@ func TestNotificationsUnderTheDefaultRule(t *testing.T) {
 // response to nothing are refused then.
 func TestCancellationOfALiveCallIsNeverRefused(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, setup{Config: `
-tiers:
-  free:
-    limits:
-      - {name: notes, methods: [notifications], algorithm: fixed_window, limit: 1, period: 1h}
-`})
+	e := newEnv(t, setup{Config: oneNotification})
 	tok := token(t, "acme", "alice")
 	hdr := openRawSession(t, e, tok) // its notifications/initialized spends the budget (1)
 	if r := post(t, e.mcpURL(0), tok, rootsChanged, hdr); r.Status != http.StatusTooManyRequests {
@@ -183,12 +187,7 @@ func waitNotified(t *testing.T, e *env, accepted int64) int64 {
 // spent, put exactly one on the upstream; the others are refused.
 func TestRepeatedCancellationIsCounted(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, setup{Config: `
-tiers:
-  free:
-    limits:
-      - {name: notes, methods: [notifications], algorithm: fixed_window, limit: 1, period: 1h}
-`})
+	e := newEnv(t, setup{Config: oneNotification})
 	tok := token(t, "acme", "alice")
 	hdr := openRawSession(t, e, tok) // spends the budget
 	done := make(chan struct{})
