@@ -254,7 +254,11 @@ func breakerSpec(cfg *policy.Config, p Call, tool string) *limit.BreakerSpec {
 		ConsecutiveFailures: int64(b.ConsecutiveFailures),
 		Cooldown:            ms(b.Cooldown),
 		MaxCooldown:         ms(max(b.MaxCooldown, b.Cooldown)),
-		ProbeLease:          ms(cfg.Upstream.Timeout + 5*time.Second),
+		// A probe's call may outlive its client by upstream.timeout (a
+		// session-less call is read to its end, see gateway/outlive.go):
+		// its lease covers that too, so that no second probe goes while
+		// it still runs.
+		ProbeLease: ms(min(2*cfg.Upstream.Timeout+5*time.Second, limit.MaxBreakerDuration)),
 	}
 	if b.IdenticalCalls.Count > 1 {
 		spec.IdenticalKey = keyspace.BreakerCall(p.Tenant, id, fingerprint(tool, p.Arguments))

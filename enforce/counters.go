@@ -154,13 +154,14 @@ func tenantCounters(cfg *policy.Config, tiers []string, f counterFilter) []count
 }
 
 // methodCounters are the counters per tenant or per subject of the rules of
-// methods other than tools/call (the built-in default_initialize and
-// default_requests included) in tier, skipping keys in seen. Their per-tool
+// methods other than tools/call, notifications included (the built-in
+// default_initialize, default_requests and default_notifications too) in
+// tier, skipping keys in seen. Their per-tool
 // counters key on the prompt or resource a caller named, which the config
 // cannot list: they are left out.
 func methodCounters(cfg *policy.Config, tier string, f counterFilter, seen map[string]bool) []counter {
 	var out []counter
-	for _, m := range append(policy.RequestMethods[:len(policy.RequestMethods):len(policy.RequestMethods)], "") {
+	for _, m := range policy.GovernedMethods() {
 		if m == policy.MethodToolsCall || f.tool != "" {
 			continue
 		}

@@ -110,7 +110,7 @@ func TestAdminLiveLimitsAndReset(t *testing.T) {
 			// built-in rules of the other methods are listed too (calls made
 			// no initialize: their buckets are full).
 			want := map[string]int64{"per_tenant/": 5 - n, "per_tool/echo": 10 - n, "echo_in_flight/echo": 2,
-				"default_initialize/": 10, "default_requests/": 120}
+				"default_initialize/": 10, "default_requests/": 120, "default_notifications/": 120}
 			if first.Tier != "free" || !sameCounts(first.remaining(), want) {
 				t.Fatalf("live %+v\nwant %v", first, want)
 			}

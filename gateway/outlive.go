@@ -36,6 +36,13 @@ func (g *Gateway) forwardCall(w http.ResponseWriter, r *http.Request, rt *runtim
 	if !outlivesClient(r) {
 		return g.forward(w, r, rt, fwd, "tools/call")
 	}
+	if r.Context().Err() != nil {
+		// Gone before anything was sent: nothing runs upstream to hold
+		// the slot for.
+		noteLeft(r.Context())
+		writeNothing(w, w.Header().Clone())
+		return mcp.StatusClientClosedRequest
+	}
 	gw, dr, end := g.detach(w, r, rt.cfg.Upstream.Timeout)
 	status := g.forward(gw, dr, rt, fwd, "tools/call")
 	if end() {
@@ -61,6 +68,7 @@ func (g *Gateway) forwardCall(w http.ResponseWriter, r *http.Request, rt *runtim
 func (g *Gateway) detach(w http.ResponseWriter, r *http.Request, bound time.Duration) (gw *goneWriter, dr *http.Request, end func() (left bool)) {
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
 	gw = &goneWriter{ResponseWriter: w, client: r.Context()}
+	before := w.Header().Clone() // the gateway's own headers
 	var (
 		timer  *time.Timer // set under gw.once
 		remove = func() {}
@@ -82,15 +90,26 @@ func (g *Gateway) detach(w http.ResponseWriter, r *http.Request, bound time.Dura
 		cancel(nil)
 		left := gw.gone || r.Context().Err() != nil
 		if left && !gw.started {
-			// Nothing reached the client: no status it could misread (a
-			// Content-Length set for a body that was dropped).
-			h := gw.ResponseWriter.Header()
-			h.Del("Content-Type")
-			h.Set("Content-Length", "0")
-			gw.ResponseWriter.WriteHeader(http.StatusAccepted)
+			writeNothing(gw.ResponseWriter, before)
 		}
 		return left
 	}
+}
+
+// writeNothing answers a call whose client left before its answer started
+// with 202 and no body, and the headers the gateway had set before the
+// upstream's (a Content-Length set for a body that was dropped would make
+// a client that still reads wait for it). MCP: a cancelled request gets no
+// response.
+func writeNothing(w http.ResponseWriter, headers http.Header) {
+	h := w.Header()
+	clear(h)
+	for k, v := range headers {
+		h[k] = v
+	}
+	h.Del("Content-Type")
+	h.Set("Content-Length", "0")
+	w.WriteHeader(http.StatusAccepted)
 }
 
 // goneWriter relays to the client until it goes away or cancels the call

@@ -566,7 +566,7 @@ func (c *Config) index() {
 		}
 		c.rules[name] = rs
 		byMethod := map[string][]Rule{}
-		for _, m := range governedMethods() {
+		for _, m := range GovernedMethods() {
 			if m == MethodToolsCall {
 				continue
 			}
@@ -580,16 +580,17 @@ func (c *Config) index() {
 	}
 	c.global = forMethod(c.Global, MethodToolsCall)
 	c.methodGlobal = map[string][]Rule{}
-	for _, m := range governedMethods() {
+	for _, m := range GovernedMethods() {
 		if m != MethodToolsCall {
 			c.methodGlobal[m] = forMethod(c.Global, m)
 		}
 	}
 }
 
-// governedMethods are the names methodRules and methodGlobal are indexed
-// by: the request methods, MethodNotifications and "" (any other method).
-func governedMethods() []string {
+// GovernedMethods are the names RulesForMethod knows rules of: the
+// request methods (tools/call included), MethodNotifications and "" (any
+// other method), in a new slice.
+func GovernedMethods() []string {
 	return append(slices.Clip(RequestMethods), MethodNotifications, "")
 }
 
