@@ -254,6 +254,43 @@ breaker:
 	}
 }
 
+// An answer that comes after its caller gave up (Answered with a context
+// that has ended) says nothing of the agent: the breaker counts no
+// failure.
+func TestAnswerAfterTheCallerLeftIsNoFailure(t *testing.T) {
+	t.Parallel()
+	for _, store := range stores {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			e := engines(t, store, 1, `
+breaker:
+  consecutive_failures: 2
+  cooldown: 1h
+`, "")[0]
+			call := enforce.Call{Tenant: "acme", Subject: "loopy", Name: "flaky"}
+			for i := range 3 {
+				ticket, d := e.Admit(t.Context(), call)
+				if !d.Allowed {
+					t.Fatalf("call %d denied: %+v; an answer its caller left before counted as a failure", i, d)
+				}
+				left, leave := context.WithCancel(t.Context())
+				leave()
+				ticket.Answered(left, json.RawMessage(`{"content":[],"isError":true}`), true)
+				ticket.Done(t.Context(), enforce.Outcome{Status: enforce.Abandoned})
+			}
+			// The same answers while the caller waits open it.
+			for range 2 {
+				ticket, _ := e.Admit(t.Context(), call)
+				ticket.Answered(t.Context(), json.RawMessage(`{"content":[],"isError":true}`), true)
+				ticket.Done(t.Context(), enforce.Outcome{Status: enforce.ToolError})
+			}
+			if _, d := e.Admit(t.Context(), call); d.Allowed || d.Scope != enforce.ScopeBreaker {
+				t.Fatalf("after two failures its caller saw: %+v, want the breaker's denial", d)
+			}
+		})
+	}
+}
+
 // A tool whose cost is corrected from its result is charged what it
 // reported, and Done says so.
 func TestCostCorrection(t *testing.T) {
