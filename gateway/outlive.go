@@ -40,12 +40,12 @@ func (g *Gateway) forwardCall(w http.ResponseWriter, r *http.Request, rt *runtim
 		// Gone before anything was sent: nothing runs upstream to hold
 		// the slot for.
 		noteLeft(r.Context())
-		writeNothing(w, w.Header().Clone())
+		writeNothing(w)
 		return mcp.StatusClientClosedRequest
 	}
-	gw, dr, end := g.detach(w, r, rt.cfg.Upstream.Timeout)
+	gw, dr := g.detach(w, r, rt.cfg.Upstream.Timeout)
 	status := g.forward(gw, dr, rt, fwd, "tools/call")
-	if end() {
+	if gw.end() {
 		status = mcp.StatusClientClosedRequest // not the upstream's failure
 		noteLeft(r.Context())
 	}
@@ -61,69 +61,72 @@ func (g *Gateway) forwardCall(w http.ResponseWriter, r *http.Request, rt *runtim
 // the proxy's idle timeout; a streaming one would otherwise be read for
 // ever), and a shutdown ends the wait at once (nobody is waiting for the
 // answer, and the shutdown would wait for it). Then the request is closed.
-//
-// end must be called once the call has been forwarded; it reports whether
-// the client left, and answers a cancelled call whose response had not
-// started with 202 and no body (MCP: a cancelled request gets no answer).
-func (g *Gateway) detach(w http.ResponseWriter, r *http.Request, bound time.Duration) (gw *goneWriter, dr *http.Request, end func() (left bool)) {
+// The writer's end must be called once the call has been forwarded.
+func (g *Gateway) detach(w http.ResponseWriter, r *http.Request, bound time.Duration) (*goneWriter, *http.Request) {
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
-	gw = &goneWriter{ResponseWriter: w, client: r.Context()}
-	before := w.Header().Clone() // the gateway's own headers
-	var (
-		timer  *time.Timer // set under gw.once
-		remove = func() {}
-	)
-	gw.left = func() {
-		gw.once.Do(func() {
-			timer = time.AfterFunc(bound, func() { cancel(errDrained) })
-			remove = g.streams.add(func() { cancel(errDrained) }) // ended on shutdown
-		})
-	}
-	stop := context.AfterFunc(r.Context(), gw.left)
-	return gw, r.WithContext(ctx), func() bool {
-		stop()
-		gw.once.Do(func() {}) // after this, timer and remove are set for good
-		if timer != nil {
-			timer.Stop()
-		}
-		remove()
-		cancel(nil)
-		left := gw.gone || r.Context().Err() != nil
-		if left && !gw.started {
-			writeNothing(gw.ResponseWriter, before)
-		}
-		return left
-	}
+	gw := &goneWriter{ResponseWriter: w, client: r.Context(), cancel: cancel, bound: bound, streams: &g.streams}
+	gw.stop = context.AfterFunc(r.Context(), gw.leave)
+	return gw, r.WithContext(ctx)
 }
 
 // writeNothing answers a call whose client left before its answer started
-// with 202 and no body, and the headers the gateway had set before the
-// upstream's (a Content-Length set for a body that was dropped would make
-// a client that still reads wait for it). MCP: a cancelled request gets no
-// response.
-func writeNothing(w http.ResponseWriter, headers http.Header) {
+// with 202 and no body (MCP: a cancelled request gets no response).
+func writeNothing(w http.ResponseWriter) {
 	h := w.Header()
-	clear(h)
-	for k, v := range headers {
-		h[k] = v
-	}
 	h.Del("Content-Type")
 	h.Set("Content-Length", "0")
 	w.WriteHeader(http.StatusAccepted)
 }
 
 // goneWriter relays to the client until it goes away or cancels the call
-// (client ends) or a write to it fails, and then drops what is written,
-// headers included. Its writes come from one goroutine; left may be called
-// from any.
+// (client ends) or a write to it fails, and then drops what is written.
+// The headers written through it reach the client with the status only:
+// once the client has left, they are dropped with the body (a
+// Content-Length set for a body that never comes would make a client that
+// still reads wait for it). Its writes come from one goroutine; leave may
+// be called from any.
 type goneWriter struct {
 	http.ResponseWriter
 	client  context.Context
-	left    func() // starts the bound on the upstream's answer, once
-	once    sync.Once
+	cancel  context.CancelCauseFunc // ends the upstream request
+	bound   time.Duration           // how long the upstream has once the client left
+	streams *streamSet              // where the wait is ended on shutdown
+	stop    func() bool             // unregisters leave from client
+
+	once   sync.Once
+	timer  *time.Timer // set under once
+	remove func()      // set under once
+
+	header  http.Header // what the upstream's answer sets
 	gone    bool        // the client got its last byte; only the writing goroutine
 	started bool        // a status went to the client
-	scratch http.Header // the headers written once gone
+}
+
+// leave starts the bound on the upstream's answer, once the client has
+// left.
+func (g *goneWriter) leave() { g.once.Do(g.arm) }
+
+func (g *goneWriter) arm() {
+	g.timer = time.AfterFunc(g.bound, func() { g.cancel(errDrained) })
+	g.remove = g.streams.add(func() { g.cancel(errDrained) })
+}
+
+// end releases what detach started, after the call was forwarded. It
+// reports whether the client left, and answers with 202 and no body one
+// that left before its answer started.
+func (g *goneWriter) end() (left bool) {
+	g.stop()
+	g.once.Do(func() {}) // after this, timer and remove are set for good
+	if g.timer != nil {
+		g.timer.Stop()
+		g.remove()
+	}
+	g.cancel(nil)
+	left = g.gone || g.client.Err() != nil
+	if left && !g.started {
+		writeNothing(g.ResponseWriter)
+	}
+	return left
 }
 
 func (g *goneWriter) alive() bool {
@@ -135,29 +138,38 @@ func (g *goneWriter) alive() bool {
 
 func (g *goneWriter) fail() {
 	g.gone = true
-	g.left()
+	g.leave()
 }
 
 func (g *goneWriter) Header() http.Header {
-	if g.alive() {
-		return g.ResponseWriter.Header()
+	if g.header == nil {
+		g.header = make(http.Header)
 	}
-	if g.scratch == nil {
-		g.scratch = make(http.Header)
+	return g.header
+}
+
+// start sends the headers the answer set with its status.
+func (g *goneWriter) start() {
+	if g.started {
+		return
 	}
-	return g.scratch
+	g.started = true
+	h := g.ResponseWriter.Header()
+	for k, v := range g.header {
+		h[k] = v
+	}
 }
 
 func (g *goneWriter) WriteHeader(code int) {
 	if g.alive() {
-		g.started = true
+		g.start()
 		g.ResponseWriter.WriteHeader(code)
 	}
 }
 
 func (g *goneWriter) Write(b []byte) (int, error) {
 	if g.alive() {
-		g.started = true
+		g.start()
 		if _, err := g.ResponseWriter.Write(b); err != nil {
 			g.fail()
 		}
@@ -168,8 +180,8 @@ func (g *goneWriter) Write(b []byte) (int, error) {
 // FlushError is what http.ResponseController's Flush calls.
 func (g *goneWriter) FlushError() error {
 	if g.alive() {
-		g.started = true
-		if http.NewResponseController(g.ResponseWriter).Flush() != nil {
+		g.start()
+		if err := http.NewResponseController(g.ResponseWriter).Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 			g.fail()
 		}
 	}
