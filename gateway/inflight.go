@@ -117,7 +117,7 @@ func (f *inflight) cancel(ctx context.Context, o callOwner, id json.RawMessage) 
 		return match, first
 	}
 	match.cancel(mcp.ErrCancelled)
-	if match.outlives {
+	if match.outlives && !match.cached.Load() {
 		return match, true // it ends when its upstream answers: nothing to wait for
 	}
 	select {

@@ -18,8 +18,23 @@ import (
 // pass the rules of policy.MethodNotifications: each reaches the upstream,
 // and unbounded they would let a tenant flood it for free.
 func (g *Gateway) serveMethod(x *exchange) {
+	class := methodClass(x.msg)
+	t, ok := g.admitMethod(x, class)
+	if !ok {
+		return
+	}
+	if x.msg.IsCall() && x.msg.Method == policy.MethodInitialize {
+		g.openSession(x.w, x.r, x.rt, x.fwd, x.p, t, class)
+		return
+	}
+	g.forward(x.w, x.r, x.rt, x.fwd, class)
+}
+
+// admitMethod puts a message that is not a tools/call through the engine
+// (see serveMethod). Refused, it has been answered; admitted, its rate-limit
+// headers are set, and its ticket is settled when the exchange ends.
+func (g *Gateway) admitMethod(x *exchange, class string) (*enforce.Ticket, bool) {
 	msg := x.msg
-	class := methodClass(msg)
 	method, target := msg.Method, enforce.MethodTarget(msg.Method, msg.Name)
 	if !msg.IsCall() {
 		method, target = policy.MethodNotifications, policy.MethodNotifications
@@ -29,14 +44,10 @@ func (g *Gateway) serveMethod(x *exchange) {
 	x.after(func() { t.Done(context.WithoutCancel(x.r.Context()), enforce.Outcome{}) })
 	noteDecision(x.r.Context(), d)
 	if !g.admitted(x, class, d) {
-		return
+		return t, false
 	}
 	setRateHeaders(x.w.Header(), d.Limit, g.now())
-	if msg.IsCall() && msg.Method == policy.MethodInitialize {
-		g.openSession(x.w, x.r, x.rt, x.fwd, x.p, t, class)
-		return
-	}
-	g.forward(x.w, x.r, x.rt, x.fwd, class)
+	return t, true
 }
 
 // admitted answers a request the engine refused (503, or a denial in the
