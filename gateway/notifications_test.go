@@ -252,4 +252,8 @@ func TestSessionlessCancellationStaysHere(t *testing.T) {
 	if n := e.up.Requests("notifications/cancelled"); n != 0 {
 		t.Errorf("upstream saw %d cancellations, want none", n)
 	}
+	m := scrape(t, e.base[0])
+	if v := m[`mcpgate_requests_total{method="tools/call",outcome="cancelled"}`]; v != 1 {
+		t.Errorf("tools/call counted cancelled %v times, want 1 (metrics %v)", v, m)
+	}
 }

@@ -69,6 +69,13 @@ func (g *Gateway) detach(w http.ResponseWriter, r *http.Request, bound time.Dura
 	return gw, r.WithContext(ctx)
 }
 
+// cancelledWhileDetached reports whether w is a detached call's writer
+// whose client cancelled the call: its upstream answered all the same.
+func cancelledWhileDetached(w http.ResponseWriter) bool {
+	gw, ok := w.(*goneWriter)
+	return ok && errors.Is(context.Cause(gw.client), mcp.ErrCancelled)
+}
+
 // writeNothing answers a call whose client left before its answer started
 // with 202 and no body (MCP: a cancelled request gets no response).
 func writeNothing(w http.ResponseWriter) {

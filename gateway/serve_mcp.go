@@ -234,7 +234,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, f
 	g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds())
 	outcome := "admitted"
 	switch {
-	case errors.Is(err, mcp.ErrCancelled):
+	case errors.Is(err, mcp.ErrCancelled) || cancelledWhileDetached(w):
 		outcome = "cancelled"
 	case err != nil || status >= 500:
 		outcome = "upstream_error"
