@@ -129,7 +129,9 @@ func (g *goneWriter) end() (left bool) {
 		g.remove()
 	}
 	g.cancel(nil)
-	left = g.gone || g.client.Err() != nil
+	// A client that leaves once its whole answer was written has not
+	// left the call: every write after its leaving finds it gone.
+	left = g.gone || !g.started && g.client.Err() != nil
 	if left && !g.started {
 		writeNothing(g.ResponseWriter)
 	}
