@@ -30,11 +30,7 @@ tiers:
 func TestNotificationsCountedExactly(t *testing.T) {
 	t.Parallel()
 	const L, total = 23, 120
-	for _, mode := range []struct {
-		name      string
-		redis     bool
-		instances int
-	}{{"memory", false, 1}, {"redis", true, 2}} {
+	for _, mode := range storeModes {
 		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel()
 			e := newLimitEnv(t, mode.redis, mode.instances, fmt.Sprintf(`
