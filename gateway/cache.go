@@ -171,7 +171,7 @@ func (g *Gateway) bypassCache(w http.ResponseWriter, r *http.Request, rt *runtim
 			report(result, rpcErr)
 		}
 	}
-	status := g.forwardCall(w, r, rt, f)
+	status := g.forwardCall(w, r, rt, f, call)
 	return failed || status >= 500, loaded, status
 }
 

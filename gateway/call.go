@@ -66,7 +66,7 @@ func (g *Gateway) serveCall(x *exchange) {
 		a.failed, a.result, a.code, loading = g.cachedCall(x.w, x.r, x.rt, x.fwd, plan, call, answered)
 		return
 	}
-	a.code = g.forwardCall(x.w, x.r, x.rt, x.fwd)
+	a.code = g.forwardCall(x.w, x.r, x.rt, x.fwd, call)
 	g.cancelAbandoned(x.r, x.p, msg.ID) // before the call is settled and its slot freed
 }
 

@@ -138,6 +138,29 @@ func (f *inflight) size() int {
 	return n
 }
 
+// serveCancellation ends the caller's call a notifications/cancelled
+// names. Two things are decided apart. Whether it counts: not the first
+// cancellation of a call of the caller's, which stops work; any other
+// (a repeat, or one naming no call of the caller's) is governed like any
+// notification. Whether it goes upstream: not for a cached call (its
+// request belongs to the cache's flight, which goes on for its other
+// callers) nor for one without a session (beyond the reach of a
+// cancellation, see outlivesClient); those are answered 202 here.
+func (g *Gateway) serveCancellation(x *exchange) {
+	c, first := g.cancelCall(x.r, x.p, x.msg)
+	class := methodClass(x.msg)
+	if c == nil || !first {
+		if _, ok := g.admitMethod(x, class); !ok {
+			return
+		}
+	}
+	if c != nil && (c.cached.Load() || c.outlives) {
+		x.w.WriteHeader(http.StatusAccepted)
+		return
+	}
+	g.forward(x.w, x.r, x.rt, x.fwd, class)
+}
+
 // cancelCall handles a client's notifications/cancelled before it is
 // forwarded: the caller's call with that id in that session ends now. It
 // returns that call, or nil when the caller has none with that id, and

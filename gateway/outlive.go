@@ -27,13 +27,13 @@ func outlivesClient(r *http.Request) bool {
 // than its bound ago, or when the gateway shuts down (see detach).
 var errDrained = errors.New("gateway: the client of this call left and its upstream answer took too long")
 
-// forwardCall forwards a tools/call (not through the cache) and returns
-// the HTTP status written to the client. A call that must outlive its
-// client (outlivesClient) is forwarded detached: it returns when the
+// forwardCall forwards call, a tools/call (not through the cache), and
+// returns the HTTP status written to the client. A call that must outlive
+// its client (outlivesClient) is forwarded detached: it returns when the
 // upstream has answered, with mcp.StatusClientClosedRequest when the
 // client left before.
-func (g *Gateway) forwardCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward) int {
-	if !outlivesClient(r) {
+func (g *Gateway) forwardCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, call *liveCall) int {
+	if !call.outlives {
 		return g.forward(w, r, rt, fwd, "tools/call")
 	}
 	if r.Context().Err() != nil {

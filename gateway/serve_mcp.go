@@ -205,22 +205,7 @@ func (g *Gateway) route(x *exchange) {
 	case mcp.MethodToolsCall:
 		g.serveCall(x)
 	case "notifications/cancelled":
-		switch c, first := g.cancelCall(x.r, x.p, x.msg); {
-		case c != nil && (c.cached.Load() || c.outlives):
-			// Kept from the upstream: a cached call's request belongs to
-			// the cache's flight, which goes on for its other callers; one
-			// without a session is beyond the reach of a cancellation. A
-			// repeat counts, as any notification.
-			if first {
-				x.w.WriteHeader(http.StatusAccepted)
-			} else if _, ok := g.admitMethod(x, methodClass(x.msg)); ok {
-				x.w.WriteHeader(http.StatusAccepted)
-			}
-		case c != nil && first: // it stops work: never refused
-			g.forward(x.w, x.r, x.rt, x.fwd, methodClass(x.msg))
-		default: // no call of the caller's, or a repeat: governed like any notification
-			g.serveMethod(x)
-		}
+		g.serveCancellation(x)
 	default:
 		g.serveMethod(x)
 	}
