@@ -215,12 +215,7 @@ func TestSessionlessCallKeepsItsSlotUntilTheUpstreamEnds(t *testing.T) {
 			hdr := http.Header{"Mcp-Protocol-Version": {"2025-06-18"}}
 			ctx, hangUp := context.WithCancel(context.Background())
 			defer hangUp()
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				_, _ = postCtx(ctx, e.mcpURL(0), tok, body, hdr)
-			}()
-			eventually(t, 10*time.Second, "call 7 to reach the upstream", func() bool { return e.up.Calls("slow") == 1 })
+			done := callInFlight(ctx, t, e, tok, body, hdr, "slow", 1)
 			if how != "cancel" {
 				hangUp()
 				<-done
@@ -253,12 +248,7 @@ func TestShutdownEndsCallsWhoseClientLeft(t *testing.T) {
 	e := newEnv(t, setup{Config: cancelConfig, Upstream: upstream.Options{Stateless: true}})
 	tok := token(t, "acme", "alice")
 	ctx, hangUp := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_, _ = postCtx(ctx, e.mcpURL(0), tok, callBody(7, "slow", map[string]any{"ms": 15000}), nil)
-	}()
-	eventually(t, 10*time.Second, "call 7 to reach the upstream", func() bool { return e.up.Calls("slow") == 1 })
+	done := callInFlight(ctx, t, e, tok, callBody(7, "slow", map[string]any{"ms": 15000}), nil, "slow", 1)
 	hangUp()
 	<-done
 	if r := post(t, e.mcpURL(0), tok, callBody(8, "slow", map[string]any{"ms": 1}), nil); r.Status != http.StatusTooManyRequests {
@@ -287,12 +277,7 @@ func TestAbandonedAnswerIsNoBreakerFailure(t *testing.T) {
 	tok := token(t, "acme", "alice")
 	for i := range 2 {
 		ctx, hangUp := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_, _ = postCtx(ctx, e.mcpURL(0), tok, callBody(i, "slow_fail", map[string]any{"ms": 500}), nil)
-		}()
-		eventually(t, 10*time.Second, "the call to reach the upstream", func() bool { return e.up.Calls("slow_fail") == int64(i+1) })
+		done := callInFlight(ctx, t, e, tok, callBody(i, "slow_fail", map[string]any{"ms": 500}), nil, "slow_fail", int64(i+1))
 		hangUp()
 		<-done
 		eventually(t, 10*time.Second, "the abandoned call to be settled", func() bool { return e.gws[0].inflight.size() == 0 })
@@ -301,4 +286,24 @@ func TestAbandonedAnswerIsNoBreakerFailure(t *testing.T) {
 	if r.Status != http.StatusOK {
 		t.Fatalf("a call after two abandoned tool errors: %d %s, want 200 (no breaker opened)", r.Status, r.Body)
 	}
+}
+
+// sent is the answer to a request sent in the background.
+type sent struct {
+	r   *response
+	err error
+}
+
+// callInFlight sends body, a tools/call of tool, through instance 0 in the
+// background and returns once the upstream has seen n calls of tool; the
+// answer comes on the channel.
+func callInFlight(ctx context.Context, t *testing.T, e *env, tok, body string, hdr http.Header, tool string, n int64) <-chan sent {
+	t.Helper()
+	answer := make(chan sent, 1)
+	go func() {
+		r, err := postCtx(ctx, e.mcpURL(0), tok, body, hdr)
+		answer <- sent{r, err}
+	}()
+	eventually(t, 10*time.Second, fmt.Sprintf("call %d of %s to reach the upstream", n, tool), func() bool { return e.up.Calls(tool) == n })
+	return answer
 }

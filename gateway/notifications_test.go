@@ -123,12 +123,7 @@ func TestCancellationOfALiveCallIsNeverRefused(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_, _ = postCtx(ctx, e.mcpURL(0), tok, callBody(7, "slow", map[string]any{"ms": 30000}), hdr)
-	}()
-	eventually(t, 10*time.Second, "call 7 to reach the upstream", func() bool { return e.up.Calls("slow") == 1 })
+	done := callInFlight(ctx, t, e, tok, callBody(7, "slow", map[string]any{"ms": 30000}), hdr, "slow", 1)
 	if r := post(t, e.mcpURL(0), tok, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}`, hdr); r.Status != http.StatusAccepted {
 		t.Fatalf("cancelling a call in progress with the budget spent: %d %s, want 202", r.Status, r.Body)
 	}
@@ -186,12 +181,7 @@ func TestRepeatedCancellationIsCounted(t *testing.T) {
 	e := newEnv(t, setup{Config: oneNotification})
 	tok := token(t, "acme", "alice")
 	hdr := openRawSession(t, e, tok) // spends the budget
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_, _ = postCtx(context.Background(), e.mcpURL(0), tok, callBody(7, "slow", map[string]any{"ms": 30000}), hdr)
-	}()
-	eventually(t, 10*time.Second, "call 7 to reach the upstream", func() bool { return e.up.Calls("slow") == 1 })
+	done := callInFlight(t.Context(), t, e, tok, callBody(7, "slow", map[string]any{"ms": 30000}), hdr, "slow", 1)
 	const cancel7 = `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}`
 	var accepted, refused atomic.Int64
 	run(8, 40, func(int) {
@@ -224,16 +214,7 @@ func TestSessionlessCancellationStaysHere(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, setup{Config: oneNotification, Upstream: upstream.Options{Stateless: true, JSONResponse: true}})
 	tok := token(t, "acme", "alice")
-	type answer struct {
-		r   *response
-		err error
-	}
-	got := make(chan answer, 1)
-	go func() {
-		r, err := postCtx(context.Background(), e.mcpURL(0), tok, callBody(7, "slow", map[string]any{"ms": 3000}), nil)
-		got <- answer{r, err}
-	}()
-	eventually(t, 10*time.Second, "call 7 to reach the upstream", func() bool { return e.up.Calls("slow") == 1 })
+	got := callInFlight(t.Context(), t, e, tok, callBody(7, "slow", map[string]any{"ms": 3000}), nil, "slow", 1)
 	const cancel7 = `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}`
 	// The first is not counted, the first repeat spends the budget (1).
 	for i, want := range []int{http.StatusAccepted, http.StatusAccepted, http.StatusTooManyRequests, http.StatusTooManyRequests} {
