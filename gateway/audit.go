@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -183,10 +184,19 @@ func noteLeft(ctx context.Context) {
 	if n == nil {
 		return
 	}
-	n.err = mcp.ErrClientGone
-	if errors.Is(context.Cause(ctx), mcp.ErrCancelled) {
-		n.err = mcp.ErrCancelled
+	n.err = cmp.Or(leaving(ctx), mcp.ErrClientGone) // gone: a write to it failed
+}
+
+// leaving tells how the client of the call whose context is ctx left:
+// mcp.ErrCancelled, mcp.ErrClientGone, or nil while it is there.
+func leaving(ctx context.Context) error {
+	switch {
+	case errors.Is(context.Cause(ctx), mcp.ErrCancelled):
+		return mcp.ErrCancelled
+	case ctx.Err() != nil:
+		return mcp.ErrClientGone
 	}
+	return nil
 }
 
 func (n *auditNote) sawResult(result, rpcErr json.RawMessage) {
@@ -202,11 +212,8 @@ func noteLoaded(ctx context.Context, result, rpcErr json.RawMessage) {
 	}
 	n.reached = true
 	n.sawResult(result, rpcErr)
-	switch {
-	case errors.Is(context.Cause(ctx), mcp.ErrCancelled):
-		n.err = mcp.ErrCancelled
-	case ctx.Err() != nil:
-		n.err = mcp.ErrClientGone
+	if err := leaving(ctx); err != nil {
+		n.err = err
 	}
 }
 

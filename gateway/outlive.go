@@ -73,7 +73,7 @@ func (g *Gateway) detach(w http.ResponseWriter, r *http.Request, bound time.Dura
 // whose client cancelled the call: its upstream answered all the same.
 func cancelledWhileDetached(w http.ResponseWriter) bool {
 	gw, ok := w.(*goneWriter)
-	return ok && errors.Is(context.Cause(gw.client), mcp.ErrCancelled)
+	return ok && leaving(gw.client) == mcp.ErrCancelled
 }
 
 // writeNothing answers a call whose client left before its answer started
