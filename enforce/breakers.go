@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mcpgate/mcpgate/internal/jsonscan"
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
-	"github.com/mcpgate/mcpgate/mcp"
 	"github.com/mcpgate/mcpgate/policy"
 )
 
@@ -272,7 +272,7 @@ func breakerSpec(cfg *policy.Config, p Call, tool string) *limit.BreakerSpec {
 // and its canonical arguments (key order, whitespace and number spelling do
 // not matter).
 func fingerprint(tool string, args json.RawMessage) string {
-	canon, err := mcp.CanonicalArguments(args)
+	canon, err := jsonscan.Canonical(args)
 	if err != nil {
 		canon = args
 	}
