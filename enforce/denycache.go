@@ -11,13 +11,24 @@ import (
 // DefaultDenialCacheSize bounds the local denial cache (entries).
 const DefaultDenialCacheSize = 100_000
 
+// DenialCacheHold caps how long a denial is answered in process before the
+// store is asked again, however far its retry time. What can admit a denied
+// key before its retry time happens on other instances too (an operator's
+// POST /admin/limits/reset, a refund, a reload that raised the limit), and
+// this instance hears of it only from the store: the cap bounds how long
+// it keeps denying after that. A runaway agent on a denied key then costs
+// the store one call per DenialCacheHold per instance, instead of one per
+// call.
+const DenialCacheHold = time.Second
+
 // denialCache remembers, per counter key, that the shared store denied a
 // request of some cost until a retry time. Until then a request of at least
 // that cost on the same key is denied in-process: a runaway agent hammering a
 // denied key costs the store nothing. Only exact retry times are cached
 // (never a concurrency denial, whose slots may free at any moment), so the
 // cache never admits anything and denies only what the store would deny
-// unless a refund intervenes.
+// unless a refund intervenes. An entry lives until the retry time or for
+// DenialCacheHold, whichever comes first.
 //
 // The key of an entry is the counter's key, which names the rule, its scope
 // and the owner (keyspace.Counter), and the entry holds the rule that
@@ -101,9 +112,9 @@ func (c *denialCache) remember(checks []limit.Check, cost int64, d limit.Decisio
 	if key == "" {
 		return
 	}
-	hold := d.RetryAfter
-	if hold == limit.Never {
-		hold = d.Rule.Period
+	hold := DenialCacheHold
+	if d.RetryAfter != limit.Never {
+		hold = min(hold, d.RetryAfter)
 	}
 	now := c.now()
 	e := &denialEntry{key: key, rule: d.Rule, cost: cost, at: now, until: now.Add(hold), decision: d}

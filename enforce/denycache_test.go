@@ -52,7 +52,7 @@ func TestDenialCacheUnit(t *testing.T) {
 		return limit.Decision{Rule: r, Limit: r.Limit, RetryAfter: retry, ResetAfter: retry, Results: []limit.Result{{RetryAfter: retry}}}
 	}
 
-	c.remember(check("k1", rule), 2, deny(rule, 10*time.Second))
+	c.remember(check("k1", rule), 2, deny(rule, 800*time.Millisecond))
 	if _, ok := c.lookup(check("k1", rule), 1); ok {
 		t.Fatal("a denial of cost 2 denied a cost-1 request (it might fit)")
 	}
@@ -60,14 +60,14 @@ func TestDenialCacheUnit(t *testing.T) {
 	if !ok || d.Rule.Name != "r" {
 		t.Fatal("a denial of cost 2 did not cover a cost-3 request")
 	}
-	now = now.Add(4 * time.Second)
-	if d, ok = c.lookup(check("k1", rule), 2); !ok || d.RetryAfter != 6*time.Second {
-		t.Fatalf("after 4s: %v %v, want a retry in 6s", d.RetryAfter, ok)
+	now = now.Add(300 * time.Millisecond)
+	if d, ok = c.lookup(check("k1", rule), 2); !ok || d.RetryAfter != 500*time.Millisecond {
+		t.Fatalf("after 300ms: %v %v, want a retry in 500ms", d.RetryAfter, ok)
 	}
 	if _, ok := c.lookup(check("k2", rule), 9); ok {
 		t.Fatal("another key denied")
 	}
-	now = now.Add(6 * time.Second)
+	now = now.Add(500 * time.Millisecond)
 	if _, ok := c.lookup(check("k1", rule), 2); ok {
 		t.Fatal("denied at the retry time")
 	}
@@ -87,6 +87,7 @@ func TestDenialCacheUnit(t *testing.T) {
 	if d, ok := c.lookup(check("kn", rule), 9); !ok || d.RetryAfter != limit.Never {
 		t.Fatal("a never-fits denial was not cached as never")
 	}
+	c.forget()
 
 	for i := range 10 {
 		c.remember(check(fmt.Sprint("many", i), rule), 1, deny(rule, time.Hour))
@@ -100,6 +101,38 @@ func TestDenialCacheUnit(t *testing.T) {
 	c.forget()
 	if _, ok := c.lookup(check("many9", rule), 1); ok {
 		t.Fatal("forget kept an entry")
+	}
+}
+
+// A denial whose retry time is far off (or never) is answered in process
+// for DenialCacheHold only; then the store is asked again, so that a reset
+// or a refund made on another instance reaches this one. Within the hold
+// the retry time served counts down from the store's.
+func TestDenialCacheHold(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_000_000, 0)
+	c := newDenialCache(10, func() time.Time { return now })
+	rule := limit.Rule{Name: "daily", Algorithm: limit.FixedWindow, Limit: 5, Period: 24 * time.Hour}
+	for _, retry := range []time.Duration{time.Hour, limit.Never} {
+		checks := []limit.Check{{Rule: rule, Key: fmt.Sprint("k", retry)}}
+		c.remember(checks, 1, limit.Decision{Rule: rule, Limit: 5, RetryAfter: retry, ResetAfter: time.Hour, Results: []limit.Result{{RetryAfter: retry}}})
+		start := now
+		now = start.Add(DenialCacheHold - time.Millisecond)
+		d, ok := c.lookup(checks, 1)
+		want := retry
+		if retry != limit.Never {
+			want = retry - (DenialCacheHold - time.Millisecond)
+		}
+		if !ok || d.RetryAfter != want {
+			t.Fatalf("retry %v, just inside the hold: %v %v, want a denial retrying in %v", retry, d.RetryAfter, ok, want)
+		}
+		now = start.Add(DenialCacheHold)
+		if _, ok := c.lookup(checks, 1); ok {
+			t.Fatalf("retry %v: still answered in process after DenialCacheHold", retry)
+		}
+	}
+	if n := c.len(); n != 0 {
+		t.Fatalf("%d entries left after their hold", n)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 )
 
@@ -165,5 +166,50 @@ func TestAdminLiveLimitsAndReset(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A reset made on one instance reaches the others, whose denial caches
+// still hold the counter's denial with a retry time an hour away: within
+// enforce.DenialCacheHold they ask Redis again and admit. Exactly one call
+// is admitted after the reset (limit 1), whichever instance makes it.
+func TestAdminResetReachesEveryInstance(t *testing.T) {
+	t.Parallel()
+	e := newLimitEnv(t, true, 2, `
+tools:
+  echo:
+    limits:
+      - {name: echo_hourly, per: tenant_tool, algorithm: fixed_window, limit: 1, period: 1h}
+`, upstream.Options{Stateless: true, JSONResponse: true})
+	tok := token(t, "acme", "alice")
+	args := map[string]any{"text": "x"}
+	if r := e.callRaw(0, tok, 1, "echo", args); r.Status != http.StatusOK {
+		t.Fatalf("first call: %d %s", r.Status, r.Body)
+	}
+	// Each instance gets its denial from Redis and caches it.
+	for i := range 2 {
+		if r := e.callRaw(i, tok, 2, "echo", args); r.Status != http.StatusTooManyRequests {
+			t.Fatalf("second call on instance %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	if r := postReset(t, e.base[0], "Bearer "+testAdmin, `{"tenant":"acme"}`); r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"cleared":1`) {
+		t.Fatalf("reset on instance 0: %d %s", r.Status, r.Body)
+	}
+	// The deadline only keeps a broken build from waiting the hour out.
+	deadline := time.Now().Add(enforce.DenialCacheHold + 20*time.Second)
+	for {
+		r := e.callRaw(1, tok, 3, "echo", args)
+		if r.Status == http.StatusOK {
+			break
+		}
+		if r.Status != http.StatusTooManyRequests || time.Now().After(deadline) {
+			t.Fatalf("instance 1 after the reset on instance 0: %d %s (still denying)", r.Status, r.Body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for i := range 2 {
+		if r := e.callRaw(i, tok, 4, "echo", args); r.Status != http.StatusTooManyRequests {
+			t.Fatalf("instance %d after the one admission the reset allows: %d %s", i, r.Status, r.Body)
+		}
 	}
 }
