@@ -86,6 +86,14 @@ func parseResource(resource string) (*url.URL, error) {
 	return u, nil
 }
 
+// ChallengeScope is the scope a 401 challenge asks a client to request
+// (RFC 6750 §3; MCP authorization's scope selection prefers it to
+// scopes_supported): every tool, prompt and resource, the least that lets
+// an agent use all the server offers. A token granting less still
+// authenticates and works on what it grants; a call outside it gets an
+// insufficient_scope challenge naming the scope it needs (NeededScope).
+const ChallengeScope = toolScopePrefix + "* " + promptScopePrefix + "* " + resourceScopePrefix + "*"
+
 // ScopesSupported lists the scopes mcpgate understands (see ParseScopes), as
 // a metadata document's scopes_supported: "tools:*", "prompts:*" and
 // "resources:*", then "tools:<name>" for each of tools, sorted, without

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/internal/testenv"
 )
@@ -83,7 +84,9 @@ func TestTypeScriptSDKOAuthDiscovery(t *testing.T) {
 	as := newTestAS(t)
 	e := newEnv(t, setup{Upstream: upstream.Options{}})
 	mcpURL := e.mcpURL(0)
-	e.applyOAuth(oauthConfig(as, "  resource: "+mcpURL+"\n"))
+	// A listed tool adds tools:echo to scopes_supported, so that the
+	// scope the SDK requests tells the challenge's scope from the list's.
+	e.applyOAuth(oauthConfig(as, "  resource: "+mcpURL+"\n") + "tools:\n  echo: {}\n")
 	metaURL := e.base[0] + wellKnown + "/mcp"
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -101,11 +104,11 @@ func TestTypeScriptSDKOAuthDiscovery(t *testing.T) {
 	}
 	t.Logf("discovered: %s", stdout.String())
 
-	if c := got.Challenge; c.Status != 401 || c.ResourceMetadataURL != metaURL || c.Error != "" || c.Scope != "" {
-		t.Errorf("challenge %+v, want resource_metadata %s", c, metaURL)
+	if c := got.Challenge; c.Status != 401 || c.ResourceMetadataURL != metaURL || c.Error != "" || c.Scope != auth.ChallengeScope {
+		t.Errorf("challenge %+v, want resource_metadata %s and scope %q", c, metaURL, auth.ChallengeScope)
 	}
 	if m := got.ResourceMetadata; m.Resource != mcpURL || !slices.Equal(m.AuthorizationServers, []string{as.URL}) ||
-		!slices.Equal(m.BearerMethodsSupported, []string{"header"}) || !slices.Contains(m.ScopesSupported, "tools:*") {
+		!slices.Equal(m.BearerMethodsSupported, []string{"header"}) || !slices.Contains(m.ScopesSupported, "tools:*") || !slices.Contains(m.ScopesSupported, "tools:echo") {
 		t.Errorf("resource metadata %+v", m)
 	}
 	if m := got.AuthorizationServerMetadata; m.Issuer != as.URL || m.AuthorizationEndpoint != as.URL+"/authorize" || m.TokenEndpoint != as.URL+"/token" {
@@ -125,7 +128,7 @@ func TestTypeScriptSDKOAuthDiscovery(t *testing.T) {
 	}
 	q := au.Query()
 	if q.Get("resource") != mcpURL || q.Get("client_id") != testClientID || q.Get("code_challenge_method") != "S256" ||
-		q.Get("scope") != strings.Join(got.ResourceMetadata.ScopesSupported, " ") {
+		q.Get("scope") != auth.ChallengeScope {
 		t.Errorf("authorization request %v", q)
 	}
 	if f.TokenType != "Bearer" || !slices.Contains(f.Tools, "echo") {

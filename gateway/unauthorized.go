@@ -30,10 +30,12 @@ func (g *Gateway) unauthorized(w http.ResponseWriter, r *http.Request, err error
 	g.metrics.Requests.WithLabelValues("any", "unauthorized").Inc()
 	id := requestID(w, r)
 	// With authorization servers configured, resource_metadata tells the
-	// client where to get a token (RFC 9728 §5.1). No scope is asked for:
-	// a token without scopes already works (lists come back empty), and a
-	// call outside the scopes gets its own insufficient_scope challenge.
+	// client where to get a token (RFC 9728 §5.1) and scope what to ask
+	// for; without them the challenge stays the bare realm.
 	challenge := auth.Challenge{Realm: "mcpgate", ResourceMetadata: g.resourceMetadataURL(g.rt.Load(), r)}
+	if challenge.ResourceMetadata != "" {
+		challenge.Scope = auth.ChallengeScope
+	}
 	msg, level := "unauthorized: a bearer token is required", slog.LevelInfo
 	if !errors.Is(err, auth.ErrNoToken) {
 		challenge.Error = "invalid_token"

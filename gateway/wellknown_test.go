@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/policy"
 )
@@ -143,9 +144,9 @@ func TestOAuthChallenges(t *testing.T) {
 		name, tok string
 		want      map[string]string
 	}{
-		{"no token", "", map[string]string{"realm": "mcpgate", "resource_metadata": meta}},
-		{"bad token", "garbage", map[string]string{"realm": "mcpgate", "error": "invalid_token", "resource_metadata": meta}},
-		{"expired", sign(t, with(claims("acme", "a", "tools:*"), "exp", 1)), map[string]string{"realm": "mcpgate", "error": "invalid_token", "resource_metadata": meta}},
+		{"no token", "", map[string]string{"realm": "mcpgate", "scope": auth.ChallengeScope, "resource_metadata": meta}},
+		{"bad token", "garbage", map[string]string{"realm": "mcpgate", "error": "invalid_token", "scope": auth.ChallengeScope, "resource_metadata": meta}},
+		{"expired", sign(t, with(claims("acme", "a", "tools:*"), "exp", 1)), map[string]string{"realm": "mcpgate", "error": "invalid_token", "scope": auth.ChallengeScope, "resource_metadata": meta}},
 	} {
 		r := post(t, e.mcpURL(0), c.tok, callBody(1, "echo", nil), nil)
 		if r.Status != http.StatusUnauthorized || r.code() != CodeUnauthorized {
