@@ -29,11 +29,18 @@ type Counter struct {
 // Counters reads the live state of tenant's counters under tier (and of
 // subject's, when set) without charging them: the rules of tools/call
 // (tier and tool rules, per-tool counters for every tool the config lists)
-// and of the other methods. Keys come from the config, never from scanning
-// the store.
+// and of the other methods, from keys the config names; then the per-tool
+// counters the store holds for tools (prompts, resources) the config does
+// not list, found with limit.CounterLister.
 func (e *Engine) Counters(ctx context.Context, tier, tenant, subject string) ([]Counter, error) {
 	cfg := e.Config()
-	cs := tenantCounters(cfg, []string{tier}, counterFilter{tenant: tenant, subject: subject, tenantWide: true, subjects: true})
+	f := counterFilter{tenant: tenant, subject: subject, tenantWide: true, subjects: true}
+	cs := tenantCounters(cfg, []string{tier}, f)
+	held, err := heldCounters(ctx, e.Store(), cfg, []string{tier}, f, cs)
+	if err != nil {
+		return nil, err
+	}
+	cs = append(cs, held...)
 	out := []Counter{}
 	if len(cs) == 0 {
 		return out, nil
@@ -62,35 +69,115 @@ func (e *Engine) Counters(ctx context.Context, tier, tenant, subject string) ([]
 // instead; tool narrows either to that tool's per-tool counters. Counters
 // of every tier are cleared (a tenant's tier comes from its tokens), in
 // the shared store and in the local fallback store, and this instance's
-// denial cache is emptied. It returns how many counters the config names
-// and how many the deciding store held.
+// denial cache is emptied (other instances' hold a denial for at most
+// DenialCacheHold). Per-tool counters are those of the tools the config
+// lists and those the store holds for any other tool, prompt or resource
+// (limit.CounterLister). It returns how many counters it asked the
+// deciding store to drop and how many that store held.
 func (e *Engine) ResetCounters(ctx context.Context, tenant, subject, tool string) (counters, cleared int, err error) {
 	cfg := e.Config()
 	tiers := slices.Sorted(maps.Keys(cfg.Tiers))
 	if !slices.Contains(tiers, cfg.DefaultTier) {
 		tiers = append(tiers, cfg.DefaultTier)
 	}
-	cs := tenantCounters(cfg, tiers, counterFilter{tenant: tenant, subject: subject, tool: tool,
-		tenantWide: subject == "", subjects: subject != ""})
-	keys := make([]string, len(cs))
-	for i, c := range cs {
-		keys[i] = c.check.Key
-	}
+	f := counterFilter{tenant: tenant, subject: subject, tool: tool, tenantWide: subject == "", subjects: subject != ""}
+	cs := tenantCounters(cfg, tiers, f)
 	for i, s := range e.Stores() {
 		rs, ok := s.(limit.Resetter)
 		if !ok {
-			return len(keys), 0, fmt.Errorf("%w (%T)", ErrNoReset, s)
+			return len(cs), 0, fmt.Errorf("%w (%T)", ErrNoReset, s)
+		}
+		held, err := heldCounters(ctx, s, cfg, tiers, f, cs)
+		if err != nil {
+			return len(cs), cleared, err
+		}
+		keys := make([]string, 0, len(cs)+len(held))
+		for _, c := range slices.Concat(cs, held) {
+			keys = append(keys, c.check.Key)
 		}
 		m, err := rs.Reset(ctx, keys)
 		if err != nil {
-			return len(keys), cleared, err
+			return len(cs), cleared, err
 		}
 		if i == 0 {
-			cleared = m
+			counters, cleared = len(keys), m
 		}
 	}
 	e.ForgetDenials()
-	return len(keys), cleared, nil
+	return counters, cleared, nil
+}
+
+// heldCounters lists the per-tool counters that store holds for the
+// owner f selects and that known (tenantCounters' list) does not name:
+// those of tools (and of prompts and resources, for the other methods'
+// rules) the config does not list, which only the store can tell. With
+// f.tool set it lists nothing: that tool's keys are known. A store that
+// cannot list (not a limit.CounterLister) adds nothing.
+func heldCounters(ctx context.Context, store limit.Store, cfg *policy.Config, tiers []string, f counterFilter, known []counter) ([]counter, error) {
+	ls, ok := store.(limit.CounterLister)
+	if !ok || f.tool != "" {
+		return nil, nil
+	}
+	seen := make(map[string]bool, len(known))
+	for _, c := range known {
+		seen[c.check.Key] = true
+	}
+	var out []counter
+	for _, r := range perToolRules(cfg, tiers) {
+		if r.Per == keyspace.PerSubjectTool && (!f.subjects || f.subject == "") || r.Per == keyspace.PerTenantTool && !f.tenantWide {
+			continue
+		}
+		o := keyspace.Owner{Tenant: f.tenant, Subject: f.subject}
+		keys, err := ls.HeldCounters(ctx, keyspace.ToolCounters(r.Per, string(r.Algorithm), r.Name, o))
+		if errors.Is(err, ErrNoHeldCounters) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		slices.Sort(keys) // a stable order for the admin API
+		for _, k := range keys {
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			o.Tool, _ = keyspace.ToolOf(k) // a digest (a very long name) cannot be read back: shown as ""
+			out = append(out, counter{rule: r, owner: o, check: limit.Check{Rule: r.Rule, Key: k}})
+		}
+	}
+	return out, nil
+}
+
+// perToolRules are the rules counting per tool (tenant_tool, subject_tool)
+// that apply to what the config does not list, under any of tiers: the
+// tiers' tools/call rules, every upstream's rules, and the rules of the
+// other methods (whose "tool" is the prompt or resource named).
+func perToolRules(cfg *policy.Config, tiers []string) []policy.Rule {
+	var out []policy.Rule
+	seen := map[[3]string]bool{} // what a counter's key names of its rule
+	add := func(rs []policy.Rule) {
+		for _, r := range rs {
+			id := [3]string{string(r.Per), string(r.Algorithm), r.Name}
+			if (r.Per == keyspace.PerTenantTool || r.Per == keyspace.PerSubjectTool) && !seen[id] {
+				seen[id] = true
+				out = append(out, r)
+			}
+		}
+	}
+	for _, tier := range tiers {
+		rules, _ := cfg.RulesFor(tier, "")
+		add(rules)
+		for _, m := range policy.GovernedMethods() {
+			if m != policy.MethodToolsCall {
+				rules, _ := cfg.RulesForMethod(tier, m)
+				add(rules)
+			}
+		}
+	}
+	for _, u := range cfg.Upstreams {
+		add(u.Limits)
+	}
+	return out
 }
 
 // counter is one rate-limit counter of a tenant that the admin API shows or
@@ -116,9 +203,8 @@ type counterFilter struct {
 // tenantCounters lists, without duplicates and in a stable order, the
 // counters of the tools/call rules of tiers (tier rules and tool rules) and
 // of the other methods' rules (methodCounters) for the owner and scopes f
-// selects. Per-tool counters are computed for every
-// tool the config lists (or f.tool alone): keys are built from the config,
-// never found by scanning the store.
+// selects. Per-tool counters are computed for every tool the config lists
+// (or f.tool alone); heldCounters finds the others in the store.
 func tenantCounters(cfg *policy.Config, tiers []string, f counterFilter) []counter {
 	tools := []string{f.tool}
 	if f.tool == "" {

@@ -216,3 +216,25 @@ func (g *guardedStore) Reset(ctx context.Context, keys []string) (int, error) {
 	}
 	return n, err
 }
+
+// ErrNoHeldCounters means a limit store cannot list the counters it holds
+// (it is not a limit.CounterLister): the admin API then knows the counters
+// the config names only.
+var ErrNoHeldCounters = errors.New("enforce: the limit store cannot list its counters")
+
+// HeldCounters implements limit.CounterLister when the wrapped store does
+// (ErrNoHeldCounters otherwise, ErrStoreDown while the breaker is open).
+func (g *guardedStore) HeldCounters(ctx context.Context, prefix string) ([]string, error) {
+	ls, ok := g.GuardedStore.(limit.CounterLister)
+	if !ok {
+		return nil, ErrNoHeldCounters
+	}
+	if g.down() {
+		return nil, ErrStoreDown
+	}
+	keys, err := ls.HeldCounters(ctx, prefix)
+	if !errors.Is(err, limit.ErrNotCounter) { // refused before any I/O
+		g.observe(ctx, err)
+	}
+	return keys, err
+}

@@ -213,3 +213,72 @@ tools:
 		}
 	}
 }
+
+// Per-tool counters of tools the config does not list (a tier rule per
+// tenant_tool or subject_tool counts every tool called) are shown by GET
+// /admin/limits and cleared by a tenant's reset: the store is asked which
+// it holds. On the memory store and on Redis shared by two gateways.
+func TestAdminLimitsUnlistedTools(t *testing.T) {
+	t.Parallel()
+	for _, m := range storeModes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			e := newLimitEnv(t, m.redis, m.instances, `
+default_tier: free
+tiers:
+  free:
+    limits:
+      - {name: per_tool, per: tenant_tool, algorithm: fixed_window, limit: 2, period: 1h}
+      - {name: per_user_tool, per: subject_tool, algorithm: fixed_window, limit: 5, period: 1h}
+`, upstream.Options{Stateless: true, JSONResponse: true})
+			tok := token(t, "acme", "alice")
+			calls := []struct {
+				instance int
+				tool     string
+				args     map[string]any
+				status   int
+			}{
+				{0, "echo", map[string]any{"text": "x"}, http.StatusOK},
+				{m.instances - 1, "echo", map[string]any{"text": "x"}, http.StatusOK},
+				{m.instances - 1, "search", map[string]any{"query": "q"}, http.StatusOK},
+				{0, "echo", map[string]any{"text": "x"}, http.StatusTooManyRequests},
+			}
+			for i, c := range calls {
+				if r := e.callRaw(c.instance, tok, i, c.tool, c.args); r.Status != c.status {
+					t.Fatalf("call %d (%s): %d %s, want %d", i, c.tool, r.Status, r.Body, c.status)
+				}
+			}
+			url := e.base[0] + "/admin/limits?tenant=acme"
+			want := map[string]int64{"per_tool/echo": 0, "per_tool/search": 1, "per_user_tool/echo": 3, "per_user_tool/search": 4}
+			live := getLive(t, url+"&subject=alice").remaining()
+			for k, v := range want {
+				if got, ok := live[k]; !ok || got != v {
+					t.Fatalf("live %v: %s = %d (shown %v), want %d", live, k, got, ok, v)
+				}
+			}
+			if _, ok := getLive(t, url).remaining()["per_user_tool/echo"]; ok {
+				t.Fatal("a subject's counter shown without &subject=")
+			}
+
+			if r := postReset(t, e.base[0], "Bearer "+testAdmin, `{"tenant":"acme"}`); r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"cleared":2`) {
+				t.Fatalf("tenant reset: %d %s, want the two per_tool counters cleared", r.Status, r.Body)
+			}
+			live = getLive(t, url+"&subject=alice").remaining()
+			if _, ok := live["per_tool/echo"]; ok || live["per_user_tool/echo"] != 3 {
+				t.Fatalf("after the tenant reset: %v, want no per_tool counter and the subject's kept", live)
+			}
+			for i := range 2 {
+				if r := e.callRaw(0, tok, 10+i, "echo", map[string]any{"text": "x"}); r.Status != http.StatusOK {
+					t.Fatalf("echo %d after the reset: %d %s", i, r.Status, r.Body)
+				}
+			}
+			if r := postReset(t, e.base[0], "Bearer "+testAdmin, `{"tenant":"acme","subject":"alice"}`); r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"cleared":2`) {
+				t.Fatalf("subject reset: %d %s, want the two per_user_tool counters cleared", r.Status, r.Body)
+			}
+			after := map[string]int64{"per_tool/echo": 0, "default_initialize/": 10, "default_requests/": 120, "default_notifications/": 120}
+			if live := getLive(t, url+"&subject=alice").remaining(); !sameCounts(live, after) {
+				t.Fatalf("after the subject reset: %v, want %v", live, after)
+			}
+		})
+	}
+}

@@ -168,6 +168,63 @@ func Counter(per Per, algorithm, rule string, o Owner) string {
 	return RateLimit(per, algorithm+"."+rule, o)
 }
 
+// ToolCounters returns the prefix shared by the keys of one rule's per-tool
+// counters (per PerTenantTool or PerSubjectTool) for o, whatever the tool:
+// Counter(per, algorithm, rule, o') starts with it for every o' that
+// differs from o in Tool alone, and no other counter key does (the tool is
+// the last component, and escaped components hold no ':'). It is how a
+// tenant's counters for tools no configuration lists are found. It panics
+// on another scope, a programming error.
+func ToolCounters(per Per, algorithm, rule string, o Owner) string {
+	if per != PerTenantTool && per != PerSubjectTool {
+		panic(fmt.Sprintf("keyspace: scope %q has no per-tool counters", per))
+	}
+	o.Tool = ""
+	k := Counter(per, algorithm, rule, o)
+	return k[:len(k)-len(Escape(""))]
+}
+
+// ToolOf returns the tool a per-tool counter key (one under a
+// ToolCounters prefix) counts, as Unescape reads its last component.
+func ToolOf(key string) (tool string, ok bool) {
+	i := strings.LastIndexByte(key, ':')
+	if i < 0 || !IsCounter(key) {
+		return "", false
+	}
+	return Unescape(key[i+1:])
+}
+
+// Unescape reverses Escape. ok is false when s is not an output of Escape,
+// or is the digest form of a long component, which cannot be reversed.
+func Unescape(s string) (string, bool) {
+	switch {
+	case s == "~":
+		return "", true
+	case s == "" || s[0] == '~' || len(s) > MaxComponent:
+		return "", false
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case safe(c):
+			b.WriteByte(c)
+		case c == '%' && i+2 < len(s) && upperHex(s[i+1]) && upperHex(s[i+2]):
+			v, _ := hex.DecodeString(s[i+1 : i+3])
+			if safe(v[0]) { // Escape keeps safe bytes as they are
+				return "", false
+			}
+			b.WriteByte(v[0])
+			i += 2
+		default:
+			return "", false
+		}
+	}
+	return b.String(), true
+}
+
+func upperHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'A' && c <= 'F' }
+
 // counterPrefix starts every rate-limit counter key (RateLimit, Counter).
 const counterPrefix = Prefix + "rl:{"
 
@@ -176,6 +233,14 @@ const counterPrefix = Prefix + "rl:{"
 // cache key: stores check it before dropping counters on an operator's
 // request, so that no such call can reach usage data.
 func IsCounter(key string) bool { return strings.HasPrefix(key, counterPrefix) }
+
+// IsCounterPrefix reports whether prefix starts counter keys of one hash
+// tag: IsCounter, with the tag closed. Stores check it before listing the
+// counters under a prefix (limit.CounterLister), so that a listing stays
+// within one Cluster slot's counters.
+func IsCounterPrefix(prefix string) bool {
+	return IsCounter(prefix) && strings.Contains(prefix[len(counterPrefix):], "}:")
+}
 
 // Usage returns the key of a tenant's usage meter for one billing period
 // (e.g. "2026-11"): mcpgate:usage:{<tenant>}:<period>. It shares the tenant's

@@ -236,7 +236,16 @@ func FuzzEscape(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		checkEscaped(t, s, Escape(s))
+		e := Escape(s)
+		checkEscaped(t, s, e)
+		digest := strings.HasPrefix(e, "~h")
+		if u, ok := Unescape(e); ok == digest || ok && u != s {
+			t.Fatalf("Unescape(Escape(%q) = %q) = %q, %v", s, e, u, ok)
+		}
+		// Unescape accepts exactly the outputs of Escape.
+		if u, ok := Unescape(s); ok && Escape(u) != s {
+			t.Fatalf("Unescape(%q) = %q, but Escape(%q) = %q", s, u, u, Escape(u))
+		}
 	})
 }
 
@@ -334,6 +343,20 @@ func FuzzRateLimit(f *testing.F) {
 		}
 		if per1.TenantScoped() != per2.TenantScoped() && HashTag(k1) == HashTag(k2) {
 			t.Fatalf("a tenant key and a global key share a tag: %q, %q", k1, k2)
+		}
+		// A rule's per-tool prefix for o1 covers exactly the counters of
+		// that rule and owner, whatever their tool.
+		if per1 == PerTenantTool || per1 == PerSubjectTool {
+			prefix := ToolCounters(per1, "gcra", rule1, o1)
+			k := Counter(per2, "gcra", rule2, o2)
+			sameOwner := tenant1 == tenant2 && (per1 == PerTenantTool || subject1 == subject2)
+			if want := per1 == per2 && rule1 == rule2 && sameOwner; strings.HasPrefix(k, prefix) != want {
+				t.Fatalf("ToolCounters(%s, %q, %+v) = %q; key %q of (%s %q %+v): prefix %v, want %v",
+					per1, rule1, o1, prefix, k, per2, rule2, o2, !want, want)
+			}
+			if tool, ok := ToolOf(Counter(per1, "gcra", rule1, o1)); ok != !strings.HasPrefix(Escape(tool1), "~h") || ok && tool != tool1 {
+				t.Fatalf("ToolOf(key of tool %q) = %q, %v", tool1, tool, ok)
+			}
 		}
 	})
 }

@@ -350,3 +350,18 @@ type Resetter interface {
 	// anything is deleted. Each key is deleted atomically, the batch is not.
 	Reset(ctx context.Context, keys []string) (int, error)
 }
+
+// CounterLister is a Store that can find the counters it holds under a
+// key prefix, for operators: the admin API shows and resets a tenant's
+// per-tool counters (keyspace.ToolCounters) for tools no configuration
+// lists, which only the store knows. Both stores of this module implement
+// it.
+type CounterLister interface {
+	// HeldCounters returns the keys of the live counters whose key starts
+	// with prefix, in no particular order. prefix must name a tenant's
+	// counters (keyspace.IsCounter, with the tenant's hash tag closed),
+	// else ErrNotCounter. It reads the store's key space, not the hot
+	// path's state: on Redis it is a SCAN of every node, whose cost grows
+	// with the number of keys held.
+	HeldCounters(ctx context.Context, prefix string) ([]string, error)
+}

@@ -110,6 +110,7 @@ var scenarios = []scenario{
 	{name: "concurrent", run: testConcurrent},
 	{name: "model", run: testModel},
 	{name: "reset", run: testReset},
+	{name: "held_counters", run: testHeldCounters},
 }
 
 // tcase is one subtest: a harness, the algorithm under test and an owner

@@ -2,6 +2,7 @@ package limittest
 
 import (
 	"errors"
+	"slices"
 
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
@@ -62,5 +63,70 @@ func testReset(c *tcase) {
 	peek("not reset", b, 1)
 	if n, err := rs.Reset(c.ctx, []string{a.Key}); err != nil || n != 0 {
 		c.t.Fatalf("reset of an empty counter: %d, %v; want 0", n, err)
+	}
+}
+
+// testHeldCounters (stores that are limit.CounterLister): HeldCounters
+// finds a rule's per-tool counters of one owner, whatever their tool
+// (hostile names included), and nothing else: not the owner's other
+// counters, not another subject's or tenant's, not a dropped one; and it
+// refuses a prefix that is not one tenant's counters.
+func testHeldCounters(c *tcase) {
+	ls, ok := c.h.Store.(limit.CounterLister)
+	if !ok {
+		c.t.Skip("store is not a limit.CounterLister")
+	}
+	rs, _ := c.h.Store.(limit.Resetter)
+	r := c.rule("held", 5)
+	alg := string(c.alg)
+	at := func(per keyspace.Per, o keyspace.Owner) limit.Check {
+		return limit.Check{Rule: r, Key: keyspace.Counter(per, alg, r.Name, o)}
+	}
+	var want []string
+	for _, tool := range []string{"search", "a:b", "x*y?[z]", "{t}", ""} {
+		o := c.owner
+		o.Tool = tool
+		ch := at(keyspace.PerTenantTool, o)
+		c.take(1, ch)
+		want = append(want, ch.Key)
+	}
+	other := c.owner
+	other.Tenant += "-other"
+	otherSubject := c.owner
+	otherSubject.Subject += "-other"
+	c.take(1, at(keyspace.PerTenant, c.owner), at(keyspace.PerSubjectTool, c.owner))
+	c.take(1, at(keyspace.PerTenantTool, other)) // another slot
+	c.take(1, at(keyspace.PerSubjectTool, otherSubject))
+	c.take(1, limit.Check{Rule: c.rule("held-other", 5), Key: keyspace.Counter(keyspace.PerTenantTool, alg, "held-other", c.owner)})
+
+	held := func(per keyspace.Per, o keyspace.Owner) []string {
+		c.t.Helper()
+		keys, err := ls.HeldCounters(c.ctx, keyspace.ToolCounters(per, alg, r.Name, o))
+		if err != nil {
+			c.t.Fatalf("HeldCounters: %v", err)
+		}
+		slices.Sort(keys)
+		return keys
+	}
+	slices.Sort(want)
+	if got := held(keyspace.PerTenantTool, c.owner); !slices.Equal(got, want) {
+		c.t.Fatalf("tenant_tool counters held:\n%q\nwant\n%q", got, want)
+	}
+	if got := held(keyspace.PerSubjectTool, c.owner); !slices.Equal(got, []string{at(keyspace.PerSubjectTool, c.owner).Key}) {
+		c.t.Fatalf("subject_tool counters held: %q", got)
+	}
+	for _, bad := range []string{keyspace.Usage(c.owner.Tenant, "2025-03"), "mcpgate:rl:{" + c.owner.Tenant, ""} {
+		if _, err := ls.HeldCounters(c.ctx, bad); !errors.Is(err, limit.ErrNotCounter) {
+			c.t.Fatalf("HeldCounters(%q): %v, want ErrNotCounter", bad, err)
+		}
+	}
+	if rs == nil {
+		return
+	}
+	if n, err := rs.Reset(c.ctx, want[:1]); err != nil || n != 1 {
+		c.t.Fatalf("reset: %d, %v", n, err)
+	}
+	if got := held(keyspace.PerTenantTool, c.owner); !slices.Equal(got, want[1:]) {
+		c.t.Fatalf("after a reset, held %q, want %q", got, want[1:])
 	}
 }

@@ -3,6 +3,7 @@ package memstore
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
@@ -36,3 +37,33 @@ func (s *Store) Reset(ctx context.Context, keys []string) (int, error) {
 	}
 	return n, nil
 }
+
+// HeldCounters implements limit.CounterLister: the keys under prefix of the
+// live counters, found by walking every shard (each under its lock, one at
+// a time). Errors: ctx.Err(), limit.ErrNotCounter.
+func (s *Store) HeldCounters(ctx context.Context, prefix string) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if !keyspace.IsCounterPrefix(prefix) {
+		return nil, fmt.Errorf("%w prefix: %q", limit.ErrNotCounter, prefix)
+	}
+	c := s.c
+	var out []string
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		now := sh.at(c.now())
+		for k := range sh.m {
+			if strings.HasPrefix(k, prefix) {
+				if st := sh.get(k, now); st != nil && st.Used {
+					out = append(out, k)
+				}
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return out, nil
+}
+
+var _ limit.CounterLister = (*Store)(nil)

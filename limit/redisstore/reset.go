@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/redis/rueidis"
 
@@ -41,4 +42,68 @@ func (s *Store) Reset(ctx context.Context, keys []string) (int, error) {
 		n += int(d)
 	}
 	return n, nil
+}
+
+var (
+	_ limit.Resetter      = (*Store)(nil)
+	_ limit.CounterLister = (*Store)(nil)
+)
+
+// heldScanCount is the COUNT hint of HeldCounters' SCAN: keys examined
+// per round trip.
+const heldScanCount = 1000
+
+// HeldCounters implements limit.CounterLister with SCAN MATCH prefix* on
+// the Redis, or on every node of a Cluster (a replica's answer repeats its
+// master's; duplicates are dropped). It is bounded by ctx alone, not by
+// Options.Timeout (a scan takes one round trip per heldScanCount keys the node
+// holds), and examines every key of each node: an operator's tool, not a
+// hot path. Errors: limit.ErrNotCounter (nothing sent), ctx's error or the
+// first node's error.
+func (s *Store) HeldCounters(ctx context.Context, prefix string) ([]string, error) {
+	wrap := func(err error) error { return fmt.Errorf("redisstore: held counters: %w", err) }
+	if !keyspace.IsCounterPrefix(prefix) {
+		return nil, wrap(fmt.Errorf("%w prefix: %q", limit.ErrNotCounter, prefix))
+	}
+	pattern := globEscape(prefix) + "*"
+	nodes := map[string]rueidis.Client{"": s.client}
+	if s.cluster {
+		nodes = s.client.Nodes()
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, c := range nodes {
+		cursor := uint64(0)
+		for {
+			e, err := c.Do(ctx, c.B().Scan().Cursor(cursor).Match(pattern).Count(heldScanCount).Build()).AsScanEntry()
+			if err != nil {
+				return nil, wrap(err)
+			}
+			for _, k := range e.Elements {
+				if !seen[k] {
+					seen[k] = true
+					out = append(out, k)
+				}
+			}
+			if cursor = e.Cursor; cursor == 0 {
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// globEscape escapes the bytes a Redis glob pattern gives a meaning to.
+// keyspace never puts them in a key (escaped components are [A-Za-z0-9._@-%~]),
+// so this only guards against a layout change.
+func globEscape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
