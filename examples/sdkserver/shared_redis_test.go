@@ -6,11 +6,15 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpgate/mcpgate/examples/upstream"
@@ -133,4 +138,59 @@ tiers:
 		t.Fatalf("admitted %d, limited %d; want %d and %d", ok.Load(), limited.Load(), limit, calls-limit)
 	}
 	t.Logf("admitted %d through the gateway, %d in process", throughGateway, inProcess)
+
+	// The tenant is over its limit on both sides now: the middleware's
+	// -33029 carries in data exactly what the gateway's 429 body does.
+	_, err = callText(cctx, sessions[1], "echo", map[string]any{"text": "x"})
+	var rpcErr *jsonrpc.Error
+	if !errors.As(err, &rpcErr) || rpcErr.Code != -33029 {
+		t.Fatalf("sdkserver call over the limit: %v, want a -33029 error", err)
+	}
+	gwData := gatewayDenialData(t, cctx, gs.URL+"/mcp", tok)
+	var fromGateway, fromServer map[string]any
+	if err := json.Unmarshal(gwData, &fromGateway); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(rpcErr.Data, &fromServer); err != nil {
+		t.Fatalf("middleware data %s: %v", rpcErr.Data, err)
+	}
+	// The retry time is read at two moments: it may differ by a second.
+	ra, rb := fromGateway["retry_after_seconds"].(float64), fromServer["retry_after_seconds"].(float64)
+	if ra-rb > 1 || rb-ra > 1 {
+		t.Fatalf("retry_after_seconds %v (gateway) and %v (middleware)", ra, rb)
+	}
+	fromServer["retry_after_seconds"] = ra
+	if !reflect.DeepEqual(fromGateway, fromServer) {
+		t.Fatalf("denial data differ:\ngateway:    %s\nmiddleware: %s", gwData, rpcErr.Data)
+	}
+}
+
+// gatewayDenialData posts one tools/call to a gateway whose tenant is over
+// its limit and returns the data of the 429's JSON-RPC error (which the Go
+// SDK client does not read).
+func gatewayDenialData(t *testing.T, ctx context.Context, url, tok string) json.RawMessage {
+	t.Helper()
+	body := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}`
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var answer struct {
+		Error struct {
+			Code int64           `json:"code"`
+			Data json.RawMessage `json:"data"`
+		} `json:"error"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil || resp.StatusCode != http.StatusTooManyRequests || answer.Error.Code != -33029 {
+		t.Fatalf("gateway call over the limit: HTTP %d, %+v, %v; want 429 with error -33029", resp.StatusCode, answer, err)
+	}
+	return answer.Error.Data
 }
