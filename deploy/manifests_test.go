@@ -7,7 +7,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -104,11 +106,17 @@ func TestDockerfile(t *testing.T) {
 type manifest struct {
 	Kind     string `yaml:"kind"`
 	Metadata struct {
-		Name   string            `yaml:"name"`
-		Labels map[string]string `yaml:"labels"`
+		Name        string            `yaml:"name"`
+		Labels      map[string]string `yaml:"labels"`
+		Annotations map[string]string `yaml:"annotations"`
 	} `yaml:"metadata"`
 	Data map[string]string `yaml:"data"`
 	Spec yaml.Node         `yaml:"spec"`
+	// ServiceAccount
+	AutomountServiceAccountToken *bool `yaml:"automountServiceAccountToken"`
+	// Kustomization
+	Resources []string `yaml:"resources"`
+	file      string
 }
 
 func readManifests(t *testing.T) map[string]manifest {
@@ -135,6 +143,7 @@ func readManifests(t *testing.T) map[string]manifest {
 			if _, dup := out[m.Kind]; dup {
 				t.Fatalf("%s: a second %s", f, m.Kind)
 			}
+			m.file = filepath.Base(f)
 			out[m.Kind] = m
 		}
 	}
@@ -185,7 +194,9 @@ type (
 				Labels map[string]string `yaml:"labels"`
 			} `yaml:"metadata"`
 			Spec struct {
-				SecurityContext struct {
+				ServiceAccountName           string `yaml:"serviceAccountName"`
+				AutomountServiceAccountToken *bool  `yaml:"automountServiceAccountToken"`
+				SecurityContext              struct {
 					RunAsNonRoot *bool `yaml:"runAsNonRoot"`
 					RunAsUser    int   `yaml:"runAsUser"`
 				} `yaml:"securityContext"`
@@ -222,7 +233,7 @@ func selects(selector, labels map[string]string) bool {
 
 func TestKubernetesManifests(t *testing.T) {
 	ms := readManifests(t)
-	for _, kind := range []string{"Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "Kustomization"} {
+	for _, kind := range []string{"Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "ServiceAccount", "Kustomization"} {
 		if _, ok := ms[kind]; !ok {
 			t.Fatalf("no %s among the manifests (have %v)", kind, keys(ms))
 		}
@@ -260,6 +271,27 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	if p := pod.SecurityContext; p.RunAsNonRoot == nil || !*p.RunAsNonRoot || p.RunAsUser == 0 {
 		t.Errorf("pod securityContext %+v: want runAsNonRoot and a non-zero runAsUser", p)
+	}
+
+	// The pods run as the ServiceAccount that carries the IAM role for the
+	// DynamoDB usage store (IRSA), without a Kubernetes API token: the
+	// gateway never calls the API, and IRSA's webhook projects a token of
+	// its own for AWS.
+	sa := ms["ServiceAccount"]
+	if pod.ServiceAccountName == "" || pod.ServiceAccountName != sa.Metadata.Name {
+		t.Errorf("Deployment serviceAccountName %q, want the ServiceAccount %q", pod.ServiceAccountName, sa.Metadata.Name)
+	}
+	if a := pod.AutomountServiceAccountToken; a == nil || *a {
+		t.Errorf("pod automountServiceAccountToken %s, want false (the gateway does not use the Kubernetes API)", optBool(a))
+	}
+	if a := sa.AutomountServiceAccountToken; a == nil || *a {
+		t.Errorf("ServiceAccount automountServiceAccountToken %s, want false", optBool(a))
+	}
+	if !selects(sa.Metadata.Labels, d.Template.Metadata.Labels) {
+		t.Errorf("ServiceAccount labels %v, want the Deployment's pod labels %v", sa.Metadata.Labels, d.Template.Metadata.Labels)
+	}
+	if arn := sa.Metadata.Annotations["eks.amazonaws.com/role-arn"]; !iamRoleARN.MatchString(arn) {
+		t.Errorf("ServiceAccount annotation eks.amazonaws.com/role-arn %q: want an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME) to replace", arn)
 	}
 	secrets := map[string]bool{}
 	for _, e := range c.Env {
@@ -326,7 +358,32 @@ func TestKubernetesManifests(t *testing.T) {
 	if len(svc.Ports) != 1 || svc.Ports[0].TargetPort != port {
 		t.Errorf("Service ports %+v, want targetPort %q", svc.Ports, port)
 	}
+
+	// kubectl apply -k applies what the Kustomization lists: every other
+	// manifest, once.
+	var want []string
+	for kind, m := range ms {
+		if kind != "Kustomization" {
+			want = append(want, m.file)
+		}
+	}
+	got := slices.Clone(ms["Kustomization"].Resources)
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("Kustomization resources %q, want the manifests %q", ms["Kustomization"].Resources, want)
+	}
 }
+
+func optBool(b *bool) string {
+	if b == nil {
+		return "unset"
+	}
+	return strconv.FormatBool(*b)
+}
+
+// iamRoleARN matches an IAM role ARN in any AWS partition.
+var iamRoleARN = regexp.MustCompile(`^arn:aws[a-z-]*:iam::[0-9]{12}:role/[\w+=,.@/-]+$`)
 
 // configMapConfig parses the ConfigMap's mcpgate.yaml as the gateway would,
 // with the Secret's variables set.
