@@ -401,7 +401,9 @@ func (c *Cache) read(ctx context.Context, entry string) (record, bool, error) {
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
 	}
+	ctx, span := c.storeSpan(ctx, "read")
 	rec, ok, err := c.store.read(ctx, entry)
+	endStoreSpan(span, err)
 	if err != nil {
 		c.storeError("read", err)
 		return record{}, false, err
@@ -490,7 +492,9 @@ func (c *Cache) Invalidate(ctx context.Context, scope Scope, tags []string) (int
 	if c.remote {
 		step = c.timeout
 	}
+	ctx, span := c.storeSpan(ctx, "invalidate")
 	n, err := c.store.invalidate(ctx, scope, tags, step)
+	endStoreSpan(span, err)
 	if err != nil {
 		return n, fmt.Errorf("cache: invalidate: %w", err)
 	}

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -114,7 +115,10 @@ func (c *Cache) pause(sub subscription, lockWait, left time.Duration, down <-cha
 func (c *Cache) acquireOne(ctx context.Context, key Key, pol Policy, mode acquireMode, seen uint64, token string) acquireRes {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	return c.store.acquire(ctx, []acquireReq{c.acquireReq(key, pol, mode, seen, token)})[0]
+	ctx, span := c.storeSpan(ctx, "lock")
+	res := c.store.acquire(ctx, []acquireReq{c.acquireReq(key, pol, mode, seen, token)})[0]
+	endStoreSpan(span, res.err)
+	return res
 }
 
 func (c *Cache) acquireReq(key Key, pol Policy, mode acquireMode, seen uint64, token string) acquireReq {
@@ -179,7 +183,13 @@ func (c *Cache) commit(ctx context.Context, reqs []commitReq) []commitRes {
 	for i := range reqs {
 		reqs[i].lockTTL = c.lockTTL
 	}
+	ctx, span := c.storeSpan(ctx, "write")
 	out := c.store.commit(ctx, reqs)
+	var failed error
+	for _, res := range out {
+		failed = cmp.Or(failed, res.err)
+	}
+	endStoreSpan(span, failed)
 	var skipped []releaseReq
 	for i, res := range out {
 		switch {
@@ -218,8 +228,11 @@ func (c *Cache) release(ctx context.Context, reqs []releaseReq) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
+	ctx, span := c.storeSpan(ctx, "unlock")
+	errs := c.store.release(ctx, reqs)
+	endStoreSpan(span, errors.Join(errs...))
 	var skipped []releaseReq
-	for i, err := range c.store.release(ctx, reqs) {
+	for i, err := range errs {
 		switch {
 		case errors.Is(err, ErrStoreSkipped):
 			skipped = append(skipped, reqs[i])

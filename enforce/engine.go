@@ -156,6 +156,7 @@ func New(opts Options) (*Engine, error) {
 			e.closeOwned()
 			return nil, err
 		}
+		guard.tracer = opts.Tracer
 		e.guard, e.lim.shared = guard, guard
 	}
 	if err := e.openCache(opts.Cache); err != nil {

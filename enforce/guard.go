@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/mcpgate/mcpgate/internal/storeguard"
 	"github.com/mcpgate/mcpgate/limit"
 )
@@ -21,7 +23,8 @@ const DefaultStoreFailures = storeguard.DefaultFailures
 // answers.
 type guardedStore struct {
 	limit.GuardedStore
-	br *storeguard.Breaker
+	br     *storeguard.Breaker
+	tracer trace.Tracer // nil: no store spans (see storeSpan)
 }
 
 // newGuardedStore wraps s. onState, when set, is told when the breaker
@@ -54,7 +57,9 @@ func (g *guardedStore) Refund(ctx context.Context, checks []limit.Check, cost in
 	if g.down() {
 		return ErrStoreDown
 	}
-	err := g.GuardedStore.Refund(ctx, checks, cost, lease)
+	sctx, span := g.storeSpan(ctx, "refund")
+	err := g.GuardedStore.Refund(sctx, checks, cost, lease)
+	endStoreSpan(span, err)
 	g.observe(ctx, err)
 	return err
 }
@@ -79,7 +84,9 @@ func (g *guardedStore) Release(ctx context.Context, checks []limit.Check, lease 
 	if g.down() {
 		return ErrStoreDown
 	}
-	err := g.GuardedStore.Release(ctx, checks, lease)
+	sctx, span := g.storeSpan(ctx, "release")
+	err := g.GuardedStore.Release(sctx, checks, lease)
+	endStoreSpan(span, err)
 	g.observe(ctx, err)
 	return err
 }
@@ -118,7 +125,9 @@ func (g *guardedStore) Adjust(ctx context.Context, m limit.Meter, delta limit.Us
 	if g.down() {
 		return limit.MeterResult{}, ErrStoreDown
 	}
-	r, err := g.GuardedStore.Adjust(ctx, m, delta)
+	sctx, span := g.storeSpan(ctx, "adjust")
+	r, err := g.GuardedStore.Adjust(sctx, m, delta)
+	endStoreSpan(span, err)
 	g.observe(ctx, err)
 	return r, err
 }
@@ -159,7 +168,9 @@ func (g *guardedStore) ReportOutcome(ctx context.Context, b limit.BreakerSpec, f
 	if g.down() {
 		return limit.BreakerState{}, ErrStoreDown
 	}
-	st, err := g.GuardedStore.ReportOutcome(ctx, b, failed, probe)
+	sctx, span := g.storeSpan(ctx, "breaker_outcome")
+	st, err := g.GuardedStore.ReportOutcome(sctx, b, failed, probe)
+	endStoreSpan(span, err)
 	g.observe(ctx, err)
 	return st, err
 }
@@ -168,7 +179,9 @@ func (g *guardedStore) AddDenials(ctx context.Context, b limit.BreakerSpec, n in
 	if g.down() {
 		return limit.BreakerState{}, ErrStoreDown
 	}
-	st, err := g.GuardedStore.AddDenials(ctx, b, n)
+	sctx, span := g.storeSpan(ctx, "breaker_denials")
+	st, err := g.GuardedStore.AddDenials(sctx, b, n)
+	endStoreSpan(span, err)
 	g.observe(ctx, err)
 	return st, err
 }
@@ -177,7 +190,9 @@ func (g *guardedStore) ReleaseProbe(ctx context.Context, b limit.BreakerSpec) er
 	if g.down() {
 		return ErrStoreDown
 	}
-	err := g.GuardedStore.ReleaseProbe(ctx, b)
+	sctx, span := g.storeSpan(ctx, "breaker_probe_release")
+	err := g.GuardedStore.ReleaseProbe(sctx, b)
+	endStoreSpan(span, err)
 	g.observe(ctx, err)
 	return err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -406,6 +407,65 @@ func TestTracingLongNames(t *testing.T) {
 			if len(v) > maxSpanString {
 				t.Errorf("span %.20s: attribute %s of %d bytes", s.Name, k, len(v))
 			}
+		}
+	}
+}
+
+// The store calls around an admitted call have spans, children of the
+// request's server span: the cache's read, lock and write on Redis, and the
+// release of the call's concurrency slot when it is settled. A hit reads
+// and releases only.
+func TestTracingStoreSpans(t *testing.T) {
+	rc, shutdown := traceToReceiver(t)
+	redis := testenv.StartRedis(t, nil)
+	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}, TracerProvider: metrics.TracerProvider(),
+		Redis: redis, CacheRedis: redis, Config: redisStore + `
+tools:
+  search:
+    cache: {ttl: 10m}
+    limits:
+      - {name: search_in_flight, per: tenant_tool, algorithm: concurrency, limit: 4, period: 1m}
+`})
+	tok := token(t, "acme", "alice")
+	for i := range 2 {
+		if r := post(t, e.mcpURL(0), tok, callBody(i, "search", map[string]any{"query": "q"}), nil); r.Status != http.StatusOK {
+			t.Fatalf("call %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	if err := shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans := rc.all()
+	servers := spanNamed(t, spans, "mcp tools/call")
+	if len(servers) != 2 {
+		t.Fatalf("%d server spans, want 2", len(servers))
+	}
+	children := func(server *tracepb.Span) map[string]int {
+		out := map[string]int{}
+		for _, s := range spans {
+			if string(s.GetParentSpanId()) == string(server.GetSpanId()) && string(s.GetTraceId()) == string(server.GetTraceId()) {
+				out[s.GetName()]++
+				if strings.HasPrefix(s.GetName(), "mcpgate.store ") || strings.HasPrefix(s.GetName(), "mcpgate.cache ") {
+					if s.GetKind() != tracepb.Span_SPAN_KIND_CLIENT {
+						t.Errorf("span %s kind %v, want client", s.GetName(), s.GetKind())
+					}
+				}
+			}
+		}
+		return out
+	}
+	byOutcome := map[string]map[string]int{}
+	for _, s := range servers {
+		byOutcome[attrs(s)["mcpgate.cache"]] = children(s)
+	}
+	want := map[string]map[string]int{
+		"miss": {"mcpgate.admit": 1, "mcpgate.cache read": 1, "mcpgate.cache lock": 1, "mcpgate.cache write": 1,
+			"upstream tools/call": 1, "mcpgate.store release": 1},
+		"hit": {"mcpgate.admit": 1, "mcpgate.cache read": 1, "mcpgate.store release": 1},
+	}
+	for outcome, w := range want {
+		if got := byOutcome[outcome]; !maps.Equal(got, w) {
+			t.Errorf("children of the %s's server span: %v, want %v", outcome, got, w)
 		}
 	}
 }

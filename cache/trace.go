@@ -1,0 +1,42 @@
+package cache
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// tracerName is the instrumentation scope of the cache's spans.
+const tracerName = "github.com/mcpgate/mcpgate/cache"
+
+// storeSpan starts the span of one store operation, "mcpgate.cache <op>"
+// (read, lock, write, unlock, invalidate), as a child of ctx's span. The
+// cache has no tracer of its own: it follows its caller's, whose span
+// carries the provider, and makes a span only when that span records (a
+// request the gateway traces; never background work) and the store does
+// I/O (a RedisStore: an in-process operation is too cheap to time). It
+// returns a nil span otherwise.
+func (c *Cache) storeSpan(ctx context.Context, op string) (context.Context, trace.Span) {
+	if !c.remote {
+		return ctx, nil
+	}
+	parent := trace.SpanFromContext(ctx)
+	if !parent.IsRecording() {
+		return ctx, nil
+	}
+	return parent.TracerProvider().Tracer(tracerName).Start(ctx, "mcpgate.cache "+op, trace.WithSpanKind(trace.SpanKindClient))
+}
+
+// endStoreSpan ends s (nil: nothing to end), marking a failed operation
+// (a skipped one too: the store was not asked). The error's text stays
+// out: it may quote keys.
+func endStoreSpan(s trace.Span, err error) {
+	if s == nil {
+		return
+	}
+	if err != nil {
+		s.SetStatus(codes.Error, "cache store operation failed")
+	}
+	s.End()
+}
