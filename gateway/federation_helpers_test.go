@@ -26,6 +26,7 @@ import (
 	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/internal/testenv"
@@ -138,6 +139,16 @@ type fedHTTP struct {
 	mu   sync.Mutex
 	srv  *httptest.Server
 	addr string
+	// traceparents are the Traceparent headers of the POSTs received, in
+	// order ("" for none).
+	traceparents []string
+}
+
+// seenTraceparents returns the Traceparent of every POST received so far.
+func (u *fedHTTP) seenTraceparents() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return slices.Clone(u.traceparents)
 }
 
 func startFedHTTP(t *testing.T, up *upstream.Server) *fedHTTP {
@@ -157,7 +168,15 @@ func (u *fedHTTP) URL() string {
 func (u *fedHTTP) start() {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	ts := httptest.NewUnstartedServer(u.Handler())
+	h := u.Handler()
+	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			u.mu.Lock()
+			u.traceparents = append(u.traceparents, r.Header.Get("Traceparent"))
+			u.mu.Unlock()
+		}
+		h.ServeHTTP(w, r)
+	}))
 	if u.addr != "" {
 		var ln net.Listener
 		testenv.Eventually(u.t, 10*time.Second, "the upstream's address "+u.addr+" to be free again", func() bool {
@@ -197,6 +216,8 @@ type fedSetup struct {
 	// stdio process) share the HTTP upstreams; 0 means 1.
 	Instances int
 	Logger    *slog.Logger
+	// TracerProvider is Options.TracerProvider of every instance.
+	TracerProvider trace.TracerProvider
 }
 
 // fedEnv is a running federation environment: upstreams a (HTTP, with
@@ -248,7 +269,7 @@ func newFedEnv(t *testing.T, s fedSetup) *fedEnv {
 	e.cfg = cfg
 	builder := &env{t: t}
 	for range max(s.Instances, 1) {
-		g := builder.newGateway(cfg, setup{Logger: cmp.Or(s.Logger, quietLogger())})
+		g := builder.newGateway(cfg, setup{Logger: cmp.Or(s.Logger, quietLogger()), TracerProvider: s.TracerProvider})
 		srv := httptest.NewServer(g)
 		t.Cleanup(srv.Close)
 		e.gws = append(e.gws, g)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -466,6 +467,38 @@ tools:
 	for outcome, w := range want {
 		if got := byOutcome[outcome]; !maps.Equal(got, w) {
 			t.Errorf("children of the %s's server span: %v, want %v", outcome, got, w)
+		}
+	}
+}
+
+// Behind upstreams:, the trace reaches the HTTP upstream that serves the
+// call: its request carries the caller's trace id, with the gateway's
+// upstream span as parent (the federation passes on the traceparent the
+// gateway set on its hop).
+func TestTracingFederatedUpstream(t *testing.T) {
+	rc, shutdown := traceToReceiver(t)
+	e := newFedEnv(t, fedSetup{TracerProvider: metrics.TracerProvider()})
+	const clientTrace, clientSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	hdr := http.Header{"Traceparent": {"00-" + clientTrace + "-" + clientSpan + "-01"}}
+	before := len(e.a.seenTraceparents())
+	if r := post(t, e.mcpURL(0), token(t, "acme", "alice"), callBody(1, "a__echo", map[string]any{"text": "x"}), hdr); r.Status != http.StatusOK {
+		t.Fatalf("a__echo: %d %s", r.Status, r.Body)
+	}
+	if err := shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	hops := spanNamed(t, rc.all(), "upstream tools/call")
+	if len(hops) != 1 || hex.EncodeToString(hops[0].GetTraceId()) != clientTrace {
+		t.Fatalf("%d upstream spans (want 1, in the caller's trace): %v", len(hops), hops)
+	}
+	want := "00-" + clientTrace + "-" + hex.EncodeToString(hops[0].GetSpanId()) + "-01"
+	seen := e.a.seenTraceparents()[before:]
+	if !slices.Contains(seen, want) {
+		t.Fatalf("upstream a received traceparents %q, want %q (the gateway's upstream span)", seen, want)
+	}
+	for _, tp := range seen {
+		if strings.Contains(tp, clientSpan) {
+			t.Fatalf("upstream a received the caller's own span %q: the gateway's hop was skipped", tp)
 		}
 	}
 }
