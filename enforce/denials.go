@@ -86,12 +86,21 @@ func (d Decision) Text() string {
 	return fmt.Sprintf("Rate limit reached (%s rule %q): %s", d.Scope, d.Limit.Rule.Name, retry)
 }
 
+// MetaDenial is the _meta key under which a DeniedResult carries its
+// Denial. MCP reserves _meta prefixes whose second label is mcp or
+// modelcontextprotocol; "io.mcpgate/" is a vendor prefix in the reverse
+// DNS form the specification recommends.
+const MetaDenial = "io.mcpgate/denial"
+
 // DeniedResult is a tools/call result (MCP CallToolResult) reporting a
 // denial to the model: see Decision.Result.
 type DeniedResult struct {
-	Content           []DeniedText `json:"content"`
-	StructuredContent Denial       `json:"structuredContent"`
-	IsError           bool         `json:"isError"`
+	Content []DeniedText `json:"content"`
+	// StructuredContent is the Denial, nil for a tool that declares an
+	// outputSchema.
+	StructuredContent *Denial    `json:"structuredContent,omitempty"`
+	IsError           bool       `json:"isError"`
+	Meta              DeniedMeta `json:"_meta"`
 }
 
 // DeniedText is the text content of a DeniedResult.
@@ -100,8 +109,23 @@ type DeniedText struct {
 	Text string `json:"text"`
 }
 
-// Result is a denied tools/call's answer under deny_as: result: isError
-// with Text for the model and the Denial as structuredContent.
-func (d Decision) Result() DeniedResult {
-	return DeniedResult{Content: []DeniedText{{Type: "text", Text: d.Text()}}, StructuredContent: d.Denial(), IsError: true}
+// DeniedMeta is the _meta of a DeniedResult: the Denial under MetaDenial.
+type DeniedMeta struct {
+	Denial Denial `json:"io.mcpgate/denial"`
+}
+
+// Result is a denied tools/call's answer under deny_as: result: isError,
+// Text for the model, and the Denial in _meta (under MetaDenial) and, for
+// a tool that does not declare an outputSchema (outputSchema false), as
+// structuredContent too. A tool's structuredContent must match its
+// outputSchema, and a client may check that even when isError is true
+// (the TypeScript SDK's does, and throws): for such a tool the Denial,
+// which matches no tool's schema, is left out of structuredContent.
+func (d Decision) Result(outputSchema bool) DeniedResult {
+	den := d.Denial()
+	r := DeniedResult{Content: []DeniedText{{Type: "text", Text: d.Text()}}, IsError: true, Meta: DeniedMeta{Denial: den}}
+	if !outputSchema {
+		r.StructuredContent = &den
+	}
+	return r
 }

@@ -14,10 +14,12 @@ import (
 // writeCallDenied answers a denied call as mode (Config.DenyAs) says:
 // writeDenied's 429, or writeDeniedResult's tool result. Either way the
 // denial has already been counted (metrics, the breaker's consecutive
-// denials) and nothing was charged: only the answer differs.
-func writeCallDenied(w http.ResponseWriter, mode policy.DenyMode, id json.RawMessage, d enforce.Decision, now time.Time) {
+// denials) and nothing was charged: only the answer differs. outputSchema
+// reports whether the called tool declares an outputSchema (see
+// toolSchemas).
+func writeCallDenied(w http.ResponseWriter, mode policy.DenyMode, id json.RawMessage, d enforce.Decision, outputSchema bool, now time.Time) {
 	if mode == policy.DenyResult {
-		writeDeniedResult(w, id, d, now)
+		writeDeniedResult(w, id, d, outputSchema, now)
 		return
 	}
 	writeDenied(w, id, d, now)
@@ -25,15 +27,17 @@ func writeCallDenied(w http.ResponseWriter, mode policy.DenyMode, id json.RawMes
 
 // writeDeniedResult answers a denied tools/call with HTTP 200 and a result
 // with isError: true: a text naming the limit and the retry time, for the
-// model, and structuredContent with the data a 429 carries in error.data,
-// for the client. Retry-After and the rate-limit headers are those of a 429.
-// MCP clients turn a 429 into a transport error without reading its body
-// (the Go SDK's does not even decode it), so a model behind them never
-// learns the retry time; a tool result reaches it. The answer is JSON even
-// when the client accepts SSE: Streamable HTTP lets the server choose.
-func writeDeniedResult(w http.ResponseWriter, id json.RawMessage, d enforce.Decision, now time.Time) {
+// model, and the data a 429 carries in error.data, for the client, in
+// _meta and, unless the tool declares an outputSchema, as
+// structuredContent (enforce.Decision.Result). Retry-After and the
+// rate-limit headers are those of a 429. MCP clients turn a 429 into a
+// transport error without reading its body (the Go SDK's does not even
+// decode it), so a model behind them never learns the retry time; a tool
+// result reaches it. The answer is JSON even when the client accepts SSE:
+// Streamable HTTP lets the server choose.
+func writeDeniedResult(w http.ResponseWriter, id json.RawMessage, d enforce.Decision, outputSchema bool, now time.Time) {
 	denialHeaders(w, d, now)
-	body, err := json.Marshal(d.Result())
+	body, err := json.Marshal(d.Result(outputSchema))
 	if err != nil { // cannot happen: strings and integers only
 		writeDenied(w, id, d, now)
 		return

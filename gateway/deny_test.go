@@ -10,7 +10,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,12 +44,40 @@ type toolResult struct {
 	} `json:"content"`
 	StructuredContent *denied `json:"structuredContent"`
 	IsError           bool    `json:"isError"`
+	Meta              struct {
+		Denial *denied `json:"io.mcpgate/denial"`
+	} `json:"_meta"`
 }
 
-// deniedResultOf decodes r as a result-mode denial: 200, JSON, a result (no
-// error) with isError, one text and structuredContent, and a Retry-After
+// deniedResultOf decodes r as a result-mode denial of a tool that declares
+// no outputSchema: 200, JSON, a result (no error) with isError, one text,
+// and the denial as structuredContent and in _meta, with a Retry-After
 // equal to its retry_after_seconds.
 func deniedResultOf(t *testing.T, r *response) (toolResult, int64) {
+	t.Helper()
+	res, ra := deniedAnswerOf(t, r)
+	if res.StructuredContent == nil || *res.StructuredContent != *res.Meta.Denial {
+		t.Fatalf("result %s: want structuredContent, the same as _meta's denial", r.Msg.Result)
+	}
+	return res, ra
+}
+
+// deniedTypedResultOf decodes r as deniedResultOf does, for a tool that
+// declares an outputSchema: the denial is in _meta only, not in
+// structuredContent (which the schema would refuse).
+func deniedTypedResultOf(t *testing.T, r *response) (toolResult, int64) {
+	t.Helper()
+	res, ra := deniedAnswerOf(t, r)
+	if res.StructuredContent != nil || strings.Contains(string(r.Msg.Result), "structuredContent") {
+		t.Fatalf("result %s: want no structuredContent for a tool with an outputSchema", r.Msg.Result)
+	}
+	return res, ra
+}
+
+// deniedAnswerOf checks what every result-mode denial has: 200, JSON, a
+// result with isError, one text, the denial in _meta and a Retry-After
+// equal to its retry_after_seconds.
+func deniedAnswerOf(t *testing.T, r *response) (toolResult, int64) {
 	t.Helper()
 	if r.Status != http.StatusOK || r.Msg.Error != nil || r.Msg.Result == nil {
 		t.Fatalf("want 200 with a result, got %d %s", r.Status, r.Body)
@@ -59,12 +89,12 @@ func deniedResultOf(t *testing.T, r *response) (toolResult, int64) {
 	if err := json.Unmarshal(r.Msg.Result, &res); err != nil {
 		t.Fatalf("result %s: %v", r.Msg.Result, err)
 	}
-	if !res.IsError || len(res.Content) != 1 || res.Content[0].Type != "text" || res.StructuredContent == nil {
-		t.Fatalf("result %s: want isError, one text content and structuredContent", r.Msg.Result)
+	if !res.IsError || len(res.Content) != 1 || res.Content[0].Type != "text" || res.Meta.Denial == nil {
+		t.Fatalf("result %s: want isError, one text content and _meta[%q]", r.Msg.Result, enforce.MetaDenial)
 	}
 	ra := intHeader(t, r.Header, "Retry-After")
-	if res.StructuredContent.RetryAfterSeconds != ra {
-		t.Fatalf("retry_after_seconds %d, Retry-After %d", res.StructuredContent.RetryAfterSeconds, ra)
+	if res.Meta.Denial.RetryAfterSeconds != ra {
+		t.Fatalf("retry_after_seconds %d, Retry-After %d", res.Meta.Denial.RetryAfterSeconds, ra)
 	}
 	return res, ra
 }
@@ -304,5 +334,256 @@ func TestDenialText(t *testing.T) {
 		if got := (enforce.Decision{Limit: c.d, Scope: c.scope}).Text(); got != c.want {
 			t.Errorf("Text(%s) = %q, want %q", c.d.Rule.Name, got, c.want)
 		}
+	}
+}
+
+// schemaConfig: deny_as: result, one call per hour of each tool.
+const schemaConfig = `
+default_tier: free
+tiers:
+  free:
+    deny_as: result
+    limits:
+      - {name: per_tool, per: tenant_tool, algorithm: fixed_window, limit: 1, period: 1h}
+`
+
+// listRaw makes a tools/list with a raw POST as tok and returns the names
+// listed.
+func listRaw(t *testing.T, url, tok string) []string {
+	t.Helper()
+	r := post(t, url, tok, `{"jsonrpc":"2.0","id":"l","method":"tools/list"}`, nil)
+	var res struct {
+		Tools []struct {
+			Name string `json:"name"`
+		} `json:"tools"`
+	}
+	if r.Status != http.StatusOK || r.Msg.Result == nil || json.Unmarshal(r.Msg.Result, &res) != nil {
+		t.Fatalf("tools/list: %d %s", r.Status, r.Body)
+	}
+	names := make([]string, len(res.Tools))
+	for i, tool := range res.Tools {
+		names[i] = tool.Name
+	}
+	return names
+}
+
+// A tool that declares an outputSchema (search) is denied without
+// structuredContent once a tools/list answer relayed by the gateway has
+// said so, over a JSON and an event-stream upstream: the denial is in
+// _meta, the text tells the retry time. Before any list, and for a tool
+// without an outputSchema (echo), structuredContent carries the denial. A
+// list trimmed to a caller's scopes teaches nothing of the tools it does
+// not show; a reload keeps what was learnt unless the upstream changes.
+func TestDenyAsResultOutputSchema(t *testing.T) {
+	t.Parallel()
+	for _, m := range []struct {
+		name string
+		up   upstream.Options
+	}{
+		{"json", upstream.Options{Stateless: true, JSONResponse: true}},
+		{"sse", upstream.Options{Stateless: true}},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, setup{Config: schemaConfig, Upstream: m.up})
+			alice := token(t, "acme", "alice")
+			bob := sign(t, claims("acme", "bob", "tools:echo"))
+			search := func(id int) *response {
+				return e.callRaw(0, alice, id, "search", map[string]any{"query": "q"})
+			}
+			if r := search(1); r.Status != http.StatusOK || isErrorResult(r.Msg.Result) {
+				t.Fatalf("first search: %d %s", r.Status, r.Body)
+			}
+			// Not listed yet: structuredContent, as for any tool.
+			deniedResultOf(t, search(2))
+
+			// bob's list shows echo only: search is still unknown.
+			if got := listRaw(t, e.mcpURL(0), bob); len(got) != 1 || got[0] != "echo" {
+				t.Fatalf("bob's tools/list: %v, want [echo]", got)
+			}
+			deniedResultOf(t, search(3))
+
+			// alice's list shows search's outputSchema.
+			if got := listRaw(t, e.mcpURL(0), alice); !slices.Contains(got, "search") {
+				t.Fatalf("alice's tools/list: %v, want search in it", got)
+			}
+			res, ra := deniedTypedResultOf(t, search(4))
+			if want := (denied{Scope: "tenant_tool", Rule: "per_tool", Limit: 1, Remaining: 0, RetryAfterSeconds: ra}); *res.Meta.Denial != want || ra < 1 || ra > 3600 {
+				t.Fatalf("_meta denial %+v, want %+v in 1..3600 s", *res.Meta.Denial, want)
+			}
+			if want := fmt.Sprintf(`Rate limit reached (tenant_tool rule "per_tool"): retry in %d seconds.`, ra); res.Content[0].Text != want {
+				t.Fatalf("text %q, want %q", res.Content[0].Text, want)
+			}
+			// echo declares none: structuredContent still.
+			if r := e.callRaw(0, alice, 5, "echo", map[string]any{"text": "x"}); r.Status != http.StatusOK || isErrorResult(r.Msg.Result) {
+				t.Fatalf("first echo: %d %s", r.Status, r.Body)
+			}
+			deniedResultOf(t, e.callRaw(0, alice, 6, "echo", map[string]any{"text": "x"}))
+
+			// bob lists again, without search: what alice's list said stays.
+			listRaw(t, e.mcpURL(0), bob)
+			deniedTypedResultOf(t, search(7))
+
+			// A reload to the same upstream keeps it; to another, forgets it.
+			e.apply(setup{Config: schemaConfig})
+			deniedTypedResultOf(t, search(8))
+			e.apply(setup{Config: schemaConfig, UpstreamURL: strings.Replace(e.upURL, "127.0.0.1", "localhost", 1)})
+			deniedResultOf(t, search(9))
+			listRaw(t, e.mcpURL(0), alice)
+			deniedTypedResultOf(t, search(10))
+			if n := e.up.Calls("search"); n != 1 {
+				t.Fatalf("upstream saw %d search calls, want 1", n)
+			}
+		})
+	}
+}
+
+// With upstreams:, the names learnt are the exposed ones: a's and b's
+// search (an outputSchema) lose structuredContent, the stdio upstream's
+// echo (none) keeps it.
+func TestDenyAsResultOutputSchemaFederated(t *testing.T) {
+	t.Parallel()
+	e := newFedEnv(t, fedSetup{Config: schemaConfig})
+	tok := token(t, "acme", "alice")
+	listRaw(t, e.mcpURL(0), tok)
+	for i, c := range []struct {
+		tool  string
+		args  map[string]any
+		typed bool
+	}{
+		{"a__search", map[string]any{"query": "q"}, true},
+		{"b__search", map[string]any{"query": "q"}, true},
+		{"c__echo", map[string]any{"text": "x"}, false},
+		{"a__echo", map[string]any{"text": "x"}, false},
+	} {
+		if r := post(t, e.mcpURL(0), tok, callBody(2*i, c.tool, c.args), nil); r.Status != http.StatusOK || isErrorResult(r.Msg.Result) {
+			t.Fatalf("first %s: %d %s", c.tool, r.Status, r.Body)
+		}
+		r := post(t, e.mcpURL(0), tok, callBody(2*i+1, c.tool, c.args), nil)
+		var res toolResult
+		if c.typed {
+			res, _ = deniedTypedResultOf(t, r)
+		} else {
+			res, _ = deniedResultOf(t, r)
+		}
+		if d := *res.Meta.Denial; d.Rule != "per_tool" || d.Scope != "tenant_tool" {
+			t.Fatalf("%s denied by %+v, want per_tool", c.tool, d)
+		}
+	}
+}
+
+// The answer's shape: the denial in _meta under enforce.MetaDenial always,
+// and as structuredContent unless the tool declares an outputSchema.
+func TestDeniedResultShape(t *testing.T) {
+	t.Parallel()
+	d := enforce.Decision{Scope: "tenant", Limit: limit.Decision{Rule: limit.Rule{Name: "per_tenant"}, Limit: 10, RetryAfter: 42 * time.Second}}
+	const (
+		text   = `"content":[{"type":"text","text":"Rate limit reached (tenant rule \"per_tenant\"): retry in 42 seconds."}]`
+		denial = `{"scope":"tenant","rule":"per_tenant","limit":10,"remaining":0,"retry_after_seconds":42}`
+	)
+	for _, c := range []struct {
+		outputSchema bool
+		want         string
+	}{
+		{false, `{` + text + `,"structuredContent":` + denial + `,"isError":true,"_meta":{"io.mcpgate/denial":` + denial + `}}`},
+		{true, `{` + text + `,"isError":true,"_meta":{"io.mcpgate/denial":` + denial + `}}`},
+	} {
+		b, err := json.Marshal(d.Result(c.outputSchema))
+		if err != nil || string(b) != c.want {
+			t.Errorf("Result(%t) = %s (%v), want %s", c.outputSchema, b, err, c.want)
+		}
+		var meta struct {
+			Meta map[string]json.RawMessage `json:"_meta"`
+		}
+		if json.Unmarshal(b, &meta) != nil || string(meta.Meta[enforce.MetaDenial]) != denial {
+			t.Errorf("Result(%t): _meta %v has no %q", c.outputSchema, meta.Meta, enforce.MetaDenial)
+		}
+	}
+}
+
+// toolSchemas learns from tools/list results: a tool with an outputSchema
+// (not null; a twin in another letter case counts), a later list saying
+// otherwise, tools a list does not show (kept), results it cannot read
+// (nothing learnt), its bounds, and concurrent use.
+func TestToolSchemasLearn(t *testing.T) {
+	t.Parallel()
+	var nilSchemas *toolSchemas
+	nilSchemas.onToolsList(json.RawMessage(`{"tools":[{"name":"a","outputSchema":{}}]}`), nil)
+	if nilSchemas.declares("a") {
+		t.Fatal("a nil toolSchemas learnt")
+	}
+
+	s := &toolSchemas{}
+	s.onToolsList(json.RawMessage(`{"tools":[
+		{"name":"a","inputSchema":{"type":"object"},"outputSchema":{"type":"object"}},
+		{"name":"b","inputSchema":{"type":"object"}},
+		{"name":"c","outputSchema":null},
+		{"name":"d","OutputSchema":{"type":"object"}},
+		{"Name":"e","outputSchema":{}},
+		{"name":"f","NAME":"g","outputSchema":{}},
+		{"name":5,"outputSchema":{}},
+		7,
+		{"name":"h\u00e9","outputSchema":{}}
+	],"nextCursor":"p2"}`), nil)
+	want := map[string]bool{"a": true, "b": false, "c": false, "d": true, "e": false, "f": false, "g": false, "hé": true, "": false}
+	check := func(when string) {
+		t.Helper()
+		for name, w := range want {
+			if got := s.declares(name); got != w {
+				t.Errorf("%s: declares(%q) = %t, want %t", when, name, got, w)
+			}
+		}
+	}
+	check("first list")
+
+	// Another page, or another caller's list: a now says it has none, b
+	// one; the tools it does not list keep what they had.
+	s.onToolsList(json.RawMessage(`{"tools":[{"name":"a"},{"name":"b","outputSchema":{"type":"object"}}]}`), nil)
+	want["a"], want["b"] = false, true
+	check("second list")
+
+	// Unreadable results and errors teach nothing.
+	for _, bad := range []string{`{"Tools":[{"name":"x","outputSchema":{}}]}`, `{"tools":{}}`, `[]`, `{"tools":[{"name":"x","outputSchema":{}}]`, `null`} {
+		s.onToolsList(json.RawMessage(bad), nil)
+	}
+	s.onToolsList(nil, json.RawMessage(`{"code":-32603,"message":"boom"}`))
+	want["x"] = false
+	check("unreadable results")
+
+	// Bounds: names too long, and tools beyond maxSchemaTools, are not
+	// learnt (their denials keep structuredContent).
+	var b strings.Builder
+	b.WriteString(`{"tools":[`)
+	long := strings.Repeat("n", maxSchemaToolName+1)
+	fmt.Fprintf(&b, `{"name":%q,"outputSchema":{}}`, long)
+	for i := range maxSchemaTools + 10 {
+		fmt.Fprintf(&b, `,{"name":"t%d","outputSchema":{}}`, i)
+	}
+	b.WriteString(`]}`)
+	s.onToolsList(json.RawMessage(b.String()), nil)
+	if s.declares(long) {
+		t.Error("a name over maxSchemaToolName was learnt")
+	}
+	s.mu.RLock()
+	n := len(s.declared)
+	s.mu.RUnlock()
+	if n != maxSchemaTools {
+		t.Errorf("%d tools learnt, want the bound %d", n, maxSchemaTools)
+	}
+
+	// Concurrent lists and denials (for the race detector).
+	c := &toolSchemas{}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			for j := range 200 {
+				c.onToolsList(json.RawMessage(fmt.Sprintf(`{"tools":[{"name":"t%d","outputSchema":{}},{"name":"u"}]}`, (i+j)%16)), nil)
+				c.declares(fmt.Sprintf("t%d", j%16))
+			}
+		})
+	}
+	wg.Wait()
+	if !c.declares("t0") || c.declares("u") {
+		t.Error("concurrent lists: t0 not learnt, or u learnt")
 	}
 }

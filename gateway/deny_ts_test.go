@@ -92,10 +92,15 @@ tools:
   update_product: {deny_as: http}
 `
 
-// The TypeScript SDK client: under deny_as: result callTool resolves to a
-// result with isError whose structuredContent holds the retry time and
-// whose text tells it; under deny_as: http it throws a generic HTTP error
-// (the body is in its message as text, the status in its code).
+// The TypeScript SDK client, which lists the tools first (as agents do,
+// and as it must to validate results against output schemas): under
+// deny_as: result callTool resolves to a result with isError whose text
+// tells the retry time and whose _meta holds the denial, with the denial
+// as structuredContent too for echo; for search, which declares an
+// outputSchema, without structuredContent, which the SDK would validate
+// against the schema even with isError and throw on (typescript-sdk issue
+// 1943). Under deny_as: http it throws a generic HTTP error (the body is
+// in its message as text, the status in its code).
 func TestDenyAsTypeScriptClient(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, setup{Config: tsDenyConfig})
@@ -109,23 +114,12 @@ func TestDenyAsTypeScriptClient(t *testing.T) {
 		}
 	}
 
-	c := calls[1]
-	if c.Error != nil {
-		t.Fatalf("denied echo under deny_as: result: the SDK threw %+v", *c.Error)
-	}
-	var res toolResult
-	if err := json.Unmarshal(c.Result, &res); err != nil || !res.IsError || res.StructuredContent == nil || len(res.Content) != 1 {
-		t.Fatalf("denied echo: result %s (%v): want isError, one text, structuredContent", c.Result, err)
-	}
-	ra := res.StructuredContent.RetryAfterSeconds
-	if ra < 1 || ra > 60 || res.StructuredContent.Scope != "tenant_tool" || res.StructuredContent.Rule != "per_tool" {
-		t.Fatalf("structuredContent %+v: want the per_tool denial, retry in 1..60 s", *res.StructuredContent)
-	}
-	if !strings.Contains(res.Content[0].Text, fmt.Sprintf("retry in %d second", ra)) {
-		t.Fatalf("text %q does not tell the retry time (%d s)", res.Content[0].Text, ra)
+	res := tsDenied(t, calls[1])
+	if res.StructuredContent == nil || *res.StructuredContent != *res.Meta.Denial {
+		t.Fatalf("denied echo: result %+v: want structuredContent, the same as _meta's denial", res)
 	}
 
-	c = calls[3]
+	c := calls[3]
 	if c.Error == nil {
 		t.Fatalf("denied update_product under deny_as: http: the SDK resolved to %s, want a throw", c.Result)
 	}
@@ -133,21 +127,29 @@ func TestDenyAsTypeScriptClient(t *testing.T) {
 		t.Fatalf("denied update_product under deny_as: http: %+v, want the SDK's HTTP 429 error", *c.Error)
 	}
 
-	// A tool that declares an outputSchema (search): the SDK validates the
-	// structuredContent of an isError result against it and throws
-	// (typescript-sdk issue 1943, a client bug). Either that throw or the
-	// denial itself is acceptable; anything else is not.
-	c = calls[5]
-	switch {
-	case c.Error != nil:
-		if code, _ := c.Error.Code.(float64); code != -32602 || !strings.Contains(c.Error.Message, "output schema") {
-			t.Fatalf("denied search: the SDK threw %+v, want its output-schema error or the result", *c.Error)
-		}
-		t.Logf("note: the TypeScript SDK still validates isError results against outputSchema: %s", c.Error.Message)
-	default:
-		var res toolResult
-		if err := json.Unmarshal(c.Result, &res); err != nil || !res.IsError || res.StructuredContent == nil || res.StructuredContent.Rule != "per_tool" {
-			t.Fatalf("denied search: result %s (%v), want the result-mode denial", c.Result, err)
-		}
+	if res := tsDenied(t, calls[5]); res.StructuredContent != nil || strings.Contains(string(calls[5].Result), "structuredContent") {
+		t.Fatalf("denied search: result %s: want no structuredContent (search declares an outputSchema)", calls[5].Result)
 	}
+}
+
+// tsDenied checks that the SDK resolved c to a result-mode denial by the
+// per_tool rule: isError, one text telling the retry time, and the denial
+// in _meta.
+func tsDenied(t *testing.T, c tsCall) toolResult {
+	t.Helper()
+	if c.Error != nil {
+		t.Fatalf("denied %s under deny_as: result: the SDK threw %+v", c.Tool, *c.Error)
+	}
+	var res toolResult
+	if err := json.Unmarshal(c.Result, &res); err != nil || !res.IsError || len(res.Content) != 1 || res.Meta.Denial == nil {
+		t.Fatalf("denied %s: result %s (%v): want isError, one text, the denial in _meta", c.Tool, c.Result, err)
+	}
+	d := *res.Meta.Denial
+	if ra := d.RetryAfterSeconds; ra < 1 || ra > 60 || d.Scope != "tenant_tool" || d.Rule != "per_tool" {
+		t.Fatalf("denied %s: _meta denial %+v: want the per_tool denial (tenant_tool), retry in 1..60 s", c.Tool, d)
+	}
+	if !strings.Contains(res.Content[0].Text, fmt.Sprintf("retry in %d second", d.RetryAfterSeconds)) {
+		t.Fatalf("denied %s: text %q does not tell the retry time (%d s)", c.Tool, res.Content[0].Text, d.RetryAfterSeconds)
+	}
+	return res
 }

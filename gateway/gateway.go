@@ -81,6 +81,9 @@ type runtime struct {
 	cfg   *policy.Config
 	auth  *auth.Authenticator
 	proxy *mcp.Proxy
+	// outputs: the tools known to declare an outputSchema (kept by a
+	// reload that keeps the upstream).
+	outputs *toolSchemas
 }
 
 // Gateway is the mcpgate http.Handler. It is safe for concurrent use.
@@ -202,7 +205,7 @@ func newRuntime(cfg *policy.Config, a *auth.Authenticator, rt http.RoundTripper)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: upstream: %w", err)
 	}
-	return &runtime{cfg: cfg, auth: a, proxy: proxy}, nil
+	return &runtime{cfg: cfg, auth: a, proxy: proxy, outputs: &toolSchemas{}}, nil
 }
 
 // Apply swaps in a new configuration and authenticator (a reload). Requests
@@ -219,6 +222,9 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 	}
 	if err := g.eng.SetConfig(cfg); err != nil {
 		return err
+	}
+	if cur := g.rt.Load(); sameUpstream(cur.cfg, cfg) {
+		rt.outputs = cur.outputs // the same tools: what was learnt still holds
 	}
 	old := g.rt.Swap(rt)
 	g.alerts.setURL(cfg.Breaker.AlertWebhook)

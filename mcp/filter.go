@@ -160,6 +160,56 @@ func keepEntries(v []byte, f Filter) (kept []byte, why string) {
 	return append(kept, ']'), why
 }
 
+// ToolOutputSchemas reads a tools/list result and reports, for each tool
+// it lists under a single string name, whether the tool declares an
+// outputSchema: a member of that name other than null (a twin in another
+// letter case counts too: a client decoding with encoding/json would read
+// it). A result without a tools array is an error; entries that are not
+// objects, or that have no usable name, are skipped.
+func ToolOutputSchemas(result json.RawMessage) (map[string]bool, error) {
+	const schema = "outputSchema"
+	s := jsonscan.New(result)
+	var tools json.RawMessage
+	err := s.Object(func(key string) error {
+		v, err := s.SkipValue()
+		if key == ToolsList.Member {
+			tools = v
+		}
+		return err
+	})
+	if err == nil {
+		err = s.End()
+	}
+	if err != nil || len(tools) == 0 || tools[0] != '[' {
+		return nil, fmt.Errorf("%w: %s result without a %s array", ErrBadUpstreamResponse, MethodToolsList, ToolsList.Member)
+	}
+	out := map[string]bool{}
+	s = jsonscan.New(tools)
+	err = s.Array(func() error {
+		entry, err := s.SkipValue()
+		if err != nil || entry[0] != '{' {
+			return err
+		}
+		name, ok := entryKey(entry, ToolsList.Key)
+		if !ok {
+			return nil
+		}
+		declared := false
+		es := jsonscan.New(entry)
+		_ = es.Object(func(k string) error {
+			v, err := es.SkipValue()
+			declared = declared || asciiEqualFold(k, schema) && string(v) != "null"
+			return err
+		})
+		out[name] = declared
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s result: %v", ErrBadUpstreamResponse, MethodToolsList, err)
+	}
+	return out, nil
+}
+
 // entryKey returns the member called key of a list entry if the entry has
 // exactly one such member and it is a string. A case-insensitive twin
 // ("Name" beside "name") makes the entry ambiguous, as in Parse: a client

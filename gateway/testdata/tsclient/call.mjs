@@ -6,7 +6,8 @@
 // with the bearer token in MCPGATE_TOKEN. SDK_PROJECT_DIR is an npm project
 // with @modelcontextprotocol/sdk installed (the SDK is resolved from there,
 // so this script needs no node_modules of its own). The client lists the
-// tools first, as agents do.
+// tools first, as agents do: the SDK keeps each tool's outputSchema from
+// that list and validates the structuredContent of its results against it.
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
 
