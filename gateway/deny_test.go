@@ -550,25 +550,29 @@ func TestToolSchemasLearn(t *testing.T) {
 	want["x"] = false
 	check("unreadable results")
 
-	// Bounds: names too long, and tools beyond maxSchemaTools, are not
-	// learnt (their denials keep structuredContent).
+	// Bounds: names too long, and tools beyond the bound, are not learnt
+	// (their denials keep structuredContent).
 	var b strings.Builder
 	b.WriteString(`{"tools":[`)
-	long := strings.Repeat("n", maxSchemaToolName+1)
+	long := strings.Repeat("n", enforce.MaxOutputSchemaToolName+1)
 	fmt.Fprintf(&b, `{"name":%q,"outputSchema":{}}`, long)
-	for i := range maxSchemaTools + 10 {
+	for i := range enforce.MaxOutputSchemaTools + 10 {
 		fmt.Fprintf(&b, `,{"name":"t%d","outputSchema":{}}`, i)
 	}
 	b.WriteString(`]}`)
-	s.onToolsList(json.RawMessage(b.String()), nil)
-	if s.declares(long) {
-		t.Error("a name over maxSchemaToolName was learnt")
+	fresh := &toolSchemas{}
+	fresh.onToolsList(json.RawMessage(b.String()), nil)
+	if fresh.declares(long) {
+		t.Error("a name over MaxOutputSchemaToolName was learnt")
 	}
-	s.mu.RLock()
-	n := len(s.declared)
-	s.mu.RUnlock()
-	if n != maxSchemaTools {
-		t.Errorf("%d tools learnt, want the bound %d", n, maxSchemaTools)
+	n := 0
+	for i := range enforce.MaxOutputSchemaTools + 10 {
+		if fresh.declares(fmt.Sprint("t", i)) {
+			n++
+		}
+	}
+	if n != enforce.MaxOutputSchemaTools {
+		t.Errorf("%d tools learnt, want the bound %d", n, enforce.MaxOutputSchemaTools)
 	}
 
 	// Concurrent lists and denials (for the race detector).

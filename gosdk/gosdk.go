@@ -102,7 +102,10 @@ type Options struct {
 //     (scope, rule, limit, remaining, retry_after_seconds), as in the
 //     gateway's 429 body; a tools/call of a tool or tier with deny_as:
 //     result gets instead a *mcp.CallToolResult with IsError set, the text
-//     for the model (Decision.Text) and the Denial as StructuredContent.
+//     for the model (Decision.Text) and the Denial in Meta under
+//     enforce.MetaDenial and as StructuredContent, except for a tool the
+//     server listed with an OutputSchema (which the Denial would not
+//     match: a client may check it even on an error).
 //     A store failure under on_error: closed is a *jsonrpc.Error with code
 //     CodeUnavailable. The wrapped handler does not run.
 //   - An admitted tools/call of a tool with a cache is served through
@@ -135,8 +138,13 @@ func Middleware(e *enforce.Engine, opts *Options) mcp.Middleware {
 			if err != nil {
 				return nil, unauthenticated(err)
 			}
-			if method == enforce.MethodToolsCall {
+			switch method {
+			case enforce.MethodToolsCall:
 				return m.toolCall(ctx, next, method, req, id)
+			case "tools/list":
+				res, err := m.request(ctx, next, method, req, id)
+				m.learnOutputSchemas(res)
+				return res, err
 			}
 			return m.request(ctx, next, method, req, id)
 		}
@@ -146,6 +154,7 @@ func Middleware(e *enforce.Engine, opts *Options) mcp.Middleware {
 type middleware struct {
 	e        *enforce.Engine
 	identity func(ctx context.Context, req mcp.Request) (Identity, error)
+	outputs  enforce.OutputSchemas // the tools this server listed with an outputSchema
 }
 
 // request governs a request that is not a tools/call.
@@ -177,7 +186,7 @@ func (m *middleware) toolCall(ctx context.Context, next mcp.MethodHandler, metho
 	if !d.Allowed {
 		t.Done(ctx, enforce.Outcome{}) // a no-op for a denied call, by contract
 		if !d.Unavailable && d.DenyAs == policy.DenyResult {
-			return deniedResult(d), nil
+			return deniedResult(d, m.outputs.Declares(params.Name)), nil
 		}
 		return nil, denialError(d)
 	}
@@ -306,13 +315,36 @@ func denialError(d enforce.Decision) *jsonrpc.Error {
 	return &jsonrpc.Error{Code: CodeRateLimited, Message: d.Message(), Data: data}
 }
 
-// deniedResult is a denied tools/call's answer under deny_as: result.
-func deniedResult(d enforce.Decision) *mcp.CallToolResult {
-	return &mcp.CallToolResult{
-		Content:           []mcp.Content{&mcp.TextContent{Text: d.Text()}},
-		StructuredContent: d.Denial(),
-		IsError:           true,
+// deniedResult is a denied tools/call's answer under deny_as: result, as
+// the gateway's (enforce.Decision.Result): the denial in _meta, and as
+// structuredContent unless the tool declares an outputSchema.
+func deniedResult(d enforce.Decision, outputSchema bool) *mcp.CallToolResult {
+	r := d.Result(outputSchema)
+	res := &mcp.CallToolResult{
+		Content: []mcp.Content{&mcp.TextContent{Text: d.Text()}},
+		IsError: true,
 	}
+	res.Meta = mcp.Meta{enforce.MetaDenial: r.Meta.Denial}
+	if r.StructuredContent != nil {
+		res.StructuredContent = *r.StructuredContent
+	}
+	return res
+}
+
+// learnOutputSchemas records which tools a tools/list answer declared an
+// outputSchema for (see deniedResult).
+func (m *middleware) learnOutputSchemas(res mcp.Result) {
+	list, ok := res.(*mcp.ListToolsResult)
+	if !ok || list == nil {
+		return
+	}
+	tools := make(map[string]bool, len(list.Tools))
+	for _, t := range list.Tools {
+		if t != nil {
+			tools[t.Name] = t.OutputSchema != nil
+		}
+	}
+	m.outputs.Learn(tools)
 }
 
 // unauthenticated is the answer to a request whose caller Options.Identity

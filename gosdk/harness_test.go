@@ -127,6 +127,10 @@ type textIn struct {
 	Text string `json:"text"`
 }
 
+type lookupOut struct {
+	Found string `json:"found"`
+}
+
 type slowIn struct {
 	Key string `json:"key,omitempty"`
 	MS  int    `json:"ms,omitempty"`
@@ -142,7 +146,12 @@ func text(s string) *mcp.CallToolResult {
 //	fail {}      returns a tool error (isError)
 //	slow {key, ms} waits for s.release (or ms), then returns "slow <key>"
 //	llm {}       returns a result reporting _meta.usage.tokens 7
+//	lookup {text} returns {"found": text}, and declares that outputSchema
 func (s *server) addTools(srv *mcp.Server) {
+	mcp.AddTool(srv, &mcp.Tool{Name: "lookup"}, func(_ context.Context, _ *mcp.CallToolRequest, in textIn) (*mcp.CallToolResult, lookupOut, error) {
+		s.count("lookup")
+		return nil, lookupOut{Found: in.Text}, nil
+	})
 	mcp.AddTool(srv, &mcp.Tool{Name: "echo"}, func(_ context.Context, _ *mcp.CallToolRequest, in textIn) (*mcp.CallToolResult, any, error) {
 		s.count("echo")
 		return text(in.Text), nil, nil
