@@ -200,7 +200,7 @@ func (e *Engine) admitTool(ctx context.Context, cp *compiled, call Call) (*Ticke
 // admitMethod decides a request that is not a tools/call: the rules of its
 // method (policy.Config.RulesForMethod), with no meter and no breaker,
 // under the store's on_error policy. An initialize also takes the session
-// slots of its tenant and subject, kept past the call (Ticket.SessionLease).
+// slots of its tenant and subject, kept past the call (Ticket.SessionSlots).
 func (e *Engine) admitMethod(ctx context.Context, cp *compiled, call Call) (*Ticket, Decision) {
 	cfg := cp.cfg
 	owner := keyspace.Owner{Tenant: call.Tenant, Subject: call.Subject, Tool: call.Name}
@@ -312,15 +312,15 @@ func (t *Ticket) settled() bool {
 	return t.done
 }
 
-// SessionLease names the session slots an admitted initialize took and
-// keeps past the call: the lease and the store holding it ("" and nil when
-// none were taken, for example under on_error: open). Free them with
-// Engine.ReleaseLease and SessionChecks when the session ends.
-func (t *Ticket) SessionLease() (lease string, store limit.Store) {
+// SessionSlots are the session slots an admitted initialize took and
+// keeps past the call (none when none were taken, for example under
+// on_error: open). Release them when the upstream opens no session, else
+// when the session ends.
+func (t *Ticket) SessionSlots() SessionSlots {
 	if t.v.lease == "" {
-		return "", nil
+		return SessionSlots{}
 	}
-	return t.v.lease, t.v.leaseStore
+	return SessionSlots{e: t.e, store: t.v.leaseStore, lease: t.v.lease, tenant: t.call.Tenant, subject: t.call.Subject}
 }
 
 // Answered records a tools/call's answer as soon as it is known, before it

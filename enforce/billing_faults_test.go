@@ -101,6 +101,9 @@ func (s *swappable) Evaluate(ctx context.Context, req limit.Request) (limit.Outc
 func (s *swappable) Take(ctx context.Context, c []limit.Check, cost int64) (limit.Decision, error) {
 	return s.st().Take(ctx, c, cost)
 }
+func (s *swappable) Renew(ctx context.Context, c []limit.Check, lease string) (bool, error) {
+	return s.st().Renew(ctx, c, lease)
+}
 func (s *swappable) Refund(ctx context.Context, c []limit.Check, cost int64, lease string) error {
 	return s.st().Refund(ctx, c, cost, lease)
 }

@@ -295,10 +295,3 @@ func (e *Engine) ForgetDenials() { e.lim.denials.forget() }
 // ForgetBreaker drops what this instance remembers of the loop breaker
 // key (after an operator reset it in the store).
 func (e *Engine) ForgetBreaker(key string) { e.lim.breakers.forget(key) }
-
-// ReleaseLease frees the concurrency slots of checks held under lease in
-// store (a session's slots, see Ticket.SessionLease). A failure is logged:
-// the slots free themselves when the lease expires.
-func (e *Engine) ReleaseLease(ctx context.Context, store limit.Store, checks []limit.Check, lease string) {
-	e.lim.releaseLease(ctx, store, checks, lease)
-}

@@ -340,8 +340,8 @@ tiers:
 		t.Fatal("a second concurrent call was admitted under a concurrency limit of 1")
 	}
 	second.Done(t.Context(), enforce.Outcome{}) // denied: nothing to release
-	if lease, store := first.SessionLease(); lease != "" || store != nil {
-		t.Fatalf("a tool call holds a session lease %q", lease)
+	if slots := first.SessionSlots(); slots.Held() {
+		t.Fatalf("a tool call holds session slots under lease %q", slots.Lease())
 	}
 	first.Done(t.Context(), enforce.Outcome{})
 	first.Done(t.Context(), enforce.Outcome{}) // once only
@@ -371,24 +371,37 @@ tiers:
 			t.Fatalf("tools/list %d: allowed %v, want %v", i, d.Allowed, want)
 		}
 	}
-	var leases []string
+	var sessions []enforce.SessionSlots
 	for i := range 3 {
 		ticket, d := e.Admit(t.Context(), enforce.Call{Tenant: "acme", Subject: "a", Method: "initialize", Name: "initialize"})
 		ticket.Done(t.Context(), enforce.Outcome{})
 		if i == 2 {
-			if d.Allowed || d.Limit.Rule.Name != enforce.RuleSessionsSubject {
-				t.Fatalf("third session of one subject: %+v, want %s", d, enforce.RuleSessionsSubject)
+			if d.Allowed || d.Limit.Rule.Name != enforce.RuleSessionsSubject || ticket.SessionSlots().Held() {
+				t.Fatalf("third session of one subject: %+v, want %s and no slots", d, enforce.RuleSessionsSubject)
 			}
 			continue
 		}
-		lease, store := ticket.SessionLease()
-		if !d.Allowed || lease == "" || store == nil {
-			t.Fatalf("session %d: %+v, lease %q", i, d, lease)
+		slots := ticket.SessionSlots()
+		if !d.Allowed || !slots.Held() {
+			t.Fatalf("session %d: %+v, lease %q", i, d, slots.Lease())
 		}
-		leases = append(leases, lease)
+		sessions = append(sessions, slots)
 	}
-	cfg := e.Config()
-	e.ReleaseLease(t.Context(), e.Store(), enforce.SessionChecks(cfg, "acme", "a"), leases[0])
+	// Slots found by their lease (another request of the session) are the
+	// same slots: renewing them holds, and once released they are gone.
+	again := e.SessionSlotsOf("acme", "a", sessions[0].Lease())
+	for _, check := range []func(context.Context) (bool, error){again.Renew, again.Check, sessions[0].Renew} {
+		if held, err := check(t.Context()); err != nil || !held {
+			t.Fatalf("a live session's slots: held %v, %v", held, err)
+		}
+	}
+	again.Release(t.Context())
+	if held, err := sessions[0].Renew(t.Context()); err != nil || held {
+		t.Fatalf("released slots: held %v, %v; want gone", held, err)
+	}
+	if held, _ := (enforce.SessionSlots{}).Renew(t.Context()); held {
+		t.Fatal("the zero SessionSlots holds something")
+	}
 	ticket, d := e.Admit(t.Context(), enforce.Call{Tenant: "acme", Subject: "a", Method: "initialize", Name: "initialize"})
 	ticket.Done(t.Context(), enforce.Outcome{})
 	if !d.Allowed {

@@ -64,18 +64,12 @@ func (g *guardedStore) Refund(ctx context.Context, checks []limit.Check, cost in
 	return err
 }
 
-// Renew implements limit.Renewer when the wrapped store does; otherwise it
-// reports the lease held and leaves it to expire after its period (a store
-// that cannot renew must not end sessions that are in use).
+// Renew implements limit.Renewer.
 func (g *guardedStore) Renew(ctx context.Context, checks []limit.Check, lease string) (bool, error) {
-	rn, ok := g.GuardedStore.(limit.Renewer)
-	if !ok {
-		return true, nil
-	}
 	if g.down() {
 		return false, ErrStoreDown
 	}
-	held, err := rn.Renew(ctx, checks, lease)
+	held, err := g.GuardedStore.Renew(ctx, checks, lease)
 	g.observe(ctx, err)
 	return held, err
 }

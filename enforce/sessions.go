@@ -1,6 +1,7 @@
 package enforce
 
 import (
+	"context"
 	"time"
 
 	"github.com/mcpgate/mcpgate/keyspace"
@@ -17,7 +18,7 @@ const (
 // SessionChecks are the two concurrency slots a live session of tenant's
 // subject holds: the tenant's cap (sessions.max_per_tenant), then the
 // subject's (sessions.max_per_subject). An admitted initialize takes them
-// (Ticket.SessionLease); the session's end frees them (Engine.ReleaseLease).
+// (Ticket.SessionSlots); the session's end frees them (SessionSlots.Release).
 func SessionChecks(cfg *policy.Config, tenant, subject string) []limit.Check {
 	period := SessionPeriod(cfg.Sessions.IdleTimeout)
 	rule := func(name string, n int) limit.Rule {
@@ -33,4 +34,79 @@ func SessionChecks(cfg *policy.Config, tenant, subject string) []limit.Check {
 // bounds of limit.Rule.
 func SessionPeriod(idle time.Duration) time.Duration {
 	return min(max(idle.Truncate(time.Microsecond), limit.MinPeriod), limit.MaxPeriod)
+}
+
+// SessionSlots are the session slots a live MCP session holds: the
+// tenant's and the subject's concurrency slots (SessionChecks) under one
+// lease, in the store that took them. An admitted initialize takes them
+// (Ticket.SessionSlots); a request that names the session, on any instance
+// sharing the store, finds them there (Engine.SessionSlotsOf). Renew keeps
+// them while the session is in use, Release frees them when it ends. The
+// checks are built from the configuration in force at each call, so a
+// reload's sessions settings apply to live sessions. The zero value holds
+// nothing: Renew and Held report it not held, Release does nothing. A
+// SessionSlots is a value, safe to copy and to use from many goroutines.
+type SessionSlots struct {
+	e               *Engine
+	store           limit.GuardedStore
+	lease           string
+	tenant, subject string
+}
+
+// SessionSlotsOf returns the slots of tenant's subject held under lease in
+// the store that decides (the shared store, or the in-process one without
+// it): a session whose lease came with a request. An empty lease holds
+// nothing.
+func (e *Engine) SessionSlotsOf(tenant, subject, lease string) SessionSlots {
+	if lease == "" {
+		return SessionSlots{}
+	}
+	return SessionSlots{e: e, store: e.Store(), lease: lease, tenant: tenant, subject: subject}
+}
+
+// Lease is the slots' lease, "" for none.
+func (s SessionSlots) Lease() string { return s.lease }
+
+// Held reports whether s names slots (a lease); whether the store still
+// holds them is Renew's answer.
+func (s SessionSlots) Held() bool { return s.lease != "" }
+
+// Shared reports whether the slots are in the shared store, where every
+// instance finds them; slots taken in the in-process store (under
+// on_error: local) are this instance's only.
+func (s SessionSlots) Shared() bool {
+	return s.lease != "" && s.e.guard != nil && s.store == limit.GuardedStore(s.e.guard)
+}
+
+// Renew makes the slots last a full sessions.idle_timeout from now. held is
+// false when they are gone (released elsewhere, or lapsed during an
+// outage): they are not taken again.
+func (s SessionSlots) Renew(ctx context.Context) (held bool, err error) {
+	if s.lease == "" {
+		return false, nil
+	}
+	return s.store.Renew(ctx, SessionChecks(s.e.Config(), s.tenant, s.subject), s.lease)
+}
+
+// Check reports whether the slots are still held, without extending them
+// (a renewal never shortens a lease, and this one asks for the shortest
+// period): another instance may be renewing them.
+func (s SessionSlots) Check(ctx context.Context) (held bool, err error) {
+	if s.lease == "" {
+		return false, nil
+	}
+	checks := SessionChecks(s.e.Config(), s.tenant, s.subject)
+	for i := range checks {
+		checks[i].Rule.Period = limit.MinPeriod
+	}
+	return s.store.Renew(ctx, checks, s.lease)
+}
+
+// Release frees the slots. A failure is logged: the slots free themselves
+// when the lease expires. Releasing twice is harmless.
+func (s SessionSlots) Release(ctx context.Context) {
+	if s.lease == "" {
+		return
+	}
+	s.e.lim.releaseLease(ctx, s.store, SessionChecks(s.e.Config(), s.tenant, s.subject), s.lease)
 }

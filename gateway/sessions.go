@@ -10,7 +10,6 @@ import (
 	"github.com/mcpgate/mcpgate/enforce"
 
 	"github.com/mcpgate/mcpgate/auth"
-	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/mcp"
 )
 
@@ -47,14 +46,14 @@ func (g *Gateway) startSessions() {
 }
 
 // openSession forwards an admitted initialize that holds session slots
-// under the ticket's lease (enforce.Ticket.SessionLease). The slots are freed at once when the upstream opens no
+// under the ticket's lease (enforce.Ticket.SessionSlots). The slots are freed at once when the upstream opens no
 // session (a stateless upstream, or a failure); otherwise the session id
 // the client gets carries the lease and the session is tracked.
 func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, p auth.Principal, t *enforce.Ticket, class string) {
-	lease, store := t.SessionLease()
+	slots := t.SessionSlots()
 	inID := ""
-	if store != nil && store == limit.Store(g.eng.Store()) {
-		inID = lease // a fallback lease is valid on this instance only
+	if slots.Shared() {
+		inID = slots.Lease() // a fallback lease is valid on this instance only
 	}
 	var opened atomic.Pointer[string]
 	fwd.SessionID = func(upstream string) string {
@@ -65,11 +64,11 @@ func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtim
 	up := opened.Load()
 	if up == nil || status >= http.StatusMultipleChoices {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
-		g.eng.ReleaseLease(ctx, store, enforce.SessionChecks(rt.cfg, p.Tenant, p.Subject), lease)
+		slots.Release(ctx)
 		cancel()
 		return
 	}
-	g.tracker.add(*up, p, lease, store, r.Header.Get(mcp.HeaderProtocolVersion), true)
+	g.tracker.add(*up, p, slots, r.Header.Get(mcp.HeaderProtocolVersion), true)
 }
 
 // useSession runs for every request naming a session the caller owns,
@@ -90,11 +89,7 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, rt *runtime
 			}
 		}, true
 	}
-	var store limit.Store = g.eng.Store()
-	if lease == "" {
-		store = nil
-	}
-	e, live := g.tracker.use(upstream, p, lease, store, r.Header.Get(mcp.HeaderProtocolVersion))
+	e, live := g.tracker.use(upstream, p, g.eng.SessionSlotsOf(p.Tenant, p.Subject, lease), r.Header.Get(mcp.HeaderProtocolVersion))
 	if !live {
 		g.metrics.Requests.WithLabelValues("any", "bad_session").Inc()
 		mcp.WriteError(w, http.StatusNotFound, nil, mcp.CodeInvalidRequest, "session ended: start a new one", nil)
@@ -108,12 +103,9 @@ func (g *Gateway) endSession(r *http.Request, rt *runtime, p auth.Principal, ups
 	e := g.tracker.remove(upstream)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
 	defer cancel()
-	checks := enforce.SessionChecks(rt.cfg, p.Tenant, p.Subject)
-	if lease != "" {
-		g.eng.ReleaseLease(ctx, g.eng.Store(), checks, lease)
-	}
-	if e != nil && e.lease != "" && e.lease != lease {
-		g.eng.ReleaseLease(ctx, e.store, checks, e.lease)
+	g.eng.SessionSlotsOf(p.Tenant, p.Subject, lease).Release(ctx)
+	if e != nil && e.slots.Held() && e.slots.Lease() != lease {
+		e.slots.Release(ctx)
 	}
 }
 
@@ -122,12 +114,11 @@ func (g *Gateway) endSession(r *http.Request, rt *runtime, p auth.Principal, ups
 type sessionEntry struct {
 	upstream         string // the upstream's session id
 	tenant, subject  string
-	lease            string      // "" when the session holds no slot
-	store            limit.Store // holds lease
-	protocol         string      // MCP-Protocol-Version last seen, for the DELETE
-	active           int         // requests in progress
-	lastUse          time.Time   // when the last request began or ended
-	renewed          time.Time   // when this instance last took or renewed the lease
+	slots            enforce.SessionSlots // none when the session holds no slot
+	protocol         string               // MCP-Protocol-Version last seen, for the DELETE
+	active           int                  // requests in progress
+	lastUse          time.Time            // when the last request began or ended
+	renewed          time.Time            // when this instance last took or renewed the lease
 	usedSinceRenewal bool
 	dead             bool // its slots are gone: the next request gets 404
 }
@@ -152,7 +143,7 @@ func newSessionTracker(g *Gateway, size int) *sessionTracker {
 }
 
 // add records a session that was just opened (opened) or first seen here.
-func (t *sessionTracker) add(upstream string, p auth.Principal, lease string, store limit.Store, protocol string, opened bool) {
+func (t *sessionTracker) add(upstream string, p auth.Principal, slots enforce.SessionSlots, protocol string, opened bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.now()
@@ -166,8 +157,8 @@ func (t *sessionTracker) add(upstream string, p auth.Principal, lease string, st
 		t.m[upstream] = e
 		t.g.metrics.UpstreamSessions.Set(float64(len(t.m)))
 	}
-	if lease != "" && e.lease == "" {
-		e.lease, e.store = lease, store
+	if slots.Held() && !e.slots.Held() {
+		e.slots = slots
 	}
 	if opened {
 		e.renewed = now // the lease was just taken
@@ -181,8 +172,8 @@ func (t *sessionTracker) add(upstream string, p auth.Principal, lease string, st
 
 // use marks upstream in use by one request; live is false when the session
 // has ended.
-func (t *sessionTracker) use(upstream string, p auth.Principal, lease string, store limit.Store, protocol string) (e *sessionEntry, live bool) {
-	t.add(upstream, p, lease, store, protocol, false)
+func (t *sessionTracker) use(upstream string, p auth.Principal, slots enforce.SessionSlots, protocol string) (e *sessionEntry, live bool) {
+	t.add(upstream, p, slots, protocol, false)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e = t.m[upstream]

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/mcpgate/mcpgate/enforce"
-
-	"github.com/mcpgate/mcpgate/limit"
 )
 
 // minSweep bounds how often the tracker sweeps, whatever idle_timeout is.
@@ -35,8 +33,8 @@ type sweepJob struct {
 	e     *sessionEntry
 	renew bool // renew the lease of a session in use; else end an idle one
 	// copied under the lock
-	upstream, tenant, subject, lease, protocol string
-	store                                      limit.Store
+	upstream, tenant, subject, protocol string
+	slots                               enforce.SessionSlots
 }
 
 // sweep renews the leases of sessions used since the last sweep (so a slot
@@ -81,7 +79,7 @@ func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
 	now := t.now()
 	var jobs []sweepJob
 	for up, e := range t.m {
-		j := sweepJob{e: e, upstream: up, tenant: e.tenant, subject: e.subject, lease: e.lease, protocol: e.protocol, store: e.store}
+		j := sweepJob{e: e, upstream: up, tenant: e.tenant, subject: e.subject, protocol: e.protocol, slots: e.slots}
 		switch {
 		case e.dead:
 			if now.Sub(e.lastUse) >= idle {
@@ -89,11 +87,11 @@ func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
 			}
 		case e.active > 0 || e.usedSinceRenewal:
 			e.usedSinceRenewal = false
-			if e.lease != "" && e.store != nil {
+			if e.slots.Held() {
 				j.renew = true
 				jobs = append(jobs, j)
 			}
-		case now.Sub(e.lastUse) >= idle && (e.lease == "" || now.Sub(e.renewed) >= idle):
+		case now.Sub(e.lastUse) >= idle && (!e.slots.Held() || now.Sub(e.renewed) >= idle):
 			t.dropLocked(up)
 			jobs = append(jobs, j)
 		}
@@ -106,13 +104,8 @@ func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
 // session no longer holds a slot: it is ended upstream and its next request
 // gets 404.
 func (t *sessionTracker) renew(ctx context.Context, j sweepJob) {
-	rn, ok := j.store.(limit.Renewer)
-	if !ok {
-		return
-	}
-	cfg := t.g.rt.Load().cfg
 	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
-	held, err := rn.Renew(rctx, enforce.SessionChecks(cfg, j.tenant, j.subject), j.lease)
+	held, err := j.slots.Renew(rctx)
 	cancel()
 	t.mu.Lock()
 	switch {
@@ -140,13 +133,9 @@ func (t *sessionTracker) renew(ctx context.Context, j sweepJob) {
 // extend the lease: a renewal never shortens one, and it asks for the
 // shortest period.
 func (t *sessionTracker) endIdle(ctx context.Context, j sweepJob) {
-	if rn, ok := j.store.(limit.Renewer); ok && j.lease != "" {
-		checks := enforce.SessionChecks(t.g.rt.Load().cfg, j.tenant, j.subject)
-		for i := range checks {
-			checks[i].Rule.Period = limit.MinPeriod
-		}
+	if j.slots.Held() {
 		rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
-		held, err := rn.Renew(rctx, checks, j.lease)
+		held, err := j.slots.Check(rctx)
 		cancel()
 		if err != nil {
 			t.g.log.Warn("checking an idle session's slot failed: ending the session", "tenant", j.tenant, "err", err)
@@ -154,7 +143,7 @@ func (t *sessionTracker) endIdle(ctx context.Context, j sweepJob) {
 			return
 		}
 		rctx, cancel = context.WithTimeout(ctx, releaseTimeout)
-		t.g.eng.ReleaseLease(rctx, j.store, enforce.SessionChecks(t.g.rt.Load().cfg, j.tenant, j.subject), j.lease)
+		j.slots.Release(rctx)
 		cancel()
 	}
 	t.endUpstream(ctx, j)

@@ -162,11 +162,9 @@ func (m *middleware) request(ctx context.Context, next mcp.MethodHandler, method
 	t, d := m.e.Admit(ctx, enforce.Call{Tenant: id.Tenant, Tier: id.Tier, Subject: id.Subject,
 		Session: sessionID(req), Method: method, Name: methodTarget(method, req)})
 	defer t.Done(context.WithoutCancel(ctx), enforce.Outcome{})
-	if lease, store := t.SessionLease(); lease != "" {
-		// The session slots of an initialize: not held in process (see
-		// Middleware).
-		defer m.e.ReleaseLease(context.WithoutCancel(ctx), store, enforce.SessionChecks(m.e.Config(), id.Tenant, id.Subject), lease)
-	}
+	// The session slots of an initialize: not held in process (see
+	// Middleware).
+	defer t.SessionSlots().Release(context.WithoutCancel(ctx))
 	if !d.Allowed {
 		return nil, denialError(d)
 	}

@@ -125,9 +125,12 @@ type Outcome struct {
 
 // GuardedStore is a MeteredStore that also keeps loop breakers, evaluated in
 // the same atomic step as the checks and the meter, so that watching for
-// loops costs no extra round trip.
+// loops costs no extra round trip, and renews concurrency leases (the
+// slots of long-lived MCP sessions). Both stores of this module implement
+// it.
 type GuardedStore interface {
 	MeteredStore
+	Renewer
 	// Evaluate is TakeMetered (or Take, without a meter) with an optional
 	// breaker and optional global rules. An open breaker denies without
 	// charging anything (Outcome.Breaker.Open; Decision.Allowed false with a
