@@ -23,6 +23,11 @@ type WarmResult struct {
 	Failed int // loader or store errors (joined in Warm's error)
 }
 
+// plus returns the sums of r's and o's counts.
+func (r WarmResult) plus(o WarmResult) WarmResult {
+	return WarmResult{Loaded: r.Loaded + o.Loaded, Fresh: r.Fresh + o.Fresh, Busy: r.Busy + o.Busy, Failed: r.Failed + o.Failed}
+}
+
 // warmBatch is how many items share one pipeline of locks and one of
 // commits.
 const warmBatch = 64
@@ -54,7 +59,8 @@ func (c *Cache) Warm(ctx context.Context, items []WarmItem) (WarmResult, error) 
 	for len(items) > 0 && ctx.Err() == nil {
 		batch := items[:min(len(items), warmBatch)]
 		items = items[len(batch):]
-		errs = append(errs, c.warmBatch(ctx, batch, &res)...)
+		n, berrs := c.warmBatch(ctx, batch)
+		res, errs = res.plus(n), append(errs, berrs...)
 	}
 	if err := ctx.Err(); err != nil {
 		errs = append(errs, err)
@@ -62,7 +68,8 @@ func (c *Cache) Warm(ctx context.Context, items []WarmItem) (WarmResult, error) 
 	return res, errors.Join(errs...)
 }
 
-func (c *Cache) warmBatch(ctx context.Context, items []WarmItem, res *WarmResult) []error {
+// warmBatch warms one batch of items and returns what became of them.
+func (c *Cache) warmBatch(ctx context.Context, items []WarmItem) (WarmResult, []error) {
 	opTimeout := max(c.timeout, time.Second)
 	reqs := make([]acquireReq, len(items))
 	for i, it := range items {
@@ -71,7 +78,7 @@ func (c *Cache) warmBatch(ctx context.Context, items []WarmItem, res *WarmResult
 	actx, cancel := context.WithTimeout(ctx, opTimeout)
 	acq := c.store.acquire(actx, reqs)
 	cancel()
-	results, errs := c.warmLoads(ctx, items, acq, res)
+	res, results, errs := c.warmLoads(ctx, items, acq)
 
 	var commits []commitReq
 	var releases []releaseReq
@@ -103,7 +110,7 @@ func (c *Cache) warmBatch(ctx context.Context, items []WarmItem, res *WarmResult
 	if len(releases) > 0 {
 		c.release(sctx, releases)
 	}
-	return errs
+	return res, errs
 }
 
 // warmLoaded is the outcome of one warm-up load.
@@ -116,10 +123,9 @@ type warmLoaded struct {
 }
 
 // warmLoads runs the loads of the items whose lock was acquired, at most
-// warmN at a time, counting the others in res.
-func (c *Cache) warmLoads(ctx context.Context, items []WarmItem, acq []acquireRes, res *WarmResult) ([]warmLoaded, []error) {
-	var errs []error
-	results := make([]warmLoaded, 0, len(items))
+// warmN at a time, and counts the others (fresh, busy, failed) in res.
+func (c *Cache) warmLoads(ctx context.Context, items []WarmItem, acq []acquireRes) (res WarmResult, results []warmLoaded, errs []error) {
+	results = make([]warmLoaded, 0, len(items))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, c.warmN)
@@ -154,5 +160,5 @@ func (c *Cache) warmLoads(ctx context.Context, items []WarmItem, acq []acquireRe
 		}(i, a.fence)
 	}
 	wg.Wait()
-	return results, errs
+	return res, results, errs
 }

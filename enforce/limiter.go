@@ -251,7 +251,8 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 	req := limit.Request{Checks: tenant.checks, Global: global.checks, Meter: meter, Breaker: br, Cost: cost}
 	b, err := l.evaluate(ctx, store, req)
 	if err == nil && b.mr.NeedSeed && !b.breakerOpen && meter != nil {
-		if serr := l.meters.seed(ctx, meter); serr != nil {
+		seeded, serr := l.meters.seed(ctx, *meter)
+		if serr != nil {
 			l.log.Warn("usage meter cannot be rebuilt: the durable total is unreadable", "tenant", meter.Tenant, "period", meter.Period, "err", serr)
 			if onErr == policy.FailClosed {
 				return batch{unavailable: true}, nil
@@ -261,8 +262,10 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 		} else {
 			// The store lost the meter: what this instance wrote to it and
 			// the durable store may not hold goes back first, so that the
-			// quota is decided on it.
-			l.meters.replayLost(ctx, *meter)
+			// quota is decided on it. The call's meter is the seeded one
+			// from now on (its settling may need to re-create it too).
+			*meter = seeded
+			l.meters.replayLost(ctx, seeded)
 			b, err = l.evaluate(ctx, store, req)
 		}
 	}

@@ -172,16 +172,16 @@ func meterFor(tenant string, quota int64, now time.Time) *limit.Meter {
 // process until the meter can be rebuilt.
 const seedTimeout = 500 * time.Millisecond
 
-// seed fills meter.Seed with the durable total of its period.
-func (m *meterer) seed(ctx context.Context, meter *limit.Meter) error {
+// seed returns meter with its Seed set to the durable total of its period.
+func (m *meterer) seed(ctx context.Context, meter limit.Meter) (limit.Meter, error) {
 	ctx, cancel := context.WithTimeout(ctx, seedTimeout)
 	defer cancel()
 	u, err := m.flusher.Seed(ctx, meter.Tenant, meter.Period)
 	if err != nil {
-		return err
+		return meter, err
 	}
 	meter.Seed, meter.Seeded = u, true
-	return nil
+	return meter, nil
 }
 
 // charged records that the store applied meter's op, delta, with answer mr
@@ -345,7 +345,7 @@ func sentAt(err error) time.Time {
 func (m *meterer) tryAdjust(ctx context.Context, meter limit.Meter, delta limit.Usage) (covered bool, err error) {
 	r, err := m.store.Adjust(ctx, meter, delta)
 	if err == nil && r.NeedSeed {
-		if err := m.seed(ctx, &meter); err != nil {
+		if meter, err = m.seed(ctx, meter); err != nil {
 			return false, err
 		}
 		r, err = m.store.Adjust(ctx, meter, delta)

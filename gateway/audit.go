@@ -84,31 +84,28 @@ func (g *Gateway) auditCall(w http.ResponseWriter, r *http.Request, rt *runtime,
 	return aw, r, func() {
 		rec.LatencyMS = float64(time.Since(start).Microseconds()) / 1000
 		rec.Status = aw.status
-		n.fill(&rec, aw.Header().Get("X-Mcp-Cache"))
-		g.audit.Log(rec)
+		g.audit.Log(n.complete(rec, aw.Header().Get("X-Mcp-Cache")))
 	}
 }
 
-// fill completes rec from the note, the status and the X-Mcp-Cache header
-// of the answer.
-func (n *auditNote) fill(rec *audit.Record, cacheSource string) {
+// complete returns rec completed from the note, the status (already in
+// rec) and the X-Mcp-Cache header of the answer.
+func (n *auditNote) complete(rec audit.Record, cacheSource string) audit.Record {
 	rec.Decision, rec.Scope, rec.Rule, rec.Degraded, rec.Cost = n.decision, n.scope, n.rule, n.degraded, n.cost
 	rec.Cache = cacheSource
 	switch {
 	case !n.decided && rec.Status == http.StatusForbidden:
 		// refused by authorize, before the limiter
 		rec.Decision, rec.Scope, rec.Rule = auditForbidden, "scope", ""
-		return
 	case !n.decided:
 		rec.Decision = "refused" // not reached today: every other path is decided
-		return
 	case rec.Decision != auditAdmitted:
-		return
 	case cacheSource != "" && cacheSource != "miss":
 		rec.Decision = auditCached
-		return
+	default:
+		rec.Upstream = n.upstream(rec.Status)
 	}
-	rec.Upstream = n.upstream(rec.Status)
+	return rec
 }
 
 // upstream names how an admitted call's upstream exchange ended.
@@ -159,14 +156,15 @@ func noteCost(ctx context.Context, cost int64) {
 	}
 }
 
-// noteForward records an upstream exchange through forward, and wraps
-// fwd.OnResult, when set, to see the answer. An unset OnResult stays
-// unset: setting it would make the proxy buffer every JSON answer, so
-// without one the line's upstream outcome comes from the status alone.
-func noteForward(ctx context.Context, fwd *mcp.Forward) func(status int, err error) {
+// noteForward records an upstream exchange through forward: it returns fwd
+// with its OnResult, when set, wrapped to see the answer, and what to call
+// once the exchange is over. An unset OnResult stays unset: setting it
+// would make the proxy buffer every JSON answer, so without one the line's
+// upstream outcome comes from the status alone.
+func noteForward(ctx context.Context, fwd mcp.Forward) (mcp.Forward, func(status int, err error)) {
 	n := noteOf(ctx)
 	if n == nil {
-		return func(int, error) {}
+		return fwd, func(int, error) {}
 	}
 	if report := fwd.OnResult; report != nil {
 		fwd.OnResult = func(result, rpcErr json.RawMessage) {
@@ -174,7 +172,7 @@ func noteForward(ctx context.Context, fwd *mcp.Forward) func(status int, err err
 			report(result, rpcErr)
 		}
 	}
-	return func(_ int, err error) { n.reached, n.err = true, err }
+	return fwd, func(_ int, err error) { n.reached, n.err = true, err }
 }
 
 // noteLeft records that the client of a call whose answer was read without

@@ -20,21 +20,21 @@ type denial struct {
 	scope string // the scope that would allow it (auth.NeededScope)
 }
 
-// authorize checks msg against the caller's scopes and sets fwd.Filter to
-// the list filter msg's answer needs. tools/call, resources/read and
+// authorize checks msg against the caller's scopes and returns the list
+// filter msg's answer needs (the zero Filter for none), or the denial. tools/call, resources/read and
 // prompts/get outside the scopes are denied, and so are resources/subscribe,
 // resources/unsubscribe and subscriptions/listen of a resource outside them (zero trust: a kind the scopes
 // do not mention is wholly denied); tools/list, resources/list,
 // resources/templates/list and prompts/list answers are trimmed to what the
 // scopes allow (see auth.Scopes.AllowsResourceTemplate for templates).
 // Other methods pass unchanged.
-func authorize(p auth.Principal, msg *mcp.Message, fwd *mcp.Forward) *denial {
+func authorize(p auth.Principal, msg *mcp.Message) (mcp.Filter, *denial) {
 	sc := p.Scopes
-	deny := func(kind string, allowed bool) *denial {
+	deny := func(kind string, allowed bool) (mcp.Filter, *denial) {
 		if allowed {
-			return nil
+			return mcp.Filter{}, nil
 		}
-		return &denial{kind: kind, name: clip.String(msg.Name, maxDeniedName), scope: auth.NeededScope(kind, msg.Name)}
+		return mcp.Filter{}, &denial{kind: kind, name: clip.String(msg.Name, maxDeniedName), scope: auth.NeededScope(kind, msg.Name)}
 	}
 	switch msg.Method {
 	case mcp.MethodToolsCall:
@@ -44,19 +44,19 @@ func authorize(p auth.Principal, msg *mcp.Message, fwd *mcp.Forward) *denial {
 	case mcp.MethodPromptsGet:
 		return deny("prompt", sc.AllowsPrompt(msg.Name))
 	case mcp.MethodCompletionComplete:
-		return authorizeCompletion(sc, msg)
+		return mcp.Filter{}, authorizeCompletion(sc, msg)
 	case mcp.MethodSubscriptionsListen:
-		return authorizeListen(sc, msg)
+		return mcp.Filter{}, authorizeListen(sc, msg)
 	case mcp.MethodToolsList:
-		fwd.Filter = mcp.Filter{List: mcp.ToolsList, Allow: sc.AllowsTool}
+		return mcp.Filter{List: mcp.ToolsList, Allow: sc.AllowsTool}, nil
 	case mcp.MethodResourcesList:
-		fwd.Filter = mcp.Filter{List: mcp.ResourcesList, Allow: sc.AllowsResource}
+		return mcp.Filter{List: mcp.ResourcesList, Allow: sc.AllowsResource}, nil
 	case mcp.MethodResourceTemplatesList:
-		fwd.Filter = mcp.Filter{List: mcp.ResourceTemplatesList, Allow: sc.AllowsResourceTemplate}
+		return mcp.Filter{List: mcp.ResourceTemplatesList, Allow: sc.AllowsResourceTemplate}, nil
 	case mcp.MethodPromptsList:
-		fwd.Filter = mcp.Filter{List: mcp.PromptsList, Allow: sc.AllowsPrompt}
+		return mcp.Filter{List: mcp.PromptsList, Allow: sc.AllowsPrompt}, nil
 	}
-	return nil
+	return mcp.Filter{}, nil
 }
 
 // authorizeCompletion scopes completion/complete like what it completes: a
@@ -92,26 +92,27 @@ func authorizeListen(sc auth.Scopes, msg *mcp.Message) *denial {
 	return nil
 }
 
-// authorized runs authorize for request r whose caller is p; it answers a
-// denial itself (403, a JSON-RPC error naming what was refused, nothing
-// forwarded) and then returns false. With authorization servers
+// authorized runs authorize for msg, the message of request r whose caller
+// is p, and returns the list filter of its answer; it answers a denial
+// itself (403, a JSON-RPC error naming what was refused, nothing
+// forwarded) and then returns ok false. With authorization servers
 // configured the 403 also carries an insufficient_scope challenge (RFC
 // 6750 §3.1) naming the scope needed and the metadata, from which a client
 // can ask the authorization server for it (MCP's step-up authorization).
-func (g *Gateway) authorized(w http.ResponseWriter, r *http.Request, rt *runtime, p auth.Principal, fwd *mcp.Forward) bool {
-	d := authorize(p, fwd.Msg, fwd)
+func (g *Gateway) authorized(w http.ResponseWriter, r *http.Request, rt *runtime, p auth.Principal, msg *mcp.Message) (_ mcp.Filter, ok bool) {
+	filter, d := authorize(p, msg)
 	if d == nil {
-		return true
+		return filter, true
 	}
 	if meta := g.resourceMetadataURL(rt, r); meta != "" {
 		w.Header().Set("WWW-Authenticate", auth.Challenge{
 			Realm: "mcpgate", Error: "insufficient_scope", Scope: d.scope, ResourceMetadata: meta,
 		}.String())
 	}
-	g.metrics.Requests.WithLabelValues(methodClass(fwd.Msg), "forbidden").Inc()
-	mcp.WriteError(w, http.StatusForbidden, fwd.Msg.ID, CodeForbidden,
+	g.metrics.Requests.WithLabelValues(methodClass(msg), "forbidden").Inc()
+	mcp.WriteError(w, http.StatusForbidden, msg.ID, CodeForbidden,
 		fmt.Sprintf("%s %q is not in the caller's scopes", d.kind, d.name), map[string]any{d.kind: d.name})
-	return false
+	return mcp.Filter{}, false
 }
 
 // listFilters are the filters authorize sets for a tools/list,

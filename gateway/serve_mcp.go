@@ -195,7 +195,9 @@ func (g *Gateway) parse(x *exchange) bool {
 // authorize refuses a tool, resource or prompt outside the caller's scopes
 // (403) and sets the filters of the lists the caller may see.
 func (g *Gateway) authorize(x *exchange) bool {
-	return g.authorized(x.w, x.r, x.rt, x.p, &x.fwd)
+	filter, ok := g.authorized(x.w, x.r, x.rt, x.p, x.fwd.Msg)
+	x.fwd.Filter = filter
+	return ok
 }
 
 // route dispatches an authorized message: a tool call to serveCall, a
@@ -213,7 +215,7 @@ func (g *Gateway) route(x *exchange) {
 
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, class string) int {
 	start := time.Now()
-	forwarded := noteForward(r.Context(), &fwd)
+	fwd, forwarded := noteForward(r.Context(), fwd)
 	status, err := g.serveOrdered(w, r, rt, fwd)
 	forwarded(status, err)
 	g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds())
