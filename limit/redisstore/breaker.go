@@ -410,8 +410,8 @@ func (s *Store) readBreakers(ctx context.Context, now int64, keys []string, seen
 	toTime := func(us int64) time.Time { return scriptEpoch.Add(time.Duration(us) * time.Microsecond) }
 	for i, r := range replies {
 		h, err := r.AsStrMap()
-		if _, isRedis := rueidis.IsRedisErr(err); isRedis {
-			continue // WRONGTYPE: not a breaker
+		if wrongType(err) {
+			continue // not a breaker
 		}
 		if err != nil {
 			return fmt.Errorf("redisstore: list breakers: read %q: %w", fresh[i], err)

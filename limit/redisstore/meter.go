@@ -338,8 +338,8 @@ func (s *Store) readMeters(ctx context.Context, keys []string, seen map[string]s
 	fresh, replies := s.readNew(ctx, keys, seen, nil)
 	for i, r := range replies {
 		h, err := r.AsStrMap()
-		if _, isRedis := rueidis.IsRedisErr(err); isRedis {
-			continue // WRONGTYPE: not a meter
+		if wrongType(err) {
+			continue // not a meter
 		}
 		if err != nil {
 			return fmt.Errorf("redisstore: scan meters: read %q: %w", fresh[i], err)
@@ -454,4 +454,14 @@ func expireMS(t time.Time) int64 {
 		ms++
 	}
 	return ms
+}
+
+// wrongType reports whether err is Redis's WRONGTYPE reply: the key holds
+// another kind of value, so it is not the meter or breaker a scan looks
+// for. Any other error reply (NOPERM from an ACL that refuses HGETALL, a
+// Cluster error) is a failure to report: skipped silently, it would make a
+// usage sweep or a breaker listing find nothing and say nothing.
+func wrongType(err error) bool {
+	re, ok := rueidis.IsRedisErr(err)
+	return ok && strings.HasPrefix(re.Error(), "WRONGTYPE")
 }

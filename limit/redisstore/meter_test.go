@@ -386,3 +386,43 @@ func testClusterMeters(t *testing.T, c rueidis.Client, s *Store) {
 		t.Errorf("TakeMetered across slots: %v, want ErrCrossSlot", err)
 	}
 }
+
+// A scan that cannot read what it finds fails, rather than report nothing:
+// as an ACL user refused HGETALL (NOPERM), ScanMeters and ListBreakers
+// return the error; a key of another type (WRONGTYPE) is still skipped
+// (TestMeterWrongType).
+func TestScansReportRefusedReads(t *testing.T) {
+	redis := testenv.StartRedis(t, nil)
+	admin := redis.Client(t)
+	ctx := ctxT(t)
+	if err := admin.Do(ctx, admin.B().AclSetuser().Username("nohgetall").Rule("on", ">pw", "~*", "+@all", "-hgetall").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	opt := redis.ClientOption()
+	opt.Username, opt.Password = "nohgetall", "pw"
+	c, err := rueidis.NewClient(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	s, err := New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if _, _, err := s.TakeMetered(ctx, nil, testMeter("refused", 0), 1); err != nil {
+		t.Fatal(err)
+	}
+	b := testBreaker("refused", "fp")
+	b.ConsecutiveFailures = 5
+	if _, err := s.ReportOutcome(ctx, b, true, false); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	if err := s.ScanMeters(ctx, func(limit.MeterState) error { n++; return nil }); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("ScanMeters without HGETALL: %d meters, error %v; want the NOPERM error", n, err)
+	}
+	if err := s.ListBreakers(ctx, func(limit.BreakerInfo) error { n++; return nil }); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("ListBreakers without HGETALL: %d listed, error %v; want the NOPERM error", n, err)
+	}
+}
