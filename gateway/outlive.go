@@ -63,17 +63,33 @@ func (g *Gateway) forwardCall(w http.ResponseWriter, r *http.Request, rt *runtim
 // answer, and the shutdown would wait for it). Then the request is closed.
 // The writer's end must be called once the call has been forwarded.
 func (g *Gateway) detach(w http.ResponseWriter, r *http.Request, bound time.Duration) (*goneWriter, *http.Request) {
-	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
-	gw := &goneWriter{ResponseWriter: w, client: r.Context(), cancel: cancel, bound: bound, streams: &g.streams}
-	gw.stop = context.AfterFunc(r.Context(), gw.leave)
+	client := r.Context()
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(client))
+	gw := &goneWriter{ResponseWriter: w, left: client.Done(), told: make(chan struct{}), cancel: cancel, bound: bound, streams: &g.streams}
+	gw.stop = context.AfterFunc(client, func() {
+		gw.why = leaving(client)
+		close(gw.told)
+		gw.leave()
+	})
 	return gw, r.WithContext(ctx)
 }
 
 // cancelledWhileDetached reports whether w is a detached call's writer
-// whose client cancelled the call: its upstream answered all the same.
+// whose client cancelled the call: its upstream answered all the same. It
+// is asked before the writer's end (which could stop the leave callback
+// that tells why the client left).
 func cancelledWhileDetached(w http.ResponseWriter) bool {
 	gw, ok := w.(*goneWriter)
-	return ok && leaving(gw.client) == mcp.ErrCancelled
+	if !ok {
+		return false
+	}
+	select {
+	case <-gw.left:
+		<-gw.told // the callback started when left closed
+		return gw.why == mcp.ErrCancelled
+	default:
+		return false
+	}
 }
 
 // writeNothing answers a call whose client left before its answer started
@@ -94,7 +110,9 @@ func writeNothing(w http.ResponseWriter) {
 // be called from any.
 type goneWriter struct {
 	http.ResponseWriter
-	client  context.Context
+	left    <-chan struct{}         // closed when the client left or cancelled the call (its request context's Done)
+	told    chan struct{}           // closed once why is set, by the callback left starts
+	why     error                   // leaving's answer: mcp.ErrCancelled or mcp.ErrClientGone
 	cancel  context.CancelCauseFunc // ends the upstream request
 	bound   time.Duration           // how long the upstream has once the client left
 	streams *streamSet              // where the wait is ended on shutdown
@@ -131,15 +149,25 @@ func (g *goneWriter) end() (left bool) {
 	g.cancel(nil)
 	// A client that leaves once its whole answer was written has not
 	// left the call: every write after its leaving finds it gone.
-	left = g.gone || !g.started && g.client.Err() != nil
+	left = g.gone || !g.started && g.clientLeft()
 	if left && !g.started {
 		writeNothing(g.ResponseWriter)
 	}
 	return left
 }
 
+// clientLeft reports whether the client has left or cancelled the call.
+func (g *goneWriter) clientLeft() bool {
+	select {
+	case <-g.left:
+		return true
+	default:
+		return false
+	}
+}
+
 func (g *goneWriter) alive() bool {
-	if !g.gone && g.client.Err() != nil {
+	if !g.gone && g.clientLeft() {
 		g.gone = true
 	}
 	return !g.gone
