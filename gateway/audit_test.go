@@ -435,3 +435,33 @@ func TestAuditLongNames(t *testing.T) {
 		}
 	}
 }
+
+// The line of a call whose cost comes from its result records the cost
+// charged in the end, the estimate corrected to what the tool reported
+// (more or less than the estimate), not the estimate.
+func TestAuditCorrectedCost(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	e := newEnv(t, setup{Usage: openUsageDB(t, ""), Upstream: upstream.Options{Stateless: true, JSONResponse: true}, Config: fmt.Sprintf(`
+audit:
+  file: %q
+tools:
+  llm_complete: {cost: {estimate: 150, from_result: _meta.usage.tokens}}
+`, path)})
+	tok := token(t, "acme", "alice")
+	reported := []int64{42, 300, 150}
+	for i, n := range reported {
+		if r := post(t, e.mcpURL(0), tok, callBody(i, "llm_complete", map[string]any{"prompt": "p", "tokens": n}), nil); r.Status != http.StatusOK {
+			t.Fatalf("call %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	lines, _ := auditLines(t, e.gws[0], path)
+	calls := find(lines, "tools/call", "llm_complete")
+	if len(calls) != len(reported) {
+		t.Fatalf("%d lines for llm_complete, want %d", len(calls), len(reported))
+	}
+	for i, l := range calls {
+		if l.Cost == nil || *l.Cost != reported[i] || l.Decision != "admitted" {
+			t.Errorf("line %d: %+v (cost %v), want admitted at the reported cost %d", i, l, l.Cost, reported[i])
+		}
+	}
+}
