@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -122,6 +123,31 @@ func TestReloadAllowedOrigins(t *testing.T) {
 	e.apply(setup{Config: "server: {allowed_origins: [\"https://app.example.com\"]}\n"})
 	if r := post(t, e.mcpURL(0), tok, body, hdr); r.Status != http.StatusOK {
 		t.Fatalf("the Origin allowed by the reload: %d %s", r.Status, r.Body)
+	}
+}
+
+// server.read_timeout is read per request too: after a reload from an hour
+// to 300ms, a POST whose body stalls gets its 408 within the liveness
+// bound (under the old setting it would wait the hour).
+func TestReloadReadTimeout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{Config: "server: {read_timeout: 1h, idle_timeout: 1m}\n"})
+	addr := serveReal(t, e)
+	e.apply(setup{Config: "server: {read_timeout: 300ms, idle_timeout: 1m}\n"})
+	c := dialRaw(t, addr)
+	head := fmt.Sprintf("POST /mcp HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
+		"Accept: application/json, text/event-stream\r\nContent-Length: 1000\r\n\r\n{", token(t, "acme", "alice"))
+	if _, err := io.WriteString(c, head); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(liveness))
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		t.Fatalf("stalled body after the reload: no answer within %v: %v", liveness, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout {
+		t.Fatalf("stalled body after the reload: status %d, want 408", resp.StatusCode)
 	}
 }
 
