@@ -72,6 +72,16 @@ func TestClusterLayeredFlushAndFailover(t *testing.T) {
 	const L = 150
 	gr := rule("global-"+id, limit.FixedWindow, L, time.Hour)
 	gc := limit.Check{Rule: gr, Key: keyspace.RateLimit(keyspace.PerGlobal, gr.Name, keyspace.Owner{})}
+	fallbacks := func() (n int64) { // function loads and EVALs, every node
+		for _, node := range c.Nodes() {
+			for _, cmd := range []string{"function|load", "eval"} {
+				calls, _ := commandCalls(t, node, cmd)
+				n += calls
+			}
+		}
+		return n
+	}
+	fallbacksBefore := fallbacks()
 	stop := make(chan struct{})
 	flushed := make(chan int)
 	go func() {
@@ -92,7 +102,11 @@ func TestClusterLayeredFlushAndFailover(t *testing.T) {
 	}()
 	admitted, failed := layeredLoad(t, s, 8, 40, 0, gc, "flush-"+id+"-", meter)
 	close(stop)
-	t.Logf("%d flushes of every node during the load", <-flushed)
+	nflushes, nfallbacks := <-flushed, fallbacks()-fallbacksBefore
+	t.Logf("%d flushes of every node during the load, %d function loads and EVALs", nflushes, nfallbacks)
+	if nflushes > 0 && nfallbacks == 0 {
+		t.Error("the flushes sent no call down the fallback path (FUNCTION LOAD, EVAL)")
+	}
 	if failed != 0 || admitted != L {
 		t.Errorf("8 callers x 40 layered calls under a global limit of %d, flushed meanwhile: %d admitted, %d errors; want %d and 0", L, admitted, failed, L)
 	}
