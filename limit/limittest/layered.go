@@ -27,6 +27,7 @@ var layeredScenarios = []scenario{
 	{name: "breaker", run: testLayeredBreaker},
 	{name: "leases", run: testLayeredLeases},
 	{name: "invalid", run: testLayeredInvalid},
+	{name: "model", run: testLayeredModel},
 }
 
 func runLayeredScenarios(t *testing.T, newHarness func(t *testing.T) Harness) {
