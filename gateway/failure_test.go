@@ -280,7 +280,10 @@ tools:
 	eventually(t, 10*time.Second, "a call admitted by Redis", admitted)
 	thaw := redis.Freeze(t)
 	before := calls.n.Load()
-	// Until the breaker opens, each call waits for the 25ms deadline.
+	// Until the breaker opens, each call fails: the first by the 25ms
+	// deadline; a later one may fail sooner (the client may refuse a call
+	// at once on a connection it is closing for want of a reply), which
+	// counts toward the breaker all the same.
 	var tripped int
 	for g.Engine().StoreAvailable() {
 		start := time.Now()
@@ -288,8 +291,8 @@ tools:
 		if r.Status != http.StatusServiceUnavailable {
 			t.Fatalf("closed, store hung: %d %s", r.Status, r.Body)
 		}
-		if el := time.Since(start); el < 20*time.Millisecond {
-			t.Fatalf("call %d before the breaker opened took %v: it did not wait for the store", tripped, el)
+		if el := time.Since(start); tripped == 0 && el < 20*time.Millisecond {
+			t.Fatalf("the first call to the hung store took %v: it did not wait for the store", el)
 		}
 		tripped++
 		if tripped > enforce.DefaultStoreFailures {
