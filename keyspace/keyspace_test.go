@@ -175,32 +175,6 @@ func TestSlot(t *testing.T) {
 	}
 }
 
-// unescape inverts Escape for its verbatim forms; ok is false for the digest
-// form or for a string Escape cannot produce.
-func unescape(s string) (out string, ok bool) {
-	if s == "~" {
-		return "", true
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case safe(c):
-			b.WriteByte(c)
-		case c == '%' && i+2 < len(s):
-			v, err := hex.DecodeString(s[i+1 : i+3])
-			if err != nil || strings.ToUpper(s[i+1:i+3]) != s[i+1:i+3] || safe(v[0]) {
-				return "", false // not canonical: Escape never writes it
-			}
-			b.WriteByte(v[0])
-			i += 2
-		default:
-			return "", false
-		}
-	}
-	return b.String(), true
-}
-
 // checkEscaped verifies the shape of one escaped component of in.
 func checkEscaped(t *testing.T, in, e string) {
 	t.Helper()
@@ -225,7 +199,7 @@ func checkEscaped(t *testing.T, in, e string) {
 	if len(e) > MaxComponent {
 		t.Fatalf("Escape(%q) has %d bytes, more than MaxComponent", in, len(e))
 	}
-	back, ok := unescape(e)
+	back, ok := Unescape(e)
 	if !ok || back != in {
 		t.Fatalf("Escape(%q) = %q does not decode back (got %q, %v)", in, e, back, ok)
 	}
