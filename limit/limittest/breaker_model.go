@@ -3,8 +3,6 @@ package limittest
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -24,15 +22,7 @@ import (
 // whole ticks and every duration is a whole number of ticks, so a store
 // whose clock also follows real time decides as the model does.
 func testBreakerModel(c *tcase) {
-	seed := rand.Uint64()
-	if s := os.Getenv(SeedEnv); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			c.t.Fatalf("%s=%q: %v", SeedEnv, s, err)
-		}
-		seed = v
-	}
-	c.t.Logf("seed %d (set %s to replay)", seed, SeedEnv)
+	seed := c.seed()
 	c.align()
 	tenant := "br-model-" + c.id
 	m := &brModel{

@@ -3,8 +3,6 @@ package limittest
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"testing"
 	"time"
 
@@ -59,15 +57,7 @@ import (
 // third). The subtests run one after the other on the scenario's harness
 // (one store, one clock), each on counters of its own.
 func testLayeredModel(c *tcase) {
-	seed := rand.Uint64()
-	if s := os.Getenv(SeedEnv); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			c.t.Fatalf("%s=%q: %v", SeedEnv, s, err)
-		}
-		seed = v
-	}
-	c.t.Logf("seed %d (set %s to replay)", seed, SeedEnv)
+	seed := c.seed()
 	for i, alg := range limit.Algorithms {
 		c.t.Run(string(alg), func(t *testing.T) {
 			runLayeredModel(newCase(t, c.h, alg), seed, uint64(i))

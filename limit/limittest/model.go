@@ -91,7 +91,9 @@ type model struct {
 	admitted, denied, never, refunds, releases int
 }
 
-func testModel(c *tcase) {
+// seed is a model sequence's seed: SeedEnv's value when set, else a random
+// one. It is logged, so that a failure can be replayed.
+func (c *tcase) seed() uint64 {
 	seed := rand.Uint64()
 	if s := os.Getenv(SeedEnv); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
@@ -101,6 +103,11 @@ func testModel(c *tcase) {
 		seed = v
 	}
 	c.t.Logf("seed %d (set %s to replay)", seed, SeedEnv)
+	return seed
+}
+
+func testModel(c *tcase) {
+	seed := c.seed()
 	m := &model{
 		c:      c,
 		rnd:    rand.New(rand.NewPCG(seed, 0)),
