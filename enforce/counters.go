@@ -1,6 +1,7 @@
 package enforce
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,24 +27,35 @@ type Counter struct {
 	Result limit.Result
 }
 
+// ErrCountersIncomplete means the per-tool counters a store holds for
+// tools (prompts, resources) the config does not list could not all be
+// found: the store failed to list them, or there were more than
+// MaxHeldCounters. Counters and ResetCounters still return, or reset, all
+// the others; their error wraps this one and the cause.
+var ErrCountersIncomplete = errors.New("enforce: the counters of tools the config does not list were not all found")
+
+// MaxHeldCounters bounds how many counters of tools the config does not
+// list Counters and ResetCounters take from one store: a tenant can make
+// one per tool, prompt or resource it names, and Counters reads them all
+// in one store call.
+const MaxHeldCounters = 1000
+
 // Counters reads the live state of tenant's counters under tier (and of
 // subject's, when set) without charging them: the rules of tools/call
 // (tier and tool rules, per-tool counters for every tool the config lists)
 // and of the other methods, from keys the config names; then the per-tool
 // counters the store holds for tools (prompts, resources) the config does
-// not list, found with limit.CounterLister.
+// not list, found with limit.CounterLister. An error wrapping
+// ErrCountersIncomplete comes with the counters that were found.
 func (e *Engine) Counters(ctx context.Context, tier, tenant, subject string) ([]Counter, error) {
 	cfg := e.Config()
 	f := counterFilter{tenant: tenant, subject: subject, tenantWide: true, subjects: true}
 	cs := tenantCounters(cfg, []string{tier}, f)
-	held, err := heldCounters(ctx, e.Store(), cfg, []string{tier}, f, cs)
-	if err != nil {
-		return nil, err
-	}
+	held, incomplete := heldCounters(ctx, e.Store(), cfg, []string{tier}, f, cs)
 	cs = append(cs, held...)
 	out := []Counter{}
 	if len(cs) == 0 {
-		return out, nil
+		return out, incomplete
 	}
 	checks := make([]limit.Check, len(cs))
 	for i, c := range cs {
@@ -60,20 +72,24 @@ func (e *Engine) Counters(ctx context.Context, tier, tenant, subject string) ([]
 		}
 		out = append(out, v)
 	}
-	return out, nil
+	return out, incomplete
 }
 
 // ResetCounters clears rate-limit counters of a tenant (never its usage
 // meter, quota or breakers): without subject, the counters per tenant and
 // tenant_tool; with subject, that subject's (per subject and subject_tool)
-// instead; tool narrows either to that tool's per-tool counters. Counters
-// of every tier are cleared (a tenant's tier comes from its tokens), in
-// the shared store and in the local fallback store, and this instance's
-// denial cache is emptied (other instances' hold a denial for at most
-// DenialCacheHold). Per-tool counters are those of the tools the config
-// lists and those the store holds for any other tool, prompt or resource
-// (limit.CounterLister). It returns how many counters it asked the
-// deciding store to drop and how many that store held.
+// instead; tool narrows either to that name's per-tool counters (of the
+// tools/call rules, and of the other methods' rules, whose per-tool
+// counters count a prompt or a resource). Counters of every tier are
+// cleared (a tenant's tier comes from its tokens), in the shared store and
+// in the local fallback store, and this instance's denial cache is
+// emptied (other instances' hold a denial for at most DenialCacheHold).
+// Per-tool counters are those of the tools the config lists and those the
+// store holds for any other tool, prompt or resource (limit.CounterLister).
+// It returns how many counters it asked the deciding store to drop and how
+// many that store held. When a store cannot list what it holds, the
+// counters it could name are reset all the same and the error wraps
+// ErrCountersIncomplete.
 func (e *Engine) ResetCounters(ctx context.Context, tenant, subject, tool string) (counters, cleared int, err error) {
 	cfg := e.Config()
 	tiers := slices.Sorted(maps.Keys(cfg.Tiers))
@@ -82,15 +98,14 @@ func (e *Engine) ResetCounters(ctx context.Context, tenant, subject, tool string
 	}
 	f := counterFilter{tenant: tenant, subject: subject, tool: tool, tenantWide: subject == "", subjects: subject != ""}
 	cs := tenantCounters(cfg, tiers, f)
+	var incomplete error
 	for i, s := range e.Stores() {
 		rs, ok := s.(limit.Resetter)
 		if !ok {
 			return len(cs), 0, fmt.Errorf("%w (%T)", ErrNoReset, s)
 		}
-		held, err := heldCounters(ctx, s, cfg, tiers, f, cs)
-		if err != nil {
-			return len(cs), cleared, err
-		}
+		held, herr := heldCounters(ctx, s, cfg, tiers, f, cs)
+		incomplete = cmp.Or(incomplete, herr)
 		keys := make([]string, 0, len(cs)+len(held))
 		for _, c := range slices.Concat(cs, held) {
 			keys = append(keys, c.check.Key)
@@ -104,45 +119,61 @@ func (e *Engine) ResetCounters(ctx context.Context, tenant, subject, tool string
 		}
 	}
 	e.ForgetDenials()
-	return counters, cleared, nil
+	return counters, cleared, incomplete
 }
 
 // heldCounters lists the per-tool counters that store holds for the
 // owner f selects and that known (tenantCounters' list) does not name:
 // those of tools (and of prompts and resources, for the other methods'
 // rules) the config does not list, which only the store can tell. With
-// f.tool set it lists nothing: that tool's keys are known. A store that
-// cannot list (not a limit.CounterLister) adds nothing.
+// f.tool set nothing is listed: that name's counter is built for every
+// per-tool rule. A store that cannot list (not a limit.CounterLister) adds
+// nothing. A failed listing, or one past MaxHeldCounters, returns what
+// was found with an error wrapping ErrCountersIncomplete.
 func heldCounters(ctx context.Context, store limit.Store, cfg *policy.Config, tiers []string, f counterFilter, known []counter) ([]counter, error) {
-	ls, ok := store.(limit.CounterLister)
-	if !ok || f.tool != "" {
-		return nil, nil
-	}
 	seen := make(map[string]bool, len(known))
 	for _, c := range known {
 		seen[c.check.Key] = true
 	}
 	var out []counter
+	add := func(r policy.Rule, o keyspace.Owner, key string) bool {
+		if seen[key] {
+			return true
+		}
+		if len(out) == MaxHeldCounters {
+			return false
+		}
+		seen[key] = true
+		out = append(out, counter{rule: r, owner: o, check: limit.Check{Rule: r.Rule, Key: key}})
+		return true
+	}
+	ls, lists := store.(limit.CounterLister)
 	for _, r := range perToolRules(cfg, tiers) {
 		if r.Per == keyspace.PerSubjectTool && (!f.subjects || f.subject == "") || r.Per == keyspace.PerTenantTool && !f.tenantWide {
 			continue
 		}
-		o := keyspace.Owner{Tenant: f.tenant, Subject: f.subject}
+		o := keyspace.Owner{Tenant: f.tenant, Subject: f.subject, Tool: f.tool}
+		if f.tool != "" {
+			add(r, o, keyspace.Counter(r.Per, string(r.Algorithm), r.Name, o))
+			continue
+		}
+		if !lists {
+			continue
+		}
 		keys, err := ls.HeldCounters(ctx, keyspace.ToolCounters(r.Per, string(r.Algorithm), r.Name, o))
 		if errors.Is(err, ErrNoHeldCounters) {
-			return nil, nil
+			lists = false
+			continue
 		}
 		if err != nil {
-			return nil, err
+			return out, fmt.Errorf("%w: %w", ErrCountersIncomplete, err)
 		}
 		slices.Sort(keys) // a stable order for the admin API
 		for _, k := range keys {
-			if seen[k] {
-				continue
-			}
-			seen[k] = true
 			o.Tool, _ = keyspace.ToolOf(k) // a digest (a very long name) cannot be read back: shown as ""
-			out = append(out, counter{rule: r, owner: o, check: limit.Check{Rule: r.Rule, Key: k}})
+			if !add(r, o, k) {
+				return out, fmt.Errorf("%w: more than %d", ErrCountersIncomplete, MaxHeldCounters)
+			}
 		}
 	}
 	return out, nil

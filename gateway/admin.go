@@ -3,9 +3,11 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"time"
 
+	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/usage"
 
@@ -80,7 +82,7 @@ func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	live, err := g.liveLimits(r.Context(), tier, tenant, subject)
-	if err != nil {
+	if err != nil && !errors.Is(err, enforce.ErrCountersIncomplete) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "limit store: " + err.Error()})
 		return
 	}
@@ -101,11 +103,15 @@ func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
 			store = "redis (unavailable: decisions follow on_error)"
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
+	body := map[string]any{
 		"tenant": tenant, "default_tier": cfg.DefaultTier, "tiers": tiers,
 		"tools": tools, "global": viewRules(cfg.Global), "store": store,
 		"tier": tier, "subject": subject, "live": live,
-	})
+	}
+	if err != nil {
+		body["incomplete"] = err.Error() // live lacks counters of tools the config does not list
+	}
+	writeJSON(w, http.StatusOK, body)
 }
 
 func (g *Gateway) adminReload(w http.ResponseWriter, r *http.Request) {

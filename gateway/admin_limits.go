@@ -3,8 +3,11 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"time"
+
+	"github.com/mcpgate/mcpgate/enforce"
 )
 
 // adminLimitsTimeout bounds the store calls of the admin limit endpoints.
@@ -30,12 +33,13 @@ type liveView struct {
 }
 
 // liveLimits reads the live state of the tenant's counters for tier (and
-// subject, when set) without charging them.
+// subject, when set) without charging them. An error wrapping
+// enforce.ErrCountersIncomplete comes with the counters that were read.
 func (g *Gateway) liveLimits(ctx context.Context, tier, tenant, subject string) ([]liveView, error) {
 	ctx, cancel := context.WithTimeout(ctx, adminLimitsTimeout)
 	defer cancel()
 	cs, err := g.eng.Counters(ctx, tier, tenant, subject)
-	if err != nil {
+	if err != nil && !errors.Is(err, enforce.ErrCountersIncomplete) {
 		return nil, err
 	}
 	now := g.now()
@@ -46,7 +50,7 @@ func (g *Gateway) liveLimits(ctx context.Context, tier, tenant, subject string) 
 			Algorithm: string(c.Rule.Algorithm), Limit: c.Rule.Capacity(), Remaining: res.Remaining,
 			ResetAfterMS: res.ResetAfter.Milliseconds(), Reset: ceilUnix(now.Add(res.ResetAfter)), Shadow: c.Rule.Shadow})
 	}
-	return out, nil
+	return out, err
 }
 
 // ceilUnix is t in Unix seconds, rounded up.
@@ -87,11 +91,16 @@ func (g *Gateway) adminResetLimits(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), adminLimitsTimeout)
 	defer cancel()
 	counters, n, err := g.eng.ResetCounters(ctx, req.Tenant, req.Subject, req.Tool)
-	if err != nil {
+	if err != nil && !errors.Is(err, enforce.ErrCountersIncomplete) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "limit store: " + err.Error()})
 		return
 	}
-	g.log.Info("rate-limit counters reset by the admin API", "tenant", req.Tenant, "subject", req.Subject, "tool", req.Tool, "counters", counters, "cleared", n)
-	writeJSON(w, http.StatusOK, map[string]any{"tenant": req.Tenant, "subject": req.Subject, "tool": req.Tool,
-		"counters": counters, "cleared": n})
+	g.log.Info("rate-limit counters reset by the admin API", "tenant", req.Tenant, "subject", req.Subject, "tool", req.Tool, "counters", counters, "cleared", n, "incomplete", err)
+	body := map[string]any{"tenant": req.Tenant, "subject": req.Subject, "tool": req.Tool, "counters": counters, "cleared": n}
+	if err != nil {
+		// The counters the config names were reset; some of the others
+		// could not be found. Naming the tool reaches those.
+		body["incomplete"] = err.Error()
+	}
+	writeJSON(w, http.StatusOK, body)
 }

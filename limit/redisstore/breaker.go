@@ -378,7 +378,7 @@ func (s *Store) ListBreakers(ctx context.Context, fn func(limit.BreakerInfo) err
 		return fmt.Errorf("redisstore: list breakers: %w", err)
 	}
 	seen := map[string]struct{}{}
-	return s.scanMasters(ctx, keyspace.BreakerPattern, "list breakers", func(keys []string) error {
+	return s.scanMasters(ctx, keyspace.BreakerPattern, scanCount, "list breakers", func(keys []string) error {
 		return s.readBreakers(ctx, now, keys, seen, fn)
 	})
 }

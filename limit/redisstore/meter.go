@@ -282,7 +282,7 @@ func (s *Store) MarkFlushed(ctx context.Context, key string, u limit.Usage) erro
 // of Redis, and returns it.
 func (s *Store) ScanMeters(ctx context.Context, fn func(limit.MeterState) error) error {
 	seen := map[string]struct{}{}
-	return s.scanMasters(ctx, keyspace.UsagePattern, "scan meters", func(keys []string) error {
+	return s.scanMasters(ctx, keyspace.UsagePattern, scanCount, "scan meters", func(keys []string) error {
 		return s.readMeters(ctx, keys, seen, fn)
 	})
 }
@@ -309,14 +309,14 @@ func (s *Store) readNew(ctx context.Context, keys []string, seen map[string]stru
 // scanMasters SCANs for pattern on every master (the one server when
 // standalone) and hands each page of keys to page. A key may be seen twice
 // (a failover during the scan): page deduplicates.
-func (s *Store) scanMasters(ctx context.Context, pattern, what string, page func(keys []string) error) error {
+func (s *Store) scanMasters(ctx context.Context, pattern string, count int64, what string, page func(keys []string) error) error {
 	cluster := s.client.Mode() == rueidis.ClientModeCluster
 	for addr, node := range s.client.Nodes() {
 		if cluster && isReplica(ctx, node) {
 			continue
 		}
 		for cursor := uint64(0); ; {
-			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(pattern).Count(scanCount).Build()).AsScanEntry()
+			e, err := node.Do(ctx, node.B().Scan().Cursor(cursor).Match(pattern).Count(count).Build()).AsScanEntry()
 			if err != nil {
 				return fmt.Errorf("redisstore: %s on %s: %w", what, addr, err)
 			}

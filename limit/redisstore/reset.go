@@ -54,41 +54,29 @@ var (
 const heldScanCount = 1000
 
 // HeldCounters implements limit.CounterLister with SCAN MATCH prefix* on
-// the Redis, or on every node of a Cluster (a replica's answer repeats its
-// master's; duplicates are dropped). It is bounded by ctx alone, not by
-// Options.Timeout (a scan takes one round trip per heldScanCount keys the node
-// holds), and examines every key of each node: an operator's tool, not a
-// hot path. Errors: limit.ErrNotCounter (nothing sent), ctx's error or the
-// first node's error.
+// the Redis, or on every master of a Cluster (as ScanMeters does; a key
+// seen twice across a failover is listed once). It is bounded by ctx
+// alone, not by Options.Timeout (a scan takes one round trip per
+// heldScanCount keys the node holds), and examines every key of each
+// node: an operator's tool, not a hot path. Errors: limit.ErrNotCounter
+// (nothing sent), ctx's error or the first failing node's.
 func (s *Store) HeldCounters(ctx context.Context, prefix string) ([]string, error) {
-	wrap := func(err error) error { return fmt.Errorf("redisstore: held counters: %w", err) }
 	if !keyspace.IsCounterPrefix(prefix) {
-		return nil, wrap(fmt.Errorf("%w prefix: %q", limit.ErrNotCounter, prefix))
-	}
-	pattern := globEscape(prefix) + "*"
-	nodes := map[string]rueidis.Client{"": s.client}
-	if s.cluster {
-		nodes = s.client.Nodes()
+		return nil, fmt.Errorf("redisstore: held counters: %w prefix: %q", limit.ErrNotCounter, prefix)
 	}
 	seen := map[string]bool{}
 	var out []string
-	for _, c := range nodes {
-		cursor := uint64(0)
-		for {
-			e, err := c.Do(ctx, c.B().Scan().Cursor(cursor).Match(pattern).Count(heldScanCount).Build()).AsScanEntry()
-			if err != nil {
-				return nil, wrap(err)
-			}
-			for _, k := range e.Elements {
-				if !seen[k] {
-					seen[k] = true
-					out = append(out, k)
-				}
-			}
-			if cursor = e.Cursor; cursor == 0 {
-				break
+	err := s.scanMasters(ctx, globEscape(prefix)+"*", heldScanCount, "held counters", func(keys []string) error {
+		for _, k := range keys {
+			if !seen[k] {
+				seen[k] = true
+				out = append(out, k)
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
