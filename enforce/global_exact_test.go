@@ -39,7 +39,7 @@ tiers:
     limits:
       - {name: per_tenant, per: tenant, algorithm: sliding_window, limit: %d, period: 1h}
 `, global, perTenant), "")
-			var admitted, reached atomic.Int64
+			var admitted atomic.Int64
 			perTenantAdmitted := make([]atomic.Int64, tenants)
 			var wg sync.WaitGroup
 			for i := range tenants * callers {
@@ -53,7 +53,6 @@ tiers:
 					if d.Allowed {
 						admitted.Add(1)
 						perTenantAdmitted[tenant].Add(1)
-						reached.Add(1)
 					}
 					ticket.Done(t.Context(), enforce.Outcome{})
 				})
@@ -61,8 +60,8 @@ tiers:
 			wg.Wait()
 
 			got := admitted.Load()
-			if got > global || reached.Load() != got {
-				t.Fatalf("%d admitted, %d reached the work: the global limit is %d", got, reached.Load(), global)
+			if got > global {
+				t.Fatalf("%d admitted: the global limit is %d", got, global)
 			}
 			if store != "cluster" && got != global {
 				t.Fatalf("%d admitted, want exactly the global limit %d (one script decides both)", got, global)

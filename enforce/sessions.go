@@ -71,11 +71,13 @@ func (s SessionSlots) Lease() string { return s.lease }
 // holds them is Renew's answer.
 func (s SessionSlots) Held() bool { return s.lease != "" }
 
-// Shared reports whether the slots are in the shared store, where every
-// instance finds them; slots taken in the in-process store (under
-// on_error: local) are this instance's only.
-func (s SessionSlots) Shared() bool {
-	return s.lease != "" && s.e.guard != nil && s.store == limit.GuardedStore(s.e.guard)
+// Portable reports whether the slots are in the store that decides (the
+// shared store, or the in-process one without it), where SessionSlotsOf
+// finds them again from the lease alone: a session id may then carry the
+// lease. Slots taken in the in-process fallback while a shared store is
+// down (on_error: local) are not.
+func (s SessionSlots) Portable() bool {
+	return s.lease != "" && s.store == s.e.Store()
 }
 
 // Renew makes the slots last a full sessions.idle_timeout from now. held is

@@ -85,7 +85,7 @@ func cancelledWhileDetached(w http.ResponseWriter) bool {
 	}
 	select {
 	case <-gw.left:
-		<-gw.told // the callback started when left closed
+		<-gw.told // the callback started when left closed, or end stopped it
 		return gw.why == mcp.ErrCancelled
 	default:
 		return false
@@ -140,7 +140,9 @@ func (g *goneWriter) arm() {
 // reports whether the client left, and answers with 202 and no body one
 // that left before its answer started.
 func (g *goneWriter) end() (left bool) {
-	g.stop()
+	if g.stop() {
+		close(g.told) // the leave callback will not run: why stays nil
+	}
 	g.once.Do(func() {}) // after this, timer and remove are set for good
 	if g.timer != nil {
 		g.timer.Stop()

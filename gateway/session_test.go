@@ -144,3 +144,25 @@ func TestSessionBinderLease(t *testing.T) {
 		t.Errorf("wrapLease without a lease = %q, want the old form", got)
 	}
 }
+
+// Without a shared store the in-process store decides, and a session id
+// carries its slots' lease all the same: a DELETE frees them even when
+// this instance does not track the session (its tracker is full).
+func TestMemoryOnlySessionIDCarriesLease(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{Config: "sessions: {max_per_subject: 1, idle_timeout: 1h}\n"})
+	e.gws[0].tracker.mu.Lock()
+	e.gws[0].tracker.max = 0 // full: the session is not tracked
+	e.gws[0].tracker.mu.Unlock()
+	alice := token(t, "acme", "alice")
+	r := initialize(t, e, 0, alice)
+	if r.Status != http.StatusOK {
+		t.Fatalf("initialize: %d %s", r.Status, r.Body)
+	}
+	if st := deleteSession(t, e, 0, alice, r.Header.Get("Mcp-Session-Id")); st >= 300 {
+		t.Fatalf("DELETE: %d", st)
+	}
+	if r := initialize(t, e, 0, alice); r.Status != http.StatusOK {
+		t.Fatalf("initialize after the DELETE: %d %s (the slot was not freed)", r.Status, r.Body)
+	}
+}

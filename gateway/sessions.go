@@ -52,7 +52,7 @@ func (g *Gateway) startSessions() {
 func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, p auth.Principal, t *enforce.Ticket, class string) {
 	slots := t.SessionSlots()
 	inID := ""
-	if slots.Shared() {
+	if slots.Portable() {
 		inID = slots.Lease() // a fallback lease is valid on this instance only
 	}
 	var opened atomic.Pointer[string]
