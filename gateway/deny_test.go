@@ -368,12 +368,13 @@ func listRaw(t *testing.T, url, tok string) []string {
 }
 
 // A tool that declares an outputSchema (search) is denied without
-// structuredContent once a tools/list answer relayed by the gateway has
-// said so, over a JSON and an event-stream upstream: the denial is in
-// _meta, the text tells the retry time. Before any list, and for a tool
-// without an outputSchema (echo), structuredContent carries the denial. A
-// list trimmed to a caller's scopes teaches nothing of the tools it does
-// not show; a reload keeps what was learnt unless the upstream changes.
+// structuredContent, over a JSON and an event-stream upstream: the denial
+// is in _meta, the text tells the retry time. The gateway knows it from
+// the start (it lists the upstream's tools itself), before any client
+// listed them; a tool without an outputSchema (echo) keeps
+// structuredContent. A list trimmed to a caller's scopes unlearns nothing
+// of the tools it does not show; a reload keeps what was learnt unless the
+// upstream changes, and then the lists callers get teach it again.
 func TestDenyAsResultOutputSchema(t *testing.T) {
 	t.Parallel()
 	for _, m := range []struct {
@@ -391,51 +392,69 @@ func TestDenyAsResultOutputSchema(t *testing.T) {
 			search := func(id int) *response {
 				return e.callRaw(0, alice, id, "search", map[string]any{"query": "q"})
 			}
+			eventually(t, 10*time.Second, "the start-up listing of the upstream's tools", func() bool {
+				return e.gws[0].rt.Load().outputs.declares("search")
+			})
 			if r := search(1); r.Status != http.StatusOK || isErrorResult(r.Msg.Result) {
 				t.Fatalf("first search: %d %s", r.Status, r.Body)
 			}
-			// Not listed yet: structuredContent, as for any tool.
-			deniedResultOf(t, search(2))
-
-			// bob's list shows echo only: search is still unknown.
-			if got := listRaw(t, e.mcpURL(0), bob); len(got) != 1 || got[0] != "echo" {
-				t.Fatalf("bob's tools/list: %v, want [echo]", got)
-			}
-			deniedResultOf(t, search(3))
-
-			// alice's list shows search's outputSchema.
-			if got := listRaw(t, e.mcpURL(0), alice); !slices.Contains(got, "search") {
-				t.Fatalf("alice's tools/list: %v, want search in it", got)
-			}
-			res, ra := deniedTypedResultOf(t, search(4))
+			// No client listed the tools: the gateway knows all the same.
+			res, ra := deniedTypedResultOf(t, search(2))
 			if want := (denied{Scope: "tenant_tool", Rule: "per_tool", Limit: 1, Remaining: 0, RetryAfterSeconds: ra}); *res.Meta.Denial != want || ra < 1 || ra > 3600 {
 				t.Fatalf("_meta denial %+v, want %+v in 1..3600 s", *res.Meta.Denial, want)
 			}
 			if want := fmt.Sprintf(`Rate limit reached (tenant_tool rule "per_tool"): retry in %d seconds.`, ra); res.Content[0].Text != want {
 				t.Fatalf("text %q, want %q", res.Content[0].Text, want)
 			}
-			// echo declares none: structuredContent still.
+
+			// bob's list shows echo only: search stays known.
+			if got := listRaw(t, e.mcpURL(0), bob); len(got) != 1 || got[0] != "echo" {
+				t.Fatalf("bob's tools/list: %v, want [echo]", got)
+			}
+			deniedTypedResultOf(t, search(3))
+
+			// echo declares none: structuredContent.
 			if r := e.callRaw(0, alice, 5, "echo", map[string]any{"text": "x"}); r.Status != http.StatusOK || isErrorResult(r.Msg.Result) {
 				t.Fatalf("first echo: %d %s", r.Status, r.Body)
 			}
 			deniedResultOf(t, e.callRaw(0, alice, 6, "echo", map[string]any{"text": "x"}))
 
-			// bob lists again, without search: what alice's list said stays.
-			listRaw(t, e.mcpURL(0), bob)
-			deniedTypedResultOf(t, search(7))
-
-			// A reload to the same upstream keeps it; to another, forgets it.
+			// A reload to the same upstream keeps it; to another, forgets it
+			// until a list relayed to a caller says it again.
 			e.apply(setup{Config: schemaConfig})
 			deniedTypedResultOf(t, search(8))
 			e.apply(setup{Config: schemaConfig, UpstreamURL: strings.Replace(e.upURL, "127.0.0.1", "localhost", 1)})
 			deniedResultOf(t, search(9))
-			listRaw(t, e.mcpURL(0), alice)
-			deniedTypedResultOf(t, search(10))
+			listRaw(t, e.mcpURL(0), bob)
+			deniedResultOf(t, search(10))
+			if got := listRaw(t, e.mcpURL(0), alice); !slices.Contains(got, "search") {
+				t.Fatalf("alice's tools/list: %v, want search in it", got)
+			}
+			deniedTypedResultOf(t, search(11))
 			if n := e.up.Calls("search"); n != 1 {
 				t.Fatalf("upstream saw %d search calls, want 1", n)
 			}
 		})
 	}
+}
+
+// Behind a load balancer, on one Redis: a client that never listed its
+// tools through the instance that denies it still gets a denial its SDK
+// accepts for a tool with an outputSchema (every instance lists the
+// upstream's tools at start).
+func TestDenyAsResultOutputSchemaEveryInstance(t *testing.T) {
+	t.Parallel()
+	e := newLimitEnv(t, true, 2, schemaConfig, upstream.Options{Stateless: true, JSONResponse: true})
+	for i := range e.gws {
+		eventually(t, 10*time.Second, "the start-up listing of instance "+fmt.Sprint(i), func() bool {
+			return e.gws[i].rt.Load().outputs.declares("search")
+		})
+	}
+	alice := token(t, "acme", "alice")
+	if r := e.callRaw(0, alice, 1, "search", map[string]any{"query": "q"}); r.Status != http.StatusOK {
+		t.Fatalf("first search: %d %s", r.Status, r.Body)
+	}
+	deniedTypedResultOf(t, e.callRaw(1, alice, 2, "search", map[string]any{"query": "q"}))
 }
 
 // With upstreams:, the names learnt are the exposed ones: a's and b's

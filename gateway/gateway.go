@@ -183,6 +183,9 @@ func New(opts Options) (*Gateway, error) {
 	} else {
 		g.warming.Go(func() { g.warm(bctx, cfg) })
 	}
+	if deniesAsResult(cfg) {
+		g.warming.Go(func() { g.discoverOutputSchemas(bctx, cfg, rt.outputs) })
+	}
 	g.rt.Store(rt)
 	g.startSessions()
 	g.routes()
