@@ -34,6 +34,11 @@ type Call struct {
 	// Arguments are a tools/call's arguments (the breaker's identical-call
 	// fingerprint, cache keys and tags).
 	Arguments json.RawMessage
+	// Cost, when above 0, is a tools/call's cost in the usage meter and the
+	// monthly quota, in place of the tool's configured cost (tools.NAME.cost,
+	// or its estimate when the cost comes from the result): for an adapter
+	// that knows what a call will cost. Rate limits count calls, not cost.
+	Cost int64
 }
 
 // MethodTarget is the Call.Name of a request other than tools/call: what
@@ -164,6 +169,9 @@ func (e *Engine) admitTool(ctx context.Context, cp *compiled, call Call) (*Ticke
 	tenantRules, globalRules := cfg.RulesFor(call.Tier, call.Name)
 	toolCost := cfg.ToolCost(call.Name)
 	cost := max(1, toolCost.Charge())
+	if call.Cost > 0 {
+		cost = min(call.Cost, maxReportedCost)
+	}
 	now := e.now()
 	var meter *limit.Meter
 	if e.lim.meters != nil {
@@ -275,6 +283,11 @@ type Outcome struct {
 	// cost correction of tools whose cost.from_result is set. Nil keeps
 	// what Answered recorded, or the estimate.
 	Result json.RawMessage
+	// Cost, when above 0, is the cost the call reported: the charge in the
+	// usage meter is corrected to it (an extra charge or a refund), as
+	// cost.from_result does, and in its place. Without metering it changes
+	// nothing.
+	Cost int64
 }
 
 // Ticket is an admitted call's claim on the engine: what Done settles.
@@ -374,7 +387,10 @@ func (t *Ticket) Done(ctx context.Context, o Outcome) (charged int64) {
 	t.v.release(rctx)
 	cancel()
 	charged = t.cost
-	if t.costPath != "" && result != nil {
+	switch {
+	case o.Cost > 0 && t.meter != nil:
+		charged = t.e.correctTo(ctx, t.meter, t.v.metered, t.cost, min(o.Cost, maxReportedCost))
+	case t.costPath != "" && result != nil:
 		charged = t.e.correctCost(ctx, t.meter, t.v.metered, t.cost, t.costPath, result)
 	}
 	abandoned := o.Status == Cancelled || o.Status == Abandoned
@@ -422,6 +438,12 @@ func (e *Engine) correctCost(ctx context.Context, meter *limit.Meter, metered bo
 		e.log.Warn("tool result reports no valid cost: the estimate stays charged", "tenant", meter.Tenant, "estimate", charged, "err", err)
 		return charged
 	}
+	return e.correctTo(ctx, meter, metered, charged, actual)
+}
+
+// correctTo turns the charge of a metered call into actual (an extra
+// charge or a refund) and returns the cost charged in the end.
+func (e *Engine) correctTo(ctx context.Context, meter *limit.Meter, metered bool, charged, actual int64) int64 {
 	delta, ok := correction(charged, actual)
 	if !ok {
 		e.metrics.CostCorrections.WithLabelValues("unchanged").Inc()

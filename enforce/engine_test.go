@@ -461,3 +461,37 @@ tools:
 		t.Fatal("the store breaker did not open after repeated failures")
 	}
 }
+
+// An adapter may give a call's cost (Call.Cost) and the cost it reported
+// (Outcome.Cost) itself: a monthly quota of 20 then admits exactly 20/5
+// calls of cost 5 whatever the tool's configured cost; and calls whose
+// estimate of 10 is corrected to the 1 they report are admitted while 10
+// fit: 11 in a row (without the corrections, 2).
+func TestCallAndOutcomeCost(t *testing.T) {
+	t.Parallel()
+	cfg := `
+tiers:
+  free:
+    monthly_quota: 20
+tools:
+  llm: {cost: 10}
+`
+	admitAll := func(e *enforce.Engine, call enforce.Call, o enforce.Outcome) (n int) {
+		for range 40 {
+			ticket, d := e.Admit(t.Context(), call)
+			if d.Allowed {
+				n++
+			}
+			ticket.Done(t.Context(), o)
+		}
+		return n
+	}
+	given := engines(t, "memory", 1, cfg, filepath.Join(t.TempDir(), "given.db"))[0]
+	if n := admitAll(given, enforce.Call{Tenant: "acme", Subject: "a", Name: "llm", Cost: 5}, enforce.Outcome{}); n != 4 {
+		t.Errorf("Call.Cost 5 under a quota of 20: %d admitted, want 4", n)
+	}
+	reported := engines(t, "memory", 1, cfg, filepath.Join(t.TempDir(), "reported.db"))[0]
+	if n := admitAll(reported, enforce.Call{Tenant: "acme", Subject: "a", Name: "llm"}, enforce.Outcome{Cost: 1}); n != 11 {
+		t.Errorf("an estimate of 10 corrected to 1 under a quota of 20: %d admitted, want 11", n)
+	}
+}
