@@ -285,8 +285,9 @@ type Outcome struct {
 	Result json.RawMessage
 	// Cost, when above 0, is the cost the call reported: the charge in the
 	// usage meter is corrected to it (an extra charge or a refund), as
-	// cost.from_result does, and in its place. Without metering it changes
-	// nothing.
+	// cost.from_result does, and in its place. 0 reports nothing (a cost
+	// of 0 can be reported through cost.from_result only). Without
+	// metering it changes nothing.
 	Cost int64
 }
 

@@ -131,6 +131,8 @@ func (e *Engine) ResetCounters(ctx context.Context, tenant, subject, tool string
 // nothing. A failed listing, or one past MaxHeldCounters, returns what
 // was found with an error wrapping ErrCountersIncomplete.
 func heldCounters(ctx context.Context, store limit.Store, cfg *policy.Config, tiers []string, f counterFilter, known []counter) ([]counter, error) {
+	ctx, cancel := listingContext(ctx)
+	defer cancel()
 	seen := make(map[string]bool, len(known))
 	for _, c := range known {
 		seen[c.check.Key] = true
@@ -177,6 +179,21 @@ func heldCounters(ctx context.Context, store limit.Store, cfg *policy.Config, ti
 		}
 	}
 	return out, nil
+}
+
+// listingTimeout bounds the listing of held counters under a context
+// without a deadline.
+const listingTimeout = 2 * time.Second
+
+// listingContext gives the listing of held counters half the time left to
+// ctx (listingTimeout without a deadline): when a listing runs out of
+// time (a large key space, a node that does not answer), the store calls
+// that follow it, on the counters the config names, still have the rest.
+func listingContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if deadline, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(ctx, time.Now().Add(time.Until(deadline)/2))
+	}
+	return context.WithTimeout(ctx, listingTimeout)
 }
 
 // perToolRules are the rules counting per tool (tenant_tool, subject_tool)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/limit"
@@ -106,5 +107,54 @@ func TestHeldCountersListingFails(t *testing.T) {
 	}
 	if counters, _, err := e.ResetCounters(ctx, "acme", "", ""); !errors.Is(err, enforce.ErrCountersIncomplete) || counters == 0 {
 		t.Fatalf("ResetCounters: %d counters, %v; want the configured ones reset and ErrCountersIncomplete", counters, err)
+	}
+}
+
+// hanging is the in-process store, whose listing of held counters never
+// answers (a node that does not): it ends with its context.
+type hanging struct{ *memstore.Store }
+
+func (hanging) HeldCounters(ctx context.Context, _ string) ([]string, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A listing that runs out of time leaves the calls after it theirs: under
+// one deadline, the counters the config names are read and reset, and the
+// answer says the rest is missing.
+func TestHeldCountersListingTimesOut(t *testing.T) {
+	t.Parallel()
+	ms, err := memstore.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ms.Close() })
+	e := heldEngine(t, hanging{ms})
+	tool := enforce.Call{Tenant: "acme", Subject: "a", Name: "echo"}
+	ticket, d := e.Admit(t.Context(), tool)
+	ticket.Done(t.Context(), enforce.Outcome{})
+	if !d.Allowed {
+		t.Fatal(d)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	cs, err := e.Counters(ctx, "free", "acme", "")
+	if !errors.Is(err, enforce.ErrCountersIncomplete) || len(cs) == 0 {
+		t.Fatalf("Counters: %d counters, %v; want the configured ones and ErrCountersIncomplete", len(cs), err)
+	}
+	ctx, cancel = context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	if _, _, err := e.ResetCounters(ctx, "acme", "", "echo"); err != nil {
+		t.Fatalf("reset naming the tool (nothing to list): %v", err)
+	}
+	ticket, d = e.Admit(t.Context(), tool)
+	ticket.Done(t.Context(), enforce.Outcome{})
+	if !d.Allowed {
+		t.Fatalf("echo after its reset: %+v", d)
+	}
+	ctx, cancel = context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	if counters, _, err := e.ResetCounters(ctx, "acme", "", ""); !errors.Is(err, enforce.ErrCountersIncomplete) || counters == 0 {
+		t.Fatalf("tenant reset: %d counters, %v; want the configured ones reset and ErrCountersIncomplete", counters, err)
 	}
 }

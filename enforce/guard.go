@@ -241,8 +241,8 @@ func (g *guardedStore) HeldCounters(ctx context.Context, prefix string) ([]strin
 	if g.down() {
 		return nil, ErrStoreDown
 	}
-	// Not observed by the breaker: a listing scans whole nodes under the
-	// admin API's deadline, and its failures say little of the hot path's
-	// health.
+	// Not observed by the breaker: a listing scans whole masters under a
+	// share of the admin API's deadline, and its failures say little of
+	// the hot path's health.
 	return ls.HeldCounters(ctx, prefix)
 }

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"maps"
 	"time"
 
 	"github.com/mcpgate/mcpgate/enforce"
@@ -39,11 +38,12 @@ func (s *toolSchemas) declares(tool string) bool {
 }
 
 // sameUpstream reports whether configurations a and b reach the same
-// upstream (URL and headers), whose tools are then the same. With
-// upstreams: both reach the federation, whose upstreams only a restart
-// changes.
+// upstream (URL), whose tools are then the same: a reload that rotates a
+// credential in its headers keeps what was learnt (the start-up listing
+// is not run again). With upstreams: both reach the federation, whose
+// upstreams only a restart changes.
 func sameUpstream(a, b *policy.Config) bool {
-	return a.Upstream.URL == b.Upstream.URL && maps.Equal(a.Upstream.Headers, b.Upstream.Headers)
+	return a.Upstream.URL == b.Upstream.URL
 }
 
 // discoverTimeout bounds the startup listing of the upstream's tools.

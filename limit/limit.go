@@ -361,8 +361,7 @@ type CounterLister interface {
 	// with prefix, in no particular order. prefix must name a tenant's
 	// counters (keyspace.IsCounter, with the tenant's hash tag closed),
 	// else ErrNotCounter. It reads the store's key space, not the hot
-	// path's state: on a standalone Redis it is a SCAN, whose cost grows
-	// with the number of keys held; on a Cluster, a read of the tenant's
-	// slot.
+	// path's state: on Redis it is a SCAN of every master, whose cost grows
+	// with the number of keys held.
 	HeldCounters(ctx context.Context, prefix string) ([]string, error)
 }

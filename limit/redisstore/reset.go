@@ -1,9 +1,7 @@
 package redisstore
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -55,74 +53,35 @@ var (
 // per round trip.
 const heldScanCount = 1000
 
-// HeldCounters implements limit.CounterLister. On a Cluster every key of
-// the prefix lives in its tenant's slot: the slot's owner (found as the
-// detours find it, without waiting for a node that does not answer) lists
-// that slot's keys (CLUSTER GETKEYSINSLOT, up to maxSlotKeys; past that it
-// SCANs its keys), so a sick node elsewhere does not fail the listing.
-// Standalone, it is SCAN MATCH prefix* over the server's keys. It is
-// bounded by ctx alone, not by Options.Timeout: an operator's tool, not a
-// hot path. Errors: limit.ErrNotCounter (nothing sent), ctx's error or the
-// node's.
+// HeldCounters implements limit.CounterLister with SCAN MATCH prefix* on
+// the Redis, or on every master of a Cluster (as ScanMeters does; a key
+// seen twice across a failover or a slot migration is listed once). A
+// Cluster's tenant slot is not read on its owner alone: while the slot
+// migrates, some of its keys are on another node already. It is bounded
+// by ctx alone, not by Options.Timeout (a scan takes one round trip per
+// heldScanCount keys a node holds), and examines every key of each
+// master: an operator's tool, not a hot path. A master that does not
+// answer fails it. Errors: limit.ErrNotCounter (nothing sent), ctx's
+// error or the first failing node's.
 func (s *Store) HeldCounters(ctx context.Context, prefix string) ([]string, error) {
 	if !keyspace.IsCounterPrefix(prefix) {
 		return nil, fmt.Errorf("redisstore: held counters: %w prefix: %q", limit.ErrNotCounter, prefix)
 	}
-	if !s.cluster {
-		return s.scanHeld(ctx, s.client, prefix)
-	}
-	slot := keyspace.Slot(prefix)
-	o, ok := s.owners(ctx, []uint16{slot})[slot]
-	if !ok {
-		return nil, fmt.Errorf("redisstore: held counters: no node owns slot %d (%w)", slot, cmp.Or(ctx.Err(), errNoOwner))
-	}
-	c := o.client
-	n, err := c.Do(ctx, c.B().ClusterCountkeysinslot().Slot(int64(slot)).Build()).AsInt64()
-	if err != nil {
-		return nil, fmt.Errorf("redisstore: held counters: %w", err)
-	}
-	if n > maxSlotKeys {
-		return s.scanHeld(ctx, c, prefix)
-	}
-	keys, err := c.Do(ctx, c.B().ClusterGetkeysinslot().Slot(int64(slot)).Count(max(n, 1)).Build()).AsStrSlice()
-	if err != nil {
-		return nil, fmt.Errorf("redisstore: held counters: %w", err)
-	}
-	out := keys[:0]
-	for _, k := range keys {
-		if strings.HasPrefix(k, prefix) {
-			out = append(out, k)
-		}
-	}
-	return out, nil
-}
-
-// maxSlotKeys bounds the keys HeldCounters reads of a Cluster slot in one
-// reply; a slot holding more is SCANned.
-const maxSlotKeys = 100_000
-
-// errNoOwner means no node claimed the slot (a failover in progress).
-var errNoOwner = errors.New("no owner")
-
-// scanHeld SCANs c's keys for those under prefix.
-func (s *Store) scanHeld(ctx context.Context, c rueidis.Client, prefix string) ([]string, error) {
 	seen := map[string]bool{}
 	var out []string
-	for cursor := uint64(0); ; {
-		e, err := c.Do(ctx, c.B().Scan().Cursor(cursor).Match(globEscape(prefix)+"*").Count(heldScanCount).Build()).AsScanEntry()
-		if err != nil {
-			return nil, fmt.Errorf("redisstore: held counters: %w", err)
-		}
-		for _, k := range e.Elements {
+	err := s.scanMasters(ctx, globEscape(prefix)+"*", heldScanCount, "held counters", func(keys []string) error {
+		for _, k := range keys {
 			if !seen[k] {
 				seen[k] = true
 				out = append(out, k)
 			}
 		}
-		if cursor = e.Cursor; cursor == 0 {
-			return out, nil
-		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	return out, nil
 }
 
 // globEscape escapes the bytes a Redis glob pattern gives a meaning to.
