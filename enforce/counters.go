@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/mcpgate/mcpgate/keyspace"
@@ -149,7 +150,11 @@ func heldCounters(ctx context.Context, store limit.Store, cfg *policy.Config, ti
 		out = append(out, counter{rule: r, owner: o, check: limit.Check{Rule: r.Rule, Key: key}})
 		return true
 	}
+	// One listing of all the tenant's counters serves every rule: each
+	// rule's are those under its per-tool prefix.
 	ls, lists := store.(limit.CounterLister)
+	var held []string
+	listed := false
 	for _, r := range perToolRules(cfg, tiers) {
 		if r.Per == keyspace.PerSubjectTool && (!f.subjects || f.subject == "") || r.Per == keyspace.PerTenantTool && !f.tenantWide {
 			continue
@@ -162,16 +167,23 @@ func heldCounters(ctx context.Context, store limit.Store, cfg *policy.Config, ti
 		if !lists {
 			continue
 		}
-		keys, err := ls.HeldCounters(ctx, keyspace.ToolCounters(r.Per, string(r.Algorithm), r.Name, o))
-		if errors.Is(err, ErrNoHeldCounters) {
-			lists = false
-			continue
+		if !listed {
+			keys, err := ls.HeldCounters(ctx, keyspace.TenantCounters(f.tenant))
+			if errors.Is(err, ErrNoHeldCounters) {
+				lists = false
+				continue
+			}
+			if err != nil {
+				return out, fmt.Errorf("%w: %w", ErrCountersIncomplete, err)
+			}
+			slices.Sort(keys) // a stable order for the admin API
+			held, listed = keys, true
 		}
-		if err != nil {
-			return out, fmt.Errorf("%w: %w", ErrCountersIncomplete, err)
-		}
-		slices.Sort(keys) // a stable order for the admin API
-		for _, k := range keys {
+		prefix := keyspace.ToolCounters(r.Per, string(r.Algorithm), r.Name, o)
+		for _, k := range held {
+			if !strings.HasPrefix(k, prefix) {
+				continue
+			}
 			o.Tool, _ = keyspace.ToolOf(k) // a digest (a very long name) cannot be read back: shown as ""
 			if !add(r, o, k) {
 				return out, fmt.Errorf("%w: more than %d", ErrCountersIncomplete, MaxHeldCounters)

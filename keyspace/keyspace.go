@@ -168,6 +168,13 @@ func Counter(per Per, algorithm, rule string, o Owner) string {
 	return RateLimit(per, algorithm+"."+rule, o)
 }
 
+// TenantCounters returns the prefix shared by the keys of every
+// tenant-scoped counter of tenant (Counter and RateLimit with any scope
+// but PerGlobal), and by no other key: the tenant's hash tag, closed.
+func TenantCounters(tenant string) string {
+	return counterPrefix + Escape(tenant) + "}:"
+}
+
 // ToolCounters returns the prefix shared by the keys of one rule's per-tool
 // counters (per PerTenantTool or PerSubjectTool) for o, whatever the tool:
 // Counter(per, algorithm, rule, o') starts with it for every o' that

@@ -318,6 +318,13 @@ func FuzzRateLimit(f *testing.F) {
 		if per1.TenantScoped() != per2.TenantScoped() && HashTag(k1) == HashTag(k2) {
 			t.Fatalf("a tenant key and a global key share a tag: %q, %q", k1, k2)
 		}
+		// A tenant's prefix covers exactly its tenant-scoped counters.
+		if per2.TenantScoped() && strings.HasPrefix(k2, TenantCounters(tenant1)) != (tenant1 == tenant2) {
+			t.Fatalf("TenantCounters(%q) = %q and key %q of tenant %q", tenant1, TenantCounters(tenant1), k2, tenant2)
+		}
+		if !per2.TenantScoped() && strings.HasPrefix(k2, TenantCounters(tenant1)) {
+			t.Fatalf("TenantCounters(%q) = %q covers the global key %q", tenant1, TenantCounters(tenant1), k2)
+		}
 		// A rule's per-tool prefix for o1 covers exactly the counters of
 		// that rule and owner, whatever their tool.
 		if per1 == PerTenantTool || per1 == PerSubjectTool {
