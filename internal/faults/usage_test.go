@@ -79,7 +79,10 @@ func TestUsageSQLiteLocked(t *testing.T) {
 	leakCheck(t)
 	e, st, path, period := meteredEnv(t, 2)
 
-	locker, err := sql.Open("sqlite", path+"?_busy_timeout=0")
+	// The locker waits for the lock (a flush may be writing as it asks:
+	// with no wait, BEGIN EXCLUSIVE failed with SQLITE_BUSY in a CI run);
+	// the gateways then wait for it, up to their own busy timeout.
+	locker, err := sql.Open("sqlite", path+"?_busy_timeout=5000")
 	if err != nil {
 		t.Fatal(err)
 	}
