@@ -132,8 +132,12 @@ func (e *Engine) ResetCounters(ctx context.Context, tenant, subject, tool string
 // nothing. A failed listing, or one past MaxHeldCounters, returns what
 // was found with an error wrapping ErrCountersIncomplete.
 func heldCounters(ctx context.Context, store limit.Store, cfg *policy.Config, tiers []string, f counterFilter, known []counter) ([]counter, error) {
-	ctx, cancel := listingContext(ctx)
-	defer cancel()
+	var rules []policy.Rule
+	for _, r := range perToolRules(cfg, tiers) {
+		if r.Per == keyspace.PerSubjectTool && f.subjects && f.subject != "" || r.Per == keyspace.PerTenantTool && f.tenantWide {
+			rules = append(rules, r)
+		}
+	}
 	seen := make(map[string]bool, len(known))
 	for _, c := range known {
 		seen[c.check.Key] = true
@@ -150,35 +154,30 @@ func heldCounters(ctx context.Context, store limit.Store, cfg *policy.Config, ti
 		out = append(out, counter{rule: r, owner: o, check: limit.Check{Rule: r.Rule, Key: key}})
 		return true
 	}
+	o := keyspace.Owner{Tenant: f.tenant, Subject: f.subject, Tool: f.tool}
+	if f.tool != "" {
+		for _, r := range rules {
+			add(r, o, keyspace.Counter(r.Per, string(r.Algorithm), r.Name, o))
+		}
+		return out, nil
+	}
+	ls, ok := store.(limit.CounterLister)
+	if !ok || len(rules) == 0 {
+		return nil, nil
+	}
 	// One listing of all the tenant's counters serves every rule: each
 	// rule's are those under its per-tool prefix.
-	ls, lists := store.(limit.CounterLister)
-	var held []string
-	listed := false
-	for _, r := range perToolRules(cfg, tiers) {
-		if r.Per == keyspace.PerSubjectTool && (!f.subjects || f.subject == "") || r.Per == keyspace.PerTenantTool && !f.tenantWide {
-			continue
-		}
-		o := keyspace.Owner{Tenant: f.tenant, Subject: f.subject, Tool: f.tool}
-		if f.tool != "" {
-			add(r, o, keyspace.Counter(r.Per, string(r.Algorithm), r.Name, o))
-			continue
-		}
-		if !lists {
-			continue
-		}
-		if !listed {
-			keys, err := ls.HeldCounters(ctx, keyspace.TenantCounters(f.tenant))
-			if errors.Is(err, ErrNoHeldCounters) {
-				lists = false
-				continue
-			}
-			if err != nil {
-				return out, fmt.Errorf("%w: %w", ErrCountersIncomplete, err)
-			}
-			slices.Sort(keys) // a stable order for the admin API
-			held, listed = keys, true
-		}
+	lctx, cancel := listingContext(ctx)
+	held, err := ls.HeldCounters(lctx, keyspace.TenantCounters(f.tenant))
+	cancel()
+	switch {
+	case errors.Is(err, ErrNoHeldCounters):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("%w: %w", ErrCountersIncomplete, err)
+	}
+	slices.Sort(held) // a stable order for the admin API
+	for _, r := range rules {
 		prefix := keyspace.ToolCounters(r.Per, string(r.Algorithm), r.Name, o)
 		for _, k := range held {
 			if !strings.HasPrefix(k, prefix) {

@@ -84,22 +84,25 @@ func (s SessionSlots) Portable() bool {
 // false when they are gone (released elsewhere, or lapsed during an
 // outage): they are not taken again.
 func (s SessionSlots) Renew(ctx context.Context) (held bool, err error) {
-	if s.lease == "" {
-		return false, nil
-	}
-	return s.store.Renew(ctx, SessionChecks(s.e.Config(), s.tenant, s.subject), s.lease)
+	return s.renew(ctx, false)
 }
 
 // Check reports whether the slots are still held, without extending them
 // (a renewal never shortens a lease, and this one asks for the shortest
 // period): another instance may be renewing them.
 func (s SessionSlots) Check(ctx context.Context) (held bool, err error) {
+	return s.renew(ctx, true)
+}
+
+func (s SessionSlots) renew(ctx context.Context, shortest bool) (held bool, err error) {
 	if s.lease == "" {
 		return false, nil
 	}
 	checks := SessionChecks(s.e.Config(), s.tenant, s.subject)
-	for i := range checks {
-		checks[i].Rule.Period = limit.MinPeriod
+	if shortest {
+		for i := range checks {
+			checks[i].Rule.Period = limit.MinPeriod
+		}
 	}
 	return s.store.Renew(ctx, checks, s.lease)
 }
