@@ -3,8 +3,9 @@ package cache
 import (
 	"context"
 
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/mcpgate/mcpgate/internal/storespan"
 )
 
 // tracerName is the instrumentation scope of the cache's spans.
@@ -21,22 +22,11 @@ func (c *Cache) storeSpan(ctx context.Context, op string) (context.Context, trac
 	if !c.remote {
 		return ctx, nil
 	}
-	parent := trace.SpanFromContext(ctx)
-	if !parent.IsRecording() {
-		return ctx, nil
-	}
-	return parent.TracerProvider().Tracer(tracerName).Start(ctx, "mcpgate.cache "+op, trace.WithSpanKind(trace.SpanKindClient))
+	return storespan.Start(ctx, nil, tracerName, "mcpgate.cache "+op)
 }
 
 // endStoreSpan ends s (nil: nothing to end), marking a failed operation
-// (a skipped one too: the store was not asked). The error's text stays
-// out: it may quote keys.
+// (a skipped one too: the store was not asked).
 func endStoreSpan(s trace.Span, err error) {
-	if s == nil {
-		return
-	}
-	if err != nil {
-		s.SetStatus(codes.Error, "cache store operation failed")
-	}
-	s.End()
+	storespan.End(s, err, "cache store operation failed")
 }

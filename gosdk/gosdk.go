@@ -319,10 +319,10 @@ func denialError(d enforce.Decision) *jsonrpc.Error {
 func deniedResult(d enforce.Decision, outputSchema bool) *mcp.CallToolResult {
 	r := d.Result(outputSchema)
 	res := &mcp.CallToolResult{
-		Content: []mcp.Content{&mcp.TextContent{Text: d.Text()}},
+		Content: []mcp.Content{&mcp.TextContent{Text: r.Content[0].Text}},
 		IsError: true,
+		Meta:    mcp.Meta{enforce.MetaDenial: r.Meta.Denial},
 	}
-	res.Meta = mcp.Meta{enforce.MetaDenial: r.Meta.Denial}
 	if r.StructuredContent != nil {
 		res.StructuredContent = *r.StructuredContent
 	}
