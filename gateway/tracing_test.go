@@ -300,15 +300,7 @@ tools:
   search:
     cache: {ttl: 10m}
 `})
-	tok := token(t, "acme", "alice")
-	for i := range 2 {
-		if r := post(t, e.mcpURL(0), tok, callBody(i, "search", map[string]any{"query": "q"}), nil); r.Status != http.StatusOK {
-			t.Fatalf("call %d: %d %s", i, r.Status, r.Body)
-		}
-	}
-	if err := shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	searchTwice(t, e, shutdown)
 	var outcomes []string
 	for _, s := range spanNamed(t, rc.all(), "mcp tools/call") {
 		outcomes = append(outcomes, attrs(s)["mcpgate.cache"])
@@ -427,15 +419,7 @@ tools:
     limits:
       - {name: search_in_flight, per: tenant_tool, algorithm: concurrency, limit: 4, period: 1m}
 `})
-	tok := token(t, "acme", "alice")
-	for i := range 2 {
-		if r := post(t, e.mcpURL(0), tok, callBody(i, "search", map[string]any{"query": "q"}), nil); r.Status != http.StatusOK {
-			t.Fatalf("call %d: %d %s", i, r.Status, r.Body)
-		}
-	}
-	if err := shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	searchTwice(t, e, shutdown)
 	spans := rc.all()
 	servers := spanNamed(t, spans, "mcp tools/call")
 	if len(servers) != 2 {
@@ -500,5 +484,20 @@ func TestTracingFederatedUpstream(t *testing.T) {
 		if strings.Contains(tp, clientSpan) {
 			t.Fatalf("upstream a received the caller's own span %q: the gateway's hop was skipped", tp)
 		}
+	}
+}
+
+// searchTwice calls the cached tool search twice with the same arguments
+// (a miss, then a hit) and flushes the spans with shutdown.
+func searchTwice(t *testing.T, e *env, shutdown func(context.Context) error) {
+	t.Helper()
+	tok := token(t, "acme", "alice")
+	for i := range 2 {
+		if r := post(t, e.mcpURL(0), tok, callBody(i, "search", map[string]any{"query": "q"}), nil); r.Status != http.StatusOK {
+			t.Fatalf("call %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	if err := shutdown(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

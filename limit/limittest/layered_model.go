@@ -170,8 +170,7 @@ func runLayeredModel(c *tcase, seed, stream uint64) {
 			}
 			m.evaluate(t, checks, global, mt, m.cost())
 		case p < 80:
-			steps := []int64{1, 3, 6, 30, 60, 90, 180, 360}[m.rnd.IntN(8)]
-			m.advance(time.Duration(steps) * tick)
+			m.advanceSome()
 		case p < 90:
 			m.refund()
 		default:

@@ -134,8 +134,7 @@ func testModel(c *tcase) {
 		case p < 60:
 			m.take(m.batch(counters), m.cost())
 		case p < 80:
-			steps := []int64{1, 3, 6, 30, 60, 90, 180, 360}[m.rnd.IntN(8)]
-			m.advance(time.Duration(steps) * tick)
+			m.advanceSome()
 		case p < 90:
 			m.refund()
 		default:
@@ -266,6 +265,13 @@ func indexOf(checks []limit.Check, r limit.Rule) int {
 		}
 	}
 	return -1
+}
+
+// advanceSome moves the clock by a random number of whole ticks, from one
+// to an hour's worth.
+func (m *model) advanceSome() {
+	steps := []int64{1, 3, 6, 30, 60, 90, 180, 360}[m.rnd.IntN(8)]
+	m.advance(time.Duration(steps) * tick)
 }
 
 func (m *model) advance(d time.Duration) {
