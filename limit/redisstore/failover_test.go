@@ -50,6 +50,41 @@ func layeredLoad(t *testing.T, s *Store, callers, calls int, pause time.Duration
 	return a.Load(), f.Load()
 }
 
+// flushedDuring runs load while calling flush every every, and returns
+// how many flushes succeeded.
+func flushedDuring(every time.Duration, flush func() bool, load func()) int {
+	stop, flushed := make(chan struct{}), make(chan int)
+	go func() {
+		n := 0
+		defer func() { flushed <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(every):
+			}
+			if flush() {
+				n++
+			}
+		}
+	}()
+	load()
+	close(stop)
+	return <-flushed
+}
+
+// netCalls sums the net calls of the meters (testMeter's) of the tenants
+// layeredLoad names with prefix, n callers.
+func netCalls(ctx context.Context, s *Store, prefix string, n int) int64 {
+	var used int64
+	for i := range n {
+		if ms, ok, err := s.ReadMeter(ctx, testMeter(prefix+strconv.Itoa(i), 0).Key); err == nil && ok {
+			used += ms.Live.NetCalls()
+		}
+	}
+	return used
+}
+
 // On a Cluster, layered calls (the tenant's and the global slot: two calls
 // sent together) stay exact while every master drops its functions and
 // scripts under load (FUNCTION FLUSH, SCRIPT FLUSH: the reload and the
@@ -82,27 +117,15 @@ func TestClusterLayeredFlushAndFailover(t *testing.T) {
 		return n
 	}
 	fallbacksBefore := fallbacks()
-	stop := make(chan struct{})
-	flushed := make(chan int)
-	go func() {
-		n := 0
-		defer func() { flushed <- n }()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(15 * time.Millisecond):
-			}
-			for _, node := range c.Nodes() {
-				_ = node.Do(ctx, node.B().FunctionFlush().Build()).Error() // replicas refuse: READONLY
-				_ = node.Do(ctx, node.B().ScriptFlush().Build()).Error()
-			}
-			n++
+	var admitted, failed int64
+	nflushes := flushedDuring(15*time.Millisecond, func() bool {
+		for _, node := range c.Nodes() {
+			_ = node.Do(ctx, node.B().FunctionFlush().Build()).Error() // replicas refuse: READONLY
+			_ = node.Do(ctx, node.B().ScriptFlush().Build()).Error()
 		}
-	}()
-	admitted, failed := layeredLoad(t, s, 8, 40, 0, gc, "flush-"+id+"-", meter)
-	close(stop)
-	nflushes, nfallbacks := <-flushed, fallbacks()-fallbacksBefore
+		return true
+	}, func() { admitted, failed = layeredLoad(t, s, 8, 40, 0, gc, "flush-"+id+"-", meter) })
+	nfallbacks := fallbacks() - fallbacksBefore
 	t.Logf("%d flushes of every node during the load, %d function loads and EVALs", nflushes, nfallbacks)
 	if nflushes > 0 && nfallbacks == 0 {
 		t.Error("the flushes sent no call down the fallback path (FUNCTION LOAD, EVAL)")
@@ -110,13 +133,7 @@ func TestClusterLayeredFlushAndFailover(t *testing.T) {
 	if failed != 0 || admitted != L {
 		t.Errorf("8 callers x 40 layered calls under a global limit of %d, flushed meanwhile: %d admitted, %d errors; want %d and 0", L, admitted, failed, L)
 	}
-	var used int64
-	for i := range 8 {
-		if ms, ok, err := s.ReadMeter(ctx, keyspace.Usage("flush-"+id+"-"+strconv.Itoa(i), "2026-11")); err == nil && ok {
-			used += ms.Live.NetCalls()
-		}
-	}
-	if used != L {
+	if used := netCalls(ctx, s, "flush-"+id+"-", 8); used != L {
 		t.Errorf("meters hold %d net calls, want %d (denied calls given back)", used, L)
 	}
 

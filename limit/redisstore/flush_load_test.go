@@ -1,7 +1,6 @@
 package redisstore
 
 import (
-	"strconv"
 	"testing"
 	"time"
 
@@ -44,24 +43,9 @@ func TestLayeredFlushUnderLoad(t *testing.T) {
 			gc := limit.Check{Rule: gr, Key: keyspace.RateLimit(keyspace.PerGlobal, gr.Name, keyspace.Owner{})}
 			meter := func(tenant string) *limit.Meter { m := testMeter(tenant, 0); return &m }
 			before, _ := commandCalls(t, admin, tc.resent)
-			stop, flushed := make(chan struct{}), make(chan int)
-			go func() {
-				n := 0
-				defer func() { flushed <- n }()
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(5 * time.Millisecond):
-					}
-					if admin.Do(ctx, tc.flush(admin)).Error() == nil {
-						n++
-					}
-				}
-			}()
-			admitted, failed := layeredLoad(t, s, 8, 40, time.Millisecond, gc, "flush-"+tc.name+"-", meter)
-			close(stop)
-			n := <-flushed
+			var admitted, failed int64
+			n := flushedDuring(5*time.Millisecond, func() bool { return admin.Do(ctx, tc.flush(admin)).Error() == nil },
+				func() { admitted, failed = layeredLoad(t, s, 8, 40, time.Millisecond, gc, "flush-"+tc.name+"-", meter) })
 			after, _ := commandCalls(t, admin, tc.resent)
 			t.Logf("%d flushes during the load; the fallback sent %s %d times", n, tc.resent, after-before)
 			if failed != 0 || admitted != L {
@@ -70,13 +54,7 @@ func TestLayeredFlushUnderLoad(t *testing.T) {
 			if n == 0 || after-before < 1 {
 				t.Errorf("%d flushes, %d %s: the fallback path was not exercised", n, after-before, tc.resent)
 			}
-			var used int64
-			for i := range 8 {
-				if ms, ok, err := s.ReadMeter(ctx, testMeter("flush-"+tc.name+"-"+strconv.Itoa(i), 0).Key); err == nil && ok {
-					used += ms.Live.NetCalls()
-				}
-			}
-			if used != L {
+			if used := netCalls(ctx, s, "flush-"+tc.name+"-", 8); used != L {
 				t.Errorf("meters hold %d net calls, want %d (denied calls charge no meter)", used, L)
 			}
 		})
