@@ -157,17 +157,17 @@ func noteCost(ctx context.Context, cost int64) {
 }
 
 // noteForward records an upstream exchange through forward: it returns fwd
-// with its OnResult, when set, wrapped to see the answer, and what to call
-// once the exchange is over. An unset OnResult stays unset: setting it
+// with its answered, when set, wrapped to see the answer, and what to call
+// once the exchange is over. An unset answered stays unset: setting it
 // would make the proxy buffer every JSON answer, so without one the line's
 // upstream outcome comes from the status alone.
-func noteForward(ctx context.Context, fwd mcp.Forward) (mcp.Forward, func(status int, err error)) {
+func noteForward(ctx context.Context, fwd relay) (relay, func(status int, err error)) {
 	n := noteOf(ctx)
 	if n == nil {
 		return fwd, func(int, error) {}
 	}
-	if report := fwd.OnResult; report != nil {
-		fwd.OnResult = func(result, rpcErr json.RawMessage) {
+	if report := fwd.answered; report != nil {
+		fwd.answered = func(result, rpcErr json.RawMessage) {
 			n.sawResult(result, rpcErr)
 			report(result, rpcErr)
 		}

@@ -72,10 +72,10 @@ func cacheableParams(params json.RawMessage) bool {
 // load calls the upstream for a cache flight, relaying into lw, and
 // returns the JSON-RPC result (from a JSON answer or the final result event
 // of a stream) and its isError; anything else is an *uncacheable.
-func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd mcp.Forward, lw *leaderWriter) ([]byte, bool, error) {
+func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd relay, lw *leaderWriter) ([]byte, bool, error) {
 	defer lw.finish()
 	var result, rpcErr json.RawMessage
-	fwd.OnResult = func(res, e json.RawMessage) {
+	fwd.answered = func(res, e json.RawMessage) {
 		result, rpcErr = res, e
 		lw.report(res, e)
 	}
@@ -114,7 +114,7 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd mc
 // loaded it) and the HTTP status written. loading is nil unless the caller
 // left while its own load runs on for the flight: it is closed when that
 // load ends, and the call is settled only then.
-func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int, loading <-chan struct{}) {
+func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int, loading <-chan struct{}) {
 	if !cacheableParams(fwd.Msg.Params) {
 		failed, loaded, status = g.bypassCache(w, r, rt, fwd, call)
 		return failed, loaded, status, nil
@@ -157,15 +157,15 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 // bypassCache forwards the call without the cache, reporting what the
 // proxy reports: whether the answer was an error or a 5xx, the result, and
 // the HTTP status written (the caller overwrites its own record with them).
-func (g *Gateway) bypassCache(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, call *liveCall) (bool, json.RawMessage, int) {
+func (g *Gateway) bypassCache(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, call *liveCall) (bool, json.RawMessage, int) {
 	call.cached.Store(false)
 	g.metrics.CacheRequests.WithLabelValues("bypass").Inc()
 	g.trace.cache(r.Context(), "bypass")
 	var failed bool
 	var loaded json.RawMessage
-	report := fwd.OnResult
+	report := fwd.answered
 	f := fwd
-	f.OnResult = func(result, rpcErr json.RawMessage) {
+	f.answered = func(result, rpcErr json.RawMessage) {
 		failed, loaded = rpcErr != nil || isErrorResult(result), result
 		if report != nil {
 			report(result, rpcErr)
@@ -214,7 +214,7 @@ func (g *Gateway) streamedAnswer(r *http.Request, lw *leaderWriter, answered res
 // failedFlightAnswer answers a call whose flight ended without a value and
 // whose own load is not streaming to it; ran tells whether this caller's
 // loader ran. The results are cachedCall's.
-func (g *Gateway) failedFlightAnswer(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, call *liveCall, err error, ran bool) (failed bool, loaded json.RawMessage, status int) {
+func (g *Gateway) failedFlightAnswer(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, call *liveCall, err error, ran bool) (failed bool, loaded json.RawMessage, status int) {
 	var u *uncacheable
 	switch {
 	case errors.As(err, &u) && u.interim && !ran:

@@ -53,7 +53,7 @@ func (g *Gateway) serveCall(x *exchange) {
 		answered = func(result, rpcErr json.RawMessage) {
 			t.Answered(ctx, result, rpcErr != nil || isErrorResult(result))
 		}
-		x.fwd.OnResult = func(result, rpcErr json.RawMessage) {
+		x.fwd.answered = func(result, rpcErr json.RawMessage) {
 			a.result, a.failed = result, rpcErr != nil || isErrorResult(result)
 			answered(result, rpcErr)
 		}

@@ -102,7 +102,7 @@ func (l *leaderWriter) FlushError() error {
 	return nil
 }
 
-// report records the call's JSON-RPC outcome (the proxy's OnResult).
+// report records the call's JSON-RPC outcome (the load's relay.answered).
 func (l *leaderWriter) report(result, rpcErr json.RawMessage) {
 	l.mu.Lock()
 	l.result, l.rpcErr, l.reported = result, rpcErr, true

@@ -28,7 +28,7 @@ func (g *Gateway) serveMethod(x *exchange) {
 		return
 	}
 	if x.msg.IsCall() && x.msg.Method == mcp.MethodToolsList {
-		x.fwd.OnResult = x.rt.outputs.onToolsList // which tools declare an outputSchema
+		x.fwd.answered = x.rt.outputs.onToolsList // which tools declare an outputSchema
 	}
 	g.forward(x.w, x.r, x.rt, x.fwd, class)
 }

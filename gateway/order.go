@@ -155,17 +155,17 @@ func (o *sessionOrder) await(ctx context.Context, session string, request bool) 
 	}
 }
 
-// serveOrdered is rt.proxy.Serve under the session order: a GET is
+// serveOrdered is serveUpstream under the session order: a GET is
 // recorded until the upstream accepts it, a POST first awaits its session's
 // GET.
-func (g *Gateway) serveOrdered(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward) (int, error) {
+func (g *Gateway) serveOrdered(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay) (int, error) {
 	session := r.Header.Get(mcp.HeaderSessionID)
 	switch r.Method {
 	case http.MethodGet:
-		if fwd.OnResponse == nil { // serveMCP records it as soon as it knows the session
+		if fwd.accepted == nil { // serveMCP records it as soon as it knows the session
 			accepted := g.order.open(session)
 			defer accepted()
-			fwd.OnResponse = accepted
+			fwd.accepted = accepted
 		}
 	case http.MethodPost:
 		g.order.await(r.Context(), session, fwd.Msg.IsCall())

@@ -32,7 +32,7 @@ var errDrained = errors.New("gateway: the client of this call left and its upstr
 // its client (outlivesClient) is forwarded detached: it returns when the
 // upstream has answered, with mcp.StatusClientClosedRequest when the
 // client left before.
-func (g *Gateway) forwardCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, call *liveCall) int {
+func (g *Gateway) forwardCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, call *liveCall) int {
 	if !call.outlives {
 		return g.forward(w, r, rt, fwd, "tools/call")
 	}

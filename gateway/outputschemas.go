@@ -20,7 +20,7 @@ import (
 type toolSchemas struct{ enforce.OutputSchemas }
 
 // onToolsList learns from the answer to a tools/list: it is the request's
-// mcp.Forward.OnResult. An error, or a result that is not a list of
+// relay.answered. An error, or a result that is not a list of
 // tools, teaches nothing.
 func (s *toolSchemas) onToolsList(result, _ json.RawMessage) {
 	if s == nil || result == nil {

@@ -32,7 +32,7 @@ type exchange struct {
 	r   *http.Request
 	rt  *runtime       // the configuration in force when the request came
 	p   auth.Principal // set by authenticate
-	fwd mcp.Forward    // what forwarding it upstream needs; Body and Msg set by parse
+	fwd relay          // what forwarding it upstream needs; Body and Msg set by parse
 	msg *mcp.Message   // set by parse (POST only)
 	// cleanups run when the exchange ends, last registered first.
 	cleanups []func()
@@ -103,9 +103,8 @@ func (g *Gateway) authenticate(x *exchange) bool {
 		return false
 	}
 	x.p = p
-	x.fwd = mcp.Forward{Header: g.identityHeaders(x.rt, p), SessionID: func(upstream string) string {
-		return g.sessions.wrap(p, upstream)
-	}, ReplayFilters: listFilters(p.Scopes)}
+	x.fwd = relay{Forward: mcp.Forward{Header: g.identityHeaders(x.rt, p), ReplayFilters: listFilters(p.Scopes)},
+		session: func(upstream string) string { return g.sessions.wrap(p, upstream) }}
 	return true
 }
 
@@ -131,7 +130,7 @@ func (g *Gateway) bindSession(x *exchange) bool {
 		// right after this GET must not overtake it upstream.
 		accepted := g.order.open(upstreamID)
 		x.after(accepted)
-		x.fwd.OnResponse = accepted
+		x.fwd.accepted = accepted
 	}
 	w, done, live := g.useSession(x.w, x.r, x.rt, x.p, upstreamID, lease)
 	if !live {
@@ -213,7 +212,7 @@ func (g *Gateway) route(x *exchange) {
 	}
 }
 
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, class string) int {
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, class string) int {
 	start := time.Now()
 	fwd, forwarded := noteForward(r.Context(), fwd)
 	status, err := g.serveOrdered(w, r, rt, fwd)

@@ -49,14 +49,14 @@ func (g *Gateway) startSessions() {
 // under the ticket's lease (enforce.Ticket.SessionSlots). The slots are freed at once when the upstream opens no
 // session (a stateless upstream, or a failure); otherwise the session id
 // the client gets carries the lease and the session is tracked.
-func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward, p auth.Principal, t *enforce.Ticket, class string) {
+func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, p auth.Principal, t *enforce.Ticket, class string) {
 	slots := t.SessionSlots()
 	inID := ""
 	if slots.Portable() {
 		inID = slots.Lease() // a fallback lease is valid on this instance only
 	}
 	var opened atomic.Pointer[string]
-	fwd.SessionID = func(upstream string) string {
+	fwd.session = func(upstream string) string {
 		opened.Store(&upstream)
 		return g.sessions.wrapLease(p, upstream, inID)
 	}

@@ -255,12 +255,12 @@ func (t *tracing) cache(ctx context.Context, outcome string) {
 	}
 }
 
-// serveUpstream is rt.proxy.Serve inside a client span: the upstream
+// serveUpstream is relayUpstream inside a client span: the upstream
 // receives that span's traceparent (and tracestate), not the caller's.
-func (g *Gateway) serveUpstream(w http.ResponseWriter, r *http.Request, rt *runtime, fwd mcp.Forward) (int, error) {
+func (g *Gateway) serveUpstream(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay) (int, error) {
 	t := g.trace
 	if t == nil {
-		return rt.proxy.Serve(w, r, fwd)
+		return relayUpstream(w, r, rt.proxy, fwd)
 	}
 	name := spanName(upstreamSpanNames, "upstream ", r.Method)
 	if fwd.Msg != nil && fwd.Msg.Method != "" {
@@ -274,7 +274,7 @@ func (g *Gateway) serveUpstream(w http.ResponseWriter, r *http.Request, rt *runt
 	}
 	fwd.Header["Tracestate"] = nil // replaces the caller's, unless the span has one
 	t.prop.Inject(ctx, propagation.HeaderCarrier(fwd.Header))
-	status, err := rt.proxy.Serve(w, r, fwd)
+	status, err := relayUpstream(w, r, rt.proxy, fwd)
 	span.SetAttributes(attrHTTPStatus.Int(status))
 	if err != nil || status >= 500 {
 		msg := http.StatusText(status)

@@ -132,7 +132,7 @@ tools:
 			if store == "redis" {
 				s.Redis, s.Instances = testenv.StartRedis(t, nil), 2
 				s.Config += redisStore
-				s.Upstream.JSONResponse = true // OnResult on both kinds of answer
+				s.Upstream.JSONResponse = true // Answer read from both kinds of answer
 			}
 			e := newEnv(t, s)
 			tok := token(t, "acme", "alice")

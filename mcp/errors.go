@@ -136,7 +136,7 @@ func errorResponse(id json.RawMessage, code int, message string, data any) []byt
 }
 
 // errorObject encodes just the error member of a JSON-RPC response, the form
-// OnResult receives.
+// Exchange.Answer returns.
 func errorObject(code int, message string) json.RawMessage {
 	b, _ := json.Marshal(wireErrorObject{Code: code, Message: message})
 	return b

@@ -2,7 +2,6 @@ package mcp
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -83,10 +81,10 @@ type ProxyOptions struct {
 	// however much the upstream streams (ErrUpstreamTimeout past it). Zero
 	// or negative means no cap. Notification streams are not capped.
 	MaxDuration time.Duration
-	// MaxResponseBytes bounds a JSON answer the proxy must inspect (when
-	// Forward has OnResult, or a Filter for the request's method). Zero means
-	// DefaultMaxResponseBytes. Answers relayed without inspection are not
-	// bounded.
+	// MaxResponseBytes bounds a JSON answer the proxy must inspect (its
+	// caller reads it with Exchange.Answer, or Forward has a Filter for the
+	// request's method). Zero means DefaultMaxResponseBytes. Answers relayed
+	// without inspection are not bounded.
 	MaxResponseBytes int64
 	// MaxEventBytes bounds one server-sent event. Zero means
 	// DefaultMaxEventBytes.
@@ -189,39 +187,22 @@ type Forward struct {
 	//
 	// Deprecated: set Filter.
 	AllowTool func(name string) bool
-	// OnResult, when set and Msg is a request, is called once with the
-	// JSON-RPC response to Msg.ID: its result (after filtering) or
-	// its error object. It runs before that response is written to the
-	// client. When the upstream gives no such response, OnResult receives the
-	// error object describing what happened instead (the one sent to the
-	// client when Serve answered 502/504, or one describing the upstream's
-	// HTTP status). It is not called when the client went away first, nor
-	// when an SSE stream carrying event ids ended early (the client may
-	// resume it with a GET, whose replayed responses only ReplayFilters
-	// screen).
-	OnResult func(result json.RawMessage, rpcErr json.RawMessage)
-	// SessionID, when set, rewrites the Mcp-Session-Id the upstream answers
-	// before the client sees it (the gateway binds sessions to callers).
-	SessionID func(upstream string) string
-	// OnResponse, when set, is called once, from Serve's goroutine, when
-	// the upstream's response headers arrived or the request failed before
-	// them; not at all when Serve refused the request itself (405, a body
-	// that does not parse). It runs before anything is relayed.
-	OnResponse func()
 }
 
 // Serve relays the client request r to the upstream and the upstream's
 // answer back to w, and returns when the answer is fully relayed or the
-// client went away. POST, GET (the server-initiated stream) and DELETE
-// (session end) are relayed; other methods get 405.
+// client went away. It is Start followed by Finish: a caller that must see
+// the answer before the client does, or rewrite the session id the client
+// sees, drives the Exchange itself.
 //
-// Allowlisted request headers are forwarded (Mcp-Session-Id,
-// MCP-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name, Mcp-Param-*,
-// Accept, Content-Type, User-Agent, trace context); Authorization, Cookie
-// and every other header are not. The upstream's status, Mcp-Session-Id and
-// Content-Type are passed back. A text/event-stream answer is relayed event
-// by event with a flush after each and X-Accel-Buffering: no, never buffered
-// whole.
+// POST, GET (the server-initiated stream) and DELETE (session end) are
+// relayed; other methods get 405. Allowlisted request headers are forwarded
+// (Mcp-Session-Id, MCP-Protocol-Version, Last-Event-ID, Mcp-Method,
+// Mcp-Name, Mcp-Param-*, Accept, Content-Type, User-Agent, trace context);
+// Authorization, Cookie and every other header are not. The upstream's
+// status, Mcp-Session-Id and Content-Type are passed back. A
+// text/event-stream answer is relayed event by event with a flush after
+// each and X-Accel-Buffering: no, never buffered whole.
 //
 // The upstream request dies with the client's: a client that goes away
 // cancels it (ErrClientGone), and so does a cancellation of r's context with
@@ -233,6 +214,16 @@ type Forward struct {
 // ErrUpstreamTimeout, ErrBadUpstreamResponse, ErrClientGone or
 // ErrCancelled, or the *Error of an unparsable body.
 func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, f Forward) (status int, err error) {
+	return p.Start(w, r, f).Finish()
+}
+
+// Start sends the client request r upstream, as Serve does, and returns
+// once the upstream's response headers arrived or the request failed before
+// them. Nothing has been written to w yet, except when Start refused the
+// request itself (405, or a POST body that does not parse): then w has its
+// answer and Finish returns it. The caller must call Finish.
+func (p *Proxy) Start(w http.ResponseWriter, r *http.Request, f Forward) *Exchange {
+	x := &Exchange{p: p, w: w, r: r, out: r, f: f}
 	switch r.Method {
 	case http.MethodPost:
 		if f.Msg == nil {
@@ -240,336 +231,56 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, f Forward) (status
 			if err != nil {
 				e := err.(*Error)
 				e.Respond(w)
-				return e.HTTPStatus, e
+				x.finished(e.HTTPStatus, e)
+				return x
 			}
-			f.Msg = m
+			x.f.Msg = m
 		}
 	case http.MethodGet, http.MethodDelete:
-		f.Body, f.Msg = nil, nil
+		x.f.Body, x.f.Msg = nil, nil
 	default:
 		w.Header().Set("Allow", "GET, POST, DELETE")
 		WriteError(w, http.StatusMethodNotAllowed, nil, CodeInvalidRequest, "method not allowed", nil)
-		return http.StatusMethodNotAllowed, nil
+		x.finished(http.StatusMethodNotAllowed, nil)
+		return x
 	}
+	if x.f.Filter.Allow == nil && x.f.AllowTool != nil {
+		x.f.Filter = Filter{List: ToolsList, Allow: x.f.AllowTool}
+	}
+	x.private = HasCachingHints(r.Header.Get(HeaderProtocolVersion))
+	x.f.Filter.Private = x.f.Filter.Private || x.private
 
-	ctx, idle, stop := p.deadlines(r, f)
-	defer stop()
-
+	ctx, idle, stop := p.deadlines(r, x.f)
+	x.idle, x.stop = idle, stop
 	var body io.Reader
 	if r.Method == http.MethodPost {
-		body = bytes.NewReader(f.Body)
+		body = bytes.NewReader(x.f.Body)
 	}
 	req, err := http.NewRequestWithContext(ctx, r.Method, p.upstream, body)
 	if err != nil {
-		return p.fail(w, r, f, nil, err)
+		x.failed(err)
+		return x
 	}
+	x.out = req
 	copyRequestHeaders(req.Header, r.Header)
 	for k, v := range p.headers {
 		req.Header[k] = append([]string(nil), v...)
 	}
-	for k, v := range f.Header {
+	for k, v := range x.f.Header {
 		req.Header[http.CanonicalHeaderKey(k)] = append([]string(nil), v...)
 	}
-
-	if f.Filter.Allow == nil && f.AllowTool != nil {
-		f.Filter = Filter{List: ToolsList, Allow: f.AllowTool}
-	}
-	private := HasCachingHints(r.Header.Get(HeaderProtocolVersion))
-	f.Filter.Private = f.Filter.Private || private
-	x := &exchange{p: p, w: w, r: r, out: req, f: f, idle: idle, private: private}
 	resp, err := p.client.Do(req)
-	if f.OnResponse != nil {
-		f.OnResponse()
-	}
 	if err != nil {
-		return p.fail(w, r, f, x, err)
+		x.failed(err)
+		return x
 	}
-	defer resp.Body.Close()
 	idle.touch()
-
-	if mediaType(resp.Header.Get("Content-Type")) == "text/event-stream" && resp.StatusCode/100 == 2 {
-		return x.relaySSE(resp)
+	x.resp = resp
+	x.sse = mediaType(resp.Header.Get("Content-Type")) == "text/event-stream" && resp.StatusCode/100 == 2
+	if v := resp.Header.Values(HeaderSessionID); len(v) > 0 {
+		x.session = v[0]
 	}
-	return x.relayBody(resp)
-}
-
-// exchange is the state of one Serve call.
-type exchange struct {
-	p        *Proxy
-	w        http.ResponseWriter
-	r        *http.Request
-	out      *http.Request // the request sent upstream (its context carries the deadlines)
-	f        Forward
-	idle     *idleTimer // nil: no idle timeout
-	private  bool       // the client reads caching hints: filtered lists are marked private
-	replay   []Filter   // f.ReplayFilters, Private set as for f.Filter; built on first use (replayList)
-	replayOK bool       // replay is built
-	reported bool       // OnResult was called
-	answered bool       // the response to f.Msg was relayed (SSE)
-}
-
-func (x *exchange) filtering() bool { return x.f.Filter.applies(x.f.Msg) }
-
-func (x *exchange) report(result, rpcErr json.RawMessage) {
-	if x.reported || x.f.OnResult == nil || !x.f.Msg.IsCall() {
-		return
-	}
-	x.reported = true
-	x.f.OnResult(result, rpcErr)
-}
-
-// cause classifies a failure of the upstream exchange.
-func (x *exchange) cause(err error) error {
-	switch {
-	case errors.Is(context.Cause(x.r.Context()), ErrCancelled):
-		return ErrCancelled
-	case x.r.Context().Err() != nil:
-		return ErrClientGone
-	case errors.Is(context.Cause(x.out.Context()), ErrUpstreamTimeout):
-		return context.Cause(x.out.Context()) // ErrUpstreamTimeout, maybe wrapped
-	case errors.Is(err, ErrBadUpstreamResponse):
-		return err
-	}
-	return fmt.Errorf("%w: %v", ErrUpstreamUnavailable, err)
-}
-
-// fail answers a failure that happened before anything was written.
-func (p *Proxy) fail(w http.ResponseWriter, r *http.Request, f Forward, x *exchange, err error) (int, error) {
-	if x == nil {
-		x = &exchange{p: p, w: w, r: r, out: r, f: f}
-	}
-	err = x.cause(err)
-	var id json.RawMessage
-	if f.Msg != nil && f.Msg.Kind == Request {
-		id = f.Msg.ID
-	}
-	status, msg := http.StatusBadGateway, "upstream MCP server unavailable"
-	switch {
-	case errors.Is(err, ErrClientGone):
-		return StatusClientClosedRequest, err
-	case errors.Is(err, ErrCancelled):
-		// MCP: a cancelled request gets no response. The client may still
-		// wait for its HTTP answer; 202 with no body is what the SDK
-		// clients accept for a message that has none.
-		w.WriteHeader(http.StatusAccepted)
-		return http.StatusAccepted, err
-	case errors.Is(err, ErrUpstreamTimeout):
-		status, msg = http.StatusGatewayTimeout, "upstream MCP server timed out"
-	case errors.Is(err, ErrBadUpstreamResponse):
-		msg = "upstream MCP server sent an unusable response"
-	}
-	p.log.Warn("mcp upstream failure", "method", r.Method, "rpc_method", methodOf(f.Msg), "status", status, "err", err)
-	x.report(nil, errorObject(CodeInternalError, msg))
-	WriteError(w, status, id, CodeInternalError, msg, nil)
-	return status, err
-}
-
-// copyResponseHeaders passes the allowlisted upstream headers on; it runs
-// only once the upstream's answer is known to be relayed.
-func (x *exchange) copyResponseHeaders(resp *http.Response) {
-	for _, k := range forwardResponseHeaders {
-		if v := resp.Header.Values(k); len(v) > 0 {
-			v = append([]string(nil), v...)
-			if k == HeaderSessionID && x.f.SessionID != nil {
-				for i := range v {
-					v[i] = x.f.SessionID(v[i])
-				}
-			}
-			x.w.Header()[k] = v
-		}
-	}
-}
-
-func methodOf(m *Message) string {
-	if m == nil {
-		return ""
-	}
-	return m.Method
-}
-
-// relayBody relays a non-SSE answer: unchanged when nothing needs
-// inspecting, else read whole (bounded), inspected, then written.
-func (x *exchange) relayBody(resp *http.Response) (int, error) {
-	w := x.w
-	inspect := x.f.Msg.IsCall() && (x.f.OnResult != nil || x.filtering())
-	body := x.idle.reader(resp.Body)
-	if !inspect {
-		x.copyResponseHeaders(resp)
-		w.WriteHeader(resp.StatusCode)
-		buf := copyBufs.Get().(*[]byte)
-		_, err := io.CopyBuffer(w, body, *buf)
-		copyBufs.Put(buf)
-		if err != nil {
-			return resp.StatusCode, x.cause(err)
-		}
-		return resp.StatusCode, nil
-	}
-
-	data, err := io.ReadAll(io.LimitReader(body, x.p.maxResp+1))
-	if err == nil && int64(len(data)) > x.p.maxResp {
-		err = fmt.Errorf("%w: answer over %d bytes", ErrBadUpstreamResponse, x.p.maxResp)
-	}
-	if err != nil {
-		return x.p.fail(w, x.r, x.f, x, err)
-	}
-	ok2xx := resp.StatusCode/100 == 2
-	matched := false
-	if mediaType(resp.Header.Get("Content-Type")) == "application/json" {
-		if m, err := Parse(data); err == nil && m.Kind == Response && SameID(m.ID, x.f.Msg.ID) {
-			matched = true
-			result := m.Result
-			if x.filtering() && ok2xx && result != nil {
-				filtered, err := filterList(result, x.f.Filter)
-				if err != nil {
-					return x.p.fail(w, x.r, x.f, x, err)
-				}
-				result, data = filtered, resultResponse(m.ID, filtered)
-			}
-			x.report(result, m.Error)
-		}
-	}
-	if !matched {
-		if x.filtering() && ok2xx {
-			return x.p.fail(w, x.r, x.f, x, fmt.Errorf("%w: %s answer is not its JSON-RPC response", ErrBadUpstreamResponse, x.f.Msg.Method))
-		}
-		x.report(nil, errorObject(CodeInternalError, "upstream answered HTTP "+strconv.Itoa(resp.StatusCode)+" without a JSON-RPC response"))
-	}
-	x.copyResponseHeaders(resp)
-	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
-	w.WriteHeader(resp.StatusCode)
-	if _, err := w.Write(data); err != nil {
-		return resp.StatusCode, ErrClientGone
-	}
-	return resp.StatusCode, nil
-}
-
-// relaySSE relays an event stream event by event, flushing after each.
-func (x *exchange) relaySSE(resp *http.Response) (int, error) {
-	w := x.w
-	x.copyResponseHeaders(resp)
-	h := w.Header()
-	h.Del("Content-Length")
-	h.Set("X-Accel-Buffering", "no")
-	if h.Get("Cache-Control") == "" {
-		h.Set("Cache-Control", "no-cache")
-	}
-	status := resp.StatusCode
-	w.WriteHeader(status)
-	rc := http.NewResponseController(w)
-	_ = rc.Flush() // headers now: a GET stream may stay silent for long
-
-	call := x.f.Msg.IsCall()
-	resumable := false
-	events := newEventReader(resp.Body, x.p.maxEvent)
-	var streamErr error
-	for {
-		ev, err := events.next()
-		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				streamErr = err
-			}
-			break
-		}
-		x.idle.touch()
-		resumable = resumable || ev.hasID
-		out, stop := x.eventOut(ev)
-		if stop != nil {
-			_, _ = w.Write(out)
-			_ = rc.Flush()
-			return status, stop
-		}
-		if out == nil {
-			continue
-		}
-		if _, err := w.Write(out); err != nil {
-			return status, ErrClientGone
-		}
-		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return status, ErrClientGone
-		}
-	}
-
-	var err error
-	if streamErr != nil {
-		if errors.Is(streamErr, errEventTooLarge) {
-			streamErr = fmt.Errorf("%w: %v", ErrBadUpstreamResponse, streamErr)
-		}
-		err = x.cause(streamErr)
-		if errors.Is(err, ErrClientGone) || errors.Is(err, ErrCancelled) {
-			return status, err // no answer: nobody reads it, or MCP forbids it
-		}
-		x.p.log.Warn("mcp upstream stream broke", "rpc_method", methodOf(x.f.Msg), "err", err)
-	}
-	// The stream ended without the response. Unless the client can resume it
-	// (event ids were sent, and it was not our timeout that cut it), answer
-	// the call ourselves so the client is not left waiting.
-	if call && !x.answered && (!resumable || errors.Is(err, ErrUpstreamTimeout)) {
-		msg := "upstream MCP server ended the stream without a response"
-		switch {
-		case errors.Is(err, ErrUpstreamTimeout):
-			msg = "upstream MCP server timed out"
-		case errors.Is(err, ErrBadUpstreamResponse):
-			msg = "upstream MCP server sent an unusable response"
-		case err != nil:
-			msg = "upstream MCP server unavailable"
-		}
-		x.report(nil, errorObject(CodeInternalError, msg))
-		if _, werr := w.Write(errorEvent(x.f.Msg.ID, CodeInternalError, msg)); werr != nil {
-			return status, ErrClientGone
-		}
-		_ = rc.Flush()
-	}
-	return status, err
-}
-
-// eventOut returns what the client gets for the upstream event ev: ev.raw,
-// a rewritten event, or nil (nothing). A non-nil stop ends the relay after
-// out (an error event) is written.
-func (x *exchange) eventOut(ev sseEvent) (out []byte, stop error) {
-	if ev.data == nil || (ev.name != "" && ev.name != "message") {
-		return ev.raw, nil // not a message: clients ignore it
-	}
-	var m *Message
-	var perr error
-	if x.f.Msg.IsCall() && !x.answered {
-		m, perr = Parse(ev.data)
-		if perr == nil && m.Kind == Response && SameID(m.ID, x.f.Msg.ID) {
-			return x.answer(ev, m)
-		}
-	}
-	if len(x.replayList()) == 0 {
-		return ev.raw, nil
-	}
-	return x.screenReplay(ev, m, perr), nil
-}
-
-// replayList returns x.replay, building it the first time an event needs
-// it: most exchanges relay no event that is not their own answer.
-func (x *exchange) replayList() []Filter {
-	if !x.replayOK {
-		x.replay, x.replayOK = replayFilters(x.f.ReplayFilters, x.private), true
-	}
-	return x.replay
-}
-
-// answer relays m, the response to f.Msg carried by ev: filtered when
-// Forward.Filter applies, and reported to OnResult.
-func (x *exchange) answer(ev sseEvent, m *Message) ([]byte, error) {
-	x.answered = true
-	out, result := ev.raw, m.Result
-	if x.filtering() && result != nil {
-		filtered, err := filterList(result, x.f.Filter)
-		if err != nil {
-			x.p.log.Warn("mcp upstream list result unfilterable", "rpc_method", x.f.Msg.Method, "err", err)
-			msg := "upstream MCP server sent an unusable response"
-			x.report(nil, errorObject(CodeInternalError, msg))
-			return errorEvent(m.ID, CodeInternalError, msg), err
-		}
-		result = filtered
-		out = rewriteEventData(ev.raw, resultResponse(m.ID, filtered))
-	}
-	x.report(result, m.Error)
-	return out, nil
+	return x
 }
 
 // resultResponse encodes a JSON-RPC success response.

@@ -74,13 +74,16 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		f.Body, f.Msg = body, m
-		f.OnResult = func(result, rpcErr json.RawMessage) {
+	}
+	x := g.proxy.Start(w, r, f)
+	if r.Method == http.MethodPost {
+		if result, rpcErr, ok := x.Answer(); ok {
 			s.reported++
 			s.result = append(json.RawMessage(nil), result...)
 			s.rpcErr = append(json.RawMessage(nil), rpcErr...)
 		}
 	}
-	s.status, s.err = g.proxy.Serve(w, r, f)
+	s.status, s.err = x.Finish()
 	g.mu.Lock()
 	g.logs = append(g.logs, s)
 	g.mu.Unlock()
@@ -393,7 +396,7 @@ func TestProxyClientDisconnectCancelsUpstream(t *testing.T) {
 	}
 }
 
-func TestProxyOnResult(t *testing.T) {
+func TestProxyAnswer(t *testing.T) {
 	tests := []struct {
 		name       string
 		ct, body   string
@@ -423,7 +426,7 @@ func TestProxyOnResult(t *testing.T) {
 			}
 			s := g.next(t)
 			if s.reported != 1 || string(s.result) != tt.wantResult || !strings.Contains(string(s.rpcErr), tt.wantErr) {
-				t.Fatalf("OnResult(%s, %s), %d calls", s.result, s.rpcErr, s.reported)
+				t.Fatalf("Answer() = %s, %s, %d reports", s.result, s.rpcErr, s.reported)
 			}
 		})
 	}

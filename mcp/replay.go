@@ -43,7 +43,7 @@ func replayFilters(filters []Filter, private bool) []Filter {
 // logged). m and perr are Parse's reading of ev.data when the caller already
 // has it (both nil otherwise). Events that cannot carry a result are
 // relayed without being parsed.
-func (x *exchange) screenReplay(ev sseEvent, m *Message, perr error) []byte {
+func (x *Exchange) screenReplay(ev sseEvent, m *Message, perr error) []byte {
 	if !mayHoldResult(ev.data) {
 		return ev.raw
 	}

@@ -161,7 +161,7 @@ func TestSDKThroughProxy(t *testing.T) {
 				t.Fatalf("llm_complete meta %v", res.Meta)
 			}
 			// The proxy does not enforce scopes (the gateway does): a hidden
-			// tool still answers, and its isError reaches OnResult.
+			// tool still answers, and its isError reaches Answer.
 			res, err = cs.CallTool(ctx, &sdk.CallToolParams{Name: "fail"})
 			if err != nil || !res.IsError {
 				t.Fatalf("fail: %v %v", res, err)
@@ -174,7 +174,7 @@ func TestSDKThroughProxy(t *testing.T) {
 				t.Fatalf("upstream tools/list %d", e.up.Requests("tools/list"))
 			}
 
-			// OnResult saw each call's response exactly once: the handshake
+			// Answer saw each call's response exactly once: the handshake
 			// (server/discover and/or initialize), tools/list and three calls.
 			// The client may see a response before Serve has returned, so
 			// wait for the records.
@@ -183,7 +183,7 @@ func TestSDKThroughProxy(t *testing.T) {
 				results = results[:0]
 				for _, s := range e.served() {
 					if s.reported > 1 {
-						t.Fatalf("OnResult called %d times", s.reported)
+						t.Fatalf("Answer reported %d times", s.reported)
 					}
 					if s.reported == 1 {
 						results = append(results, string(s.result)+string(s.rpcErr))
@@ -195,7 +195,7 @@ func TestSDKThroughProxy(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 			}
 			if len(results) != m.handshakes+4 {
-				t.Fatalf("%d OnResult reports, want %d:\n%s", len(results), m.handshakes+4, strings.Join(results, "\n"))
+				t.Fatalf("%d Answer reports, want %d:\n%s", len(results), m.handshakes+4, strings.Join(results, "\n"))
 			}
 			if e.up.Requests("server/discover")+e.up.Requests("initialize") != int64(m.handshakes) {
 				t.Fatalf("upstream handshakes: discover %d initialize %d", e.up.Requests("server/discover"), e.up.Requests("initialize"))
@@ -203,11 +203,11 @@ func TestSDKThroughProxy(t *testing.T) {
 			joined := strings.Join(results, "\n")
 			for _, want := range []string{`"text":"through the gateway"`, `"usage":{"tokens":42}`, `"isError":true`, `"name":"echo"`} {
 				if !strings.Contains(joined, want) {
-					t.Errorf("OnResult results lack %s:\n%s", want, joined)
+					t.Errorf("Answer results lack %s:\n%s", want, joined)
 				}
 			}
 			if strings.Contains(joined, `"name":"update_product"`) {
-				t.Errorf("OnResult saw an unfiltered tools/list")
+				t.Errorf("Answer saw an unfiltered tools/list")
 			}
 
 			// What reached the upstream.

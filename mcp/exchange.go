@@ -1,0 +1,292 @@
+package mcp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+)
+
+// Exchange is one request relayed by Proxy.Start, driven by its caller in
+// steps:
+//
+//	x := p.Start(w, r, f)             // sent; the upstream's headers are in, or it failed
+//	x.SetSessionID(bind(x.SessionID())) // optional: the session id the client sees
+//	result, rpcErr, ok := x.Answer()  // optional: the response to f.Msg, read, not yet relayed
+//	status, err := x.Finish()         // relays the answer and whatever follows it
+//
+// The steps are the caller's: the proxy never calls back into it. A
+// gateway that must settle a call on its outcome before the client learns it
+// (a breaker, a cache, a cost) does so between Answer and Finish. An
+// Exchange belongs to one goroutine; Finish must be called exactly once.
+type Exchange struct {
+	p       *Proxy
+	w       http.ResponseWriter
+	r       *http.Request
+	out     *http.Request // the request sent upstream (its context carries the deadlines)
+	f       Forward
+	idle    *idleTimer // nil: no idle timeout
+	stop    func()     // releases the deadlines; nil before they were set
+	private bool       // the client reads caching hints: filtered lists are marked private
+
+	resp    *http.Response // nil: the exchange failed before the upstream answered
+	sse     bool           // resp is a 2xx event stream
+	session string         // the Mcp-Session-Id the client gets ("": the upstream's, unchanged)
+	rewrite bool           // SetSessionID was called
+
+	replay   []Filter // f.ReplayFilters, Private set as for f.Filter; built on first use (replayList)
+	replayOK bool     // replay is built
+
+	failure error // classified (cause) failure not yet answered; Finish answers it
+
+	read           bool            // Answer ran (a JSON answer is then in body)
+	body           []byte          // the JSON answer read by Answer, as it is to be relayed
+	reported       bool            // result/rpcErr hold the response to f.Msg
+	result, rpcErr json.RawMessage // see Answer
+
+	events    *eventReader // SSE: set once the client has the response headers
+	rc        *http.ResponseController
+	held      []byte // SSE: bytes to write before relaying on (the answer, or an error event)
+	answered  bool   // SSE: the response to f.Msg arrived
+	resumable bool   // SSE: the upstream sent event ids
+	ended     bool   // SSE: the upstream's stream ended (EOF, error, or stopErr)
+	closed    bool   // SSE: endStream ran
+	gone      bool   // SSE: a write to the client failed
+	stopErr   error  // SSE: the relay ends after held with this error
+	streamErr error  // SSE: why the stream ended (nil: EOF); classified by endStream
+
+	done   bool // Finish ran, or Start answered the request itself
+	status int
+	err    error
+}
+
+// SessionID returns the Mcp-Session-Id the upstream answered ("" for none,
+// or when the exchange failed before the upstream answered).
+func (x *Exchange) SessionID() string {
+	if x.resp == nil {
+		return ""
+	}
+	return x.resp.Header.Get(HeaderSessionID)
+}
+
+// SetSessionID makes the client see id as the Mcp-Session-Id of the
+// upstream's answer (a gateway binds sessions to callers). It has no effect
+// when the upstream answered none, or after the answer's headers were
+// written (by Answer on an event stream, or by Finish).
+func (x *Exchange) SetSessionID(id string) { x.session, x.rewrite = id, true }
+
+// Answer reads the upstream's answer up to the JSON-RPC response to
+// Forward.Msg and returns that response, without relaying it: its result
+// (after Forward.Filter) or its error object. Events of an SSE answer that
+// come before it are relayed as they arrive; a JSON answer is read whole
+// (bounded by ProxyOptions.MaxResponseBytes) and relayed by Finish.
+//
+// When the upstream gives no such response, rpcErr describes what happened
+// instead: the error object the client will get with a 502 or 504, or one
+// describing the upstream's HTTP status. ok is false, and nothing was read,
+// when Msg is not a request; ok is also false when the client went away
+// first, or when an SSE stream carrying event ids ended early (the client
+// may resume it with a GET, whose replayed responses only ReplayFilters
+// screen). Calling it again returns the same values.
+func (x *Exchange) Answer() (result, rpcErr json.RawMessage, ok bool) {
+	if x.read || x.done || !x.f.Msg.IsCall() {
+		return x.result, x.rpcErr, x.reported
+	}
+	x.read = true
+	switch {
+	case x.failure != nil:
+	case x.sse:
+		x.startStream()
+		x.relayEvents(true)
+		if x.ended && !x.answered {
+			x.endStream()
+		}
+	default:
+		x.readBody()
+	}
+	return x.result, x.rpcErr, x.reported
+}
+
+// Finish relays the rest of the exchange (Answer's response included) and
+// returns what Serve returns.
+func (x *Exchange) Finish() (status int, err error) {
+	if x.done {
+		return x.status, x.err
+	}
+	defer func() {
+		if x.resp != nil {
+			x.resp.Body.Close()
+		}
+		if x.stop != nil {
+			x.stop()
+		}
+		x.finished(status, err)
+	}()
+	if x.sse {
+		return x.finishStream()
+	}
+	if x.failure == nil && !x.read && x.filtering() {
+		x.Answer() // a filtered list is inspected whether or not the caller reads it
+	}
+	if x.failure != nil {
+		return x.answerFailure()
+	}
+	if !x.read {
+		return x.copyBody()
+	}
+	x.copyResponseHeaders()
+	x.w.Header().Set("Content-Length", strconv.Itoa(len(x.body)))
+	x.w.WriteHeader(x.resp.StatusCode)
+	if _, err := x.w.Write(x.body); err != nil {
+		return x.resp.StatusCode, ErrClientGone
+	}
+	return x.resp.StatusCode, nil
+}
+
+func (x *Exchange) finished(status int, err error) {
+	x.done, x.status, x.err = true, status, err
+}
+
+func (x *Exchange) filtering() bool { return x.f.Filter.applies(x.f.Msg) }
+
+func (x *Exchange) report(result, rpcErr json.RawMessage) {
+	if x.reported || !x.f.Msg.IsCall() {
+		return
+	}
+	x.reported = true
+	x.result, x.rpcErr = result, rpcErr
+}
+
+// cause classifies a failure of the upstream exchange.
+func (x *Exchange) cause(err error) error {
+	switch {
+	case errors.Is(context.Cause(x.r.Context()), ErrCancelled):
+		return ErrCancelled
+	case x.r.Context().Err() != nil:
+		return ErrClientGone
+	case errors.Is(context.Cause(x.out.Context()), ErrUpstreamTimeout):
+		return context.Cause(x.out.Context()) // ErrUpstreamTimeout, maybe wrapped
+	case errors.Is(err, ErrBadUpstreamResponse):
+		return err
+	}
+	return fmt.Errorf("%w: %v", ErrUpstreamUnavailable, err)
+}
+
+// failed records a failure that happened before anything was written, and
+// reports the error object its answer carries (none when the client left).
+func (x *Exchange) failed(err error) {
+	x.failure = x.cause(err)
+	if status, msg := failureAnswer(x.failure); status != 0 {
+		x.report(nil, errorObject(CodeInternalError, msg))
+	}
+}
+
+// failureAnswer is the status and message answering a classified failure;
+// status 0 means none (the client left, or cancelled its request).
+func failureAnswer(err error) (int, string) {
+	switch {
+	case errors.Is(err, ErrClientGone), errors.Is(err, ErrCancelled):
+		return 0, ""
+	case errors.Is(err, ErrUpstreamTimeout):
+		return http.StatusGatewayTimeout, "upstream MCP server timed out"
+	case errors.Is(err, ErrBadUpstreamResponse):
+		return http.StatusBadGateway, "upstream MCP server sent an unusable response"
+	}
+	return http.StatusBadGateway, "upstream MCP server unavailable"
+}
+
+// answerFailure writes the answer to x.failure.
+func (x *Exchange) answerFailure() (int, error) {
+	err := x.failure
+	status, msg := failureAnswer(err)
+	switch {
+	case errors.Is(err, ErrClientGone):
+		return StatusClientClosedRequest, err
+	case errors.Is(err, ErrCancelled):
+		// MCP: a cancelled request gets no response. The client may still
+		// wait for its HTTP answer; 202 with no body is what the SDK
+		// clients accept for a message that has none.
+		x.w.WriteHeader(http.StatusAccepted)
+		return http.StatusAccepted, err
+	}
+	var id json.RawMessage
+	if x.f.Msg != nil && x.f.Msg.Kind == Request {
+		id = x.f.Msg.ID
+	}
+	x.p.log.Warn("mcp upstream failure", "method", x.r.Method, "rpc_method", methodOf(x.f.Msg), "status", status, "err", err)
+	WriteError(x.w, status, id, CodeInternalError, msg, nil)
+	return status, err
+}
+
+// copyResponseHeaders passes the allowlisted upstream headers on; it runs
+// only once the upstream's answer is known to be relayed.
+func (x *Exchange) copyResponseHeaders() {
+	for _, k := range forwardResponseHeaders {
+		if v := x.resp.Header.Values(k); len(v) > 0 {
+			if k == HeaderSessionID && x.rewrite {
+				x.w.Header()[k] = []string{x.session}
+				continue
+			}
+			x.w.Header()[k] = append([]string(nil), v...)
+		}
+	}
+}
+
+func methodOf(m *Message) string {
+	if m == nil {
+		return ""
+	}
+	return m.Method
+}
+
+// copyBody relays a non-SSE answer nobody inspects, unchanged.
+func (x *Exchange) copyBody() (int, error) {
+	x.copyResponseHeaders()
+	x.w.WriteHeader(x.resp.StatusCode)
+	buf := copyBufs.Get().(*[]byte)
+	_, err := io.CopyBuffer(x.w, x.idle.reader(x.resp.Body), *buf)
+	copyBufs.Put(buf)
+	if err != nil {
+		return x.resp.StatusCode, x.cause(err)
+	}
+	return x.resp.StatusCode, nil
+}
+
+// readBody reads a non-SSE answer whole (bounded) into x.body, filtered
+// when Forward.Filter applies, and reports the response it carries.
+func (x *Exchange) readBody() {
+	data, err := io.ReadAll(io.LimitReader(x.idle.reader(x.resp.Body), x.p.maxResp+1))
+	if err == nil && int64(len(data)) > x.p.maxResp {
+		err = fmt.Errorf("%w: answer over %d bytes", ErrBadUpstreamResponse, x.p.maxResp)
+	}
+	if err != nil {
+		x.failed(err)
+		return
+	}
+	ok2xx := x.resp.StatusCode/100 == 2
+	if mediaType(x.resp.Header.Get("Content-Type")) == "application/json" {
+		if m, err := Parse(data); err == nil && m.Kind == Response && SameID(m.ID, x.f.Msg.ID) {
+			result := m.Result
+			if x.filtering() && ok2xx && result != nil {
+				filtered, err := filterList(result, x.f.Filter)
+				if err != nil {
+					x.failed(err)
+					return
+				}
+				result, data = filtered, resultResponse(m.ID, filtered)
+			}
+			x.body = data
+			x.report(result, m.Error)
+			return
+		}
+	}
+	if x.filtering() && ok2xx {
+		x.failed(fmt.Errorf("%w: %s answer is not its JSON-RPC response", ErrBadUpstreamResponse, x.f.Msg.Method))
+		return
+	}
+	x.body = data
+	x.report(nil, errorObject(CodeInternalError, "upstream answered HTTP "+strconv.Itoa(x.resp.StatusCode)+" without a JSON-RPC response"))
+}

@@ -1,0 +1,182 @@
+package mcp
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+)
+
+// An SSE answer is relayed event by event, flushing after each, in two
+// legs: Answer relays up to the response to Forward.Msg and holds it;
+// Finish writes what is held and relays the rest.
+
+// startStream writes the response headers of an SSE answer, once.
+func (x *Exchange) startStream() {
+	if x.events != nil {
+		return
+	}
+	x.copyResponseHeaders()
+	h := x.w.Header()
+	h.Del("Content-Length")
+	h.Set("X-Accel-Buffering", "no")
+	if h.Get("Cache-Control") == "" {
+		h.Set("Cache-Control", "no-cache")
+	}
+	x.w.WriteHeader(x.resp.StatusCode)
+	x.rc = http.NewResponseController(x.w)
+	_ = x.rc.Flush() // headers now: a GET stream may stay silent for long
+	x.events = newEventReader(x.resp.Body, x.p.maxEvent)
+}
+
+// relayEvents relays events until the stream ended, the client went away,
+// or an event ends the relay; with untilAnswer, also until the response to
+// Forward.Msg arrived, which it holds rather than writes.
+func (x *Exchange) relayEvents(untilAnswer bool) {
+	for !x.ended && !x.gone {
+		ev, err := x.events.next()
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				x.streamErr = err
+			}
+			x.ended = true
+			return
+		}
+		x.idle.touch()
+		x.resumable = x.resumable || ev.hasID
+		before := x.answered
+		out, stop := x.eventOut(ev)
+		if stop != nil {
+			x.held, x.stopErr, x.ended = out, stop, true
+			return
+		}
+		if out == nil {
+			continue
+		}
+		if untilAnswer && x.answered && !before {
+			x.held = out
+			return
+		}
+		x.write(out)
+	}
+}
+
+// write sends out to the client and flushes it; a failure marks it gone.
+func (x *Exchange) write(out []byte) {
+	if _, err := x.w.Write(out); err != nil {
+		x.gone = true
+		return
+	}
+	if err := x.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		x.gone = true
+	}
+}
+
+// endStream classifies how the stream ended (x.streamErr becomes what
+// Finish returns) and, when the call's response never came and the client
+// cannot resume the stream, holds an error event answering it, so that the
+// client is not left waiting.
+func (x *Exchange) endStream() {
+	if x.closed {
+		return
+	}
+	x.closed = true
+	if x.streamErr != nil {
+		err := x.streamErr
+		if errors.Is(err, errEventTooLarge) {
+			err = fmt.Errorf("%w: %v", ErrBadUpstreamResponse, err)
+		}
+		x.streamErr = x.cause(err)
+		if errors.Is(x.streamErr, ErrClientGone) || errors.Is(x.streamErr, ErrCancelled) {
+			return // no answer: nobody reads it, or MCP forbids it
+		}
+		x.p.log.Warn("mcp upstream stream broke", "rpc_method", methodOf(x.f.Msg), "err", x.streamErr)
+	}
+	// Unless the client can resume the stream (event ids were sent, and it
+	// was not our timeout that cut it), answer the call ourselves.
+	err := x.streamErr
+	if !x.f.Msg.IsCall() || x.answered || (x.resumable && !errors.Is(err, ErrUpstreamTimeout)) {
+		return
+	}
+	msg := "upstream MCP server ended the stream without a response"
+	if err != nil {
+		_, msg = failureAnswer(err)
+	}
+	x.report(nil, errorObject(CodeInternalError, msg))
+	x.held = append(x.held, errorEvent(x.f.Msg.ID, CodeInternalError, msg)...)
+}
+
+// finishStream relays an SSE answer to its end.
+func (x *Exchange) finishStream() (int, error) {
+	status := x.resp.StatusCode
+	x.startStream()
+	for {
+		if len(x.held) > 0 {
+			held := x.held
+			x.held = nil
+			x.write(held)
+		}
+		switch {
+		case x.stopErr != nil:
+			return status, x.stopErr
+		case x.gone:
+			return status, ErrClientGone
+		case x.ended && x.closed:
+			return status, x.streamErr
+		case x.ended:
+			x.endStream() // may hold an error event
+		default:
+			x.relayEvents(false)
+		}
+	}
+}
+
+// eventOut returns what the client gets for the upstream event ev: ev.raw,
+// a rewritten event, or nil (nothing). A non-nil stop ends the relay after
+// out (an error event) is written.
+func (x *Exchange) eventOut(ev sseEvent) (out []byte, stop error) {
+	if ev.data == nil || (ev.name != "" && ev.name != "message") {
+		return ev.raw, nil // not a message: clients ignore it
+	}
+	var m *Message
+	var perr error
+	if x.f.Msg.IsCall() && !x.answered {
+		m, perr = Parse(ev.data)
+		if perr == nil && m.Kind == Response && SameID(m.ID, x.f.Msg.ID) {
+			return x.answer(ev, m)
+		}
+	}
+	if len(x.replayList()) == 0 {
+		return ev.raw, nil
+	}
+	return x.screenReplay(ev, m, perr), nil
+}
+
+// replayList returns x.replay, building it the first time an event needs
+// it: most exchanges relay no event that is not their own answer.
+func (x *Exchange) replayList() []Filter {
+	if !x.replayOK {
+		x.replay, x.replayOK = replayFilters(x.f.ReplayFilters, x.private), true
+	}
+	return x.replay
+}
+
+// answer returns the event relaying m, the response to f.Msg carried by
+// ev: filtered when Forward.Filter applies, and reported for Answer.
+func (x *Exchange) answer(ev sseEvent, m *Message) ([]byte, error) {
+	x.answered = true
+	out, result := ev.raw, m.Result
+	if x.filtering() && result != nil {
+		filtered, err := filterList(result, x.f.Filter)
+		if err != nil {
+			x.p.log.Warn("mcp upstream list result unfilterable", "rpc_method", x.f.Msg.Method, "err", err)
+			msg := "upstream MCP server sent an unusable response"
+			x.report(nil, errorObject(CodeInternalError, msg))
+			return errorEvent(m.ID, CodeInternalError, msg), err
+		}
+		result = filtered
+		out = rewriteEventData(ev.raw, resultResponse(m.ID, filtered))
+	}
+	x.report(result, m.Error)
+	return out, nil
+}
