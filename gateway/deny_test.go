@@ -420,13 +420,16 @@ func TestDenyAsResultOutputSchema(t *testing.T) {
 			deniedResultOf(t, e.callRaw(0, alice, 6, "echo", map[string]any{"text": "x"}))
 
 			// A reload to the same upstream keeps it; to another, forgets it
-			// until a list relayed to a caller says it again.
+			// and lists that one's tools, as a start does.
 			e.apply(setup{Config: schemaConfig})
 			deniedTypedResultOf(t, search(8))
 			e.apply(setup{Config: schemaConfig, UpstreamURL: strings.Replace(e.upURL, "127.0.0.1", "localhost", 1)})
-			deniedResultOf(t, search(9))
+			eventually(t, 10*time.Second, "the reload's listing of the other upstream's tools", func() bool {
+				return e.gws[0].rt.Load().outputs.declares("search")
+			})
+			deniedTypedResultOf(t, search(9))
 			listRaw(t, e.mcpURL(0), bob)
-			deniedResultOf(t, search(10))
+			deniedTypedResultOf(t, search(10))
 			if got := listRaw(t, e.mcpURL(0), alice); !slices.Contains(got, "search") {
 				t.Fatalf("alice's tools/list: %v, want search in it", got)
 			}
@@ -455,6 +458,28 @@ func TestDenyAsResultOutputSchemaEveryInstance(t *testing.T) {
 		t.Fatalf("first search: %d %s", r.Status, r.Body)
 	}
 	deniedTypedResultOf(t, e.callRaw(1, alice, 2, "search", map[string]any{"query": "q"}))
+}
+
+// A reload that turns deny_as: result on lists the upstream's tools, as a
+// start with it does: a client that listed its tools before the reload (or
+// through another instance) is denied with a result its SDK accepts.
+func TestReloadDenyAsResultListsOutputSchemas(t *testing.T) {
+	t.Parallel()
+	httpDenials := strings.Replace(schemaConfig, "deny_as: result", "deny_as: http", 1)
+	up := upstream.Options{Stateless: true, JSONResponse: true}
+	e := newEnv(t, setup{Config: httpDenials, Upstream: up})
+	e.apply(setup{Config: schemaConfig, Upstream: up})
+	eventually(t, 10*time.Second, "the reload's listing", func() bool {
+		return e.gws[0].rt.Load().outputs.declares("search")
+	})
+	if n := e.up.Requests("tools/list"); n != 1 {
+		t.Fatalf("upstream tools/list %d, want the reload's one", n)
+	}
+	alice := token(t, "acme", "alice")
+	if r := e.callRaw(0, alice, 1, "search", map[string]any{"query": "q"}); r.Status != http.StatusOK {
+		t.Fatalf("first search: %d %s", r.Status, r.Body)
+	}
+	deniedTypedResultOf(t, e.callRaw(0, alice, 2, "search", map[string]any{"query": "q"}))
 }
 
 // With upstreams:, the names learnt are the exposed ones: a's and b's

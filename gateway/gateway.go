@@ -100,7 +100,8 @@ type Gateway struct {
 	metrics    *metrics.Metrics
 	now        func() time.Time
 	mux        *http.ServeMux
-	stopAlerts context.CancelFunc
+	stopAlerts context.CancelFunc // ends the background work: closes closing
+	closing    <-chan struct{}    // closed by Close (inBackground)
 	alerts     *alerter
 	ready      atomic.Bool // false while the cache warms up
 	closeOnce  sync.Once
@@ -167,7 +168,7 @@ func New(opts Options) (*Gateway, error) {
 	g.eng = eng
 	g.SetAdminToken(opts.AdminToken)
 	bctx, bcancel := context.WithCancel(context.Background())
-	g.stopAlerts = bcancel
+	g.stopAlerts, g.closing = bcancel, bctx.Done()
 	go g.alerts.run(bctx)
 	if err := g.openAudit(opts.Config.Audit.File); err != nil {
 		g.Close()
@@ -226,8 +227,15 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 	if err := g.eng.SetConfig(cfg); err != nil {
 		return err
 	}
-	if cur := g.rt.Load(); sameUpstream(cur.cfg, cfg) {
+	cur := g.rt.Load()
+	same := sameUpstream(cur.cfg, cfg)
+	if same {
 		rt.outputs = cur.outputs // the same tools: what was learnt still holds
+	}
+	if deniesAsResult(cfg) && !(same && deniesAsResult(cur.cfg)) {
+		// Another upstream, or denials answered as results from now on: the
+		// start-up listing has not run for this upstream (see New).
+		g.inBackground(func(ctx context.Context) { g.discoverOutputSchemas(ctx, cfg, rt.outputs) })
 	}
 	old := g.rt.Swap(rt)
 	g.alerts.setURL(cfg.Breaker.AlertWebhook)
@@ -235,6 +243,23 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 		g.log.Warn("this setting is read at start only: restart mcpgate to apply it", "field", field)
 	}
 	return nil
+}
+
+// inBackground runs fn on its own goroutine with a context that Close
+// cancels; Close waits for it.
+func (g *Gateway) inBackground(fn func(ctx context.Context)) {
+	g.warming.Go(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-g.closing:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		fn(ctx)
+	})
 }
 
 // Config returns the configuration in force.
