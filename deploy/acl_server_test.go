@@ -84,6 +84,29 @@ func TestDeployDocACLServer(t *testing.T) {
 		}
 	})
 
+	// A command the scripts run through pcall (they tolerate a key of
+	// another type there) that the ACL refuses fails the operation with
+	// the server's refusal: it never reads as a missing key or a lease
+	// that is gone.
+	for cmd, op := range map[string]string{"get": "Take", "zcount": "Take", "zcard": "Refund", "zrem": "Release", "zscore": "Renew"} {
+		t.Run("without "+cmd, func(t *testing.T) {
+			cut := slices.DeleteFunc(slices.Clone(rule), func(w string) bool { return w == "+"+cmd })
+			if len(cut) == len(rule) {
+				t.Fatalf("the rule does not grant +%s", cmd)
+			}
+			r := runAsACLUser(t, srv, admin, cut)
+			refused := false
+			for _, p := range r.problems {
+				byOp := strings.HasPrefix(p, op+" ") || strings.HasPrefix(p, op+":")
+				refused = refused || byOp && strings.Contains(p, "can't run this command")
+			}
+			if !refused {
+				t.Fatalf("%s did not fail with the server's refusal of %s: problems %q", op, cmd, r.problems)
+			}
+			t.Logf("without +%s: %d problems, first: %s", cmd, len(r.problems), r.problems[0])
+		})
+	}
+
 	t.Run("without the channel pattern", func(t *testing.T) {
 		var cut []string
 		for _, w := range rule {

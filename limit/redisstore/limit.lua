@@ -158,6 +158,15 @@ local function int(x) return fmt(intf, x) end
 -- up, at least 1.
 local function px(at) return int(max(1, ceildiv(at - now, 1000))) end
 
+-- raiseUnlessType raises r when it is an error reply other than WRONGTYPE.
+-- The commands run through pcall tolerate a key of another type, left
+-- under the same name by a rule whose algorithm changed, and nothing else:
+-- NOPERM (an ACL that lacks the command) or OOM must fail the call, not
+-- read as a missing key or a lease that is gone.
+local function raiseUnlessType(r)
+  if type(r) == 'table' and r.err and not find(r.err, 'WRONGTYPE', 1, true) then error(r) end
+end
+
 -- get returns the value of a string key, or nil when it is missing or of
 -- another type: a sorted set left under the same name by a rule that used
 -- to be sliding_window or concurrency reads as fresh (as it does in algo),
@@ -165,6 +174,7 @@ local function px(at) return int(max(1, ceildiv(at - now, 1000))) end
 local function get(key)
   local v = pcall('GET', key)
   if type(v) == 'string' then return v end
+  raiseUnlessType(v)
   return nil
 end
 
@@ -201,6 +211,7 @@ end
 local function zcount(key, lo)
   local r = pcall('ZCOUNT', key, '(' .. int(lo), '+inf')
   if type(r) == 'number' then return r end
+  raiseUnlessType(r)
   return nil
 end
 
@@ -690,6 +701,7 @@ local function refund()
       -- ranks [lo, hi) are removed: the newest units, or the newest of the
       -- ones logged at at (a score's members rank by their number)
       local hi = pcall('ZCARD', key)
+      raiseUnlessType(hi)
       if type(hi) == 'number' then
         local lo = 0
         if at then
@@ -700,7 +712,7 @@ local function refund()
         if lo < hi then call('ZREMRANGEBYRANK', key, int(lo), int(hi - 1)) end
       end
     elseif alg == 'k' then
-      pcall('ZREM', key, lease)
+      raiseUnlessType(pcall('ZREM', key, lease))
     end
   end
   return { now }
@@ -709,7 +721,7 @@ end
 -- release serves op l.
 local function release()
   for i = 1, #KEYS do
-    if rule(i) == 'k' then pcall('ZREM', KEYS[i], lease) end
+    if rule(i) == 'k' then raiseUnlessType(pcall('ZREM', KEYS[i], lease)) end
   end
   return { now }
 end
@@ -723,6 +735,7 @@ local function renew()
     local alg, _, p = rule(i)
     if alg == 'k' then
       local exp = pcall('ZSCORE', KEYS[i], lease)
+      raiseUnlessType(exp)
       if type(exp) == 'string' and tonumber(exp) > now then
         held = held + 1
         call('ZADD', KEYS[i], 'XX', int(max(tonumber(exp), now + p)), lease)
