@@ -15,16 +15,19 @@ import (
 // call is one request on its way to an upstream: the breaker's admission,
 // the idle timeout, the session, and the outcome reported back.
 type call struct {
-	f      *Federator
-	up     *upstream
-	ss     *mcp.ServerSession
-	cs     *mcp.ClientSession
-	probe  bool
-	ctx    context.Context // the client's, with the idle timeout and the HTTP status recorder
-	idle   *idleTimer
-	parent context.Context // the client's
-	status atomic.Int32    // the HTTP status of the call's POST (HTTP upstreams)
-	posted atomic.Bool     // a notification of the call was queued for ss (see flush)
+	f     *Federator
+	up    *upstream
+	ss    *mcp.ServerSession
+	cs    *mcp.ClientSession
+	probe bool
+	idle  *idleTimer
+	// parent is the client's request context. The call's notifications
+	// arrive on other goroutines (the upstream session's handlers) and
+	// must be sent on the client's request stream, which the go-sdk picks
+	// by this context: that is why a call keeps it.
+	parent context.Context
+	status atomic.Int32 // the HTTP status of the call's POST (HTTP upstreams)
+	posted atomic.Bool  // a notification of the call was queued for ss (see flush)
 	// stopOnClose undoes the call's cancellation by Federator.Close.
 	stopOnClose func() bool
 }
@@ -32,36 +35,39 @@ type call struct {
 // errClosing is the cause of the calls Federator.Close ends.
 var errClosing = errors.New("federate: closing")
 
-// begin admits a call to up and opens (or finds) its session. A call that
-// is not sent gets a refusal.
-func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool, timeout time.Duration) (*call, *refusal) {
+// begin admits a call to up and opens (or finds) its session. It returns
+// the call's context (ctx with the idle timeout and the HTTP status
+// recorder: send the request with it, and give it to end). A call that is
+// not sent gets a refusal.
+func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool, timeout time.Duration) (context.Context, *call, *refusal) {
 	probe, r := up.admit(time.Now())
 	if r != nil {
 		f.outcome(up, OutcomeRefused)
-		return nil, r
+		return nil, nil, r
 	}
 	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx}
-	c.ctx, c.idle = withIdle(context.WithValue(ctx, statusKey{}, &c.status), timeout)
+	cctx, idle := withIdle(context.WithValue(ctx, statusKey{}, &c.status), timeout)
+	c.idle = idle
 	// Close ends the calls in flight (a call reporting progress would
 	// otherwise hold it without bound).
 	c.stopOnClose = context.AfterFunc(f.ctx, func() { c.idle.cancel(errClosing) })
-	cs, err := f.session(c.ctx, up, ss, stateless)
+	cs, err := f.session(cctx, up, ss, stateless)
 	if err != nil {
 		c.stopOnClose()
 		c.idle.stop()
 		if ctx.Err() != nil || f.ctx.Err() != nil || errors.Is(err, errSessionEnded) {
 			up.report(probe, abandoned)
 			f.outcome(up, OutcomeCancelled)
-			return nil, &refusal{reason: "the client went away"}
+			return nil, nil, &refusal{reason: "the client went away"}
 		}
 		up.report(probe, failed)
 		f.outcome(up, OutcomeRefused)
 		f.log.Warn("federate: cannot open an upstream session", "upstream", up.cfg.Name, "err", err)
-		return nil, up.failure(fmt.Sprintf("it cannot be reached: %v", err))
+		return nil, nil, up.failure(fmt.Sprintf("it cannot be reached: %v", err))
 	}
 	c.cs = cs
 	f.inflight.add(c)
-	return c, nil
+	return cctx, c, nil
 }
 
 // verdict is how a call ended, for the client: nothing (a result), err (a
@@ -79,15 +85,15 @@ type verdict struct {
 // end reports how the call went to the breaker and to Options.OnCall, and
 // tells the client's answer. It first lets the notifications the upstream
 // sent before its answer reach the client (see wireCount and flush).
-func (c *call) end(err error) verdict {
+func (c *call) end(ctx context.Context, err error) verdict {
 	defer c.stopOnClose()
-	v := c.verdict(err)
+	v := c.verdict(ctx, err)
 	c.f.outcome(c.up, v.outcome)
 	return v
 }
 
-// verdict classifies how the call ended; see end.
-func (c *call) verdict(err error) verdict {
+// verdict classifies how the call ended; see end. ctx is the call's.
+func (c *call) verdict(ctx context.Context, err error) verdict {
 	c.f.wires.drain(c.cs)
 	if c.posted.Load() {
 		c.f.flush(c.parent, c.ss)
@@ -103,10 +109,10 @@ func (c *call) verdict(err error) verdict {
 	case c.parent.Err() != nil:
 		c.up.report(c.probe, abandoned)
 		return verdict{err: c.parent.Err(), outcome: OutcomeCancelled}
-	case errors.Is(context.Cause(c.ctx), errClosing):
+	case errors.Is(context.Cause(ctx), errClosing):
 		c.up.report(c.probe, abandoned)
 		return verdict{err: c.up.rpcErr("was not waited for: the gateway is shutting down"), outcome: OutcomeCancelled}
-	case errors.Is(context.Cause(c.ctx), errIdle):
+	case errors.Is(context.Cause(ctx), errIdle):
 		c.up.report(c.probe, failed)
 		return verdict{err: c.up.rpcErr(fmt.Sprintf("timed out: it sent nothing for %v", c.idle.d)), outcome: OutcomeFailed}
 	case status == http.StatusNotFound, status == 0 && (errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing)):

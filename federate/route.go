@@ -125,7 +125,7 @@ func (f *Federator) toolHandler(stateless bool) mcp.ToolHandler {
 			params.Arguments = req.Params.Arguments // else {} (a nil RawMessage would be sent as null)
 		}
 		for attempt := 0; ; attempt++ {
-			c, r := f.begin(ctx, rt.up, req.Session, stateless, timeout)
+			cctx, c, r := f.begin(ctx, rt.up, req.Session, stateless, timeout)
 			if r != nil {
 				return r.result(rt.up.cfg.Name), nil
 			}
@@ -134,8 +134,8 @@ func (f *Federator) toolHandler(stateless bool) mcp.ToolHandler {
 				ft = f.progress.add(c, tok)
 				params.SetProgressToken(ft)
 			}
-			res, err := c.cs.CallTool(c.ctx, params)
-			v := c.end(err)
+			res, err := c.cs.CallTool(cctx, params)
+			v := c.end(cctx, err)
 			if ft != "" {
 				f.progress.retire(ft)
 			}
@@ -216,11 +216,11 @@ func (f *Federator) resourceOwner(uri string) *upstream {
 // breaker and idle timeout; a refusal becomes a JSON-RPC error.
 func (f *Federator) forward(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool, do func(context.Context, *mcp.ClientSession) error) error {
 	for attempt := 0; ; attempt++ {
-		c, r := f.begin(ctx, up, ss, stateless, up.cfg.Timeout)
+		cctx, c, r := f.begin(ctx, up, ss, stateless, up.cfg.Timeout)
 		if r != nil {
 			return r.rpcError(up.cfg.Name)
 		}
-		v := c.end(do(c.ctx, c.cs))
+		v := c.end(cctx, do(cctx, c.cs))
 		switch {
 		case v.retry && attempt == 0:
 			continue
