@@ -154,8 +154,8 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 	return failed, loaded, status, loading
 }
 
-// bypassCache forwards the call without the cache, reporting what the
-// proxy reports: whether the answer was an error or a 5xx, the result, and
+// bypassCache forwards the call without the cache, reporting what its
+// answer was: whether the answer was an error or a 5xx, the result, and
 // the HTTP status written (the caller overwrites its own record with them).
 func (g *Gateway) bypassCache(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, call *liveCall) (bool, json.RawMessage, int) {
 	call.cached.Store(false)

@@ -45,9 +45,9 @@ func (g *Gateway) serveCall(x *exchange) {
 			noteCost(ctx, charged)
 		}
 	})
-	// The answer is settled on before the client sees it (an SSE answer is
-	// flushed before Serve returns): its next call must meet the breaker
-	// this outcome opens, and no entry it made stale.
+	// The answer is settled on before the client sees it (relayUpstream
+	// runs answered between the proxy's Answer and Finish): its next call
+	// must meet the breaker this outcome opens, and no entry it made stale.
 	var answered resultHook
 	if t.WantsAnswer() {
 		answered = func(result, rpcErr json.RawMessage) {

@@ -35,7 +35,7 @@ type leaderWriter struct {
 	streaming bool // the answer is relayed to the caller
 	result    json.RawMessage
 	rpcErr    json.RawMessage
-	reported  bool   // the proxy reported the outcome: its event comes next
+	reported  bool   // the load's relay.answered ran: the answer's event comes next
 	held      []byte // the events from the response on, relayed by flushHeld
 
 	done     chan struct{} // closed when the load's relay ended

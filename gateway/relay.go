@@ -17,7 +17,9 @@ type relay struct {
 	// request failed before them (the session order: order.go).
 	accepted func()
 	// session returns the session id the client gets for the one the
-	// upstream answered (sessions are bound to callers: session.go).
+	// upstream answered (sessions are bound to callers: session.go). It
+	// runs as soon as the upstream's headers are in, also when the answer
+	// then fails (a 502 without the header).
 	session func(upstream string) string
 	// answered receives the response to a request before the client has
 	// it: the call is settled on its outcome (breaker, cost, cache,
@@ -29,6 +31,7 @@ type relay struct {
 // back to w: the exchange's steps, with the gateway's own between them.
 func relayUpstream(w http.ResponseWriter, r *http.Request, proxy *mcp.Proxy, fwd relay) (int, error) {
 	x := proxy.Start(w, r, fwd.Forward)
+	defer x.Close() // a step that panics leaves nothing held
 	if fwd.accepted != nil {
 		fwd.accepted()
 	}

@@ -34,7 +34,7 @@ type Exchange struct {
 
 	resp    *http.Response // nil: the exchange failed before the upstream answered
 	sse     bool           // resp is a 2xx event stream
-	session string         // the Mcp-Session-Id the client gets ("": the upstream's, unchanged)
+	session string         // the Mcp-Session-Id the client gets, when rewrite
 	rewrite bool           // SetSessionID was called
 
 	replay   []Filter // f.ReplayFilters, Private set as for f.Filter; built on first use (replayList)
@@ -117,12 +117,7 @@ func (x *Exchange) Finish() (status int, err error) {
 		return x.status, x.err
 	}
 	defer func() {
-		if x.resp != nil {
-			x.resp.Body.Close()
-		}
-		if x.stop != nil {
-			x.stop()
-		}
+		x.Close()
 		x.finished(status, err)
 	}()
 	if x.sse {
@@ -144,6 +139,19 @@ func (x *Exchange) Finish() (status int, err error) {
 		return x.resp.StatusCode, ErrClientGone
 	}
 	return x.resp.StatusCode, nil
+}
+
+// Close releases the upstream's answer and the exchange's deadlines
+// without relaying anything more: for a caller that gives up between
+// Start and Finish (a step of its own failed). Finish calls it; after
+// Finish it does nothing, and it may be deferred right after Start.
+func (x *Exchange) Close() {
+	if x.resp != nil {
+		x.resp.Body.Close()
+	}
+	if x.stop != nil {
+		x.stop()
+	}
 }
 
 func (x *Exchange) finished(status int, err error) {

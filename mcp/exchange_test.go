@@ -179,3 +179,28 @@ func TestExchangeNotificationHasNoAnswer(t *testing.T) {
 		t.Fatalf("client got %d", resp.StatusCode)
 	}
 }
+
+func TestExchangeCloseEndsTheUpstreamRequest(t *testing.T) {
+	// A caller that gives up between Start and Finish closes the exchange:
+	// the upstream request ends rather than hold a stream open.
+	ended := make(chan struct{})
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		close(ended)
+	})
+	p, err := NewProxy(ProxyOptions{Upstream: up.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(callEcho))
+	x := p.Start(httptest.NewRecorder(), req, Forward{Body: []byte(callEcho)})
+	x.Close()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream request still runs after Close")
+	}
+}

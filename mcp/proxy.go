@@ -277,9 +277,6 @@ func (p *Proxy) Start(w http.ResponseWriter, r *http.Request, f Forward) *Exchan
 	idle.touch()
 	x.resp = resp
 	x.sse = mediaType(resp.Header.Get("Content-Type")) == "text/event-stream" && resp.StatusCode/100 == 2
-	if v := resp.Header.Values(HeaderSessionID); len(v) > 0 {
-		x.session = v[0]
-	}
 	return x
 }
 
