@@ -174,7 +174,7 @@ end
 local function get(key)
   local v = pcall('GET', key)
   if type(v) == 'string' then return v end
-  raiseUnlessType(v)
+  if v then raiseUnlessType(v) end -- false: a missing key, the common case
   return nil
 end
 
