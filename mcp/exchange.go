@@ -278,7 +278,7 @@ func (x *Exchange) readBody() {
 	if mediaType(x.resp.Header.Get("Content-Type")) == "application/json" {
 		if m, err := Parse(data); err == nil && m.Kind == Response && SameID(m.ID, x.f.Msg.ID) {
 			result := m.Result
-			if x.filtering() && ok2xx && result != nil {
+			if x.filtering() && result != nil { // whatever the status: a client may read a 4xx's body
 				filtered, err := filterList(result, x.f.Filter)
 				if err != nil {
 					x.failed(err)
@@ -291,7 +291,11 @@ func (x *Exchange) readBody() {
 			return
 		}
 	}
-	if x.filtering() && ok2xx {
+	// A list that must be filtered is relayed only as the request's own
+	// response. Anything else is refused when it could carry a list: any
+	// 2xx, and an error status whose body could hold a result (a plain
+	// "session not found" passes).
+	if x.filtering() && (ok2xx || mayHoldResult(data)) {
 		x.failed(fmt.Errorf("%w: %s answer is not its JSON-RPC response", ErrBadUpstreamResponse, x.f.Msg.Method))
 		return
 	}

@@ -164,8 +164,11 @@ type Forward struct {
 	Header http.Header
 	// Filter, when its Allow is set and Msg is a request of its List's
 	// method, removes from the result every entry Allow refuses, in JSON and
-	// SSE answers alike. A result that cannot be filtered is not relayed
-	// (502, or an error event on a stream that has begun).
+	// SSE answers alike, whatever the HTTP status. A result that cannot be
+	// filtered is not relayed (502, or an error event on a stream that has
+	// begun), and neither is a non-SSE answer that is not Msg's response
+	// but could carry a list (any 2xx; an error status whose body could
+	// hold a result).
 	Filter Filter
 	// ReplayFilters are applied to responses that reach the client on a
 	// stream whose request the proxy does not know: every JSON-RPC response
@@ -175,7 +178,8 @@ type Forward struct {
 	// Such a response is judged by its shape: when its result has a
 	// top-level member named like a filter's List.Member (ignoring ASCII
 	// case), that filter is applied as Filter is to Msg's answer (Private
-	// included). An event whose list cannot be filtered, or whose data looks
+	// included); so is an event named other than "message", which MCP
+	// clients ignore, when it could carry one. An event whose list cannot be filtered, or whose data looks
 	// like a response but does not parse, is dropped and logged, never
 	// relayed unfiltered. Events whose data cannot hold a result
 	// (notifications, mostly) pass unchanged without a full parse. Filters

@@ -135,8 +135,16 @@ func (x *Exchange) finishStream() (int, error) {
 // a rewritten event, or nil (nothing). A non-nil stop ends the relay after
 // out (an error event) is written.
 func (x *Exchange) eventOut(ev sseEvent) (out []byte, stop error) {
-	if ev.data == nil || (ev.name != "" && ev.name != "message") {
-		return ev.raw, nil // not a message: clients ignore it
+	if ev.data == nil {
+		return ev.raw, nil
+	}
+	if ev.name != "" && ev.name != "message" {
+		// Not a message: MCP clients ignore it. One that could carry a
+		// list is screened all the same, for a client that does not.
+		if len(x.replayList()) == 0 {
+			return ev.raw, nil
+		}
+		return x.screenReplay(ev, nil, nil), nil
 	}
 	var m *Message
 	var perr error

@@ -1,0 +1,120 @@
+package mcp
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// answerOf is an upstream that answers every request with one canned
+// response, without a network.
+type answerOf struct {
+	status int
+	ct     string
+	body   []byte
+}
+
+func (a answerOf) RoundTrip(req *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: a.status, Header: http.Header{"Content-Type": {a.ct}},
+		Body: io.NopCloser(bytes.NewReader(a.body)), Request: req}, nil
+}
+
+// FuzzExchangeFilteredList: whatever an upstream answers a filtered
+// tools/list with (any status, JSON or SSE, any bytes), the exchange ends
+// without panicking, Answer's filtered result never lists the hidden tool,
+// and nothing written to the client can be read, by a lenient client
+// (encoding/json: member names in any case, the last duplicate winning),
+// as a response listing it.
+func FuzzExchangeFilteredList(f *testing.F) {
+	const listed = `{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"echo"},{"name":"secret"}]}}`
+	for _, s := range []struct {
+		sse    bool
+		status uint8
+		body   string
+	}{
+		{false, 0, listed},
+		{true, 0, "event: message\ndata: " + listed + "\n\n"},
+		{false, 2, listed},
+		{false, 2, `{"jsonrpc":"2.0","id":8,"result":{"tools":[{"name":"secret"}]}}`},
+		{true, 0, "data: {\"jsonrpc\":\"2.0\",\"id\":8,\"result\":{\"TOOLS\":[{\"name\":\"secret\"}]}}\n\ndata: " + listed + "\n\n"},
+		{false, 0, `{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"echo"}],"Tools":[{"name":"secret"}]}}`},
+		{true, 3, "data: [" + listed + "]\n\n"},
+		{false, 1, ""},
+	} {
+		f.Add(s.sse, s.status, []byte(s.body))
+	}
+	statuses := []int{200, 202, 400, 404, 500}
+	f.Fuzz(func(t *testing.T, sse bool, status uint8, body []byte) {
+		a := answerOf{status: statuses[int(status)%len(statuses)], ct: "application/json", body: body}
+		if sse {
+			a.ct = "text/event-stream"
+		}
+		p, err := NewProxy(ProxyOptions{Upstream: "http://upstream.invalid/mcp", Client: &http.Client{Transport: a}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		allow := func(name string) bool { return name != "secret" }
+		filter := Filter{List: ToolsList, Allow: allow}
+		req := `{"jsonrpc":"2.0","id":7,"method":"tools/list"}`
+		w := httptest.NewRecorder()
+		x := p.Start(w, httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(req)),
+			Forward{Body: []byte(req), Filter: filter, ReplayFilters: []Filter{filter}})
+		if result, _, ok := x.Answer(); ok && result != nil && listsSecret(result) {
+			t.Fatalf("Answer's filtered result lists the hidden tool: %s", result)
+		}
+		x.Finish()
+		out := w.Body.Bytes()
+		if w.Header().Get("Content-Type") != "text/event-stream" {
+			if responseListsSecret(out) {
+				t.Fatalf("the client got the hidden tool (HTTP %d): %s", w.Code, out)
+			}
+			return
+		}
+		events := newEventReader(bytes.NewReader(out), DefaultMaxEventBytes)
+		for {
+			ev, err := events.next()
+			if err != nil {
+				break
+			}
+			if responseListsSecret(ev.data) {
+				t.Fatalf("the client got an event listing the hidden tool: %q", ev.raw)
+			}
+		}
+	})
+}
+
+// responseListsSecret reports whether data, read as encoding/json reads
+// it, is a response (or a batch holding one) whose result lists a tool
+// named "secret".
+func responseListsSecret(data []byte) bool {
+	var one struct{ Result json.RawMessage }
+	if json.Unmarshal(data, &one) == nil && listsSecret(one.Result) {
+		return true
+	}
+	var batch []struct{ Result json.RawMessage }
+	if json.Unmarshal(data, &batch) == nil {
+		for _, m := range batch {
+			if listsSecret(m.Result) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func listsSecret(result json.RawMessage) bool {
+	var r struct{ Tools []struct{ Name string } }
+	if json.Unmarshal(result, &r) != nil {
+		return false
+	}
+	for _, tool := range r.Tools {
+		if tool.Name == "secret" {
+			return true
+		}
+	}
+	return false
+}
