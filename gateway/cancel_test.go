@@ -186,6 +186,9 @@ func TestAbandonedCallIsCancelledUpstream(t *testing.T) {
 	eventually(t, 10*time.Second, "the gateway's cancellation to reach the upstream", func() bool {
 		return e.up.Requests("notifications/cancelled") == before+1
 	})
+	// The call is settled (its slot freed) right after the cancellation is
+	// sent, and leaves the in-flight table last.
+	eventually(t, 10*time.Second, "the abandoned call to be settled", func() bool { return e.gws[0].inflight.size() == 0 })
 	// The slot is free again: the next call is admitted.
 	if r := post(t, e.mcpURL(0), tok, callBody(8, "slow", map[string]any{"ms": 1}), hdr); r.Status != http.StatusOK {
 		t.Fatalf("the call after the abandoned one: %d %s", r.Status, r.Body)

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -67,6 +68,7 @@ tools:
 			}()
 			var mu sync.Mutex
 			var lat []time.Duration
+			var sawOpen atomic.Bool // the store breaker was seen open after some call
 			kinds := map[string]int{}
 			const calls = 120
 			testenv.Run(4, calls, func(i int) {
@@ -75,6 +77,9 @@ tools:
 					tool = "search"
 				}
 				r := e.call(0, tok, tool, map[string]any{"text": "x", "query": "q"}, 10*time.Second)
+				if !e.gws[0].Engine().StoreAvailable() {
+					sawOpen.Store(true)
+				}
 				mu.Lock()
 				lat = append(lat, r.Elapsed)
 				kinds[tool+":"+kind(r)]++
@@ -93,7 +98,15 @@ tools:
 			if p99 > bound {
 				t.Errorf("%s: p99 %v above store.timeout + upstream timeout (%v)", tc.Name, p99, bound)
 			}
-			if e.gws[0].Engine().StoreAvailable() {
+			// A slow or narrow link still carries the breaker's PING probe,
+			// which closes the breaker until the next decision times out:
+			// its state once the calls end depends on timing. It must have
+			// opened. A link that carries nothing keeps it open.
+			slow := tc.Type == "latency" || tc.Type == "bandwidth"
+			if !sawOpen.Load() {
+				t.Errorf("%s: the store breaker never opened in %d failing decisions", tc.Name, calls)
+			}
+			if !slow && e.gws[0].Engine().StoreAvailable() {
 				t.Errorf("%s: the store breaker is closed after %d failing decisions", tc.Name, calls)
 			}
 			// /readyz PINGs the store with a 1s deadline: one that does not
@@ -108,7 +121,7 @@ tools:
 			case st != http.StatusServiceUnavailable:
 				t.Errorf("%s: /readyz %d while the store does not answer, want 503", tc.Name, st)
 			}
-			if up := e.metric(0, "mcpgate_limit_store_up"); up != 0 {
+			if up := e.metric(0, "mcpgate_limit_store_up"); !slow && up != 0 {
 				t.Errorf("%s: mcpgate_limit_store_up = %v, want 0", tc.Name, up)
 			}
 
