@@ -118,3 +118,74 @@ func listsSecret(result json.RawMessage) bool {
 	}
 	return false
 }
+
+// FuzzExchangeCall: whatever an upstream answers a tools/call with, the
+// exchange ends without panicking; Answer, when it reports, gives a result
+// or an error object, never both or neither; and a client whose answer is
+// a 2xx event stream that the upstream cannot let it resume (no event ids)
+// gets a response to its call on it: it is never left waiting.
+func FuzzExchangeCall(f *testing.F) {
+	for _, s := range []struct {
+		sse    bool
+		status uint8
+		body   string
+	}{
+		{false, 0, `{"jsonrpc":"2.0","id":7,"result":{"content":[]}}`},
+		{true, 0, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"content\":[]}}\n\n"},
+		{true, 0, "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n"},
+		{true, 0, "id: s_1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\n"},
+		{true, 0, "data: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":\n\n"},
+		{true, 0, "event: error\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{}}\n\n"},
+		{false, 4, "upstream broke"},
+	} {
+		f.Add(s.sse, s.status, []byte(s.body))
+	}
+	statuses := []int{200, 202, 400, 404, 500}
+	f.Fuzz(func(t *testing.T, sse bool, status uint8, body []byte) {
+		a := answerOf{status: statuses[int(status)%len(statuses)], ct: "application/json", body: body}
+		if sse {
+			a.ct = "text/event-stream"
+		}
+		p, err := NewProxy(ProxyOptions{Upstream: "http://upstream.invalid/mcp", Client: &http.Client{Transport: a}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := httptest.NewRecorder()
+		x := p.Start(w, httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(callEcho)), Forward{Body: []byte(callEcho)})
+		if result, rpcErr, ok := x.Answer(); ok && (result == nil) == (rpcErr == nil) {
+			t.Fatalf("Answer reported result %q and error %q", result, rpcErr)
+		}
+		x.Finish()
+		if w.Code/100 != 2 || w.Header().Get("Content-Type") != "text/event-stream" || resumable(body) {
+			return // an error status ends the call for the client; a resumable stream may be resumed
+		}
+		events := newEventReader(bytes.NewReader(w.Body.Bytes()), DefaultMaxEventBytes)
+		for {
+			ev, err := events.next()
+			if err != nil {
+				t.Fatalf("no response to the call on the stream the client got: %q", w.Body.Bytes())
+			}
+			if ev.name != "" && ev.name != "message" {
+				continue
+			}
+			if m, err := Parse(ev.data); err == nil && m.Kind == Response && SameID(m.ID, json.RawMessage("7")) {
+				return
+			}
+		}
+	})
+}
+
+// resumable reports whether an upstream's event stream carries an event
+// id before it ends or breaks (the client could then resume it).
+func resumable(body []byte) bool {
+	events := newEventReader(bytes.NewReader(body), DefaultMaxEventBytes)
+	for {
+		ev, err := events.next()
+		if err != nil {
+			return false
+		}
+		if ev.hasID {
+			return true
+		}
+	}
+}

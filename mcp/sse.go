@@ -20,6 +20,9 @@ type sseEvent struct {
 	data  []byte // data lines joined with "\n"; nil when there were none
 	name  string // event field, "" when absent
 	hasID bool   // the event set a non-empty id (the stream is resumable)
+	// unterminated: the stream ended before the event's blank line (raw
+	// is as it came; see terminate).
+	unterminated bool
 }
 
 // eventReader splits an SSE stream into events without interpreting more
@@ -81,7 +84,7 @@ func (er *eventReader) next() (sseEvent, error) {
 			if len(er.raw) == 0 || !errors.Is(err, io.EOF) {
 				return sseEvent{}, err
 			}
-			ev.raw = er.raw // unterminated last event: relay it as is
+			ev.raw, ev.unterminated = er.raw, true // the last event, as it came
 			break
 		}
 	}
@@ -89,6 +92,22 @@ func (er *eventReader) next() (sseEvent, error) {
 		ev.data = er.data
 	}
 	return ev, nil
+}
+
+// terminate returns out, the client's copy of an event the upstream left
+// unterminated at the end of its stream, with the blank line that ends
+// it: the client reads it as the proxy did, and what the proxy writes after
+// it (an error event answering the call) starts an event of its own instead
+// of continuing that one.
+func terminate(out []byte) []byte {
+	out = out[:len(out):len(out)] // never append into the reader's buffer
+	switch {
+	case bytes.HasSuffix(out, []byte("\n\n")), bytes.HasSuffix(out, []byte("\n\r\n")):
+		return out // rewritten: already ended
+	case bytes.HasSuffix(out, []byte("\n")):
+		return append(out, '\n')
+	}
+	return append(out, '\n', '\n')
 }
 
 // rewriteEventData returns the event raw with its data lines replaced by a

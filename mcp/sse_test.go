@@ -44,6 +44,19 @@ func TestEventReader(t *testing.T) {
 	}
 }
 
+func TestTerminate(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"event:", "event:\n\n"},
+		{"data: x\n", "data: x\n\n"},
+		{"data: x\r\n", "data: x\r\n\n"},
+		{"data: X\n\n", "data: X\n\n"},
+	} {
+		if got := string(terminate([]byte(tt.in))); got != tt.want {
+			t.Errorf("terminate(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
 func TestRewriteEventData(t *testing.T) {
 	tests := []struct{ in, want string }{
 		{"data: a\n\n", "data: X\n\n"},

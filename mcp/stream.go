@@ -53,6 +53,9 @@ func (x *Exchange) relayEvents(untilAnswer bool) {
 		if out == nil {
 			continue
 		}
+		if ev.unterminated {
+			out = terminate(out)
+		}
 		if untilAnswer && x.answered && !before {
 			x.held = out
 			return
