@@ -123,8 +123,12 @@ func (x *Exchange) Finish() (status int, err error) {
 	if x.sse {
 		return x.finishStream()
 	}
-	if x.failure == nil && !x.read && x.filtering() {
+	switch {
+	case x.failure != nil || x.read:
+	case x.filtering():
 		x.Answer() // a filtered list is inspected whether or not the caller reads it
+	case x.f.Msg == nil && len(x.replayList()) > 0:
+		x.screenBody()
 	}
 	if x.failure != nil {
 		return x.answerFailure()
@@ -261,6 +265,42 @@ func (x *Exchange) copyBody() (int, error) {
 		return x.resp.StatusCode, x.cause(err)
 	}
 	return x.resp.StatusCode, nil
+}
+
+// screenBody reads whole (bounded) into x.body a non-SSE answer to a GET or
+// a DELETE, whose response the proxy cannot know (MCP answers those with a
+// stream or no message at all), and judges it by its shape as a replayed
+// event is (screenReplay): a list is filtered, and a body that could hold
+// a result but does not parse is refused.
+func (x *Exchange) screenBody() {
+	data, err := io.ReadAll(io.LimitReader(x.idle.reader(x.resp.Body), x.p.maxResp+1))
+	if err == nil && int64(len(data)) > x.p.maxResp {
+		err = fmt.Errorf("%w: answer over %d bytes", ErrBadUpstreamResponse, x.p.maxResp)
+	}
+	if err != nil {
+		x.failed(err)
+		return
+	}
+	x.read, x.body = true, data
+	if !mayHoldResult(data) {
+		return
+	}
+	m, perr := Parse(data)
+	if perr != nil {
+		x.failed(fmt.Errorf("%w: unreadable answer to a %s could hold a list", ErrBadUpstreamResponse, x.r.Method))
+		return
+	}
+	if m.Kind != Response || m.Result == nil {
+		return
+	}
+	filtered, changed, err := filterReplayed(m.Result, x.replay)
+	if err != nil {
+		x.failed(fmt.Errorf("%w: %v", ErrBadUpstreamResponse, err))
+		return
+	}
+	if changed {
+		x.body = resultResponse(m.ID, filtered)
+	}
 }
 
 // readBody reads a non-SSE answer whole (bounded) into x.body, filtered

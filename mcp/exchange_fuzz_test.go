@@ -28,7 +28,9 @@ func (a answerOf) RoundTrip(req *http.Request) (*http.Response, error) {
 // without panicking, Answer's filtered result never lists the hidden tool,
 // and nothing written to the client can be read, by a lenient client
 // (encoding/json: member names in any case, the last duplicate winning),
-// as a response listing it.
+// as a response listing it. With status's high bit set, the request is a
+// GET instead (a resumed stream, on which the upstream may replay any
+// stored answer: only ReplayFilters screen it).
 func FuzzExchangeFilteredList(f *testing.F) {
 	const listed = `{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"echo"},{"name":"secret"}]}}`
 	for _, s := range []struct {
@@ -44,12 +46,15 @@ func FuzzExchangeFilteredList(f *testing.F) {
 		{false, 0, `{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"echo"}],"Tools":[{"name":"secret"}]}}`},
 		{true, 3, "data: [" + listed + "]\n\n"},
 		{false, 1, ""},
+		{true, 0x80, "id: s_1\ndata: " + listed + "\n\n"},
+		{true, 0x80, "event: x\ndata: " + listed + "\n\n"},
+		{false, 0x80, listed},
 	} {
 		f.Add(s.sse, s.status, []byte(s.body))
 	}
 	statuses := []int{200, 202, 400, 404, 500}
 	f.Fuzz(func(t *testing.T, sse bool, status uint8, body []byte) {
-		a := answerOf{status: statuses[int(status)%len(statuses)], ct: "application/json", body: body}
+		a := answerOf{status: statuses[int(status&0x7f)%len(statuses)], ct: "application/json", body: body}
 		if sse {
 			a.ct = "text/event-stream"
 		}
@@ -60,9 +65,12 @@ func FuzzExchangeFilteredList(f *testing.F) {
 		allow := func(name string) bool { return name != "secret" }
 		filter := Filter{List: ToolsList, Allow: allow}
 		req := `{"jsonrpc":"2.0","id":7,"method":"tools/list"}`
+		r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(req))
+		if status&0x80 != 0 {
+			r = httptest.NewRequest(http.MethodGet, "/mcp", nil)
+		}
 		w := httptest.NewRecorder()
-		x := p.Start(w, httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(req)),
-			Forward{Body: []byte(req), Filter: filter, ReplayFilters: []Filter{filter}})
+		x := p.Start(w, r, Forward{Body: []byte(req), Filter: filter, ReplayFilters: []Filter{filter}})
 		if result, _, ok := x.Answer(); ok && result != nil && listsSecret(result) {
 			t.Fatalf("Answer's filtered result lists the hidden tool: %s", result)
 		}

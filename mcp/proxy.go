@@ -179,12 +179,15 @@ type Forward struct {
 	// top-level member named like a filter's List.Member (ignoring ASCII
 	// case), that filter is applied as Filter is to Msg's answer (Private
 	// included); so is an event named other than "message", which MCP
-	// clients ignore, when it could carry one. An event whose list cannot be filtered, or whose data looks
-	// like a response but does not parse, is dropped and logged, never
-	// relayed unfiltered. Events whose data cannot hold a result
-	// (notifications, mostly) pass unchanged without a full parse. Filters
+	// clients ignore, when it could carry one. An event whose list cannot
+	// be filtered, or whose data looks like a response but does not parse,
+	// is dropped and logged, never relayed unfiltered. Events whose data
+	// cannot hold a result (notifications, mostly) pass unchanged without a
+	// full parse. A non-SSE answer to a GET or a DELETE (MCP has none that
+	// holds a result) is read whole, bounded, and screened the same way
+	// (502 where an event would be dropped); one to a POST is not. Filters
 	// with a nil Allow are ignored; nil means none (every event relayed as
-	// is). JSON (non-SSE) answers are not screened.
+	// is).
 	ReplayFilters []Filter
 	// AllowTool is the Filter of a tools/list: when set and Filter is not,
 	// it acts as Filter{List: ToolsList, Allow: AllowTool}.
