@@ -267,6 +267,12 @@ func (x *Exchange) copyBody() (int, error) {
 	return x.resp.StatusCode, nil
 }
 
+// isErrorResponse reports whether data is one JSON-RPC error response.
+func isErrorResponse(data []byte) bool {
+	m, err := Parse(data)
+	return err == nil && m.Kind == Response && m.Result == nil
+}
+
 // screenBody reads whole (bounded) into x.body a non-SSE answer to a GET or
 // a DELETE, whose response the proxy cannot know (MCP answers those with a
 // stream or no message at all), and judges it by its shape as a replayed
@@ -332,10 +338,11 @@ func (x *Exchange) readBody() {
 		}
 	}
 	// A list that must be filtered is relayed only as the request's own
-	// response. Anything else is refused when it could carry a list: any
-	// 2xx, and an error status whose body could hold a result (a plain
-	// "session not found" passes).
-	if x.filtering() && (ok2xx || mayHoldResult(data)) {
+	// response, and a body that is not the request's response is refused
+	// when it could carry a list the caller's filters would hide: with a
+	// filtered list, any 2xx; and any body that could hold a result but is
+	// not a plain JSON-RPC error (a "session not found" passes).
+	if x.filtering() && ok2xx || len(x.replayList()) > 0 && mayHoldResult(data) && !isErrorResponse(data) {
 		x.failed(fmt.Errorf("%w: %s answer is not its JSON-RPC response", ErrBadUpstreamResponse, x.f.Msg.Method))
 		return
 	}

@@ -49,6 +49,16 @@ func FuzzExchangeFilteredList(f *testing.F) {
 		{true, 0x80, "id: s_1\ndata: " + listed + "\n\n"},
 		{true, 0x80, "event: x\ndata: " + listed + "\n\n"},
 		{false, 0x80, listed},
+		// What a client reads differently from a naive splitter: a bare
+		// CR ends a line, a leading BOM is dropped, encoding/json folds
+		// ſ to s and the Kelvin sign to k.
+		{true, 0, "id: 1\rdata: " + listed + "\r\r"},
+		{true, 0, "\xef\xbb\xbfdata: " + listed + "\n\n"},
+		{true, 0x80, ": c\rdata: " + strings.Replace(listed, `"id":7`, `"id":8`, 1) + "\r\r\n\n"},
+		{false, 0, "{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"tools\":[{\"name\":\"echo\"}],\"tool\u017f\":[{\"name\":\"secret\"}]}}"},
+		{false, 0x80, "{\"jsonrpc\":\"2.0\",\"id\":8,\"re\u017fult\":{\"tools\":[{\"name\":\"secret\"}]}}"},
+		{false, 3, "{\"jsonrpc\":\"2.0\",\"id\":9,\"re\u017fult\":{\"tools\":[{\"name\":\"secret\"}]}}"},
+		{true, 0x80, "data: {\"jsonrpc\":\"2.0\",\"id\":8,\"result\":{\"tool\u017f\":[{\"name\":\"secret\"}]}}\n\n"},
 	} {
 		f.Add(s.sse, s.status, []byte(s.body))
 	}
@@ -82,17 +92,54 @@ func FuzzExchangeFilteredList(f *testing.F) {
 			}
 			return
 		}
-		events := newEventReader(bytes.NewReader(out), DefaultMaxEventBytes)
-		for {
-			ev, err := events.next()
-			if err != nil {
-				break
-			}
-			if responseListsSecret(ev.data) {
-				t.Fatalf("the client got an event listing the hidden tool: %q", ev.raw)
+		for _, ev := range specEvents(out) {
+			if responseListsSecret([]byte(ev.data)) {
+				t.Fatalf("the client got an event listing the hidden tool: %q in %q", ev.data, out)
 			}
 		}
 	})
+}
+
+// specEvent is an event as the SSE spec's parser dispatches it.
+type specEvent struct{ name, data string }
+
+// specEvents parses b as a client following the SSE spec does, whatever
+// the proxy's own reader makes of it: a leading BOM dropped, lines ended by
+// CRLF, LF or a bare CR, data lines joined with LF, an event dispatched
+// at a blank line when it has data, an unterminated last event discarded.
+// Every event is returned, whatever its name.
+func specEvents(b []byte) []specEvent {
+	s := strings.TrimPrefix(string(b), "\xef\xbb\xbf")
+	var out []specEvent
+	var name string
+	var data []string
+	for len(s) > 0 {
+		i := strings.IndexAny(s, "\r\n")
+		if i < 0 {
+			break // unterminated: discarded
+		}
+		line := s[:i]
+		if s[i] == '\r' && i+1 < len(s) && s[i+1] == '\n' {
+			i++
+		}
+		s = s[i+1:]
+		if line == "" {
+			if data != nil {
+				out = append(out, specEvent{name, strings.Join(data, "\n")})
+			}
+			name, data = "", nil
+			continue
+		}
+		field, value, _ := strings.Cut(line, ":")
+		value = strings.TrimPrefix(value, " ")
+		switch field {
+		case "data":
+			data = append(data, value)
+		case "event":
+			name = value
+		}
+	}
+	return out
 }
 
 // responseListsSecret reports whether data, read as encoding/json reads
@@ -167,19 +214,15 @@ func FuzzExchangeCall(f *testing.F) {
 		if w.Code/100 != 2 || w.Header().Get("Content-Type") != "text/event-stream" || resumable(body) {
 			return // an error status ends the call for the client; a resumable stream may be resumed
 		}
-		events := newEventReader(bytes.NewReader(w.Body.Bytes()), DefaultMaxEventBytes)
-		for {
-			ev, err := events.next()
-			if err != nil {
-				t.Fatalf("no response to the call on the stream the client got: %q", w.Body.Bytes())
-			}
+		for _, ev := range specEvents(w.Body.Bytes()) {
 			if ev.name != "" && ev.name != "message" {
 				continue
 			}
-			if m, err := Parse(ev.data); err == nil && m.Kind == Response && SameID(m.ID, json.RawMessage("7")) {
+			if m, err := Parse([]byte(ev.data)); err == nil && m.Kind == Response && SameID(m.ID, json.RawMessage("7")) {
 				return
 			}
 		}
+		t.Fatalf("no response to the call on the stream the client got: %q", w.Body.Bytes())
 	})
 }
 

@@ -204,3 +204,27 @@ func TestExchangeCloseEndsTheUpstreamRequest(t *testing.T) {
 		t.Fatal("the upstream request still runs after Close")
 	}
 }
+
+func TestFilteredListErrorAnswerPasses(t *testing.T) {
+	// A JSON-RPC error answering a filtered list under an error status
+	// reaches the client as the upstream sent it, even when its text holds
+	// a \u escape (encoding/json writes < as \u003c): a 404 tells the
+	// client to start a new session.
+	const body = `{"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"session \u003cabc\u003e not found"}}`
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, body)
+	})
+	p, err := NewProxy(ProxyOptions{Upstream: up.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`
+	rec := httptest.NewRecorder()
+	status, _ := p.Serve(rec, httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(list)),
+		Forward{Body: []byte(list), Filter: Filter{List: ToolsList, Allow: func(string) bool { return false }}})
+	if status != http.StatusNotFound || rec.Body.String() != body {
+		t.Fatalf("client got %d %s, want the upstream's 404", status, rec.Body)
+	}
+}

@@ -80,13 +80,13 @@ func filterList(result json.RawMessage, f Filter) (json.RawMessage, error) {
 		}
 		out = jsonscan.AppendString(out, key)
 		out = append(out, ':')
-		if f.Private && asciiEqualFold(key, CacheScopeMember) {
+		if f.Private && strings.EqualFold(key, CacheScopeMember) {
 			scoped = true
 			out = jsonscan.AppendString(out, CacheScopePrivate)
 			return nil
 		}
 		if key != l.Member {
-			if asciiEqualFold(key, l.Member) {
+			if strings.EqualFold(key, l.Member) {
 				// encoding/json would read "Tools" as tools: kept
 				// unfiltered, it could be the list a client sees.
 				problem = "case-insensitive twin of the " + l.Member + " member"
@@ -198,7 +198,7 @@ func ToolOutputSchemas(result json.RawMessage) (map[string]bool, error) {
 		es := jsonscan.New(entry)
 		_ = es.Object(func(k string) error {
 			v, err := es.SkipValue()
-			declared = declared || asciiEqualFold(k, schema) && string(v) != "null"
+			declared = declared || strings.EqualFold(k, schema) && string(v) != "null"
 			return err
 		})
 		out[name] = declared

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/mcpgate/mcpgate/internal/jsonscan"
 )
@@ -82,7 +83,7 @@ func filterReplayed(result json.RawMessage, filters []Filter) (_ json.RawMessage
 	var apply []Filter
 	err := s.Object(func(key string) error {
 		for _, f := range filters {
-			if asciiEqualFold(key, f.List.Member) && !hasList(apply, f.List) {
+			if strings.EqualFold(key, f.List.Member) && !hasList(apply, f.List) {
 				apply = append(apply, f)
 			}
 		}
@@ -110,11 +111,12 @@ func hasList(filters []Filter, l List) bool {
 }
 
 // mayHoldResult reports whether data could be a JSON-RPC response with a
-// result: it has the member name "result" in some letter case, or a \u
-// escape, which could spell one. It is the cheap test that spares
-// notifications a full parse.
+// result: it has the member name "result" in some letter case, a \u
+// escape, which could spell one, or a letter that encoding/json folds to
+// an ASCII one (ſ to s, the Kelvin sign to k: "reſult" reads as result).
+// It is the cheap test that spares notifications a full parse.
 func mayHoldResult(data []byte) bool {
-	if bytes.Contains(data, []byte(`\u`)) {
+	if bytes.Contains(data, []byte(`\u`)) || bytes.Contains(data, []byte("\u017f")) || bytes.Contains(data, []byte("\u212a")) {
 		return true
 	}
 	const name = "result"

@@ -34,6 +34,7 @@ type eventReader struct {
 	max  int
 	raw  []byte
 	data []byte
+	read bool // an event was read: a BOM is skipped before the first only
 }
 
 func newEventReader(r io.Reader, max int) *eventReader {
@@ -43,6 +44,14 @@ func newEventReader(r io.Reader, max int) *eventReader {
 // next returns the next event. At the end of the stream a final event that
 // lacks its terminating blank line is returned as is; then io.EOF.
 func (er *eventReader) next() (sseEvent, error) {
+	if !er.read {
+		// A stream may start with a UTF-8 BOM, which clients' decoders
+		// drop: skipped, so the first field is read as they read it.
+		er.read = true
+		if b, err := er.br.Peek(len(bom)); err == nil && string(b) == bom {
+			_, _ = er.br.Discard(len(bom))
+		}
+	}
 	er.raw = er.raw[:0]
 	er.data = er.data[:0]
 	ev := sseEvent{}
@@ -57,7 +66,14 @@ func (er *eventReader) next() (sseEvent, error) {
 		if errors.Is(err, bufio.ErrBufferFull) {
 			continue // the line goes on
 		}
-		line := bytes.TrimRight(er.raw[lineStart:], "\r\n")
+		line := bytes.TrimSuffix(er.raw[lineStart:], []byte("\n"))
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		if bytes.IndexByte(line, '\r') >= 0 {
+			// A bare CR ends a line for clients (the TypeScript SDK's
+			// parser, the SSE spec) but not here: refused rather than read
+			// differently, which could hide a response from the filters.
+			return sseEvent{}, errBareCR
+		}
 		complete := err == nil
 		if complete && len(line) == 0 {
 			ev.raw = er.raw
@@ -93,6 +109,12 @@ func (er *eventReader) next() (sseEvent, error) {
 	}
 	return ev, nil
 }
+
+// bom is the UTF-8 byte order mark.
+const bom = "\xef\xbb\xbf"
+
+// errBareCR means the stream ends a line with a lone CR.
+var errBareCR = errors.New("mcp: event stream line ends with a bare CR")
 
 // terminate returns out, the client's copy of an event the upstream left
 // unterminated at the end of its stream, with the blank line that ends

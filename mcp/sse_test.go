@@ -44,6 +44,19 @@ func TestEventReader(t *testing.T) {
 	}
 }
 
+func TestEventReaderBOMAndBareCR(t *testing.T) {
+	er := newEventReader(strings.NewReader("\xef\xbb\xbfdata: x\n\n"), 1<<10)
+	if ev, err := er.next(); err != nil || string(ev.data) != "x" || string(ev.raw) != "data: x\n\n" {
+		t.Fatalf("after a BOM: %q %q %v", ev.data, ev.raw, err)
+	}
+	for _, s := range []string{"id: 1\rdata: x\r\r", "data: x\r\r\n", ": c\rdata: y\n\n"} {
+		er := newEventReader(strings.NewReader(s), 1<<10)
+		if _, err := er.next(); !errors.Is(err, errBareCR) {
+			t.Errorf("%q: %v, want errBareCR", s, err)
+		}
+	}
+}
+
 func TestTerminate(t *testing.T) {
 	for _, tt := range []struct{ in, want string }{
 		{"event:", "event:\n\n"},

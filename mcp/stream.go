@@ -86,7 +86,7 @@ func (x *Exchange) endStream() {
 	x.closed = true
 	if x.streamErr != nil {
 		err := x.streamErr
-		if errors.Is(err, errEventTooLarge) {
+		if errors.Is(err, errEventTooLarge) || errors.Is(err, errBareCR) {
 			err = fmt.Errorf("%w: %v", ErrBadUpstreamResponse, err)
 		}
 		x.streamErr = x.cause(err)
@@ -164,10 +164,16 @@ func (x *Exchange) eventOut(ev sseEvent) (out []byte, stop error) {
 }
 
 // replayList returns x.replay, building it the first time an event needs
-// it: most exchanges relay no event that is not their own answer.
+// it: most exchanges relay no event that is not their own answer. The
+// request's own Filter is among them, for a caller that set it alone: a
+// list it hides must not come back in another event of the same stream.
 func (x *Exchange) replayList() []Filter {
 	if !x.replayOK {
-		x.replay, x.replayOK = replayFilters(x.f.ReplayFilters, x.private), true
+		filters := x.f.ReplayFilters
+		if x.f.Filter.Allow != nil && !hasList(filters, x.f.Filter.List) {
+			filters = append(filters[:len(filters):len(filters)], x.f.Filter)
+		}
+		x.replay, x.replayOK = replayFilters(filters, x.private), true
 	}
 	return x.replay
 }
