@@ -273,18 +273,28 @@ func isErrorResponse(data []byte) bool {
 	return err == nil && m.Kind == Response && m.Result == nil
 }
 
-// screenBody reads whole (bounded) into x.body a non-SSE answer to a GET or
-// a DELETE, whose response the proxy cannot know (MCP answers those with a
-// stream or no message at all), and judges it by its shape as a replayed
-// event is (screenReplay): a list is filtered, and a body that could hold
-// a result but does not parse is refused.
-func (x *Exchange) screenBody() {
+// readAll reads the upstream's non-SSE answer whole, bounded by
+// ProxyOptions.MaxResponseBytes; ok is false when it failed (recorded).
+func (x *Exchange) readAll() (data []byte, ok bool) {
 	data, err := io.ReadAll(io.LimitReader(x.idle.reader(x.resp.Body), x.p.maxResp+1))
 	if err == nil && int64(len(data)) > x.p.maxResp {
 		err = fmt.Errorf("%w: answer over %d bytes", ErrBadUpstreamResponse, x.p.maxResp)
 	}
 	if err != nil {
 		x.failed(err)
+		return nil, false
+	}
+	return data, true
+}
+
+// screenBody reads whole (bounded) into x.body a non-SSE answer to a GET or
+// a DELETE, whose response the proxy cannot know (MCP answers those with a
+// stream or no message at all), and judges it by its shape as a replayed
+// event is (screenReplay): a list is filtered, and a body that could hold
+// a result but does not parse is refused.
+func (x *Exchange) screenBody() {
+	data, ok := x.readAll()
+	if !ok {
 		return
 	}
 	x.read, x.body = true, data
@@ -312,12 +322,8 @@ func (x *Exchange) screenBody() {
 // readBody reads a non-SSE answer whole (bounded) into x.body, filtered
 // when Forward.Filter applies, and reports the response it carries.
 func (x *Exchange) readBody() {
-	data, err := io.ReadAll(io.LimitReader(x.idle.reader(x.resp.Body), x.p.maxResp+1))
-	if err == nil && int64(len(data)) > x.p.maxResp {
-		err = fmt.Errorf("%w: answer over %d bytes", ErrBadUpstreamResponse, x.p.maxResp)
-	}
-	if err != nil {
-		x.failed(err)
+	data, ok := x.readAll()
+	if !ok {
 		return
 	}
 	ok2xx := x.resp.StatusCode/100 == 2

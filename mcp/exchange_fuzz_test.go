@@ -23,6 +23,22 @@ func (a answerOf) RoundTrip(req *http.Request) (*http.Response, error) {
 		Body: io.NopCloser(bytes.NewReader(a.body)), Request: req}, nil
 }
 
+// fuzzProxy returns a Proxy whose upstream answers every request with
+// body: an event stream when sse, else JSON, under one of five statuses
+// picked by status.
+func fuzzProxy(t *testing.T, sse bool, status uint8, body []byte) *Proxy {
+	statuses := []int{200, 202, 400, 404, 500}
+	a := answerOf{status: statuses[int(status)%len(statuses)], ct: "application/json", body: body}
+	if sse {
+		a.ct = "text/event-stream"
+	}
+	p, err := NewProxy(ProxyOptions{Upstream: "http://upstream.invalid/mcp", Client: &http.Client{Transport: a}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // FuzzExchangeFilteredList: whatever an upstream answers a filtered
 // tools/list with (any status, JSON or SSE, any bytes), the exchange ends
 // without panicking, Answer's filtered result never lists the hidden tool,
@@ -62,16 +78,8 @@ func FuzzExchangeFilteredList(f *testing.F) {
 	} {
 		f.Add(s.sse, s.status, []byte(s.body))
 	}
-	statuses := []int{200, 202, 400, 404, 500}
 	f.Fuzz(func(t *testing.T, sse bool, status uint8, body []byte) {
-		a := answerOf{status: statuses[int(status&0x7f)%len(statuses)], ct: "application/json", body: body}
-		if sse {
-			a.ct = "text/event-stream"
-		}
-		p, err := NewProxy(ProxyOptions{Upstream: "http://upstream.invalid/mcp", Client: &http.Client{Transport: a}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := fuzzProxy(t, sse, status&0x7f, body)
 		allow := func(name string) bool { return name != "secret" }
 		filter := Filter{List: ToolsList, Allow: allow}
 		req := `{"jsonrpc":"2.0","id":7,"method":"tools/list"}`
@@ -195,16 +203,8 @@ func FuzzExchangeCall(f *testing.F) {
 	} {
 		f.Add(s.sse, s.status, []byte(s.body))
 	}
-	statuses := []int{200, 202, 400, 404, 500}
 	f.Fuzz(func(t *testing.T, sse bool, status uint8, body []byte) {
-		a := answerOf{status: statuses[int(status)%len(statuses)], ct: "application/json", body: body}
-		if sse {
-			a.ct = "text/event-stream"
-		}
-		p, err := NewProxy(ProxyOptions{Upstream: "http://upstream.invalid/mcp", Client: &http.Client{Transport: a}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := fuzzProxy(t, sse, status, body)
 		w := httptest.NewRecorder()
 		x := p.Start(w, httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(callEcho)), Forward{Body: []byte(callEcho)})
 		if result, rpcErr, ok := x.Answer(); ok && (result == nil) == (rpcErr == nil) {
