@@ -73,9 +73,7 @@ func testBreakerModel(c *tcase) {
 		if c.t.Failed() {
 			c.t.Fatalf("store and model disagree; last operations:\n%s", m.trace())
 		}
-		if c.h.RealTime && time.Since(c.began) > tick/2 {
-			c.t.Fatalf("the sequence took %v of real time: more than half a tick, decisions may differ from the model's", time.Since(c.began))
-		}
+		c.checkPace()
 	}
 	c.t.Logf("%d openings, %d probes, %d calls denied by an open breaker, %d probes released", m.opened, m.probes, m.gated, m.released)
 	if !covered() {

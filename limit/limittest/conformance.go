@@ -189,6 +189,15 @@ func (c *tcase) other() limit.Algorithm {
 	return limit.TokenBucket
 }
 
+// checkPace fails a model sequence on a real-time store once it has taken
+// more than half a tick since the last align: past that, the store's clock
+// may cross a tick the model does not, and their decisions may differ.
+func (c *tcase) checkPace() {
+	if c.h.RealTime && time.Since(c.began) > tick/2 {
+		c.t.Fatalf("the sequence took %v of real time: more than half a tick, decisions may differ from the model's", time.Since(c.began))
+	}
+}
+
 // align moves the store's clock to the start of an hour (every standard
 // window starts there), so that window algorithms give known numbers.
 func (c *tcase) align() {

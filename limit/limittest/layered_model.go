@@ -179,9 +179,7 @@ func runLayeredModel(c *tcase, seed, stream uint64) {
 		if c.t.Failed() {
 			c.t.Fatalf("store and model disagree (seed %d, set %s to replay); last operations:\n%s", seed, SeedEnv, m.trace())
 		}
-		if c.h.RealTime && time.Since(c.began) > tick/2 {
-			c.t.Fatalf("the sequence took %v of real time: more than half a tick, decisions may differ from the model's", time.Since(c.began))
-		}
+		c.checkPace()
 	}
 	c.t.Logf("%d admitted, %d denied (%d by a global rule alone, %d by the tenant alone, %d by both, %d by the quota, %d never), %d refunds, %d adjusts, %d releases",
 		m.admitted, m.denied, m.globalOnly, m.tenantOnly, m.bothDenied, m.quota, m.never, m.refunds, m.adjusts, m.releases)

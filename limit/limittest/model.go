@@ -143,9 +143,7 @@ func testModel(c *tcase) {
 		if c.t.Failed() {
 			c.t.Fatalf("store and model disagree; last operations:\n%s", m.trace())
 		}
-		if c.h.RealTime && time.Since(c.began) > tick/2 {
-			c.t.Fatalf("the sequence took %v of real time: more than half a tick, decisions may differ from the model's", time.Since(c.began))
-		}
+		c.checkPace()
 	}
 	c.t.Logf("%d admitted, %d denied (%d never), %d refunds, %d releases", m.admitted, m.denied, m.never, m.refunds, m.releases)
 	if m.admitted == 0 || m.denied == 0 {
