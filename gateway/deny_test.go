@@ -392,9 +392,7 @@ func TestDenyAsResultOutputSchema(t *testing.T) {
 			search := func(id int) *response {
 				return e.callRaw(0, alice, id, "search", map[string]any{"query": "q"})
 			}
-			eventually(t, 10*time.Second, "the start-up listing of the upstream's tools", func() bool {
-				return e.gws[0].rt.Load().outputs.declares("search")
-			})
+			learntSearchSchema(t, e.gws[0], "the start-up listing of the upstream's tools")
 			if r := search(1); r.Status != http.StatusOK || isErrorResult(r.Msg.Result) {
 				t.Fatalf("first search: %d %s", r.Status, r.Body)
 			}
@@ -424,9 +422,7 @@ func TestDenyAsResultOutputSchema(t *testing.T) {
 			e.apply(setup{Config: schemaConfig})
 			deniedTypedResultOf(t, search(8))
 			e.apply(setup{Config: schemaConfig, UpstreamURL: strings.Replace(e.upURL, "127.0.0.1", "localhost", 1)})
-			eventually(t, 10*time.Second, "the reload's listing of the other upstream's tools", func() bool {
-				return e.gws[0].rt.Load().outputs.declares("search")
-			})
+			learntSearchSchema(t, e.gws[0], "the reload's listing of the other upstream's tools")
 			deniedTypedResultOf(t, search(9))
 			listRaw(t, e.mcpURL(0), bob)
 			deniedTypedResultOf(t, search(10))
@@ -449,15 +445,27 @@ func TestDenyAsResultOutputSchemaEveryInstance(t *testing.T) {
 	t.Parallel()
 	e := newLimitEnv(t, true, 2, schemaConfig, upstream.Options{Stateless: true, JSONResponse: true})
 	for i := range e.gws {
-		eventually(t, 10*time.Second, "the start-up listing of instance "+fmt.Sprint(i), func() bool {
-			return e.gws[i].rt.Load().outputs.declares("search")
-		})
+		learntSearchSchema(t, e.gws[i], "the start-up listing of instance "+fmt.Sprint(i))
 	}
-	alice := token(t, "acme", "alice")
-	if r := e.callRaw(0, alice, 1, "search", map[string]any{"query": "q"}); r.Status != http.StatusOK {
+	e.searchDeniedTyped(t, token(t, "acme", "alice"), 0, 1)
+}
+
+// learntSearchSchema waits until g knows that search declares an
+// outputSchema, from the listing named what.
+func learntSearchSchema(t *testing.T, g *Gateway, what string) {
+	t.Helper()
+	eventually(t, 10*time.Second, what, func() bool { return g.rt.Load().outputs.declares("search") })
+}
+
+// searchDeniedTyped makes search's one call of the hour as tok through
+// instance a, then calls it again through instance b: a denial without
+// structuredContent (search declares an outputSchema).
+func (e *env) searchDeniedTyped(t *testing.T, tok string, a, b int) {
+	t.Helper()
+	if r := e.callRaw(a, tok, 1, "search", map[string]any{"query": "q"}); r.Status != http.StatusOK {
 		t.Fatalf("first search: %d %s", r.Status, r.Body)
 	}
-	deniedTypedResultOf(t, e.callRaw(1, alice, 2, "search", map[string]any{"query": "q"}))
+	deniedTypedResultOf(t, e.callRaw(b, tok, 2, "search", map[string]any{"query": "q"}))
 }
 
 // A reload that turns deny_as: result on lists the upstream's tools, as a
@@ -469,17 +477,11 @@ func TestReloadDenyAsResultListsOutputSchemas(t *testing.T) {
 	up := upstream.Options{Stateless: true, JSONResponse: true}
 	e := newEnv(t, setup{Config: httpDenials, Upstream: up})
 	e.apply(setup{Config: schemaConfig, Upstream: up})
-	eventually(t, 10*time.Second, "the reload's listing", func() bool {
-		return e.gws[0].rt.Load().outputs.declares("search")
-	})
+	learntSearchSchema(t, e.gws[0], "the reload's listing")
 	if n := e.up.Requests("tools/list"); n != 1 {
 		t.Fatalf("upstream tools/list %d, want the reload's one", n)
 	}
-	alice := token(t, "acme", "alice")
-	if r := e.callRaw(0, alice, 1, "search", map[string]any{"query": "q"}); r.Status != http.StatusOK {
-		t.Fatalf("first search: %d %s", r.Status, r.Body)
-	}
-	deniedTypedResultOf(t, e.callRaw(0, alice, 2, "search", map[string]any{"query": "q"}))
+	e.searchDeniedTyped(t, token(t, "acme", "alice"), 0, 0)
 }
 
 // With upstreams:, the names learnt are the exposed ones: a's and b's
