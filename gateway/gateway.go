@@ -82,7 +82,8 @@ type runtime struct {
 	auth  *auth.Authenticator
 	proxy *mcp.Proxy
 	// outputs: the tools known to declare an outputSchema (kept by a
-	// reload that keeps the upstream).
+	// reload that keeps the upstream); nil unless some tier or tool
+	// denies as a result, the only answer that reads it.
 	outputs *toolSchemas
 }
 
@@ -182,10 +183,10 @@ func New(opts Options) (*Gateway, error) {
 	if len(opts.Config.Cache.Warm) == 0 {
 		g.ready.Store(true)
 	} else {
-		g.warming.Go(func() { g.warm(bctx, cfg) })
+		g.inBackground(func(ctx context.Context) { g.warm(ctx, cfg) })
 	}
-	if deniesAsResult(cfg) {
-		g.warming.Go(func() { g.discoverOutputSchemas(bctx, cfg, rt.outputs) })
+	if rt.outputs != nil {
+		g.inBackground(func(ctx context.Context) { g.discoverOutputSchemas(ctx, cfg, rt.outputs) })
 	}
 	g.rt.Store(rt)
 	g.startSessions()
@@ -209,7 +210,11 @@ func newRuntime(cfg *policy.Config, a *auth.Authenticator, rt http.RoundTripper)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: upstream: %w", err)
 	}
-	return &runtime{cfg: cfg, auth: a, proxy: proxy, outputs: &toolSchemas{}}, nil
+	run := &runtime{cfg: cfg, auth: a, proxy: proxy}
+	if deniesAsResult(cfg) {
+		run.outputs = &toolSchemas{} // read by result-mode denials only
+	}
+	return run, nil
 }
 
 // Apply swaps in a new configuration and authenticator (a reload). Requests
@@ -227,12 +232,11 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 	if err := g.eng.SetConfig(cfg); err != nil {
 		return err
 	}
-	cur := g.rt.Load()
-	same := sameUpstream(cur.cfg, cfg)
-	if same {
+	switch cur := g.rt.Load(); {
+	case rt.outputs == nil:
+	case cur.outputs != nil && sameUpstream(cur.cfg, cfg):
 		rt.outputs = cur.outputs // the same tools: what was learnt still holds
-	}
-	if deniesAsResult(cfg) && !(same && deniesAsResult(cur.cfg)) {
+	default:
 		// Another upstream, or denials answered as results from now on: the
 		// start-up listing has not run for this upstream (see New).
 		g.inBackground(func(ctx context.Context) { g.discoverOutputSchemas(ctx, cfg, rt.outputs) })

@@ -27,7 +27,7 @@ func (g *Gateway) serveMethod(x *exchange) {
 		g.openSession(x.w, x.r, x.rt, x.fwd, x.p, t, class)
 		return
 	}
-	if x.msg.IsCall() && x.msg.Method == mcp.MethodToolsList {
+	if x.rt.outputs != nil && x.msg.IsCall() && x.msg.Method == mcp.MethodToolsList {
 		x.fwd.answered = x.rt.outputs.onToolsList // which tools declare an outputSchema
 	}
 	g.forward(x.w, x.r, x.rt, x.fwd, class)
@@ -71,7 +71,8 @@ func (g *Gateway) admitted(x *exchange, class string, d enforce.Decision) bool {
 		return false
 	case !d.Allowed:
 		g.metrics.Requests.WithLabelValues(class, "denied").Inc()
-		writeCallDenied(x.w, d.DenyAs, id, d, x.rt.outputs.declares(x.msg.ToolName), g.now())
+		typed := d.DenyAs == policy.DenyResult && x.rt.outputs.declares(x.msg.ToolName)
+		writeCallDenied(x.w, d.DenyAs, id, d, typed, g.now())
 		return false
 	}
 	return true

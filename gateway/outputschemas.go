@@ -13,10 +13,11 @@ import (
 // toolSchemas is enforce.OutputSchemas fed with the tools/list answers the
 // gateway relays, as the callers got them (trimmed to their scopes). With
 // upstreams: the names are the exposed ones, which name the upstream too,
-// as in a tools/call. Each runtime has one, which a reload keeps when the
-// upstream stays the same (sameUpstream): the clients that listed the
-// tools before it still validate against what they were told. A nil
-// *toolSchemas knows nothing and learns nothing.
+// as in a tools/call. Each runtime whose config denies as a result has
+// one, which a reload keeps when the upstream stays the same
+// (sameUpstream): the clients that listed the tools before it still
+// validate against what they were told. A nil *toolSchemas knows nothing
+// and learns nothing.
 type toolSchemas struct{ enforce.OutputSchemas }
 
 // onToolsList learns from the answer to a tools/list: it is the request's
