@@ -230,7 +230,9 @@ func (c *Cache) release(ctx context.Context, reqs []releaseReq) {
 	defer cancel()
 	ctx, span := c.storeSpan(ctx, "unlock")
 	errs := c.store.release(ctx, reqs)
-	endStoreSpan(span, errors.Join(errs...))
+	if span != nil {
+		endStoreSpan(span, errors.Join(errs...))
+	}
 	var skipped []releaseReq
 	for i, err := range errs {
 		switch {

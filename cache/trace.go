@@ -22,7 +22,7 @@ func (c *Cache) storeSpan(ctx context.Context, op string) (context.Context, trac
 	if !c.remote {
 		return ctx, nil
 	}
-	return storespan.Start(ctx, nil, tracerName, "mcpgate.cache "+op)
+	return storespan.Start(ctx, nil, tracerName, "mcpgate.cache", op)
 }
 
 // endStoreSpan ends s (nil: nothing to end), marking a failed operation

@@ -21,7 +21,7 @@ func (g *guardedStore) storeSpan(ctx context.Context, op string) (context.Contex
 	if g.tracer == nil {
 		return ctx, nil
 	}
-	return storespan.Start(ctx, g.tracer, "", "mcpgate.store "+op)
+	return storespan.Start(ctx, g.tracer, "", "mcpgate.store", op)
 }
 
 // endStoreSpan ends s (nil: nothing to end), marking a failed call.

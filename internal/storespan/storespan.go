@@ -13,10 +13,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Start starts the span name under ctx's span when that span records,
-// with tracer, or when tracer is nil with the tracer of scope from the
-// span's own provider. Otherwise it returns ctx and a nil span.
-func Start(ctx context.Context, tracer trace.Tracer, scope, name string) (context.Context, trace.Span) {
+// Start starts the span "kind op" (e.g. "mcpgate.store refund") under
+// ctx's span when that span records, with tracer, or when tracer is nil
+// with the tracer of scope from the span's own provider. Otherwise it
+// returns ctx and a nil span, having built nothing: the name is made only
+// for a span that records.
+func Start(ctx context.Context, tracer trace.Tracer, scope, kind, op string) (context.Context, trace.Span) {
 	parent := trace.SpanFromContext(ctx)
 	if !parent.IsRecording() {
 		return ctx, nil
@@ -24,7 +26,7 @@ func Start(ctx context.Context, tracer trace.Tracer, scope, name string) (contex
 	if tracer == nil {
 		tracer = parent.TracerProvider().Tracer(scope)
 	}
-	return tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient))
+	return tracer.Start(ctx, kind+" "+op, trace.WithSpanKind(trace.SpanKindClient))
 }
 
 // End ends s (nil: nothing to end), with an error status described by
