@@ -110,11 +110,11 @@ local opkey, nk, na
 -- The library functions used, read once by the first call (init): a
 -- function library's code runs when it loads without the Lua libraries or
 -- redis.call.
-local floor, min, max, fmt, match, find, sub, call, pcall, intf, seqf, int2f, int3f
+local floor, min, max, fmt, match, find, sub, call, rpcall, intf, seqf, int2f, int3f
 
 local function init()
   floor, min, max, fmt, match, find, sub = math.floor, math.min, math.max, string.format, string.match, string.find, string.sub
-  call, pcall = redis.call, redis.pcall
+  call, rpcall = redis.call, redis.pcall
   -- int formats an integer for Redis. Lua 5.1's %d casts to C long: exact
   -- on the 64-bit builds Redis and Valkey ship, and three times faster than
   -- %.0f, which is kept for a build whose long is narrower.
@@ -159,12 +159,21 @@ local function int(x) return fmt(intf, x) end
 local function px(at) return int(max(1, ceildiv(at - now, 1000))) end
 
 -- raiseUnlessType raises r when it is an error reply other than WRONGTYPE.
--- The commands run through pcall tolerate a key of another type, left
--- under the same name by a rule whose algorithm changed, and nothing else:
--- NOPERM (an ACL that lacks the command) or OOM must fail the call, not
--- read as a missing key or a lease that is gone.
 local function raiseUnlessType(r)
   if type(r) == 'table' and r.err and not find(r.err, 'WRONGTYPE', 1, true) then error(r) end
+end
+
+-- pcall runs a command on a key that may hold another type, left under
+-- the same name by a rule whose algorithm changed: that WRONGTYPE comes
+-- back as its error reply, which the caller reads as no value. Any other
+-- error is raised: NOPERM (an ACL that lacks the command) or OOM must fail
+-- the call, not read as a missing key or a lease that is gone. Every
+-- redis.pcall (rpcall) of the library goes through it, but for get's and
+-- zcount's, on every decision's path, which inline it.
+local function pcall(...)
+  local r = rpcall(...)
+  raiseUnlessType(r)
+  return r
 end
 
 -- get returns the value of a string key, or nil when it is missing or of
@@ -172,7 +181,7 @@ end
 -- to be sliding_window or concurrency reads as fresh (as it does in algo),
 -- rather than failing every call until the old key expires.
 local function get(key)
-  local v = pcall('GET', key)
+  local v = rpcall('GET', key) -- pcall inlined: every decision reads its states
   if type(v) == 'string' then return v end
   if v then raiseUnlessType(v) end -- false: a missing key, the common case
   return nil
@@ -209,7 +218,7 @@ end
 -- holds a string (left by a string-state algorithm: read as fresh, as in
 -- algo, and replaced on write).
 local function zcount(key, lo)
-  local r = pcall('ZCOUNT', key, '(' .. int(lo), '+inf')
+  local r = rpcall('ZCOUNT', key, '(' .. int(lo), '+inf') -- pcall inlined, as in get
   if type(r) == 'number' then return r end
   raiseUnlessType(r)
   return nil
@@ -701,7 +710,6 @@ local function refund()
       -- ranks [lo, hi) are removed: the newest units, or the newest of the
       -- ones logged at at (a score's members rank by their number)
       local hi = pcall('ZCARD', key)
-      raiseUnlessType(hi)
       if type(hi) == 'number' then
         local lo = 0
         if at then
@@ -712,7 +720,7 @@ local function refund()
         if lo < hi then call('ZREMRANGEBYRANK', key, int(lo), int(hi - 1)) end
       end
     elseif alg == 'k' then
-      raiseUnlessType(pcall('ZREM', key, lease))
+      pcall('ZREM', key, lease)
     end
   end
   return { now }
@@ -721,7 +729,7 @@ end
 -- release serves op l.
 local function release()
   for i = 1, #KEYS do
-    if rule(i) == 'k' then raiseUnlessType(pcall('ZREM', KEYS[i], lease)) end
+    if rule(i) == 'k' then pcall('ZREM', KEYS[i], lease) end
   end
   return { now }
 end
@@ -735,7 +743,6 @@ local function renew()
     local alg, _, p = rule(i)
     if alg == 'k' then
       local exp = pcall('ZSCORE', KEYS[i], lease)
-      raiseUnlessType(exp)
       if type(exp) == 'string' and tonumber(exp) > now then
         held = held + 1
         call('ZADD', KEYS[i], 'XX', int(max(tonumber(exp), now + p)), lease)
