@@ -444,10 +444,7 @@ func (m *layeredModel) refund() {
 	m.adjusts++
 	lm := m.meter(a.meter)
 	delta := limit.Usage{Refunded: a.meter.CostFor(a.cost), RefundedCalls: 1}
-	mr, err := c.ms().Adjust(c.ctx, *a.meter, delta)
-	if err != nil {
-		c.t.Fatalf("Adjust(%q, %+v): %v", a.meter.Key, delta, err)
-	}
+	mr := c.adjust(*a.meter, delta)
 	if st := algo.MeterAdjust(lm.mt, delta, lm.mt.ExpiresAt); st != algo.MeterOK {
 		c.t.Fatalf("model: MeterAdjust: status %d", st)
 	}
