@@ -55,7 +55,7 @@ func (g *Gateway) serveCall(x *exchange) {
 		}
 		x.fwd.answered = func(result, rpcErr json.RawMessage) {
 			a.result, a.failed = result, rpcErr != nil || isErrorResult(result)
-			answered(result, rpcErr)
+			t.Answered(ctx, result, a.failed) // answered, without reading the result again
 		}
 	}
 	if plan, ok := t.CachePlan(); ok {
