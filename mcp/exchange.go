@@ -32,31 +32,27 @@ type Exchange struct {
 	stop    func()     // releases the deadlines; nil before they were set
 	private bool       // the client reads caching hints: filtered lists are marked private
 
-	resp    *http.Response // nil: the exchange failed before the upstream answered
-	sse     bool           // resp is a 2xx event stream
-	session string         // the Mcp-Session-Id the client gets, when rewrite
-	rewrite bool           // SetSessionID was called
+	resp *http.Response // nil: the exchange failed before the upstream answered
+	sse  bool           // resp is a 2xx event stream
 
 	replay   []Filter // f.ReplayFilters, Private set as for f.Filter; built on first use (replayList)
 	replayOK bool     // replay is built
 
 	failure error // classified (cause) failure not yet answered; Finish answers it
 
-	read           bool            // Answer ran (a JSON answer is then in body)
-	body           []byte          // the JSON answer read by Answer, as it is to be relayed
+	read           bool            // the answer was inspected (Answer, or screenBody): a non-SSE one is in body
+	body           []byte          // the non-SSE answer read, as it is to be relayed
 	reported       bool            // result/rpcErr hold the response to f.Msg
 	result, rpcErr json.RawMessage // see Answer
 
 	events    *eventReader // SSE: set once the client has the response headers
 	rc        *http.ResponseController
 	held      []byte // SSE: bytes to write before relaying on (the answer, or an error event)
-	answered  bool   // SSE: the response to f.Msg arrived
 	resumable bool   // SSE: the upstream sent event ids
 	ended     bool   // SSE: the upstream's stream ended (EOF, error, or stopErr)
-	closed    bool   // SSE: endStream ran
 	gone      bool   // SSE: a write to the client failed
 	stopErr   error  // SSE: the relay ends after held with this error
-	streamErr error  // SSE: why the stream ended (nil: EOF); classified by endStream
+	streamErr error  // SSE: why the stream ended (nil: EOF), as endStream classified it
 
 	done   bool // Finish ran, or Start answered the request itself
 	status int
@@ -73,10 +69,15 @@ func (x *Exchange) SessionID() string {
 }
 
 // SetSessionID makes the client see id as the Mcp-Session-Id of the
-// upstream's answer (a gateway binds sessions to callers). It has no effect
-// when the upstream answered none, or after the answer's headers were
-// written (by Answer on an event stream, or by Finish).
-func (x *Exchange) SetSessionID(id string) { x.session, x.rewrite = id, true }
+// upstream's answer (a gateway binds sessions to callers); SessionID then
+// returns id. It has no effect when the upstream answered none, or after
+// the answer's headers were written (by Answer on an event stream, or by
+// Finish).
+func (x *Exchange) SetSessionID(id string) {
+	if x.SessionID() != "" {
+		x.resp.Header.Set(HeaderSessionID, id)
+	}
+}
 
 // Answer reads the upstream's answer up to the JSON-RPC response to
 // Forward.Msg and returns that response, without relaying it: its result
@@ -101,9 +102,6 @@ func (x *Exchange) Answer() (result, rpcErr json.RawMessage, ok bool) {
 	case x.sse:
 		x.startStream()
 		x.relayEvents(true)
-		if x.ended && !x.answered {
-			x.endStream()
-		}
 	default:
 		x.readBody()
 	}
@@ -150,6 +148,9 @@ func (x *Exchange) Finish() (status int, err error) {
 // Start and Finish (a step of its own failed). Finish calls it; after
 // Finish it does nothing, and it may be deferred right after Start.
 func (x *Exchange) Close() {
+	if x.done {
+		return
+	}
 	if x.resp != nil {
 		x.resp.Body.Close()
 	}
@@ -238,10 +239,6 @@ func (x *Exchange) answerFailure() (int, error) {
 func (x *Exchange) copyResponseHeaders() {
 	for _, k := range forwardResponseHeaders {
 		if v := x.resp.Header.Values(k); len(v) > 0 {
-			if k == HeaderSessionID && x.rewrite {
-				x.w.Header()[k] = []string{x.session}
-				continue
-			}
 			x.w.Header()[k] = append([]string(nil), v...)
 		}
 	}
@@ -267,17 +264,11 @@ func (x *Exchange) copyBody() (int, error) {
 	return x.resp.StatusCode, nil
 }
 
-// isErrorResponse reports whether data is one JSON-RPC error response.
-func isErrorResponse(data []byte) bool {
-	m, err := Parse(data)
-	return err == nil && m.Kind == Response && m.Result == nil
-}
-
 // readAll reads the upstream's non-SSE answer whole, bounded by
 // ProxyOptions.MaxResponseBytes; ok is false when it failed (recorded).
 func (x *Exchange) readAll() (data []byte, ok bool) {
-	data, err := io.ReadAll(io.LimitReader(x.idle.reader(x.resp.Body), x.p.maxResp+1))
-	if err == nil && int64(len(data)) > x.p.maxResp {
+	data, err := readGrowing(x.idle.reader(x.resp.Body), x.resp.ContentLength, x.p.maxResp)
+	if errors.Is(err, errOverLimit) {
 		err = fmt.Errorf("%w: answer over %d bytes", ErrBadUpstreamResponse, x.p.maxResp)
 	}
 	if err != nil {
@@ -326,29 +317,29 @@ func (x *Exchange) readBody() {
 	if !ok {
 		return
 	}
-	ok2xx := x.resp.StatusCode/100 == 2
-	if mediaType(x.resp.Header.Get("Content-Type")) == "application/json" {
-		if m, err := Parse(data); err == nil && m.Kind == Response && SameID(m.ID, x.f.Msg.ID) {
-			result := m.Result
-			if x.filtering() && result != nil { // whatever the status: a client may read a 4xx's body
-				filtered, err := filterList(result, x.f.Filter)
-				if err != nil {
-					x.failed(err)
-					return
-				}
-				result, data = filtered, resultResponse(m.ID, filtered)
+	m, perr := Parse(data)
+	response := perr == nil && m.Kind == Response
+	if response && SameID(m.ID, x.f.Msg.ID) && mediaType(x.resp.Header.Get("Content-Type")) == "application/json" {
+		result := m.Result
+		if x.filtering() && result != nil { // whatever the status: a client may read a 4xx's body
+			filtered, err := filterList(result, x.f.Filter)
+			if err != nil {
+				x.failed(err)
+				return
 			}
-			x.body = data
-			x.report(result, m.Error)
-			return
+			result, data = filtered, resultResponse(m.ID, filtered)
 		}
+		x.body = data
+		x.report(result, m.Error)
+		return
 	}
 	// A list that must be filtered is relayed only as the request's own
 	// response, and a body that is not the request's response is refused
 	// when it could carry a list the caller's filters would hide: with a
 	// filtered list, any 2xx; and any body that could hold a result but is
 	// not a plain JSON-RPC error (a "session not found" passes).
-	if x.filtering() && ok2xx || len(x.replayList()) > 0 && mayHoldResult(data) && !isErrorResponse(data) {
+	errorOnly := response && m.Result == nil
+	if x.filtering() && x.resp.StatusCode/100 == 2 || len(x.replayList()) > 0 && mayHoldResult(data) && !errorOnly {
 		x.failed(fmt.Errorf("%w: %s answer is not its JSON-RPC response", ErrBadUpstreamResponse, x.f.Msg.Method))
 		return
 	}

@@ -26,8 +26,11 @@ var (
 	// yet, else ended an SSE answer with a JSON-RPC error event.
 	ErrUpstreamTimeout = errors.New("mcp: upstream timed out")
 	// ErrBadUpstreamResponse means the upstream's answer could not be
-	// inspected as Forward required (too large, or a list result that cannot
-	// be filtered). Serve answered 502 rather than relay it unchecked.
+	// inspected as Forward required (too large, a list result that cannot
+	// be filtered, an answer that is not the request's response but could
+	// hold a list, an event stream the proxy would read differently from a
+	// client). Serve answered 502 rather than relay it unchecked, or ended
+	// a stream that had begun with an error event.
 	ErrBadUpstreamResponse = errors.New("mcp: bad upstream response")
 	// ErrClientGone means the client went away before the answer was fully
 	// relayed; the upstream request was cancelled.
@@ -81,10 +84,11 @@ type ProxyOptions struct {
 	// however much the upstream streams (ErrUpstreamTimeout past it). Zero
 	// or negative means no cap. Notification streams are not capped.
 	MaxDuration time.Duration
-	// MaxResponseBytes bounds a JSON answer the proxy must inspect (its
-	// caller reads it with Exchange.Answer, or Forward has a Filter for the
-	// request's method). Zero means DefaultMaxResponseBytes. Answers relayed
-	// without inspection are not bounded.
+	// MaxResponseBytes bounds a non-SSE answer the proxy must inspect (its
+	// caller reads it with Exchange.Answer, Forward has a Filter for the
+	// request's method, or ReplayFilters screen the answer to a GET or a
+	// DELETE). Zero means DefaultMaxResponseBytes. Answers relayed without
+	// inspection are not bounded.
 	MaxResponseBytes int64
 	// MaxEventBytes bounds one server-sent event. Zero means
 	// DefaultMaxEventBytes.

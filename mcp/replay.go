@@ -112,11 +112,11 @@ func hasList(filters []Filter, l List) bool {
 
 // mayHoldResult reports whether data could be a JSON-RPC response with a
 // result: it has the member name "result" in some letter case, a \u
-// escape, which could spell one, or a letter that encoding/json folds to
-// an ASCII one (ſ to s, the Kelvin sign to k: "reſult" reads as result).
+// escape, which could spell one, or ſ, which encoding/json folds to s
+// ("reſult" reads as result).
 // It is the cheap test that spares notifications a full parse.
 func mayHoldResult(data []byte) bool {
-	if bytes.Contains(data, []byte(`\u`)) || bytes.Contains(data, []byte("\u017f")) || bytes.Contains(data, []byte("\u212a")) {
+	if bytes.Contains(data, []byte(`\u`)) || bytes.Contains(data, []byte("\u017f")) {
 		return true
 	}
 	const name = "result"

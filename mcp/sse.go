@@ -10,7 +10,7 @@ import (
 )
 
 // errEventTooLarge means one server-sent event exceeded the size limit.
-var errEventTooLarge = errors.New("server-sent event too large")
+var errEventTooLarge = fmt.Errorf("%w: server-sent event too large", ErrBadUpstreamResponse)
 
 // sseEvent is one server-sent event as read from the upstream: its raw bytes
 // (every line, including the blank line that ends it) plus the fields the
@@ -27,8 +27,8 @@ type sseEvent struct {
 
 // eventReader splits an SSE stream into events without interpreting more
 // than it must, so that events can be relayed byte for byte. Lines end in
-// "\n" or "\r\n" (MCP servers write "\n"; a stream using bare "\r" reads as
-// one long line and hits the size limit).
+// "\n" or "\r\n" (MCP servers write "\n"); a line ended by a bare "\r" is
+// refused (errBareCR), and a leading BOM skipped.
 type eventReader struct {
 	br   *bufio.Reader
 	max  int
@@ -114,7 +114,7 @@ func (er *eventReader) next() (sseEvent, error) {
 const bom = "\xef\xbb\xbf"
 
 // errBareCR means the stream ends a line with a lone CR.
-var errBareCR = errors.New("mcp: event stream line ends with a bare CR")
+var errBareCR = fmt.Errorf("%w: event stream line ends with a bare CR", ErrBadUpstreamResponse)
 
 // terminate returns out, the client's copy of an event the upstream left
 // unterminated at the end of its stream, with the blank line that ends

@@ -2,7 +2,6 @@ package mcp
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 )
@@ -40,11 +39,11 @@ func (x *Exchange) relayEvents(untilAnswer bool) {
 				x.streamErr = err
 			}
 			x.ended = true
+			x.endStream()
 			return
 		}
 		x.idle.touch()
 		x.resumable = x.resumable || ev.hasID
-		before := x.answered
 		out, stop := x.eventOut(ev)
 		if stop != nil {
 			x.held, x.stopErr, x.ended = out, stop, true
@@ -56,7 +55,7 @@ func (x *Exchange) relayEvents(untilAnswer bool) {
 		if ev.unterminated {
 			out = terminate(out)
 		}
-		if untilAnswer && x.answered && !before {
+		if untilAnswer && x.reported { // this event answered: Answer relays from the first event
 			x.held = out
 			return
 		}
@@ -78,18 +77,10 @@ func (x *Exchange) write(out []byte) {
 // endStream classifies how the stream ended (x.streamErr becomes what
 // Finish returns) and, when the call's response never came and the client
 // cannot resume the stream, holds an error event answering it, so that the
-// client is not left waiting.
+// client is not left waiting. It runs once, where the stream ends.
 func (x *Exchange) endStream() {
-	if x.closed {
-		return
-	}
-	x.closed = true
 	if x.streamErr != nil {
-		err := x.streamErr
-		if errors.Is(err, errEventTooLarge) || errors.Is(err, errBareCR) {
-			err = fmt.Errorf("%w: %v", ErrBadUpstreamResponse, err)
-		}
-		x.streamErr = x.cause(err)
+		x.streamErr = x.cause(x.streamErr)
 		if errors.Is(x.streamErr, ErrClientGone) || errors.Is(x.streamErr, ErrCancelled) {
 			return // no answer: nobody reads it, or MCP forbids it
 		}
@@ -98,7 +89,7 @@ func (x *Exchange) endStream() {
 	// Unless the client can resume the stream (event ids were sent, and it
 	// was not our timeout that cut it), answer the call ourselves.
 	err := x.streamErr
-	if !x.f.Msg.IsCall() || x.answered || (x.resumable && !errors.Is(err, ErrUpstreamTimeout)) {
+	if !x.f.Msg.IsCall() || x.reported || (x.resumable && !errors.Is(err, ErrUpstreamTimeout)) {
 		return
 	}
 	msg := "upstream MCP server ended the stream without a response"
@@ -124,10 +115,8 @@ func (x *Exchange) finishStream() (int, error) {
 			return status, x.stopErr
 		case x.gone:
 			return status, ErrClientGone
-		case x.ended && x.closed:
-			return status, x.streamErr
 		case x.ended:
-			x.endStream() // may hold an error event
+			return status, x.streamErr
 		default:
 			x.relayEvents(false)
 		}
@@ -151,7 +140,7 @@ func (x *Exchange) eventOut(ev sseEvent) (out []byte, stop error) {
 	}
 	var m *Message
 	var perr error
-	if x.f.Msg.IsCall() && !x.answered {
+	if x.f.Msg.IsCall() && !x.reported {
 		m, perr = Parse(ev.data)
 		if perr == nil && m.Kind == Response && SameID(m.ID, x.f.Msg.ID) {
 			return x.answer(ev, m)
@@ -181,7 +170,6 @@ func (x *Exchange) replayList() []Filter {
 // answer returns the event relaying m, the response to f.Msg carried by
 // ev: filtered when Forward.Filter applies, and reported for Answer.
 func (x *Exchange) answer(ev sseEvent, m *Message) ([]byte, error) {
-	x.answered = true
 	out, result := ev.raw, m.Result
 	if x.filtering() && result != nil {
 		filtered, err := filterList(result, x.f.Filter)
