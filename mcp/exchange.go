@@ -280,33 +280,20 @@ func (x *Exchange) readAll() (data []byte, ok bool) {
 
 // screenBody reads whole (bounded) into x.body a non-SSE answer to a GET or
 // a DELETE, whose response the proxy cannot know (MCP answers those with a
-// stream or no message at all), and judges it by its shape as a replayed
-// event is (screenReplay): a list is filtered, and a body that could hold
-// a result but does not parse is refused.
+// stream or no message at all), and screens it as a replayed event is
+// (screened): a list is filtered, and a body that could hold one but
+// cannot be read or filtered is refused.
 func (x *Exchange) screenBody() {
 	data, ok := x.readAll()
 	if !ok {
 		return
 	}
 	x.read, x.body = true, data
-	if !mayHoldResult(data) {
-		return
-	}
-	m, perr := Parse(data)
-	if perr != nil {
-		x.failed(fmt.Errorf("%w: unreadable answer to a %s could hold a list", ErrBadUpstreamResponse, x.r.Method))
-		return
-	}
-	if m.Kind != Response || m.Result == nil {
-		return
-	}
-	filtered, changed, err := filterReplayed(m.Result, x.replay)
-	if err != nil {
-		x.failed(fmt.Errorf("%w: %v", ErrBadUpstreamResponse, err))
-		return
-	}
-	if changed {
-		x.body = resultResponse(m.ID, filtered)
+	switch resp, err := x.screened(data, nil, nil); {
+	case err != nil:
+		x.failed(err)
+	case resp != nil:
+		x.body = resp
 	}
 }
 

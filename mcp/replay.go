@@ -42,33 +42,47 @@ func replayFilters(filters []Filter, private bool) []Filter {
 // not the answer to the request Serve relays: ev.raw unchanged, the event
 // with its list filtered, or nil (nothing: the event was dropped and
 // logged). m and perr are Parse's reading of ev.data when the caller already
-// has it (both nil otherwise). Events that cannot carry a result are
-// relayed without being parsed.
+// has it (both nil otherwise).
 func (x *Exchange) screenReplay(ev sseEvent, m *Message, perr error) []byte {
-	if !mayHoldResult(ev.data) {
+	resp, err := x.screened(ev.data, m, perr)
+	switch {
+	case err != nil:
+		x.p.log.Warn("mcp upstream event dropped: a list on a stream whose request is unknown could not be screened", "err", err)
+		return nil
+	case resp == nil:
 		return ev.raw
+	}
+	return rewriteEventData(ev.raw, resp)
+}
+
+// screened judges data, a message whose request the proxy does not know
+// (an event of a resumed stream, the non-SSE answer to a GET), by its
+// shape: a response whose result holds a list the replay filters name
+// comes back filtered (resp); anything else that cannot hold a result, or
+// holds no such list, gives nil (relay data as it is). Data that could
+// hold a result but does not parse (a case twin of "result" Parse refuses
+// and a client may read) or whose list cannot be filtered is an error:
+// never relayed unfiltered. m and perr are Parse's reading of data when the
+// caller has it (both nil otherwise); data that cannot hold a result is
+// not parsed.
+func (x *Exchange) screened(data []byte, m *Message, perr error) (resp []byte, err error) {
+	if !mayHoldResult(data) {
+		return nil, nil
 	}
 	if m == nil && perr == nil {
-		m, perr = Parse(ev.data)
+		m, perr = Parse(data)
 	}
 	if perr != nil {
-		// It may be a response the client reads and Parse refuses (a case
-		// twin of "result", say): relayed, it could carry an unfiltered list.
-		x.p.log.Warn("mcp upstream event dropped: unreadable message on a stream whose request is unknown", "err", perr)
-		return nil
+		return nil, fmt.Errorf("%w: unreadable message could hold a list: %v", ErrBadUpstreamResponse, perr)
 	}
 	if m.Kind != Response || m.Result == nil {
-		return ev.raw
+		return nil, nil
 	}
-	filtered, changed, err := filterReplayed(m.Result, x.replay)
-	if err != nil {
-		x.p.log.Warn("mcp upstream event dropped: list result on a stream whose request is unknown cannot be filtered", "err", err)
-		return nil
+	filtered, changed, err := filterReplayed(m.Result, x.replayList())
+	if err != nil || !changed {
+		return nil, err
 	}
-	if !changed {
-		return ev.raw
-	}
-	return rewriteEventData(ev.raw, resultResponse(m.ID, filtered))
+	return resultResponse(m.ID, filtered), nil
 }
 
 // filterReplayed applies to result every filter whose list member result
