@@ -132,7 +132,7 @@ func (g *Gateway) bindSession(x *exchange) bool {
 		x.after(accepted)
 		x.fwd.accepted = accepted
 	}
-	w, done, live := g.useSession(x.w, x.r, x.rt, x.p, upstreamID, lease)
+	w, done, live := g.useSession(x.w, x.r, x.p, upstreamID, lease)
 	if !live {
 		return false
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/mcpgate/mcpgate/enforce"
@@ -55,13 +54,12 @@ func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtim
 	if slots.Portable() {
 		inID = slots.Lease() // a fallback lease is valid on this instance only
 	}
-	var opened atomic.Pointer[string]
+	var up *string // the session the upstream opened; session runs on this goroutine (relayUpstream)
 	fwd.session = func(upstream string) string {
-		opened.Store(&upstream)
+		up = &upstream
 		return g.sessions.wrapLease(p, upstream, inID)
 	}
 	status := g.forward(w, r, rt, fwd, class)
-	up := opened.Load()
 	if up == nil || status >= http.StatusMultipleChoices {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
 		slots.Release(ctx)
@@ -76,7 +74,7 @@ func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtim
 // request marks the session used until done is called. ok is false when
 // the session has ended (its slots lapsed or were released) and a 404 was
 // written: MCP's answer that tells the client to start a new session.
-func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, rt *runtime, p auth.Principal, upstream, lease string) (_ http.ResponseWriter, done func(), ok bool) {
+func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, p auth.Principal, upstream, lease string) (_ http.ResponseWriter, done func(), ok bool) {
 	if r.Method == http.MethodDelete {
 		// The slots are freed once the upstream has ended the session (2xx)
 		// or says it is gone (404). An upstream that refuses the DELETE
@@ -85,7 +83,7 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, rt *runtime
 		sw := &statusWriter{ResponseWriter: w}
 		return sw, func() {
 			if sw.status/100 == 2 || sw.status == http.StatusNotFound {
-				g.endSession(r, rt, p, upstream, lease)
+				g.endSession(r, p, upstream, lease)
 			}
 		}, true
 	}
@@ -99,7 +97,7 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, rt *runtime
 }
 
 // endSession forgets a session its client ended and frees its slots.
-func (g *Gateway) endSession(r *http.Request, rt *runtime, p auth.Principal, upstream, lease string) {
+func (g *Gateway) endSession(r *http.Request, p auth.Principal, upstream, lease string) {
 	e := g.tracker.remove(upstream)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
 	defer cancel()
