@@ -3,11 +3,9 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"time"
 
-	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/usage"
 
@@ -82,8 +80,7 @@ func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	live, err := g.liveLimits(r.Context(), tier, tenant, subject)
-	if err != nil && !errors.Is(err, enforce.ErrCountersIncomplete) {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "limit store: " + err.Error()})
+	if limitStoreFailed(w, err) {
 		return
 	}
 	tiers := make(map[string]any, len(cfg.Tiers))

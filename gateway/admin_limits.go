@@ -38,10 +38,7 @@ type liveView struct {
 func (g *Gateway) liveLimits(ctx context.Context, tier, tenant, subject string) ([]liveView, error) {
 	ctx, cancel := context.WithTimeout(ctx, adminLimitsTimeout)
 	defer cancel()
-	cs, err := g.eng.Counters(ctx, tier, tenant, subject)
-	if err != nil && !errors.Is(err, enforce.ErrCountersIncomplete) {
-		return nil, err
-	}
+	cs, err := g.eng.Counters(ctx, tier, tenant, subject) // on a failure, no counters
 	now := g.now()
 	out := make([]liveView, 0, len(cs))
 	for _, c := range cs {
@@ -51,6 +48,17 @@ func (g *Gateway) liveLimits(ctx context.Context, tier, tenant, subject string) 
 			ResetAfterMS: res.ResetAfter.Milliseconds(), Reset: ceilUnix(now.Add(res.ResetAfter)), Shadow: c.Rule.Shadow})
 	}
 	return out, err
+}
+
+// limitStoreFailed answers 503 when err, from the engine's counters, is a
+// failure rather than an incomplete listing (enforce.ErrCountersIncomplete,
+// which the caller reports in its 200), and reports whether it did.
+func limitStoreFailed(w http.ResponseWriter, err error) bool {
+	if err == nil || errors.Is(err, enforce.ErrCountersIncomplete) {
+		return false
+	}
+	writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "limit store: " + err.Error()})
+	return true
 }
 
 // ceilUnix is t in Unix seconds, rounded up.
@@ -91,8 +99,7 @@ func (g *Gateway) adminResetLimits(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), adminLimitsTimeout)
 	defer cancel()
 	counters, n, err := g.eng.ResetCounters(ctx, req.Tenant, req.Subject, req.Tool)
-	if err != nil && !errors.Is(err, enforce.ErrCountersIncomplete) {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "limit store: " + err.Error()})
+	if limitStoreFailed(w, err) {
 		return
 	}
 	g.log.Info("rate-limit counters reset by the admin API", "tenant", req.Tenant, "subject", req.Subject, "tool", req.Tool, "counters", counters, "cleared", n, "incomplete", err)
