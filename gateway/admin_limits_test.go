@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -73,18 +74,6 @@ func postReset(t *testing.T, base, authorization, body string) *response {
 	return r
 }
 
-func sameCounts(a, b map[string]int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
-}
-
 // After N calls GET /admin/limits shows remaining L-N for each of the
 // tenant's counters, reading it twice changes nothing (nor does it charge
 // the calls after it), subject counters show with &subject= only, and
@@ -112,7 +101,7 @@ func TestAdminLiveLimitsAndReset(t *testing.T) {
 			// no initialize: their buckets are full).
 			want := map[string]int64{"per_tenant/": 5 - n, "per_tool/echo": 10 - n, "echo_in_flight/echo": 2,
 				"default_initialize/": 10, "default_requests/": 120, "default_notifications/": 120}
-			if first.Tier != "free" || !sameCounts(first.remaining(), want) {
+			if first.Tier != "free" || !maps.Equal(first.remaining(), want) {
 				t.Fatalf("live %+v\nwant %v", first, want)
 			}
 			for _, v := range first.Live {
@@ -123,7 +112,7 @@ func TestAdminLiveLimitsAndReset(t *testing.T) {
 					t.Fatalf("no slot held, yet reset after %dms", v.ResetAfterMS)
 				}
 			}
-			if again := getLive(t, url); !sameCounts(again.remaining(), want) {
+			if again := getLive(t, url); !maps.Equal(again.remaining(), want) {
 				t.Fatalf("second read %v, want %v", again.remaining(), want)
 			}
 			// The reads charged nothing: one more call leaves L-N-1.
@@ -276,7 +265,7 @@ tiers:
 				t.Fatalf("subject reset: %d %s, want the two per_user_tool counters cleared", r.Status, r.Body)
 			}
 			after := map[string]int64{"per_tool/echo": 0, "default_initialize/": 10, "default_requests/": 120, "default_notifications/": 120}
-			if live := getLive(t, url+"&subject=alice").remaining(); !sameCounts(live, after) {
+			if live := getLive(t, url+"&subject=alice").remaining(); !maps.Equal(live, after) {
 				t.Fatalf("after the subject reset: %v, want %v", live, after)
 			}
 		})
