@@ -16,6 +16,28 @@ import (
 
 // fencedBlocks returns the bodies of the fenced code blocks of a Markdown
 // file whose info string is lang (indented blocks included, dedented).
+// deployDoc is the deployment page the tests hold to the code.
+var deployDoc = filepath.Join("..", "docs", "deploy.md")
+
+// onlyBlock returns the one fenced lang block of path that starts with
+// prefix, failing when there is none or more than one.
+func onlyBlock(t *testing.T, path, lang, prefix string) string {
+	t.Helper()
+	var found string
+	for _, b := range fencedBlocks(t, path, lang) {
+		if strings.HasPrefix(b, prefix) {
+			if found != "" {
+				t.Fatalf("%s: two %s blocks start with %q", path, lang, prefix)
+			}
+			found = b
+		}
+	}
+	if found == "" {
+		t.Fatalf("%s: no %s block starting with %q", path, lang, prefix)
+	}
+	return found
+}
+
 func fencedBlocks(t *testing.T, path, lang string) []string {
 	t.Helper()
 	f, err := os.Open(path)
@@ -56,19 +78,8 @@ var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 // parser, takes its passwords from the environment (no literal password),
 // and uses only variables the page shows how to set in the Deployment.
 func TestDeployDocRedisExample(t *testing.T) {
-	doc := filepath.Join("..", "docs", "deploy.md")
-	var example string
-	for _, b := range fencedBlocks(t, doc, "yaml") {
-		if strings.HasPrefix(b, "store:\n") {
-			if example != "" {
-				t.Fatalf("%s: two yaml examples start with store:", doc)
-			}
-			example = b
-		}
-	}
-	if example == "" {
-		t.Fatalf("%s: no yaml example starting with store:", doc)
-	}
+	doc := deployDoc
+	example := onlyBlock(t, doc, "yaml", "store:\n")
 	var vars []string
 	for _, m := range envRef.FindAllStringSubmatch(example, -1) {
 		if !slices.Contains(vars, m[1]) {
