@@ -21,13 +21,13 @@ import (
 // list, and is filtered as the answer to that list method would be.
 
 // replayFilters returns filters with Private set when private, for the
-// exchange (the caller's slice is not modified). Filters without Allow are
-// left out.
+// exchange (the caller's slice is not modified), with room for one more.
+// Filters without Allow are left out.
 func replayFilters(filters []Filter, private bool) []Filter {
 	if len(filters) == 0 {
 		return nil
 	}
-	out := make([]Filter, 0, len(filters))
+	out := make([]Filter, 0, len(filters)+1)
 	for _, f := range filters {
 		if f.Allow == nil {
 			continue

@@ -177,3 +177,22 @@ func TestMayHoldResult(t *testing.T) {
 		}
 	}
 }
+
+// The request's own Filter screens the other responses of its stream even
+// when ReplayFilters name its list with a nil Allow (ignored): such an
+// entry must not stand in for the Filter.
+func TestReplayListKeepsFilterBesideNilAllow(t *testing.T) {
+	allow := func(name string) bool { return name != "secret_admin" }
+	x := &Exchange{f: Forward{
+		Filter:        Filter{List: ToolsList, Allow: allow},
+		ReplayFilters: []Filter{{List: ToolsList}, {List: PromptsList}},
+	}}
+	got := x.replayList()
+	if len(got) != 1 || got[0].List != ToolsList || got[0].Allow == nil {
+		t.Fatalf("replayList() = %+v, want the request's Filter alone", got)
+	}
+	resp, err := x.screened([]byte(`{"jsonrpc":"2.0","id":9,"result":{"tools":[{"name":"secret_admin"},{"name":"echo"}]}}`), nil, nil)
+	if err != nil || strings.Contains(string(resp), "secret_admin") || !strings.Contains(string(resp), "echo") {
+		t.Fatalf("screened = %s, %v", resp, err)
+	}
+}

@@ -158,11 +158,11 @@ func (x *Exchange) eventOut(ev sseEvent) (out []byte, stop error) {
 // list it hides must not come back in another event of the same stream.
 func (x *Exchange) replayList() []Filter {
 	if !x.replayOK {
-		filters := x.f.ReplayFilters
-		if x.f.Filter.Allow != nil && !hasList(filters, x.f.Filter.List) {
-			filters = append(filters[:len(filters):len(filters)], x.f.Filter)
+		x.replay = replayFilters(x.f.ReplayFilters, x.private)
+		if x.f.Filter.Allow != nil && !hasList(x.replay, x.f.Filter.List) {
+			x.replay = append(x.replay, x.f.Filter) // Private already set by Start
 		}
-		x.replay, x.replayOK = replayFilters(filters, x.private), true
+		x.replayOK = true
 	}
 	return x.replay
 }
