@@ -3,9 +3,10 @@ package gateway
 import (
 	"encoding/json"
 	"errors"
-	"mime"
 	"net/http"
 	"sync"
+
+	"github.com/mcpgate/mcpgate/mcp"
 )
 
 // leaderWriter is the http.ResponseWriter a cache load relays the upstream's
@@ -59,7 +60,7 @@ func (l *leaderWriter) writeHeaderLocked(status int) {
 		return
 	}
 	l.status = status
-	if l.w == nil || status/100 != 2 || !isEventStream(l.header.Get("Content-Type")) {
+	if l.w == nil || status/100 != 2 || !mcp.IsEventStream(l.header.Get("Content-Type")) {
 		return
 	}
 	h := l.w.Header()
@@ -151,9 +152,4 @@ func (l *leaderWriter) outcome() (status int, result, rpcErr json.RawMessage) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.status, l.result, l.rpcErr
-}
-
-func isEventStream(contentType string) bool {
-	t, _, err := mime.ParseMediaType(contentType)
-	return err == nil && t == "text/event-stream"
 }

@@ -25,12 +25,19 @@ func (a answerOf) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // fuzzProxy returns a Proxy whose upstream answers every request with
 // body: an event stream when sse, else JSON, under one of five statuses
-// picked by status.
+// picked by status. With status's bit 0x40 set, the Content-Type carries a
+// parameter, a malformed one for an event stream (clients still read the
+// type).
 func fuzzProxy(t *testing.T, sse bool, status uint8, body []byte) *Proxy {
 	statuses := []int{200, 202, 400, 404, 500}
 	a := answerOf{status: statuses[int(status)%len(statuses)], ct: "application/json", body: body}
-	if sse {
+	switch {
+	case sse && status&0x40 != 0:
+		a.ct = "text/event-stream; x"
+	case sse:
 		a.ct = "text/event-stream"
+	case status&0x40 != 0:
+		a.ct = "application/json; charset=utf-8"
 	}
 	p, err := NewProxy(ProxyOptions{Upstream: "http://upstream.invalid/mcp", Client: &http.Client{Transport: a}})
 	if err != nil {
@@ -75,6 +82,9 @@ func FuzzExchangeFilteredList(f *testing.F) {
 		{false, 0x80, "{\"jsonrpc\":\"2.0\",\"id\":8,\"re\u017fult\":{\"tools\":[{\"name\":\"secret\"}]}}"},
 		{false, 3, "{\"jsonrpc\":\"2.0\",\"id\":9,\"re\u017fult\":{\"tools\":[{\"name\":\"secret\"}]}}"},
 		{true, 0x80, "data: {\"jsonrpc\":\"2.0\",\"id\":8,\"result\":{\"tool\u017f\":[{\"name\":\"secret\"}]}}\n\n"},
+		// An event stream whose Content-Type has a malformed parameter.
+		{true, 0x41, "data: {\"jsonrpc\":\"2.0\",\"id\":8,\"result\":{\"tools\":[{\"name\":\"secret\"}]}}\n\ndata: " + listed + "\n\n"},
+		{true, 0xc1, "id: s_1\ndata: " + listed + "\n\n"},
 	} {
 		f.Add(s.sse, s.status, []byte(s.body))
 	}
@@ -94,7 +104,7 @@ func FuzzExchangeFilteredList(f *testing.F) {
 		}
 		x.Finish()
 		out := w.Body.Bytes()
-		if w.Header().Get("Content-Type") != "text/event-stream" {
+		if !readsAsEventStream(w.Header()) {
 			if responseListsSecret(out) {
 				t.Fatalf("the client got the hidden tool (HTTP %d): %s", w.Code, out)
 			}
@@ -106,6 +116,13 @@ func FuzzExchangeFilteredList(f *testing.F) {
 			}
 		}
 	})
+}
+
+// readsAsEventStream reports whether a lenient client reads an answer with
+// header h as an event stream: the TypeScript SDK's client looks for
+// text/event-stream anywhere in the Content-Type.
+func readsAsEventStream(h http.Header) bool {
+	return strings.Contains(strings.ToLower(h.Get("Content-Type")), "text/event-stream")
 }
 
 // specEvent is an event as the SSE spec's parser dispatches it.
@@ -200,6 +217,7 @@ func FuzzExchangeCall(f *testing.F) {
 		{true, 0, "data: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":\n\n"},
 		{true, 0, "event: error\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{}}\n\n"},
 		{false, 4, "upstream broke"},
+		{true, 0x41, "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n"},
 	} {
 		f.Add(s.sse, s.status, []byte(s.body))
 	}
@@ -211,7 +229,7 @@ func FuzzExchangeCall(f *testing.F) {
 			t.Fatalf("Answer reported result %q and error %q", result, rpcErr)
 		}
 		x.Finish()
-		if w.Code/100 != 2 || w.Header().Get("Content-Type") != "text/event-stream" || resumable(body) {
+		if w.Code/100 != 2 || !readsAsEventStream(w.Header()) || resumable(body) {
 			return // an error status ends the call for the client; a resumable stream may be resumed
 		}
 		for _, ev := range specEvents(w.Body.Bytes()) {

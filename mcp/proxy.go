@@ -289,7 +289,7 @@ func (p *Proxy) Start(w http.ResponseWriter, r *http.Request, f Forward) *Exchan
 	}
 	idle.touch()
 	x.resp = resp
-	x.sse = mediaType(resp.Header.Get("Content-Type")) == "text/event-stream" && resp.StatusCode/100 == 2
+	x.sse = IsEventStream(resp.Header.Get("Content-Type")) && resp.StatusCode/100 == 2
 	return x
 }
 
@@ -303,6 +303,13 @@ func resultResponse(id, result json.RawMessage) []byte {
 	return append(b, '}')
 }
 
+// IsEventStream reports whether a Content-Type names an event stream as a
+// client reads it: the media type, whatever its parameters (a malformed
+// one included), is text/event-stream.
+func IsEventStream(contentType string) bool {
+	return mediaType(contentType) == "text/event-stream"
+}
+
 func mediaType(v string) string {
 	// The two types MCP servers send, as they send them, skip the general
 	// parser (a measurable part of the proxy's per-call cost).
@@ -310,8 +317,11 @@ func mediaType(v string) string {
 	case "application/json", "text/event-stream", "application/json; charset=utf-8":
 		return strings.TrimSuffix(v, "; charset=utf-8")
 	}
+	// A malformed parameter still names the type (ParseMediaType returns
+	// it with ErrInvalidMediaParameter), and clients go by the type: an
+	// event stream read as JSON would reach them unscreened, or be refused.
 	t, _, err := mime.ParseMediaType(v)
-	if err != nil {
+	if err != nil && !errors.Is(err, mime.ErrInvalidMediaParameter) {
 		return ""
 	}
 	return t

@@ -552,3 +552,21 @@ func TestProxyParsesWhenMsgNil(t *testing.T) {
 		t.Fatalf("status %d err %v rec %d", status, err, rec.Code)
 	}
 }
+
+func TestMediaType(t *testing.T) {
+	for v, want := range map[string]string{
+		"application/json":                   "application/json",
+		"application/json; charset=utf-8":    "application/json",
+		"Text/Event-Stream":                  "text/event-stream",
+		"text/event-stream; charset=utf-8":   "text/event-stream",
+		"text/event-stream; x":               "text/event-stream", // a malformed parameter still names the type
+		"text/event-stream;;charset=\"utf-8": "text/event-stream",
+		"":                                   "",
+		"text/":                              "",
+		"/json":                              "",
+	} {
+		if got := mediaType(v); got != want {
+			t.Errorf("mediaType(%q) = %q, want %q", v, got, want)
+		}
+	}
+}
