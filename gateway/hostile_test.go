@@ -134,6 +134,7 @@ func hostileCases() []hostileCase {
 		`tools/call\u00a0`, `\ufefftools/call`, `tool\u017F/call`,
 		" initialize", "Initialize", "TOOLS/LIST", "Tools/list", "resources/Read", "Prompts/get", "PING",
 		"notifications/Initialized",
+		"", // the engine would count it as a tools/call
 	} {
 		cases = append(cases, hostileCase{
 			name: "method " + strconv.Quote(method), status: bad, code: invalid, message: "not exact",

@@ -43,12 +43,17 @@ func KnownMethods() []string { return slices.Clone(knownMethods) }
 func IsKnownMethod(name string) bool { return slices.Contains(knownMethods, name) }
 
 // inexactMethod says why name is not an exact method name, or "" when it
-// is. A name is inexact when it has leading or trailing whitespace (Unicode
-// spaces and the BOM, which some runtimes trim), contains a control
-// character (C0, DEL or C1: a NUL ends the name in C strings), or equals a
-// known method under Unicode case folding without being that method.
+// is. A name is inexact when it is empty (no method is named so, and the
+// engine reads an empty method as tools/call), has leading or trailing
+// whitespace (Unicode spaces and the BOM, which some runtimes trim),
+// contains a control character (C0, DEL or C1: a NUL ends the name in C
+// strings), or equals a known method under Unicode case folding without
+// being that method.
 // Unknown names are otherwise exact: the upstream answers them.
 func inexactMethod(name string) string {
+	if name == "" {
+		return "it is empty"
+	}
 	trimmed := strings.TrimFunc(name, func(r rune) bool { return unicode.IsSpace(r) || r == '\uFEFF' })
 	if trimmed != name {
 		return "it has leading or trailing whitespace"

@@ -209,7 +209,7 @@ func requestFor(method string) string {
 }
 
 func TestParseMethodNamesExact(t *testing.T) {
-	for _, method := range append(KnownMethods(), "x/custom", "tools/callx", "tool/call", "", "ÄÖ/ü", "notifications/custom") {
+	for _, method := range append(KnownMethods(), "x/custom", "tools/callx", "tool/call", "ÄÖ/ü", "notifications/custom") {
 		if _, err := Parse([]byte(requestFor(method))); err != nil {
 			t.Errorf("method %q refused: %v", method, err)
 		}
@@ -220,6 +220,7 @@ func TestParseMethodNamesExact(t *testing.T) {
 		"tools/call ", " tools/call", " initialize", "tools/call\t", "\ntools/list", "tools/call\u00a0", "\ufefftools/call",
 		"tools/call\u0000", "tools\u0000/call", "\u0000", "tools/call\u007f", "tools/call\u0085", "x\u0001y",
 		"tools/call" + strings.Repeat(" ", 10000),
+		"", // no method is named so, and a governed empty name could be counted as another method
 	} {
 		_, err := Parse([]byte(requestFor(method)))
 		var e *Error
