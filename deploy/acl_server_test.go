@@ -357,7 +357,7 @@ func exerciseStore(ctx context.Context, st *redisstore.Store, fail func(string, 
 	if found, err := sweep(); err != nil || !found {
 		fail("ScanMeters: found %v, %v; want the unflushed meter", found, err)
 	}
-	if err := st.MarkFlushed(ctx, ms.Key, ms.Live); err != nil {
+	if err := st.MarkFlushed(ctx, ms.Key, ms.Gen.ID, ms.Live); err != nil {
 		fail("MarkFlushed: %v", err)
 	}
 	if found, err := sweep(); err != nil || found {

@@ -119,8 +119,8 @@ func (s *swappable) Adjust(ctx context.Context, m limit.Meter, d limit.Usage) (l
 func (s *swappable) ReadMeter(ctx context.Context, key string) (limit.MeterState, bool, error) {
 	return s.st().ReadMeter(ctx, key)
 }
-func (s *swappable) MarkFlushed(ctx context.Context, key string, u limit.Usage) error {
-	return s.st().MarkFlushed(ctx, key, u)
+func (s *swappable) MarkFlushed(ctx context.Context, key, gen string, u limit.Usage) error {
+	return s.st().MarkFlushed(ctx, key, gen, u)
 }
 func (s *swappable) ScanMeters(ctx context.Context, fn func(limit.MeterState) error) error {
 	return s.st().ScanMeters(ctx, fn)

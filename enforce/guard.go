@@ -133,11 +133,11 @@ func (g *guardedStore) ReadMeter(ctx context.Context, key string) (limit.MeterSt
 	return g.GuardedStore.ReadMeter(ctx, key)
 }
 
-func (g *guardedStore) MarkFlushed(ctx context.Context, key string, u limit.Usage) error {
+func (g *guardedStore) MarkFlushed(ctx context.Context, key, gen string, u limit.Usage) error {
 	if g.down() {
 		return ErrStoreDown
 	}
-	return g.GuardedStore.MarkFlushed(ctx, key, u)
+	return g.GuardedStore.MarkFlushed(ctx, key, gen, u)
 }
 
 func (g *guardedStore) ScanMeters(ctx context.Context, fn func(limit.MeterState) error) error {

@@ -116,8 +116,14 @@ type MeteredStore interface {
 	// to the durable store; ok is false when the store holds no such counter.
 	ReadMeter(ctx context.Context, key string) (m MeterState, ok bool, err error)
 	// MarkFlushed records that the durable store holds at least u for key
-	// (field by field; it never lowers what was recorded).
-	MarkFlushed(ctx context.Context, key string, u Usage) error
+	// (field by field; it never lowers what was recorded), u having been
+	// read from the meter's generation gen (MeterState.Gen.ID). When the
+	// store's counter is of another generation (it was lost and created
+	// anew from a durable total that u may not be part of), nothing is
+	// recorded and the error is ErrMeterReplaced: marking the new counter
+	// with the lost one's usage would hide its own calls from every flush.
+	// A missing counter is not created.
+	MarkFlushed(ctx context.Context, key, gen string, u Usage) error
 	// ScanMeters calls fn for every meter whose live usage is not yet all
 	// flushed (the backstop sweep that finds counters of dead instances).
 	ScanMeters(ctx context.Context, fn func(MeterState) error) error

@@ -35,6 +35,11 @@ var (
 	// above MaxUsage, where it could no longer be counted exactly. Nothing
 	// was charged.
 	ErrUsageOverflow = errors.New("limit: usage counter would exceed MaxUsage")
+	// ErrMeterReplaced means MarkFlushed found the meter's counter of
+	// another generation than the snapshot's: the counter was lost and
+	// created anew since it was read. Nothing was recorded; read the meter
+	// again.
+	ErrMeterReplaced = errors.New("limit: meter replaced by a new generation")
 )
 
 // ValidateMeter checks a meter and the cost of a call before a store charges

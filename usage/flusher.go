@@ -311,22 +311,32 @@ func (f *Flusher) write(ctx context.Context, states []limit.MeterState) error {
 			return errors.Join(markErr, fmt.Errorf("usage: write %d meters: %w", len(recs)-start, err))
 		}
 		batch := valid[start:end]
-		for _, st := range batch {
-			f.tell(st.Key, true, st, st.Live)
-		}
 		markErrs := make([]error, len(batch))
 		parallel(len(batch), func(i int) {
-			markErrs[i] = f.meters.MarkFlushed(ctx, batch[i].Key, batch[i].Live)
+			markErrs[i] = f.meters.MarkFlushed(ctx, batch[i].Key, batch[i].Gen.ID, batch[i].Live)
 		})
 		for i, err := range markErrs {
-			if err != nil {
+			st := batch[i]
+			switch {
+			case err == nil:
+				f.tell(st.Key, true, st, st.Live)
+			case errors.Is(err, limit.ErrMeterReplaced):
+				// The store lost the meter after it was read and another
+				// instance created it anew, from a durable total that
+				// may predate this snapshot. Nothing is told: the next
+				// flush reads the new generation, and the engine then
+				// places again what it charged in the lost one.
+				f.log.Info("usage: meter replaced by a new generation while flushed; read again at the next flush", "key", st.Key)
+				f.Track(st.Key)
+			default:
 				// The durable store holds the snapshot and writing it
 				// again is harmless: tracked again, the meter gets its
-				// mark at the next flush instead of at every sweep.
-				f.Track(batch[i].Key)
+				// mark (and the engine its report) at the next flush
+				// instead of at every sweep.
+				f.Track(st.Key)
 				marksFailed++
 				if markErr == nil {
-					markErr = fmt.Errorf("usage: mark meter %q flushed: %w", batch[i].Key, err)
+					markErr = fmt.Errorf("usage: mark meter %q flushed: %w", st.Key, err)
 				}
 			}
 		}

@@ -151,9 +151,15 @@ func (c *tcase) adjust(m limit.Meter, delta limit.Usage) limit.MeterResult {
 	return mr
 }
 
+// markFlushed marks the meter key flushed up to u in the generation the
+// store holds (any, when it holds none).
 func (c *tcase) markFlushed(key string, u limit.Usage) {
 	c.t.Helper()
-	if err := c.ms().MarkFlushed(c.ctx, key, u); err != nil {
+	st, _, err := c.ms().ReadMeter(c.ctx, key)
+	if err != nil {
+		c.t.Fatalf("ReadMeter(%q): %v", key, err)
+	}
+	if err := c.ms().MarkFlushed(c.ctx, key, st.Gen.ID, u); err != nil {
 		c.t.Fatalf("MarkFlushed(%q, %+v): %v", key, u, err)
 	}
 }

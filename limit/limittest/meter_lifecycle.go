@@ -15,7 +15,8 @@ import (
 // lost scripts.
 
 // testMeterMarkFlushed: the flushed part is a field-by-field maximum that
-// never goes down, and marking a missing meter creates nothing.
+// never goes down, marking a missing meter creates nothing, and a snapshot
+// of another generation marks nothing (limit.ErrMeterReplaced).
 func testMeterMarkFlushed(c *tcase) {
 	tenant := "meter-flushed-" + c.id
 	m := c.meter(tenant, 0)
@@ -37,9 +38,15 @@ func testMeterMarkFlushed(c *tcase) {
 	gone := keyspace.Usage(tenant+"-gone", meterPeriod)
 	c.markFlushed(gone, use(5, 0, 5, 0))
 	c.absent("MarkFlushed on a missing meter", gone)
-	c.expectErr("negative snapshot", c.ms().MarkFlushed(c.ctx, m.Key, use(-1, 0, 0, 0)), limit.ErrInvalidMeter)
-	c.expectErr("empty key", c.ms().MarkFlushed(c.ctx, "", use(1, 0, 0, 0)), limit.ErrInvalidMeter)
-	c.expectUsage("flushed after invalid marks", c.read(m.Key).Flushed, use(2, 1, 3, 0))
+	gen := c.read(m.Key).Gen.ID
+	c.expectErr("negative snapshot", c.ms().MarkFlushed(c.ctx, m.Key, gen, use(-1, 0, 0, 0)), limit.ErrInvalidMeter)
+	c.expectErr("empty key", c.ms().MarkFlushed(c.ctx, "", gen, use(1, 0, 0, 0)), limit.ErrInvalidMeter)
+	// A snapshot read from a lost generation (the store lost the meter,
+	// and it was created anew from a durable total) must not cover the new
+	// generation's own calls.
+	c.expectErr("another generation", c.ms().MarkFlushed(c.ctx, m.Key, "lost"+c.id, use(9, 9, 9, 9)), limit.ErrMeterReplaced)
+	c.expectErr("no generation", c.ms().MarkFlushed(c.ctx, m.Key, "", use(9, 9, 9, 9)), limit.ErrMeterReplaced)
+	c.expectUsage("flushed after refused marks", c.read(m.Key).Flushed, use(2, 1, 3, 0))
 }
 
 // testMeterScan: ScanMeters lists exactly the meters with unflushed usage.

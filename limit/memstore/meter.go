@@ -236,13 +236,15 @@ func state(key string, mt *algo.Meter) limit.MeterState {
 	return limit.MeterState{Key: key, Tenant: mt.Tenant, Period: mt.Period, Live: mt.Live, Flushed: mt.Flushed, Gen: mt.Gen}
 }
 
-// MarkFlushed records that the durable store holds at least u for the meter
-// key: the flushed part becomes its field-by-field maximum with u, so a
-// late or repeated call never lowers it. It neither creates a meter the
-// store does not hold (the counter expired, or the process restarted: there
-// is nothing left to flush) nor changes its expiry. Errors: ctx.Err(),
-// limit.ErrInvalidMeter (empty key, or a field of u out of range).
-func (s *Store) MarkFlushed(ctx context.Context, key string, u limit.Usage) error {
+// MarkFlushed records that the durable store holds at least u, read from
+// generation gen, for the meter key: the flushed part becomes its
+// field-by-field maximum with u, so a late or repeated call never lowers
+// it. It neither creates a meter the store does not hold (the counter
+// expired, or the process restarted: there is nothing left to flush) nor
+// changes its expiry. Errors: ctx.Err(), limit.ErrInvalidMeter (empty key,
+// or a field of u out of range), limit.ErrMeterReplaced (the counter is
+// of another generation: nothing recorded).
+func (s *Store) MarkFlushed(ctx context.Context, key, gen string, u limit.Usage) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -253,8 +255,12 @@ func (s *Store) MarkFlushed(ctx context.Context, key string, u limit.Usage) erro
 	sh := &c.shards[c.shardOf(key)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if mt := sh.meter(key, sh.at(c.now())); mt != nil {
-		algo.MeterMarkFlushed(mt, u)
+	mt := sh.meter(key, sh.at(c.now()))
+	if mt == nil {
+		return nil
+	}
+	if !algo.MeterMarkFlushed(mt, gen, u) {
+		return fmt.Errorf("memstore: mark %q flushed: %w", key, limit.ErrMeterReplaced)
 	}
 	return nil
 }

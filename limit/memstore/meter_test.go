@@ -61,7 +61,7 @@ func TestMeterContextCanceled(t *testing.T) {
 	if _, _, err := s.ReadMeter(ctx, m.Key); !errors.Is(err, context.Canceled) {
 		t.Errorf("ReadMeter = %v", err)
 	}
-	if err := s.MarkFlushed(ctx, m.Key, limit.Usage{}); !errors.Is(err, context.Canceled) {
+	if err := s.MarkFlushed(ctx, m.Key, "", limit.Usage{}); !errors.Is(err, context.Canceled) {
 		t.Errorf("MarkFlushed = %v", err)
 	}
 	if err := s.ScanMeters(ctx, func(limit.MeterState) error { return nil }); !errors.Is(err, context.Canceled) {
@@ -85,7 +85,7 @@ func TestScanMetersCallsBack(t *testing.T) {
 	n := 0
 	flush := func(st limit.MeterState) error {
 		n++
-		return s.MarkFlushed(ctx, st.Key, st.Live)
+		return s.MarkFlushed(ctx, st.Key, st.Gen.ID, st.Live)
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.ScanMeters(ctx, flush) }()
@@ -140,7 +140,7 @@ func TestMeterNoDeadlock(t *testing.T) {
 				adjusted[mi]++
 				<-mu
 			case 1:
-				if err := s.ScanMeters(ctx, func(st limit.MeterState) error { return s.MarkFlushed(ctx, st.Key, st.Live) }); err != nil {
+				if err := s.ScanMeters(ctx, func(st limit.MeterState) error { return s.MarkFlushed(ctx, st.Key, st.Gen.ID, st.Live) }); err != nil {
 					t.Error(err)
 				}
 			default:

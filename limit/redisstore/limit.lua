@@ -46,7 +46,8 @@
 --   the quota must fit (limit.Meter.CostFor; the checks keep args[3]); 'a'
 --   sends 0 and ignores it,
 --   and for 'a' args[b+11..b+14] the delta.
--- For 'f', args[5..8] is the flushed snapshot.
+-- For 'f', args[5..8] is the flushed snapshot and args[9] the generation id
+-- it was read from (absent: any, as callers before generations sent).
 --
 -- Idempotent ops (limit.Meter.Op): 'M', 'N' and 'A' are 'm', 'n' and 'a'
 -- with an op id. Their last key is the op's marker (keyspace.MeterOp, in
@@ -88,7 +89,8 @@
 --        renew         {now, number of concurrency checks whose lease was live}
 --        take metered  take's reply, then status, c, r, n, rn, g
 --        adjust        {now, status, c, r, n, rn, g}
---        mark flushed  {now, 1 if the meter exists else 0}
+--        mark flushed  {now, 1 marked, 0 no such meter, 2 the meter is of
+--                      another generation: nothing marked}
 --        breaker ops   see breaker.lua ('b' and 'n' reply take's and take
 --                      metered's reply followed by the breaker's block)
 -- status (algo.MeterStatus): 0 quota denies, 1 ok, 2 needs a seed,
@@ -815,11 +817,13 @@ local function adjust()
 end
 
 -- flushed serves op f: algo.MeterMarkFlushed, raise the flushed part field
--- by field; a meter that is gone is not created, and the expiry is kept.
+-- by field when the meter is the snapshot's generation; a meter that is
+-- gone is not created, and the expiry is kept.
 local function flushed()
   local key = KEYS[1]
-  local v = call('HMGET', key, 'c', 'fc', 'fr', 'fn', 'frn')
+  local v = call('HMGET', key, 'c', 'fc', 'fr', 'fn', 'frn', 'g')
   if not v[1] then return { now, 0 } end
+  if ARGV[9] and (match(v[6] or '', '^(%S*)') ~= ARGV[9]) then return { now, 2 } end
   call('HSET', key,
     'fc', int(max(tonumber(v[2]) or 0, tonumber(ARGV[5]))), 'fr', int(max(tonumber(v[3]) or 0, tonumber(ARGV[6]))),
     'fn', int(max(tonumber(v[4]) or 0, tonumber(ARGV[7]))), 'frn', int(max(tonumber(v[5]) or 0, tonumber(ARGV[8]))))

@@ -239,14 +239,15 @@ func parseMeter(key string, h map[string]string) (limit.MeterState, error) {
 	return ms, nil
 }
 
-// MarkFlushed records that the durable store holds at least u for the meter
-// key, in one script: the flushed part becomes its field-by-field maximum
-// with u, so a late or repeated call never lowers it. It neither creates a
-// meter Redis does not hold (expired or lost: there is nothing left to
-// flush) nor changes its expiry. Errors: limit.ErrInvalidMeter (empty key,
-// a field of u out of range), context.DeadlineExceeded or the client's
-// error.
-func (s *Store) MarkFlushed(ctx context.Context, key string, u limit.Usage) error {
+// MarkFlushed records that the durable store holds at least u, read from
+// generation gen, for the meter key, in one script: the flushed part
+// becomes its field-by-field maximum with u, so a late or repeated call
+// never lowers it. It neither creates a meter Redis does not hold (expired
+// or lost: there is nothing left to flush) nor changes its expiry. Errors:
+// limit.ErrInvalidMeter (empty key, a field of u out of range),
+// limit.ErrMeterReplaced (the counter is of another generation: nothing
+// recorded), context.DeadlineExceeded or the client's error.
+func (s *Store) MarkFlushed(ctx context.Context, key, gen string, u limit.Usage) error {
 	wrap := func(err error) error { return fmt.Errorf("redisstore: mark flushed: %w", err) }
 	if key == "" {
 		return wrap(fmt.Errorf("%w: empty key", limit.ErrInvalidMeter))
@@ -259,12 +260,16 @@ func (s *Store) MarkFlushed(ctx context.Context, key string, u limit.Usage) erro
 	b.build(opMarkFlushed, s.offset.Load(), nil, 0, "")
 	b.keys = append(b.keys, key)
 	b.nums(u.Charged, u.Refunded, u.Calls, u.RefundedCalls)
+	b.args = append(b.args, gen)
 	arr, err := s.exec(ctx, b)
 	if err == nil && len(arr) != 2 {
 		err = fmt.Errorf("%w: %d values", errReply, len(arr))
 	}
 	if err != nil {
 		return wrap(err)
+	}
+	if n, _ := arr[1].AsInt64(); n == 2 {
+		return wrap(limit.ErrMeterReplaced)
 	}
 	return nil
 }

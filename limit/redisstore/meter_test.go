@@ -73,7 +73,11 @@ func TestMeterExpireAt(t *testing.T) {
 	if got, want := pexpiretime(t, c, m.Key), m.ExpireAt.UnixMilli(); got != want {
 		t.Errorf("PEXPIRETIME after Adjust = %d, want %d", got, want)
 	}
-	if err := s.MarkFlushed(ctx, m.Key, limit.Usage{Charged: 3, Calls: 1}); err != nil {
+	st, _, err := s.ReadMeter(ctx, m.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MarkFlushed(ctx, m.Key, st.Gen.ID, limit.Usage{Charged: 3, Calls: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := pexpiretime(t, c, m.Key), m.ExpireAt.UnixMilli(); got != want {
@@ -110,7 +114,7 @@ func TestMeterCrossSlot(t *testing.T) {
 	if _, err := s.Adjust(ctx, m, limit.Usage{Calls: -1}); !errors.Is(err, limit.ErrInvalidMeter) {
 		t.Errorf("Adjust with a negative delta: %v", err)
 	}
-	if err := s.MarkFlushed(ctx, m.Key, limit.Usage{Charged: -1}); !errors.Is(err, limit.ErrInvalidMeter) {
+	if err := s.MarkFlushed(ctx, m.Key, "", limit.Usage{Charged: -1}); !errors.Is(err, limit.ErrInvalidMeter) {
 		t.Errorf("MarkFlushed with a negative snapshot: %v", err)
 	}
 	if after, _ := libCalls(t, c); after != before {
@@ -187,6 +191,19 @@ func TestMeterRawScript(t *testing.T) {
 	arr, err = rawScript.Exec(ctx, c, []string{m.Key}, []string{"f", "0", "0", "", "8", "1", "2", "0"}).AsIntSlice()
 	if err != nil || len(arr) != 2 || arr[1] != 1 {
 		t.Errorf("mark flushed reply %v, %v", arr, err)
+	}
+	// with the snapshot's generation: marked only when it is the meter's
+	gid, _, _ := strings.Cut(gen, " ")
+	arr, err = rawScript.Exec(ctx, c, []string{m.Key}, []string{"f", "0", "0", "", "9", "1", "2", "0", gid}).AsIntSlice()
+	if err != nil || len(arr) != 2 || arr[1] != 1 {
+		t.Errorf("mark flushed reply (its generation) %v, %v", arr, err)
+	}
+	arr, err = rawScript.Exec(ctx, c, []string{m.Key}, []string{"f", "0", "0", "", "10", "1", "2", "0", "t1"}).AsIntSlice()
+	if err != nil || len(arr) != 2 || arr[1] != 2 {
+		t.Errorf("mark flushed reply (another generation) %v, %v; want 2", arr, err)
+	}
+	if h := hgetall(t, c, m.Key); h["fc"] != "9" {
+		t.Errorf("flushed charge %q after the marks, want 9 (the other generation's mark ignored)", h["fc"])
 	}
 }
 

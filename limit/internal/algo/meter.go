@@ -109,7 +109,13 @@ func MeterReplayed(mt *Meter, r *limit.Replay, delta limit.Usage) bool {
 }
 
 // MeterMarkFlushed raises the flushed part of mt to at least u, field by
-// field; it never lowers it and leaves the expiry alone.
-func MeterMarkFlushed(mt *Meter, u limit.Usage) {
+// field, when mt is generation gen; it never lowers it and leaves the
+// expiry alone. It reports false, changing nothing, when mt is of another
+// generation (limit.ErrMeterReplaced).
+func MeterMarkFlushed(mt *Meter, gen string, u limit.Usage) bool {
+	if mt.Gen.ID != gen {
+		return false
+	}
 	mt.Flushed = mt.Flushed.Max(u)
+	return true
 }

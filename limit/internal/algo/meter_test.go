@@ -78,8 +78,12 @@ func TestMeterAdjustAndFlush(t *testing.T) {
 	if st := MeterAdjust(mt, limit.Usage{Refunded: limit.MaxUsage}, 30); st != MeterOverflow || *mt != before {
 		t.Errorf("overflowing MeterAdjust: %d, %+v; want overflow and no change", st, mt)
 	}
-	MeterMarkFlushed(mt, limit.Usage{Charged: 5, Calls: 1})
-	MeterMarkFlushed(mt, limit.Usage{Charged: 4, Refunded: 3, Calls: 0})
+	if !MeterMarkFlushed(mt, "", limit.Usage{Charged: 5, Calls: 1}) || !MeterMarkFlushed(mt, "", limit.Usage{Charged: 4, Refunded: 3, Calls: 0}) {
+		t.Error("MeterMarkFlushed refused the meter's own generation")
+	}
+	if MeterMarkFlushed(mt, "t1", limit.Usage{Charged: 9, Refunded: 9, Calls: 9}) {
+		t.Error("MeterMarkFlushed marked a snapshot of another generation")
+	}
 	if want := (limit.Usage{Charged: 5, Refunded: 3, Calls: 1}); mt.Flushed != want || mt.ExpiresAt != 20 {
 		t.Errorf("flushed %+v (expiry %d), want %+v and the expiry kept", mt.Flushed, mt.ExpiresAt, want)
 	}

@@ -1,0 +1,126 @@
+//go:build unix
+
+package enforce_test
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mcpgate/mcpgate/enforce"
+	"github.com/mcpgate/mcpgate/internal/testenv"
+	"github.com/mcpgate/mcpgate/limit/redisstore"
+	"github.com/mcpgate/mcpgate/metrics"
+	"github.com/mcpgate/mcpgate/policy"
+	"github.com/mcpgate/mcpgate/usage"
+	"github.com/mcpgate/mcpgate/usage/sqlite"
+)
+
+// heldPut is a usage store whose next Put, once armed, waits until it is
+// released: a flush caught between reading a meter and writing it.
+type heldPut struct {
+	usage.Store
+	mu      sync.Mutex
+	armed   bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *heldPut) Put(ctx context.Context, recs []usage.Record) error {
+	h.mu.Lock()
+	armed := h.armed
+	h.armed = false
+	h.mu.Unlock()
+	if armed {
+		close(h.entered)
+		<-h.release
+	}
+	return h.Store.Put(ctx, recs)
+}
+
+// Two instances on one redis-server. Instance 1 reads its tenant's meter
+// (20 calls, 10 of them durable) and, while its write is on the way,
+// redis-server loses its data; instance 2 re-creates the meter from the
+// durable 10 and charges more calls. Instance 1's late mark must not cover
+// the new counter's own calls, and what instance 1 charged in the lost
+// counter must be placed again: the durable total ends at every call made.
+func TestMeterReplacedWhileFlushing(t *testing.T) {
+	cfg, err := policy.Parse("x.yaml", []byte(`upstream: {url: "http://127.0.0.1:1/mcp"}
+auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
+store: {timeout: 2s, on_error: open}
+usage: {flush_interval: 1h}
+tools:
+  llm: {cost: 1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sq, err := sqlite.Open(filepath.Join(t.TempDir(), "usage.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sq.Close() })
+	held := &heldPut{Store: sq, entered: make(chan struct{}), release: make(chan struct{})}
+	r := testenv.StartRedis(t, nil)
+	admin := r.Client(t)
+	var engines []*enforce.Engine
+	for _, us := range []usage.Store{held, sq} {
+		client := r.Client(t)
+		st, err := redisstore.New(client, &redisstore.Options{Timeout: cfg.Store.Timeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := enforce.New(enforce.Options{Config: cfg, Usage: us, Shared: st, Metrics: metrics.New(),
+			Probe: func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		engines = append(engines, e)
+	}
+	ctx := context.Background()
+	calls := func(e *enforce.Engine, n int) {
+		t.Helper()
+		for range n {
+			tk, d := e.Admit(ctx, enforce.Call{Tenant: "acme", Subject: "a", Name: "llm"})
+			if !d.Allowed || d.Degraded != "" {
+				t.Fatalf("call not admitted through the store: %+v", d)
+			}
+			tk.Done(ctx, enforce.Outcome{})
+		}
+	}
+	calls(engines[0], 10)
+	if err := engines[0].Flusher().Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	calls(engines[0], 10) // live 20, durable 10
+	held.mu.Lock()
+	held.armed = true
+	held.mu.Unlock()
+	flushed := make(chan error, 1)
+	go func() { flushed <- engines[0].Flusher().Flush(ctx) }()
+	<-held.entered // instance 1 read the meter at 20; its write waits
+	if err := admin.Do(ctx, admin.B().Flushall().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	calls(engines[1], 1) // the meter re-created from the durable 10
+	close(held.release)
+	if err := <-flushed; err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	calls(engines[1], 5)
+	for _, e := range engines {
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec, _, err := sq.Get(ctx, "acme", usage.Period(time.Now()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Calls != 26 {
+		t.Errorf("durable calls = %d, want 26 (every call made)", rec.Calls)
+	}
+}
