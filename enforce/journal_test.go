@@ -139,6 +139,67 @@ func TestJournalBounded(t *testing.T) {
 	}
 }
 
+// Journals the usage store no longer drains stay bounded together too:
+// spread over many tenants, none reaches maxJournal, but past maxJournaled
+// entries in all the oldest quarter of each stalled journal goes (counted
+// as unmetered), and journals drained recently are kept whole.
+func TestJournalsBoundedTogether(t *testing.T) {
+	m := newJournalMeterer()
+	const meters, per = 4096, maxJournaled / 4096
+	stalled := time.Now().Add(-2 * m.journalStall())
+	for i := range meters {
+		key := fmt.Sprintf("k%d", i)
+		j := &journal{meter: limit.Meter{Key: key, Tenant: key, Period: "2026-12"}, gen: "g1", drained: stalled}
+		if i == 0 {
+			j.drained = time.Now() // drained just now: kept whole
+		}
+		for c := int64(1); c <= per; c++ {
+			d, mr := charge(c, "g1")
+			j.entries = append(j.entries, journalEntry{op: "op", delta: d, after: mr.Usage})
+		}
+		m.journal[key] = j
+	}
+	m.journaled = meters * per
+	if m.journaled != maxJournaled {
+		t.Fatalf("set up %d entries, want maxJournaled", m.journaled)
+	}
+	d, mr := charge(per+1, "g1")
+	m.record(m.journal["k1"].meter, "op", d, mr) // one more: over the bound
+	total := 0
+	for key, j := range m.journal {
+		total += len(j.entries)
+		want := per - per/4
+		switch key {
+		case "k0":
+			want = per
+		case "k1":
+			want = per + 1 - (per+1+3)/4
+		}
+		if len(j.entries) != want {
+			t.Errorf("journal %s: %d entries after the sweep, want %d", key, len(j.entries), want)
+		}
+		if last := j.entries[len(j.entries)-1].after.Calls; key != "k1" && last != per {
+			t.Errorf("journal %s: newest entry after %d calls, want %d (the newest kept)", key, last, per)
+		}
+	}
+	if total != m.journaled {
+		t.Fatalf("journaled = %d, but the journals hold %d entries", m.journaled, total)
+	}
+	if dropped := maxJournaled + 1 - total; testutil.ToFloat64(m.stats.Unmetered) != float64(dropped) {
+		t.Fatalf("unmetered = %v, want the %d calls dropped", testutil.ToFloat64(m.stats.Unmetered), dropped)
+	}
+	// The next charges do not sweep again until the journals grew by a
+	// quarter of the bound.
+	before := m.journaled
+	for c := int64(per + 2); c < per+100; c++ {
+		d, mr := charge(c, "g1")
+		m.record(m.journal["k2"].meter, "op", d, mr)
+	}
+	if m.journaled != before+98 {
+		t.Fatalf("journaled %d after 98 more charges from %d: swept again", m.journaled, before)
+	}
+}
+
 // expiredStore refuses every Adjust as a store does once the meter's
 // period ended longer than its grace ago.
 type expiredStore struct{ *memstore.Store }

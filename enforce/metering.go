@@ -50,6 +50,9 @@ type meterer struct {
 	mu      sync.Mutex
 	pending map[string]*pendingUsage
 	journal map[string]*journal
+	// journaled counts the entries of every journal; past sweepAt
+	// (at least maxJournaled) the stalled journals are trimmed together.
+	journaled, sweepAt int
 }
 
 // pendingUsage is usage admitted but not yet on its meter.
@@ -208,8 +211,12 @@ func (m *meterer) record(meter limit.Meter, op string, delta limit.Usage, mr lim
 	m.lostLocked(j, mr.Gen.ID)
 	j.gen = mr.Gen.ID
 	j.entries = append(j.entries, journalEntry{op: op, delta: delta, after: mr.Usage})
+	m.journaled++
 	if len(j.entries) > maxJournal && time.Since(j.drained) > m.journalStall() {
 		m.trimLocked(j)
+	}
+	if m.journaled > max(m.sweepAt, maxJournaled) {
+		m.trimStalledLocked()
 	}
 	m.mu.Unlock()
 }
@@ -221,6 +228,11 @@ func (m *meterer) record(meter limit.Meter, op string, delta limit.Usage, mr lim
 // would exhaust the process's memory (about 110 bytes an entry), losing
 // its pending usage with it.
 const maxJournal = 1 << 17
+
+// maxJournaled bounds the entries of all journals together, for the same
+// reason: an outage spread over many tenants fills no one journal up to
+// maxJournal, but can fill memory all the same.
+const maxJournaled = 1 << 20
 
 // journalStall is how long a journal goes without a flush draining it
 // before it may be trimmed: a few flush intervals, so that a hot tenant's
@@ -234,15 +246,47 @@ func (m *meterer) journalStall() time.Duration { return max(3*m.every, time.Minu
 // mcpgate_unmetered_calls_total. Call with mu held.
 func (m *meterer) trimLocked(j *journal) {
 	n := len(j.entries) / 4
+	m.dropOldestLocked(j, n)
+	m.log.Warn("usage journal full: the usage store has not held this meter's charges for a long time; the oldest could not be placed again should the limit store lose the meter",
+		"tenant", j.meter.Tenant, "period", j.meter.Period, "dropped", n)
+}
+
+// trimStalledLocked drops the oldest quarter (at least one entry) of every
+// journal not drained for journalStall, as trimLocked does for one, once
+// the journals together hold more than maxJournaled entries. The next sweep
+// waits until they grew by another quarter of the bound, so that journals
+// still drained (kept whole) do not make every charge sweep. Call with mu
+// held.
+func (m *meterer) trimStalledLocked() {
+	stall := m.journalStall()
+	var meters, dropped int
+	for _, j := range m.journal {
+		if len(j.entries) == 0 || time.Since(j.drained) <= stall {
+			continue
+		}
+		n := (len(j.entries) + 3) / 4
+		m.dropOldestLocked(j, n)
+		meters++
+		dropped += n
+	}
+	m.sweepAt = m.journaled + maxJournaled/4
+	if dropped > 0 {
+		m.log.Warn("usage journals full: the usage store has not held these meters' charges for a long time; the oldest could not be placed again should the limit store lose the meters",
+			"meters", meters, "dropped", dropped)
+	}
+}
+
+// dropOldestLocked drops j's n oldest entries and counts their calls in
+// mcpgate_unmetered_calls_total (see trimLocked). Call with mu held.
+func (m *meterer) dropOldestLocked(j *journal, n int) {
 	var calls int64
 	for _, e := range j.entries[:n] {
 		calls += e.delta.Calls
 	}
 	clear(j.entries[:n])
 	j.entries = j.entries[n:]
+	m.journaled -= n
 	m.stats.Unmetered.Add(float64(calls))
-	m.log.Warn("usage journal full: the usage store has not held this meter's charges for a long time; the oldest could not be placed again should the limit store lose the meter",
-		"tenant", j.meter.Tenant, "period", j.meter.Period, "dropped", n)
 }
 
 // bare is meter without its op, seed and quota: the template of the key's
@@ -263,6 +307,7 @@ func (m *meterer) lostLocked(j *journal, gen string) {
 	for i, e := range j.entries {
 		lost[i] = pendingOp{op: e.op + "-r", replay: &limit.Replay{Gen: j.gen, After: e.after}, delta: e.delta}
 	}
+	m.journaled -= len(j.entries)
 	clear(j.entries)
 	j.entries = j.entries[:0]
 	p := m.pendingLocked(j.meter)
@@ -294,6 +339,7 @@ func (m *meterer) observe(key string, found bool, gen limit.Generation, durable 
 		if len(kept) < len(j.entries) {
 			j.drained = time.Now()
 		}
+		m.journaled -= len(j.entries) - len(kept)
 		clear(j.entries[len(kept):])
 		j.entries = kept
 	}
