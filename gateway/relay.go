@@ -17,9 +17,11 @@ type relay struct {
 	// request failed before them (the session order: order.go).
 	accepted func()
 	// session returns the session id the client gets for the one the
-	// upstream answered (sessions are bound to callers: session.go). It
-	// runs as soon as the upstream's headers are in, also when the answer
-	// then fails (a 502 without the header).
+	// upstream answered (sessions are bound to callers: session.go; the
+	// request's own session comes back as the client sent it, lease
+	// included: sessionBinder.answer). It runs as soon as the upstream's
+	// headers are in, also when the answer then fails (a 502 without the
+	// header).
 	session func(upstream string) string
 	// answered receives the response to a request before the client has
 	// it: the call is settled on its outcome (breaker, cost, cache,

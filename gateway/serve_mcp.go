@@ -104,12 +104,14 @@ func (g *Gateway) authenticate(x *exchange) bool {
 	}
 	x.p = p
 	x.fwd = relay{Forward: mcp.Forward{Header: g.identityHeaders(x.rt, p), ReplayFilters: listFilters(p.Scopes)},
-		session: func(upstream string) string { return g.sessions.wrap(p, upstream) }}
+		session: g.sessions.answer(p, "", "")}
 	return true
 }
 
 // bindSession maps the client's session id to the upstream's, refusing an
-// id the caller did not open, and marks the session in use.
+// id the caller did not open, and marks the session in use. An answer
+// repeating the session gives the client its id back as it sent it, lease
+// included (sessionBinder.answer), on a POST, GET or DELETE alike.
 func (g *Gateway) bindSession(x *exchange) bool {
 	id := x.r.Header.Get(mcp.HeaderSessionID)
 	if id == "" {
@@ -125,6 +127,7 @@ func (g *Gateway) bindSession(x *exchange) bool {
 		return false
 	}
 	x.r.Header.Set(mcp.HeaderSessionID, upstreamID)
+	x.fwd.session = g.sessions.answer(x.p, id, upstreamID) // an answer repeating it keeps the client's lease
 	if x.r.Method == http.MethodGet {
 		// Recorded as soon as the session is known: a POST the client sent
 		// right after this GET must not overtake it upstream.

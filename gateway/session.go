@@ -62,6 +62,26 @@ func (b *sessionBinder) wrap(p auth.Principal, upstream string) string {
 	return upstream + "." + b.mac(p, upstream)
 }
 
+// answer returns how the session id of the upstream's answer to a request
+// of p becomes the one the client sees (relay.session). sent is the
+// client's id the request carried and upstream the id it unwraps to, both
+// "" when it carried none. The upstream repeating that session (as the
+// TypeScript SDK's server does on its event streams) gives the client back
+// its id as sent: wrapping it again would drop its lease, and a client that
+// adopts each id it is given would then carry none, so no other instance
+// could renew or free its slot. Any other id is a session the request did
+// not open through an admitted initialize and that holds no slot: it gets
+// wrap's form, without a lease (the request's lease is the slot of the
+// session it named, not of this one).
+func (b *sessionBinder) answer(p auth.Principal, sent, upstream string) func(string) string {
+	return func(id string) string {
+		if sent != "" && id == upstream {
+			return sent
+		}
+		return b.wrap(p, id)
+	}
+}
+
 // wrapLease is wrap for a session holding a slot under lease (see
 // sessions.go): "<id>.<lease>.<mac>", the mac covering the lease too, so any
 // instance can renew and release the slot and no caller can name another
