@@ -40,12 +40,15 @@ const DefaultMeterGrace = 7 * 24 * time.Hour
 // the new meter's seed does not hold them. See docs/design.md, "Usage and
 // quotas".
 type meterer struct {
-	store   limit.MeteredStore // where meters live: the shared store, or the in-process one
-	durable usage.Store
-	flusher *usage.Flusher
-	log     *slog.Logger
-	stats   *metrics.Metrics
-	every   time.Duration
+	store limit.MeteredStore // where meters live: the shared store, or the in-process one
+	// inProcess: store is the in-process one, whose counters end with the
+	// process (no other instance's sweep will find them).
+	inProcess bool
+	durable   usage.Store
+	flusher   *usage.Flusher
+	log       *slog.Logger
+	stats     *metrics.Metrics
+	every     time.Duration
 
 	mu      sync.Mutex
 	pending map[string]*pendingUsage
@@ -124,7 +127,7 @@ func (m *meterer) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := m.flusher.Run(fctx); err != nil {
-			m.log.Error("final usage flush failed: the live counters keep the totals", "err", err)
+			m.finalFlushFailed(err)
 		}
 	})
 	t := time.NewTicker(m.every)
@@ -154,6 +157,28 @@ func (m *meterer) run(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// finalFlushFailed reports a final flush that failed. The shared store
+// keeps the live counters for another instance's sweep; the in-process
+// store's end with the process: their unflushed calls are counted in
+// mcpgate_unmetered_calls_total, as lost.
+func (m *meterer) finalFlushFailed(err error) {
+	if !m.inProcess {
+		m.log.Error("final usage flush failed: the shared store's live counters keep the totals for another instance's sweep", "err", err)
+		return
+	}
+	var meters int
+	var calls int64
+	// The in-process store does no I/O: the scan cannot fail on its own.
+	serr := m.store.ScanMeters(context.Background(), func(st limit.MeterState) error {
+		meters++
+		calls += max(st.Live.Calls-st.Flushed.Calls, 0)
+		return nil
+	})
+	m.stats.Unmetered.Add(float64(calls))
+	m.log.Error("final usage flush failed: the in-process counters' unflushed usage is lost with this process; its calls are counted in mcpgate_unmetered_calls_total",
+		"err", errors.Join(err, serr), "meters", meters, "calls", calls)
 }
 
 // meterFor is the meter of tenant for the period containing now, with a

@@ -421,7 +421,7 @@ func (f *Flusher) Run(ctx context.Context) error {
 			pending := f.Pending()
 			err := f.Flush(fctx)
 			if err != nil {
-				f.log.Error("usage: final flush failed; the live counters keep the usage for another instance's sweep",
+				f.log.Error("usage: final flush failed; the usage stays in the live counters",
 					"err", err, "pending", f.Pending())
 			} else {
 				f.log.Info("usage: final flush done", "meters", pending)
