@@ -111,10 +111,10 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd re
 // others get the final result as JSON with their own id. It reports whether
 // the answer was an error (for the breaker), the result this caller's own
 // load produced (for a cost correction; nil unless this caller's flight
-// loaded it) and the HTTP status written. loading is nil unless the caller
-// left while its own load runs on for the flight: it is closed when that
-// load ends, and the call is settled only then.
-func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int, loading <-chan struct{}) {
+// loaded it) and the HTTP status written. orphan is nil unless the caller
+// left while its own load runs on for the flight: the call is settled only
+// when that load ends (orphan.done), on its result (orphan.outcome).
+func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int, orphan *leaderWriter) {
 	if !cacheableParams(fwd.Msg.Params) {
 		failed, loaded, status = g.bypassCache(w, r, rt, fwd, call)
 		return failed, loaded, status, nil
@@ -149,9 +149,9 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		// so that its concurrency slots stay held for the upstream work it
 		// started (else cancelling and calling again would run any number
 		// of loads at once under a concurrency rule).
-		loading = lw.done
+		orphan = lw
 	}
-	return failed, loaded, status, loading
+	return failed, loaded, status, orphan
 }
 
 // bypassCache forwards the call without the cache, reporting what its

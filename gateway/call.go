@@ -29,16 +29,19 @@ func (g *Gateway) serveCall(x *exchange) {
 	x.r = x.r.WithContext(ctx)
 
 	var a answer
-	var loading <-chan struct{} // a cached call's own load that outlives it
+	var orphan *leaderWriter // a cached call's own load that outlives it
 	x.after(func() {
-		if loading != nil {
-			// Settled when the load ends (see cachedCall); the audit line
-			// is written before, with the estimate.
-			status, result := a.status(x.r), a.result
-			go func() {
-				<-loading
+		if orphan != nil {
+			// Settled when the load ends, on the load's result: the tool
+			// ran for this call, and its reported cost is this call's
+			// (see cachedCall). The audit line is written before, with
+			// the estimate.
+			status := a.status(x.r)
+			g.settling.Go(func() {
+				<-orphan.done
+				_, result, _ := orphan.outcome()
 				t.Done(ctx, enforce.Outcome{Status: status, Result: result})
-			}()
+			})
 			return
 		}
 		if charged := t.Done(ctx, enforce.Outcome{Status: a.status(x.r), Result: a.result}); charged != d.Cost {
@@ -63,7 +66,7 @@ func (g *Gateway) serveCall(x *exchange) {
 		// reported cost corrects that one call's charge. The loads' own
 		// answers reach the ticket through answered only: a load may
 		// outlive this call (an early refresh), and must not touch a.
-		a.failed, a.result, a.code, loading = g.cachedCall(x.w, x.r, x.rt, x.fwd, plan, call, answered)
+		a.failed, a.result, a.code, orphan = g.cachedCall(x.w, x.r, x.rt, x.fwd, plan, call, answered)
 		return
 	}
 	a.code = g.forwardCall(x.w, x.r, x.rt, x.fwd, call)

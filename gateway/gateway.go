@@ -111,10 +111,14 @@ type Gateway struct {
 	// (server.max_requests_per_tenant).
 	tenantRequests tenantRequests
 	warming        sync.WaitGroup
-	tracker        *sessionTracker
-	stopSweep      context.CancelFunc
-	sweepDone      chan struct{}
-	audit          *audit.Logger // nil: no audit log
+	// settling counts the tickets of cached calls whose caller left while
+	// their own load goes on: Close waits for them before the final flush
+	// (maxSettleWait), or their cost corrections would miss it.
+	settling  sync.WaitGroup
+	tracker   *sessionTracker
+	stopSweep context.CancelFunc
+	sweepDone chan struct{}
+	audit     *audit.Logger // nil: no audit log
 	// proxyWarned: the warning that forwarded headers met a derived OAuth
 	// resource was logged (once per Gateway).
 	proxyWarned atomic.Bool
@@ -287,12 +291,32 @@ func (g *Gateway) Close() error {
 			g.stopAlerts() // also ends a warm-up in progress
 		}
 		g.warming.Wait()
+		g.waitSettling()
 		// the final flush: what was admitted reaches the usage store
 		err = g.eng.Close()
 		// last: the lines of calls that ended during the shutdown
 		err = errors.Join(err, g.audit.Close())
 	})
 	return err
+}
+
+// maxSettleWait bounds how long Close waits for the loads of cached calls
+// whose callers left (Gateway.settling). A load is bounded by the upstream's
+// timeouts; this only keeps a stuck one from holding the shutdown.
+const maxSettleWait = 30 * time.Second
+
+// waitSettling waits for the settling tickets, up to maxSettleWait.
+func (g *Gateway) waitSettling() {
+	done := make(chan struct{})
+	go func() {
+		g.settling.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(maxSettleWait):
+		g.log.Error("shutdown: cached calls still loading after their callers left; their cost corrections miss the final usage flush", "waited", maxSettleWait)
+	}
 }
 
 func (g *Gateway) routes() {
