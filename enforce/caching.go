@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/mcpgate/mcpgate/cache"
+	"github.com/mcpgate/mcpgate/internal/jsonscan"
 	"github.com/mcpgate/mcpgate/policy"
 )
 
@@ -43,19 +44,34 @@ func compileCaching(cfg *policy.Config) (map[string]toolCaching, bool, error) {
 	return out, sharedTags, nil
 }
 
+// ErrArgumentsNotCanonical means a tools/call's arguments have no
+// canonical form (a member spelled twice, mostly) where governing the call
+// needs one; CheckArguments refuses it.
+var ErrArgumentsNotCanonical = errors.New("enforce: arguments have no canonical form")
+
 // CheckArguments reports whether a tools/call of tool with arguments args
-// can be governed: a tool whose calls invalidate cache entries needs
-// arguments with a canonical form (no member spelled twice; the error
-// wraps cache.ErrInvalidArguments), or it could not name the entries it
-// makes stale while the upstream, keeping one of the twins, runs the call.
-// Nil for every other tool.
+// can be governed. Arguments with no canonical form (a member spelled
+// twice, ...) cannot be, and the error wraps ErrArgumentsNotCanonical:
+//   - for a tool whose calls invalidate cache entries (the error also
+//     wraps cache.ErrInvalidArguments): it could not name the entries it
+//     makes stale while the upstream, keeping one of the twins, runs the
+//     call;
+//   - for every tool while the loop breaker counts identical calls: such
+//     calls have no fingerprint that spacing or spelling cannot change, so
+//     an agent repeating one could never trip the breaker.
+//
+// Nil otherwise.
 func (e *Engine) CheckArguments(tool string, args json.RawMessage) error {
-	tc, ok := e.cfg.Load().caching[tool]
-	if !ok || tc.invalidates == nil {
-		return nil
+	cfg := e.cfg.Load()
+	if tc, ok := cfg.caching[tool]; ok && tc.invalidates != nil {
+		if _, err := tc.invalidates.Render(args); errors.Is(err, cache.ErrInvalidArguments) {
+			return fmt.Errorf("%w: %w", ErrArgumentsNotCanonical, err)
+		}
 	}
-	if _, err := tc.invalidates.Render(args); errors.Is(err, cache.ErrInvalidArguments) {
-		return err
+	if cfg.cfg.Breaker.IdenticalCalls.Count > 1 {
+		if _, err := jsonscan.Canonical(args); err != nil {
+			return fmt.Errorf("%w (the loop breaker compares calls by their canonical arguments): %v", ErrArgumentsNotCanonical, err)
+		}
 	}
 	return nil
 }

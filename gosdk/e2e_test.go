@@ -11,11 +11,13 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpgate/mcpgate/enforce"
@@ -219,6 +221,30 @@ breaker:
 				t.Fatalf("another subject: %v", err)
 			}
 		})
+	}
+}
+
+// While the breaker counts identical calls, a call whose arguments have no
+// canonical form (a member spelled twice) is refused before its handler:
+// each respelling of one call would otherwise escape the count.
+func TestIdenticalCallsNeedCanonicalArguments(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, false, `
+breaker:
+  identical_calls: {count: 3, within: 1m}
+`, options{})
+	cs := s.connect(token(t, "loop-co", "looper"))
+	ctx := context.Background()
+	twice := json.RawMessage(`{"text":"x","text":"x"}`)
+	_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: twice})
+	if e := rpcError(err); e == nil || e.Code != jsonrpc.CodeInvalidParams || !strings.Contains(e.Message, "canonical") {
+		t.Fatalf("call with a member spelled twice: %v; want invalid params", err)
+	}
+	if _, err := call(ctx, cs, "echo", map[string]any{"text": "x"}); err != nil {
+		t.Fatalf("canonical call: %v", err)
+	}
+	if n := s.reached("echo"); n != 1 {
+		t.Fatalf("echo's handler ran %d times, want 1 (the canonical call)", n)
 	}
 }
 

@@ -179,6 +179,11 @@ func (m *middleware) toolCall(ctx context.Context, next mcp.MethodHandler, metho
 		// params): refused rather than let through ungoverned.
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "tools/call without params"}
 	}
+	if err := m.e.CheckArguments(params.Name, params.Arguments); err != nil {
+		// As the gateway answers it: a call that cannot be governed is
+		// not run.
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "params.arguments: " + err.Error()}
+	}
 	t, d := m.e.Admit(ctx, enforce.Call{Tenant: id.Tenant, Tier: id.Tier, Subject: id.Subject,
 		Session: sessionID(req), Name: params.Name, Arguments: params.Arguments})
 	if !d.Allowed {
