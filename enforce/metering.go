@@ -137,12 +137,16 @@ func (m *meterer) run(ctx context.Context) {
 		case <-ctx.Done():
 			// One last try, bounded, so that a clean shutdown places what it can:
 			// first what a store that lost its meters lost of this instance's.
-			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			m.checkJournal(pctx)
-			m.placePending(pctx)
-			cancel()
+			m.bounded(ctx, m.checkJournal)
+			m.bounded(ctx, m.placePending) // a budget of its own: many journals must not use it up
 			stopFlusher()
 			wg.Wait()
+			if !m.inProcess && m.pendingCount() > 0 {
+				// The final flush found meters lost (their journals went
+				// pending): placed on the shared store now, another
+				// instance's sweep writes them.
+				m.bounded(ctx, m.placePending)
+			}
 			if n := m.pendingCount(); n > 0 {
 				calls := m.pendingCalls()
 				m.stats.Unmetered.Add(float64(calls))
@@ -376,20 +380,41 @@ func (m *meterer) observe(key string, found bool, gen limit.Generation, durable 
 	m.stats.UsagePending.Set(float64(len(m.pending)))
 }
 
+// shutdownStep bounds each step of the shutdown's last placement.
+const shutdownStep = 5 * time.Second
+
+// bounded runs step with a context of its own, shutdownStep long, that
+// ctx's cancellation does not end.
+func (m *meterer) bounded(ctx context.Context, step func(context.Context)) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownStep)
+	defer cancel()
+	step(sctx)
+}
+
 // checkJournal reads every meter the journal has entries for and reports
 // it as a flush would: a meter the store lost since the last flush has its
-// entries placed again before the final flush.
+// entries placed again before the final flush. The reads run a few at a
+// time: the journal holds every tenant charged since the last flush.
 func (m *meterer) checkJournal(ctx context.Context) {
 	m.mu.Lock()
 	keys := slices.Collect(maps.Keys(m.journal))
 	m.mu.Unlock()
-	for _, k := range keys {
-		st, ok, err := m.store.ReadMeter(ctx, k)
-		if err != nil {
-			continue
-		}
-		m.observe(k, ok, st.Gen, st.Flushed)
+	next := make(chan string)
+	var wg sync.WaitGroup
+	for range min(len(keys), 16) {
+		wg.Go(func() {
+			for k := range next {
+				if st, ok, err := m.store.ReadMeter(ctx, k); err == nil {
+					m.observe(k, ok, st.Gen, st.Flushed)
+				}
+			}
+		})
 	}
+	for _, k := range keys {
+		next <- k
+	}
+	close(next)
+	wg.Wait()
 }
 
 // adjust adds delta to meter as a new op, keeping it pending when it
