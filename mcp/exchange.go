@@ -282,7 +282,9 @@ func (x *Exchange) readAll() (data []byte, ok bool) {
 // a DELETE, whose response the proxy cannot know (MCP answers those with a
 // stream or no message at all), and screens it as a replayed event is
 // (screened): a list is filtered, and a body that could hold one but
-// cannot be read or filtered is refused.
+// cannot be read or filtered is refused. A DELETE's answer, which carries
+// nothing MCP reads, keeps its status with no body instead: the session's
+// end is not refused for what a server wrote beside it.
 func (x *Exchange) screenBody() {
 	data, ok := x.readAll()
 	if !ok {
@@ -290,6 +292,8 @@ func (x *Exchange) screenBody() {
 	}
 	x.read, x.body = true, data
 	switch resp, err := x.screened(data, nil, nil); {
+	case x.r.Method == http.MethodDelete && (err != nil || resp != nil):
+		x.body = nil
 	case err != nil:
 		x.failed(err)
 	case resp != nil:

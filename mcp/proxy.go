@@ -189,7 +189,9 @@ type Forward struct {
 	// cannot hold a result (notifications, mostly) pass unchanged without a
 	// full parse. A non-SSE answer to a GET or a DELETE (MCP has none that
 	// holds a result) is read whole, bounded, and screened the same way
-	// (502 where an event would be dropped); one to a POST that the proxy
+	// (502 where an event would be dropped; for a DELETE, whose answer
+	// carries nothing MCP reads, the status with no body instead of a
+	// filtered or dropped one); one to a POST that the proxy
 	// reads (Exchange.Answer, or Filter) is refused with 502 when it is not
 	// Msg's response and could hold a result (a JSON-RPC error passes).
 	// Filter, when set, is one of them. Filters with a nil Allow are

@@ -196,3 +196,38 @@ func TestReplayListKeepsFilterBesideNilAllow(t *testing.T) {
 		t.Fatalf("screened = %s, %v", resp, err)
 	}
 }
+
+// A DELETE's answer carries nothing MCP reads: with ReplayFilters, a body
+// that could hold a result (a list, or a shape the proxy cannot read) is
+// dropped and the status kept, so that the session's end is not refused;
+// any other body passes.
+func TestDeleteAnswerBodyScreened(t *testing.T) {
+	for _, c := range []struct{ name, body, want string }{
+		{"list", `{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"secret_admin"}]}}`, ""},
+		{"not JSON-RPC", `{"result":"ok"}`, ""},
+		{"plain", `session ended`, `session ended`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				io.WriteString(w, c.body)
+			})
+			g, gs := newGateway(t, ProxyOptions{Upstream: up.URL})
+			g.replay = replayScopes()
+			req, _ := http.NewRequest(http.MethodDelete, gs.URL, nil)
+			req.Header.Set("Mcp-Session-Id", "s")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := readAll(t, resp)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || body != c.want {
+				t.Fatalf("DELETE answered %d %q, want 200 %q", resp.StatusCode, body, c.want)
+			}
+			if s := g.next(t); s.status != http.StatusOK || s.err != nil {
+				t.Fatalf("served %+v", s)
+			}
+		})
+	}
+}
