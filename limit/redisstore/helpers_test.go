@@ -37,6 +37,22 @@ func newStore(tb testing.TB, c rueidis.Client, timeout time.Duration) *Store {
 	return newStoreOpts(tb, c, &Options{Timeout: timeout})
 }
 
+// warmUp runs call, the first of a store with a short timeout under test,
+// until it succeeds (for up to 10 s): it also dials and loads the library,
+// which on a loaded machine can take longer than that timeout.
+func warmUp(tb testing.TB, call func() error) {
+	tb.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		err := call()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatal(err)
+		}
+	}
+}
+
 // newStoreOpts is newStore with options.
 func newStoreOpts(tb testing.TB, c rueidis.Client, o *Options) *Store {
 	tb.Helper()

@@ -310,9 +310,7 @@ func TestTimeoutNotReplayed(t *testing.T) {
 	s := newStore(t, c, timeout)
 	ctx := ctxT(t)
 	checks := tenantChecks("slow", rule("fw", limit.FixedWindow, 100, time.Hour))
-	if _, err := s.Take(ctx, checks, 1); err != nil { // loads the script
-		t.Fatal(err)
-	}
+	warmUp(t, func() error { _, err := s.Take(ctx, checks, 1); return err }) // loads the script
 	sha0, _ := libCalls(t, other)
 	eval0, _ := commandCalls(t, other, "eval")
 
@@ -360,17 +358,7 @@ func TestKilledServer(t *testing.T) {
 	s := newStore(t, r.Client(t), timeout)
 	ctx := ctxT(t)
 	checks := tenantChecks("dead", rule("tb", limit.TokenBucket, 10, time.Second))
-	// Warm up: the first call also dials and loads the library, which on a
-	// loaded machine can take longer than the short timeout under test.
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		_, err := s.Take(ctx, checks, 1)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-	}
+	warmUp(t, func() error { _, err := s.Take(ctx, checks, 1); return err })
 	r.Kill()
 	for i := range 3 {
 		began := time.Now()
