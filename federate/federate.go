@@ -17,6 +17,12 @@
 // them, with ids mapped by the SDK on each side. A stdio upstream is one
 // process, so one session shared by every client (see Upstream.Command);
 // stateless clients (MCP 2026-07-28) use each upstream's shared session too.
+// Nothing in a shared session's log messages and server-to-client requests
+// says which client's call they belong to (a server may still be working
+// for a call it answered): its log messages go to Options.Logger, at their
+// level, and its sampling, elicitation and roots requests are refused,
+// never sent to a client that might be another tenant. Its progress
+// reaches the client whose call it is: its token names the call.
 //
 // Health: each upstream has its own circuit breaker. Consecutive transport
 // failures or timeouts open it; its tools then fail at once with a tool
@@ -86,9 +92,14 @@ type Upstream struct {
 	// Command is the argv of a stdio server. The Federator runs one process
 	// per upstream, started by New and shared by every client session: a
 	// stdio server holds one MCP session, and a process per client would
-	// put a process start on a client's first call. When it exits it is
-	// restarted with backoff (100ms doubling to DefaultMaxRestartGap); its
-	// stderr goes to the log, line by line.
+	// put a process start on a client's first call; so the server cannot
+	// ask a client for sampling, elicitation or roots, and its log
+	// messages go to Options.Logger (see the package doc). When it exits
+	// it is restarted with backoff (100ms doubling to
+	// DefaultMaxRestartGap), and what it left in its process group is
+	// stopped; its stderr goes to the log, line by line. A process that
+	// reads nothing of a pending request for the longest idle timeout of
+	// its calls (Timeout, ToolTimeouts) is killed and restarted.
 	Command []string
 	// Env is the process's environment (Command only), with the few
 	// variables of mcpgate's own that programs need (PATH, HOME, locale,
@@ -124,8 +135,8 @@ type Options struct {
 	StartTimeout time.Duration
 	// Name is the server name reported to clients; "" means "mcpgate".
 	Name string
-	// Logger receives upstream failures, restarts and stdio stderr. nil
-	// means slog.Default().
+	// Logger receives upstream failures, restarts, stdio stderr and the
+	// log messages of shared upstream sessions. nil means slog.Default().
 	Logger *slog.Logger
 	// HTTPClient sends requests to HTTP upstreams; nil means a pooled
 	// client. Its Transport is wrapped to see 429 answers.
@@ -196,6 +207,7 @@ type Federator struct {
 	installed chan struct{}
 	stop      context.CancelFunc
 	wg        sync.WaitGroup // the goroutines of spawn
+	procs     sync.WaitGroup // the watches of stdio processes (see upstream.watch)
 	spawnMu   sync.Mutex
 	closed    bool // no more spawns
 	closeOnce sync.Once
@@ -381,13 +393,25 @@ const headerMethodVersion = "2026-07-28"
 func (f *Federator) sdkLogger() *slog.Logger { return f.log.With("component", "federate") }
 
 // Close ends every client and upstream session and stops the stdio
-// processes (stdin closed, then SIGTERM after 5s). It is idempotent.
+// processes (stdin closed, then SIGTERM to the process group after 5s,
+// then SIGKILL after 5s more; what a process leaves in its group gets
+// SIGTERM once it exited, then SIGKILL), without waiting for calls a
+// process does not read. It is idempotent.
 func (f *Federator) Close() error {
 	f.closeOnce.Do(func() {
 		f.spawnMu.Lock()
 		f.closed = true
 		f.spawnMu.Unlock()
 		f.stop()
+		// The upstreams first: a client session's Close waits for its
+		// calls, and a call whose request a stdio process does not read
+		// ends only when the process is stopped. Each on its own: a
+		// process may take stopWait to exit.
+		var ups sync.WaitGroup
+		for _, up := range f.ups {
+			ups.Go(up.close)
+		}
+		ups.Wait()
 		for _, srv := range []*mcp.Server{f.stateful, f.stateless} {
 			if srv == nil {
 				continue
@@ -397,10 +421,9 @@ func (f *Federator) Close() error {
 			}
 		}
 		f.sessions.closeAll()
-		for _, up := range f.ups {
-			up.close()
-		}
 		f.wg.Wait()
+		// After the supervisors ended: no process starts any more.
+		f.procs.Wait()
 	})
 	return nil
 }

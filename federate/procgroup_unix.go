@@ -3,6 +3,7 @@
 package federate
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"syscall"
@@ -18,4 +19,11 @@ func signalGroup(p *os.Process, sig os.Signal) error {
 		return p.Signal(sig)
 	}
 	return syscall.Kill(-p.Pid, s)
+}
+
+// groupAlive reports whether p's process group still has a member (a
+// zombie waiting for its parent counts).
+func groupAlive(p *os.Process) bool {
+	err := syscall.Kill(-p.Pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }

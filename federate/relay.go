@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,38 +19,44 @@ import (
 var errSessionEnded = errors.New("federate: client session ended")
 
 // errNoClient is the answer to a server-to-client request of a shared
-// session when no client has a call in flight on it.
+// session: no client can be asked (see newClient).
 var errNoClient = errors.New("federate: no client session to relay the request to")
 
 // newClient returns the SDK client of one upstream session. ss is the
 // client session it belongs to, or nil for the upstream's shared session.
-// Its capabilities are the client's (all of them for a shared session:
-// a request the client cannot serve fails there), and what the upstream
-// asks of its client is relayed to ss (shared: to the newest caller).
+// Its capabilities are the client's (none for a shared session, which
+// serves every client and can ask none of them), and what the upstream
+// asks of its client is relayed to ss.
+//
+// A message of a shared session (every stdio upstream's, and the one
+// stateless clients use) cannot be attributed to a client: it carries no
+// sign of the call it belongs to, and a server may go on working for a
+// call after it answered it (or ignore its cancellation), so that even
+// the only call in flight need not be its call. So its log messages go to
+// mcpgate's log, and its sampling, elicitation and roots requests are
+// refused (errNoClient); only its progress, whose token names its call
+// (see progressTable), reaches a client.
 func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount) *mcp.Client {
 	// target is where a message of upstream session cs goes, and the call
 	// it belongs to: the newest call in flight on cs (so that the message
 	// travels on that call's stream, before its answer), else ss itself
-	// (nil for a shared session) outside any call. On a shared session a
-	// message goes to a client only when every call in flight on it is
-	// that client's: it cannot say whose it is, and another tenant must
-	// never get it.
+	// outside any call; nil for a shared session.
 	target := func(cs *mcp.ClientSession) (*mcp.ServerSession, *call) {
-		c, sole := f.inflight.newest(cs)
-		switch {
-		case c != nil && (ss != nil || sole):
-			return c.ss, c
-		case c != nil:
+		if ss == nil {
 			return nil, nil
+		}
+		if c := f.inflight.newest(cs); c != nil {
+			return c.ss, c
 		}
 		return ss, nil
 	}
-	caps := &mcp.ClientCapabilities{
-		RootsV2:     &mcp.RootCapabilities{ListChanged: true},
-		Sampling:    &mcp.SamplingCapabilities{},
-		Elicitation: &mcp.ElicitationCapabilities{},
-	}
+	caps := &mcp.ClientCapabilities{} // shared: none, since no client can be asked
 	if ss != nil {
+		caps = &mcp.ClientCapabilities{ // a client that did not say: asked, and it answers
+			RootsV2:     &mcp.RootCapabilities{ListChanged: true},
+			Sampling:    &mcp.SamplingCapabilities{},
+			Elicitation: &mcp.ElicitationCapabilities{},
+		}
 		if p := ss.InitializeParams(); p != nil && p.Capabilities != nil {
 			caps = &mcp.ClientCapabilities{
 				RootsV2:     &mcp.RootCapabilities{ListChanged: p.Capabilities.Roots.ListChanged},
@@ -90,7 +97,8 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount)
 // relayRequests sends the upstream's sampling, elicitation and roots
 // requests to the client session target returns, as new requests of that
 // session: the SDK gives each side its own ids. The relayed request is
-// cancelled when the upstream cancels its own.
+// cancelled when the upstream cancels its own. With no client session (a
+// shared session) they are refused with errNoClient.
 func relayRequests(target func(*mcp.ClientSession) (*mcp.ServerSession, *call)) mcp.Middleware {
 	return func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
@@ -131,11 +139,11 @@ func relayRequests(target func(*mcp.ClientSession) (*mcp.ServerSession, *call)) 
 }
 
 // relayLog sends an upstream's log message to ss, on the stream of call c
-// when there is one. A message of a shared session with no client to own it
-// goes to mcpgate's log instead (debug level): it cannot say whose it is.
+// when there is one. A message of a shared session (ss nil) goes to
+// mcpgate's log instead, at its level: it cannot say whose it is.
 func (f *Federator) relayLog(ss *mcp.ServerSession, c *call, up *upstream, p *mcp.LoggingMessageParams) {
 	if ss == nil {
-		f.log.Debug("upstream log message with no client to own it", "upstream", up.cfg.Name, "level", p.Level, "data", p.Data)
+		f.log.Log(context.Background(), slogLevel(p.Level), "upstream log message", "upstream", up.cfg.Name, "logger", p.Logger, "level", p.Level, "data", p.Data)
 		return
 	}
 	ctx := context.Background()
@@ -427,7 +435,8 @@ func (f *Federator) session(ctx context.Context, up *upstream, ss *mcp.ServerSes
 }
 
 // setLevel passes a client's logging/setLevel on to its upstream sessions
-// and to the shared ones (where the last client to set a level wins).
+// and to the shared ones (where the last client to set a level wins; their
+// messages go to mcpgate's log, see newClient).
 func (f *Federator) setLevel(ctx context.Context, ss *mcp.ServerSession, level mcp.LoggingLevel) {
 	var own []*mcp.ClientSession
 	if set := f.clientSetOf(ss); set != nil {
@@ -470,7 +479,8 @@ func (f *Federator) setLevel(ctx context.Context, ss *mcp.ServerSession, level m
 const setLevelTimeout = 5 * time.Second
 
 // inflightTable holds the calls in flight on each upstream session, oldest
-// first: where that session's log messages and requests go.
+// first: on a client's own session, the newest is the stream its log
+// messages and requests go on.
 type inflightTable struct {
 	mu sync.Mutex
 	m  map[*mcp.ClientSession][]*call
@@ -502,27 +512,14 @@ func (t *inflightTable) remove(c *call) {
 	}
 }
 
-// newest is the newest call in flight on cs with a client session (nil if
-// none), and whether every call in flight on cs is of that client session.
-func (t *inflightTable) newest(cs *mcp.ClientSession) (c *call, sole bool) {
+// newest is the newest call in flight on cs (nil if none).
+func (t *inflightTable) newest(cs *mcp.ClientSession) *call {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	l := t.m[cs]
-	for i := len(l) - 1; i >= 0; i-- {
-		if l[i].ss != nil {
-			c = l[i]
-			break
-		}
+	if l := t.m[cs]; len(l) > 0 {
+		return l[len(l)-1]
 	}
-	if c == nil {
-		return nil, false
-	}
-	for _, x := range l {
-		if x.ss != c.ss {
-			return c, false
-		}
-	}
-	return c, true
+	return nil
 }
 
 // hasLogging reports whether the upstream of cs declared logging (an
@@ -530,4 +527,20 @@ func (t *inflightTable) newest(cs *mcp.ClientSession) (c *call, sole bool) {
 func hasLogging(cs *mcp.ClientSession) bool {
 	r := cs.InitializeResult()
 	return r != nil && r.Capabilities != nil && r.Capabilities.Logging != nil
+}
+
+// slogLevel is the slog level of an MCP log level (RFC 5424 severities):
+// notice is info; critical, alert and emergency are errors.
+func slogLevel(l mcp.LoggingLevel) slog.Level {
+	switch l {
+	case "debug":
+		return slog.LevelDebug
+	case "info", "notice":
+		return slog.LevelInfo
+	case "warning":
+		return slog.LevelWarn
+	case "error", "critical", "alert", "emergency":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
 }

@@ -82,41 +82,34 @@ func TestProgressTableForgets(t *testing.T) {
 	}
 }
 
-// newest is the newest call with a client session, sole when every call
-// in flight shares its client session.
+// newest is the newest call in flight on a session.
 func TestInflightNewest(t *testing.T) {
 	var tb inflightTable
-	cs, ss1, ss2 := &mcp.ClientSession{}, &mcp.ServerSession{}, &mcp.ServerSession{}
-	check := func(what string, want *call, wantSole bool) {
+	cs, ss := &mcp.ClientSession{}, &mcp.ServerSession{}
+	check := func(what string, want *call) {
 		t.Helper()
-		if c, sole := tb.newest(cs); c != want || sole != wantSole {
-			t.Fatalf("%s: newest = %p, %v; want %p, %v", what, c, sole, want, wantSole)
+		if c := tb.newest(cs); c != want {
+			t.Fatalf("%s: newest = %p; want %p", what, c, want)
 		}
 	}
-	check("none", nil, false)
-	anon := &call{cs: cs}
-	tb.add(anon)
-	check("only a call without a client session", nil, false)
-	a := &call{cs: cs, ss: ss1}
+	check("none", nil)
+	a := &call{cs: cs, ss: ss}
 	tb.add(a)
-	check("with a call without a client session", a, false)
-	tb.remove(anon)
-	check("one client", a, true)
-	b := &call{cs: cs, ss: ss1}
+	check("one call", a)
+	b := &call{cs: cs, ss: ss}
 	tb.add(b)
-	check("two calls of one client", b, true)
-	d := &call{cs: cs, ss: ss2}
+	check("two calls", b)
+	d := &call{cs: cs, ss: ss}
 	tb.add(d)
-	check("a second client", d, false)
 	tb.remove(b)
-	check("the middle one ended", d, false)
+	check("the middle one ended", d)
 	tb.remove(d)
-	check("the second client's ended", a, true)
+	check("the newest ended", a)
 	tb.remove(a)
-	check("all ended", nil, false)
+	check("all ended", nil)
 	if len(tb.m) != 0 {
 		t.Fatalf("empty table holds %d sessions", len(tb.m))
 	}
 	tb.remove(a) // not in flight: nothing
-	check("removed twice", nil, false)
+	check("removed twice", nil)
 }

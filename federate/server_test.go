@@ -33,6 +33,17 @@ func TestMain(m *testing.M) {
 		serveRaw()
 		os.Exit(0)
 	}
+	if os.Getenv(wedgeEnv) != "" {
+		serveWedged()
+		os.Exit(0)
+	}
+	if os.Getenv(tenantEnv) != "" {
+		if err := newTenantServer().Run(context.Background(), &mcp.StdioTransport{}); err != nil {
+			fmt.Fprintln(os.Stderr, "stdio server:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if name := os.Getenv(stdioEnv); name != "" {
 		srv := newTestServer(name, nil)
 		if err := srv.Run(context.Background(), &mcp.StdioTransport{}); err != nil {

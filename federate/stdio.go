@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,33 +21,27 @@ import (
 // start quotes.
 const stderrTail = 10
 
-// process is one run of a stdio upstream's command.
+// process is one run of a stdio upstream's command, in a process group of
+// its own (ownGroup). Its pipes are the Federator's own os.Pipe ends, not
+// exec's: exec's Wait closes stdout and stderr the moment the leader exits,
+// dropping the lines still in them (so Wait, and with it noticing the
+// exit, would have to wait for them), and exec's stdin pipe hides the
+// *os.File whose write deadline bounds a write the process does not read
+// (see stdioPipe).
 type process struct {
-	cmd      *exec.Cmd
-	mu       sync.Mutex
-	tail     []string      // last stderr lines
-	done     chan struct{} // closed when stderr ends
-	waitOnce sync.Once
-	waited   chan struct{} // closed when the process has exited (and was waited for)
-}
+	cmd    *exec.Cmd
+	stdin  *os.File
+	stdout *os.File
+	stderr *os.File
 
-// exited returns a channel closed once the process has exited; the first
-// call starts the one cmd.Wait.
-func (p *process) exited() <-chan struct{} {
-	p.waitOnce.Do(func() {
-		p.waited = make(chan struct{})
-		go func() {
-			// Wait closes the stderr pipe: let its last lines be read first
-			// (bounded: a child of the server may hold it open).
-			select {
-			case <-p.done:
-			case <-time.After(time.Second):
-			}
-			_ = p.cmd.Wait()
-			close(p.waited)
-		}()
-	})
-	return p.waited
+	mu   sync.Mutex
+	tail []string // last stderr lines
+
+	outEnd  chan struct{} // closed when a read of stdout failed (EOF, or closed by watch)
+	outOnce sync.Once
+	errEnd  chan struct{} // closed when stderr ends
+	exited  chan struct{} // closed when the leader has exited and was waited for
+	stopped chan struct{} // closed when watch is done: group ended, pipes closed
 }
 
 func (p *process) tailText() string {
@@ -55,50 +50,151 @@ func (p *process) tailText() string {
 	return strings.Join(p.tail, "\n")
 }
 
-// startProcess starts the command and initializes its session. Closing
-// the session closes the process's stdin, waits up to 5s for it to exit,
-// then sends SIGTERM, then SIGKILL (see stdioPipe.Close).
-func (up *upstream) startProcess(ctx context.Context) (*mcp.ClientSession, error) {
+// stdoutReader is the process's stdout as the session reads it: it tells
+// watch when the last line was read.
+type stdoutReader struct{ p *process }
+
+func (r stdoutReader) Read(b []byte) (int, error) {
+	n, err := r.p.stdout.Read(b)
+	if err != nil {
+		r.p.outOnce.Do(func() { close(r.p.outEnd) })
+	}
+	return n, err
+}
+
+// Bounds of the end of a process (see watch and stop).
+const (
+	// stopWait is how long stop waits after closing stdin, then after
+	// SIGTERM.
+	stopWait = 5 * time.Second
+	// groupGrace is how long the processes left in a group after its
+	// leader exited have between SIGTERM and SIGKILL.
+	groupGrace = 2 * time.Second
+	// pipeDrain is how long the session may go on reading stdout (its last
+	// answers) and stderr after the leader exited; a helper left in the
+	// group holds them open until it is gone.
+	pipeDrain = time.Second
+	// writeChunk is how much of a message one write to stdin carries, so
+	// that a write that makes progress is told from one that does not.
+	writeChunk = 16 << 10
+)
+
+// startProcess starts the command and initializes its session. The process
+// is stopped as MCP asks when the session is closed (stdin closed, then
+// SIGTERM, then SIGKILL: see stdioPipe.Close), and whatever it left in its
+// process group is stopped when it exits (see watch).
+func (up *upstream) startProcess(ctx context.Context) (*mcp.ClientSession, *stdioPipe, error) {
 	argv := up.cfg.Command
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = processEnv(up.cfg.Env)
 	ownGroup(cmd) // signals reach what it started too (sh -c, npx wrappers)
-	stdout, err := cmd.StdoutPipe()
+	// Pairs of read and write ends: stdin (the child's, ours), stdout
+	// (ours, the child's), stderr (ours, the child's).
+	var ends [6]*os.File
+	for i := 0; i < len(ends); i += 2 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			closeFiles(ends[:i]...)
+			return nil, nil, err
+		}
+		ends[i], ends[i+1] = r, w
+	}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = ends[0], ends[3], ends[5]
+	err := cmd.Start()
+	closeFiles(ends[0], ends[3], ends[5]) // the child's now
 	if err != nil {
-		return nil, err
+		closeFiles(ends[1], ends[2], ends[4])
+		return nil, nil, err
 	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	go up.logStderr(p, stderr)
+	p := &process{cmd: cmd, stdin: ends[1], stdout: ends[2], stderr: ends[4],
+		outEnd: make(chan struct{}), errEnd: make(chan struct{}), exited: make(chan struct{}), stopped: make(chan struct{})}
+	up.f.procs.Add(1)
+	go up.watch(p)
+	go up.logStderr(p)
 	w := new(wireCount)
+	pipe := &stdioPipe{up: up, p: p, stall: up.writeStall()}
 	t := &mcp.IOTransport{
-		Reader: io.NopCloser(&counted{r: stdout, w: w}), // the connection closes by closing stdin
-		Writer: &stdioPipe{cmd: cmd, stdin: stdin, exited: p.exited},
+		Reader: io.NopCloser(&counted{r: stdoutReader{p}, w: w}), // the connection closes by closing stdin
+		Writer: pipe,
 	}
 	cs, err := up.f.newClient(up, nil, w).Connect(ctx, t, &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
 	if err != nil {
 		_ = signalGroup(cmd.Process, os.Kill)
-		select { // let the last stderr lines arrive
-		case <-p.done:
-		case <-time.After(time.Second):
-		}
+		<-p.stopped // its last stderr lines read
 		if t := p.tailText(); t != "" {
-			return nil, fmt.Errorf("%v; stderr:\n%s", err, t)
+			return nil, nil, fmt.Errorf("%v; stderr:\n%s", err, t)
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	up.f.track(cs, w)
-	return cs, nil
+	return cs, pipe, nil
+}
+
+func closeFiles(fs ...*os.File) {
+	for _, f := range fs {
+		if f != nil {
+			_ = f.Close()
+		}
+	}
+}
+
+// watch waits for the process's leader to exit, then ends what it leaves
+// behind: the other processes of its group (a helper it started, the
+// server an "sh -c" wrapper ran) get SIGTERM, then SIGKILL after
+// groupGrace; stdout is closed once read to its end or after pipeDrain (a
+// helper may hold it open), which ends the session and fails its calls at
+// once; stdin and stderr are closed. The group is signalled only while it
+// has a member, as the group id cannot be reused while one lives: right
+// after the leader was waited for (none left: ESRCH, and nothing more is
+// sent), then until a check finds it empty.
+func (up *upstream) watch(p *process) {
+	defer up.f.procs.Done()
+	defer close(p.stopped)
+	_ = p.cmd.Wait()
+	close(p.exited)
+	// A write the process never reads would wait for its write deadline.
+	_ = p.stdin.Close()
+	left := signalGroup(p.cmd.Process, syscall.SIGTERM) == nil
+	drain(p.outEnd, pipeDrain)
+	_ = p.stdout.Close()
+	if left {
+		deadline := time.Now().Add(groupGrace)
+		for groupAlive(p.cmd.Process) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if groupAlive(p.cmd.Process) {
+			_ = signalGroup(p.cmd.Process, os.Kill)
+		}
+	}
+	drain(p.errEnd, pipeDrain)
+	_ = p.stderr.Close()
+}
+
+// drain waits until ch is closed, for at most d.
+func drain(ch <-chan struct{}, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	}
+}
+
+// writeStall is how long a write to the process's stdin may make no
+// progress before the process counts as wedged: the longest idle timeout a
+// call to it may have (its Timeout, or a longer ToolTimeouts entry for a
+// name with its Prefix). A server that reads nothing for that long while a
+// request waits is as silent as a call that times out, and the write would
+// otherwise hold the session's write lock, and with it every other call
+// and Close, forever.
+func (up *upstream) writeStall() time.Duration {
+	d := up.cfg.Timeout
+	for name, t := range up.f.opts.ToolTimeouts {
+		if strings.HasPrefix(name, up.cfg.Prefix) && t > d {
+			d = t
+		}
+	}
+	return d
 }
 
 // baseEnv are the variables of mcpgate's own environment a stdio server
@@ -121,24 +217,81 @@ func processEnv(env map[string]string) []string {
 	return out
 }
 
-// stdioPipe is the writing end of a stdio server's session: closing it
-// ends the process as MCP asks (stdin closed, then SIGTERM, then SIGKILL).
+// errWedged is the error of a write to a stdio server that stopped
+// reading its stdin.
+var errWedged = errors.New("federate: the stdio server does not read its input")
+
+// stdioPipe is the writing end of a stdio server's session. A write that
+// makes no progress for stall kills the process group (it is wedged: see
+// writeStall), which ends the session and lets supervise restart the
+// process. Closing it ends the process as MCP asks (stdin closed, then
+// SIGTERM, then SIGKILL) and waits for watch to end its group; it may be
+// called by the SDK (the session closed) and by upstream.close (which
+// does not wait for the session's calls) alike.
 type stdioPipe struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	exited func() <-chan struct{}
+	up        *upstream
+	p         *process
+	stall     time.Duration
+	wedged    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
 }
 
-func (s *stdioPipe) Write(p []byte) (int, error) { return s.stdin.Write(p) }
+func (s *stdioPipe) Write(b []byte) (int, error) {
+	if s.wedged.Load() {
+		return 0, errWedged
+	}
+	n := 0
+	for n < len(b) {
+		_ = s.p.stdin.SetWriteDeadline(time.Now().Add(s.stall))
+		m, err := s.p.stdin.Write(b[n:min(len(b), n+writeChunk)])
+		n += m
+		switch {
+		case err == nil:
+		case errors.Is(err, os.ErrDeadlineExceeded) && m > 0:
+			// It reads, slowly: a new deadline.
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			s.wedge()
+			return n, errWedged
+		default:
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// wedge kills the process group of a server that stopped reading: a
+// graceful stop would wait on the same pipe.
+func (s *stdioPipe) wedge() {
+	if s.wedged.Swap(true) {
+		return
+	}
+	select {
+	case <-s.p.exited: // watch is ending it already
+		return
+	default:
+	}
+	s.up.f.log.Error("upstream stdio server read nothing of a pending request; killing it", "upstream", s.up.cfg.Name, "after", s.stall)
+	_ = signalGroup(s.p.cmd.Process, os.Kill)
+}
 
 func (s *stdioPipe) Close() error {
-	_ = s.stdin.Close()
+	s.closeOnce.Do(func() { s.closeErr = s.p.stop() })
+	return s.closeErr
+}
+
+// stop ends the process as MCP asks: stdin closed, then SIGTERM to its
+// group after stopWait, then SIGKILL after stopWait more; then it waits
+// for watch to have ended what the leader left behind.
+func (p *process) stop() error {
+	_ = p.stdin.Close()
 	for _, sig := range []os.Signal{nil, syscall.SIGTERM, os.Kill} {
 		if sig != nil {
-			_ = signalGroup(s.cmd.Process, sig)
+			_ = signalGroup(p.cmd.Process, sig)
 		}
 		select {
-		case <-s.exited():
+		case <-p.exited:
+			<-p.stopped
 			return nil
 		case <-time.After(stopWait):
 		}
@@ -146,14 +299,11 @@ func (s *stdioPipe) Close() error {
 	return errors.New("federate: the stdio server does not exit")
 }
 
-// stopWait is how long Close waits after closing stdin, then after SIGTERM.
-const stopWait = 5 * time.Second
-
 // logStderr logs the process's stderr line by line and keeps the last
 // lines for errors.
-func (up *upstream) logStderr(p *process, r io.ReadCloser) {
-	defer close(p.done)
-	sc := bufio.NewScanner(r)
+func (up *upstream) logStderr(p *process) {
+	defer close(p.errEnd)
+	sc := bufio.NewScanner(p.stderr)
 	sc.Buffer(make([]byte, 0, 4096), 64<<10)
 	for sc.Scan() {
 		line := sc.Text()
@@ -167,29 +317,33 @@ func (up *upstream) logStderr(p *process, r io.ReadCloser) {
 	}
 }
 
-// supervise restarts the process whenever it exits, with backoff (100ms
-// doubling to DefaultMaxRestartGap; back to 100ms after a minute of
-// running), until ctx ends. While it is down its tools fail at once.
+// supervise restarts the process whenever it exits (or its session ends),
+// with backoff (100ms doubling to DefaultMaxRestartGap; back to 100ms after
+// a minute of running), until ctx ends. While it is down its tools fail at
+// once.
 func (up *upstream) supervise(ctx context.Context) {
 	const first = 100 * time.Millisecond
 	gap := first
 	for {
 		up.mu.Lock()
-		cs := up.shared
+		cs, pipe := up.shared, up.pipe
 		up.mu.Unlock()
 		began := time.Now()
-		if cs != nil {
-			_ = cs.Wait()
+		if cs != nil && !up.waitEnd(ctx, cs, pipe) {
+			return
 		}
 		if ctx.Err() != nil {
 			return
 		}
 		up.mu.Lock()
 		if up.shared == cs {
-			up.shared, up.down = nil, true
+			up.shared, up.pipe, up.down = nil, nil, true
 			up.setStateLocked()
 		}
 		up.mu.Unlock()
+		if cs != nil && !up.f.spawn(func() { up.endSession(cs, pipe) }) {
+			up.endSession(cs, pipe) // Close runs: it no longer sees cs
+		}
 		if time.Since(began) > time.Minute {
 			gap = first
 		}
@@ -219,5 +373,45 @@ func (up *upstream) supervise(ctx context.Context) {
 		up.mu.Unlock()
 		up.f.log.Info("upstream process restarted", "upstream", up.cfg.Name)
 		up.f.refresh(up)
+	}
+}
+
+// waitEnd waits until the process of session cs exits or cs ends, and
+// reports true; false when ctx ended first. The leader's exit is watched
+// as well as the session: a helper it left holding stdout would keep the
+// session open, and its calls waiting, after the server is gone.
+func (up *upstream) waitEnd(ctx context.Context, cs *mcp.ClientSession, pipe *stdioPipe) bool {
+	ended := make(chan struct{})
+	if !up.f.spawn(func() { _ = cs.Wait(); close(ended) }) {
+		return false
+	}
+	select {
+	case <-ended:
+	case <-pipe.p.exited:
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// endSession closes a stdio session and stops its process. cs.Close waits
+// for the calls in flight, and one whose request the process does not
+// read would hold it forever: the process is stopped alongside (which
+// ends those calls), and cs.Close is waited for at most stopWait after.
+func (up *upstream) endSession(cs *mcp.ClientSession, pipe *stdioPipe) {
+	closed := make(chan struct{})
+	go func() {
+		_ = cs.Close()
+		close(closed)
+	}()
+	if err := pipe.Close(); err != nil {
+		up.f.log.Error("upstream process did not stop", "upstream", up.cfg.Name, "err", err)
+	}
+	t := time.NewTimer(stopWait)
+	defer t.Stop()
+	select {
+	case <-closed:
+	case <-t.C:
+		up.f.log.Warn("upstream session did not close after its process stopped", "upstream", up.cfg.Name)
 	}
 }

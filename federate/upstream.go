@@ -23,6 +23,7 @@ type upstream struct {
 
 	mu       sync.Mutex
 	shared   *mcp.ClientSession // nil while not connected (HTTP: reconnected on use; stdio: by supervise)
+	pipe     *stdioPipe         // stdio: the process of shared
 	init     *mcp.InitializeResult
 	down     bool      // stdio: the process is not running
 	failures int       // consecutive
@@ -111,13 +112,20 @@ func withForwarded(ctx context.Context, extra *mcp.RequestExtra) context.Context
 	return context.WithValue(ctx, forwardKey{}, h)
 }
 
-// retryAfter parses a Retry-After value (seconds or an HTTP date); a
-// missing or bad one means one second.
+// maxRetryAfter caps the wait a Retry-After asks for: an upstream (or a
+// proxy in front of it) cannot take itself out of service for longer.
+const maxRetryAfter = time.Hour
+
+// retryAfter parses a Retry-After value (seconds or an HTTP date), at most
+// maxRetryAfter ahead of now; a missing or bad one means one second.
 func retryAfter(v string, now time.Time) time.Time {
 	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
-		return now.Add(time.Duration(min(s, 3600)) * time.Second)
+		return now.Add(time.Duration(min(s, int(maxRetryAfter/time.Second))) * time.Second)
 	}
 	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		if limit := now.Add(maxRetryAfter); t.After(limit) {
+			return limit
+		}
 		return t
 	}
 	return now.Add(time.Second)
@@ -274,9 +282,10 @@ func (up *upstream) connect(ctx context.Context, ss *mcp.ServerSession) (*mcp.Cl
 // starts its process).
 func (up *upstream) connectShared(ctx context.Context) error {
 	var cs *mcp.ClientSession
+	var pipe *stdioPipe
 	var err error
 	if up.cfg.stdio() {
-		cs, err = up.startProcess(ctx)
+		cs, pipe, err = up.startProcess(ctx)
 	} else {
 		cs, err = up.connect(ctx, nil)
 	}
@@ -285,7 +294,7 @@ func (up *upstream) connectShared(ctx context.Context) error {
 	}
 	up.mu.Lock()
 	old := up.shared
-	up.shared, up.init, up.down = cs, cs.InitializeResult(), false
+	up.shared, up.pipe, up.init, up.down = cs, pipe, cs.InitializeResult(), false
 	up.setStateLocked()
 	up.mu.Unlock()
 	if old != nil {
@@ -361,12 +370,18 @@ func (up *upstream) drop(cs *mcp.ClientSession) {
 	up.f.closeLater(cs)
 }
 
+// close ends the shared session; a stdio upstream's process is stopped
+// whether or not the session's calls end (see endSession).
 func (up *upstream) close() {
 	up.mu.Lock()
-	cs := up.shared
-	up.shared = nil
+	cs, pipe := up.shared, up.pipe
+	up.shared, up.pipe = nil, nil
 	up.mu.Unlock()
-	if cs != nil {
+	switch {
+	case cs == nil:
+	case pipe != nil:
+		up.endSession(cs, pipe)
+	default:
 		_ = cs.Close()
 	}
 }
