@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mcpgate/mcpgate/internal/redact"
 	"github.com/mcpgate/mcpgate/metrics"
 )
 
@@ -125,7 +126,7 @@ func (a *alerter) post(ctx context.Context, body []byte) error {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := a.client.Do(req)
 	if err != nil {
-		return err
+		return redact.URLError(err) // a webhook's token is often its path
 	}
 	resp.Body.Close()
 	if resp.StatusCode >= 300 {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/internal/redact"
 	"github.com/mcpgate/mcpgate/mcp"
 )
 
@@ -45,7 +46,7 @@ func (g *Gateway) sendUpstream(ctx context.Context, hc *http.Client, method, ten
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return err
+		return redact.URLError(err) // the URL may carry the upstream's credential
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	return resp.Body.Close()

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+
+	"github.com/mcpgate/mcpgate/internal/redact"
 )
 
 // Exchange is one request relayed by Proxy.Start, driven by its caller in
@@ -185,7 +187,9 @@ func (x *Exchange) cause(err error) error {
 	case errors.Is(err, ErrBadUpstreamResponse):
 		return err
 	}
-	return fmt.Errorf("%w: %v", ErrUpstreamUnavailable, err)
+	// The upstream's URL may carry its credential (a key in its query):
+	// this error is logged and traced on every failure.
+	return fmt.Errorf("%w: %v", ErrUpstreamUnavailable, redact.URLError(err))
 }
 
 // failed records a failure that happened before anything was written, and
