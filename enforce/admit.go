@@ -366,8 +366,8 @@ func (t *Ticket) Answered(ctx context.Context, result json.RawMessage, failed bo
 // Done settles an admitted call: it releases the call's concurrency slots,
 // corrects its charge from the cost the tool reported, tells the loop
 // breaker how it ended (a cancelled or abandoned call gives back a probe
-// instead of reporting), and drops the entries a successful mutating call
-// made stale. It returns the cost the call was charged in the end. Done
+// instead of reporting), and drops the entries a mutating call may have
+// made stale (unless it ended in a tool error). It returns the cost the call was charged in the end. Done
 // does not honour ctx's cancellation: it always settles, each store call
 // bounded by a second.
 func (t *Ticket) Done(ctx context.Context, o Outcome) (charged int64) {
@@ -404,8 +404,10 @@ func (t *Ticket) Done(ctx context.Context, o Outcome) (charged int64) {
 		// refuse every call until it ran out.
 		t.e.lim.releaseProbe(ctx, t.br, t.v.breaker)
 	}
-	if t.caching.invalidates != nil && !invalidated && (o.Status == OK || abandoned) {
-		// A cancelled or abandoned call may have written all the same.
+	if t.caching.invalidates != nil && !invalidated && o.Status != ToolError {
+		// A call cancelled, abandoned or without an answer (a timeout, a
+		// 5xx) may have written all the same: an entry dropped needlessly
+		// costs a reload, one kept wrongly serves stale data for its TTL.
 		t.e.invalidateAfter(ctx, t.cp, t.call.Tenant, t.caching, t.call.Arguments)
 	}
 	return charged
