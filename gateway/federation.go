@@ -90,11 +90,19 @@ func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (
 	return fd, nil
 }
 
+// catalog is what checkAttribution reads of a federation: its tools and
+// the upstream serving each.
+type catalog interface {
+	Tools() []string
+	UpstreamOf(tool string) (upstream string, ok bool)
+}
+
 // checkAttribution refuses a catalog whose names the configuration would
 // put under the wrong upstream: limits find a tool's upstream by its name
 // (policy.Config.UpstreamOf), so a bare upstream exposing "search__x" would
-// be counted by search's limits.
-func checkAttribution(cfg *policy.Config, fed *federate.Federator) error {
+// be counted by search's limits. It runs at start and on every reload
+// (upstreams' limits follow a reload).
+func checkAttribution(cfg *policy.Config, fed catalog) error {
 	limited := map[string]bool{}
 	for _, u := range cfg.Upstreams {
 		limited[u.Name] = len(u.Limits) > 0
@@ -138,6 +146,15 @@ func (fd *federation) guard(h http.Handler) http.Handler {
 // upstreams:, the single upstream is the federation (its URL and secret;
 // each upstream has its own headers; the proxy's idle timeout is the
 // longest of theirs).
+// check is checkAttribution of cfg against the federation's catalog (nil
+// without a federation).
+func (fd *federation) check(cfg *policy.Config) error {
+	if fd == nil {
+		return nil
+	}
+	return checkAttribution(cfg, fd.fed)
+}
+
 func (fd *federation) effective(cfg *policy.Config) *policy.Config {
 	if fd == nil {
 		return cfg

@@ -228,6 +228,9 @@ func newRuntime(cfg *policy.Config, a *auth.Authenticator, rt http.RoundTripper)
 // Apply logs a warning naming each one that changed. The admin token is not
 // part of cfg: set it with SetAdminToken.
 func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
+	if err := g.fed.check(cfg); err != nil {
+		return err
+	}
 	cfg = g.fed.effective(cfg)
 	rt, err := newRuntime(cfg, a, g.fed.transport())
 	if err != nil {
