@@ -39,6 +39,14 @@ var ErrInvalidOptions = errors.New("cache: invalid options")
 // and returned as this error to every caller waiting for that load.
 var ErrLoaderPanic = errors.New("cache: loader panicked")
 
+// ErrLoaderAbandoned means a Loader had not returned a short grace period
+// (100ms) after its context ended (Options.LoadTimeout): it ignores its
+// context. Every caller waiting for that load gets this error, which wraps
+// the context's (context.DeadlineExceeded); the entry's lock is released,
+// nothing is stored, and the Loader is left to end on its own, not waited
+// for by Close.
+var ErrLoaderAbandoned = errors.New("cache: loader abandoned: still running")
+
 // ErrClosed means the Cache was closed.
 var ErrClosed = errors.New("cache: closed")
 
@@ -50,7 +58,9 @@ type Options struct {
 	// its result is not stored: fencing). Default DefaultLockTTL.
 	LockTTL time.Duration
 	// LoadTimeout bounds one load: the Loader's context, detached from
-	// the callers' contexts, is cancelled after it. Default LockTTL.
+	// the callers' contexts, is cancelled after it. A Loader that has not
+	// returned 100ms later is abandoned (ErrLoaderAbandoned): its callers,
+	// the entry's lock and Close stop waiting for it. Default LockTTL.
 	LoadTimeout time.Duration
 	// WaitTimeout bounds how long a caller waits for a load running
 	// elsewhere (another instance holds the lock). Then it gets the stale
@@ -129,8 +139,10 @@ func (p *Policy) validate() error {
 // Policy.NegativeTTL. An error (timeout, protocol error, 429, upstream 5xx)
 // is returned to the callers and never stored. ctx is detached from the
 // callers (one caller giving up does not cancel the load others wait for)
-// and carries the callers' values; it ends after Options.LoadTimeout. The
-// Cache keeps value: the Loader must not modify it after returning.
+// and carries the callers' values; it ends after Options.LoadTimeout. A
+// Loader that ignores its end is abandoned soon after (ErrLoaderAbandoned)
+// and runs on with nobody waiting for it. The Cache keeps value: the Loader
+// must not modify it after returning.
 type Loader func(ctx context.Context) (value []byte, negative bool, err error)
 
 // Entry is a cached or freshly loaded value. Value is shared with other
@@ -223,9 +235,14 @@ type Cache struct {
 	tokenSeq    atomic.Uint64
 	lastLog     atomic.Int64
 	stats       counters
+	// invalidations counts the Invalidate calls of this Cache. A flight
+	// started before one may be loading what the invalidation's write
+	// replaced: a Get that begins after Invalidate returned must not join
+	// it (see join).
+	invalidations atomic.Uint64
 
 	mu         sync.Mutex
-	flights    map[string]*flight
+	flights    map[string]*flight // the newest flight of each entry key
 	refreshing map[string]struct{}
 	closed     bool
 	wg         sync.WaitGroup
@@ -235,9 +252,12 @@ type Cache struct {
 // key waits for.
 type flight struct {
 	done  chan struct{}
+	gen   uint64 // Cache.invalidations when the flight started
 	entry Entry
 	src   Source
-	err   error
+	// fenced: the load's commit was refused by the fence (see join).
+	fenced bool
+	err    error
 }
 
 // New returns a Cache over store, behind a breaker (see
@@ -346,9 +366,11 @@ func (c *Cache) skipped() int64 {
 func (c *Cache) StoreAvailable() bool { return c.guard == nil || c.guard.available() }
 
 // Close stops early refreshes and the breaker's probe, and waits for the
-// loads in flight (each bounded by LoadTimeout) and for the releases of
-// locks whose commit the breaker skipped (each bounded by Timeout). Later
-// Gets fail with ErrClosed. The store is not closed.
+// loads in flight (each bounded by LoadTimeout, plus 100ms for the Loader
+// to notice: a Loader still running then is abandoned, see
+// ErrLoaderAbandoned, and Close does not wait for it) and for the releases
+// of locks whose commit the breaker skipped (each bounded by Timeout).
+// Later Gets fail with ErrClosed. The store is not closed.
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	c.closed = true
@@ -420,74 +442,22 @@ func (c *Cache) early(rec *record) bool {
 	return float64(rec.delta)*c.beta*-math.Log(mrand.Float64()) >= float64(rec.fresh())
 }
 
-// join runs or joins the in-process flight of key. storeErr, from the
-// caller's read, makes a new flight load without the store.
-func (c *Cache) join(ctx context.Context, key Key, load Loader, pol Policy, storeErr error) (Entry, Source, error) {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return Entry{}, 0, ErrClosed
-	}
-	f, follower := c.flights[key.entry]
-	if !follower {
-		f = &flight{done: make(chan struct{})}
-		c.flights[key.entry] = f
-		c.wg.Add(1)
-		go c.fly(context.WithoutCancel(ctx), key, load, pol, f, storeErr)
-	}
-	c.mu.Unlock()
-	select {
-	case <-f.done:
-	case <-ctx.Done():
-		return Entry{}, 0, ctx.Err()
-	}
-	if f.err != nil {
-		return Entry{}, 0, f.err
-	}
-	src := f.src
-	if follower && src == Miss {
-		src = Coalesced
-	}
-	if f.entry.StoreErr != nil {
-		c.stats.degraded.Add(1)
-	}
-	switch src {
-	case Miss:
-		c.stats.misses.Add(1)
-	case Stale:
-		c.stats.stale.Add(1)
-	default:
-		c.stats.coalesced.Add(1)
-	}
-	return f.entry, src, nil
-}
-
-func (c *Cache) fly(ctx context.Context, key Key, load Loader, pol Policy, f *flight, storeErr error) {
-	defer c.wg.Done()
-	defer func() {
-		c.mu.Lock()
-		delete(c.flights, key.entry)
-		c.mu.Unlock()
-		close(f.done)
-	}()
-	if storeErr != nil {
-		// The store just failed this key's read: asking it for the lock
-		// would most likely cost another timeout.
-		f.entry, f.src, f.err = c.loadDegraded(ctx, load, storeErr)
-		return
-	}
-	f.entry, f.src, f.err = c.resolve(ctx, key, load, pol)
-}
-
 // Invalidate drops scope's entries tagged with any of tags (rendered tags,
 // see Tags.Render) and returns how many stored entries it deleted. Loads of
 // those entries in flight cannot store what they loaded (their fence is
-// bumped). An entry of another scope is never touched: invalidate a tag of
-// shared entries with Shared(), a tenant's with Tenant(tenant).
+// bumped), and a Get of this Cache that begins after Invalidate returned
+// does not join a flight that began before it (it loads anew). An entry of
+// another scope is never touched: invalidate a tag of shared entries with
+// Shared(), a tenant's with Tenant(tenant).
 func (c *Cache) Invalidate(ctx context.Context, scope Scope, tags []string) (int, error) {
 	if len(tags) == 0 {
 		return 0, nil
 	}
+	// Counted once the store is done (even when it failed part-way: what
+	// it did is unknown), so that every flight that may have been served
+	// the value it deleted, or may have loaded before the write, is one
+	// that began before the count and that later Gets do not join.
+	defer c.invalidations.Add(1)
 	var step time.Duration
 	if c.remote {
 		step = c.timeout

@@ -61,6 +61,7 @@ func TestConformance(t *testing.T) {
 		{"CancelOneWaiter", testCancelOneWaiter},
 		{"TagIndexBounded", testTagIndexBounded},
 		{"HolderCrash", testHolderCrash},
+		{"CommitFenced", testCommitFenced},
 	}
 	t.Run("CheckEvictionCluster", func(t *testing.T) {
 		// Every node is read: all six have the default noeviction.

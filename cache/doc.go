@@ -20,7 +20,15 @@
 //   - In one process, concurrent Gets share one flight. The flight runs
 //     detached from the callers' contexts (context.WithoutCancel, bounded by
 //     Options.LoadTimeout): a caller that gives up gets its ctx error, the
-//     others still get the value.
+//     others still get the value. A Loader that ignores the end of its
+//     context is abandoned 100ms later: its callers get ErrLoaderAbandoned
+//     (a context.DeadlineExceeded), its lock is released, and neither they
+//     nor Close wait for it.
+//   - A Get that begins after Invalidate returned does not join a flight of
+//     its Cache that began before (that load may have read the data the
+//     invalidated write replaced): it starts a new flight. An invalidation
+//     through another instance shows as the fence refusing the flight's
+//     commit: the Gets that joined that flight then start over.
 //   - Across processes sharing a store, the flight takes the entry's lock
 //     (SET NX PX with a random owner token; released by compare-and-delete)
 //     together with a fence, a number that only grows (INCR, at least the

@@ -10,8 +10,118 @@ import (
 	"time"
 )
 
-// This file is a flight's work: find or load a value under the store's
-// lock, wait for another loader, refresh early.
+// This file is a flight's work: start or join one, find or load a value
+// under the store's lock, wait for another loader, refresh early.
+
+// join runs or joins the in-process flight of key. storeErr, from the
+// caller's read, makes a new flight load without the store.
+//
+// A flight started before an invalidation of this Cache is not joined: its
+// load may have read the data the invalidated write replaced, and a caller
+// that begins after Invalidate returned must see that write. The caller
+// starts a new flight instead (it waits for the old one's lock, whose
+// value the bumped fence keeps out of the store, then loads), which later
+// callers join; the old flight still answers the callers that joined it
+// before. The counter is one for all keys: an invalidation of other tags
+// only costs the next caller of a key in flight a lock round trip (it then
+// gets the old flight's stored value), where a count per tag would take a
+// map that client-chosen tags could grow without bound.
+//
+// An invalidation through another Cache sharing the store is not counted
+// here; it shows as the fence refusing the flight's commit. The callers
+// that joined that flight then start over (up to maxRejoin times), as any
+// of them may have begun after that invalidation returned. The flight's
+// own caller keeps its value: it began before the lock was taken, so
+// before the fence was bumped.
+func (c *Cache) join(ctx context.Context, key Key, load Loader, pol Policy, storeErr error) (Entry, Source, error) {
+	for rejoined := 0; ; rejoined++ {
+		f, follower, err := c.board(ctx, key, load, pol, storeErr)
+		if err != nil {
+			return Entry{}, 0, err
+		}
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return Entry{}, 0, ctx.Err()
+		}
+		if follower && f.fenced && f.err == nil && rejoined < maxRejoin {
+			storeErr = nil
+			continue
+		}
+		return c.served(f, follower)
+	}
+}
+
+// maxRejoin bounds how often one Get starts over because the flight it
+// joined was refused by the fence (see join): each time takes an
+// invalidation or a newer load during a load, so this only ends a run of
+// them; the last flight's value is served.
+const maxRejoin = 2
+
+// board returns the flight of key to wait for, starting one unless a
+// flight started since the last invalidation of this Cache is running
+// (follower set then).
+func (c *Cache) board(ctx context.Context, key Key, load Loader, pol Policy, storeErr error) (f *flight, follower bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, false, ErrClosed
+	}
+	gen := c.invalidations.Load()
+	if f, follower = c.flights[key.entry]; follower && f.gen == gen {
+		return f, true, nil
+	}
+	f = &flight{done: make(chan struct{}), gen: gen}
+	c.flights[key.entry] = f
+	c.wg.Add(1)
+	go c.fly(context.WithoutCancel(ctx), key, load, pol, f, storeErr)
+	return f, false, nil
+}
+
+// served returns the outcome of the ended flight f to one of its callers
+// (follower: one that did not start it), counting it.
+func (c *Cache) served(f *flight, follower bool) (Entry, Source, error) {
+	if f.err != nil {
+		return Entry{}, 0, f.err
+	}
+	src := f.src
+	if follower && src == Miss {
+		src = Coalesced
+	}
+	if f.entry.StoreErr != nil {
+		c.stats.degraded.Add(1)
+	}
+	switch src {
+	case Miss:
+		c.stats.misses.Add(1)
+	case Stale:
+		c.stats.stale.Add(1)
+	default:
+		c.stats.coalesced.Add(1)
+	}
+	return f.entry, src, nil
+}
+
+func (c *Cache) fly(ctx context.Context, key Key, load Loader, pol Policy, f *flight, storeErr error) {
+	defer c.wg.Done()
+	defer func() {
+		c.mu.Lock()
+		// A newer flight of the key (started after an invalidation) may
+		// have replaced f: it stays for its own callers.
+		if c.flights[key.entry] == f {
+			delete(c.flights, key.entry)
+		}
+		c.mu.Unlock()
+		close(f.done)
+	}()
+	if storeErr != nil {
+		// The store just failed this key's read: asking it for the lock
+		// would most likely cost another timeout.
+		f.entry, f.src, f.err = c.loadDegraded(ctx, load, storeErr)
+		return
+	}
+	f.entry, f.src, f.fenced, f.err = c.resolve(ctx, key, load, pol)
+}
 
 // maxResubscribe bounds how often one wait re-subscribes after the store
 // dropped its subscription, before falling back to polling.
@@ -20,8 +130,9 @@ const maxResubscribe = 3
 // resolve finds or loads the value of key for one flight: it takes the
 // lock and loads, or waits for the lock holder's value (woken by the
 // store), and when waiting times out serves the stale copy or loads
-// without storing.
-func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy) (Entry, Source, error) {
+// without storing. fenced reports a load whose commit the fence refused
+// (see loadLocked).
+func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy) (_ Entry, _ Source, fenced bool, _ error) {
 	deadline := time.Now().Add(c.wait)
 	var sub subscription
 	defer func() {
@@ -45,9 +156,10 @@ func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy) (
 		switch {
 		case res.err != nil:
 			c.storeError("lock", res.err)
-			return c.loadDegraded(ctx, load, res.err)
+			e, src, err := c.loadDegraded(ctx, load, res.err)
+			return e, src, false, err
 		case res.status == statusFresh:
-			return res.rec.entry(), Coalesced, nil
+			return res.rec.entry(), Coalesced, false, nil
 		case res.status == statusLocked:
 			return c.loadLocked(ctx, key, load, pol, res.fence, token, false)
 		}
@@ -77,15 +189,19 @@ func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy) (
 		c.pause(sub, res.wait, left, down)
 	}
 	rec, ok, err := c.read(ctx, key.entry)
+	var e Entry
+	var src Source
 	switch {
 	case err != nil:
-		return c.loadDegraded(ctx, load, err)
+		e, src, err = c.loadDegraded(ctx, load, err)
 	case !ok:
-		return c.loadUncached(ctx, load)
+		e, src, err = c.loadUncached(ctx, load)
 	case rec.fresh() > 0:
-		return rec.entry(), Coalesced, nil
+		e, src = rec.entry(), Coalesced
+	default:
+		e, src = rec.entry(), Stale
 	}
-	return rec.entry(), Stale, nil
+	return e, src, false, err
 }
 
 // pause waits, at most left, for a wake-up of sub, the end of the lock
@@ -132,49 +248,92 @@ func (c *Cache) acquireReq(key Key, pol Policy, mode acquireMode, seen uint64, t
 	}
 }
 
+// loadGrace is how long a load is waited for after its context ended
+// (LoadTimeout): room for a Loader that honours its context to notice and
+// return, before it is taken for one that ignores it and abandoned.
+const loadGrace = 100 * time.Millisecond
+
+// loaded is what one Loader call returned, and how long it took.
+type loaded struct {
+	v     []byte
+	neg   bool
+	delta time.Duration
+	err   error
+}
+
 // call runs load under the load timeout, turning a panic into
 // ErrLoaderPanic, and measures it.
+//
+// The Loader runs on a goroutine of its own, so that one ignoring its
+// context cannot hold up what waits for it: every caller of the flight,
+// the entry's lock, and Close. Once its context has ended (LoadTimeout, or
+// Warm's ctx) and loadGrace has passed without it returning, call returns
+// ErrLoaderAbandoned (wrapping the context's error) and leaves the Loader
+// to end on its own: nothing waits for it any more, Close included, and
+// its result is dropped.
 func (c *Cache) call(ctx context.Context, load Loader) (v []byte, neg bool, delta time.Duration, err error) {
 	c.stats.loads.Add(1)
 	ctx, cancel := context.WithTimeout(ctx, c.loadTimeout)
 	defer cancel()
 	start := time.Now()
-	defer func() {
-		delta = time.Since(start)
-		if r := recover(); r != nil {
-			c.log.Error("cache: loader panicked", "panic", r, "stack", string(debug.Stack()))
-			v, neg, err = nil, false, fmt.Errorf("%w: %v", ErrLoaderPanic, r)
-		}
+	// Buffered: an abandoned Loader's goroutine still ends when it returns.
+	out := make(chan loaded, 1)
+	go func() {
+		var l loaded
+		defer func() {
+			l.delta = time.Since(start)
+			if r := recover(); r != nil {
+				c.log.Error("cache: loader panicked", "panic", r, "stack", string(debug.Stack()))
+				l.v, l.neg, l.err = nil, false, fmt.Errorf("%w: %v", ErrLoaderPanic, r)
+			}
+			out <- l
+		}()
+		l.v, l.neg, l.err = load(ctx)
 	}()
-	v, neg, err = load(ctx)
-	return v, neg, 0, err
+	var l loaded
+	select {
+	case l = <-out:
+		return l.v, l.neg, l.delta, l.err
+	case <-ctx.Done():
+	}
+	grace := time.NewTimer(loadGrace)
+	defer grace.Stop()
+	select {
+	case l = <-out:
+		return l.v, l.neg, l.delta, l.err
+	case <-grace.C:
+	}
+	c.log.Warn("cache: loader ignored the end of its context; abandoned", "after", time.Since(start).Round(time.Millisecond))
+	return nil, false, time.Since(start), fmt.Errorf("%w %v after its context ended: %w", ErrLoaderAbandoned, loadGrace, ctx.Err())
 }
 
 // loadLocked loads under the lock (fence) and stores the result if it is
 // cacheable and the fence is still current. An early refresh (refresh set)
 // does not store a negative result: the positive value it would replace is
-// still fresh.
-func (c *Cache) loadLocked(ctx context.Context, key Key, load Loader, pol Policy, fence uint64, token string, refresh bool) (Entry, Source, error) {
+// still fresh. fenced reports that the commit was refused by the fence: an
+// invalidation (possibly through another instance) or a newer load came
+// during the load, whose value may be older than what they saw.
+func (c *Cache) loadLocked(ctx context.Context, key Key, load Loader, pol Policy, fence uint64, token string, refresh bool) (_ Entry, _ Source, fenced bool, _ error) {
 	v, neg, delta, err := c.call(ctx, load)
 	if err != nil || (neg && (pol.NegativeTTL == 0 || refresh)) {
 		c.release(ctx, []releaseReq{{entry: key.entry, token: token}})
 		if err != nil {
-			return Entry{}, 0, err
+			return Entry{}, 0, false, err
 		}
-		return Entry{Value: v, Negative: true}, Miss, nil
+		return Entry{Value: v, Negative: true}, Miss, false, nil
 	}
 	if delta > c.loadTimeout {
 		// A Loader that ignored its context: its entry could outlive its
 		// tag memberships (sized for LoadTimeout), so do not store it.
 		c.stats.uncached.Add(1)
 		c.release(ctx, []releaseReq{{entry: key.entry, token: token}})
-		return Entry{Value: v, Negative: neg}, Miss, nil
+		return Entry{Value: v, Negative: neg}, Miss, false, nil
 	}
 	rec := c.newRecord(v, neg, fence, delta, pol)
 	cctx, cancel := context.WithTimeout(ctx, c.timeout)
-	c.commit(cctx, []commitReq{{entry: key.entry, token: token, rec: rec}})
+	res := c.commit(cctx, []commitReq{{entry: key.entry, token: token, rec: rec}})
 	cancel()
-	return Entry{Value: v, Negative: neg, TTL: rec.fresh()}, Miss, nil
+	return Entry{Value: v, Negative: neg, TTL: rec.fresh()}, Miss, res[0].fenced, nil
 }
 
 // commit stores loaded records under their locks (ctx bounds the wait)
@@ -324,7 +483,7 @@ func (c *Cache) refresh(ctx context.Context, key Key, load Loader, pol Policy, s
 			return
 		}
 		c.stats.refreshes.Add(1)
-		if _, _, err := c.loadLocked(ctx, key, load, pol, res.fence, token, true); err != nil {
+		if _, _, _, err := c.loadLocked(ctx, key, load, pol, res.fence, token, true); err != nil {
 			c.log.Debug("cache: early refresh failed", "tool", key.tool, "err", err)
 		}
 	}()

@@ -463,9 +463,13 @@ func (s *MemoryStore) commit(_ context.Context, reqs []commitReq) []commitRes {
 		sh := s.shard(r.entry)
 		sh.mu.Lock()
 		sl := sh.m[r.entry]
+		// No slot: its fence ended (a slot a loader holds is not evicted).
+		out[i].fenced = sl == nil
 		if sl != nil {
 			if sl.fence == r.rec.fence && now.Before(sl.fenceUntil) {
 				out[i].stored = s.put(sh, r.entry, sl, &r.rec, now)
+			} else {
+				out[i].fenced = true
 			}
 			// Waiters wake whether or not the value was kept: without
 			// it they take the lock and load.

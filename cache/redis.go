@@ -324,7 +324,8 @@ func (r *RedisStore) commitNow(ctx context.Context, reqs []commitReq) []commitRe
 	out := make([]commitRes, len(reqs))
 	for i, res := range r.run(ctx, calls) {
 		n, err := res.AsInt64()
-		out[i] = commitRes{stored: err == nil && n == 1, err: err}
+		// The script refuses only on a fence that is no longer ours.
+		out[i] = commitRes{stored: err == nil && n == 1, fenced: err == nil && n == 0, err: err}
 	}
 	return out
 }

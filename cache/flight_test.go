@@ -1,0 +1,258 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// hang bounds the waits of these tests: long enough for -race on a loaded
+// 2-core machine, only there to turn a hang into a failure.
+const hang = 10 * time.Second
+
+// flightOf returns the flight of k that a Get would join now (nil: none).
+func flightOf(c *Cache, k Key) *flight {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.flights[k.entry]
+}
+
+// waitFor polls cond until it holds or hang passes, and reports which.
+func waitFor(cond func() bool) bool {
+	for deadline := time.Now().Add(hang); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return false
+}
+
+// received returns what ch delivers, failing the test if nothing comes
+// within hang.
+func received[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(hang):
+		t.Fatalf("%s: nothing after %v", what, hang)
+	}
+	var zero T
+	return zero
+}
+
+// A Get that begins after Invalidate returned must not be served by a load
+// that read the data before the invalidated write: it starts a new flight,
+// which later Gets join, while the old flight still answers its own
+// caller; the old flight ending must not unregister the new one.
+func TestGetAfterInvalidateDoesNotJoinEarlierFlight(t *testing.T) {
+	c := newCache(t, mustMemoryStore(t), nil)
+	k := mustKey(t, scope(t), "get_product", `{"id":1}`)
+	pol := Policy{TTL: time.Minute, Tags: []string{"product:1"}}
+	var db atomic.Value
+	db.Store("price=10")
+	// reads returns a loader that reads db, then waits for finish.
+	reads := func(started, finish chan struct{}) Loader {
+		return func(context.Context) ([]byte, bool, error) {
+			v := db.Load().(string)
+			close(started)
+			<-finish
+			return []byte(v), false, nil
+		}
+	}
+	started1, finish1, release1 := gate(t)
+	before := goGet(context.Background(), c, k, reads(started1, finish1), pol)
+	received(t, started1, "the first load")
+	old := flightOf(c, k)
+
+	// The write, then its invalidation, land while that load runs.
+	db.Store("price=20")
+	if _, err := c.Invalidate(context.Background(), scope(t), []string{"product:1"}); err != nil {
+		t.Fatal(err)
+	}
+	started2, finish2, release2 := gate(t)
+	after := goGet(context.Background(), c, k, reads(started2, finish2), pol)
+	if !waitFor(func() bool { return flightOf(c, k) != old }) {
+		release1()
+		t.Fatalf("the Get begun after the invalidation joined the flight begun before it (got %+v)", <-after)
+	}
+	fresh := flightOf(c, k)
+
+	release1()
+	if r := received(t, before, "the first Get"); r.err != nil || r.v != "price=10" || r.src != Miss {
+		t.Fatalf("first Get: %+v, want its own load's value", r)
+	}
+	// The new flight waited for the old one's lock; its load runs now.
+	received(t, started2, "the second load")
+	if f := flightOf(c, k); f != fresh {
+		t.Fatalf("the first flight's end unregistered the second (flights[key] = %p, want %p)", f, fresh)
+	}
+	var l loads
+	joiner := goGet(context.Background(), c, k, l.fixed("third", 0), pol)
+	release2()
+	if r := received(t, after, "the second Get"); r.err != nil || r.v != "price=20" || r.src != Miss {
+		t.Fatalf("Get after the invalidation: %+v, want price=20 (miss)", r)
+	}
+	if r := received(t, joiner, "the third Get"); r.err != nil || r.v != "price=20" || l.count() != 0 {
+		t.Fatalf("Get joining the second flight: %+v (%d loads), want price=20 without a load", r, l.count())
+	}
+	if v, src := get(t, c, k, l.fixed("fourth", 0), pol); v != "price=20" || src != Hit {
+		t.Fatalf("after both flights: %q %v, want the second load's stored value", v, src)
+	}
+	if f := flightOf(c, k); f != nil {
+		t.Fatalf("a flight is left registered: %+v", f)
+	}
+}
+
+// A Loader that ignores its context must not hold up the callers of its
+// flight, the entry's lock or Close past LoadTimeout and a short grace:
+// they get ErrLoaderAbandoned (a context.DeadlineExceeded), and the next
+// Get loads anew.
+func TestLoaderIgnoringContextIsAbandoned(t *testing.T) {
+	// A LockTTL far past the test's waits: the next Get can only load if
+	// the abandoned flight released the lock.
+	c := newCache(t, mustMemoryStore(t), &Options{LoadTimeout: 300 * time.Millisecond, LockTTL: time.Hour})
+	k := mustKey(t, scope(t), "t", `{}`)
+	block := make(chan struct{})
+	defer close(block) // the abandoned Loader ends with the test
+	started := make(chan struct{})
+	leader := goGet(context.Background(), c, k, func(context.Context) ([]byte, bool, error) {
+		close(started)
+		<-block // ignores its context
+		return []byte("v"), false, nil
+	}, minute)
+	received(t, started, "the load")
+	var l loads
+	follower := goGet(context.Background(), c, k, l.fixed("w", 0), minute)
+
+	r := received(t, leader, "the Get whose Loader ignores its context")
+	if !errors.Is(r.err, ErrLoaderAbandoned) || !errors.Is(r.err, context.DeadlineExceeded) {
+		t.Fatalf("leader: %+v, want ErrLoaderAbandoned wrapping context.DeadlineExceeded", r)
+	}
+	// The follower joined that flight (its error) or, on a slow machine,
+	// came after it had failed (its own load).
+	if r := received(t, follower, "a Get waiting for that load"); !errors.Is(r.err, context.DeadlineExceeded) && r.v != "w" {
+		t.Fatalf("follower: %+v", r)
+	}
+	if f := flightOf(c, k); f != nil {
+		t.Fatalf("the abandoned flight is still registered: %+v", f)
+	}
+	// Without the lock released, this Get would wait for it (LockTTL).
+	next := received(t, goGet(context.Background(), c, k, l.fixed("next", 0), minute), "the Get after the abandoned load")
+	if ok := next.err == nil && (next.v == "next" && next.src == Miss || next.v == "w" && next.src == Hit); !ok {
+		t.Fatalf("Get after the abandoned load: %+v, want a load under the released lock", next)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	received(t, closed, "Close with an abandoned Loader still running")
+}
+
+func mustMemoryStore(t testing.TB) *MemoryStore {
+	t.Helper()
+	s, err := NewMemoryStore(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// waitSpy is a context that tells (waiting) when Done is first asked for:
+// with a MemoryStore, Get asks only once it waits for a flight in join.
+type waitSpy struct {
+	context.Context
+	once    sync.Once
+	waiting chan struct{}
+}
+
+func newWaitSpy() *waitSpy {
+	return &waitSpy{Context: context.Background(), waiting: make(chan struct{})}
+}
+
+func (s *waitSpy) Done() <-chan struct{} {
+	s.once.Do(func() { close(s.waiting) })
+	return s.Context.Done()
+}
+
+// An invalidation through another instance (another Cache on the store)
+// does not count in this Cache's invalidations: a Get that joined this
+// instance's flight loading from before the write, and that may have
+// begun after the invalidation returned, must not get that flight's value
+// once the fence refused it. It loads anew.
+func TestGetAfterRemoteInvalidateIsNotServedTheFencedLoad(t *testing.T) {
+	store := mustMemoryStore(t)
+	a, b := newCache(t, store, nil), newCache(t, store, nil)
+	k := mustKey(t, scope(t), "get_product", `{"id":1}`)
+	pol := Policy{TTL: time.Minute, Tags: []string{"product:1"}}
+	var db atomic.Value
+	db.Store("price=10")
+	var l loads
+	load := func(started, finish chan struct{}) Loader {
+		return func(context.Context) ([]byte, bool, error) {
+			l.n.Add(1)
+			v := db.Load().(string)
+			if started != nil {
+				close(started)
+				<-finish
+			}
+			return []byte(v), false, nil
+		}
+	}
+	started, finish, release := gate(t)
+	before := goGet(context.Background(), a, k, load(started, finish), pol)
+	received(t, started, "the first load")
+
+	db.Store("price=20")
+	if _, err := b.Invalidate(context.Background(), scope(t), []string{"product:1"}); err != nil {
+		t.Fatal(err)
+	}
+	spy := newWaitSpy()
+	after := goGet(spy, a, k, load(nil, nil), pol)
+	received(t, spy.waiting, "the second Get waiting")
+	release()
+	if r := received(t, before, "the first Get"); r.err != nil || r.v != "price=10" || r.src != Miss {
+		t.Fatalf("first Get: %+v, want its own load's value", r)
+	}
+	if r := received(t, after, "the second Get"); r.err != nil || r.v != "price=20" {
+		t.Fatalf("Get after another instance's invalidation: %+v, want price=20", r)
+	}
+	if v, src := get(t, b, k, load(nil, nil), pol); v != "price=20" || src != Hit {
+		t.Fatalf("other instance: %q %v, want the new load's stored value", v, src)
+	}
+	if n := l.count(); n != 2 {
+		t.Fatalf("%d loads, want 2", n)
+	}
+}
+
+// testCommitFenced checks what join's rejoin relies on: every store tells
+// a commit refused by the fence (after an invalidation) from one stored.
+func testCommitFenced(t *testing.T, e storeEnv) {
+	s := e.store(t)
+	c := newCache(t, s, nil)
+	k := mustKey(t, scope(t), "search", `{"id":3}`)
+	pol := Policy{TTL: time.Minute, Tags: []string{"product:3"}}
+	ctx := context.Background()
+	lockAndCommit := func(invalidate bool) commitRes {
+		t.Helper()
+		token := c.token()
+		acq := s.acquire(ctx, []acquireReq{c.acquireReq(k, pol, modeMiss, 0, token)})[0]
+		if acq.err != nil || acq.status != statusLocked {
+			t.Fatalf("acquire: %+v, want the lock", acq)
+		}
+		if invalidate {
+			if _, err := c.Invalidate(ctx, scope(t), pol.Tags); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rec := c.newRecord([]byte("v"), false, acq.fence, time.Millisecond, pol)
+		return c.commit(ctx, []commitReq{{entry: k.entry, token: token, rec: rec}})[0]
+	}
+	if r := lockAndCommit(true); r.err != nil || r.stored || !r.fenced {
+		t.Fatalf("commit after an invalidation: %+v, want refused by the fence", r)
+	}
+	if r := lockAndCommit(false); r.err != nil || !r.stored || r.fenced {
+		t.Fatalf("commit under a current fence: %+v, want stored", r)
+	}
+}
