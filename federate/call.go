@@ -20,7 +20,9 @@ type call struct {
 	ss    *mcp.ServerSession
 	cs    *mcp.ClientSession
 	probe bool
-	idle  *idleTimer
+	// caller is the key of the call's 429 back-off (see callerKey).
+	caller string
+	idle   *idleTimer
 	// parent is the client's request context. The call's notifications
 	// arrive on other goroutines (the upstream session's handlers) and
 	// must be sent on the client's request stream, which the go-sdk picks
@@ -40,12 +42,13 @@ var errClosing = errors.New("federate: closing")
 // recorder: send the request with it, and give it to end). A call that is
 // not sent gets a refusal.
 func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool, timeout time.Duration) (context.Context, *call, *refusal) {
-	probe, r := up.admit(time.Now())
+	caller := up.callerOf(ctx)
+	probe, r := up.admit(time.Now(), caller)
 	if r != nil {
 		f.outcome(up, OutcomeRefused)
 		return nil, nil, r
 	}
-	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx}
+	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx, caller: caller}
 	cctx, idle := withIdle(context.WithValue(ctx, statusKey{}, &c.status), timeout)
 	c.idle = idle
 	// Close ends the calls in flight (a call reporting progress would
@@ -63,7 +66,7 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 		up.report(probe, failed)
 		f.outcome(up, OutcomeRefused)
 		f.log.Warn("federate: cannot open an upstream session", "upstream", up.cfg.Name, "err", err)
-		return nil, nil, up.failure(fmt.Sprintf("it cannot be reached: %v", err))
+		return nil, nil, up.failure(caller, fmt.Sprintf("it cannot be reached: %v", err))
 	}
 	c.cs = cs
 	f.inflight.add(c)
@@ -136,7 +139,7 @@ func (c *call) verdict(ctx context.Context, err error) verdict {
 	case status == http.StatusTooManyRequests:
 		// The SDK keeps the session (a transient status): so do we.
 		c.up.report(c.probe, answered)
-		return verdict{refusal: c.up.failure("it answered 429"), outcome: OutcomeRefused}
+		return verdict{refusal: c.up.failure(c.caller, "it answered 429"), outcome: OutcomeRefused}
 	case status >= 400 && status < 500:
 		// It answered: this request is refused, the upstream works (one
 		// client's bad request must not open the breaker for all). The SDK
@@ -151,7 +154,7 @@ func (c *call) verdict(ctx context.Context, err error) verdict {
 		// connection): not served, so a refusal, as when the breaker is open.
 		c.up.report(c.probe, failed)
 		c.up.drop(c.cs)
-		return verdict{refusal: c.up.failure(fmt.Sprintf("it cannot be reached: %v", err)), outcome: OutcomeRefused}
+		return verdict{refusal: c.up.failure(c.caller, fmt.Sprintf("it cannot be reached: %v", err)), outcome: OutcomeRefused}
 	}
 	c.up.report(c.probe, failed)
 	if status < 500 { // a 5xx leaves the session alive in the SDK
@@ -178,13 +181,14 @@ func transportCode(code int64) bool {
 	return false
 }
 
-// failure is the refusal a call that was not served gets: a 429 seen on
-// the way names its retry time.
-func (up *upstream) failure(reason string) *refusal {
+// failure is the refusal a call of the caller key (see callerKey) that
+// was not served gets: a 429 seen on the way, for the whole upstream or
+// for that caller, names its retry time.
+func (up *upstream) failure(caller, reason string) *refusal {
 	up.mu.Lock()
 	defer up.mu.Unlock()
-	if time.Now().Before(up.limited) {
-		return &refusal{reason: "it answered 429 Too Many Requests", retry: up.limited}
+	if until := up.limitedUntilLocked(caller, time.Now()); !until.IsZero() {
+		return &refusal{reason: reason429, retry: until}
 	}
 	return &refusal{reason: reason}
 }

@@ -89,6 +89,23 @@ func (c *catalog) toolCount(up *upstream) int {
 	return 0
 }
 
+// Bounds of one listing of an upstream, per list method (tools/list,
+// prompts/list, resources/list, resources/templates/list), whose pages are
+// followed until the last: an upstream answering endless pages, or endless
+// entries, would otherwise have the Federator hold and register without
+// bound what it lists, again at each list_changed. A listing past either
+// bound is a failed listing: at start-up New fails with ErrStart naming the
+// upstream; later the error is logged and the upstream's previous listing
+// stays exposed.
+const (
+	MaxListPages   = 1000   // pages of one list method
+	MaxListEntries = 10_000 // tools, prompts, resources or resource templates
+)
+
+// errListBound is the cause of a listing past MaxListPages or
+// MaxListEntries.
+var errListBound = errors.New("past the federation's bounds")
+
 // list reads everything up exposes through its shared session.
 func list(ctx context.Context, up *upstream) (*listing, error) {
 	cs, err := up.sharedSession(ctx)
@@ -101,36 +118,73 @@ func list(ctx context.Context, up *upstream) (*listing, error) {
 		return l, nil
 	}
 	if caps.Tools != nil {
-		for t, err := range cs.Tools(ctx, nil) {
+		if l.tools, err = listAll(ctx, "tools/list", func(ctx context.Context, cursor string) ([]*mcp.Tool, string, error) {
+			res, err := cs.ListTools(ctx, &mcp.ListToolsParams{Cursor: cursor})
 			if err != nil {
-				return nil, fmt.Errorf("tools/list: %w", err)
+				return nil, "", err
 			}
-			l.tools = append(l.tools, t)
+			return res.Tools, res.NextCursor, nil
+		}); err != nil {
+			return nil, err
 		}
 	}
 	if caps.Prompts != nil {
-		for p, err := range cs.Prompts(ctx, nil) {
+		if l.prompts, err = listAll(ctx, "prompts/list", func(ctx context.Context, cursor string) ([]*mcp.Prompt, string, error) {
+			res, err := cs.ListPrompts(ctx, &mcp.ListPromptsParams{Cursor: cursor})
 			if err != nil {
-				return nil, fmt.Errorf("prompts/list: %w", err)
+				return nil, "", err
 			}
-			l.prompts = append(l.prompts, p)
+			return res.Prompts, res.NextCursor, nil
+		}); err != nil {
+			return nil, err
 		}
 	}
 	if caps.Resources != nil {
-		for r, err := range cs.Resources(ctx, nil) {
+		if l.resources, err = listAll(ctx, "resources/list", func(ctx context.Context, cursor string) ([]*mcp.Resource, string, error) {
+			res, err := cs.ListResources(ctx, &mcp.ListResourcesParams{Cursor: cursor})
 			if err != nil {
-				return nil, fmt.Errorf("resources/list: %w", err)
+				return nil, "", err
 			}
-			l.resources = append(l.resources, r)
+			return res.Resources, res.NextCursor, nil
+		}); err != nil {
+			return nil, err
 		}
-		for t, err := range cs.ResourceTemplates(ctx, nil) {
+		if l.templates, err = listAll(ctx, "resources/templates/list", func(ctx context.Context, cursor string) ([]*mcp.ResourceTemplate, string, error) {
+			res, err := cs.ListResourceTemplates(ctx, &mcp.ListResourceTemplatesParams{Cursor: cursor})
 			if err != nil {
-				return nil, fmt.Errorf("resources/templates/list: %w", err)
+				return nil, "", err
 			}
-			l.templates = append(l.templates, t)
+			return res.ResourceTemplates, res.NextCursor, nil
+		}); err != nil {
+			return nil, err
 		}
 	}
 	return l, nil
+}
+
+// listAll follows the pages of one list method (page answers the entries
+// and the next cursor, "" after the last) within MaxListPages and
+// MaxListEntries.
+func listAll[T any](ctx context.Context, method string, page func(ctx context.Context, cursor string) ([]T, string, error)) ([]T, error) {
+	var all []T
+	cursor := ""
+	for pages := 1; ; pages++ {
+		items, next, err := page(ctx, cursor)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", method, err)
+		}
+		if len(all)+len(items) > MaxListEntries {
+			return nil, fmt.Errorf("%s: %w: more than %d entries", method, errListBound, MaxListEntries)
+		}
+		all = append(all, items...)
+		if next == "" {
+			return all, nil
+		}
+		if pages >= MaxListPages {
+			return nil, fmt.Errorf("%s: %w: more than %d pages", method, errListBound, MaxListPages)
+		}
+		cursor = next
+	}
 }
 
 // buildCatalog lists every upstream and merges the listings; a name
@@ -361,7 +415,14 @@ func (f *Federator) refreshOnce(up *upstream) {
 	ctx, cancel := context.WithTimeout(f.ctx, f.opts.StartTimeout)
 	defer cancel()
 	l, err := list(ctx, up)
-	if err != nil {
+	switch {
+	case err == nil:
+	case errors.Is(err, errListBound):
+		// Not a passing failure: the upstream (or what it lists) is at
+		// fault, and it is kept as it was listed before.
+		f.log.Error("federate: an upstream's listing is too large: its previous one stays", "upstream", up.cfg.Name, "err", err)
+		return
+	default:
 		if f.ctx.Err() == nil {
 			f.log.Warn("federate: cannot list an upstream again", "upstream", up.cfg.Name, "err", err)
 		}

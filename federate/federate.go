@@ -28,8 +28,11 @@
 // failures or timeouts open it; its tools then fail at once with a tool
 // error naming the upstream (the other upstreams are untouched); after the
 // cooldown one probe call is let through. An upstream that answers HTTP 429
-// with Retry-After is not called again before that time, and callers are told
-// when to retry.
+// with Retry-After is not called again before that time by the caller it
+// answered — the tenant and subject forwarded with the request (see
+// ForwardHeaders), which the upstream may limit on — or, for a request
+// that carried no identity, by anyone; callers refused are told when to
+// retry.
 package federate
 
 import (
@@ -144,6 +147,13 @@ type Options struct {
 	// SessionTimeout ends a client session idle this long (with its
 	// upstream sessions). Zero means DefaultSessionTimeout.
 	SessionTimeout time.Duration
+	// MaxRequestBytes bounds the body of a request the Handler reads: a
+	// larger one is refused with 413. Zero means no bound of the
+	// Federator's own: the gateway serves the Handler behind its own,
+	// upstream.max_body_bytes, which changes live, and reads each body
+	// whole before passing it on; a fixed second bound here (the SDK's
+	// default is 4 MiB) would refuse requests the gateway accepted.
+	MaxRequestBytes int64
 	// OnCall, when set, is told how each request sent (or refused) to an
 	// upstream ended: one of the Outcome values. It must not block.
 	OnCall func(upstream string, outcome Outcome)
@@ -179,8 +189,8 @@ func (o *Options) validate() error {
 		}
 		seen[u.Name] = true
 	}
-	if o.Failures < 0 || o.Cooldown < 0 || o.StartTimeout < 0 {
-		return fmt.Errorf("%w: negative Failures, Cooldown or StartTimeout", ErrConfig)
+	if o.Failures < 0 || o.Cooldown < 0 || o.StartTimeout < 0 || o.MaxRequestBytes < 0 {
+		return fmt.Errorf("%w: negative Failures, Cooldown, StartTimeout or MaxRequestBytes", ErrConfig)
 	}
 	return nil
 }
@@ -257,7 +267,7 @@ func New(ctx context.Context, opts Options) (*Federator, error) {
 // tick moves the states that change with time alone (an open breaker's
 // cooldown ending, a 429's Retry-After passing) every second, so that
 // Options.OnState (the gateway's metrics) sees them without waiting for a
-// call.
+// call, and forgets the callers' 429 back-offs that are over.
 func (f *Federator) tick() {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -267,8 +277,10 @@ func (f *Federator) tick() {
 			return
 		case <-t.C:
 		}
+		now := time.Now()
 		for _, up := range f.ups {
 			up.mu.Lock()
+			up.pruneLimitedLocked(now) // entries end at their retry time
 			up.setStateLocked()
 			up.mu.Unlock()
 		}
@@ -344,10 +356,14 @@ func (f *Federator) connectAll(ctx context.Context) error {
 func (f *Federator) Handler() http.Handler { return f.handler }
 
 func (f *Federator) newHandler() http.Handler {
+	maxBody := f.opts.MaxRequestBytes
+	if maxBody == 0 {
+		maxBody = -1 // the SDK's "none" (see Options.MaxRequestBytes)
+	}
 	stateful := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return f.stateful },
-		&mcp.StreamableHTTPOptions{Logger: f.sdkLogger(), SessionTimeout: f.opts.SessionTimeout})
+		&mcp.StreamableHTTPOptions{Logger: f.sdkLogger(), SessionTimeout: f.opts.SessionTimeout, MaxRequestBodyBytes: maxBody})
 	stateless := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return f.stateless },
-		&mcp.StreamableHTTPOptions{Stateless: true, Logger: f.sdkLogger(), PropagateRequestCancellation: true})
+		&mcp.StreamableHTTPOptions{Stateless: true, Logger: f.sdkLogger(), PropagateRequestCancellation: true, MaxRequestBodyBytes: maxBody})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get(gwmcp.HeaderSessionID) == "" && r.Method == http.MethodPost && !isInitialize(r) {
 			// A 2026-07-28 client has no session, nor has an older client
@@ -361,8 +377,10 @@ func (f *Federator) newHandler() http.Handler {
 }
 
 // isInitialize reports whether r's body is an initialize request, leaving
-// the body readable again. A body that cannot be read is not one (the
-// stateless handler then answers the error).
+// the body readable again, whole. It reads at most initializePeek bytes: a
+// longer body is not an initialize (none is that large) and goes on with
+// the rest of it unread. A body that cannot be read is not one (the
+// stateless handler then reads the same error and answers it).
 //
 // A request of MCP 2026-07-28 or later names its method in Mcp-Method,
 // which both SDK handlers check against the body (a mismatch is refused
@@ -374,10 +392,15 @@ func isInitialize(r *http.Request) bool {
 			return m == "initialize"
 		}
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 16<<20))
-	r.Body.Close()
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	if err != nil || !bytes.Contains(body, []byte("initialize")) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, initializePeek))
+	// What was read, then what was not: a body past the peek (the gateway
+	// may accept larger ones, see Options.MaxRequestBytes) or a read error
+	// reaches the handler as it came. The server closes the original.
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
+	if err != nil || int64(len(body)) == initializePeek || !bytes.Contains(body, []byte("initialize")) {
 		return false
 	}
 	var m struct {
@@ -385,6 +408,9 @@ func isInitialize(r *http.Request) bool {
 	}
 	return json.Unmarshal(body, &m) == nil && m.Method == "initialize"
 }
+
+// initializePeek is the most of a request's body isInitialize reads.
+const initializePeek = 16 << 20
 
 // headerMethodVersion is the first protocol version whose requests carry
 // Mcp-Method (checked by the SDK).

@@ -296,7 +296,13 @@ func serveRaw() {
 // otherwise), and returns its URL.
 func serveSDK(t *testing.T, srv *mcp.Server) string {
 	t.Helper()
-	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	return serveSDKWith(t, srv, nil)
+}
+
+// serveSDKWith is serveSDK with the handler's options.
+func serveSDKWith(t *testing.T, srv *mcp.Server, opts *mcp.StreamableHTTPOptions) string {
+	t.Helper()
+	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, opts))
 	t.Cleanup(func() {
 		ts.CloseClientConnections()
 		ts.Close()

@@ -29,9 +29,13 @@ type upstream struct {
 	failures int       // consecutive
 	openTill time.Time // breaker open until then (failures >= threshold)
 	probing  bool      // a half-open probe is in flight
-	limited  time.Time // 429 Retry-After: no call before then
-	restarts int
-	state    State
+	limited  time.Time // 429 Retry-After of a request without a caller's identity: no call before then
+	// limitedBy is the 429 back-off of each caller (see callerKey) the
+	// upstream answered 429: none of that caller's calls before then. At
+	// most MaxLimitedCallers entries; expired ones are dropped by tick.
+	limitedBy map[string]time.Time
+	restarts  int
+	state     State
 
 	refreshMu    sync.Mutex  // one refresh at a time
 	refreshAgain atomic.Bool // a refresh was asked for since the running one listed
@@ -71,7 +75,7 @@ func (t *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return resp, err
 	}
 	if resp.StatusCode == http.StatusTooManyRequests {
-		t.up.rateLimited(retryAfter(resp.Header.Get("Retry-After"), time.Now()))
+		t.up.rateLimited(t.up.callerKey(fwd), retryAfter(resp.Header.Get("Retry-After"), time.Now()))
 	}
 	if st, ok := r.Context().Value(statusKey{}).(*atomic.Int32); ok && r.Method == http.MethodPost {
 		st.Store(int32(resp.StatusCode))
@@ -131,13 +135,117 @@ func retryAfter(v string, now time.Time) time.Time {
 	return now.Add(time.Second)
 }
 
-func (up *upstream) rateLimited(until time.Time) {
-	up.mu.Lock()
-	if until.After(up.limited) {
-		up.limited = until
+// identityHeaders are the ForwardHeaders that say who the caller is: an
+// upstream may limit each caller separately by them.
+var identityHeaders = []string{gwmcp.HeaderTenant, gwmcp.HeaderSubject}
+
+// callerKey is the key of the 429 back-off of a request carrying fwd (its
+// ForwardHeaders): the tenant and subject the upstream receives with it
+// (Upstream.Headers may set them too), so that an upstream limiting each
+// tenant on its own keeps one tenant's back-off from refusing the
+// others'. "" when the request carries no identity (no identity headers
+// forwarded, the session's own requests): the upstream cannot have
+// limited a caller, so the back-off is the whole upstream's.
+func (up *upstream) callerKey(fwd http.Header) string {
+	var ids [2][]string
+	for i, k := range identityHeaders {
+		ids[i] = fwd.Values(k)
+		for hk, hv := range up.cfg.Headers { // set over the forwarded ones (see headerTransport)
+			if http.CanonicalHeaderKey(hk) == k {
+				ids[i] = []string{hv}
+			}
+		}
 	}
-	up.setStateLocked()
-	up.mu.Unlock()
+	if len(ids[0]) == 0 && len(ids[1]) == 0 {
+		return ""
+	}
+	// Control characters cannot be in a header value: the key is
+	// unambiguous.
+	return strings.Join(ids[0], "\x00") + "\x01" + strings.Join(ids[1], "\x00")
+}
+
+// callerOf is the callerKey of the calls made with ctx (see withForwarded).
+func (up *upstream) callerOf(ctx context.Context) string {
+	fwd, _ := ctx.Value(forwardKey{}).(http.Header)
+	return up.callerKey(fwd)
+}
+
+// MaxLimitedCallers bounds the callers of one upstream whose 429 back-off
+// is remembered (see the package doc): identities are the clients'
+// and unbounded in number. Past it the back-off that ends first is
+// forgotten (that caller's next call reaches the upstream, which answers
+// 429 again if it still limits it).
+const MaxLimitedCallers = 10_000
+
+// rateLimited notes a 429 answered to the caller key (see callerKey; ""
+// the whole upstream): no call of that caller before until.
+func (up *upstream) rateLimited(key string, until time.Time) {
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if key == "" {
+		if until.After(up.limited) {
+			up.limited = until
+		}
+		up.setStateLocked()
+		return
+	}
+	prev, ok := up.limitedBy[key]
+	switch {
+	case ok && !until.After(prev):
+		return
+	case up.limitedBy == nil:
+		up.limitedBy = map[string]time.Time{}
+	case !ok && len(up.limitedBy) >= MaxLimitedCallers:
+		now := time.Now()
+		up.pruneLimitedLocked(now)
+		if len(up.limitedBy) >= MaxLimitedCallers {
+			up.forgetFirstLimitedLocked()
+		}
+	}
+	up.limitedBy[key] = until
+}
+
+// pruneLimitedLocked drops the callers' back-offs that are over. up.mu is
+// held.
+func (up *upstream) pruneLimitedLocked(now time.Time) {
+	for k, t := range up.limitedBy {
+		if !now.Before(t) {
+			delete(up.limitedBy, k)
+		}
+	}
+}
+
+// forgetFirstLimitedLocked drops the caller's back-off that ends first: it
+// holds back the fewest calls. up.mu is held.
+func (up *upstream) forgetFirstLimitedLocked() {
+	var first string
+	var at time.Time
+	for k, t := range up.limitedBy {
+		if at.IsZero() || t.Before(at) {
+			first, at = k, t
+		}
+	}
+	delete(up.limitedBy, first)
+}
+
+// limitedUntilLocked is when the calls of the caller key may go to the
+// upstream again after a 429 (the whole upstream's back-off or the
+// caller's own, the later), or zero when they may now. up.mu is held.
+func (up *upstream) limitedUntilLocked(key string, now time.Time) time.Time {
+	until := up.limited
+	if key != "" {
+		if t, ok := up.limitedBy[key]; ok {
+			if !now.Before(t) {
+				delete(up.limitedBy, key)
+			} else if t.After(until) {
+				until = t
+			}
+		}
+	}
+	if !now.Before(until) {
+		return time.Time{}
+	}
+	return until
 }
 
 // refusal is why a call is not sent to the upstream.
@@ -146,16 +254,17 @@ type refusal struct {
 	retry  time.Time // zero: unknown
 }
 
-// admit reports whether a call may go to the upstream now, and whether it
-// is the half-open probe.
-func (up *upstream) admit(now time.Time) (probe bool, r *refusal) {
+// admit reports whether a call of the caller key (see callerKey) may go
+// to the upstream now, and whether it is the half-open probe.
+func (up *upstream) admit(now time.Time, caller string) (probe bool, r *refusal) {
 	up.mu.Lock()
 	defer up.mu.Unlock()
+	limited := up.limitedUntilLocked(caller, now)
 	switch {
 	case up.down:
 		return false, &refusal{reason: reasonDown}
-	case now.Before(up.limited):
-		return false, &refusal{reason: "it answered 429 Too Many Requests", retry: up.limited}
+	case !limited.IsZero():
+		return false, &refusal{reason: reason429, retry: limited}
 	case up.failures < up.f.opts.Failures:
 		return false, nil
 	case now.Before(up.openTill):
@@ -167,6 +276,9 @@ func (up *upstream) admit(now time.Time) (probe bool, r *refusal) {
 	up.setStateLocked()
 	return true, nil
 }
+
+// reason429 is the refusal of a call within a 429's Retry-After.
+const reason429 = "it answered 429 Too Many Requests"
 
 // reasonDown is the refusal of a call to a stdio upstream whose process
 // is not running.
