@@ -78,16 +78,24 @@ func (f *Federator) passSetLevel(next mcp.MethodHandler) mcp.MethodHandler {
 	}
 }
 
+// MetaRefusal is the _meta member, true, of a tools/call result the
+// federation answered itself because the upstream could not answer (not
+// reached, its 429 not yet over, its breaker open, no answer). Such a
+// result says nothing of the tool: a cache must not store it, even as a
+// negative result.
+const MetaRefusal = "io.mcpgate/refusal"
+
 // result renders a refusal as the tool error a client and a model can act
 // on: its text names the upstream and the retry time; structuredContent
-// carries the same.
+// carries the same; _meta marks it (MetaRefusal).
 func (r *refusal) result(up string) *mcp.CallToolResult {
 	text, secs := r.text(up)
 	data := map[string]any{"error": "upstream_unavailable", "upstream": up, "reason": r.reason}
 	if secs > 0 {
 		data["retryAfterSeconds"] = secs
 	}
-	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}, StructuredContent: data}
+	return &mcp.CallToolResult{Meta: mcp.Meta{MetaRefusal: true}, IsError: true,
+		Content: []mcp.Content{&mcp.TextContent{Text: text}}, StructuredContent: data}
 }
 
 // rpcError renders a refusal of a request other than tools/call.

@@ -39,13 +39,18 @@ func (u *uncacheable) Error() string {
 }
 
 // finalResult reports whether a tools/call result is the call's answer:
-// "resultType" absent or "complete". Anything else ("input_required")
-// belongs to the caller it was sent to and to that moment.
+// "resultType" absent or "complete", and not the federation's refusal
+// (federate.MetaRefusal: the upstream could not answer). Anything else
+// ("input_required") belongs to the caller it was sent to and to that
+// moment.
 func finalResult(result json.RawMessage) bool {
 	var r struct {
 		ResultType string `json:"resultType"`
+		Meta       struct {
+			Refusal bool `json:"io.mcpgate/refusal"`
+		} `json:"_meta"`
 	}
-	return json.Unmarshal(result, &r) == nil && (r.ResultType == "" || r.ResultType == "complete")
+	return json.Unmarshal(result, &r) == nil && (r.ResultType == "" || r.ResultType == "complete") && !r.Meta.Refusal
 }
 
 // keyedParams are the members of tools/call params a cache key covers
