@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mcpgate/mcpgate/internal/redact"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -65,6 +66,7 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 		}
 		up.report(probe, failed)
 		f.outcome(up, OutcomeRefused)
+		err = redact.URLError(err) // its text reaches the log and the client: the URL may hold a key
 		f.log.Warn("federate: cannot open an upstream session", "upstream", up.cfg.Name, "err", err)
 		return nil, nil, up.failure(caller, fmt.Sprintf("it cannot be reached: %v", err))
 	}
@@ -154,12 +156,13 @@ func (c *call) verdict(ctx context.Context, err error) verdict {
 		// connection): not served, so a refusal, as when the breaker is open.
 		c.up.report(c.probe, failed)
 		c.up.drop(c.cs)
-		return verdict{refusal: c.up.failure(c.caller, fmt.Sprintf("it cannot be reached: %v", err)), outcome: OutcomeRefused}
+		return verdict{refusal: c.up.failure(c.caller, fmt.Sprintf("it cannot be reached: %v", redact.URLError(err))), outcome: OutcomeRefused}
 	}
 	c.up.report(c.probe, failed)
 	if status < 500 { // a 5xx leaves the session alive in the SDK
 		c.up.drop(c.cs)
 	}
+	err = redact.URLError(err) // its text reaches the log and the client: the URL may hold a key
 	c.f.log.Warn("federate: upstream call failed", "upstream", c.up.cfg.Name, "status", status, "err", err)
 	return verdict{err: c.up.rpcErr(fmt.Sprintf("failed: %v", err)), outcome: OutcomeFailed}
 }

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"sync"
 
+	"github.com/mcpgate/mcpgate/internal/redact"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -198,7 +199,7 @@ func (f *Federator) buildCatalog(ctx context.Context) (*catalog, error) {
 	for _, up := range f.ups {
 		l, err := list(ctx, up)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%w: %s: %v", ErrStart, describe(up.cfg), err))
+			errs = append(errs, fmt.Errorf("%w: %s: %v", ErrStart, describe(up.cfg), redact.URLError(err)))
 			continue
 		}
 		c.mu.Lock()
@@ -424,7 +425,7 @@ func (f *Federator) refreshOnce(up *upstream) {
 		return
 	default:
 		if f.ctx.Err() == nil {
-			f.log.Warn("federate: cannot list an upstream again", "upstream", up.cfg.Name, "err", err)
+			f.log.Warn("federate: cannot list an upstream again", "upstream", up.cfg.Name, "err", redact.URLError(err))
 		}
 		return
 	}

@@ -52,6 +52,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcpgate/mcpgate/internal/redact"
 	gwmcp "github.com/mcpgate/mcpgate/mcp"
 )
 
@@ -520,5 +521,5 @@ func describe(u Upstream) string {
 	if u.stdio() {
 		return fmt.Sprintf("upstream %q (command %s)", u.Name, strings.Join(u.Command, " "))
 	}
-	return fmt.Sprintf("upstream %q (%s)", u.Name, u.URL)
+	return fmt.Sprintf("upstream %q (%s)", u.Name, redact.Origin(u.URL)) // the URL may hold a key
 }

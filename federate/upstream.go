@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcpgate/mcpgate/internal/redact"
 	gwmcp "github.com/mcpgate/mcpgate/mcp"
 )
 
@@ -402,7 +403,7 @@ func (up *upstream) connectShared(ctx context.Context) error {
 		cs, err = up.connect(ctx, nil)
 	}
 	if err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrStart, describe(up.cfg), err)
+		return fmt.Errorf("%w: %s: %v", ErrStart, describe(up.cfg), redact.URLError(err))
 	}
 	up.mu.Lock()
 	old := up.shared

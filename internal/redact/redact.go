@@ -4,22 +4,47 @@
 // Operators put secrets in URLs: an upstream's API key in its query, a
 // webhook's token in its path (Slack, Teams), a password in its userinfo.
 // net/http hides only the password when it reports a failed request, and
-// such an error reaches mcpgate's log and its spans on every failure.
+// such an error reaches mcpgate's log, its spans, and (through the
+// federation's refusals) its clients on every failure.
 package redact
 
-import "net/url"
+import (
+	"errors"
+	"net/url"
+	"strconv"
+	"strings"
+)
 
-// URLError returns err, when it is a *url.Error (what an http.Client
-// returns), as a copy whose URL is cut to scheme://host (Origin): its Op
-// and its cause are kept, so errors.Is and errors.As see through it as
-// before. Any other error, nil included, is returned as is.
+// URLError returns err with the URL of the *url.Error in its chain (what
+// an http.Client returns, which the MCP SDK wraps) cut to scheme://host
+// (Origin). When err is that *url.Error, the result is a copy with its Op
+// and cause kept; when it wraps one, the result's text is err's with the
+// URL replaced, and it unwraps to err, so errors.Is sees through it as
+// before. An error without a *url.Error, nil included, is returned as is.
 func URLError(err error) error {
-	ue, ok := err.(*url.Error)
-	if !ok {
+	var ue *url.Error
+	if !errors.As(err, &ue) {
 		return err
 	}
-	return &url.Error{Op: ue.Op, URL: Origin(ue.URL), Err: ue.Err}
+	safe := &url.Error{Op: ue.Op, URL: Origin(ue.URL), Err: ue.Err}
+	if err == error(ue) {
+		return safe
+	}
+	msg := err.Error()
+	for _, form := range []string{strconv.Quote(ue.URL), ue.URL} {
+		msg = strings.ReplaceAll(msg, form, strconv.Quote(safe.URL))
+	}
+	return &wrapped{msg: msg, err: err}
 }
+
+// wrapped is an error whose text had a URL cut; it unwraps to the original.
+type wrapped struct {
+	msg string
+	err error
+}
+
+func (w *wrapped) Error() string { return w.msg }
+func (w *wrapped) Unwrap() error { return w.err }
 
 // Origin is raw cut to scheme://host: no userinfo, path, query or
 // fragment. It is "" when raw does not parse as a URL with a host.

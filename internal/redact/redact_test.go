@@ -3,6 +3,7 @@ package redact
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -38,5 +39,21 @@ func TestURLError(t *testing.T) {
 	_, err := http.DefaultClient.Do(req)
 	if red := URLError(err); strings.Contains(red.Error(), "sk-secret") || !errors.Is(red, context.Canceled) {
 		t.Errorf("URLError(%v) = %v", err, red)
+	}
+}
+
+// The MCP SDK wraps the client's *url.Error in its own errors: the text is
+// cut all the same, and the chain kept.
+func TestURLErrorWrapped(t *testing.T) {
+	cause := errors.New("connect: connection refused")
+	ue := &url.Error{Op: "Post", URL: "http://127.0.0.1:1/mcp?api_key=SECRET", Err: cause}
+	err := fmt.Errorf(`calling "initialize": sending "initialize": rejected by transport: %w`, ue)
+	red := URLError(err)
+	want := `calling "initialize": sending "initialize": rejected by transport: Post "http://127.0.0.1:1": connect: connection refused`
+	if red.Error() != want {
+		t.Errorf("URLError = %q, want %q", red, want)
+	}
+	if !errors.Is(red, cause) {
+		t.Error("URLError lost the chain")
 	}
 }
