@@ -37,13 +37,15 @@ type catalog struct {
 	prompts   map[string]route
 	resources map[string]*upstream
 	templates map[string]*upstream
-	matchers  map[string]*regexp.Regexp // of each template of templates (nil: it does not parse)
-	byUp      map[*upstream]*listing    // as last installed
+	matchers  map[string]*regexp.Regexp         // of each template of templates (nil: it does not parse)
+	byUp      map[*upstream]*listing            // as last installed
+	accept    func(upstream, tool string) error // Options.AcceptTool; nil: every tool
 }
 
-func newCatalog() *catalog {
+func newCatalog(accept func(upstream, tool string) error) *catalog {
 	return &catalog{tools: map[string]route{}, prompts: map[string]route{}, resources: map[string]*upstream{},
-		templates: map[string]*upstream{}, matchers: map[string]*regexp.Regexp{}, byUp: map[*upstream]*listing{}}
+		templates: map[string]*upstream{}, matchers: map[string]*regexp.Regexp{}, byUp: map[*upstream]*listing{},
+		accept: accept}
 }
 
 func (c *catalog) tool(name string) (route, bool) {
@@ -193,7 +195,7 @@ func listAll[T any](ctx context.Context, method string, page func(ctx context.Co
 func (f *Federator) buildCatalog(ctx context.Context) (*catalog, error) {
 	ctx, cancel := context.WithTimeout(ctx, f.opts.StartTimeout)
 	defer cancel()
-	c := newCatalog()
+	c := newCatalog(f.opts.AcceptTool)
 	var errs []error
 	var shadowed []string
 	for _, up := range f.ups {
@@ -231,8 +233,17 @@ func (c *catalog) replace(up *upstream, l *listing) (old, kept *listing, errs []
 // tool or prompt name another upstream exposes (an error each), nor a URI
 // or template another lists (a message each, for the log). c.mu is held.
 func (c *catalog) mergeLocked(up *upstream, l *listing) (kept *listing, errs []error, shadowed []string) {
+	checkTool := checkSchema
+	if c.accept != nil {
+		checkTool = func(t *mcp.Tool) error {
+			if err := checkSchema(t); err != nil {
+				return err
+			}
+			return c.accept(up.cfg.Name, up.cfg.Prefix+t.Name)
+		}
+	}
 	kept = &listing{
-		tools:   exposeNamed(c.tools, up, l.tools, "tool", func(t *mcp.Tool) string { return t.Name }, checkSchema, &errs),
+		tools:   exposeNamed(c.tools, up, l.tools, "tool", func(t *mcp.Tool) string { return t.Name }, checkTool, &errs),
 		prompts: exposeNamed(c.prompts, up, l.prompts, "prompt", func(p *mcp.Prompt) string { return p.Name }, nil, &errs),
 	}
 	// A URI (or template) two upstreams list stays with the first in

@@ -126,6 +126,14 @@ type Options struct {
 	// ToolTimeouts overrides Upstream.Timeout for the tools it names
 	// (exposed names).
 	ToolTimeouts map[string]time.Duration
+	// AcceptTool, when set, is asked about every tool an upstream exposes
+	// (its exposed name), when New lists the upstreams and at every later
+	// listing (list_changed, a reconnect, a restart): an error keeps the
+	// tool out, as a name another upstream exposes is (New fails; later,
+	// it is logged and not exposed). The gateway refuses a name its
+	// limits would count under another upstream. It must be safe for
+	// concurrent use.
+	AcceptTool func(upstream, tool string) error
 	// Failures is how many consecutive failures (transport errors and
 	// timeouts; not tool errors or JSON-RPC errors) open an upstream's
 	// breaker. Zero means DefaultFailures.
