@@ -10,7 +10,6 @@
 package audit
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -130,6 +129,20 @@ type Options struct {
 
 // Logger is an audit log. Its methods are safe for concurrent use; a nil
 // *Logger logs nothing, so a gateway without an audit log needs no checks.
+//
+// Write failures. The writer gathers lines in a buffer of about 64 KiB
+// and writes them with one Write when the queue is empty or the buffer is
+// full. When that write fails, the lines it did not get through whole are
+// lost, each of their records counted once (OnDrop, Dropped): the record
+// the write stopped inside too (unless only its newline is missing), as
+// its line cannot be read. Nothing is written twice, and the next records
+// are written as usual. A write that failed part-way (a short write: a
+// full disk, a quota, NFS) leaves the first bytes of a line in the file,
+// a torn line; the next write then starts with a newline, so the torn line
+// stays alone on its line (one line a reader skips as not JSON) and the
+// records after it are whole lines. The same holds for the last write to
+// the old file at a Reopen, and for a file that already ends in a torn
+// line when it is opened (at start, or reopened without a rotation).
 type Logger struct {
 	path   string // "" when the writer was given (New): Reopen does nothing
 	queue  chan item
@@ -144,10 +157,18 @@ type Logger struct {
 
 	// owned by the writer goroutine
 	file    *os.File  // nil unless the Logger opened it
-	base    io.Writer // what out writes to: file, or the writer given
-	out     *bufio.Writer
-	failing bool // the last write failed: the next success is logged
+	base    io.Writer // what lines are written to: file, or the writer given
+	buf     bytes.Buffer
+	records int   // the lines in buf (not counting a leading separator)
+	sep     bool  // buf starts with a newline that ends a torn line in base
+	torn    bool  // the last byte written to base is not a newline
+	last    error // the outcome of the last write, for Close
+	failing bool  // the last write failed: the next success is logged
 }
+
+// bufSize is the size of the writer's buffer: it writes when it holds
+// this much, and whenever the queue is empty.
+const bufSize = 64 << 10
 
 // item is a record to write, or a request to the writer (ack set).
 type item struct {
@@ -168,6 +189,8 @@ func Open(path string, opts *Options) (*Logger, error) {
 	}
 	l := newLogger(f, opts)
 	l.path, l.file = path, f
+	l.torn = !endsLine(f)
+	l.restart()
 	go l.run()
 	return l, nil
 }
@@ -191,8 +214,10 @@ func newLogger(w io.Writer, opts *Options) *Logger {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	return &Logger{queue: make(chan item, o.Buffer), onDrop: o.OnDrop, log: o.Logger,
-		done: make(chan struct{}), base: w, out: bufio.NewWriterSize(w, 64<<10)}
+	l := &Logger{queue: make(chan item, o.Buffer), onDrop: o.OnDrop, log: o.Logger,
+		done: make(chan struct{}), base: w}
+	l.buf.Grow(bufSize + 4<<10)
+	return l
 }
 
 func openFile(path string) (*os.File, error) {
@@ -201,6 +226,29 @@ func openFile(path string) (*os.File, error) {
 		return nil, fmt.Errorf("audit: cannot open %s: %w", path, err)
 	}
 	return f, nil
+}
+
+// endsLine reports whether a line appended to f starts a line of its own:
+// f is empty or ends in a newline. A file that is not a regular one (a
+// pipe, a terminal), or that cannot be read, is taken to.
+func endsLine(f *os.File) bool {
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() == 0 {
+		return true
+	}
+	r, err := os.Open(f.Name()) // f is write-only
+	if err != nil {
+		return true
+	}
+	defer r.Close()
+	if rfi, err := r.Stat(); err != nil || !os.SameFile(fi, rfi) {
+		return true
+	}
+	var b [1]byte
+	if _, err := r.ReadAt(b[:], fi.Size()-1); err != nil {
+		return true
+	}
+	return b[0] == '\n'
 }
 
 // Log queues rec for writing and returns at once. When the buffer is full,
@@ -235,10 +283,18 @@ func (l *Logger) Dropped() int64 {
 	return l.dropped.Load()
 }
 
-func (l *Logger) drop() {
-	l.dropped.Add(1)
+func (l *Logger) drop() { l.dropN(1) }
+
+// dropN counts n records lost: OnDrop is called for each.
+func (l *Logger) dropN(n int) {
+	if n <= 0 {
+		return
+	}
+	l.dropped.Add(int64(n))
 	if l.onDrop != nil {
-		l.onDrop()
+		for range n {
+			l.onDrop()
+		}
 	}
 }
 
@@ -288,8 +344,8 @@ func (l *Logger) request(ctx context.Context, it item) error {
 }
 
 // Close stops accepting records, writes those queued, and closes the file
-// the Logger opened. It returns the first error of that final write or
-// close. Later calls return nil.
+// the Logger opened. It returns the error of that final write (its records
+// were lost and counted) or of the close. Later calls return nil.
 func (l *Logger) Close() error {
 	if l == nil {
 		return nil
@@ -303,19 +359,25 @@ func (l *Logger) Close() error {
 	close(l.queue)
 	l.mu.Unlock()
 	<-l.done
-	err := l.out.Flush()
+	err := l.last
+	if l.buf.Len() > 0 {
+		// only the newline ending a torn line (run wrote every record):
+		// leave the file ending in a whole line
+		if ferr := l.flush(); err == nil {
+			err = ferr
+		}
+	}
 	if l.file != nil {
 		err = errors.Join(err, l.file.Close())
 	}
 	return err
 }
 
-// run is the writer: it encodes records into the buffered writer and
-// flushes whenever the queue is empty, so lines reach the file promptly
-// under light load and in batches under heavy load.
+// run is the writer: it encodes records into its buffer and writes it
+// whenever the queue is empty or the buffer full, so lines reach the file
+// promptly under light load and in batches under heavy load.
 func (l *Logger) run() {
 	defer close(l.done)
-	var line bytes.Buffer
 	for it := range l.queue {
 		switch {
 		case it.ack != nil && it.reopen:
@@ -325,50 +387,84 @@ func (l *Logger) run() {
 			it.ack <- l.flush()
 			continue
 		}
-		line.Reset()
-		if err := encode(&line, it.rec); err != nil {
+		// The encoder writes nothing unless the whole line was encoded.
+		if err := encode(&l.buf, it.rec); err != nil {
 			l.log.Error("audit record cannot be encoded", "err", err)
 			l.drop()
 		} else {
-			_, err = l.out.Write(line.Bytes())
-			l.wrote(err)
+			l.records++
 		}
-		if len(l.queue) == 0 {
-			l.wrote(l.out.Flush())
+		if len(l.queue) == 0 || l.buf.Len() >= bufSize {
+			l.flush()
 		}
 	}
 }
 
+// restart empties the buffer after a write. When the last byte written is
+// not a newline (a write failed in the middle of a line), the buffer starts
+// with one: the next write ends the torn line before its first record.
+func (l *Logger) restart() {
+	l.buf.Reset()
+	l.records = 0
+	l.sep = l.torn
+	if l.sep {
+		l.buf.WriteByte('\n')
+	}
+}
+
+// flush writes the buffer with one Write, and empties it whatever the
+// outcome. When the write fails, the records it did not write whole are
+// lost and counted, none is written again, and whether the file now ends
+// in a torn line is remembered.
 func (l *Logger) flush() error {
-	err := l.out.Flush()
-	l.wrote(err)
+	if l.buf.Len() == 0 {
+		return nil
+	}
+	p := l.buf.Bytes()
+	n, err := l.base.Write(p)
+	n = max(0, min(n, len(p)))
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	if n > 0 {
+		l.torn = p[n-1] != '\n'
+	}
+	lost := 0
+	if n < len(p) {
+		start := 0
+		if l.sep {
+			start = 1 // not a record's end
+		}
+		lost = l.records - bytes.Count(p[min(start, n):n], []byte{'\n'})
+		if n > start && p[n] == '\n' {
+			lost-- // whole but for its newline, which the next write adds
+		}
+	}
+	l.restart()
+	l.wrote(err, lost)
 	return err
 }
 
-// wrote counts a failed write as a dropped record and logs the changes
-// between failing and working (not every failure: a full disk would flood
-// the log).
-func (l *Logger) wrote(err error) {
+// wrote counts the records a write lost and logs the changes between
+// failing and working (not every failure: a full disk would flood the
+// log).
+func (l *Logger) wrote(err error, lost int) {
+	l.last = err
 	switch {
 	case err != nil && !l.failing:
 		l.failing = true
-		l.log.Error("audit log write failed: records are dropped until writes succeed", "path", l.path, "err", err)
+		l.log.Error("audit log write failed: records are dropped until writes succeed",
+			"path", l.path, "err", err, "dropped", lost, "torn_line", l.torn)
 	case err == nil && l.failing:
 		l.failing = false
 		l.log.Info("audit log writes succeed again", "path", l.path)
 	}
-	if err != nil {
-		l.drop()
-		// A bufio.Writer keeps its error forever: start afresh on the
-		// same file so that a transient failure does not end the log.
-		l.out.Reset(l.base)
-	}
+	l.dropN(lost)
 }
 
 // reopen flushes to the old file, then swaps in the file now at the path.
 func (l *Logger) reopen() error {
-	ferr := l.out.Flush()
-	l.wrote(ferr)
+	l.flush()
 	f, err := openFile(l.path)
 	if err != nil {
 		l.log.Error("audit log cannot be reopened: still writing to the file opened before", "err", err)
@@ -376,7 +472,10 @@ func (l *Logger) reopen() error {
 	}
 	old := l.file
 	l.file, l.base = f, f
-	l.out.Reset(f)
+	// The new file may be the same one (no rotation happened), ending in
+	// a line the last write tore, or another.
+	l.torn = !endsLine(f)
+	l.restart()
 	if cerr := old.Close(); cerr != nil {
 		l.log.Warn("closing the previous audit file failed", "path", l.path, "err", cerr)
 	}
