@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/mcpgate/mcpgate/federate"
@@ -38,6 +39,9 @@ type federation struct {
 	// federation's own timeouts (per upstream, per tool) are the ones that
 	// fire, with their clearer errors.
 	timeout time.Duration
+	// limits is the configuration whose upstream limits a tool's name must
+	// not misplace (checkAttribution): the one in force, set by check.
+	limits *atomic.Pointer[policy.Config]
 }
 
 // federationStates are the values of metrics.UpstreamState's state label.
@@ -62,6 +66,11 @@ func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (
 			longest = max(longest, t.Timeout)
 		}
 	}
+	limits := new(atomic.Pointer[policy.Config])
+	limits.Store(cfg)
+	// A name an upstream lists later (list_changed) is checked as the
+	// start-up listing is, against the configuration then in force.
+	opts.AcceptTool = func(upstream, tool string) error { return attribution(limits.Load(), upstream, tool) }
 	opts.OnState = func(upstream string, s federate.State) { setUpstreamState(m, upstream, s) }
 	opts.OnCall = func(upstream string, o federate.Outcome) { m.UpstreamCalls.WithLabelValues(upstream, string(o)).Inc() }
 	opts.OnDropped = func(method string) { m.NotificationsDropped.WithLabelValues(method).Inc() }
@@ -80,7 +89,7 @@ func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret) // never fails (crypto/rand)
 	fd := &federation{fed: fed, rt: ln.transport(), url: "http://federation.invalid/mcp", timeout: longest + 5*time.Second,
-		auth: "Bearer " + hex.EncodeToString(secret)}
+		auth: "Bearer " + hex.EncodeToString(secret), limits: limits}
 	fd.srv = &http.Server{Handler: fd.guard(fed.Handler()), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := fd.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -103,21 +112,36 @@ type catalog interface {
 // be counted by search's limits. It runs at start and on every reload
 // (upstreams' limits follow a reload).
 func checkAttribution(cfg *policy.Config, fed catalog) error {
-	limited := map[string]bool{}
-	for _, u := range cfg.Upstreams {
-		limited[u.Name] = len(u.Limits) > 0
-	}
 	for _, tool := range fed.Tools() {
 		serving, _ := fed.UpstreamOf(tool)
-		named, ok := cfg.UpstreamOf(tool)
-		if ok && named == serving {
-			continue
-		}
-		if limited[serving] || (ok && limited[named]) {
-			return fmt.Errorf("gateway: upstreams: tool %q is served by upstream %q but its name reads as upstream %q's: the upstreams' limits would count it wrongly (give %q a prefix)", tool, serving, named, serving)
+		if err := attribution(cfg, serving, tool); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// attribution refuses tool, served by upstream serving, when cfg reads its
+// name as another upstream's and either of the two has limits.
+func attribution(cfg *policy.Config, serving, tool string) error {
+	named, ok := cfg.UpstreamOf(tool)
+	if ok && named == serving {
+		return nil
+	}
+	if limited(cfg, serving) || (ok && limited(cfg, named)) {
+		return fmt.Errorf("gateway: upstreams: tool %q is served by upstream %q but its name reads as upstream %q's: the upstreams' limits would count it wrongly (give %q a prefix)", tool, serving, named, serving)
+	}
+	return nil
+}
+
+// limited reports whether the upstream named upstream has limits in cfg.
+func limited(cfg *policy.Config, upstream string) bool {
+	for _, u := range cfg.Upstreams {
+		if u.Name == upstream {
+			return len(u.Limits) > 0
+		}
+	}
+	return false
 }
 
 func setUpstreamState(m *metrics.Metrics, upstream string, s federate.State) {
@@ -153,6 +177,14 @@ func (fd *federation) check(cfg *policy.Config) error {
 		return nil
 	}
 	return checkAttribution(cfg, fd.fed)
+}
+
+// applied records cfg as the configuration in force, whose limits later
+// listings are checked against.
+func (fd *federation) applied(cfg *policy.Config) {
+	if fd != nil {
+		fd.limits.Store(cfg)
+	}
 }
 
 func (fd *federation) effective(cfg *policy.Config) *policy.Config {

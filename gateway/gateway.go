@@ -249,6 +249,7 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 		g.inBackground(func(ctx context.Context) { g.discoverOutputSchemas(ctx, cfg, rt.outputs) })
 	}
 	old := g.rt.Swap(rt)
+	g.fed.applied(cfg)
 	g.alerts.setURL(cfg.Breaker.AlertWebhook)
 	for _, field := range restartOnly(old.cfg, cfg) {
 		g.log.Warn("this setting is read at start only: restart mcpgate to apply it", "field", field)
