@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -35,17 +34,7 @@ func TestLargeStatelessRequestArrivesWhole(t *testing.T) {
 	up := serveSDKWith(t, sizeServer(), &mcp.StreamableHTTPOptions{MaxRequestBodyBytes: 64 << 20})
 	_, url := serve(t, federate.Options{Upstreams: []federate.Upstream{{Name: "s", URL: up, Prefix: "s__"}}})
 	args := `{"text":"` + strings.Repeat("x", 16<<20+4096) + `"}`
-	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"s__size","arguments":` + args + `}}`
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	resp, out := postRaw(t, url, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"s__size","arguments":`+args+`}}`)
 	if want := fmt.Sprintf(`"text":"%d"`, len(args)); resp.StatusCode != http.StatusOK || !strings.Contains(string(out), want) {
 		t.Fatalf("answer: %d %.500s; want the size %d", resp.StatusCode, out, len(args))
 	}
@@ -55,16 +44,7 @@ func TestLargeStatelessRequestArrivesWhole(t *testing.T) {
 func TestMaxRequestBytes(t *testing.T) {
 	up := serveSDK(t, sizeServer())
 	_, url := serve(t, federate.Options{MaxRequestBytes: 1 << 20, Upstreams: []federate.Upstream{{Name: "s", URL: up, Prefix: "s__"}}})
-	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"s__size","arguments":{"text":"` + strings.Repeat("x", 2<<20) + `"}}}`
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	resp, _ := postRaw(t, url, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"s__size","arguments":{"text":"`+strings.Repeat("x", 2<<20)+`"}}}`)
 	if resp.StatusCode != http.StatusRequestEntityTooLarge {
 		t.Fatalf("status %d, want 413", resp.StatusCode)
 	}

@@ -514,17 +514,7 @@ func TestCallWithoutArguments(t *testing.T) {
 	})
 	_, url := serve(t, federate.Options{Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__"}}})
 	// A raw request: the SDK client would add {} itself.
-	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a__echo"}}`
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	resp, out := postRaw(t, url, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a__echo"}}`)
 	if !strings.Contains(string(out), "a: ") {
 		t.Fatalf("answer: %d %s", resp.StatusCode, out)
 	}
@@ -656,4 +646,21 @@ func TestUpstreamRestartKeepsTheBreakerClosed(t *testing.T) {
 	if h := f.Health()[0]; h.State != federate.StateUp || h.Failures != 0 {
 		t.Errorf("health after the restart: %+v, want up with no failure", h)
 	}
+}
+
+// postRaw POSTs body to url as a client without a session (MCP
+// 2025-06-18) and returns the answer, its body read.
+func postRaw(t *testing.T, url, body string) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, out
 }
