@@ -67,7 +67,7 @@ func TestJitter(t *testing.T) {
 	pol := Policy{TTL: 10 * time.Second, Jitter: 0.1}
 	lo, hi := pol.TTL, time.Duration(0)
 	for range 1000 {
-		r := c.newRecord(nil, false, 1, 0, pol)
+		r := c.newRecord(nil, false, 1, 0, Key{}, pol)
 		ttl := r.fresh()
 		if ttl < 9*time.Second || ttl > 10*time.Second {
 			t.Fatalf("jittered TTL %v outside [9s, 10s]", ttl)
@@ -77,7 +77,7 @@ func TestJitter(t *testing.T) {
 	if hi-lo < 500*time.Millisecond {
 		t.Fatalf("TTLs spread over [%v, %v] only: no jitter", lo, hi)
 	}
-	if r := c.newRecord(nil, true, 1, 0, Policy{TTL: time.Hour, NegativeTTL: time.Second}); r.fresh() != time.Second || r.stale != 0 {
+	if r := c.newRecord(nil, true, 1, 0, Key{}, Policy{TTL: time.Hour, NegativeTTL: time.Second}); r.fresh() != time.Second || r.stale != 0 {
 		t.Fatalf("negative record: fresh %v, stale %v", r.fresh(), r.stale)
 	}
 }

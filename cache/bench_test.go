@@ -10,8 +10,8 @@ import (
 )
 
 // benchHit measures the hit path: a Get of a fresh entry, from many
-// goroutines.
-func benchHit(b *testing.B, s Store) {
+// goroutines, the entry tagged tags.
+func benchHit(b *testing.B, s Store, tags ...string) {
 	// A generous timeout: on a loaded machine one read past the 100ms
 	// default would count as a miss.
 	c, err := New(s, &Options{Timeout: time.Second})
@@ -22,7 +22,7 @@ func benchHit(b *testing.B, s Store) {
 	k := mustKey(b, Tenant("acme"), "search", `{"query":"pricing","limit":10}`)
 	value := []byte(`{"content":[{"type":"text","text":"` + string(make([]byte, 0, 512)) + `plans start at $10"}]}`)
 	load := func(context.Context) ([]byte, bool, error) { return value, false, nil }
-	pol := Policy{TTL: time.Hour}
+	pol := Policy{TTL: time.Hour, Tags: tags}
 	if _, _, err := c.Get(context.Background(), k, load, pol); err != nil {
 		b.Fatal(err)
 	}
@@ -59,6 +59,11 @@ func BenchmarkGetHit(b *testing.B) {
 	b.Run("redis", func(b *testing.B) {
 		r := testenv.StartRedis(b, nil)
 		benchHit(b, mustRedisStore(b, r.Client(b)))
+	})
+	// A tagged entry: a hit also checks that the tag indexes still list it.
+	b.Run("redis-tagged", func(b *testing.B) {
+		r := testenv.StartRedis(b, nil)
+		benchHit(b, mustRedisStore(b, r.Client(b)), "product:42", "region:eu")
 	})
 }
 

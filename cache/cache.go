@@ -404,7 +404,7 @@ func (c *Cache) Get(ctx context.Context, key Key, load Loader, pol Policy) (Entr
 	if err := pol.validate(); err != nil {
 		return Entry{}, 0, err
 	}
-	rec, ok, err := c.read(ctx, key.entry)
+	rec, ok, err := c.read(ctx, key, pol.Tags)
 	if ok && rec.fresh() > 0 {
 		c.stats.hits.Add(1)
 		if c.early(&rec) {
@@ -415,16 +415,17 @@ func (c *Cache) Get(ctx context.Context, key Key, load Loader, pol Policy) (Entr
 	return c.join(ctx, key, load, pol, err)
 }
 
-// read is the store's read under the operation timeout; an error (counted
-// and logged) comes with ok false.
-func (c *Cache) read(ctx context.Context, entry string) (record, bool, error) {
+// read is the store's read of key (tags: the caller's policy's, see
+// Store.read) under the operation timeout; an error (counted and logged)
+// comes with ok false.
+func (c *Cache) read(ctx context.Context, key Key, tags []string) (record, bool, error) {
 	if c.remote {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
 	}
 	ctx, span := c.storeSpan(ctx, "read")
-	rec, ok, err := c.store.read(ctx, entry)
+	rec, ok, err := c.store.read(ctx, key, tags)
 	endStoreSpan(span, err)
 	if err != nil {
 		c.storeError("read", err)

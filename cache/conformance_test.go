@@ -62,6 +62,7 @@ func TestConformance(t *testing.T) {
 		{"TagIndexBounded", testTagIndexBounded},
 		{"HolderCrash", testHolderCrash},
 		{"CommitFenced", testCommitFenced},
+		{"UnlistedEntryNotServed", testUnlistedEntryNotServed},
 	}
 	t.Run("CheckEvictionCluster", func(t *testing.T) {
 		// Every node is read: all six have the default noeviction.

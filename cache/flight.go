@@ -8,6 +8,8 @@ import (
 	mrand "math/rand/v2"
 	"runtime/debug"
 	"time"
+
+	"github.com/mcpgate/mcpgate/keyspace"
 )
 
 // This file is a flight's work: start or join one, find or load a value
@@ -188,7 +190,7 @@ func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy) (
 		}
 		c.pause(sub, res.wait, left, down)
 	}
-	rec, ok, err := c.read(ctx, key.entry)
+	rec, ok, err := c.read(ctx, key, pol.Tags)
 	var e Entry
 	var src Source
 	switch {
@@ -329,7 +331,7 @@ func (c *Cache) loadLocked(ctx context.Context, key Key, load Loader, pol Policy
 		c.release(ctx, []releaseReq{{entry: key.entry, token: token}})
 		return Entry{Value: v, Negative: neg}, Miss, false, nil
 	}
-	rec := c.newRecord(v, neg, fence, delta, pol)
+	rec := c.newRecord(v, neg, fence, delta, key, pol)
 	cctx, cancel := context.WithTimeout(ctx, c.timeout)
 	res := c.commit(cctx, []commitReq{{entry: key.entry, token: token, rec: rec}})
 	cancel()
@@ -364,9 +366,11 @@ func (c *Cache) commit(ctx context.Context, reqs []commitReq) []commitRes {
 	return out
 }
 
-// newRecord builds the stored form of a loaded value: the TTL shortened by
-// jitter, the stale window (none for negative results).
-func (c *Cache) newRecord(v []byte, neg bool, fence uint64, delta time.Duration, pol Policy) record {
+// newRecord builds the stored form of a loaded value of key: the TTL
+// shortened by jitter, the stale window (none for negative results), and
+// the tag indexes its acquire registered it in (pol.Tags in key's scope),
+// which a read checks still list it.
+func (c *Cache) newRecord(v []byte, neg bool, fence uint64, delta time.Duration, key Key, pol Policy) record {
 	ttl, stale := pol.TTL, c.stale
 	if neg {
 		ttl, stale = pol.NegativeTTL, 0
@@ -378,7 +382,14 @@ func (c *Cache) newRecord(v []byte, neg bool, fence uint64, delta time.Duration,
 	// A load measured as instant still gets a positive delta, as Redis
 	// stores it: XFetch never refreshes an entry whose delta is 0.
 	delta = max(delta, time.Millisecond)
-	return record{value: v, negative: neg, fence: fence, delta: delta, stale: stale, life: ttl + stale}
+	var tags []string
+	if len(pol.Tags) > 0 {
+		tags = make([]string, len(pol.Tags))
+		for i, tag := range pol.Tags {
+			tags[i] = keyspace.CacheTag(key.scope, tag)
+		}
+	}
+	return record{value: v, negative: neg, fence: fence, delta: delta, stale: stale, life: ttl + stale, tags: tags}
 }
 
 func (c *Cache) release(ctx context.Context, reqs []releaseReq) {

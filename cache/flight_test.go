@@ -246,7 +246,7 @@ func testCommitFenced(t *testing.T, e storeEnv) {
 				t.Fatal(err)
 			}
 		}
-		rec := c.newRecord([]byte("v"), false, acq.fence, time.Millisecond, pol)
+		rec := c.newRecord([]byte("v"), false, acq.fence, time.Millisecond, k, pol)
 		return c.commit(ctx, []commitReq{{entry: k.entry, token: token, rec: rec}})[0]
 	}
 	if r := lockAndCommit(true); r.err != nil || r.stored || !r.fenced {

@@ -64,11 +64,11 @@ func (g *guardedStore) available() bool { return g.br.Available() }
 // skip reports whether the breaker is open, counting the skipped operation.
 func (g *guardedStore) skip() bool { return g.br.Skip() }
 
-func (g *guardedStore) read(ctx context.Context, entry string) (record, bool, error) {
+func (g *guardedStore) read(ctx context.Context, key Key, tags []string) (record, bool, error) {
 	if g.skip() {
 		return record{}, false, ErrStoreSkipped
 	}
-	rec, ok, err := g.Store.read(ctx, entry)
+	rec, ok, err := g.Store.read(ctx, key, tags)
 	g.observe(ctx, err)
 	return rec, ok, err
 }

@@ -287,7 +287,10 @@ func (s *MemoryStore) shard(entry string) *memShard {
 	return &s.shards[maphash.String(s.seed, entry)%memShards]
 }
 
-func (s *MemoryStore) read(_ context.Context, entry string) (record, bool, error) {
+// read needs no check of rec.tags: an index here loses a member only with
+// the member's slot (drop), or after its value (invalidate).
+func (s *MemoryStore) read(_ context.Context, key Key, _ []string) (record, bool, error) {
+	entry := key.entry
 	sh := s.shard(entry)
 	now := time.Now()
 	sh.mu.RLock()
@@ -501,7 +504,8 @@ func (s *MemoryStore) put(sh *memShard, entry string, sl *memSlot, rec *record, 
 		}
 	}
 	sl.rec, sl.has, sl.until, sl.size = *rec, true, now.Add(rec.life), size
-	sl.rec.value, sl.rec.life = bytes.Clone(rec.value), 0
+	// The memory store does not check rec.tags (see read): not kept.
+	sl.rec.value, sl.rec.life, sl.rec.tags = bytes.Clone(rec.value), 0, nil
 	sh.bytes += size
 	return true
 }

@@ -38,7 +38,7 @@ func memTagIndex(s *MemoryStore) (tags, members, orphans int) {
 // held reports whether the store holds a value (fresh or stale) of k.
 func held(t *testing.T, s *MemoryStore, k Key) bool {
 	t.Helper()
-	_, ok, err := s.read(context.Background(), k.entry)
+	_, ok, err := s.read(context.Background(), k, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

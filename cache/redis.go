@@ -26,6 +26,34 @@ import (
 // the membership ends; expired members are pruned on every write to it and
 // on every invalidation. No command spans two slots.
 //
+// An invalidation finds entries only through their indexes, and Redis may
+// evict an index before its entries: under allkeys-lfu or volatile-lru a
+// hot entry, read on every Get, outlives its index, written about once per
+// load. So an entry records the keys of its indexes (record.tags, in the
+// blob), and a read serves it only while each of them still lists it
+// (ZSCORE): the caller's policy's indexes are asked in the read's pipeline
+// (one round trip, one command per tag; the indexes a record names beyond
+// those, after a policy change, take a second one), and an entry one of
+// them no longer lists is deleted, if unchanged, and read as a miss. The
+// check is not atomic with the GET (the keys are in different slots, so no
+// script can read both on a cluster), and needs little: an invalidation
+// leaves memberships in place, so a membership is only lost for good
+// (evicted with its index, or ended), and the reader that finds it lost
+// deletes the entry before its own load registers the entry again; an
+// acquire (which registers it again, and returns a fresh value; Warm
+// acquires without a read) checks the value with what each registration
+// found before it (acquireChecked). Only a read whose GET came before
+// that deletion and whose ZSCORE came after that registration (two round
+// trips of another instance between two commands of one pipeline) could
+// still be served the entry. The reads
+// also keep the indexes of hot entries hot, so the eviction policy seldom
+// picks them.
+//
+// Per-tag version counters stored with the entry and compared on read
+// would also do (a lost counter counting as invalidated), at the cost of a
+// key per tag and a write per invalidated tag; the index already says what
+// is needed (the entry is still findable), so nothing new is kept.
+//
 // Waiters are woken by sharded pub/sub (SPUBLISH from the commit and
 // release scripts, SSUBSCRIBE on the entry's channel: Redis 7 or Valkey).
 // On a server without it, waiters re-check every Options.PollInterval.
@@ -93,29 +121,6 @@ func (r *RedisStore) run(ctx context.Context, calls []scriptCall) []rueidis.Redi
 		}
 	}
 	return res
-}
-
-func (r *RedisStore) read(ctx context.Context, entry string) (record, bool, error) {
-	res := r.client.DoMulti(ctx,
-		r.client.B().Get().Key(entry).Build(),
-		r.client.B().Pttl().Key(entry).Build())
-	b, err := res[0].AsBytes()
-	if rueidis.IsRedisNil(err) {
-		return record{}, false, nil
-	}
-	if err != nil {
-		return record{}, false, err
-	}
-	pttl, err := res[1].AsInt64()
-	if err != nil {
-		return record{}, false, err
-	}
-	life, ok := lifeOf(pttl)
-	if !ok {
-		return record{}, false, nil
-	}
-	rec, ok := decodeBlob(b, life)
-	return rec, ok, nil
 }
 
 // lifeOf converts a PTTL reply: -2 (gone) is no entry, -1 (no expiry, which
@@ -220,12 +225,27 @@ func (r *RedisStore) acquire(ctx context.Context, reqs []acquireReq) []acquireRe
 }
 
 func (r *RedisStore) acquireNow(ctx context.Context, reqs []acquireReq) []acquireRes {
+	return r.acquireChecked(ctx, reqs, true)
+}
+
+// acquireChecked is acquireNow; check makes it check a fresh value's tag
+// indexes as read does (see RedisStore), with what each registration
+// found before it registered the entry: registering an entry again must
+// not make an entry an invalidation missed findable (and served) again.
+// Registering comes before the lock in the pipeline, and acquire is also
+// reached without a read (Warm), so the read's check alone does not do.
+// An unlisted value is deleted, if unchanged, and its request acquired
+// again (unchecked: what it finds then was stored since).
+func (r *RedisStore) acquireChecked(ctx context.Context, reqs []acquireReq, check bool) []acquireRes {
 	var calls []scriptCall
-	for _, q := range reqs {
+	keys := make([][]string, len(reqs))
+	for k, q := range reqs {
 		// Tag registrations first in the pipeline: they complete before
 		// the lock reply reaches the loader.
-		for _, tag := range q.tags {
-			calls = append(calls, scriptCall{tagScript, []string{keyspace.CacheTag(q.scope, tag)}, []string{q.entry, ms(q.tagLife)}})
+		keys[k] = make([]string, len(q.tags))
+		for j, tag := range q.tags {
+			keys[k][j] = keyspace.CacheTag(q.scope, tag)
+			calls = append(calls, scriptCall{tagScript, []string{keys[k][j]}, []string{q.entry, ms(q.tagLife)}})
 		}
 		mode, seen := "m", ""
 		if q.mode == modeRefresh {
@@ -237,13 +257,17 @@ func (r *RedisStore) acquireNow(ctx context.Context, reqs []acquireReq) []acquir
 	}
 	res := r.run(ctx, calls)
 	out := make([]acquireRes, len(reqs))
+	var again []int
 	i := 0
 	for k, q := range reqs {
 		var tagErr error
-		for range q.tags {
-			if err := res[i].Error(); err != nil && tagErr == nil {
+		listed := make([]bool, len(q.tags))
+		for j := range q.tags {
+			n, err := res[i].AsInt64()
+			if err != nil && tagErr == nil {
 				tagErr = fmt.Errorf("tag index: %w", err)
 			}
+			listed[j] = n == 1
 			i++
 		}
 		out[k] = parseAcquire(res[i])
@@ -255,6 +279,23 @@ func (r *RedisStore) acquireNow(ctx context.Context, reqs []acquireReq) []acquir
 				r.releaseNow(ctx, []releaseReq{{entry: q.entry, token: q.token}})
 			}
 			out[k] = acquireRes{err: tagErr}
+		}
+		if check && out[k].err == nil && out[k].status == statusFresh && len(out[k].rec.tags) > 0 {
+			switch ok, err := r.listedBefore(ctx, q.entry, &out[k].rec, keys[k], listed); {
+			case err != nil:
+				out[k] = acquireRes{err: err}
+			case !ok:
+				again = append(again, k)
+			}
+		}
+	}
+	if len(again) > 0 {
+		retry := make([]acquireReq, len(again))
+		for j, k := range again {
+			retry[j] = reqs[k]
+		}
+		for j, res := range r.acquireChecked(ctx, retry, false) {
+			out[again[j]] = res
 		}
 	}
 	return out

@@ -6,7 +6,9 @@ import (
 )
 
 // Lua scripts of RedisStore. Each touches the keys of one entry (one slot)
-// or one tag index, never both, so they run unchanged on Redis Cluster.
+// or one tag index, never both, so they run unchanged on Redis Cluster
+// (which is why a read checks an entry's tag indexes in its pipeline, not
+// in a script: see RedisStore).
 // Time is the server's (TIME). Integers passed back to Redis go through
 // string.format('%d'), since Redis may render a Lua number in exponent form.
 
@@ -37,9 +39,14 @@ local function publish(ch, msg)
   end
 end
 -- stale_ms reads the stale window from a blob's header; nil for a blob
--- this version cannot read.
+-- this version does not serve (see decodeBlob: another version, or one
+-- without flagTagsKnown, whose tag indexes are unknown).
 local function stale_ms(v)
-  if string.len(v) < 18 or string.byte(v, 1) ~= 1 then
+  if string.len(v) < 18 then
+    return nil
+  end
+  local ver, flags = string.byte(v, 1, 2)
+  if (ver ~= 1 and ver ~= 2) or math.floor(flags / 2) % 2 ~= 1 then
     return nil
   end
   local a, b, c, d = string.byte(v, 15, 18)
@@ -121,11 +128,30 @@ end
 return n
 `
 
+// dropUnlistedSrc deletes an entry that a tag index it was registered in
+// no longer lists (the index was evicted, or the membership ended), if it
+// is still the value the reader saw (fence seen): an invalidation through
+// that index cannot find it, so it must not be served, nor returned fresh
+// by acquireSrc after the acquire registered it again.
+//
+//	KEYS: entry
+//	ARGV: fence seen (8 bytes)
+//	reply: 1 deleted, 0 already gone or replaced
+const dropUnlistedSrc = `
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 3, 10) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`
+
 // tagSrc adds an entry to a tag index scored by when the membership ends,
-// prunes ended memberships, and keeps the index's TTL at its last one.
+// prunes ended memberships, and keeps the index's TTL at its last one. It
+// replies whether the index listed the entry before (see acquireChecked).
 //
 //	KEYS: tag index
 //	ARGV: entry key, life ms
+//	reply: 1 listed before, 0 not (new, ended, or the index was lost)
 const tagSrc = luaLib + `
 local now = math.floor(now_us() / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
@@ -136,7 +162,7 @@ if not cur or tonumber(cur) < exp then
 end
 local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 redis.call('PEXPIRE', KEYS[1], string.format('%d', tonumber(top[2]) - now + 1))
-return 1
+return cur and 1 or 0
 `
 
 // membersSrc prunes ended memberships and returns the live members.
@@ -159,10 +185,11 @@ func newScript(src string) *script {
 }
 
 var (
-	acquireScript = newScript(acquireSrc)
-	commitScript  = newScript(commitSrc)
-	releaseScript = newScript(releaseSrc)
-	dropScript    = newScript(dropSrc)
-	tagScript     = newScript(tagSrc)
-	membersScript = newScript(membersSrc)
+	acquireScript  = newScript(acquireSrc)
+	commitScript   = newScript(commitSrc)
+	releaseScript  = newScript(releaseSrc)
+	dropScript     = newScript(dropSrc)
+	tagScript      = newScript(tagSrc)
+	unlistedScript = newScript(dropUnlistedSrc)
+	membersScript  = newScript(membersSrc)
 )

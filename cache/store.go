@@ -18,9 +18,15 @@ import (
 // had stopped waiting, so that no lock outlives the load it was taken for
 // (other instances would wait for it for the lock's whole TTL).
 type Store interface {
-	// read returns the entry's record; ok is false when there is none
-	// (or only an unreadable one). Stale copies are returned too.
-	read(ctx context.Context, entry string) (rec record, ok bool, err error)
+	// read returns the record of key's entry; ok is false when there is
+	// none, only an unreadable one, or one that a tag index it was
+	// registered in (rec.tags) no longer lists: an invalidation could not
+	// find it, so it is never served (RedisStore deletes it, so that
+	// acquire, which registers it again, does not return it either).
+	// Stale copies are returned too. tags, the caller's policy's, are a
+	// hint: the indexes the record probably names, which a store may check
+	// along with the read; the record's own are what counts.
+	read(ctx context.Context, key Key, tags []string) (rec record, ok bool, err error)
 	// acquire runs get-or-lock for every request, and registers each
 	// request's entry in its tag indexes before the lock can be used, so an
 	// invalidation that misses the registration happened before the load.

@@ -152,7 +152,7 @@ func (c *Cache) warmLoads(ctx context.Context, items []WarmItem, acq []acquireRe
 			v, neg, delta, err := c.call(ctx, it.Load)
 			l := warmLoaded{i: i, err: err, neg: neg, late: delta > c.loadTimeout}
 			if err == nil {
-				l.rec = c.newRecord(v, neg, fence, delta, it.Policy)
+				l.rec = c.newRecord(v, neg, fence, delta, it.Key, it.Policy)
 			}
 			mu.Lock()
 			results = append(results, l)

@@ -1,0 +1,125 @@
+package cache
+
+import (
+	"context"
+	"slices"
+
+	"github.com/redis/rueidis"
+
+	"github.com/mcpgate/mcpgate/keyspace"
+)
+
+// This file is RedisStore's check that an entry is still listed by its tag
+// indexes (see RedisStore): on read, and on acquire (acquireChecked).
+
+// read gets the entry and its PTTL and, in the same pipeline, asks each
+// index of the caller's tags (the ones the entry most likely records)
+// whether it lists the entry; indexes the record names beyond those take
+// a second round trip. An entry that one of its indexes no longer lists
+// (see RedisStore) is deleted, if unchanged, and read as absent.
+func (r *RedisStore) read(ctx context.Context, key Key, tags []string) (record, bool, error) {
+	entry := key.entry
+	cmds := make(rueidis.Commands, 2, 2+len(tags))
+	cmds[0] = r.client.B().Get().Key(entry).Build()
+	cmds[1] = r.client.B().Pttl().Key(entry).Build()
+	var hint []string
+	if len(tags) > 0 {
+		hint = make([]string, len(tags))
+		for i, tag := range tags {
+			hint[i] = keyspace.CacheTag(key.scope, tag)
+			cmds = append(cmds, r.client.B().Zscore().Key(hint[i]).Member(entry).Build())
+		}
+	}
+	res := r.client.DoMulti(ctx, cmds...)
+	b, err := res[0].AsBytes()
+	if rueidis.IsRedisNil(err) {
+		return record{}, false, nil
+	}
+	if err != nil {
+		return record{}, false, err
+	}
+	pttl, err := res[1].AsInt64()
+	if err != nil {
+		return record{}, false, err
+	}
+	life, ok := lifeOf(pttl)
+	if !ok {
+		return record{}, false, nil
+	}
+	rec, ok := decodeBlob(b, life)
+	if !ok || len(rec.tags) == 0 {
+		return rec, ok, nil
+	}
+	var rest []string
+	for _, k := range rec.tags {
+		i := slices.Index(hint, k)
+		if i < 0 {
+			rest = append(rest, k)
+			continue
+		}
+		if listed, err := isListed(res[2+i]); err != nil || !listed {
+			return r.dropUnlisted(ctx, entry, &rec, err)
+		}
+	}
+	if len(rest) > 0 {
+		cmds = make(rueidis.Commands, len(rest))
+		for i, k := range rest {
+			cmds[i] = r.client.B().Zscore().Key(k).Member(entry).Build()
+		}
+		for _, res := range r.client.DoMulti(ctx, cmds...) {
+			if listed, err := isListed(res); err != nil || !listed {
+				return r.dropUnlisted(ctx, entry, &rec, err)
+			}
+		}
+	}
+	return rec, true, nil
+}
+
+// isListed reads a ZSCORE reply: whether the index lists the member.
+func isListed(res rueidis.RedisResult) (bool, error) {
+	err := res.Error()
+	if rueidis.IsRedisNil(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// dropUnlisted deletes entry, read as rec, which one of its tag indexes
+// does not list (unless err: the check failed, which is returned), and
+// reports it absent. A failed deletion is an error, so that the caller
+// loads without the store: acquire would register the entry again and
+// return it as fresh.
+func (r *RedisStore) dropUnlisted(ctx context.Context, entry string, rec *record, err error) (record, bool, error) {
+	if err == nil {
+		err = r.run(ctx, []scriptCall{{unlistedScript, []string{entry}, []string{fenceBytes(rec.fence)}}})[0].Error()
+	}
+	return record{}, false, err
+}
+
+// listedBefore reports whether every tag index rec names listed entry
+// before this acquire registered it (keys[j] listed[j]; indexes beyond
+// keys are asked now), deleting rec, if unchanged, when one did not.
+func (r *RedisStore) listedBefore(ctx context.Context, entry string, rec *record, keys []string, listed []bool) (bool, error) {
+	var rest []string
+	for _, k := range rec.tags {
+		if j := slices.Index(keys, k); j < 0 {
+			rest = append(rest, k)
+		} else if !listed[j] {
+			_, _, err := r.dropUnlisted(ctx, entry, rec, nil)
+			return false, err
+		}
+	}
+	if len(rest) > 0 {
+		cmds := make(rueidis.Commands, len(rest))
+		for i, k := range rest {
+			cmds[i] = r.client.B().Zscore().Key(k).Member(entry).Build()
+		}
+		for _, res := range r.client.DoMulti(ctx, cmds...) {
+			if ok, err := isListed(res); err != nil || !ok {
+				_, _, err = r.dropUnlisted(ctx, entry, rec, err)
+				return false, err
+			}
+		}
+	}
+	return true, nil
+}
