@@ -93,6 +93,9 @@ func (g *guardedStore) observe(ctx context.Context, err error) {
 		g.br.Observe(nil)
 	case errors.Is(err, limit.ErrInvalidRule), errors.Is(err, limit.ErrInvalidCost), errors.Is(err, limit.ErrNoChecks):
 		// our own mistake, not the store's health
+	case errors.Is(err, limit.ErrStoreRefused):
+		// the store answered: one key or command is wrong, not the store
+		// (counted, one tenant's bad key would take it down for all)
 	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
 		// the caller went away; says nothing about the store
 	default:

@@ -306,6 +306,13 @@ func (l *limiter) degrade(ctx context.Context, store limit.GuardedStore, tenant,
 		// The client went away; whatever we answer, nobody reads it.
 		return batch{unavailable: true}, ctx.Err()
 	}
+	if errors.Is(err, limit.ErrStoreRefused) {
+		// The store is up and refused this call (a key of the wrong type,
+		// a permission missing): no failure policy applies, on_error: open
+		// would admit what the store could not check.
+		l.log.Error("limit store refused the call: it cannot be decided and is refused", "err", err)
+		return batch{unavailable: true}, nil
+	}
 	l.stats.Degraded.WithLabelValues(string(onErr)).Inc()
 	if !errors.Is(err, ErrStoreDown) {
 		l.log.Warn("limit store failed; applying failure policy", "policy", onErr, "err", err)

@@ -124,6 +124,15 @@ func (r Rule) Capacity() int64 {
 // ErrInvalidRule means a Rule failed Validate.
 var ErrInvalidRule = errors.New("limit: invalid rule")
 
+// ErrStoreRefused means the store answered the call, but with an error of
+// its own about the call's keys or commands (a key of the wrong type, a
+// permission its user lacks, a script error) or with a reply the store
+// cannot read: it is up, and the call cannot be decided. Unlike a store
+// that does not answer (or answers that it cannot serve now: out of
+// memory, loading, a cluster failover), this is not the store's health,
+// and no failure policy that admits the call applies.
+var ErrStoreRefused = errors.New("limit: the store refused the call")
+
 // Validate reports whether r can be evaluated exactly by every store. Errors
 // wrap ErrInvalidRule.
 func (r Rule) Validate() error {

@@ -3,11 +3,13 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/mcpgate/mcpgate/limit"
 	"github.com/redis/rueidis"
 )
 
@@ -49,7 +51,34 @@ func (s *Store) exec(parent context.Context, b *batch) ([]rueidis.RedisMessage, 
 	fn, gen := s.functions(ctx)
 	r := s.retry(ctx, b, s.send(ctx, b, fn, false), fn, gen)
 	s.observe(parent, b, r.Error())
-	return r.ToArray()
+	arr, err := r.ToArray()
+	return arr, refused(err)
+}
+
+// refused wraps in limit.ErrStoreRefused an error reply that is about the
+// call rather than the server's state (see unhealthy).
+func refused(err error) error {
+	if rerr, ok := rueidis.IsRedisErr(err); ok && !unhealthy(rerr) {
+		return fmt.Errorf("%w: %w", limit.ErrStoreRefused, err)
+	}
+	return err
+}
+
+// unhealthy reports whether an error reply says the server cannot serve
+// calls now, whatever they are: out of memory under noeviction, loading,
+// a cluster or replica failover, a script busy, a failed background save.
+// Those are the store's health, as a timeout is.
+func unhealthy(rerr *rueidis.RedisError) bool {
+	if rerr.IsTryAgain() || rerr.IsClusterDown() || rerr.IsLoading() {
+		return true
+	}
+	msg := rerr.Error()
+	for _, p := range []string{"OOM ", "MASTERDOWN ", "READONLY ", "BUSY ", "NOREPLICAS ", "MISCONF "} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // retry sends b again (see send) while its reply r says it did not run,
@@ -134,6 +163,7 @@ func (s *Store) execMulti(parent context.Context, bs ...*batch) ([][]rueidis.Red
 		r = s.retry(ctx, bs[i], r, fn, gen)
 		s.observe(parent, bs[i], r.Error())
 		arrs[i], errs[i] = r.ToArray()
+		errs[i] = refused(errs[i])
 	}
 	return arrs, errs
 }

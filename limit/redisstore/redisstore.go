@@ -112,7 +112,7 @@ type Options struct {
 var ErrCrossSlot = errors.New("redisstore: checks of one batch are in different cluster slots")
 
 // errReply means the script answered something the store does not expect.
-var errReply = errors.New("unexpected script reply")
+var errReply = fmt.Errorf("%w: unexpected script reply", limit.ErrStoreRefused)
 
 //go:embed limit.lua
 var limitSource string
