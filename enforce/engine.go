@@ -141,7 +141,8 @@ func New(opts Options) (*Engine, error) {
 		}
 		e.ownLocal, local = ms, ms
 	}
-	e.lim = &limiter{local: local, denials: newDenialCache(0, e.now), log: e.log, stats: e.metrics, tracer: opts.Tracer}
+	e.lim = &limiter{local: local, denials: newDenialCache(0, e.now), log: e.log, stats: e.metrics, tracer: opts.Tracer,
+		closing: make(chan struct{})}
 	e.lim.breakers = newBreakerCache(e.now, e.breakerOpened)
 	if opts.Shared != nil {
 		e.metrics.StoreUp.Set(1)
@@ -228,6 +229,8 @@ func (e *Engine) Config() *policy.Config { return e.cfg.Load().cfg }
 func (e *Engine) Close() error {
 	var err error
 	e.closeOnce.Do(func() {
+		close(e.lim.closing) // failed releases are no longer tried again
+		e.lim.retries.Wait()
 		if e.stopMeter != nil {
 			// the final flush: what was admitted reaches the usage store
 			e.stopMeter()

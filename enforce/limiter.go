@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -91,6 +93,12 @@ type limiter struct {
 	log      *slog.Logger
 	stats    *metrics.Metrics
 	tracer   trace.Tracer // nil: no span
+
+	// Releases that failed, tried again in the background (retryRelease)
+	// until closing is closed (Engine.Close, which waits for them).
+	retries  sync.WaitGroup
+	retrying atomic.Int64
+	closing  chan struct{}
 }
 
 func noRelease(context.Context) {}
@@ -359,14 +367,59 @@ func (l *limiter) rememberDenial(s limit.GuardedStore, checks []limit.Check, cos
 }
 
 // releaseLease frees the slots of checks held under lease in s. A failure
-// is logged: the slots free themselves when the lease expires.
+// (a timeout, the store breaker open) is tried again in the background
+// (retryRelease): left to the lease's expiry, a short outage would hold a
+// tenant's slots, and refuse its calls, for a whole lease after the store
+// is back.
 func (l *limiter) releaseLease(ctx context.Context, s limit.Store, checks []limit.Check, lease string) {
 	if s == nil || lease == "" || len(checks) == 0 {
 		return
 	}
 	if err := s.Release(ctx, checks, lease); err != nil {
-		l.log.Warn("releasing concurrency slots failed: they free themselves when the lease expires", "err", err)
+		l.log.Warn("releasing concurrency slots failed: tried again until their lease expires", "err", err)
+		l.retryRelease(s, checks, lease)
 	}
+}
+
+// maxReleaseRetries bounds the failed releases tried again at once; past it
+// a failed release is left to its lease's expiry.
+const maxReleaseRetries = 1024
+
+// retryRelease tries to release lease again, 1 s after the failure and
+// then twice as long each time (at most 30 s), while the lease would still
+// hold the slots (the longest Period of checks' concurrency rules).
+// Releasing twice is harmless: a lease released is gone.
+func (l *limiter) retryRelease(s limit.Store, checks []limit.Check, lease string) {
+	var life time.Duration
+	for _, c := range checks {
+		if c.Rule.Algorithm == limit.Concurrency {
+			life = max(life, c.Rule.Period)
+		}
+	}
+	if life == 0 {
+		return
+	}
+	if l.retrying.Add(1) > maxReleaseRetries {
+		l.retrying.Add(-1)
+		return
+	}
+	end := time.Now().Add(life)
+	l.retries.Go(func() {
+		defer l.retrying.Add(-1)
+		for wait := time.Second; time.Now().Add(wait).Before(end); wait = min(2*wait, 30*time.Second) {
+			select {
+			case <-l.closing:
+				return
+			case <-time.After(wait):
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+			err := s.Release(ctx, checks, lease)
+			cancel()
+			if err == nil {
+				return
+			}
+		}
+	})
 }
 
 // admit is decide inside a "mcpgate.admit" span (when a tracer is set and
