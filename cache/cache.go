@@ -40,7 +40,7 @@ var ErrInvalidOptions = errors.New("cache: invalid options")
 var ErrLoaderPanic = errors.New("cache: loader panicked")
 
 // ErrLoaderAbandoned means a Loader had not returned a short grace period
-// (100ms) after its context ended (Options.LoadTimeout): it ignores its
+// (1s) after its context ended (Options.LoadTimeout): it ignores its
 // context. Every caller waiting for that load gets this error, which wraps
 // the context's (context.DeadlineExceeded); the entry's lock is released,
 // nothing is stored, and the Loader is left to end on its own, not waited
@@ -59,7 +59,7 @@ type Options struct {
 	LockTTL time.Duration
 	// LoadTimeout bounds one load: the Loader's context, detached from
 	// the callers' contexts, is cancelled after it. A Loader that has not
-	// returned 100ms later is abandoned (ErrLoaderAbandoned): its callers,
+	// returned 1s later is abandoned (ErrLoaderAbandoned): its callers,
 	// the entry's lock and Close stop waiting for it. Default LockTTL.
 	LoadTimeout time.Duration
 	// WaitTimeout bounds how long a caller waits for a load running
@@ -83,12 +83,27 @@ type Options struct {
 	// operations are then skipped (ErrStoreSkipped), so an outage adds no
 	// timeout to a Get, until a background probe (PING every
 	// ProbeInterval) sees the store answer. Only stores that do I/O have
-	// one (RedisStore). Default DefaultBreakerFailures; negative: no
-	// breaker.
+	// one (RedisStore). A failed or skipped invalidation opens it at
+	// once, whatever the count, until it is replayed (see Invalidate).
+	// Default DefaultBreakerFailures; negative: no breaker (and failed
+	// invalidations are not remembered).
 	BreakerFailures int
 	// ProbeInterval is how often the probe of an open breaker runs.
 	// Default DefaultProbeInterval.
 	ProbeInterval time.Duration
+	// MaxPendingInvalidations bounds the failed invalidations a Cache with
+	// a breaker remembers for replay, counted in (scope, tag) pairs (see
+	// Invalidate). A failed invalidation opens the breaker, and the probe
+	// closes it only once every remembered one has been replayed on the
+	// store. Past the bound a failed invalidation is lost (logged,
+	// Stats.LostInvalidations): the store then stays unavailable (Gets
+	// served by their Loader) until every entry it may have missed has
+	// expired, that is for the longest life an entry of this Cache can
+	// get (TTL or NegativeTTL, stale window, LoadTimeout and Timeout; a
+	// day when this Cache has loaded nothing yet) after the loss. Other
+	// instances know nothing of a lost invalidation. Default
+	// DefaultMaxPendingInvalidations.
+	MaxPendingInvalidations int
 	// Beta scales XFetch early refresh: a value whose load took delta is
 	// refreshed before expiry when now - delta*Beta*ln(rand()) >= expiry.
 	// Larger refreshes earlier; negative disables early refresh. Default
@@ -205,6 +220,15 @@ type Stats struct {
 	// StoreSkipped counts store operations not attempted: the breaker was
 	// open.
 	StoreSkipped int64
+	// FailedInvalidations counts the (scope, tag) pairs of Invalidate
+	// calls that failed or were skipped by the breaker, remembered for
+	// replay unless over Options.MaxPendingInvalidations (then also in
+	// LostInvalidations). ReplayedInvalidations counts the remembered
+	// pairs the probe replayed (a pair that failed again before its replay
+	// is replayed once); PendingInvalidations is how many wait for their
+	// replay now. Only a Cache with a breaker has any.
+	FailedInvalidations, ReplayedInvalidations, LostInvalidations int64
+	PendingInvalidations                                          int64
 }
 
 type counters struct {
@@ -262,8 +286,8 @@ type flight struct {
 
 // New returns a Cache over store, behind a breaker (see
 // Options.BreakerFailures) when store does I/O. It fails with
-// ErrInvalidOptions on a negative duration, a NaN Beta or a negative
-// WarmConcurrency.
+// ErrInvalidOptions on a negative duration, a NaN Beta, a negative
+// WarmConcurrency or MaxPendingInvalidations.
 func New(store Store, opts *Options) (*Cache, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidOptions)
@@ -278,8 +302,9 @@ func New(store Store, opts *Options) (*Cache, error) {
 			return nil, fmt.Errorf("%w: negative %s %v", ErrInvalidOptions, name, d)
 		}
 	}
-	if math.IsNaN(o.Beta) || math.IsInf(o.Beta, 0) || o.WarmConcurrency < 0 {
-		return nil, fmt.Errorf("%w: Beta %v, WarmConcurrency %d", ErrInvalidOptions, o.Beta, o.WarmConcurrency)
+	if math.IsNaN(o.Beta) || math.IsInf(o.Beta, 0) || o.WarmConcurrency < 0 || o.MaxPendingInvalidations < 0 {
+		return nil, fmt.Errorf("%w: Beta %v, WarmConcurrency %d, MaxPendingInvalidations %d",
+			ErrInvalidOptions, o.Beta, o.WarmConcurrency, o.MaxPendingInvalidations)
 	}
 	_, local := store.(*MemoryStore)
 	c := &Cache{
@@ -316,7 +341,11 @@ func New(store Store, opts *Options) (*Cache, error) {
 		if failures == 0 {
 			failures = DefaultBreakerFailures
 		}
-		g, err := newGuardedStore(store, p, failures, or(o.ProbeInterval, DefaultProbeInterval), c.timeout, c.log)
+		maxPending := o.MaxPendingInvalidations
+		if maxPending == 0 {
+			maxPending = DefaultMaxPendingInvalidations
+		}
+		g, err := newGuardedStore(store, p, failures, maxPending, or(o.ProbeInterval, DefaultProbeInterval), c.timeout, c.log)
 		if err != nil {
 			return nil, err
 		}
@@ -346,12 +375,18 @@ func (c *Cache) token() string {
 // Stats returns the counters.
 func (c *Cache) Stats() Stats {
 	s := &c.stats
-	return Stats{
+	st := Stats{
 		Hits: s.hits.Load(), Misses: s.misses.Load(), Stale: s.stale.Load(), Coalesced: s.coalesced.Load(),
 		Loads: s.loads.Load(), Refreshes: s.refreshes.Load(), Uncached: s.uncached.Load(),
 		Rejected: s.rejected.Load(), StoreErrors: s.storeErrors.Load(), Degraded: s.degraded.Load(),
 		StoreSkipped: c.skipped(),
 	}
+	if c.guard != nil {
+		p := c.guard.pend
+		st.FailedInvalidations, st.ReplayedInvalidations = p.failed.Load(), p.replayed.Load()
+		st.LostInvalidations, st.PendingInvalidations = p.lost.Load(), p.pending()
+	}
+	return st
 }
 
 func (c *Cache) skipped() int64 {
@@ -362,11 +397,12 @@ func (c *Cache) skipped() int64 {
 }
 
 // StoreAvailable reports whether store operations are attempted: false
-// while the store's breaker is open.
+// while the store's breaker is open, which includes while failed
+// invalidations wait for their replay (see Invalidate).
 func (c *Cache) StoreAvailable() bool { return c.guard == nil || c.guard.available() }
 
 // Close stops early refreshes and the breaker's probe, and waits for the
-// loads in flight (each bounded by LoadTimeout, plus 100ms for the Loader
+// loads in flight (each bounded by LoadTimeout, plus 1s for the Loader
 // to notice: a Loader still running then is abandoned, see
 // ErrLoaderAbandoned, and Close does not wait for it) and for the releases
 // of locks whose commit the breaker skipped (each bounded by Timeout).
@@ -450,6 +486,20 @@ func (c *Cache) early(rec *record) bool {
 // does not join a flight that began before it (it loads anew). An entry of
 // another scope is never touched: invalidate a tag of shared entries with
 // Shared(), a tenant's with Tenant(tenant).
+//
+// An invalidation that fails (a timeout, a connection error, an error
+// reply, ctx ending) or that the breaker skips (ErrStoreSkipped) is not
+// lost, when the store has a breaker (a RedisStore, unless
+// Options.BreakerFailures is negative): the Cache remembers its scope and
+// tags and treats the store as unavailable (the breaker opens at once, even
+// after a single failure, and Gets are served by their Loader, uncached)
+// until the breaker's probe has replayed every remembered invalidation on
+// the store; a replay that fails keeps the breaker open until the next
+// probe. So an entry the failed invalidation missed is never served again,
+// by this instance or, once replayed, by any other (until the replay, the
+// other instances' view of the store is not affected). Over
+// Options.MaxPendingInvalidations remembered pairs, see there. The error
+// is still returned: the invalidation did not happen yet.
 func (c *Cache) Invalidate(ctx context.Context, scope Scope, tags []string) (int, error) {
 	if len(tags) == 0 {
 		return 0, nil

@@ -21,7 +21,7 @@
 //     detached from the callers' contexts (context.WithoutCancel, bounded by
 //     Options.LoadTimeout): a caller that gives up gets its ctx error, the
 //     others still get the value. A Loader that ignores the end of its
-//     context is abandoned 100ms later: its callers get ErrLoaderAbandoned
+//     context is abandoned 1s later: its callers get ErrLoaderAbandoned
 //     (a context.DeadlineExceeded), its lock is released, and neither they
 //     nor Close wait for it.
 //   - A Get that begins after Invalidate returned does not join a flight of
@@ -87,6 +87,17 @@
 // background PING succeeds. Waiters for another instance's load stop
 // waiting when the breaker opens. The breaker logs when it opens and
 // closes; StoreAvailable reports its state.
+//
+// An invalidation that fails or is skipped is remembered, not lost: it
+// opens the breaker at once (even a single timeout with the breaker
+// closed), and the probe replays every remembered invalidation once the
+// store answers, closing the breaker only when all of them went through.
+// Until then Gets are served uncached, so an entry a failed invalidation
+// missed is never served again. At most Options.MaxPendingInvalidations
+// (scope, tag) pairs are remembered; past that, a lost invalidation keeps
+// the store unavailable until every entry it may have missed has expired
+// (Stats.FailedInvalidations, ReplayedInvalidations, LostInvalidations,
+// PendingInvalidations).
 //
 // A lock is never left behind by a caller that gave up on the store. The
 // deadline ends the caller's wait, not the round trips that take or give

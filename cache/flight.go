@@ -240,20 +240,25 @@ func (c *Cache) acquireOne(ctx context.Context, key Key, pol Policy, mode acquir
 }
 
 func (c *Cache) acquireReq(key Key, pol Policy, mode acquireMode, seen uint64, token string) acquireReq {
+	// The membership outlives the longest life the entry can get from a
+	// load starting now: a load longer than LoadTimeout is not stored, and
+	// its commit takes at most Timeout. It also bounds how long an entry a
+	// lost invalidation missed can be served (Options.MaxPendingInvalidations).
+	life := c.loadTimeout + c.timeout + max(pol.TTL, pol.NegativeTTL) + c.stale + 100*time.Millisecond
+	if c.guard != nil {
+		c.guard.noteLife(life)
+	}
 	return acquireReq{
-		entry: key.entry, scope: key.scope, tags: pol.Tags,
-		// The membership outlives the longest life the entry can get
-		// from a load starting now: a load longer than LoadTimeout is
-		// not stored, and its commit takes at most Timeout.
-		tagLife: c.loadTimeout + c.timeout + max(pol.TTL, pol.NegativeTTL) + c.stale + 100*time.Millisecond,
-		token:   token, lockTTL: c.lockTTL, fenceTTL: c.fenceTTL, mode: mode, seen: seen,
+		entry: key.entry, scope: key.scope, tags: pol.Tags, tagLife: life,
+		token: token, lockTTL: c.lockTTL, fenceTTL: c.fenceTTL, mode: mode, seen: seen,
 	}
 }
 
 // loadGrace is how long a load is waited for after its context ended
 // (LoadTimeout): room for a Loader that honours its context to notice and
-// return, before it is taken for one that ignores it and abandoned.
-const loadGrace = 100 * time.Millisecond
+// return (or, on a loaded machine, to be scheduled at all), before it is
+// taken for one that ignores it and abandoned.
+const loadGrace = time.Second
 
 // loaded is what one Loader call returned, and how long it took.
 type loaded struct {

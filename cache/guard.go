@@ -3,7 +3,9 @@ package cache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -35,22 +37,44 @@ type pinger interface {
 // a timeout, and a background probe closes it again once the store
 // answers. Error replies of the server do not count: a server that answers
 // is reachable, and skipping it would save no timeout.
+//
+// An invalidation that fails (or is skipped) is remembered (pend) and
+// pushes the breaker open whatever the count: until it is replayed, the
+// store may hold entries it was meant to drop, so no operation goes to the
+// store. The probe replays the remembered invalidations once the store
+// answers, and succeeds (closing the breaker) only when all of them went
+// through; otherwise the breaker stays open and the next probe tries again.
 type guardedStore struct {
 	Store
-	br *storeguard.Breaker
+	br      *storeguard.Breaker
+	pend    *pendingInvalidations
+	timeout time.Duration // bound of one round trip of a replay
+	log     *slog.Logger
+	// life is the longest life (ns) an entry of this Cache can get from a
+	// load starting now, the most seen (see noteLife); 0: none seen.
+	life    atomic.Int64
+	stopped atomic.Bool
 }
 
 var _ Store = (*guardedStore)(nil)
 
-func newGuardedStore(s Store, p pinger, failures int, interval, timeout time.Duration, log *slog.Logger) (*guardedStore, error) {
+func newGuardedStore(s Store, p pinger, failures, maxPending int, interval, timeout time.Duration, log *slog.Logger) (*guardedStore, error) {
+	g := &guardedStore{Store: s, pend: newPendingInvalidations(maxPending), timeout: timeout, log: log}
 	br, err := storeguard.New(storeguard.Options{
-		Probe: p.ping, Failures: failures, ProbeInterval: interval, ProbeTimeout: timeout,
+		Probe: func(ctx context.Context) error {
+			if err := p.ping(ctx); err != nil {
+				return err
+			}
+			return g.replay()
+		},
+		Failures: failures, ProbeInterval: interval, ProbeTimeout: timeout,
 		Name: "cache store", Logger: log,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &guardedStore{Store: s, br: br}, nil
+	g.br = br
+	return g, nil
 }
 
 // opened returns a channel closed once the breaker is open (already, or
@@ -58,11 +82,78 @@ func newGuardedStore(s Store, p pinger, failures int, interval, timeout time.Dur
 // then, as that value cannot reach them through a store that is down.
 func (g *guardedStore) opened() <-chan struct{} { return g.br.Opened() }
 
-// available reports whether operations currently go to the store.
-func (g *guardedStore) available() bool { return g.br.Available() }
+// available reports whether operations currently go to the store: the
+// breaker is closed and no failed invalidation waits for its replay.
+func (g *guardedStore) available() bool { return g.br.Available() && !g.pend.dirty.Load() }
 
 // skip reports whether the breaker is open, counting the skipped operation.
-func (g *guardedStore) skip() bool { return g.br.Skip() }
+// Failed invalidations not yet replayed open it (again: it may have closed
+// after a replay that finished just before they failed).
+func (g *guardedStore) skip() bool {
+	if g.pend.dirty.Load() {
+		g.forceOpen()
+	}
+	return g.br.Skip()
+}
+
+// forceOpen opens the breaker, if closed, because a failed invalidation
+// waits for its replay: the store may serve the entries it missed. The
+// breaker opens on its Failures-th consecutive failure; concurrent answers
+// may reset the count, hence the loop, bounded in case the breaker can no
+// longer open (closed).
+func (g *guardedStore) forceOpen() {
+	for i := 0; i < 1000 && g.br.Available() && !g.stopped.Load(); i++ {
+		g.br.Observe(errPendingInvalidations)
+	}
+}
+
+// noteLife records that an entry loaded from now on may live up to life.
+func (g *guardedStore) noteLife(life time.Duration) {
+	for {
+		cur := g.life.Load()
+		if int64(life) <= cur || g.life.CompareAndSwap(cur, int64(life)) {
+			return
+		}
+	}
+}
+
+// remember records the failed invalidation of scope's tags and opens the
+// breaker until it is replayed.
+func (g *guardedStore) remember(scope Scope, tags []string, cause error) {
+	life := time.Duration(g.life.Load())
+	if life == 0 {
+		life = lostLifeUnknown
+	}
+	if lost := g.pend.add(scope, tags, life, time.Now()); lost > 0 {
+		g.log.Error("cache: failed invalidations over Options.MaxPendingInvalidations are lost: this instance serves without the cache until every entry they may have missed has expired; other instances may serve those entries until then (invalidate the tags again once the store is back)",
+			"lost", lost, "lost_total", g.pend.lost.Load(), "uncached_for", life, "err", cause)
+	}
+	g.forceOpen()
+}
+
+// replay replays the remembered invalidations on the store (the probe's
+// success path: the store answers). It fails, keeping the breaker open,
+// unless all of them went through and no loss's period runs.
+func (g *guardedStore) replay() error {
+	if !g.pend.dirty.Load() {
+		return nil
+	}
+	n := 0
+	for _, b := range g.pend.batches() {
+		if g.stopped.Load() {
+			return ErrClosed
+		}
+		if _, err := g.Store.invalidate(context.Background(), b.scope, b.tags, g.timeout); err != nil {
+			return fmt.Errorf("cache: replaying failed invalidations: %w", err)
+		}
+		g.pend.done(b)
+		n += len(b.tags)
+	}
+	if n > 0 {
+		g.log.Info("cache: replayed failed invalidations", "tags", n, "replayed_total", g.pend.replayed.Load())
+	}
+	return g.pend.settle(time.Now())
+}
 
 func (g *guardedStore) read(ctx context.Context, key Key, tags []string) (record, bool, error) {
 	if g.skip() {
@@ -129,12 +220,19 @@ func (g *guardedStore) subscribe(ctx context.Context, entry string) (subscriptio
 	return s, err
 }
 
+// invalidate remembers an invalidation that fails or is skipped, whatever
+// the cause (a timeout, an error reply, the caller leaving: what it did is
+// unknown), and opens the breaker until the probe replayed it.
 func (g *guardedStore) invalidate(ctx context.Context, scope Scope, tags []string, step time.Duration) (int, error) {
 	if g.skip() {
+		g.remember(scope, tags, ErrStoreSkipped)
 		return 0, ErrStoreSkipped
 	}
 	n, err := g.Store.invalidate(ctx, scope, tags, step)
 	g.observe(ctx, err)
+	if err != nil {
+		g.remember(scope, tags, err)
+	}
 	return n, err
 }
 
@@ -164,5 +262,9 @@ func failed(ctx context.Context, err error) bool {
 	return true
 }
 
-// close stops the probe and waits for it.
-func (g *guardedStore) close() { g.br.Close() }
+// close stops the probe (a replay in progress stops after its current
+// round trip) and waits for it.
+func (g *guardedStore) close() {
+	g.stopped.Store(true)
+	g.br.Close()
+}
