@@ -3,16 +3,12 @@ package enforce
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
-	"github.com/mcpgate/mcpgate/limit/redisstore"
-	"github.com/mcpgate/mcpgate/metrics"
-	"github.com/mcpgate/mcpgate/policy"
 )
 
 // A store that answers one tenant's call with an error reply (here a key
@@ -22,32 +18,14 @@ import (
 // bad key used to take the store down for all, and on_error: open then
 // admitted everyone unchecked).
 func TestStoreRefusalIsNotAnOutage(t *testing.T) {
-	r := testenv.StartRedis(t, nil)
-	client := r.Client(t)
-	rs, err := redisstore.New(client, &redisstore.Options{Timeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rs.Close)
-	cfg, err := policy.Parse("x.yaml", []byte(`upstream: {url: "http://127.0.0.1:1/mcp"}
-auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
-store: {timeout: 2s, on_error: open}
+	e, client := redisEngine(t, testenv.StartRedis(t, nil), 2*time.Second, `store: {timeout: 2s, on_error: open}
 breaker: {consecutive_denials: 5, cooldown: 1s}
 tiers:
   free:
     limits:
       - {name: calls, per: tenant, algorithm: fixed_window, limit: 100, period: 1h}
 default_tier: free
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := New(Options{Config: cfg, Shared: rs, Metrics: metrics.New(), Logger: slog.New(slog.DiscardHandler),
-		Probe: func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+`)
 	ctx := context.Background()
 	// The bad tenant's breaker state is a string: the library's HMGET of
 	// it gets WRONGTYPE.
@@ -70,7 +48,7 @@ default_tier: free
 		t.Error("the store breaker opened on error replies")
 	}
 	// The store's own error, as the engine sees it.
-	_, err = e.guard.Evaluate(ctx, limit.Request{Checks: []limit.Check{{Rule: limit.Rule{Name: "r", Algorithm: limit.FixedWindow, Limit: 1, Period: time.Hour},
+	_, err := e.guard.Evaluate(ctx, limit.Request{Checks: []limit.Check{{Rule: limit.Rule{Name: "r", Algorithm: limit.FixedWindow, Limit: 1, Period: time.Hour},
 		Key: keyspace.Counter(keyspace.PerTenant, "fixed_window", "r", keyspace.Owner{Tenant: "bad"})}},
 		Breaker: &limit.BreakerSpec{Key: keyspace.Breaker("bad", "subject:a"), Tenant: "bad", Subject: "a", ID: "subject:a",
 			ConsecutiveDenials: 5, Cooldown: time.Second, MaxCooldown: time.Second, ProbeLease: time.Second}, Cost: 1})

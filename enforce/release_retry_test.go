@@ -10,6 +10,7 @@ import (
 	"github.com/mcpgate/mcpgate/limit/redisstore"
 	"github.com/mcpgate/mcpgate/metrics"
 	"github.com/mcpgate/mcpgate/policy"
+	"github.com/redis/rueidis"
 )
 
 // A concurrency slot whose release failed (the store breaker open when
@@ -18,30 +19,13 @@ import (
 // tenant's next call is admitted.
 func TestFailedReleaseIsTriedAgain(t *testing.T) {
 	r := testenv.StartRedis(t, nil)
-	client := r.Client(t)
-	rs, err := redisstore.New(client, &redisstore.Options{Timeout: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rs.Close)
-	cfg, err := policy.Parse("x.yaml", []byte(`upstream: {url: "http://127.0.0.1:1/mcp"}
-auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
-store: {timeout: 300ms, on_error: closed}
+	e, _ := redisEngine(t, r, 300*time.Millisecond, `store: {timeout: 300ms, on_error: closed}
 tiers:
   free:
     limits:
       - {name: inflight, per: tenant, algorithm: concurrency, limit: 1, period: 1h}
 default_tier: free
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := New(Options{Config: cfg, Shared: rs, Metrics: metrics.New(), Logger: slog.New(slog.DiscardHandler),
-		Probe: func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+`)
 	ctx := context.Background()
 	call := Call{Tenant: "acme", Subject: "a", Name: "echo"}
 	var tk *Ticket
@@ -66,4 +50,28 @@ default_tier: free
 		tk.Done(ctx, Outcome{})
 		return d.Allowed
 	})
+}
+
+// redisEngine is an engine on r (its store's timeout storeTimeout) with
+// the config yaml after the upstream and auth sections, closed with the
+// test, and a client of r of its own.
+func redisEngine(t *testing.T, r *testenv.Redis, storeTimeout time.Duration, yaml string) (*Engine, rueidis.Client) {
+	t.Helper()
+	client := r.Client(t)
+	rs, err := redisstore.New(client, &redisstore.Options{Timeout: storeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rs.Close)
+	cfg, err := policy.Parse("x.yaml", []byte("upstream: {url: \"http://127.0.0.1:1/mcp\"}\nauth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}\n"+yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Options{Config: cfg, Shared: rs, Metrics: metrics.New(), Logger: slog.New(slog.DiscardHandler),
+		Probe: func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e, r.Client(t)
 }
