@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -41,9 +40,7 @@ func marked(marker string) []int {
 // open, so its end cannot tell) and the helper is stopped; the server is
 // restarted, with a new helper, which Close stops too.
 func TestStdioProcessGroupIsStopped(t *testing.T) {
-	if _, err := exec.LookPath("sh"); err != nil {
-		t.Skip("no sh")
-	}
+	testenv.RequireBinary(t, "sh")
 	marker := fmt.Sprintf("federate-helper-%d-%d", os.Getpid(), time.Now().UnixNano())
 	t.Cleanup(func() {
 		for _, pid := range marked(marker) {
