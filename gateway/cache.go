@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mcpgate/mcpgate/enforce"
+	"github.com/mcpgate/mcpgate/federate"
 
 	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/mcp"
@@ -45,12 +46,11 @@ func (u *uncacheable) Error() string {
 // moment.
 func finalResult(result json.RawMessage) bool {
 	var r struct {
-		ResultType string `json:"resultType"`
-		Meta       struct {
-			Refusal bool `json:"io.mcpgate/refusal"`
-		} `json:"_meta"`
+		ResultType string                     `json:"resultType"`
+		Meta       map[string]json.RawMessage `json:"_meta"`
 	}
-	return json.Unmarshal(result, &r) == nil && (r.ResultType == "" || r.ResultType == "complete") && !r.Meta.Refusal
+	return json.Unmarshal(result, &r) == nil && (r.ResultType == "" || r.ResultType == "complete") &&
+		string(r.Meta[federate.MetaRefusal]) != "true"
 }
 
 // keyedParams are the members of tools/call params a cache key covers

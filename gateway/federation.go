@@ -40,7 +40,7 @@ type federation struct {
 	// fire, with their clearer errors.
 	timeout time.Duration
 	// limits is the configuration whose upstream limits a tool's name must
-	// not misplace (checkAttribution): the one in force, set by check.
+	// not misplace (attribution): the one in force, set by applied.
 	limits *atomic.Pointer[policy.Config]
 }
 
@@ -68,8 +68,8 @@ func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (
 	}
 	limits := new(atomic.Pointer[policy.Config])
 	limits.Store(cfg)
-	// A name an upstream lists later (list_changed) is checked as the
-	// start-up listing is, against the configuration then in force.
+	// Every name an upstream lists, at start (New fails) and later
+	// (list_changed), against the configuration then in force.
 	opts.AcceptTool = func(upstream, tool string) error { return attribution(limits.Load(), upstream, tool) }
 	opts.OnState = func(upstream string, s federate.State) { setUpstreamState(m, upstream, s) }
 	opts.OnCall = func(upstream string, o federate.Outcome) { m.UpstreamCalls.WithLabelValues(upstream, string(o)).Inc() }
@@ -80,10 +80,6 @@ func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (
 	fed, err := federate.New(context.Background(), opts)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: upstreams: %w", err)
-	}
-	if err := checkAttribution(cfg, fed); err != nil {
-		fed.Close()
-		return nil, err
 	}
 	ln := newPipeListener()
 	secret := make([]byte, 32)
@@ -109,8 +105,9 @@ type catalog interface {
 // checkAttribution refuses a catalog whose names the configuration would
 // put under the wrong upstream: limits find a tool's upstream by its name
 // (policy.Config.UpstreamOf), so a bare upstream exposing "search__x" would
-// be counted by search's limits. It runs at start and on every reload
-// (upstreams' limits follow a reload).
+// be counted by search's limits. It runs on every reload, whose upstream
+// limits may differ (at start and at every listing, the federation asks
+// attribution of each name itself: federate.Options.AcceptTool).
 func checkAttribution(cfg *policy.Config, fed catalog) error {
 	for _, tool := range fed.Tools() {
 		serving, _ := fed.UpstreamOf(tool)
