@@ -80,19 +80,7 @@ func closeWithin(t *testing.T, f *federate.Federator, d time.Duration) {
 // idle timeout, the process is killed and restarted, the call fails, and
 // Close returns.
 func TestStdioServerThatStopsReading(t *testing.T) {
-	f, err := federate.New(context.Background(), federate.Options{
-		Logger: slog.New(slog.DiscardHandler),
-		Upstreams: []federate.Upstream{
-			{Name: "w", Command: stdioCommand(t), Env: map[string]string{wedgeEnv: "1"}, Prefix: "w__", Timeout: time.Second},
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeWithin(t, f, 20*time.Second) })
-	ts := httptest.NewServer(f.Handler())
-	t.Cleanup(ts.Close)
-	cs := connect(t, ts.URL, newClient("test-client", nil))
+	f, cs := startWedging(t, slog.New(slog.DiscardHandler), time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "w__stall"}); err == nil || !strings.Contains(err.Error(), "timed out") {
@@ -127,19 +115,7 @@ func TestStdioServerThatStopsReading(t *testing.T) {
 // does not wait for the session's calls to end.
 func TestCloseStopsAServerThatStopsReading(t *testing.T) {
 	var log testenv.SyncBuffer // the server's stderr
-	f, err := federate.New(context.Background(), federate.Options{
-		Logger: slog.New(slog.NewTextHandler(&log, nil)),
-		Upstreams: []federate.Upstream{
-			{Name: "w", Command: stdioCommand(t), Env: map[string]string{wedgeEnv: "1"}, Prefix: "w__", Timeout: 5 * time.Minute},
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeWithin(t, f, 20*time.Second) })
-	ts := httptest.NewServer(f.Handler())
-	t.Cleanup(ts.Close)
-	cs := connect(t, ts.URL, newClient("test-client", nil))
+	f, cs := startWedging(t, slog.New(slog.NewTextHandler(&log, nil)), 5*time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	stallCtx, stop := context.WithCancel(ctx)
@@ -166,4 +142,24 @@ func TestCloseStopsAServerThatStopsReading(t *testing.T) {
 		t.Error("w__echo got no answer after Close")
 	}
 	<-stalled
+}
+
+// startWedging is a Federator of one stdio upstream "w" (prefix w__) that
+// stops reading its stdin on w__stall (wedgeEnv), its calls' idle timeout
+// timeout, closed with the test (within 20 s), and a client connected to it.
+func startWedging(t *testing.T, log *slog.Logger, timeout time.Duration) (*federate.Federator, *mcp.ClientSession) {
+	t.Helper()
+	f, err := federate.New(context.Background(), federate.Options{
+		Logger: log,
+		Upstreams: []federate.Upstream{
+			{Name: "w", Command: stdioCommand(t), Env: map[string]string{wedgeEnv: "1"}, Prefix: "w__", Timeout: timeout},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeWithin(t, f, 20*time.Second) })
+	ts := httptest.NewServer(f.Handler())
+	t.Cleanup(ts.Close)
+	return f, connect(t, ts.URL, newClient("test-client", nil))
 }
