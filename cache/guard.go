@@ -97,15 +97,8 @@ func (g *guardedStore) skip() bool {
 }
 
 // forceOpen opens the breaker, if closed, because a failed invalidation
-// waits for its replay: the store may serve the entries it missed. The
-// breaker opens on its Failures-th consecutive failure; concurrent answers
-// may reset the count, hence the loop, bounded in case the breaker can no
-// longer open (closed).
-func (g *guardedStore) forceOpen() {
-	for i := 0; i < 1000 && g.br.Available() && !g.stopped.Load(); i++ {
-		g.br.Observe(errPendingInvalidations)
-	}
-}
+// waits for its replay: the store may serve the entries it missed.
+func (g *guardedStore) forceOpen() { g.br.Trip(errPendingInvalidations) }
 
 // noteLife records that an entry loaded from now on may live up to life.
 func (g *guardedStore) noteLife(life time.Duration) {

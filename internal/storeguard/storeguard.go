@@ -128,6 +128,12 @@ func (b *Breaker) Observe(cause error) {
 	}
 }
 
+// Trip opens the breaker at once, as its Failures-th consecutive failure
+// would, for a cause that is not one call's failure (a caller knows the
+// store must not be trusted until a probe succeeds). It does nothing when
+// the breaker is already open or was closed.
+func (b *Breaker) Trip(cause error) { b.trip(cause) }
+
 func (b *Breaker) trip(cause error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

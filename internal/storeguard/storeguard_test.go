@@ -3,6 +3,7 @@ package storeguard
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -81,5 +82,37 @@ func TestCloseStopsTheProbe(t *testing.T) {
 	b.Close() // idempotent
 	if _, err := New(Options{}); err == nil {
 		t.Fatal("New without a Probe succeeded")
+	}
+}
+
+// Trip opens the breaker at once, whatever the failure count; a probe
+// closes it as after failures; after Close it does nothing.
+func TestTrip(t *testing.T) {
+	var down atomic.Bool
+	down.Store(true)
+	b, err := New(Options{Failures: 1000, ProbeInterval: time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+		Probe: func(context.Context) error {
+			if down.Load() {
+				return errors.New("down")
+			}
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Trip(errors.New("not to be trusted"))
+	if b.Available() {
+		t.Fatal("Trip left the breaker closed")
+	}
+	down.Store(false)
+	for deadline := time.Now().Add(10 * time.Second); !b.Available(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no probe closed the breaker a Trip opened")
+		}
+	}
+	b.Close()
+	b.Trip(errors.New("after Close"))
+	if !b.Available() {
+		t.Error("Trip after Close opened the breaker")
 	}
 }
