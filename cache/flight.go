@@ -8,8 +8,6 @@ import (
 	mrand "math/rand/v2"
 	"runtime/debug"
 	"time"
-
-	"github.com/mcpgate/mcpgate/keyspace"
 )
 
 // This file is a flight's work: start or join one, find or load a value
@@ -387,14 +385,7 @@ func (c *Cache) newRecord(v []byte, neg bool, fence uint64, delta time.Duration,
 	// A load measured as instant still gets a positive delta, as Redis
 	// stores it: XFetch never refreshes an entry whose delta is 0.
 	delta = max(delta, time.Millisecond)
-	var tags []string
-	if len(pol.Tags) > 0 {
-		tags = make([]string, len(pol.Tags))
-		for i, tag := range pol.Tags {
-			tags[i] = keyspace.CacheTag(key.scope, tag)
-		}
-	}
-	return record{value: v, negative: neg, fence: fence, delta: delta, stale: stale, life: ttl + stale, tags: tags}
+	return record{value: v, negative: neg, fence: fence, delta: delta, stale: stale, life: ttl + stale, tags: tagKeys(key.scope, pol.Tags)}
 }
 
 func (c *Cache) release(ctx context.Context, reqs []releaseReq) {

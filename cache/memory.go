@@ -363,20 +363,20 @@ func (s *MemoryStore) acquire(_ context.Context, reqs []acquireReq) []acquireRes
 	out := make([]acquireRes, len(reqs))
 	for i := range reqs {
 		r := &reqs[i]
-		out[i] = s.acquireOne(r, tagKeys(r))
+		out[i] = s.acquireOne(r, tagKeys(r.scope, r.tags))
 	}
 	return out
 }
 
-// tagKeys returns the keys of r's tag indexes, built before the shard is
-// locked.
-func tagKeys(r *acquireReq) []string {
-	if len(r.tags) == 0 {
+// tagKeys returns the keys of scope's indexes of tags (nil for none): the
+// one place a store or a record builds them.
+func tagKeys(scope Scope, tags []string) []string {
+	if len(tags) == 0 {
 		return nil
 	}
-	keys := make([]string, len(r.tags))
-	for i, tag := range r.tags {
-		keys[i] = keyspace.CacheTag(r.scope, tag)
+	keys := make([]string, len(tags))
+	for i, tag := range tags {
+		keys[i] = keyspace.CacheTag(scope, tag)
 	}
 	return keys
 }

@@ -242,10 +242,9 @@ func (r *RedisStore) acquireChecked(ctx context.Context, reqs []acquireReq, chec
 	for k, q := range reqs {
 		// Tag registrations first in the pipeline: they complete before
 		// the lock reply reaches the loader.
-		keys[k] = make([]string, len(q.tags))
-		for j, tag := range q.tags {
-			keys[k][j] = keyspace.CacheTag(q.scope, tag)
-			calls = append(calls, scriptCall{tagScript, []string{keys[k][j]}, []string{q.entry, ms(q.tagLife)}})
+		keys[k] = tagKeys(q.scope, q.tags)
+		for _, tk := range keys[k] {
+			calls = append(calls, scriptCall{tagScript, []string{tk}, []string{q.entry, ms(q.tagLife)}})
 		}
 		mode, seen := "m", ""
 		if q.mode == modeRefresh {

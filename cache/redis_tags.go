@@ -5,8 +5,6 @@ import (
 	"slices"
 
 	"github.com/redis/rueidis"
-
-	"github.com/mcpgate/mcpgate/keyspace"
 )
 
 // This file is RedisStore's check that an entry is still listed by its tag
@@ -22,13 +20,9 @@ func (r *RedisStore) read(ctx context.Context, key Key, tags []string) (record, 
 	cmds := make(rueidis.Commands, 2, 2+len(tags))
 	cmds[0] = r.client.B().Get().Key(entry).Build()
 	cmds[1] = r.client.B().Pttl().Key(entry).Build()
-	var hint []string
-	if len(tags) > 0 {
-		hint = make([]string, len(tags))
-		for i, tag := range tags {
-			hint[i] = keyspace.CacheTag(key.scope, tag)
-			cmds = append(cmds, r.client.B().Zscore().Key(hint[i]).Member(entry).Build())
-		}
+	hint := tagKeys(key.scope, tags)
+	for _, tk := range hint {
+		cmds = append(cmds, r.client.B().Zscore().Key(tk).Member(entry).Build())
 	}
 	res := r.client.DoMulti(ctx, cmds...)
 	b, err := res[0].AsBytes()
