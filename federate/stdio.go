@@ -170,13 +170,16 @@ func (up *upstream) watch(p *process) {
 	_ = p.stderr.Close()
 }
 
-// drain waits until ch is closed, for at most d.
-func drain(ch <-chan struct{}, d time.Duration) {
+// drain waits until ch is closed, for at most d, and reports whether it
+// was.
+func drain(ch <-chan struct{}, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ch:
+		return true
 	case <-t.C:
+		return false
 	}
 }
 
@@ -407,11 +410,7 @@ func (up *upstream) endSession(cs *mcp.ClientSession, pipe *stdioPipe) {
 	if err := pipe.Close(); err != nil {
 		up.f.log.Error("upstream process did not stop", "upstream", up.cfg.Name, "err", err)
 	}
-	t := time.NewTimer(stopWait)
-	defer t.Stop()
-	select {
-	case <-closed:
-	case <-t.C:
+	if !drain(closed, stopWait) {
 		up.f.log.Warn("upstream session did not close after its process stopped", "upstream", up.cfg.Name)
 	}
 }

@@ -235,12 +235,8 @@ func (up *upstream) forgetFirstLimitedLocked() {
 func (up *upstream) limitedUntilLocked(key string, now time.Time) time.Time {
 	until := up.limited
 	if key != "" {
-		if t, ok := up.limitedBy[key]; ok {
-			if !now.Before(t) {
-				delete(up.limitedBy, key)
-			} else if t.After(until) {
-				until = t
-			}
+		if t, ok := up.limitedBy[key]; ok && t.After(until) {
+			until = t // an expired one is over: tick prunes it
 		}
 	}
 	if !now.Before(until) {
