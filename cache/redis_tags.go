@@ -44,27 +44,9 @@ func (r *RedisStore) read(ctx context.Context, key Key, tags []string) (record, 
 	if !ok || len(rec.tags) == 0 {
 		return rec, ok, nil
 	}
-	var rest []string
-	for _, k := range rec.tags {
-		i := slices.Index(hint, k)
-		if i < 0 {
-			rest = append(rest, k)
-			continue
-		}
-		if listed, err := isListed(res[2+i]); err != nil || !listed {
-			return r.dropUnlisted(ctx, entry, &rec, err)
-		}
-	}
-	if len(rest) > 0 {
-		cmds = make(rueidis.Commands, len(rest))
-		for i, k := range rest {
-			cmds[i] = r.client.B().Zscore().Key(k).Member(entry).Build()
-		}
-		for _, res := range r.client.DoMulti(ctx, cmds...) {
-			if listed, err := isListed(res); err != nil || !listed {
-				return r.dropUnlisted(ctx, entry, &rec, err)
-			}
-		}
+	listed, err := r.checkListed(ctx, entry, &rec, hint, func(j int) (bool, error) { return isListed(res[2+j]) })
+	if !listed || err != nil {
+		return record{}, false, err
 	}
 	return rec, true, nil
 }
@@ -94,25 +76,38 @@ func (r *RedisStore) dropUnlisted(ctx context.Context, entry string, rec *record
 // before this acquire registered it (keys[j] listed[j]; indexes beyond
 // keys are asked now), deleting rec, if unchanged, when one did not.
 func (r *RedisStore) listedBefore(ctx context.Context, entry string, rec *record, keys []string, listed []bool) (bool, error) {
+	return r.checkListed(ctx, entry, rec, keys, func(j int) (bool, error) { return listed[j], nil })
+}
+
+// checkListed reports whether every tag index rec names lists entry:
+// known(j) answers for keys[j] (from a reply already in hand), and the
+// indexes rec names beyond keys are asked now, in one round trip. When one
+// does not list it, rec is deleted if unchanged (dropUnlisted); when an
+// answer is an error, that error is returned and nothing is deleted.
+func (r *RedisStore) checkListed(ctx context.Context, entry string, rec *record, keys []string, known func(j int) (bool, error)) (bool, error) {
 	var rest []string
 	for _, k := range rec.tags {
-		if j := slices.Index(keys, k); j < 0 {
+		j := slices.Index(keys, k)
+		if j < 0 {
 			rest = append(rest, k)
-		} else if !listed[j] {
-			_, _, err := r.dropUnlisted(ctx, entry, rec, nil)
+			continue
+		}
+		if listed, err := known(j); err != nil || !listed {
+			_, _, err = r.dropUnlisted(ctx, entry, rec, err)
 			return false, err
 		}
 	}
-	if len(rest) > 0 {
-		cmds := make(rueidis.Commands, len(rest))
-		for i, k := range rest {
-			cmds[i] = r.client.B().Zscore().Key(k).Member(entry).Build()
-		}
-		for _, res := range r.client.DoMulti(ctx, cmds...) {
-			if ok, err := isListed(res); err != nil || !ok {
-				_, _, err = r.dropUnlisted(ctx, entry, rec, err)
-				return false, err
-			}
+	if len(rest) == 0 {
+		return true, nil
+	}
+	cmds := make(rueidis.Commands, len(rest))
+	for i, k := range rest {
+		cmds[i] = r.client.B().Zscore().Key(k).Member(entry).Build()
+	}
+	for _, res := range r.client.DoMulti(ctx, cmds...) {
+		if listed, err := isListed(res); err != nil || !listed {
+			_, _, err = r.dropUnlisted(ctx, entry, rec, err)
+			return false, err
 		}
 	}
 	return true, nil
