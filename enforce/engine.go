@@ -102,6 +102,8 @@ type Engine struct {
 	ownLocal *memstore.Store
 	cache    *cache.Cache
 	ownCache bool
+	// dropCacheStats takes the cache's counters out of the metrics.
+	dropCacheStats func()
 	log      *slog.Logger
 	metrics  *metrics.Metrics
 	now      func() time.Time
@@ -171,18 +173,22 @@ func New(opts Options) (*Engine, error) {
 }
 
 func (e *Engine) openCache(c *cache.Cache) error {
-	if c != nil {
-		e.cache = c
-		return nil
+	if c == nil {
+		cs, err := cache.NewMemoryStore(nil)
+		if err != nil {
+			return err
+		}
+		if c, err = cache.New(cs, &cache.Options{Logger: e.log}); err != nil {
+			return err
+		}
+		e.ownCache = true
 	}
-	cs, err := cache.NewMemoryStore(nil)
-	if err != nil {
-		return err
-	}
-	if e.cache, err = cache.New(cs, &cache.Options{Logger: e.log}); err != nil {
-		return err
-	}
-	e.ownCache = true
+	e.cache = c
+	e.dropCacheStats = e.metrics.CacheInvalidations.Add(func() metrics.InvalidationCounts {
+		st := c.Stats()
+		return metrics.InvalidationCounts{Failed: st.FailedInvalidations, Replayed: st.ReplayedInvalidations,
+			Lost: st.LostInvalidations, Pending: st.PendingInvalidations}
+	})
 	return nil
 }
 
@@ -243,6 +249,9 @@ func (e *Engine) Close() error {
 
 func (e *Engine) closeOwned() error {
 	var err error
+	if e.dropCacheStats != nil {
+		e.dropCacheStats()
+	}
 	if e.ownCache && e.cache != nil {
 		err = e.cache.Close()
 	}

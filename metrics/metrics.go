@@ -74,6 +74,9 @@ type Metrics struct {
 	// store, as if uncached, by reason: skipped (its breaker is open) or
 	// error (a store operation failed or timed out).
 	CacheDegraded *prometheus.CounterVec
+	// CacheInvalidations exports the result caches' failed, replayed and
+	// lost invalidations (the engine adds its cache).
+	CacheInvalidations *CacheInvalidations
 	// AuditDropped counts audit lines lost: the audit buffer was full (a
 	// slow disk) or a write failed.
 	AuditDropped prometheus.Counter
@@ -103,7 +106,7 @@ func New() *Metrics {
 	m.TenantQuota, _ = NewQuotaUsage(DefaultQuotaThreshold, DefaultQuotaMaxTenants, nil) // valid constants
 	r.MustRegister(m.Requests, m.Denials, m.ShadowDenials, m.Degraded, m.DenialCacheHits,
 		m.DecisionSeconds, m.UpstreamSeconds, m.StoreUp, m.UsagePending, m.CostCorrections, m.Unmetered,
-		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.CacheDegraded,
+		m.BreakersOpened, m.AlertsFailed, m.CacheRequests, m.CacheDegraded, m.CacheInvalidations,
 		m.UpstreamSessions, m.UpstreamState, m.UpstreamCalls, m.SessionsEnded, m.NotificationsDropped, m.OpenConnections, m.AuditDropped, m.UsageFlushFailures, m.UsageLastFlush, m.TenantQuota)
 	presetLabels(m)
 	// The runtime collectors too carry the prefix: every name we serve starts
@@ -205,6 +208,7 @@ func (m *Metrics) initCacheMetrics() {
 	m.CacheRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "mcpgate_cache_requests_total", Help: "Calls of cacheable tools, by outcome.",
 	}, []string{"outcome"})
+	m.CacheInvalidations = newCacheInvalidations()
 	m.CacheDegraded = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "mcpgate_cache_degraded_total", Help: "Calls of cacheable tools answered without the cache store (skipped by its breaker, or a failed or timed-out store operation), by reason.",
 	}, []string{"reason"})
