@@ -104,10 +104,10 @@ type Engine struct {
 	ownCache bool
 	// dropCacheStats takes the cache's counters out of the metrics.
 	dropCacheStats func()
-	log      *slog.Logger
-	metrics  *metrics.Metrics
-	now      func() time.Time
-	opened   func(limit.BreakerSpec, limit.BreakerState)
+	log            *slog.Logger
+	metrics        *metrics.Metrics
+	now            func() time.Time
+	opened         func(limit.BreakerSpec, limit.BreakerState)
 
 	stopMeter context.CancelFunc // nil without metering
 	meterDone chan struct{}
