@@ -223,8 +223,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, f
 	g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds())
 	outcome := "admitted"
 	switch {
-	case errors.Is(err, mcp.ErrCancelled) || cancelledWhileDetached(w):
-		outcome = "cancelled"
+	case errors.Is(err, mcp.ErrCancelled) || errors.Is(err, mcp.ErrClientGone) || cancelledWhileDetached(w):
+		outcome = "cancelled" // the client's doing, not the upstream's
 	case err != nil || status >= 500:
 		outcome = "upstream_error"
 		if err != nil && r.Context().Err() == nil {

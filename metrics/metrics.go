@@ -16,7 +16,8 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	// Requests counts MCP requests by method class and outcome
-	// (admitted, denied, unauthorized, forbidden, bad_request, unavailable, upstream_error).
+	// (admitted, denied, unauthorized, forbidden, bad_request, unavailable,
+	// upstream_error, cancelled: the client cancelled or hung up).
 	Requests *prometheus.CounterVec
 	// Denials counts 429s by scope and rule.
 	Denials *prometheus.CounterVec

@@ -3,6 +3,7 @@ package metrics
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,7 +39,8 @@ var ErrQuotaOptions = errors.New("metrics: quota usage needs 0 < threshold <= 1 
 // Values are what this instance last saw on a tenant's meter (the shared
 // meter, so all instances agree up to the calls since): aggregate with max
 // by (tenant). An entry is dropped when its period ends, and when the
-// tenant is seen below the threshold again (a new period, a refund).
+// tenant is seen below the threshold again (a new period, a refund) or
+// without a quota (a reload removed it).
 //
 // The zero value is not usable; a QuotaUsage is safe for concurrent use.
 type QuotaUsage struct {
@@ -51,6 +53,7 @@ type QuotaUsage struct {
 	mu        sync.Mutex
 	tenants   map[string]quotaEntry
 	overflows uint64
+	size      atomic.Int64 // len(tenants), read without mu
 }
 
 type quotaEntry struct {
@@ -86,14 +89,15 @@ func NewQuotaUsage(threshold float64, max int, now func() time.Time) (*QuotaUsag
 }
 
 // Observe records that tenant has used used of its quota in the period
-// ending at periodEnd. A quota of 0 or less (none) is ignored.
+// ending at periodEnd. A quota of 0 or less (none) is Forget.
 func (q *QuotaUsage) Observe(tenant string, used, quota int64, periodEnd time.Time) {
 	if quota <= 0 {
+		q.Forget(tenant)
 		return
 	}
 	e := quotaEntry{used: used, quota: quota, end: periodEnd}
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	if e.ratio() < q.threshold {
 		if old, ok := q.tenants[tenant]; ok && !periodEnd.Before(old.end) {
 			delete(q.tenants, tenant)
@@ -125,6 +129,24 @@ func (q *QuotaUsage) Observe(tenant string, used, quota int64, periodEnd time.Ti
 	q.tenants[tenant] = e
 }
 
+// Forget stops exporting tenant: it has no quota any more (a reload
+// removed it, or its tier has none). It takes no lock while nothing is
+// exported, so calling it for every call of a tenant without quota is cheap.
+func (q *QuotaUsage) Forget(tenant string) {
+	if q.size.Load() == 0 {
+		return
+	}
+	q.mu.Lock()
+	defer q.unlock()
+	delete(q.tenants, tenant)
+}
+
+// unlock publishes the number of entries and releases mu.
+func (q *QuotaUsage) unlock() {
+	q.size.Store(int64(len(q.tenants)))
+	q.mu.Unlock()
+}
+
 // expireLocked drops the entries of periods that have ended.
 func (q *QuotaUsage) expireLocked() {
 	now := q.now()
@@ -151,7 +173,7 @@ func (q *QuotaUsage) Collect(ch chan<- prometheus.Metric) {
 		entries[t] = e
 	}
 	overflows := q.overflows
-	q.mu.Unlock()
+	q.unlock()
 	for t, e := range entries {
 		ch <- prometheus.MustNewConstMetric(q.used, prometheus.GaugeValue, float64(e.used), t)
 		ch <- prometheus.MustNewConstMetric(q.quota, prometheus.GaugeValue, float64(e.quota), t)

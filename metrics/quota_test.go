@@ -79,6 +79,13 @@ mcpgate_tenant_quota_used tenant=beta 95
 		t.Fatalf("after refund:\n%s\nwant:\n%s", got, want)
 	}
 
+	// A quota removed (a reload, another tier) takes the tenant out.
+	q.Observe("beta", 95, 0, end)
+	want = "mcpgate_tenant_quota_overflow_total 2\n"
+	if got := exported(t, q); got != want {
+		t.Fatalf("after beta's quota was removed:\n%s\nwant:\n%s", got, want)
+	}
+
 	// The period ends: its entries go, whether or not the tenant is seen again.
 	clock.t = end
 	if got := exported(t, q); got != "mcpgate_tenant_quota_overflow_total 2\n" {
