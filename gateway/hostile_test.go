@@ -124,6 +124,24 @@ func hostileCases() []hostileCase {
 			header: http.Header{"Mcp-Protocol-Version": {"2025-03-26"}}, body: "[" + hostileCall + "]"},
 		{name: "batch under 2025-06-18", status: bad, code: invalid, message: mcp.BatchRefusedMessage,
 			body: "[" + hostileList + "," + hostileCall + "]"},
+		// the body's charset: read as UTF-8 here, it must be read so upstream
+		// ("+AHQ-ools/call" is tools/call in UTF-7; the gateway saw an unknown method)
+		{name: "control: charset utf-8", body: hostileCall, status: http.StatusOK, forwarded: true,
+			header: http.Header{"Content-Type": {"application/json; charset=UTF-8"}}},
+		{name: "charset utf-7 smuggling tools/call", status: http.StatusUnsupportedMediaType, code: invalid, message: "UTF-8",
+			header: http.Header{"Content-Type": {"application/json; charset=utf-7"}},
+			body:   `{"jsonrpc":"2.0","id":2,"method":"+AHQ-ools/call","params":{"name":"+AHM-ecret"}}`},
+		{name: "charset utf-16", body: hostileList, status: http.StatusUnsupportedMediaType, code: invalid, message: "UTF-8",
+			header: http.Header{"Content-Type": {"application/json;charset=\"utf-16\""}}},
+		{name: "unparseable Content-Type naming a charset", body: hostileList, status: http.StatusUnsupportedMediaType, code: invalid,
+			header: http.Header{"Content-Type": {"application/json; charset"}}},
+
+		// messages an upstream would read otherwise
+		{name: "tools/call without an id", status: bad, code: invalid, message: "needs an id",
+			body: `{"jsonrpc":"2.0","method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}`},
+		{name: "cancellation of a fractional requestId", status: bad, code: mcp.CodeInvalidParams, message: "requestId",
+			body: `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2.5}}`},
+
 		{name: "Content-Length over the limit, body never sent", status: http.StatusRequestEntityTooLarge, code: invalid,
 			body: `{"jsonrpc":"2.0",`, declared: 64 << 20},
 	}

@@ -164,6 +164,11 @@ func (g *Gateway) serveStream(x *exchange) bool {
 // parse reads the body as one JSON-RPC message whose headers agree with
 // it, and starts the call's trace attributes and audit line.
 func (g *Gateway) parse(x *exchange) bool {
+	if cerr := mcp.CheckCharset(x.r.Header); cerr != nil {
+		g.metrics.Requests.WithLabelValues("any", "bad_request").Inc()
+		mcp.WriteError(x.w, cerr.HTTPStatus, nil, cerr.Code, cerr.Message, nil)
+		return false
+	}
 	body, perr := readBody(x.w, x.r, x.rt.cfg.Upstream.MaxBodyBytes)
 	if perr != nil {
 		g.metrics.Requests.WithLabelValues("any", "bad_request").Inc()

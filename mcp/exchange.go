@@ -246,6 +246,13 @@ func (x *Exchange) copyResponseHeaders() {
 			x.w.Header()[k] = append([]string(nil), v...)
 		}
 	}
+	// The proxy reads JSON and event streams as UTF-8: a charset parameter
+	// (utf-7...) would have a client that honours it (httpx) decode other
+	// text than the one screened. The client gets the bare media type.
+	switch t := mediaType(x.resp.Header.Get("Content-Type")); t {
+	case "application/json", "text/event-stream":
+		x.w.Header().Set("Content-Type", t)
+	}
 }
 
 func methodOf(m *Message) string {

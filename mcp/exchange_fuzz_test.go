@@ -82,6 +82,12 @@ func FuzzExchangeFilteredList(f *testing.F) {
 		{false, 0x80, "{\"jsonrpc\":\"2.0\",\"id\":8,\"re\u017fult\":{\"tools\":[{\"name\":\"secret\"}]}}"},
 		{false, 3, "{\"jsonrpc\":\"2.0\",\"id\":9,\"re\u017fult\":{\"tools\":[{\"name\":\"secret\"}]}}"},
 		{true, 0x80, "data: {\"jsonrpc\":\"2.0\",\"id\":8,\"result\":{\"tool\u017f\":[{\"name\":\"secret\"}]}}\n\n"},
+		// Lines some clients end where the spec does not (see clientEvents).
+		{true, 0, "id: 1\u2028data: " + listed + "\n\n"},
+		{true, 0x80, ": c\u0085data: " + listed + "\n\n"},
+		{true, 0, "event: x\fdata: " + listed + "\n\n"},
+		{true, 0, "\u00ef\u00bb\u00bfdata: " + listed + "\n\n"},
+		{true, 0, "\xef\xbb\xbf\u00ef\u00bb\u00bfdata: " + listed + "\n\n"},
 		// An event stream whose Content-Type has a malformed parameter.
 		{true, 0x41, "data: {\"jsonrpc\":\"2.0\",\"id\":8,\"result\":{\"tools\":[{\"name\":\"secret\"}]}}\n\ndata: " + listed + "\n\n"},
 		{true, 0xc1, "id: s_1\ndata: " + listed + "\n\n"},
@@ -110,13 +116,37 @@ func FuzzExchangeFilteredList(f *testing.F) {
 			}
 			return
 		}
-		for _, ev := range specEvents(out) {
-			if responseListsSecret([]byte(ev.data)) {
-				t.Fatalf("the client got an event listing the hidden tool: %q in %q", ev.data, out)
+		for client, events := range clientEvents {
+			for _, ev := range events(out) {
+				if responseListsSecret([]byte(ev.data)) {
+					t.Fatalf("a %s client reads an event listing the hidden tool: %q in %q", client, ev.data, out)
+				}
 			}
 		}
 	})
 }
+
+// clientEvents are the ways real clients split an event stream into
+// events: the SSE spec's, and two that differ from it.
+var clientEvents = map[string]func([]byte) []specEvent{
+	"spec-following": specEvents,
+	// The Python SDK's client with httpx-sse before 0.4.2 reads lines
+	// through httpx's aiter_lines, which splits like str.splitlines: also
+	// at VT, FF, FS, GS, RS, NEL, U+2028 and U+2029.
+	"Python (httpx-sse 0.4.1)": func(b []byte) []specEvent {
+		return specEvents([]byte(splitlinesBreaks.Replace(string(b))))
+	},
+	// The TypeScript SDK's client decodes the bytes (dropping a BOM), then
+	// eventsource-parser also drops a leading U+00EF U+00BB U+00BF (it
+	// compares the decoded string's char codes with the BOM's bytes).
+	"TypeScript SDK": func(b []byte) []specEvent {
+		s := strings.TrimPrefix(string(b), "\ufeff")
+		return specEvents([]byte(strings.TrimPrefix(s, "\u00ef\u00bb\u00bf")))
+	},
+}
+
+var splitlinesBreaks = strings.NewReplacer("\v", "\n", "\f", "\n", "\x1c", "\n", "\x1d", "\n", "\x1e", "\n",
+	"\u0085", "\n", "\u2028", "\n", "\u2029", "\n")
 
 // readsAsEventStream reports whether a lenient client reads an answer with
 // header h as an event stream: the TypeScript SDK's client looks for

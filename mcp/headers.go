@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"fmt"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -99,6 +100,31 @@ func CheckHeaders(r *http.Request, m *Message) *Error {
 		}
 	}
 	return nil
+}
+
+// CheckCharset refuses (415, CodeInvalidRequest) a POST body whose
+// Content-Type declares a charset other than UTF-8: the gateway reads the
+// body as UTF-8 JSON, while an upstream that honours the charset (the
+// TypeScript SDK's decodes through iconv-lite) would read other text: in
+// UTF-7, "+AHQ-ools/call" is tools/call, a method the gateway would have
+// seen as an unknown one and let through ungoverned. A Content-Type that
+// does not parse but mentions a charset is refused too. The proxy also
+// forwards POST bodies as plain application/json (Proxy.Start).
+func CheckCharset(h http.Header) *Error {
+	ct := h.Get("Content-Type")
+	if ct == "" {
+		return nil
+	}
+	_, params, err := mime.ParseMediaType(ct)
+	cs, declared := params["charset"]
+	if err != nil {
+		declared = strings.Contains(strings.ToLower(ct), "charset")
+	}
+	if !declared || strings.EqualFold(cs, "utf-8") || strings.EqualFold(cs, "utf8") {
+		return nil
+	}
+	return newError(http.StatusUnsupportedMediaType, CodeInvalidRequest, nil,
+		"Content-Type %s: the body must be UTF-8 JSON (charset utf-8 or none)", quoteCapped(ct))
 }
 
 // interpretedHeaders are the request headers the gateway reads and acts on

@@ -294,6 +294,11 @@ func (m *Message) finishRequest(method json.RawMessage) *Error {
 		m.Kind = Request
 	default:
 		m.Kind = Notification
+		if IsKnownMethod(name) && !strings.HasPrefix(name, "notifications/") {
+			// A request method without an id: no upstream runs it, and
+			// the gateway would govern (and bill) it as the request.
+			return m.invalid("%s is a request: it needs an id", name)
+		}
 	}
 	if m.Params != nil && m.Params[0] != '{' && m.Params[0] != '[' {
 		return m.invalid(`"params" must be an object or an array`)
@@ -343,6 +348,14 @@ func (m *Message) parseParams() *Error {
 		raw, problem := members(m.Params, "requestId")
 		if problem != "" {
 			return invalid("params: %s", problem)
+		}
+		// The id must be one the upstream reads as the gateway does: a
+		// string or a safe integer (an SDK truncating 7.5 to 7 would cancel
+		// a call the gateway matched to none).
+		if id := raw[0]; id != nil {
+			if ok, _ := checkID(id); !ok {
+				return invalid("params.requestId must be a string or an integer within ±(2^53-1)")
+			}
 		}
 		m.CancelID = raw[0]
 		return nil

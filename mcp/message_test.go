@@ -78,6 +78,12 @@ func TestParseInvalid(t *testing.T) {
 		{"method not a string", `{"jsonrpc":"2.0","id":1,"method":5}`, CodeInvalidRequest, "1"},
 		{"object id", `{"jsonrpc":"2.0","id":{},"method":"ping"}`, CodeInvalidRequest, ""},
 		{"bool id", `{"jsonrpc":"2.0","id":true,"method":"ping"}`, CodeInvalidRequest, ""},
+		// requests sent without an id: no upstream runs them, the gateway would govern them
+		{"tools/call without id", `{"jsonrpc":"2.0","method":"tools/call","params":{"name":"echo"}}`, CodeInvalidRequest, ""},
+		{"ping without id", `{"jsonrpc":"2.0","method":"ping"}`, CodeInvalidRequest, ""},
+		// an SDK truncating 7.5 would cancel call 7, which the gateway matched to no call
+		{"fractional requestId", `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7.5}}`, CodeInvalidParams, ""},
+		{"object requestId", `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":{}}}`, CodeInvalidParams, ""},
 		{"fractional id", `{"jsonrpc":"2.0","id":1.5,"method":"ping"}`, CodeInvalidRequest, ""},
 		{"huge id", `{"jsonrpc":"2.0","id":9007199254740992,"method":"ping"}`, CodeInvalidRequest, ""},
 		{"null id request", `{"jsonrpc":"2.0","id":null,"method":"ping"}`, CodeInvalidRequest, "null"},

@@ -278,6 +278,14 @@ func (p *Proxy) Start(w http.ResponseWriter, r *http.Request, f Forward) *Exchan
 	}
 	x.out = req
 	copyRequestHeaders(req.Header, r.Header)
+	if r.Method == http.MethodPost {
+		// The body was read as UTF-8 JSON: the upstream must read it so.
+		// A client's charset parameter (utf-7, utf-16...) would have an
+		// upstream that honours it (the TypeScript SDK's, through
+		// raw-body and iconv-lite) decode other text than the gateway
+		// authorized: "+AHQ-ools/call" is tools/call in UTF-7.
+		req.Header.Set("Content-Type", "application/json")
+	}
 	for k, v := range p.headers {
 		req.Header[k] = append([]string(nil), v...)
 	}

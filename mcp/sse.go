@@ -51,6 +51,12 @@ func (er *eventReader) next() (sseEvent, error) {
 		if b, err := er.br.Peek(len(bom)); err == nil && string(b) == bom {
 			_, _ = er.br.Discard(len(bom))
 		}
+		// eventsource-parser (the TypeScript SDK's) also drops a leading
+		// U+00EF U+00BB U+00BF (a BOM decoded as Latin-1, then re-encoded):
+		// dropped here too, so every client reads the first line as we do.
+		if b, err := er.br.Peek(len(latin1BOM)); err == nil && string(b) == latin1BOM {
+			_, _ = er.br.Discard(len(latin1BOM))
+		}
 	}
 	er.raw = er.raw[:0]
 	er.data = er.data[:0]
@@ -73,6 +79,13 @@ func (er *eventReader) next() (sseEvent, error) {
 			// parser, the SSE spec) but not here: refused rather than read
 			// differently, which could hide a response from the filters.
 			return sseEvent{}, errBareCR
+		}
+		if field, _, _ := bytes.Cut(line, []byte{':'}); string(field) != "data" && bytes.ContainsFunc(line, isSplitlinesBreak) {
+			// Python's str.splitlines (httpx's aiter_lines, which httpx-sse
+			// before 0.4.2 reads events with) ends a line there: a data line
+			// hidden in an id, event or comment line. Inside data (JSON
+			// strings) the character is legitimate and harmless.
+			return sseEvent{}, errUnicodeBreak
 		}
 		complete := err == nil
 		if complete && len(line) == 0 {
@@ -112,6 +125,22 @@ func (er *eventReader) next() (sseEvent, error) {
 
 // bom is the UTF-8 byte order mark.
 const bom = "\xef\xbb\xbf"
+
+// latin1BOM is U+00EF U+00BB U+00BF in UTF-8.
+const latin1BOM = "\u00ef\u00bb\u00bf"
+
+// isSplitlinesBreak reports whether Python's str.splitlines ends a line at
+// r where the SSE spec does not (CR and LF are handled apart).
+func isSplitlinesBreak(r rune) bool {
+	switch r {
+	case '\v', '\f', 0x1c, 0x1d, 0x1e, 0x85, 0x2028, 0x2029:
+		return true
+	}
+	return false
+}
+
+// errUnicodeBreak means a non-data line holds a character some clients end lines at.
+var errUnicodeBreak = fmt.Errorf("%w: event stream line holds a Unicode line break outside data", ErrBadUpstreamResponse)
 
 // errBareCR means the stream ends a line with a lone CR.
 var errBareCR = fmt.Errorf("%w: event stream line ends with a bare CR", ErrBadUpstreamResponse)
