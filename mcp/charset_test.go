@@ -29,7 +29,7 @@ func TestNoCharsetCrossesTheProxy(t *testing.T) {
 	const list = `{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"echo"}],"+AHQ-ools":[{"name":"secret"}]}}`
 	for _, c := range []struct {
 		clientCT, upstreamCT, wantCT string
-		body                     string
+		body                         string
 	}{
 		{"application/json; charset=utf-7", "application/json; charset=utf-7", "application/json", list},
 		{"application/json;charset=UTF-16", "text/event-stream; charset=utf-7", "text/event-stream", "data: " + list + "\n\n"},
