@@ -112,8 +112,8 @@ func CheckHeaders(r *http.Request, m *Message) *Error {
 // forwards POST bodies as plain application/json (Proxy.Start).
 func CheckCharset(h http.Header) *Error {
 	ct := h.Get("Content-Type")
-	if ct == "" {
-		return nil
+	if !strings.Contains(ct, ";") {
+		return nil // no parameter, no charset (and no allocation)
 	}
 	_, params, err := mime.ParseMediaType(ct)
 	cs, declared := params["charset"]
