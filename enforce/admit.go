@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/policy"
+	"github.com/mcpgate/mcpgate/usage"
 )
 
 // MethodToolsCall is the method of a tool call, the one method that is
@@ -75,11 +77,18 @@ const (
 
 // Decision is the engine's answer to Admit.
 type Decision struct {
-	// Allowed: the call may run. Otherwise Unavailable says the store
-	// failed under an on_error: closed policy (answer 503), else Limit and
-	// Scope name what denied it (answer 429, see Denial).
+	// Allowed: the call may run. Otherwise Invalid says the call was
+	// refused undecided, Unavailable says the store failed under an
+	// on_error: closed policy (answer 503), else Limit and Scope name what
+	// denied it (answer 429, see Denial).
 	Allowed     bool
 	Unavailable bool
+	// Invalid, when not nil, wraps ErrInvalidTenant: the call names a
+	// tenant that cannot be metered or billed, so it was refused before
+	// anything was counted or charged. It is a bad caller (or a bad
+	// identity function in an adapter), not a limit: answer it as an
+	// authentication failure, never as a 429 or with a retry time.
+	Invalid error
 	// Limit fills the rate-limit headers: the denying decision, or the
 	// most restrictive admitted one. Its Rule is zero when no rule applied
 	// or the store failed open. A quota or breaker denial is described as a
@@ -123,10 +132,13 @@ func (d Decision) Denial() Denial {
 func (d Decision) Never() bool { return !d.Allowed && d.Limit.RetryAfter == limit.Never }
 
 // Describe names a decision for logs, traces and audit lines: decision is
-// "admitted", "denied" or "unavailable"; rule and scope name the rule that
-// denied it or, for an admission, the one reported in headers ("" if none).
+// "admitted", "denied", "unavailable" or "invalid" (Decision.Invalid); rule
+// and scope name the rule that denied it or, for an admission, the one
+// reported in headers ("" if none).
 func (d Decision) Describe() (decision, rule, scope string) {
 	switch {
+	case d.Invalid != nil:
+		return "invalid", "", ""
 	case d.Unavailable:
 		return "unavailable", "", ""
 	case !d.Allowed:
@@ -148,12 +160,36 @@ func RetryAfterSeconds(d limit.Decision) int64 {
 	return max(1, int64(math.Ceil(ra.Seconds())))
 }
 
+// ErrInvalidTenant means a Call names a tenant that cannot be metered and
+// billed: empty, longer than usage.MaxTenantBytes, not valid UTF-8 or
+// holding a control character (usage.CheckTenant, the rules the gateway's
+// authentication applies to the tenant claim). Admit refuses such a call
+// with Decision.Invalid wrapping it.
+var ErrInvalidTenant = errors.New("enforce: invalid tenant")
+
+// CheckTenant returns nil when tenant can be admitted, else an error
+// wrapping ErrInvalidTenant that says why (without quoting the tenant).
+func CheckTenant(tenant string) error {
+	if err := usage.CheckTenant(tenant); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidTenant, err)
+	}
+	return nil
+}
+
 // Admit decides call. The Ticket is never nil: call its Done once the
 // call's work has ended (at once for a denied call; Done is then a no-op).
 // Admit never fails: a store failure is answered by the tool's on_error
-// policy, which Decision.Degraded names.
+// policy, which Decision.Degraded names. A call whose tenant fails
+// CheckTenant is refused with Decision.Invalid set, whatever its method.
 func (e *Engine) Admit(ctx context.Context, call Call) (*Ticket, Decision) {
 	cp := e.cfg.Load()
+	if err := CheckTenant(call.Tenant); err != nil {
+		// Its usage could be stored nowhere, or would be billed with
+		// another tenant's (a store's encoding replaces invalid UTF-8):
+		// an identity function of an adapter (gosdk) may return any
+		// string, and the Engine is the one place every call passes.
+		return &Ticket{e: e, cp: cp, call: call, done: true}, Decision{Invalid: err, DenyAs: policy.DenyHTTP}
+	}
 	if call.method() == MethodToolsCall {
 		return e.admitTool(ctx, cp, call)
 	}

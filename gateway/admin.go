@@ -144,6 +144,12 @@ func (g *Gateway) adminUsage(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "query parameter tenant is required"})
 		return
 	}
+	if err := usage.CheckTenant(tenant); err != nil {
+		// A store could read another tenant's item (DynamoDB's encoding
+		// replaces invalid UTF-8), and no call of such a tenant is admitted.
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "query parameter tenant: " + err.Error()})
+		return
+	}
 	if period == "" {
 		period = usage.Period(g.now())
 	}

@@ -63,6 +63,11 @@ func (g *Gateway) admitted(x *exchange, class string, d enforce.Decision) bool {
 		id = x.msg.ID
 	}
 	switch {
+	case d.Invalid != nil:
+		// The JWT's tenant claim passes the same rules (auth), so only a
+		// token issued before a rule changed gets here: no caller to admit.
+		g.unauthorized(x.w, x.r, d.Invalid) // counts it
+		return false
 	case d.Unavailable:
 		g.metrics.Requests.WithLabelValues(class, "unavailable").Inc()
 		x.w.Header().Set("Retry-After", "1")

@@ -575,6 +575,46 @@ func TestUnauthenticated(t *testing.T) {
 	}
 }
 
+// A custom Options.Identity may return any tenant: one the engine cannot
+// meter (empty, not valid UTF-8, too long) is refused with -33001, the tool
+// not run nor charged, rather than answered as a rate limit (-33029) or
+// billed to no one or to another tenant.
+func TestInvalidTenantFromIdentity(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, false, "", options{})
+	for name, tenant := range map[string]string{"empty": "", "invalid UTF-8": "acme\xff", "too long": strings.Repeat("t", 257)} {
+		srv := mcp.NewServer(&mcp.Implementation{Name: "in-process", Version: "1"}, nil)
+		s.addTools(srv)
+		srv.AddReceivingMiddleware(gosdk.Middleware(s.engine, &gosdk.Options{
+			Identity: func(_ context.Context, req mcp.Request) (gosdk.Identity, error) {
+				if _, ok := req.(*mcp.CallToolRequest); ok {
+					return gosdk.Identity{Tenant: tenant, Subject: "alice"}, nil
+				}
+				return gosdk.Identity{Tenant: "acme", Subject: "alice"}, nil
+			},
+		}))
+		serverEnd, clientEnd := mcp.NewInMemoryTransports()
+		ctx := t.Context()
+		ss, err := srv.Connect(ctx, serverEnd, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "1"}, nil).Connect(ctx, clientEnd, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = call(ctx, cs, "echo", map[string]any{"text": "hi"})
+		if e := rpcError(err); e == nil || e.Code != gosdk.CodeUnauthorized {
+			t.Errorf("%s tenant: tools/call = %v, want code %d", name, err, gosdk.CodeUnauthorized)
+		}
+		cs.Close()
+		ss.Close()
+	}
+	if n := s.reached("echo"); n != 0 {
+		t.Fatalf("the tool ran %d times for invalid tenants", n)
+	}
+}
+
 // Scopes: a tool outside the caller's scopes is refused with -33003 without
 // reaching its handler or being charged, and hidden from tools/list.
 func TestScopes(t *testing.T) {

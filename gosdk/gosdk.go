@@ -42,7 +42,8 @@ const (
 	// CodeRateLimited: denied by a rate limit, the monthly quota or the
 	// loop breaker; the error's data is an enforce.Denial.
 	CodeRateLimited = enforce.CodeRateLimited
-	// CodeUnauthorized: the request names no authenticated caller.
+	// CodeUnauthorized: the request names no authenticated caller, or a
+	// tenant the engine refuses (enforce.ErrInvalidTenant).
 	CodeUnauthorized = enforce.CodeUnauthorized
 	// CodeForbidden: a tool, prompt or resource outside the caller's scopes
 	// (ScopeMiddleware).
@@ -55,7 +56,10 @@ const (
 // Identity names the caller of a request: the enforce.Call fields that
 // counters, quotas and breakers key on.
 type Identity struct {
-	// Tenant is required: counters and usage are per tenant.
+	// Tenant is required: counters and usage are per tenant. A tenant
+	// that enforce.CheckTenant refuses (empty, over 256 bytes, not valid
+	// UTF-8, holding a control character) refuses the request with
+	// CodeUnauthorized.
 	Tenant string
 	// Tier selects the tier's limits and quota; "" means the config's
 	// default tier.
@@ -310,6 +314,11 @@ func cacheableParams(p *mcp.CallToolParamsRaw) bool {
 
 // denialError is a denied request's JSON-RPC error.
 func denialError(d enforce.Decision) *jsonrpc.Error {
+	if d.Invalid != nil {
+		// Options.Identity named a tenant the engine cannot meter: the
+		// request names no valid caller. The reason quotes no tenant.
+		return &jsonrpc.Error{Code: CodeUnauthorized, Message: "unauthenticated: " + d.Invalid.Error()}
+	}
 	if d.Unavailable {
 		return &jsonrpc.Error{Code: CodeUnavailable,
 			Message: "rate-limit store unavailable and this request fails closed; retry shortly"}

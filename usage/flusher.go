@@ -281,8 +281,10 @@ func (f *Flusher) Sweep(ctx context.Context) error {
 
 // write puts the snapshots in batches and marks each written one flushed.
 // Every meter not known to be flushed when it returns is tracked again, but
-// for meters no store could take (see Record.Validate): those are logged and
-// left to the limit store, so that one bad meter does not hold back the rest.
+// for meters no store could take (see Record.Validate) or the store refused
+// (see putBatch): those are logged and left to the limit store, so that one
+// bad meter does not hold back the rest, nor the sweeps that Run makes only
+// after a flush that worked.
 func (f *Flusher) write(ctx context.Context, states []limit.MeterState) error {
 	now := f.now()
 	recs := make([]Record, 0, len(states))
@@ -302,7 +304,8 @@ func (f *Flusher) write(ctx context.Context, states []limit.MeterState) error {
 	)
 	for start := 0; start < len(recs); start += BatchSize {
 		end := min(start+BatchSize, len(recs))
-		if err := f.store.Put(ctx, recs[start:end]); err != nil {
+		batch, err := f.putBatch(ctx, recs[start:end], valid[start:end])
+		if err != nil {
 			// The store is most likely down: the remaining batches
 			// would fail the same way, so they wait for the retry too.
 			for _, st := range valid[start:] {
@@ -310,7 +313,6 @@ func (f *Flusher) write(ctx context.Context, states []limit.MeterState) error {
 			}
 			return errors.Join(markErr, fmt.Errorf("usage: write %d meters: %w", len(recs)-start, err))
 		}
-		batch := valid[start:end]
 		markErrs := make([]error, len(batch))
 		parallel(len(batch), func(i int) {
 			markErrs[i] = f.meters.MarkFlushed(ctx, batch[i].Key, batch[i].Gen.ID, batch[i].Live)
@@ -345,6 +347,35 @@ func (f *Flusher) write(ctx context.Context, states []limit.MeterState) error {
 		markErr = fmt.Errorf("%w (and %d more meters)", markErr, marksFailed-1)
 	}
 	return markErr
+}
+
+// putBatch puts recs, the records of states, and returns the states
+// written. When the store refuses a record itself (ErrInvalidRecord for a
+// record that passed Validate: a key it cannot hold), the records are put
+// again one at a time, so that the ones it refuses are logged and left to
+// the limit store, as Validate's are, and the rest land. Any other error is
+// returned: nothing is then known to be written (a record written twice is
+// harmless).
+func (f *Flusher) putBatch(ctx context.Context, recs []Record, states []limit.MeterState) ([]limit.MeterState, error) {
+	switch err := f.store.Put(ctx, recs); {
+	case err == nil:
+		return states, nil
+	case !errors.Is(err, ErrInvalidRecord):
+		return nil, err
+	}
+	written := states[:0:0]
+	for i := range recs {
+		err := f.store.Put(ctx, recs[i:i+1])
+		switch {
+		case err == nil:
+			written = append(written, states[i])
+		case errors.Is(err, ErrInvalidRecord):
+			f.log.Error("usage: the usage store refuses a meter; its usage stays in the limit store", "key", states[i].Key, "err", err)
+		default:
+			return nil, err
+		}
+	}
+	return written, nil
 }
 
 // tell passes what a flush learnt of a meter to FlusherOptions.Observe.

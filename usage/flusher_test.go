@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -492,6 +495,90 @@ func TestBadMeterDoesNotBlockOthers(t *testing.T) {
 	if !bytes.Contains(logs.Bytes(), []byte("cannot be stored")) {
 		t.Fatalf("the bad meter was not reported:\n%s", logs.String())
 	}
+}
+
+// refusing is a usage.Store that refuses, as DynamoDB refuses a key it
+// cannot hold, the records of one tenant that Record.Validate lets by; it
+// puts the others in a real store.
+type refusing struct {
+	usage.Store
+	tenant string
+}
+
+func (r refusing) Put(ctx context.Context, recs []usage.Record) error {
+	for _, rec := range recs {
+		if rec.Tenant == r.tenant {
+			// DynamoDB attempts the other records all the same.
+			_ = r.Store.Put(ctx, slices.DeleteFunc(slices.Clone(recs), func(x usage.Record) bool { return x.Tenant == r.tenant }))
+			return fmt.Errorf("%w: the store refuses tenant %q", usage.ErrInvalidRecord, r.tenant)
+		}
+	}
+	return r.Store.Put(ctx, recs)
+}
+
+// A meter the usage store refuses, though Validate lets it by, is reported
+// and set aside: the other meters of its batch land, the flush succeeds, so
+// Run keeps sweeping, and the usage of an instance that died (found by a
+// sweep only) lands too, rather than every flush failing for ever.
+func TestRefusedMeterDoesNotStopFlushesOrSweeps(t *testing.T) {
+	ms := newMem(t, nil)
+	st := newSQLite(t, "")
+	var logs syncBuffer
+	f := usage.NewFlusher(ms, refusing{Store: st, tenant: "refused"}, &usage.FlusherOptions{
+		Interval: 10 * time.Millisecond, SweepEvery: 2, MaxBackoff: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	charge(t, ms, f, f, "refused", period, 3)
+	charge(t, ms, f, f, "acme", period, 2)
+	if err := f.Flush(t.Context()); err != nil {
+		t.Fatalf("Flush with one meter refused = %v, want nil", err)
+	}
+	want(t, st, "acme", period, limit.Usage{Charged: 2, Calls: 1})
+	usagetest.WantNone(t, st, "refused", period)
+	if !strings.Contains(logs.String(), "refuses a meter") {
+		t.Fatalf("the refused meter was not reported:\n%s", logs.String())
+	}
+
+	// This instance charges the refused tenant again; another one charged
+	// "victim" and died: only a sweep finds its meter.
+	charge(t, ms, f, f, "refused", period, 3)
+	dead := usage.NewFlusher(ms, st, nil)
+	charge(t, ms, dead, nil, "victim", period, 5)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for s := live(t, ms, "victim", period); s.Flushed != s.Live; s = live(t, ms, "victim", period) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the dead instance's meter was not swept in 5 s: %+v (health %+v)", s, f.Health())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run's final flush: %v", err)
+	}
+	want(t, st, "victim", period, limit.Usage{Charged: 5, Calls: 1})
+	usagetest.WantNone(t, st, "refused", period)
+}
+
+// syncBuffer is a bytes.Buffer that a Flusher's logger may write from Run
+// while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func TestTrackAllocatesNothingWhenTracked(t *testing.T) {

@@ -26,6 +26,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/mcpgate/mcpgate/limit"
 )
@@ -39,9 +41,39 @@ var ErrNotInitialized = errors.New("usage: store not initialized")
 // have changed; the operation may be retried (Put is idempotent).
 var ErrUnavailable = errors.New("usage: store unavailable")
 
-// ErrInvalidRecord means a Record given to Put has an empty tenant, a
-// malformed period or a negative field. Nothing of that Put was written.
+// ErrInvalidRecord means a Record given to Put cannot be stored: its
+// tenant is not a valid tenant id (see CheckTenant), its period is
+// malformed or a field is negative (Record.Validate: nothing of that Put was
+// written), or the store refused the record itself (other records of that
+// Put may have been written). Putting it again fails the same way.
 var ErrInvalidRecord = errors.New("usage: invalid record")
+
+// MaxTenantBytes bounds a tenant id, in bytes. It is the bound the gateway's
+// authentication puts on the tenant claim, far below what a store keys on
+// (DynamoDB: 2048 bytes for a partition key).
+const MaxTenantBytes = 256
+
+// CheckTenant returns nil when tenant is a tenant id that can be metered and
+// billed, else an error saying why: it is empty, longer than MaxTenantBytes,
+// not valid UTF-8 (a store's encoding would replace the invalid bytes, and
+// so bill two tenants as one) or holds a control character (the gateway's
+// authentication refuses those too). The error does not quote the tenant.
+func CheckTenant(tenant string) error {
+	switch {
+	case tenant == "":
+		return errors.New("empty")
+	case len(tenant) > MaxTenantBytes:
+		return fmt.Errorf("%d bytes, more than %d", len(tenant), MaxTenantBytes)
+	case !utf8.ValidString(tenant):
+		return errors.New("not valid UTF-8")
+	}
+	for _, r := range tenant {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("holds the control character %U", r)
+		}
+	}
+	return nil
+}
 
 // Record is a tenant's usage in one billing period as the durable store
 // holds it.
@@ -58,10 +90,10 @@ type Record struct {
 // Validate returns an error wrapping ErrInvalidRecord when r cannot be
 // stored.
 func (r Record) Validate() error {
-	switch {
-	case r.Tenant == "":
-		return fmt.Errorf("%w: empty tenant", ErrInvalidRecord)
-	case r.Charged < 0 || r.Refunded < 0 || r.Calls < 0 || r.RefundedCalls < 0:
+	if err := CheckTenant(r.Tenant); err != nil {
+		return fmt.Errorf("%w: tenant: %w", ErrInvalidRecord, err)
+	}
+	if r.Charged < 0 || r.Refunded < 0 || r.Calls < 0 || r.RefundedCalls < 0 {
 		return fmt.Errorf("%w: tenant %q period %q: negative field in %+v", ErrInvalidRecord, r.Tenant, r.Period, r.Usage)
 	}
 	if _, err := PeriodEnd(r.Period); err != nil {
@@ -85,7 +117,8 @@ type Store interface {
 	// whose fields the stored ones all cover changes nothing. Records are
 	// written in batches; on error some may have been written, and Put may
 	// be called again with the same records. Errors wrap ErrInvalidRecord
-	// (nothing written), ErrNotInitialized or ErrUnavailable.
+	// (a record fails Record.Validate, and nothing was written; or the
+	// store refused a record itself), ErrNotInitialized or ErrUnavailable.
 	Put(ctx context.Context, recs []Record) error
 	// Get returns the stored totals of tenant in period; ok is false when the
 	// store holds none (nothing was ever flushed).

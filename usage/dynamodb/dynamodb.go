@@ -23,6 +23,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -154,8 +155,8 @@ func (s *Store) Init(ctx context.Context) error {
 }
 
 // Check describes the table: nil when it is ACTIVE (or UPDATING) with the
-// expected key schema; an error wrapping usage.ErrNotInitialized when it
-// does not exist or is not ready yet.
+// expected key schema (tenant and period, both strings); an error wrapping
+// usage.ErrNotInitialized when it does not exist or is not ready yet.
 func (s *Store) Check(ctx context.Context) error {
 	if err := s.open(); err != nil {
 		return err
@@ -181,6 +182,13 @@ func (s *Store) Check(ctx context.Context) error {
 	}
 	if hash != attrTenant || rng != attrPeriod {
 		return fmt.Errorf("usage/dynamodb: table %s has the key (%q, %q), want (%q, %q)", s.table, hash, rng, attrTenant, attrPeriod)
+	}
+	// A key of another type would make DynamoDB refuse every item (see
+	// failRecord), as if each record were invalid.
+	for _, a := range t.AttributeDefinitions {
+		if name := aws.ToString(a.AttributeName); (name == attrTenant || name == attrPeriod) && a.AttributeType != types.ScalarAttributeTypeS {
+			return fmt.Errorf("usage/dynamodb: table %s has the key attribute %q of type %s, want S", s.table, name, a.AttributeType)
+		}
 	}
 	return nil
 }
@@ -243,7 +251,7 @@ func (s *Store) put(ctx context.Context, r usage.Record) error {
 	})
 	var ccf *types.ConditionalCheckFailedException
 	if !errors.As(err, &ccf) {
-		return s.fail("put", err) // nil stays nil
+		return s.failRecord("put", r.Tenant, r.Period, err) // nil stays nil
 	}
 	// Refused: the stored item covers the snapshot (the usual case of a
 	// retried flush), or the two are not ordered and must be merged.
@@ -255,7 +263,7 @@ func (s *Store) put(ctx context.Context, r usage.Record) error {
 				TableName: aws.String(s.table), Key: key(r.Tenant, r.Period), ConsistentRead: aws.Bool(true),
 			})
 			if err != nil {
-				return s.fail("put: read for merge", err)
+				return s.failRecord("put: read for merge", r.Tenant, r.Period, err)
 			}
 			if got.Item == nil {
 				// Deleted meanwhile: the plain raise applies again.
@@ -311,19 +319,26 @@ func (s *Store) merge(ctx context.Context, r usage.Record, old map[string]types.
 	if errors.As(err, &ccf) {
 		return err
 	}
-	return s.fail("put: merge", err)
+	return s.failRecord("put: merge", r.Tenant, r.Period, err)
 }
 
 // Get reads the item of tenant and period with a strongly consistent read.
+// A tenant or period that is not valid UTF-8, or that DynamoDB cannot key,
+// is refused with an error wrapping usage.ErrInvalidRecord: the SDK's
+// encoding would replace the invalid bytes, and so read another tenant's
+// item.
 func (s *Store) Get(ctx context.Context, tenant, period string) (usage.Record, bool, error) {
 	if err := s.open(); err != nil {
 		return usage.Record{}, false, err
+	}
+	if !utf8.ValidString(tenant) || !utf8.ValidString(period) {
+		return usage.Record{}, false, fmt.Errorf("usage/dynamodb: get tenant %.40q period %q: %w: not valid UTF-8", tenant, period, usage.ErrInvalidRecord)
 	}
 	out, err := s.client.GetItem(ctx, &ddb.GetItemInput{
 		TableName: aws.String(s.table), Key: key(tenant, period), ConsistentRead: aws.Bool(true),
 	})
 	if err != nil {
-		return usage.Record{}, false, s.fail("get", err)
+		return usage.Record{}, false, s.failRecord("get", tenant, period, err)
 	}
 	if out.Item == nil {
 		return usage.Record{}, false, nil
@@ -367,6 +382,18 @@ func (s *Store) fail(op string, err error) error {
 		return fmt.Errorf("usage/dynamodb: %s: %w: table %s does not exist (run mcpgate usage init): %w", op, usage.ErrNotInitialized, s.table, err)
 	}
 	return fmt.Errorf("usage/dynamodb: %s table %s: %w: %w", op, s.table, usage.ErrUnavailable, err)
+}
+
+// failRecord is fail for a request on the item of tenant and period, but
+// for DynamoDB's ValidationException, which wraps usage.ErrInvalidRecord:
+// DynamoDB refuses the request itself (a key it cannot hold), so retrying
+// it cannot help, and the store is not down.
+func (s *Store) failRecord(op, tenant, period string, err error) error {
+	var apiErr interface{ ErrorCode() string } // smithy.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode() == "ValidationException" {
+		return fmt.Errorf("usage/dynamodb: %s tenant %.40q period %q: %w: %w", op, tenant, period, usage.ErrInvalidRecord, err)
+	}
+	return s.fail(op, err)
 }
 
 func key(tenant, period string) map[string]types.AttributeValue {

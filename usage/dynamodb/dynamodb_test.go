@@ -4,9 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/limit"
@@ -99,4 +105,84 @@ func TestOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	usagetest.Want(t, s, "acme", "2026-11", limit.Usage{Charged: 5, Calls: 5})
+}
+
+// What DynamoDB refuses as a request (ValidationException: a key it cannot
+// hold or of another type) wraps ErrInvalidRecord, not ErrUnavailable: the
+// store is up and retrying cannot help, so a flusher sets the record aside
+// instead of failing every flush for ever. And a table whose key is not
+// (tenant S, period S) fails Check, rather than refusing every record.
+func TestRequestsDynamoDBRefusesAreInvalid(t *testing.T) {
+	awsEnv(t, testenv.StartDynalite(t))
+	ctx := usagetest.Ctx(t, time.Minute)
+	cfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := ddb.NewFromConfig(cfg)
+	_, err = client.CreateTable(ctx, &ddb.CreateTableInput{
+		TableName: aws.String("usage_numeric"),
+		AttributeDefinitions: []types.AttributeDefinition{
+			{AttributeName: aws.String("tenant"), AttributeType: types.ScalarAttributeTypeN},
+			{AttributeName: aws.String("period"), AttributeType: types.ScalarAttributeTypeS},
+		},
+		KeySchema: []types.KeySchemaElement{
+			{AttributeName: aws.String("tenant"), KeyType: types.KeyTypeHash},
+			{AttributeName: aws.String("period"), KeyType: types.KeyTypeRange},
+		},
+		BillingMode: types.BillingModePayPerRequest,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	numeric, err := dynamodb.New(client, "usage_numeric")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitActive(t, numeric)
+	if err := numeric.Check(ctx); err == nil || errors.Is(err, usage.ErrUnavailable) {
+		t.Fatalf("Check of a table keyed on a numeric tenant = %v, want a key schema error", err)
+	}
+	r := usage.Record{Tenant: "acme", Period: "2026-11", Usage: limit.Usage{Charged: 3, Calls: 3}}
+	if err := numeric.Put(ctx, []usage.Record{r}); !errors.Is(err, usage.ErrInvalidRecord) || errors.Is(err, usage.ErrUnavailable) {
+		t.Fatalf("Put that DynamoDB refuses = %v, want ErrInvalidRecord", err)
+	}
+
+	s, err := dynamodb.New(client, "usage_strings")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	replaced := usage.Record{Tenant: "acme\uFFFD", Period: "2026-11", Usage: limit.Usage{Charged: 7, Calls: 7}}
+	if err := s.Put(ctx, []usage.Record{replaced}); err != nil {
+		t.Fatal(err)
+	}
+	for name, tenant := range map[string]string{
+		// The SDK would send it as "acme\uFFFD" and read that tenant's item.
+		"invalid UTF-8":                "acme\xff",
+		"over the 2048 bytes of a key": strings.Repeat("t", 2100),
+	} {
+		if rec, ok, err := s.Get(ctx, tenant, "2026-11"); !errors.Is(err, usage.ErrInvalidRecord) {
+			t.Errorf("Get of a tenant %s = %+v, %v, %v; want ErrInvalidRecord", name, rec.Usage, ok, err)
+		}
+	}
+}
+
+// waitActive waits until the table of s can be written (dynalite makes a
+// new table ACTIVE after 50ms), whatever its key schema.
+func waitActive(t *testing.T, s *dynamodb.Store) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := s.Check(t.Context())
+		if !errors.Is(err, usage.ErrNotInitialized) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("table %s not ACTIVE after 10 s: %v", s.Table(), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

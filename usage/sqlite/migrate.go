@@ -6,6 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
+
+	msqlite "modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // SchemaVersion is the schema version this build creates and expects: the
@@ -126,26 +130,55 @@ func tooNew(v, known int) error {
 	return fmt.Errorf("%w: the file is at schema version %d, newer than the %d this mcpgate knows (run the mcpgate that upgraded it, or restore a copy from before the upgrade)", ErrSchemaTooNew, v, known)
 }
 
+// busyPause is how long migrate waits before taking the write lock again
+// after SQLITE_BUSY: the busy timeout has usually been waited already, but
+// a lock refused at once (a snapshot gone stale) must not make it spin.
+const busyPause = 100 * time.Millisecond
+
 // migrate applies the migrations of ms the file does not have yet, each in
 // its own transaction, and returns the version it found. Several processes
 // may migrate one file at once: each step re-reads the version under the
-// write lock, so every migration is applied once. A file newer than ms is
-// refused with ErrSchemaTooNew and left alone.
+// write lock, so every migration is applied once. While another process
+// holds the write lock past the busy timeout, a step is tried again until
+// ctx ends. A file newer than ms is refused with ErrSchemaTooNew and left
+// alone.
 func migrate(ctx context.Context, db *sql.DB, ms []migration) (from int, err error) {
-	// A file that is up to date, the usual case, costs one read and no
-	// write lock.
 	if from, err = userVersion(ctx, db); err != nil {
 		return 0, err
 	}
-	if from > len(ms) {
+	switch {
+	case from > len(ms):
 		return from, tooNew(from, len(ms))
+	case from == len(ms):
+		// The usual case costs one read and no write lock: versions only
+		// grow, so a file found up to date stays so. Opening it then
+		// never waits for another process's write (a long flush, a
+		// backup): a gateway starts, and mcpgate usage reads, meanwhile.
+		return from, nil
 	}
 	for {
 		done, err := migrateStep(ctx, db, ms)
+		if isBusy(err) && ctx.Err() == nil {
+			// Another process writes: wait for it as long as ctx
+			// allows (OpenContext's caller chose how long).
+			select {
+			case <-ctx.Done():
+				return from, err
+			case <-time.After(busyPause):
+			}
+			continue
+		}
 		if done || err != nil {
 			return from, err
 		}
 	}
+}
+
+// isBusy reports whether err is SQLite's SQLITE_BUSY (any extended code):
+// another connection holds the lock.
+func isBusy(err error) bool {
+	var se *msqlite.Error
+	return errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_BUSY
 }
 
 // migrateStep applies the next migration the file lacks; done reports that

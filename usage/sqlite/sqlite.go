@@ -84,7 +84,10 @@ func Open(path string) (*Store, error) {
 
 // OpenContext opens the SQLite file at path, creating it if needed, and
 // brings its schema to SchemaVersion (see the package doc); ctx bounds that
-// I/O. It fails, leaving the file unchanged, with an error wrapping
+// I/O. A file already at SchemaVersion is opened without taking the write
+// lock, so another process writing does not delay it; a migration waits for
+// that lock until ctx ends. It fails, leaving the file unchanged, with an
+// error wrapping
 // ErrSchemaTooNew for a file of a newer schema and ErrUnexpectedSchema for a
 // usage table mcpgate did not create. path must not contain '?'.
 func OpenContext(ctx context.Context, path string) (*Store, error) {

@@ -244,6 +244,60 @@ func TestTwoHandlesShareTheFile(t *testing.T) {
 	}
 }
 
+// Opening a file that is up to date takes no write lock: while another
+// process holds it past the busy timeout (a long flush, a backup), a
+// gateway still starts and mcpgate usage still reads, without waiting.
+func TestOpenOfAnUpToDateFileWhileAnotherProcessWrites(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "usage.db")
+	s, err := sqlite.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := usagetest.Ctx(t, 30*time.Second)
+	r := usage.Record{Tenant: "acme", Period: "2026-11", Usage: limit.Usage{Charged: 3, Calls: 3}}
+	if err := s.Put(ctx, []usage.Record{r}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	holdWriteLock(t, path, 0)
+
+	start := time.Now()
+	ro, err := sqlite.Open(path)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("Open of an up-to-date file while another process writes failed after %v: %v", took.Round(time.Millisecond), err)
+	}
+	defer ro.Close()
+	if took > time.Second {
+		t.Fatalf("Open of an up-to-date file waited %v for the write lock", took.Round(time.Millisecond))
+	}
+	if err := ro.Check(ctx); err != nil {
+		t.Fatalf("Check while another process writes: %v", err)
+	}
+	usagetest.Want(t, ro, "acme", "2026-11", r.Usage)
+}
+
+// A file that needs a migration waits for another process's write lock as
+// long as OpenContext's context allows, not only the busy timeout: a gateway
+// started while the file is locked for longer still starts.
+func TestOpenMigratesOnceTheWriteLockIsReleased(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "usage.db")
+	held := sqlite.BusyTimeout + 1500*time.Millisecond
+	holdWriteLock(t, path, held)
+	start := time.Now()
+	s, err := sqlite.OpenContext(usagetest.Ctx(t, 30*time.Second), path)
+	if err != nil {
+		t.Fatalf("Open of a new file locked for %v failed after %v: %v", held, time.Since(start).Round(time.Millisecond), err)
+	}
+	defer s.Close()
+	if m := s.Migration(); !m.Created || m.To != sqlite.SchemaVersion {
+		t.Fatalf("Migration() = %+v, want a creation", m)
+	}
+	if v := fileVersion(t, path); v != sqlite.SchemaVersion {
+		t.Fatalf("user_version = %d, want %d", v, sqlite.SchemaVersion)
+	}
+}
+
 // A usage table of another program is neither adopted nor overwritten.
 func TestForeignUsageTableIsRefused(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "usage.db")

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -196,18 +197,29 @@ func testBatchOfMany(t *testing.T, open Open) {
 	}
 }
 
+// Both backends refuse the same records, before writing any of the Put:
+// among them tenants that are not valid tenant ids (usage.CheckTenant),
+// which one backend would store apart and another merge (DynamoDB's
+// encoding replaces invalid UTF-8, so "acme\xff" and "acme\xfe" would be
+// billed as one tenant) or refuse as a key (over 2048 bytes) as if the store
+// were down.
 func testInvalidRecord(t *testing.T, open Open) {
 	s := Ready(t, open)
 	good := rec("acme", "2026-11", u(1, 0, 1, 0), t0)
 	for _, bad := range []usage.Record{
 		rec("", "2026-11", u(1, 0, 1, 0), t0),
+		rec("acme\xff", "2026-11", u(1, 0, 1, 0), t0),
+		rec("acme\xfe", "2026-11", u(1, 0, 1, 0), t0),
+		rec(strings.Repeat("t", usage.MaxTenantBytes+1), "2026-11", u(1, 0, 1, 0), t0),
+		rec(strings.Repeat("t", 2100), "2026-11", u(1, 0, 1, 0), t0),
+		rec("ac\nme", "2026-11", u(1, 0, 1, 0), t0),
 		rec("acme", "2026-13", u(1, 0, 1, 0), t0),
 		rec("acme", "202611", u(1, 0, 1, 0), t0),
 		rec("acme", "2026-11", u(1, -1, 1, 0), t0),
 	} {
 		err := s.Put(Ctx(t, 10*time.Second), []usage.Record{good, bad})
 		if !errors.Is(err, usage.ErrInvalidRecord) {
-			t.Fatalf("Put(%+v) = %v, want ErrInvalidRecord", bad, err)
+			t.Fatalf("Put(tenant %.40q period %q usage %+v) = %v, want ErrInvalidRecord", bad.Tenant, bad.Period, bad.Usage, err)
 		}
 	}
 	// Nothing of a refused batch is written.
@@ -215,6 +227,11 @@ func testInvalidRecord(t *testing.T, open Open) {
 	if err := s.Put(Ctx(t, 10*time.Second), nil); err != nil {
 		t.Fatalf("Put(nil) = %v", err)
 	}
+	// The longest tenant id allowed, in characters of several bytes, is
+	// stored as it is.
+	longest := strings.Repeat("é", usage.MaxTenantBytes/2)
+	put(t, s, rec(longest, "2026-11", u(3, 0, 2, 0), t0))
+	Want(t, s, longest, "2026-11", u(3, 0, 2, 0))
 }
 
 // Flushers of several instances write snapshots of one counter in any
