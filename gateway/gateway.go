@@ -225,9 +225,13 @@ func newRuntime(cfg *policy.Config, a *auth.Authenticator, rt http.RoundTripper)
 // in flight, open streams included, finish under the old ones; the next
 // requests use the new. breaker.alert_webhook follows too. The settings
 // that are read at start only (see restartOnly) keep their old values, and
-// Apply logs a warning naming each one that changed. The admin token is not
-// part of cfg: set it with SetAdminToken.
+// Apply logs a warning naming each one that changed; switching between
+// upstream.url and upstreams: is refused (ErrUpstreamsSwitch). The admin
+// token is not part of cfg: set it with SetAdminToken.
 func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
+	if err := g.sameUpstreamKind(cfg); err != nil {
+		return err
+	}
 	if err := g.fed.check(cfg); err != nil {
 		return err
 	}
@@ -253,6 +257,28 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 	g.alerts.setURL(cfg.Breaker.AlertWebhook)
 	for _, field := range restartOnly(old.cfg, cfg) {
 		g.log.Warn("this setting is read at start only: restart mcpgate to apply it", "field", field)
+	}
+	return nil
+}
+
+// ErrUpstreamsSwitch refuses a reload that switches between upstream.url
+// and upstreams: (either way); the configuration in force stays.
+var ErrUpstreamsSwitch = errors.New("gateway: upstreams: switching between upstream.url and upstreams needs a restart")
+
+// sameUpstreamKind refuses (ErrUpstreamsSwitch) a cfg that switches
+// between upstream.url and upstreams:. Unlike the other settings read at
+// start only, upstreams cannot just keep its old value while the rest of
+// the file applies: the file names its tools by what the upstreams expose
+// (<prefix><tool>), its rules were checked against the upstreams' limits
+// (an upstream rule that a tool's rule repeats is one counter charged
+// twice), and upstream.headers are the credential of upstream.url alone.
+// Kept upstreams would meet a file written for none, or the reverse.
+func (g *Gateway) sameUpstreamKind(cfg *policy.Config) error {
+	switch federated := len(cfg.Upstreams) > 0; {
+	case g.fed == nil && federated:
+		return fmt.Errorf("%w (this gateway started with upstream.url)", ErrUpstreamsSwitch)
+	case g.fed != nil && !federated:
+		return fmt.Errorf("%w (this gateway started with upstreams)", ErrUpstreamsSwitch)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -318,7 +319,7 @@ func (d *decoder) checkRedis(n *yaml.Node, path, s string, urlOK bool) bool {
 			return false
 		}
 		if _, err := rueidis.ParseURL(s); err != nil {
-			d.errf(n, path, "bad Redis URL %q: %v", redact(s), strings.TrimPrefix(err.Error(), "redis: "))
+			d.errf(n, path, "bad Redis URL %q: %s", redact(s), redisURLProblem(s, err))
 			return false
 		}
 		return true
@@ -330,13 +331,38 @@ func (d *decoder) checkRedis(n *yaml.Node, path, s string, urlOK bool) bool {
 	return true
 }
 
-// redact hides a password in a URL-like string before it is printed.
+// redisURLProblem says what is wrong with the Redis URL s, which
+// rueidis.ParseURL refused with err, without a character of its password
+// (s is expanded: the password may come from a Secret). err cannot be
+// printed as it is: url.Parse quotes the whole URL in its errors, and a bad
+// escape a piece of it. So the URL is parsed again with its user info
+// hidden: what is still wrong is told from that, and what is not was in the
+// user info.
+func redisURLProblem(s string, err error) string {
+	if r := redact(s); r != s {
+		if _, err = rueidis.ParseURL(r); err == nil {
+			return "bad user info (a password must percent-encode the characters URLs reserve, such as % @ : / ?)"
+		}
+	}
+	if ue := (*url.Error)(nil); errors.As(err, &ue) {
+		return ue.Err.Error() // without ue.URL
+	}
+	return strings.TrimPrefix(err.Error(), "redis: ")
+}
+
+// redact hides a password in a URL-like string before it is printed: the
+// password of a URL, and the whole user info of anything else with an @
+// (a URL that does not parse, user:pass@host:port without a scheme).
 func redact(s string) string {
 	if u, err := url.Parse(s); err == nil && u.User != nil {
 		return u.Redacted()
 	}
-	if i, j := strings.Index(s, "://"), strings.LastIndexByte(s, '@'); i >= 0 && j > i {
+	i, j := strings.Index(s, "://"), strings.LastIndexByte(s, '@')
+	switch {
+	case i >= 0 && j > i:
 		return s[:i+3] + "xxxxx" + s[j:]
+	case i < 0 && j >= 0:
+		return "xxxxx" + s[j:]
 	}
 	return s
 }

@@ -5,6 +5,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/mcpgate/mcpgate/limit"
 )
 
 // Each case is appended to head, so its first line is line 3. want is the
@@ -112,6 +114,34 @@ var badConfigs = []struct {
 			`m.yaml:4: breaker.key: unknown breaker key "ip" (want one of subject, tenant, session)`,
 			`m.yaml:5: breaker.identical_calls.within: required when count is set`,
 			`m.yaml:6: breaker.alert_webhook: bad URL "hooks.example": want http:// or https:// and a host`,
+		}},
+	// The stores refuse a breaker whose durations pass
+	// limit.MaxBreakerDuration (9600h) on every call it guards: Parse
+	// refuses them instead.
+	{"breaker durations above the stores' bound", "breaker:\n  consecutive_failures: 3\n  identical_calls: {count: 5, within: 9600h1ms}\n  cooldown: 10000h\n  max_cooldown: 10000h\n",
+		[]string{
+			`m.yaml:5: breaker.identical_calls.within: must be at most 9600h0m0s (the longest a breaker keeps state), got 9600h0m0.001s`,
+			`m.yaml:6: breaker.cooldown: must be at most 9600h0m0s (the longest a breaker keeps state), got 10000h0m0s`,
+			`m.yaml:7: breaker.max_cooldown: must be at most 9600h0m0s (the longest a breaker keeps state), got 10000h0m0s`,
+		}},
+	// max_cooldown is compared with cooldown once both are read, in
+	// whichever order the file gives them.
+	{"max_cooldown below cooldown", "breaker: {consecutive_failures: 3, cooldown: 1m, max_cooldown: 10s}\n",
+		[]string{`m.yaml:3: breaker.max_cooldown: must not be shorter than cooldown (1m0s)`}},
+	{"max_cooldown below cooldown given before it", "breaker: {consecutive_failures: 3, max_cooldown: 10s, cooldown: 1m}\n",
+		[]string{`m.yaml:3: breaker.max_cooldown: must not be shorter than cooldown (1m0s)`}},
+	// The stores refuse a cost or a quota above limit.MaxUsage (2^50) on
+	// every call it meters: Parse refuses them instead.
+	{"usage amounts above the stores' bound", "tiers: {free: {monthly_quota: 1125899906842625}}\ntools:\n  t: {cost: 2000000000000000}\n  u: {cost: {estimate: 1125899906842625, from_result: _meta.cost}}\n",
+		[]string{
+			`m.yaml:3: tiers.free.monthly_quota: must be at most 1125899906842624 (the most a usage meter counts), got 1125899906842625`,
+			`m.yaml:5: tools.t.cost: must be at most 1125899906842624 (the most a usage meter counts), got 2000000000000000`,
+			`m.yaml:6: tools.u.cost.estimate: must be at most 1125899906842624 (the most a usage meter counts), got 1125899906842625`,
+		}},
+	{"usage amounts below their least", "tools:\n  t: {cost: 0}\n  u: {cost: {estimate: -1, from_result: _meta.cost}}\n",
+		[]string{
+			`m.yaml:4: tools.t.cost: must be at least 1, got 0`,
+			`m.yaml:5: tools.u.cost.estimate: must be at least 1, got -1`,
 		}},
 	{"usage store", "usage: {store: \"postgres://x\"}\n",
 		[]string{`m.yaml:3: usage.store: unknown usage store "postgres://x" (want sqlite:PATH or dynamodb:TABLE)`}},
@@ -287,6 +317,59 @@ func TestRedisFromEnvironment(t *testing.T) {
 	_, err = Parse("m.yaml", []byte("upstream: {url: \"http://u/mcp\"}\nauth: {jwt: {jwks_file: j.json}}\nstore: {redis: \"${MCPGATE_TEST_REDIS_PASSWORD}\"}\n"))
 	if err == nil || !strings.Contains(err.Error(), "expands to an empty string") {
 		t.Fatalf("an address expanding to nothing: %v", err)
+	}
+}
+
+// Values at the stores' bounds are accepted, and reach the config as
+// written.
+func TestValuesAtTheStoresBounds(t *testing.T) {
+	c, err := Parse("m.yaml", []byte(head+`
+tiers: {free: {monthly_quota: 1125899906842624}}
+tools: {t: {cost: 1125899906842624}, u: {cost: {estimate: 1125899906842624, from_result: _meta.cost}}}
+breaker: {consecutive_failures: 3, identical_calls: {count: 2, within: 9600h}, cooldown: 9600h, max_cooldown: 9600h}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Tiers["free"].MonthlyQuota != limit.MaxUsage || c.Tools["t"].Cost.Fixed != limit.MaxUsage || c.Tools["u"].Cost.Estimate != limit.MaxUsage {
+		t.Errorf("amounts: quota %d, cost %+v, %+v", c.Tiers["free"].MonthlyQuota, c.Tools["t"].Cost, c.Tools["u"].Cost)
+	}
+	if b := c.Breaker; b.Cooldown != limit.MaxBreakerDuration || b.MaxCooldown != limit.MaxBreakerDuration || b.IdenticalCalls.Within != limit.MaxBreakerDuration {
+		t.Errorf("breaker: %+v", b)
+	}
+}
+
+// A Redis password never appears in a problem, however the address is
+// wrong: the value is expanded, so the password may come from a Secret,
+// and problems reach `mcpgate check`, the log of a SIGHUP reload and the
+// answer of POST /admin/reload. (url.Parse quotes the whole URL in its
+// errors, and a bad escape a piece of it.)
+func TestRedisPasswordNeverPrinted(t *testing.T) {
+	const secret = "Sup3rS3cret"
+	t.Setenv("MCPGATE_TEST_REDIS_URL", "redis://default:"+secret+"@redis.internal:6379/zero")
+	for _, tc := range []struct{ name, redis, want string }{
+		{"bad database", "${MCPGATE_TEST_REDIS_URL}",
+			`bad Redis URL "redis://default:xxxxx@redis.internal:6379/zero": invalid database number: "zero"`},
+		{"bad database, written in the file", "redis://default:" + secret + "@redis.internal:6379/zero",
+			`bad Redis URL "redis://default:xxxxx@redis.internal:6379/zero": invalid database number: "zero"`},
+		{"bad escape in the password", "redis://default:" + secret + "%zz@redis.internal:6379/0",
+			`bad Redis URL "redis://xxxxx@redis.internal:6379/0": bad user info (a password must percent-encode the characters URLs reserve, such as % @ : / ?)`},
+		{"bad escape in the password, and in the path", "redis://default:" + secret + "%zz@redis.internal:6379/%zz",
+			`bad Redis URL "redis://xxxxx@redis.internal:6379/%zz": invalid URL escape "%zz"`},
+		{"bad escape without a password", "redis://redis.internal:6379/%zz",
+			`bad Redis URL "redis://redis.internal:6379/%zz": invalid URL escape "%zz"`},
+		{"address without a scheme", "default:" + secret + "@redis.internal:6379",
+			`bad Redis address "xxxxx@redis.internal:6379": want redis://host:6379/0, rediss://user:pass@host:6380, unix:///path or host:port`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, section := range []string{"store", "cache"} {
+				_, err := Parse("m.yaml", []byte(head+section+": {redis: \""+tc.redis+"\"}\n"))
+				want := "m.yaml:3: " + section + ".redis: " + tc.want
+				if err == nil || err.Error() != want {
+					t.Errorf("got:\n%v\nwant:\n%s", err, want)
+				}
+			}
+		})
 	}
 }
 

@@ -38,6 +38,7 @@ type decoder struct {
 	upstreamURLAt     *yaml.Node    // upstream.url, when given
 	upstreamHeadersAt *fieldRef     // upstream.headers, when not empty
 	toolTimeoutAt     []fieldRef    // every tools.<name>.timeout given
+	toolAt            []toolRef     // every tools.<name> key, in file order
 
 	expirySet, leewaySet bool // auth.jwt.require_expiry / leeway given (their defaults are not zero)
 	embedded             bool // ParseEmbedded: upstream is optional

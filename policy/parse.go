@@ -13,6 +13,8 @@ import (
 	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/mcpgate/mcpgate/limit"
 )
 
 // Load reads the file at path and parses it (see Parse). Errors reading the
@@ -331,7 +333,7 @@ func (d *decoder) tiers(n *yaml.Node, path string) map[string]Tier {
 		}
 		var t Tier
 		d.object(e.val, tp, fields{
-			"monthly_quota": func(v *yaml.Node, p string) { t.MonthlyQuota, _ = d.count(v, p) },
+			"monthly_quota": func(v *yaml.Node, p string) { t.MonthlyQuota, _ = d.usageAmount(v, p, 0) },
 			"limits": func(v *yaml.Node, p string) {
 				t.Limits = d.rules(v, p, scopeTier)
 				d.tierRules[e.name] = append(d.tierRules[e.name], d.lastRules...)
@@ -390,6 +392,7 @@ func (d *decoder) tools(n *yaml.Node, path string) map[string]Tool {
 			d.errf(e.key, tp, "tool name is empty")
 			continue
 		}
+		d.toolAt = append(d.toolAt, toolRef{e.name, fieldRef{e.key, tp}})
 		t := Tool{Cost: Cost{Fixed: 1}}
 		d.object(e.val, tp, fields{
 			"cost": func(v *yaml.Node, p string) { d.cost(v, p, &t.Cost) },
@@ -433,7 +436,7 @@ func (d *decoder) tools(n *yaml.Node, path string) map[string]Tool {
 // cost decodes `cost: 3` or `cost: {estimate: 150, from_result: path}`.
 func (d *decoder) cost(n *yaml.Node, path string, c *Cost) {
 	if n.Kind == yaml.ScalarNode {
-		if v, ok := d.positiveInt64(n, path); ok {
+		if v, ok := d.usageAmount(n, path, 1); ok {
 			*c = Cost{Fixed: v}
 		}
 		return
@@ -446,7 +449,7 @@ func (d *decoder) cost(n *yaml.Node, path string, c *Cost) {
 	fromSet := false
 	d.object(n, path, fields{
 		"estimate": func(v *yaml.Node, p string) {
-			if x, ok := d.positiveInt64(v, p); ok {
+			if x, ok := d.usageAmount(v, p, 1); ok {
 				out.Estimate = x
 			}
 		},
@@ -466,7 +469,10 @@ func (d *decoder) cost(n *yaml.Node, path string, c *Cost) {
 	}
 }
 
+// breaker decodes the breaker section. max_cooldown is compared with
+// cooldown once the whole mapping is read, whatever the order of the keys.
 func (d *decoder) breaker(n *yaml.Node, path string, b *Breaker) {
+	var maxCooldownAt *yaml.Node
 	threshold := func(dst *int) func(v *yaml.Node, p string) {
 		return func(v *yaml.Node, p string) { *dst, _ = d.smallCount(v, p) }
 	}
@@ -485,9 +491,13 @@ func (d *decoder) breaker(n *yaml.Node, path string, b *Breaker) {
 		"consecutive_failures": threshold(&b.ConsecutiveFailures),
 		"identical_calls": func(v *yaml.Node, p string) {
 			ic := &b.IdenticalCalls
+			withinGiven := false // a bad within is reported as such, not as missing
 			d.object(v, p, fields{
-				"count":  threshold(&ic.Count),
-				"within": func(v *yaml.Node, p string) { ic.Within, _ = d.positiveDuration(v, p) },
+				"count": threshold(&ic.Count),
+				"within": func(v *yaml.Node, p string) {
+					withinGiven = true
+					ic.Within, _ = d.breakerDuration(v, p)
+				},
 			})
 			if v.Kind != yaml.MappingNode {
 				return
@@ -495,19 +505,56 @@ func (d *decoder) breaker(n *yaml.Node, path string, b *Breaker) {
 			switch {
 			case ic.Count == 1:
 				d.errf(v, join(p, "count"), "must be at least 2 (1 would open the breaker on every call), or 0 to disable")
-			case ic.Count > 1 && ic.Within == 0:
+			case ic.Count > 1 && !withinGiven:
 				d.errf(v, join(p, "within"), "required when count is set")
 			}
 		},
-		"cooldown": func(v *yaml.Node, p string) { b.Cooldown, _ = d.positiveDuration(v, p) },
+		"cooldown": func(v *yaml.Node, p string) { b.Cooldown, _ = d.breakerDuration(v, p) },
 		"max_cooldown": func(v *yaml.Node, p string) {
-			b.MaxCooldown, _ = d.positiveDuration(v, p)
-			if b.Cooldown > 0 && b.MaxCooldown > 0 && b.MaxCooldown < b.Cooldown {
-				d.errf(v, p, "must not be shorter than cooldown (%v)", b.Cooldown)
+			var ok bool
+			if b.MaxCooldown, ok = d.breakerDuration(v, p); ok {
+				maxCooldownAt = v
 			}
 		},
 		"alert_webhook": func(v *yaml.Node, p string) { b.AlertWebhook = d.httpURL(v, p) },
 	})
+	if maxCooldownAt != nil && b.Cooldown > 0 && b.MaxCooldown < b.Cooldown {
+		d.errf(maxCooldownAt, join(path, "max_cooldown"), "must not be shorter than cooldown (%v)", b.Cooldown)
+	}
+}
+
+// breakerDuration decodes a breaker duration: positive and at most
+// limit.MaxBreakerDuration, beyond which the stores refuse the breaker, and
+// with it every call it guards. (The engine rounds it up to whole
+// milliseconds, the stores' unit, so any positive duration is long enough.)
+func (d *decoder) breakerDuration(n *yaml.Node, path string) (time.Duration, bool) {
+	v, ok := d.positiveDuration(n, path)
+	if ok && v > limit.MaxBreakerDuration {
+		d.errf(n, path, "must be at most %v (the longest a breaker keeps state), got %v", limit.MaxBreakerDuration, v)
+		return 0, false
+	}
+	return v, ok
+}
+
+// usageAmount decodes an amount of usage (a cost, an estimate, a quota):
+// an integer from least (0 or 1) to limit.MaxUsage, the most a usage meter
+// counts exactly; the stores refuse a larger one, and with it every call
+// it meters.
+func (d *decoder) usageAmount(n *yaml.Node, path string, least int64) (int64, bool) {
+	v, ok := d.int64(n, path)
+	switch {
+	case !ok:
+		return 0, false
+	case v < least && least == 0:
+		d.errf(n, path, "must not be negative, got %d", v)
+	case v < least:
+		d.errf(n, path, "must be at least %d, got %d", least, v)
+	case v > limit.MaxUsage:
+		d.errf(n, path, "must be at most %d (the most a usage meter counts), got %d", int64(limit.MaxUsage), v)
+	default:
+		return v, true
+	}
+	return 0, false
 }
 
 // defaults fills what the file left out.

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -18,6 +19,12 @@ var (
 type fieldRef struct {
 	node *yaml.Node
 	path string
+}
+
+// toolRef is where a tools.<name> key was given.
+type toolRef struct {
+	name string
+	fieldRef
 }
 
 // upstreamRef remembers where an entry of upstreams: was defined.
@@ -400,5 +407,67 @@ func (d *decoder) checkUpstreamSections(c *Config, root *yaml.Node) {
 		for _, t := range d.toolTimeoutAt {
 			d.errf(t.node, t.path, "only with upstreams:")
 		}
+		return
 	}
+	d.checkToolNames(c)
+}
+
+// checkToolNames warns about every tools.<name> key that no upstream of
+// upstreams: can expose. Each exposes its tools as <prefix><tool>, so when
+// no prefix is "" a key that starts with none of them (the tool's bare
+// name, a misspelt prefix) configures a tool no client can call: its
+// limits, cost, cache and on_error never apply. (An upstream with prefix
+// "" may expose any name: then nothing is warned.) It is a warning, like
+// an unset ${VAR}: the file still works, and what each upstream lists is
+// known only once it is connected.
+func (d *decoder) checkToolNames(c *Config) {
+	prefixes := make([]string, 0, len(c.Upstreams))
+	for _, u := range c.Upstreams {
+		if u.Prefix == "" {
+			return
+		}
+		prefixes = append(prefixes, u.Prefix)
+	}
+	for _, t := range d.toolAt {
+		if c.upstreamIndex(t.name) >= 0 {
+			continue
+		}
+		d.warnf(t.node, t.path, "no upstream exposes this name: with upstreams:, a tool is named <prefix><tool> (prefixes: %s); did you mean %s?",
+			quoteAll(prefixes), exposedNames(t.name, prefixes))
+	}
+}
+
+// exposedNames suggests the exposed names that tool, a tools.<name> key
+// no upstream can expose, was meant to be: with its misspelt prefix
+// corrected when it begins with one (at most one edit per three bytes of
+// the prefix: "serch__query" for "search__"), else tool under each prefix.
+func exposedNames(tool string, prefixes []string) string {
+	best, bestD := "", 0
+	for _, p := range prefixes {
+		for k := 1; k < len(tool); k++ {
+			if d := editDistance(tool[:k], p); d*3 <= len(p) && (best == "" || d < bestD) {
+				best, bestD = p+tool[k:], d
+			}
+		}
+	}
+	if best != "" {
+		return strconv.Quote(best)
+	}
+	names := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		names[i] = p + tool
+	}
+	if len(names) == 1 {
+		return strconv.Quote(names[0])
+	}
+	return "one of " + quoteAll(names)
+}
+
+// quoteAll quotes each of ss and joins them with commas.
+func quoteAll(ss []string) string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = strconv.Quote(s)
+	}
+	return strings.Join(out, ", ")
 }

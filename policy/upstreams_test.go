@@ -367,3 +367,39 @@ tools:
 		t.Errorf("no tiers, no upstream: %v", got)
 	}
 }
+
+// With upstreams:, every exposed name is an upstream's prefix and a name
+// of its own. A tools.<name> key that no upstream can expose (the tool's
+// bare name, a misspelt prefix) configures a tool no client can call: it
+// is a warning naming the exposed name it was probably meant to be. With
+// an upstream of prefix "", any name may be one of its tools.
+func TestToolKeysNoUpstreamExposes(t *testing.T) {
+	const two = "upstreams:\n  - {name: search, url: http://s/mcp}\n  - {name: docs, url: http://d/mcp, prefix: d.}\n"
+	for _, tc := range []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"bare name, one upstream", "upstreams: [{name: search, url: http://s/mcp}]\ntools:\n  query: {cost: 50}\n  search__query: {cost: 5}\n",
+			[]string{`m.yaml:4: tools.query: no upstream exposes this name: with upstreams:, a tool is named <prefix><tool> (prefixes: "search__"); did you mean "search__query"?`}},
+		{"bare name, two upstreams", two + "tools: {query: {on_error: closed}}\n",
+			[]string{`m.yaml:5: tools.query: no upstream exposes this name: with upstreams:, a tool is named <prefix><tool> (prefixes: "search__", "d."); did you mean one of "search__query", "d.query"?`}},
+		{"misspelt prefix", two + "tools: {serch__query: {cost: 2}, search_query: {cost: 2}, d.get: {cost: 2}}\n",
+			[]string{
+				`m.yaml:5: tools.serch__query: no upstream exposes this name: with upstreams:, a tool is named <prefix><tool> (prefixes: "search__", "d."); did you mean "search__query"?`,
+				`m.yaml:5: tools.search_query: no upstream exposes this name: with upstreams:, a tool is named <prefix><tool> (prefixes: "search__", "d."); did you mean "search__query"?`,
+			}},
+		{"an upstream with prefix \"\"", two + "  - {name: files, command: [f], prefix: \"\"}\ntools: {query: {cost: 2}}\n", nil},
+		{"every key exposable", two + "tools: {search__query: {cost: 2}, d.get: {cost: 2}}\n", nil},
+		{"no upstreams", "upstream: {url: http://u/mcp}\ntools: {query: {cost: 2}}\n", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse("m.yaml", []byte(upHead+tc.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(c.Warnings, tc.want) {
+				t.Errorf("warnings:\n%s\nwant:\n%s", strings.Join(c.Warnings, "\n"), strings.Join(tc.want, "\n"))
+			}
+		})
+	}
+}
