@@ -27,7 +27,9 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -197,6 +199,10 @@ func (m *middleware) toolCall(ctx context.Context, next mcp.MethodHandler, metho
 		}
 		return nil, denialError(d)
 	}
+	// A handler that panics (behind a recovering middleware: the SDK
+	// recovers none) still settles its call, its concurrency slot freed
+	// and the failure counted; after the Done below this one is a no-op.
+	defer t.Done(context.WithoutCancel(ctx), enforce.Outcome{Status: enforce.Failed})
 	var (
 		res    mcp.Result
 		err    error
@@ -232,10 +238,13 @@ func (*interim) Error() string { return "gosdk: the tool asked for input: its re
 // and the error to return.
 func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request, plan enforce.CachePlan) (mcp.Result, json.RawMessage, bool, error) {
 	// The loader may also run after this call returned (an early refresh a
-	// hit started): it writes nothing of this call's but ran.
+	// hit started): it writes nothing of this call's but ran and own.
 	var ran atomic.Bool
-	entry, _, err := m.e.Cache().Get(ctx, plan.Key, func(lctx context.Context) ([]byte, bool, error) {
+	own := &ownLoad{done: make(chan struct{})}
+	entry, _, err := m.e.Cache().Get(ctx, plan.Key, func(lctx context.Context) (b []byte, negative bool, err error) {
+		own.start(lctx)
 		ran.Store(true)
+		defer func() { own.end(b, negative || err != nil) }()
 		res, err := next(lctx, method, req)
 		if err != nil {
 			return nil, false, err
@@ -247,9 +256,18 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 		if r.NeedsInput() || r.InputRequests != nil {
 			return nil, false, &interim{res: res}
 		}
-		b, err := json.Marshal(r)
+		b, err = json.Marshal(r)
 		return b, r.IsError, err
 	}, plan.Policy)
+	if err != nil && ctx.Err() != nil && ran.Load() {
+		// The caller left while its own load runs on for the flight: as
+		// the gateway does, the call is settled when that load ends, on
+		// its result, so that its concurrency slot stays held for the
+		// work it started and the cost the tool reports is the one
+		// charged.
+		result, failed := own.wait()
+		return nil, result, failed, err
+	}
 	if err != nil {
 		var in *interim
 		switch {
@@ -273,6 +291,64 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 		loaded = entry.Value // this caller's own load: its reported cost counts
 	}
 	return &r, loaded, entry.Negative, nil
+}
+
+// ownLoad is the load a caller's own Get started, as the caller sees it
+// once it has left: the loader runs on for the flight's other callers.
+type ownLoad struct {
+	done chan struct{} // closed by end
+
+	mu      sync.Mutex
+	ctx     context.Context // the loader's: ends at the cache's LoadTimeout
+	result  json.RawMessage
+	failed  bool
+	started bool
+}
+
+// loadGrace is how long after its context ended a load still counts as
+// running: the cache abandons a Loader 1 s after (cache.ErrLoaderAbandoned).
+const loadGrace = time.Second
+
+func (o *ownLoad) start(ctx context.Context) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.started { // an early refresh of the same Get would be a second load
+		o.ctx, o.started = ctx, true
+	}
+}
+
+func (o *ownLoad) end(result json.RawMessage, failed bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	select {
+	case <-o.done:
+	default:
+		o.result, o.failed = result, failed
+		close(o.done)
+	}
+}
+
+// wait returns the load's result once it ended, or (nil, true) once the
+// cache has abandoned it: a handler that ignores its context must not
+// keep the request, and its slot, for ever.
+func (o *ownLoad) wait() (json.RawMessage, bool) {
+	o.mu.Lock()
+	ctx := o.ctx
+	o.mu.Unlock()
+	select {
+	case <-o.done:
+	case <-ctx.Done():
+		t := time.NewTimer(loadGrace)
+		defer t.Stop()
+		select {
+		case <-o.done:
+		case <-t.C:
+			return nil, true
+		}
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.result, o.failed
 }
 
 // settled is what a handler's answer settles a call with: the marshalled

@@ -176,6 +176,19 @@ func (s *server) addTools(srv *mcp.Server) {
 		}
 		return text("slow " + in.Key), nil, nil
 	})
+	// slowllm waits like slow, then reports _meta.usage.tokens 7.
+	mcp.AddTool(srv, &mcp.Tool{Name: "slowllm"}, func(ctx context.Context, _ *mcp.CallToolRequest, in slowIn) (*mcp.CallToolResult, any, error) {
+		s.count("slowllm")
+		s.started <- struct{}{}
+		select {
+		case <-s.releaser():
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		r := text("completion " + in.Key)
+		r.Meta = mcp.Meta{"usage": map[string]any{"tokens": 7}}
+		return r, nil, nil
+	})
 	mcp.AddTool(srv, &mcp.Tool{Name: "llm"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
 		s.count("llm")
 		r := text("completion")

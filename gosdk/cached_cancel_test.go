@@ -1,0 +1,100 @@
+package gosdk_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// a cached call whose caller cancels while its own load runs
+// is settled at once: its concurrency slot is freed while the tool handler
+// still runs for the cache flight (the loader's ctx is detached). The
+// gateway holds the slot until the load ends (gateway/cache.go "orphan").
+// So cancel-and-call-again runs any number of handlers at once under a
+// concurrency limit of 1.
+func TestCancelledCachedCallKeepsItsSlotUntilItsLoadEnds(t *testing.T) {
+	s := newServer(t, false, `
+tools:
+  slow:
+    cache: {ttl: 10m}
+    limits:
+      - {name: one_at_a_time, per: tenant_tool, algorithm: concurrency, limit: 1, period: 10m}
+`, options{})
+	release := make(chan struct{})
+	defer close(release)
+	s.setRelease(release)
+	cs := s.connect(token(t, "orphan-co", "alice"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := call(ctx, cs, "slow", map[string]any{"key": "a"})
+		done <- err
+	}()
+	<-s.started
+	cancel()
+	<-done
+	// The first handler still runs (it waits for release). Give the
+	// server's notifications/cancelled time to arrive.
+	time.Sleep(300 * time.Millisecond)
+	running := make(chan error, 1)
+	go func() {
+		_, err := call(context.Background(), cs, "slow", map[string]any{"key": "b"})
+		running <- err
+	}()
+	select {
+	case <-s.started:
+		t.Fatalf("a second slow handler started while the first (cancelled caller, load still running) holds the one_at_a_time slot: %d handlers running under limit 1", s.reached("slow"))
+	case err := <-running:
+		if d := denial(t, err); d.Rule != "one_at_a_time" {
+			t.Fatalf("denial %+v", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no answer")
+	}
+}
+
+// the same call's bill: the load ran for it and its result
+// reports 7, but the call is settled on the estimate (100) as soon as the
+// caller cancels, before the load ends. The gateway settles such a call
+// when its load ends, on the load's result
+// (gateway TestShutdownWaitsForLoadsWhoseCallersLeft).
+func TestCancelledCachedCallIsBilledWhatItsLoadReported(t *testing.T) {
+	s := newServer(t, false, `
+tools:
+  slowllm:
+    cache: {ttl: 10m}
+    cost: {estimate: 100, from_result: _meta.usage.tokens}
+`, options{usage: true})
+	release := make(chan struct{})
+	s.setRelease(release)
+	cs := s.connect(token(t, "bill-co", "alice"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := call(ctx, cs, "slowllm", map[string]any{"key": "a"})
+		done <- err
+	}()
+	<-s.started
+	cancel()
+	<-done
+	time.Sleep(300 * time.Millisecond) // notifications/cancelled reaches the server
+	close(release)                     // the load ends, its result reports 7
+	// The load's result is now in the cache: a second call is a hit.
+	if _, err := call(context.Background(), cs, "slowllm", map[string]any{"key": "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.reached("slowllm"); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+	if err := s.engine.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// call 1: the load ran for it, reported 7; call 2: a hit, the estimate 100.
+	if rec := s.durable("bill-co"); rec.Used() != 107 || rec.NetCalls() != 2 {
+		t.Fatalf("durable record used=%d calls=%d (%+v); want 107 (7 reported by the load the cancelled call ran + 100 for the hit)", rec.Used(), rec.NetCalls(), rec.Usage)
+	}
+}
+
+var _ = limit.Usage{}
