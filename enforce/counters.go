@@ -77,7 +77,8 @@ func (e *Engine) Counters(ctx context.Context, tier, tenant, subject string) ([]
 }
 
 // ResetCounters clears rate-limit counters of a tenant (never its usage
-// meter, quota or breakers): without subject, the counters per tenant and
+// meter, quota or breakers, nor a concurrency rule's slots, which are the
+// calls running now): without subject, the counters per tenant and
 // tenant_tool; with subject, that subject's (per subject and subject_tool)
 // instead; tool narrows either to that name's per-tool counters (of the
 // tools/call rules, and of the other methods' rules, whose per-tool
@@ -109,6 +110,11 @@ func (e *Engine) ResetCounters(ctx context.Context, tenant, subject, tool string
 		incomplete = cmp.Or(incomplete, herr)
 		keys := make([]string, 0, len(cs)+len(held))
 		for _, c := range slices.Concat(cs, held) {
+			if c.rule.Algorithm == limit.Concurrency {
+				// It holds the slots of calls running now, not a budget:
+				// dropping it would let as many again run at once.
+				continue
+			}
 			keys = append(keys, c.check.Key)
 		}
 		m, err := rs.Reset(ctx, keys)
