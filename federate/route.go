@@ -335,7 +335,12 @@ func (f *Federator) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 	if !first {
 		return nil
 	}
-	err := f.forward(ctx, up, nil, true, func(ctx context.Context, cs *mcp.ClientSession) error {
+	// The upstream subscription serves every session that joins it while
+	// it is in flight: the first caller giving up on its request must not
+	// cancel it for them.
+	sctx, cancel := context.WithTimeout(f.ctx, subTimeout)
+	defer cancel()
+	err := f.forward(sctx, up, nil, true, func(ctx context.Context, cs *mcp.ClientSession) error {
 		return cs.Subscribe(ctx, &mcp.SubscribeParams{URI: k.uri})
 	})
 	if err != nil {

@@ -25,11 +25,19 @@ func (g *Gateway) serveCall(x *exchange) {
 	// From here on the call is the caller's to cancel (notifications/cancelled).
 	caller := ownerOf(x.p, x.r)
 	ctx, call := g.inflight.begin(x.r.Context(), caller, msg.ID, outlivesClient(x.r))
-	x.after(func() { g.inflight.end(caller, call) }) // last: after the call is settled
+	var orphan *leaderWriter // a cached call's own load that outlives it
+	x.after(func() {         // last: after the call is settled
+		g.inflight.release(call)
+		if orphan == nil {
+			g.inflight.remove(caller, call)
+		}
+		// else: its id stays registered while its load runs upstream in
+		// its session, so that a cancellation naming it is never forwarded
+		// there (it would end the flight of every caller waiting on it).
+	})
 	x.r = x.r.WithContext(ctx)
 
 	var a answer
-	var orphan *leaderWriter // a cached call's own load that outlives it
 	x.after(func() {
 		if orphan != nil {
 			// Settled when the load ends, on the load's result: the tool
@@ -41,6 +49,7 @@ func (g *Gateway) serveCall(x *exchange) {
 				<-orphan.done
 				_, result, _ := orphan.outcome()
 				t.Done(ctx, enforce.Outcome{Status: status, Result: result})
+				g.inflight.remove(caller, call)
 			})
 			return
 		}
@@ -54,7 +63,9 @@ func (g *Gateway) serveCall(x *exchange) {
 	var answered resultHook
 	if t.WantsAnswer() {
 		answered = func(result, rpcErr json.RawMessage) {
-			t.Answered(ctx, result, rpcErr != nil || isErrorResult(result))
+			// Only the outcome: the result's reported cost belongs to the
+			// call whose own load produced it (Done's Outcome.Result).
+			t.Answered(ctx, nil, rpcErr != nil || isErrorResult(result))
 		}
 		x.fwd.answered = func(result, rpcErr json.RawMessage) {
 			a.result, a.failed = result, rpcErr != nil || isErrorResult(result)

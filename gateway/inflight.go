@@ -52,7 +52,8 @@ type liveCall struct {
 	// outlives: the call's upstream request outlives its client (see
 	// outlivesClient): a cancellation can reach it only through its client's
 	// request, which it ends.
-	outlives bool
+	outlives    bool
+	releaseOnce sync.Once
 }
 
 // Cancelled reports whether a client's notifications/cancelled ended the
@@ -76,6 +77,21 @@ func (f *inflight) begin(ctx context.Context, o callOwner, id json.RawMessage, o
 
 // end removes c and wakes a cancellation waiting for it.
 func (f *inflight) end(o callOwner, c *liveCall) {
+	f.release(c)
+	f.remove(o, c)
+}
+
+// release wakes a cancellation waiting for c: its request has ended.
+// Idempotent.
+func (f *inflight) release(c *liveCall) {
+	c.releaseOnce.Do(func() {
+		c.cancel(nil)
+		close(c.done)
+	})
+}
+
+// remove forgets c: from then on a cancellation naming its id is not its.
+func (f *inflight) remove(o callOwner, c *liveCall) {
 	f.mu.Lock()
 	list := f.calls[o]
 	for i, x := range list {
@@ -90,8 +106,6 @@ func (f *inflight) end(o callOwner, c *liveCall) {
 		f.calls[o] = list
 	}
 	f.mu.Unlock()
-	c.cancel(nil)
-	close(c.done)
 }
 
 // cancel ends o's call with id, when exactly one matches (a client that
