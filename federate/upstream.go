@@ -3,6 +3,7 @@ package federate
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -81,10 +82,35 @@ func (t *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if st, ok := r.Context().Value(statusKey{}).(*atomic.Int32); ok && r.Method == http.MethodPost {
 		st.Store(int32(resp.StatusCode))
 	}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	if gwmcp.IsEventStream(resp.Header.Get("Content-Type")) {
 		resp.Body = &countedBody{counted: counted{r: resp.Body, w: t.wire}, Closer: resp.Body}
+	} else {
+		// The go-sdk client reads a JSON answer (and an error's body)
+		// whole with io.ReadAll: bounded here as the proxy bounds one.
+		resp.Body = &boundedBody{ReadCloser: resp.Body, left: gwmcp.DefaultMaxResponseBytes}
 	}
 	return resp, nil
+}
+
+// errAnswerTooLarge ends the read of a non-SSE answer past its bound.
+var errAnswerTooLarge = fmt.Errorf("federate: upstream answer over %d bytes", gwmcp.DefaultMaxResponseBytes)
+
+// boundedBody fails a read past left bytes.
+type boundedBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, errAnswerTooLarge
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	return n, err
 }
 
 // ForwardHeaders are the headers of a client's request that the

@@ -102,10 +102,20 @@ func (er *eventReader) next() (sseEvent, error) {
 				}
 				hasData = true
 				er.data = append(er.data, value...)
-			case "event":
-				ev.name = string(value)
-			case "id":
-				ev.hasID = ev.hasID || len(value) > 0
+			case "event", "id":
+				if len(bytes.TrimSpace(value)) != len(value) {
+					// The Go SDK's client trims both, the TypeScript and
+					// Python ones do not: "message " would be the answer
+					// for one client and an ignored event for the proxy
+					// and the others, and "id:  " a resumable stream for
+					// the proxy only.
+					return sseEvent{}, errSpacedField
+				}
+				if field[0] == 'e' {
+					ev.name = string(value)
+				} else {
+					ev.hasID = ev.hasID || len(value) > 0
+				}
 			}
 		}
 		lineStart = len(er.raw)
@@ -138,6 +148,10 @@ func isSplitlinesBreak(r rune) bool {
 	}
 	return false
 }
+
+// errSpacedField means an event or id field has leading or trailing
+// whitespace (beyond the one space after the colon).
+var errSpacedField = fmt.Errorf("%w: event stream event or id field with leading or trailing whitespace", ErrBadUpstreamResponse)
 
 // errUnicodeBreak means a non-data line holds a character some clients end lines at.
 var errUnicodeBreak = fmt.Errorf("%w: event stream line holds a Unicode line break outside data", ErrBadUpstreamResponse)
