@@ -37,6 +37,10 @@ func TestMain(m *testing.M) {
 		serveWedged()
 		os.Exit(0)
 	}
+	if os.Getenv(chattyEnv) != "" {
+		serveChatty()
+		os.Exit(0)
+	}
 	if os.Getenv(tenantEnv) != "" {
 		if err := newTenantServer().Run(context.Background(), &mcp.StdioTransport{}); err != nil {
 			fmt.Fprintln(os.Stderr, "stdio server:", err)

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcpgate/mcpgate/internal/clip"
 )
 
 // stderrTail is how many of a process's last stderr lines an error at
@@ -114,7 +116,8 @@ func (up *upstream) startProcess(ctx context.Context) (*mcp.ClientSession, *stdi
 	w := new(wireCount)
 	pipe := &stdioPipe{up: up, p: p, stall: up.writeStall()}
 	t := &mcp.IOTransport{
-		Reader: io.NopCloser(&counted{r: stdoutReader{p}, w: w}), // the connection closes by closing stdin
+		// the connection closes by closing stdin
+		Reader: io.NopCloser(&counted{r: newJSONLines(stdoutReader{p}, up.skippedLine()), w: w}),
 		Writer: pipe,
 	}
 	cs, err := up.f.newClient(up, nil, w).Connect(ctx, t, &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
@@ -128,6 +131,20 @@ func (up *upstream) startProcess(ctx context.Context) (*mcp.ClientSession, *stdi
 	}
 	up.f.track(cs, w)
 	return cs, pipe, nil
+}
+
+// skippedLine returns what logs the lines a process's stdout holds besides
+// messages (see jsonLines): the first ten of each process, then one in a
+// thousand with the count, so that a chatty server cannot flood the log.
+func (up *upstream) skippedLine() func([]byte) {
+	var n int64 // the session reads stdout from one goroutine
+	return func(line []byte) {
+		n++
+		if n <= 10 || n%1000 == 0 {
+			up.f.log.Warn("upstream wrote a line that is not a message to stdout: skipped (write logs to stderr)",
+				"upstream", up.cfg.Name, "line", clip.String(strings.TrimRight(string(line), "\r\n"), 200), "skipped", n)
+		}
+	}
 }
 
 func closeFiles(fs ...*os.File) {

@@ -75,12 +75,6 @@ func (f *inflight) begin(ctx context.Context, o callOwner, id json.RawMessage, o
 	return ctx, c
 }
 
-// end removes c and wakes a cancellation waiting for it.
-func (f *inflight) end(o callOwner, c *liveCall) {
-	f.release(c)
-	f.remove(o, c)
-}
-
 // release wakes a cancellation waiting for c: its request has ended.
 // Idempotent.
 func (f *inflight) release(c *liveCall) {
