@@ -184,7 +184,7 @@ func (x *Exchange) cause(err error) error {
 		return ErrClientGone
 	case errors.Is(context.Cause(x.out.Context()), ErrUpstreamTimeout):
 		return context.Cause(x.out.Context()) // ErrUpstreamTimeout, maybe wrapped
-	case errors.Is(err, ErrBadUpstreamResponse):
+	case errors.Is(err, ErrBadUpstreamResponse), errors.Is(err, ErrUpstreamRefused):
 		return err
 	}
 	// The upstream's URL may carry its credential (a key in its query):
@@ -211,6 +211,8 @@ func failureAnswer(err error) (int, string) {
 		return http.StatusGatewayTimeout, "upstream MCP server timed out"
 	case errors.Is(err, ErrBadUpstreamResponse):
 		return http.StatusBadGateway, "upstream MCP server sent an unusable response"
+	case errors.Is(err, ErrUpstreamRefused):
+		return http.StatusBadGateway, "upstream MCP server refused the gateway's credentials"
 	}
 	return http.StatusBadGateway, "upstream MCP server unavailable"
 }

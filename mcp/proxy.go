@@ -32,6 +32,14 @@ var (
 	// client). Serve answered 502 rather than relay it unchecked, or ended
 	// a stream that had begun with an error event.
 	ErrBadUpstreamResponse = errors.New("mcp: bad upstream response")
+	// ErrUpstreamRefused means the upstream answered 401 or 403: it
+	// refused the credentials mcpgate sends it (ProxyOptions.Headers; MCP
+	// forbids passing the client's token on), or its Origin or host
+	// checks refused mcpgate. Serve answered 502, not the upstream's
+	// status: a client given a 401 or 403 would take it for its own token
+	// and start its authorization again, to no avail. It wraps
+	// ErrUpstreamUnavailable.
+	ErrUpstreamRefused = fmt.Errorf("%w: the upstream refused mcpgate's credentials", ErrUpstreamUnavailable)
 	// ErrClientGone means the client went away before the answer was fully
 	// relayed; the upstream request was cancelled.
 	ErrClientGone = errors.New("mcp: client went away")
@@ -298,6 +306,11 @@ func (p *Proxy) Start(w http.ResponseWriter, r *http.Request, f Forward) *Exchan
 		return x
 	}
 	idle.touch()
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		_ = resp.Body.Close()
+		x.failed(fmt.Errorf("%w (HTTP %d)", ErrUpstreamRefused, resp.StatusCode))
+		return x
+	}
 	x.resp = resp
 	x.sse = IsEventStream(resp.Header.Get("Content-Type")) && resp.StatusCode/100 == 2
 	return x
