@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/mcpgate/mcpgate/internal/redact"
 )
@@ -254,6 +255,13 @@ func (x *Exchange) copyResponseHeaders() {
 	switch t := mediaType(x.resp.Header.Get("Content-Type")); t {
 	case "application/json", "text/event-stream":
 		x.w.Header().Set("Content-Type", t)
+	}
+	// Every answer is the caller's own (its lists filtered to its scopes,
+	// its session): a shared cache must not keep it for another, which an
+	// upstream's "public" or "s-maxage" would allow despite Authorization
+	// (RFC 9111, 3.5).
+	if cc := strings.ToLower(strings.Join(x.w.Header().Values("Cache-Control"), ",")); strings.Contains(cc, "public") || strings.Contains(cc, "s-maxage") {
+		x.w.Header().Set("Cache-Control", "private, no-store")
 	}
 }
 
