@@ -77,12 +77,21 @@ func cacheableParams(params json.RawMessage) bool {
 // load calls the upstream for a cache flight, relaying into lw, and
 // returns the JSON-RPC result (from a JSON answer or the final result event
 // of a stream) and its isError; anything else is an *uncacheable.
-func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd relay, lw *leaderWriter) ([]byte, bool, error) {
+//
+// A shared entry (every tenant's) is not stored from a load during which
+// the upstream asked the client something (sampling, elicitation): its
+// result holds that client's answers, which are not another tenant's to
+// read. The caller gets it, as an interim result.
+func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd relay, lw *leaderWriter, shared bool) ([]byte, bool, error) {
 	defer lw.finish()
 	var result, rpcErr json.RawMessage
 	fwd.answered = func(res, e json.RawMessage) {
 		result, rpcErr = res, e
 		lw.report(res, e)
+	}
+	var asked atomic.Bool
+	if shared {
+		fwd.AskedClient = func() { asked.Store(true) }
 	}
 	_, err := g.serveOrdered(lw, r.Clone(ctx), rt, fwd)
 	status, _, _ := lw.outcome()
@@ -96,7 +105,7 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd re
 	}
 	u := &uncacheable{status: status, retryAfter: lw.Header().Get("Retry-After")}
 	switch {
-	case result != nil && status/100 == 2 && finalResult(result):
+	case result != nil && status/100 == 2 && finalResult(result) && !asked.Load():
 		return result, isErrorResult(result), nil
 	case result != nil:
 		u.member, u.value = "result", result
@@ -134,7 +143,7 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		ran.Store(true)
 		start := time.Now()
 		defer func() { g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds()) }()
-		return g.load(ctx, r, rt, fwd, lw)
+		return g.load(ctx, r, rt, fwd, lw, plan.Key.Scope() == cache.Shared())
 	}, plan.Policy)
 	g.countDegraded(entry)
 	switch {

@@ -200,3 +200,30 @@ func TestUpstreamIdleTimeoutAndMaxDuration(t *testing.T) {
 		t.Fatalf("a chatty tool past max_duration: %v, want the gateway's timeout error", err)
 	}
 }
+
+// A shared cached tool (every tenant's entry) that asks the client during
+// its load: the result holds the answers of the client that loaded it,
+// which are not another tenant's to read, so it is not stored; each call
+// loads its own (the upstream runs twice). A tenant's own entry is stored
+// (TestCachedToolStreams).
+func TestSharedEntryIsNotStoredFromALoadThatAskedTheClient(t *testing.T) {
+	t.Parallel()
+	u := newStreamingUpstream(t)
+	e := newEnv(t, setup{UpstreamURL: u.url, UpstreamYAML: "  timeout: 5s\n", Config: `
+tools:
+  sample: {cache: {ttl: 10m, shared: true}}
+`})
+	var progress atomic.Int64
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i, tenant := range []string{"acme", "initech"} {
+		cs := streamingClient(t, e.mcpURL(0), token(t, tenant, "alice"), &progress)
+		res, err := callTool(ctx, cs, "sample", map[string]any{"q": "q1"})
+		if err != nil || resultText(res) != "sampled: answer to q1" {
+			t.Fatalf("%s: %v %+v", tenant, err, res)
+		}
+		if got := u.calls.Load(); got != int64(i+1) {
+			t.Fatalf("after %s's call the upstream ran %d times, want %d: a shared entry was stored from a load that asked its client", tenant, got, i+1)
+		}
+	}
+}

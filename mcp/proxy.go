@@ -205,6 +205,11 @@ type Forward struct {
 	// Filter, when set, is one of them. Filters with a nil Allow are
 	// ignored; nil means none (every event relayed as is).
 	ReplayFilters []Filter
+	// AskedClient, when set, is called for each request the upstream
+	// sends the client on a call's SSE answer before that answer
+	// (sampling, elicitation, roots): the result then depends on what
+	// this client answered.
+	AskedClient func()
 	// AllowTool is the Filter of a tools/list: when set and Filter is not,
 	// it acts as Filter{List: ToolsList, Allow: AllowTool}.
 	//

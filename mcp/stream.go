@@ -145,6 +145,9 @@ func (x *Exchange) eventOut(ev sseEvent) (out []byte, stop error) {
 		if perr == nil && m.Kind == Response && SameID(m.ID, x.f.Msg.ID) {
 			return x.answer(ev, m)
 		}
+		if perr == nil && m.Kind == Request && x.f.AskedClient != nil {
+			x.f.AskedClient()
+		}
 	}
 	if len(x.replayList()) == 0 {
 		return ev.raw, nil
