@@ -158,12 +158,15 @@ func (s Scopes) AllowsResource(uri string) bool {
 // AmbiguousURI reports whether uri could name, once an upstream resolves
 // it, a resource another glob than its text suggests: it has a dot segment
 // ("." or ".." between slashes, RFC 3986 §5.2.4), raw or percent-encoded
-// (%2e), an encoded slash or backslash (%2f, %5c), a backslash, or a NUL
-// (%00 or raw), anywhere in it, query and fragment included. Such URIs
-// have a normalised spelling a client can send instead; refusing them
-// keeps "resources:file:///docs/*" inside /docs/.
+// (%2e), an encoded slash or backslash (%2f, %5c), a backslash, a NUL
+// (%00) or any control character, anywhere in it, query and fragment
+// included. Such URIs have a normalised spelling a client can send
+// instead; refusing them keeps "resources:file:///docs/*" inside /docs/.
+// Control characters count because WHATWG URL parsers (the TypeScript
+// SDK's new URL) delete tab, LF and CR: "/docs/.\t./secret" is
+// "/docs/../secret" to them.
 func AmbiguousURI(uri string) bool {
-	if strings.ContainsAny(uri, "\\\x00") {
+	if strings.ContainsFunc(uri, func(r rune) bool { return r == '\\' || r < 0x20 || r == 0x7f }) {
 		return true
 	}
 	lower := strings.ToLower(uri)
@@ -175,9 +178,10 @@ func AmbiguousURI(uri string) bool {
 	// Dot segments, with %2e decoded: split the URI on '/' and look for a
 	// segment of only dots ("." or ".."), in the query and fragment too: an
 	// upstream that joins the text after the scheme to a root as a path
-	// ("file:///docs/x?/../../secret") would resolve them.
+	// ("file:///docs/x?/../../secret") would resolve them. '?' and '#' end
+	// a segment too: the path of "file:///docs/..?x" is "/docs/..".
 	rest := strings.ReplaceAll(lower, "%2e", ".")
-	for seg := range strings.SplitSeq(rest, "/") {
+	for seg := range strings.FieldsFuncSeq(rest, func(r rune) bool { return r == '/' || r == '?' || r == '#' }) {
 		if seg == "." || seg == ".." {
 			return true
 		}
@@ -203,6 +207,10 @@ func (s Scopes) AllowsResourceTemplate(tmpl string) bool {
 	prefix, _, expands := strings.Cut(tmpl, "{")
 	if !expands {
 		return s.AllowsResource(tmpl)
+	}
+	if AmbiguousURI(prefix) {
+		// Every expansion is refused by AllowsResource but under "*".
+		return slices.Contains(s.resources, "*")
 	}
 	for _, g := range s.resources {
 		lit, ok := strings.CutSuffix(g, "*")

@@ -147,6 +147,9 @@ func TestAllowsResourceTemplate(t *testing.T) {
 		{"resources:file:///docs/*", "file:///docs/a", true},
 		{"resources:file:///docs/*", "file:///other", false},
 		{"tools:* prompts:*", "file:///{x}", false},
+		// every expansion of an ambiguous prefix is refused: so is the template
+		{"resources:file:///docs/*", "file:///docs/../secret/{name}", false},
+		{"resources:*", "file:///docs/../secret/{name}", true},
 	}
 	for _, c := range cases {
 		if got := ParseScopes(c.scopes).AllowsResourceTemplate(c.tmpl); got != c.want {
@@ -255,6 +258,16 @@ func TestAllowsResourceRefusesAmbiguousURIs(t *testing.T) {
 		"file:///docs/a%00b",
 		"file:///docs/x?/../../secret",
 		"file:///docs/x#/%2e%2e/secret",
+		// the path ends at '?' or '#': "/docs/.."
+		"file:///docs/..?x",
+		"file:///docs/..#x",
+		"file:///docs/%2e%2e?",
+		// WHATWG URL parsers (new URL, the TypeScript SDK's) delete tab, LF
+		// and CR: "/docs/../secret/keys.txt" to them
+		"file:///docs/.\t./secret/keys.txt",
+		"file:///docs/.\n./secret/keys.txt",
+		"file:///docs/\r../secret/keys.txt",
+		"file:///docs/a\x7fb",
 	} {
 		if !AmbiguousURI(uri) {
 			t.Errorf("AmbiguousURI(%q) = false", uri)
