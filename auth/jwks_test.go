@@ -258,6 +258,27 @@ func TestJWKSURLServerDownKeepsKeys(t *testing.T) {
 	mustVerify(t, a, sign(t, jwa.ES256(), k1, "k1", claims(nil)))
 }
 
+// A refresh that brings a set with no usable key (empty, or only keys of
+// a type we skip) keeps the keys in use: rejecting every token until the
+// next good set would make one glitch of the identity provider an outage.
+// The next set with a usable key replaces them.
+func TestJWKSURLRefreshWithoutUsableKeyKeepsKeys(t *testing.T) {
+	k1, k2 := ecKey(t, elliptic.P256()), ecKey(t, elliptic.P256())
+	srv := newJWKSServer(t, jwksJSON(t, []any{&k1.PublicKey}, []string{"k1"}, nil))
+	clk := newClock()
+	a := newAuth(t, Options{JWKSURL: srv.URL, Now: clk.Now})
+	for _, body := range []string{`{"keys":[]}`, `{"keys":[{"kty":"oct","kid":"s","k":"c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0"}]}`} {
+		srv.set([]byte(body))
+		clk.Advance(MissRefreshInterval + time.Second)
+		mustRefuse(t, a, sign(t, jwa.ES256(), k2, "k2", claims(nil)), `unknown kid "k2"`) // the refresh
+		mustVerify(t, a, sign(t, jwa.ES256(), k1, "k1", claims(nil)))
+	}
+	srv.set(jwksJSON(t, []any{&k2.PublicKey}, []string{"k2"}, nil))
+	clk.Advance(MissRefreshInterval + time.Second)
+	mustVerify(t, a, sign(t, jwa.ES256(), k2, "k2", claims(nil)))
+	mustRefuse(t, a, sign(t, jwa.ES256(), k1, "k1", claims(nil)), `unknown kid "k1"`)
+}
+
 func TestCloseThenUnknownKid(t *testing.T) {
 	k1 := ecKey(t, elliptic.P256())
 	srv := newJWKSServer(t, jwksJSON(t, []any{&k1.PublicKey}, []string{"k1"}, nil))

@@ -195,9 +195,21 @@ func (r *remoteKeys) index() *keyIndex {
 		return &keyIndex{}
 	}
 	ix := newKeyIndex(set)
+	kept := len(ix.all) == 0 && cur != nil && len(cur.all) > 0
+	if kept {
+		// A set with no usable key ({"keys":[]}, keys of types we skip) is
+		// an identity provider's glitch far more often than a revocation
+		// of every key: rejecting every token until the next good set
+		// would take the gateway down with it. The keys in use stay,
+		// against this set (so it is looked at once).
+		ix = &keyIndex{set: set, all: cur.all, byKID: cur.byKID, skipped: ix.skipped}
+	}
 	if r.ix.CompareAndSwap(cur, ix) {
 		for _, s := range ix.skipped {
 			r.log.Warn("auth: JWKS key skipped", "url", r.logURL, "reason", s)
+		}
+		if kept {
+			r.log.Warn("auth: JWKS refresh brought no usable key; keeping the previous keys", "url", r.logURL, "keys", len(ix.all))
 		}
 		r.log.Debug("auth: JWKS loaded", "url", r.logURL, "keys", len(ix.all))
 	}
