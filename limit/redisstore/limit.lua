@@ -419,6 +419,10 @@ local function take()
       local full = cap * p
       local tokens = full
       local a, b = fields(get(key))
+      -- the server clock went back (a step, a failover to a lagging
+      -- replica): the counter's time does not
+      local now = now
+      if a and b > now then now = b end
       if a then
         local elapsed = min(now - b, ceildiv(full, limit))
         tokens = min(full, a + max(0, elapsed) * limit)
@@ -429,13 +433,15 @@ local function take()
       end
       rem = idiv(tokens, p)
       reset = ceildiv(full - tokens, limit)
-      if allowed then s1[i], ex[i] = tokens, now + reset end
+      if allowed then s1[i], s2[i], ex[i] = tokens, now, now + reset end
       if not allowed then retry = ceildiv(cost * p - tokens, limit) end
 
     elseif alg == 'f' then
+      local a, b = fields(get(key))
+      local now = now
+      if a and a > now then now = a end -- the clock went back: see 't'
       local ws = idiv(now, p) * p
       local cnt = 0
-      local a, b = fields(get(key))
       if a == ws then cnt = b end
       allowed = cnt + cost <= limit
       if allowed then
@@ -447,9 +453,11 @@ local function take()
       if not allowed then retry = ws + p - now end
 
     elseif alg == 'c' then
+      local a, b, c = fields(get(key))
+      local now = now
+      if a and a > now then now = a end -- the clock went back: see 't'
       local ws = idiv(now, p) * p
       local cur, prev = 0, 0
-      local a, b, c = fields(get(key))
       if a == ws then
         cur, prev = b, c
       elseif a == ws - p then
@@ -579,7 +587,7 @@ local function take()
       if ok[i] then
         local alg, key = al[i], KEYS[i]
         if alg == 't' then
-          call('SET', key, fmt(int2f, s1[i], now), 'PX', px(ex[i]))
+          call('SET', key, fmt(int2f, s1[i], s2[i]), 'PX', px(ex[i]))
         elseif alg == 'f' then
           call('SET', key, fmt(int2f, s1[i], s2[i]), 'PX', px(ex[i]))
         elseif alg == 'c' then
@@ -689,6 +697,7 @@ local function refund()
     elseif alg == 't' then
       local a, b = fields(get(key))
       if a then
+        local now = max(now, b) -- the clock went back: see take's 't'
         local full = cap * p
         local elapsed = min(now - b, ceildiv(full, limit))
         local tokens = min(full, a + max(0, elapsed) * limit + cost * p)

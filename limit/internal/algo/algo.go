@@ -121,6 +121,9 @@ func Eval(r limit.Rule, s *State, now, cost int64, lease string, commit bool) li
 // fixedWindow is Eval for limit.FixedWindow: units counted per window of
 // one period, windows aligned to the epoch.
 func fixedWindow(r limit.Rule, s *State, now, p, cost int64, commit bool) (res limit.Result) {
+	if s.Used && s.A > now {
+		now = s.A // the clock went back: the counter's time does not
+	}
 	ws := now - now%p
 	n := int64(0)
 	if s.Used && s.A == ws {
@@ -144,6 +147,9 @@ func fixedWindow(r limit.Rule, s *State, now, p, cost int64, commit bool) (res l
 // slidingWindowCounter is Eval for limit.SlidingWindowCounter: the
 // previous window weighted by the part of it still inside the period.
 func slidingWindowCounter(r limit.Rule, s *State, now, p, cost int64, never, commit bool) (res limit.Result) {
+	if s.Used && s.A > now {
+		now = s.A // the clock went back: the counter's time does not
+	}
 	ws := now - now%p
 	cur, prev := int64(0), int64(0)
 	if s.Used && s.A == ws {
@@ -181,6 +187,9 @@ func slidingWindowCounter(r limit.Rule, s *State, now, p, cost int64, never, com
 // tokenBucket is Eval for limit.TokenBucket: tokens scaled by the period
 // (token-microseconds), so refills stay integers.
 func tokenBucket(r limit.Rule, s *State, now, p, capacity, cost int64, commit bool) (res limit.Result) {
+	if s.Used && s.B > now {
+		now = s.B // the clock went back: the counter's time does not
+	}
 	full := capacity * p
 	tokens := full
 	if s.Used {
@@ -359,6 +368,7 @@ func RefundAt(r limit.Rule, s *State, now, at, cost int64, lease string) {
 			s.C = max(0, s.C-cost)
 		}
 	case limit.TokenBucket:
+		now := max(now, s.B) // the clock went back: the counter's time does not
 		full := r.Capacity() * p
 		elapsed := min(now-s.B, refillTime(r, full, p))
 		tokens := min(full, s.A+max(0, elapsed)*r.Limit+cost*p)
