@@ -27,6 +27,13 @@ func (g *Gateway) serveMethod(x *exchange) {
 		g.openSession(x.w, x.r, x.rt, x.fwd, x.p, t, class)
 		return
 	}
+	if x.msg.Method == mcp.MethodSubscriptionsListen {
+		// a notification stream like the GET's: ended on shutdown
+		ctx, cancel := context.WithCancel(x.r.Context())
+		defer cancel()
+		defer g.streams.add(cancel)()
+		x.r = x.r.WithContext(ctx)
+	}
 	if x.rt.outputs != nil && x.msg.IsCall() && x.msg.Method == mcp.MethodToolsList {
 		x.fwd.answered = x.rt.outputs.onToolsList // which tools declare an outputSchema
 	}

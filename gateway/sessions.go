@@ -59,11 +59,17 @@ func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtim
 		up = &upstream
 		return g.sessions.wrapLease(p, upstream, inID)
 	}
-	status := g.forward(w, r, rt, fwd, class)
+	// The upstream may open the session whatever the client does meanwhile:
+	// the request goes on when the client hangs up (bounded by the proxy's
+	// timeouts), so that the session it opened is known and ended.
+	status := g.forward(w, r.WithContext(context.WithoutCancel(r.Context())), rt, fwd, class)
 	if up == nil || status >= http.StatusMultipleChoices {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
 		slots.Release(ctx)
 		cancel()
+		if up != nil { // opened upstream, but the client never got it
+			g.tracker.endUpstream(context.WithoutCancel(r.Context()), sweepJob{upstream: *up, tenant: p.Tenant, subject: p.Subject, protocol: r.Header.Get(mcp.HeaderProtocolVersion)})
+		}
 		return
 	}
 	g.tracker.add(*up, p, slots, r.Header.Get(mcp.HeaderProtocolVersion), true)
@@ -93,7 +99,15 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, p auth.Prin
 		mcp.WriteError(w, http.StatusNotFound, nil, mcp.CodeInvalidRequest, "session ended: start a new one", nil)
 		return w, nil, false
 	}
-	return w, func() { g.tracker.done(e) }, true
+	// MCP: a server that ended a session answers its requests 404. Its
+	// slots are freed then, as for a DELETE the upstream answers 404.
+	sw := &statusWriter{ResponseWriter: w}
+	return sw, func() {
+		g.tracker.done(e)
+		if sw.status == http.StatusNotFound {
+			g.endSession(r, p, upstream, lease)
+		}
+	}, true
 }
 
 // endSession forgets a session its client ended and frees its slots.
@@ -117,6 +131,7 @@ type sessionEntry struct {
 	active           int                  // requests in progress
 	lastUse          time.Time            // when the last request began or ended
 	renewed          time.Time            // when this instance last took or renewed the lease
+	ownUntil         time.Time            // when the lease this instance last took or renewed runs out
 	usedSinceRenewal bool
 	dead             bool // its slots are gone: the next request gets 404
 }
@@ -160,6 +175,7 @@ func (t *sessionTracker) add(upstream string, p auth.Principal, slots enforce.Se
 	}
 	if opened {
 		e.renewed = now // the lease was just taken
+		e.ownUntil = now.Add(enforce.SessionPeriod(t.g.rt.Load().cfg.Sessions.IdleTimeout))
 	} else {
 		e.usedSinceRenewal = true
 	}

@@ -35,6 +35,7 @@ type sweepJob struct {
 	// copied under the lock
 	upstream, tenant, subject, protocol string
 	slots                               enforce.SessionSlots
+	ownUntil                            time.Time
 }
 
 // sweep renews the leases of sessions used since the last sweep (so a slot
@@ -79,7 +80,7 @@ func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
 	now := t.now()
 	var jobs []sweepJob
 	for up, e := range t.m {
-		j := sweepJob{e: e, upstream: up, tenant: e.tenant, subject: e.subject, protocol: e.protocol, slots: e.slots}
+		j := sweepJob{e: e, upstream: up, tenant: e.tenant, subject: e.subject, protocol: e.protocol, slots: e.slots, ownUntil: e.ownUntil}
 		switch {
 		case e.dead:
 			if now.Sub(e.lastUse) >= idle {
@@ -91,7 +92,9 @@ func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
 				j.renew = true
 				jobs = append(jobs, j)
 			}
-		case now.Sub(e.lastUse) >= idle && (!e.slots.Held() || now.Sub(e.renewed) >= idle):
+		case now.Sub(e.lastUse) >= idle && (!e.slots.Held() || now.Sub(e.renewed) >= idle && !now.Before(e.ownUntil)):
+			// (a lease taken under a longer idle_timeout, before a reload,
+			// is this instance's until ownUntil: kept tracked till then)
 			t.dropLocked(up)
 			jobs = append(jobs, j)
 		}
@@ -113,6 +116,7 @@ func (t *sessionTracker) renew(ctx context.Context, j sweepJob) {
 		j.e.usedSinceRenewal = true // again at the next sweep
 	case held:
 		j.e.renewed = t.now()
+		j.e.ownUntil = j.e.renewed.Add(enforce.SessionPeriod(t.g.rt.Load().cfg.Sessions.IdleTimeout))
 	default:
 		j.e.dead = true
 	}
