@@ -152,9 +152,11 @@ func TestLoneCallsOnAStalledServerKeepTheirDeadline(t *testing.T) {
 	if err := <-stalled; err != nil {
 		t.Fatalf("DEBUG SLEEP: %v", err)
 	}
-	if _, err := s.Take(ctx, checks, 1); err != nil {
-		t.Fatalf("Take after the stall: %v", err)
-	}
+	// Calls pass again (a loaded machine can stall the first past 100 ms).
+	testenv.Eventually(t, 15*time.Second, "a Take to succeed after the stall", func() bool {
+		_, err := s.Take(ctx, checks, 1)
+		return err == nil
+	})
 	testenv.Eventually(t, 15*time.Second, "a new connection for lone calls", s.soloConn.ready.Load)
 	s.Close()
 	if s.soloConn.ready.Load() {
