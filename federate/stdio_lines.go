@@ -3,6 +3,7 @@ package federate
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 )
 
@@ -57,8 +58,23 @@ func (j *jsonLines) Read(p []byte) (int, error) {
 }
 
 // holdsMessage reports whether a line beginning with chunk can hold a
-// JSON-RPC message (or a batch).
+// JSON-RPC message (or a batch): a whole line must be one.
 func holdsMessage(chunk []byte) bool {
 	t := bytes.TrimLeft(chunk, " \t\r")
-	return len(t) > 0 && (t[0] == '{' || t[0] == '[')
+	if len(t) == 0 || (t[0] != '{' && t[0] != '[') {
+		return false
+	}
+	if t[len(t)-1] != '\n' {
+		return true // longer than the buffer: judged by its start
+	}
+	// A whole line: a message only if it is JSON-RPC ("[INFO] ..." and a
+	// JSON logger's {"level":30,...} are output, not messages).
+	var m struct {
+		V string `json:"jsonrpc"`
+	}
+	if t[0] == '[' {
+		var batch []json.RawMessage
+		return json.Unmarshal(t, &batch) == nil
+	}
+	return json.Unmarshal(t, &m) == nil && m.V == "2.0"
 }

@@ -8,17 +8,19 @@ import (
 )
 
 func TestJSONLines(t *testing.T) {
-	long := `{"x":"` + strings.Repeat("a", 200<<10) + `"}`
+	msg := `{"jsonrpc":"2.0","id":1,"result":{}}`
+	long := `{"jsonrpc":"2.0","id":1,"result":{"x":"` + strings.Repeat("a", 200<<10) + `"}}`
 	for _, c := range []struct {
 		name, in, want string
 		skipped        int
 	}{
-		{"messages only", "{\"a\":1}\n[{}]\n", "{\"a\":1}\n[{}]\n", 0},
-		{"banner and blank lines", "server ready\n\n  \n{\"a\":1}\r\n", "{\"a\":1}\r\n", 3},
-		{"indented message", "  \t{\"a\":1}\n", "  \t{\"a\":1}\n", 0},
+		{"messages only", msg + "\n[" + msg + "]\n", msg + "\n[" + msg + "]\n", 0},
+		{"banner and blank lines", "server ready\n\n  \n" + msg + "\r\n", msg + "\r\n", 3},
+		{"log lines that start like JSON", "[INFO] up\n{\"level\":30}\n" + msg + "\n", msg + "\n", 2},
+		{"indented message", "  \t" + msg + "\n", "  \t" + msg + "\n", 0},
 		{"message longer than the buffer", long + "\nnoise\n" + long + "\n", long + "\n" + long + "\n", 1},
-		{"noise longer than the buffer", strings.Repeat("n", 200<<10) + "\n{}\n", "{}\n", 1},
-		{"last line unterminated", "noise\n{\"a\":1}", "{\"a\":1}", 1},
+		{"noise longer than the buffer", strings.Repeat("n", 200<<10) + "\n" + msg + "\n", msg + "\n", 1},
+		{"last line unterminated", "noise\n" + msg, msg, 1},
 	} {
 		skipped := 0
 		j := newJSONLines(iotest.HalfReader(strings.NewReader(c.in)), func([]byte) { skipped++ })

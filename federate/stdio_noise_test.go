@@ -23,9 +23,9 @@ import (
 // answer, as servers printing a banner or debug output there do.
 const chattyEnv = "FEDERATE_TEST_CHATTY_SERVER"
 
-// chatter is what serveChatty prints before each answer: a log line, an
-// empty line, and a line of spaces.
-var chatter = []string{"handling a request...", "", "   "}
+// chatter is what serveChatty prints before each answer: log lines (plain,
+// "[INFO]"-prefixed, a JSON logger's), an empty line, a line of spaces.
+var chatter = []string{"handling a request...", "[INFO] handling a request", `{"level":30,"msg":"handling a request"}`, "", "   "}
 
 func serveChatty() {
 	in := bufio.NewReader(os.Stdin)

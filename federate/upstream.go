@@ -103,6 +103,12 @@ type boundedBody struct {
 
 func (b *boundedBody) Read(p []byte) (int, error) {
 	if b.left <= 0 {
+		// Exactly the bound is allowed (as the proxy's): only a byte more
+		// is too large.
+		var one [1]byte
+		if n, err := b.ReadCloser.Read(one[:]); n == 0 && err != nil {
+			return 0, err
+		}
 		return 0, errAnswerTooLarge
 	}
 	if int64(len(p)) > b.left {

@@ -54,6 +54,7 @@ type liveCall struct {
 	// request, which it ends.
 	outlives    bool
 	releaseOnce sync.Once
+	released    atomic.Bool // its request ended (an orphan kept for its load)
 }
 
 // Cancelled reports whether a client's notifications/cancelled ended the
@@ -79,6 +80,7 @@ func (f *inflight) begin(ctx context.Context, o callOwner, id json.RawMessage, o
 // Idempotent.
 func (f *inflight) release(c *liveCall) {
 	c.releaseOnce.Do(func() {
+		c.released.Store(true)
 		c.cancel(nil)
 		close(c.done)
 	})
@@ -108,12 +110,19 @@ func (f *inflight) remove(o callOwner, c *liveCall) {
 // this was the call's first cancellation (a repeat waits for nothing).
 func (f *inflight) cancel(ctx context.Context, o callOwner, id json.RawMessage) (c *liveCall, first bool) {
 	f.mu.Lock()
-	var match *liveCall
+	var match, orphan *liveCall
 	n := 0
 	for _, c := range f.calls[o] {
 		if mcp.SameID(c.id, id) {
+			if c.released.Load() {
+				orphan = c // a live call with this id comes first
+				continue
+			}
 			match, n = c, n+1
 		}
+	}
+	if n == 0 && orphan != nil {
+		match, n = orphan, 1
 	}
 	if n == 1 {
 		first = !match.cancelled.Swap(true) // under mu: before end can run

@@ -21,6 +21,7 @@ import (
 //	progress {ms}  a progress notification every 50ms for ms, then "done"
 //	chatty         a progress notification every 20ms until cancelled
 //	sample {q}     asks the client for a sampling/createMessage, returns its text
+//	pinger         pings the client on the call's stream, returns pong
 type streamingUpstream struct {
 	url   string
 	calls atomic.Int64
@@ -80,6 +81,13 @@ func newStreamingUpstream(t *testing.T) *streamingUpstream {
 		}
 		text, _ := res.Content.(*sdk.TextContent)
 		return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: "sampled: " + text.Text}}}, nil, nil
+	})
+	sdk.AddTool(srv, &sdk.Tool{Name: "pinger"}, func(ctx context.Context, req *sdk.CallToolRequest, _ struct{}) (*sdk.CallToolResult, any, error) {
+		u.calls.Add(1) // a keep-alive ping on the call's stream
+		if err := req.Session.Ping(ctx, nil); err != nil {
+			return nil, nil, err
+		}
+		return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: "pong"}}}, nil, nil
 	})
 	hs := httptest.NewServer(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return srv }, nil))
 	t.Cleanup(hs.Close)
@@ -225,5 +233,30 @@ tools:
 		if got := u.calls.Load(); got != int64(i+1) {
 			t.Fatalf("after %s's call the upstream ran %d times, want %d: a shared entry was stored from a load that asked its client", tenant, got, i+1)
 		}
+	}
+}
+
+// A ping the upstream sends on a shared cached call's stream asks the
+// client nothing its result could depend on: the entry is stored (it was
+// not, and every call of every tenant ran the upstream again).
+func TestSharedEntryIsStoredDespiteAPing(t *testing.T) {
+	t.Parallel()
+	u := newStreamingUpstream(t)
+	e := newEnv(t, setup{UpstreamURL: u.url, UpstreamYAML: "  timeout: 5s\n", Config: `
+tools:
+  pinger: {cache: {ttl: 10m, shared: true}}
+`})
+	var progress atomic.Int64
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, tenant := range []string{"acme", "initech"} {
+		cs := streamingClient(t, e.mcpURL(0), token(t, tenant, "alice"), &progress)
+		res, err := callTool(ctx, cs, "pinger", map[string]any{})
+		if err != nil || resultText(res) != "pong" {
+			t.Fatalf("%s: %v %+v", tenant, err, res)
+		}
+	}
+	if got := u.calls.Load(); got != 1 {
+		t.Fatalf("the upstream ran %d times, want 1: the shared entry was not stored because the load's upstream pinged its client", got)
 	}
 }

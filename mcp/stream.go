@@ -145,7 +145,7 @@ func (x *Exchange) eventOut(ev sseEvent) (out []byte, stop error) {
 		if perr == nil && m.Kind == Response && SameID(m.ID, x.f.Msg.ID) {
 			return x.answer(ev, m)
 		}
-		if perr == nil && m.Kind == Request && x.f.AskedClient != nil {
+		if perr == nil && m.Kind == Request && m.Method != "ping" && x.f.AskedClient != nil { // a ping asks for nothing
 			x.f.AskedClient()
 		}
 	}
