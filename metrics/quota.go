@@ -50,7 +50,7 @@ type QuotaUsage struct {
 
 	used, quota, overflow *prometheus.Desc
 
-	mu        sync.Mutex
+	mu        sync.RWMutex
 	tenants   map[string]quotaEntry
 	overflows uint64
 	size      atomic.Int64 // len(tenants), read without mu
@@ -134,6 +134,14 @@ func (q *QuotaUsage) Observe(tenant string, used, quota int64, periodEnd time.Ti
 // exported, so calling it for every call of a tenant without quota is cheap.
 func (q *QuotaUsage) Forget(tenant string) {
 	if q.size.Load() == 0 {
+		return
+	}
+	// Tenants without quota call this on every metered call: only a
+	// shared lock unless the tenant is exported.
+	q.mu.RLock()
+	_, ok := q.tenants[tenant]
+	q.mu.RUnlock()
+	if !ok {
 		return
 	}
 	q.mu.Lock()
