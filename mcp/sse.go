@@ -80,13 +80,6 @@ func (er *eventReader) next() (sseEvent, error) {
 			// differently, which could hide a response from the filters.
 			return sseEvent{}, errBareCR
 		}
-		if field, _, _ := bytes.Cut(line, []byte{':'}); string(field) != "data" && bytes.ContainsFunc(line, isSplitlinesBreak) {
-			// Python's str.splitlines (httpx's aiter_lines, which httpx-sse
-			// before 0.4.2 reads events with) ends a line there: a data line
-			// hidden in an id, event or comment line. Inside data (JSON
-			// strings) the character is legitimate and harmless.
-			return sseEvent{}, errUnicodeBreak
-		}
 		complete := err == nil
 		if complete && len(line) == 0 {
 			ev.raw = er.raw
@@ -95,6 +88,11 @@ func (er *eventReader) next() (sseEvent, error) {
 		if len(line) > 0 {
 			field, value, _ := bytes.Cut(line, []byte{':'})
 			value = bytes.TrimPrefix(value, []byte{' '})
+			if string(field) != "data" {
+				if ferr := readAlike(line, field, value); ferr != nil {
+					return sseEvent{}, ferr
+				}
+			}
 			switch string(field) {
 			case "data":
 				if hasData {
@@ -102,20 +100,10 @@ func (er *eventReader) next() (sseEvent, error) {
 				}
 				hasData = true
 				er.data = append(er.data, value...)
-			case "event", "id":
-				if len(bytes.TrimSpace(value)) != len(value) {
-					// The Go SDK's client trims both, the TypeScript and
-					// Python ones do not: "message " would be the answer
-					// for one client and an ignored event for the proxy
-					// and the others, and "id:  " a resumable stream for
-					// the proxy only.
-					return sseEvent{}, errSpacedField
-				}
-				if field[0] == 'e' {
-					ev.name = string(value)
-				} else {
-					ev.hasID = ev.hasID || len(value) > 0
-				}
+			case "event":
+				ev.name = string(value)
+			case "id":
+				ev.hasID = ev.hasID || len(value) > 0
 			}
 		}
 		lineStart = len(er.raw)
@@ -135,6 +123,26 @@ func (er *eventReader) next() (sseEvent, error) {
 
 // bom is the UTF-8 byte order mark.
 const bom = "\xef\xbb\xbf"
+
+// readAlike refuses a line other than data that the clients read
+// differently from one another, which could hide a response from the
+// filters (data lines are JSON, where the same characters are harmless):
+//   - a character Python's str.splitlines ends lines at (httpx's
+//     aiter_lines, which httpx-sse before 0.4.2 reads events with): a data
+//     line hidden in an id, event or comment line;
+//   - an event or id value padded with whitespace: the Go SDK's client
+//     trims it, the TypeScript and Python ones do not ("message " is the
+//     answer for one and an ignored event for the others, "id:  " a
+//     resumable stream for the proxy only).
+func readAlike(line, field, value []byte) error {
+	switch {
+	case bytes.ContainsFunc(line, isSplitlinesBreak):
+		return errUnicodeBreak
+	case (string(field) == "event" || string(field) == "id") && len(bytes.TrimSpace(value)) != len(value):
+		return errSpacedField
+	}
+	return nil
+}
 
 // latin1BOM is U+00EF U+00BB U+00BF in UTF-8.
 const latin1BOM = "\u00ef\u00bb\u00bf"
