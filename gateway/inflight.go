@@ -43,7 +43,7 @@ func ownerOf(p auth.Principal, r *http.Request) callOwner {
 type liveCall struct {
 	id        json.RawMessage
 	cancel    context.CancelCauseFunc
-	done      chan struct{} // closed by end
+	done      chan struct{} // closed by release: the call's request has ended
 	cancelled atomic.Bool   // a notifications/cancelled ended it
 	// cached: the call is served through the cache, whose load goes on for
 	// the other callers of its flight: a cancellation must not reach the
@@ -52,9 +52,18 @@ type liveCall struct {
 	// outlives: the call's upstream request outlives its client (see
 	// outlivesClient): a cancellation can reach it only through its client's
 	// request, which it ends.
-	outlives    bool
-	releaseOnce sync.Once
-	released    atomic.Bool // its request ended (an orphan kept for its load)
+	outlives bool
+}
+
+// ended reports whether the call's request has ended (release ran): a
+// call still registered then is an orphan kept for its load.
+func (c *liveCall) ended() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // Cancelled reports whether a client's notifications/cancelled ended the
@@ -63,7 +72,8 @@ func (c *liveCall) Cancelled() bool { return c != nil && c.cancelled.Load() }
 
 // begin registers a call with id for o and returns its context, derived
 // from ctx and cancelled with cause mcp.ErrCancelled when the client
-// cancels the call. end must follow, once the call's work is all done.
+// cancels the call. release must follow once the call's request has
+// ended, and remove once its work is all done.
 func (f *inflight) begin(ctx context.Context, o callOwner, id json.RawMessage, outlives bool) (context.Context, *liveCall) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	c := &liveCall{id: id, cancel: cancel, done: make(chan struct{}), outlives: outlives}
@@ -76,14 +86,11 @@ func (f *inflight) begin(ctx context.Context, o callOwner, id json.RawMessage, o
 	return ctx, c
 }
 
-// release wakes a cancellation waiting for c: its request has ended.
-// Idempotent.
+// release wakes a cancellation waiting for c: its request has ended. Call
+// it once per call.
 func (f *inflight) release(c *liveCall) {
-	c.releaseOnce.Do(func() {
-		c.released.Store(true)
-		c.cancel(nil)
-		close(c.done)
-	})
+	c.cancel(nil)
+	close(c.done)
 }
 
 // remove forgets c: from then on a cancellation naming its id is not its.
@@ -114,7 +121,7 @@ func (f *inflight) cancel(ctx context.Context, o callOwner, id json.RawMessage) 
 	n := 0
 	for _, c := range f.calls[o] {
 		if mcp.SameID(c.id, id) {
-			if c.released.Load() {
+			if c.ended() {
 				orphan = c // a live call with this id comes first
 				continue
 			}

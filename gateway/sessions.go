@@ -131,7 +131,7 @@ type sessionEntry struct {
 	active           int                  // requests in progress
 	lastUse          time.Time            // when the last request began or ended
 	renewed          time.Time            // when this instance last took or renewed the lease
-	ownUntil         time.Time            // when the lease this instance last took or renewed runs out
+	ownUntil         time.Time            // when the lease this instance last took or renewed runs out (leaseEnd)
 	usedSinceRenewal bool
 	dead             bool // its slots are gone: the next request gets 404
 }
@@ -175,7 +175,7 @@ func (t *sessionTracker) add(upstream string, p auth.Principal, slots enforce.Se
 	}
 	if opened {
 		e.renewed = now // the lease was just taken
-		e.ownUntil = now.Add(enforce.SessionPeriod(t.g.rt.Load().cfg.Sessions.IdleTimeout))
+		e.ownUntil = t.leaseEnd(now)
 	} else {
 		e.usedSinceRenewal = true
 	}

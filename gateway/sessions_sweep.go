@@ -35,7 +35,12 @@ type sweepJob struct {
 	// copied under the lock
 	upstream, tenant, subject, protocol string
 	slots                               enforce.SessionSlots
-	ownUntil                            time.Time
+}
+
+// leaseEnd is when a lease taken or renewed at from runs out: a lease
+// lasts the idle_timeout in force when it was taken.
+func (t *sessionTracker) leaseEnd(from time.Time) time.Time {
+	return from.Add(enforce.SessionPeriod(t.g.rt.Load().cfg.Sessions.IdleTimeout))
 }
 
 // sweep renews the leases of sessions used since the last sweep (so a slot
@@ -80,7 +85,7 @@ func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
 	now := t.now()
 	var jobs []sweepJob
 	for up, e := range t.m {
-		j := sweepJob{e: e, upstream: up, tenant: e.tenant, subject: e.subject, protocol: e.protocol, slots: e.slots, ownUntil: e.ownUntil}
+		j := sweepJob{e: e, upstream: up, tenant: e.tenant, subject: e.subject, protocol: e.protocol, slots: e.slots}
 		switch {
 		case e.dead:
 			if now.Sub(e.lastUse) >= idle {
@@ -116,7 +121,7 @@ func (t *sessionTracker) renew(ctx context.Context, j sweepJob) {
 		j.e.usedSinceRenewal = true // again at the next sweep
 	case held:
 		j.e.renewed = t.now()
-		j.e.ownUntil = j.e.renewed.Add(enforce.SessionPeriod(t.g.rt.Load().cfg.Sessions.IdleTimeout))
+		j.e.ownUntil = t.leaseEnd(j.e.renewed)
 	default:
 		j.e.dead = true
 	}
