@@ -21,9 +21,7 @@ type call struct {
 	ss    *mcp.ServerSession
 	cs    *mcp.ClientSession
 	probe bool
-	// caller is the key of the call's 429 back-off (see callerKey).
-	caller string
-	idle   *idleTimer
+	idle  *idleTimer
 	// parent is the client's request context. The call's notifications
 	// arrive on other goroutines (the upstream session's handlers) and
 	// must be sent on the client's request stream, which the go-sdk picks
@@ -49,7 +47,7 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 		f.outcome(up, OutcomeRefused)
 		return nil, nil, r
 	}
-	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx, caller: caller}
+	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx}
 	cctx, idle := withIdle(context.WithValue(ctx, statusKey{}, &c.status), timeout)
 	c.idle = idle
 	// Close ends the calls in flight (a call reporting progress would
@@ -71,7 +69,11 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 		return nil, nil, up.failure(caller, fmt.Sprintf("it cannot be reached: %v", err))
 	}
 	c.cs = cs
-	f.inflight.add(c)
+	if !usesShared(up, ss, stateless) {
+		// Only a client's own session asks for its newest call (a shared
+		// session's messages go to no client: newClient's target).
+		f.inflight.add(c)
+	}
 	return cctx, c, nil
 }
 
@@ -141,7 +143,7 @@ func (c *call) verdict(ctx context.Context, err error) verdict {
 	case status == http.StatusTooManyRequests:
 		// The SDK keeps the session (a transient status): so do we.
 		c.up.report(c.probe, answered)
-		return verdict{refusal: c.up.failure(c.caller, "it answered 429"), outcome: OutcomeRefused}
+		return verdict{refusal: c.up.failure(c.up.callerOf(c.parent), "it answered 429"), outcome: OutcomeRefused}
 	case status >= 400 && status < 500:
 		// It answered: this request is refused, the upstream works (one
 		// client's bad request must not open the breaker for all). The SDK
@@ -156,7 +158,7 @@ func (c *call) verdict(ctx context.Context, err error) verdict {
 		// connection): not served, so a refusal, as when the breaker is open.
 		c.up.report(c.probe, failed)
 		c.up.drop(c.cs)
-		return verdict{refusal: c.up.failure(c.caller, fmt.Sprintf("it cannot be reached: %v", redact.URLError(err))), outcome: OutcomeRefused}
+		return verdict{refusal: c.up.failure(c.up.callerOf(c.parent), fmt.Sprintf("it cannot be reached: %v", redact.URLError(err))), outcome: OutcomeRefused}
 	}
 	c.up.report(c.probe, failed)
 	if status < 500 { // a 5xx leaves the session alive in the SDK

@@ -37,15 +37,13 @@ type catalog struct {
 	prompts   map[string]route
 	resources map[string]*upstream
 	templates map[string]*upstream
-	matchers  map[string]*regexp.Regexp         // of each template of templates (nil: it does not parse)
-	byUp      map[*upstream]*listing            // as last installed
-	accept    func(upstream, tool string) error // Options.AcceptTool; nil: every tool
+	matchers  map[string]*regexp.Regexp // of each template of templates (nil: it does not parse)
+	byUp      map[*upstream]*listing    // as last installed
 }
 
-func newCatalog(accept func(upstream, tool string) error) *catalog {
+func newCatalog() *catalog {
 	return &catalog{tools: map[string]route{}, prompts: map[string]route{}, resources: map[string]*upstream{},
-		templates: map[string]*upstream{}, matchers: map[string]*regexp.Regexp{}, byUp: map[*upstream]*listing{},
-		accept: accept}
+		templates: map[string]*upstream{}, matchers: map[string]*regexp.Regexp{}, byUp: map[*upstream]*listing{}}
 }
 
 func (c *catalog) tool(name string) (route, bool) {
@@ -195,7 +193,7 @@ func listAll[T any](ctx context.Context, method string, page func(ctx context.Co
 func (f *Federator) buildCatalog(ctx context.Context) (*catalog, error) {
 	ctx, cancel := context.WithTimeout(ctx, f.opts.StartTimeout)
 	defer cancel()
-	c := newCatalog(f.opts.AcceptTool)
+	c := newCatalog()
 	var errs []error
 	var shadowed []string
 	for _, up := range f.ups {
@@ -234,12 +232,12 @@ func (c *catalog) replace(up *upstream, l *listing) (old, kept *listing, errs []
 // or template another lists (a message each, for the log). c.mu is held.
 func (c *catalog) mergeLocked(up *upstream, l *listing) (kept *listing, errs []error, shadowed []string) {
 	checkTool := checkSchema
-	if c.accept != nil {
+	if accept := up.f.opts.AcceptTool; accept != nil {
 		checkTool = func(t *mcp.Tool) error {
 			if err := checkSchema(t); err != nil {
 				return err
 			}
-			return c.accept(up.cfg.Name, up.cfg.Prefix+t.Name)
+			return accept(up.cfg.Name, up.cfg.Prefix+t.Name)
 		}
 	}
 	kept = &listing{

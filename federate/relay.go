@@ -403,11 +403,17 @@ func (t *sessionTable) all() []*clientSet {
 	return sets
 }
 
+// usesShared reports whether a call of ss to up goes through up's shared
+// session: a stdio upstream, or a client without sessions.
+func usesShared(up *upstream, ss *mcp.ServerSession, stateless bool) bool {
+	return stateless || ss == nil || up.cfg.stdio()
+}
+
 // session returns the upstream session a call of ss goes through: ss's
 // own (opened now if it has none) for an HTTP upstream and a client with
 // sessions; the shared one otherwise.
 func (f *Federator) session(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool) (*mcp.ClientSession, error) {
-	if stateless || ss == nil || up.cfg.stdio() {
+	if usesShared(up, ss, stateless) {
 		return up.sharedSession(ctx)
 	}
 	set := f.clientSetOf(ss)

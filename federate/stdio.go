@@ -309,11 +309,9 @@ func (p *process) stop() error {
 		if sig != nil {
 			_ = signalGroup(p.cmd.Process, sig)
 		}
-		select {
-		case <-p.exited:
+		if drain(p.exited, stopWait) {
 			<-p.stopped
 			return nil
-		case <-time.After(stopWait):
 		}
 	}
 	return errors.New("federate: the stdio server does not exit")

@@ -163,10 +163,6 @@ func (fd *federation) guard(h http.Handler) http.Handler {
 	})
 }
 
-// effective returns the configuration the gateway's stages use: with
-// upstreams:, the single upstream is the federation (its URL and secret;
-// each upstream has its own headers; the proxy's idle timeout is the
-// longest of theirs).
 // check is checkAttribution of cfg against the federation's catalog (nil
 // without a federation).
 func (fd *federation) check(cfg *policy.Config) error {
@@ -184,6 +180,10 @@ func (fd *federation) applied(cfg *policy.Config) {
 	}
 }
 
+// effective returns the configuration the gateway's stages use: with
+// upstreams:, the single upstream is the federation (its URL and secret;
+// each upstream has its own headers; the proxy's idle timeout is the
+// longest of theirs).
 func (fd *federation) effective(cfg *policy.Config) *policy.Config {
 	if fd == nil {
 		return cfg
