@@ -72,31 +72,26 @@ func (p *pendingInvalidations) add(scope Scope, tags []string, life time.Duratio
 	p.seq++
 	m := p.tags[scope]
 	for _, tag := range tags {
-		if _, ok := m[tag]; !ok && p.n >= p.limit {
-			lost++
-			continue
-		}
-		if m == nil {
-			m = make(map[string]uint64)
-			p.tags[scope] = m
-		}
-		if _, ok := m[tag]; !ok {
+		if _, ok := m[tag]; !ok { // a new pair: counted against the bound
+			if p.n >= p.limit {
+				lost++
+				continue
+			}
+			if m == nil {
+				m = make(map[string]uint64)
+				p.tags[scope] = m
+			}
 			p.n++
 		}
 		m[tag] = p.seq
 	}
 	if lost > 0 {
 		p.lost.Add(int64(lost))
-		p.lostUntil = later(p.lostUntil, now.Add(life))
+		if until := now.Add(life); until.After(p.lostUntil) {
+			p.lostUntil = until
+		}
 	}
 	return lost
-}
-
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
 }
 
 // pendingBatch is a chunk of one scope's remembered tags, with the seq of

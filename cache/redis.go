@@ -260,15 +260,13 @@ func (r *RedisStore) acquireChecked(ctx context.Context, reqs []acquireReq, chec
 	i := 0
 	for k, q := range reqs {
 		var tagErr error
-		listed := make([]bool, len(q.tags))
-		for j := range q.tags {
-			n, err := res[i].AsInt64()
-			if err != nil && tagErr == nil {
+		tagRes := res[i : i+len(q.tags)] // did each index list the entry before this acquire
+		for _, tr := range tagRes {
+			if _, err := tr.AsInt64(); err != nil && tagErr == nil {
 				tagErr = fmt.Errorf("tag index: %w", err)
 			}
-			listed[j] = n == 1
-			i++
 		}
+		i += len(q.tags)
 		out[k] = parseAcquire(res[i])
 		i++
 		if tagErr != nil && out[k].err == nil {
@@ -280,7 +278,8 @@ func (r *RedisStore) acquireChecked(ctx context.Context, reqs []acquireReq, chec
 			out[k] = acquireRes{err: tagErr}
 		}
 		if check && out[k].err == nil && out[k].status == statusFresh && len(out[k].rec.tags) > 0 {
-			switch ok, err := r.listedBefore(ctx, q.entry, &out[k].rec, keys[k], listed); {
+			listedBefore := func(j int) (bool, error) { n, _ := tagRes[j].AsInt64(); return n == 1, nil }
+			switch ok, err := r.checkListed(ctx, q.entry, &out[k].rec, keys[k], listedBefore); {
 			case err != nil:
 				out[k] = acquireRes{err: err}
 			case !ok:

@@ -60,23 +60,12 @@ func isListed(res rueidis.RedisResult) (bool, error) {
 	return err == nil, err
 }
 
-// dropUnlisted deletes entry, read as rec, which one of its tag indexes
-// does not list (unless err: the check failed, which is returned), and
-// reports it absent. A failed deletion is an error, so that the caller
+// dropUnlisted deletes entry, read with fence, which one of its tag
+// indexes does not list. A failed deletion is an error, so that the caller
 // loads without the store: acquire would register the entry again and
 // return it as fresh.
-func (r *RedisStore) dropUnlisted(ctx context.Context, entry string, rec *record, err error) (record, bool, error) {
-	if err == nil {
-		err = r.run(ctx, []scriptCall{{unlistedScript, []string{entry}, []string{fenceBytes(rec.fence)}}})[0].Error()
-	}
-	return record{}, false, err
-}
-
-// listedBefore reports whether every tag index rec names listed entry
-// before this acquire registered it (keys[j] listed[j]; indexes beyond
-// keys are asked now), deleting rec, if unchanged, when one did not.
-func (r *RedisStore) listedBefore(ctx context.Context, entry string, rec *record, keys []string, listed []bool) (bool, error) {
-	return r.checkListed(ctx, entry, rec, keys, func(j int) (bool, error) { return listed[j], nil })
+func (r *RedisStore) dropUnlisted(ctx context.Context, entry string, fence uint64) error {
+	return r.run(ctx, []scriptCall{{unlistedScript, []string{entry}, []string{fenceBytes(fence)}}})[0].Error()
 }
 
 // checkListed reports whether every tag index rec names lists entry:
@@ -93,7 +82,9 @@ func (r *RedisStore) checkListed(ctx context.Context, entry string, rec *record,
 			continue
 		}
 		if listed, err := known(j); err != nil || !listed {
-			_, _, err = r.dropUnlisted(ctx, entry, rec, err)
+			if err == nil { // a failed check deletes nothing
+				err = r.dropUnlisted(ctx, entry, rec.fence)
+			}
 			return false, err
 		}
 	}
@@ -106,7 +97,9 @@ func (r *RedisStore) checkListed(ctx context.Context, entry string, rec *record,
 	}
 	for _, res := range r.client.DoMulti(ctx, cmds...) {
 		if listed, err := isListed(res); err != nil || !listed {
-			_, _, err = r.dropUnlisted(ctx, entry, rec, err)
+			if err == nil { // a failed check deletes nothing
+				err = r.dropUnlisted(ctx, entry, rec.fence)
+			}
 			return false, err
 		}
 	}

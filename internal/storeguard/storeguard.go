@@ -135,6 +135,12 @@ func (b *Breaker) Observe(cause error) {
 func (b *Breaker) Trip(cause error) { b.trip(cause) }
 
 func (b *Breaker) trip(cause error) {
+	if b.open.Load() {
+		// Open means a probe runs (both change together under mu): no
+		// lock for the callers that keep tripping it meanwhile (a cache
+		// with invalidations to replay trips it on every operation).
+		return
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.probing {
