@@ -156,14 +156,12 @@ type Logger struct {
 	done    chan struct{} // closed when the writer has finished
 
 	// owned by the writer goroutine
-	file    *os.File  // nil unless the Logger opened it
-	base    io.Writer // what lines are written to: file, or the writer given
-	buf     bytes.Buffer
-	records int   // the lines in buf (not counting a leading separator)
-	sep     bool  // buf starts with a newline that ends a torn line in base
-	torn    bool  // the last byte written to base is not a newline
-	last    error // the outcome of the last write, for Close
-	failing bool  // the last write failed: the next success is logged
+	file    *os.File     // nil unless the Logger opened it
+	base    io.Writer    // what lines are written to: file, or the writer given
+	buf     bytes.Buffer // whole lines, after a newline ending a torn line in base (see restart)
+	torn    bool         // the last byte written to base is not a newline
+	last    error        // the outcome of the last write, for Close
+	failing bool         // the last write failed: the next success is logged
 }
 
 // bufSize is the size of the writer's buffer: it writes when it holds
@@ -391,8 +389,6 @@ func (l *Logger) run() {
 		if err := encode(&l.buf, it.rec); err != nil {
 			l.log.Error("audit record cannot be encoded", "err", err)
 			l.drop()
-		} else {
-			l.records++
 		}
 		if len(l.queue) == 0 || l.buf.Len() >= bufSize {
 			l.flush()
@@ -405,9 +401,7 @@ func (l *Logger) run() {
 // with one: the next write ends the torn line before its first record.
 func (l *Logger) restart() {
 	l.buf.Reset()
-	l.records = 0
-	l.sep = l.torn
-	if l.sep {
+	if l.torn {
 		l.buf.WriteByte('\n')
 	}
 }
@@ -431,14 +425,11 @@ func (l *Logger) flush() error {
 	}
 	lost := 0
 	if n < len(p) {
-		start := 0
-		if l.sep {
-			start = 1 // not a record's end
-		}
-		lost = l.records - bytes.Count(p[min(start, n):n], []byte{'\n'})
-		if n > start && p[n] == '\n' {
-			lost-- // whole but for its newline, which the next write adds
-		}
+		// Each record is one line, its only newline at its end (a leading
+		// separator is at index 0, never past n): the records lost are
+		// the newlines after p[n]. A record whole but for its newline, at
+		// p[n], is not lost: the next write adds the newline (torn).
+		lost = bytes.Count(p[n+1:], []byte{'\n'})
 	}
 	l.restart()
 	l.wrote(err, lost)
