@@ -45,13 +45,12 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/lestrrat-go/jwx/v3/jwa"
 	"github.com/lestrrat-go/jwx/v3/jws"
 	"github.com/lestrrat-go/jwx/v3/jws/jwsbb"
 	"github.com/lestrrat-go/jwx/v3/jwt"
+	"github.com/mcpgate/mcpgate/internal/ident"
 )
 
 // ErrNoToken means the request carries no bearer token: no Authorization
@@ -67,7 +66,7 @@ const (
 	// refused before parsing, so a huge header cannot cost CPU or memory.
 	MaxTokenBytes = 16 << 10
 	// MaxTenantBytes bounds the tenant and tier claims.
-	MaxTenantBytes = 256
+	MaxTenantBytes = ident.MaxTenantBytes
 	// MaxSubjectBytes bounds the sub claim (URN- or SPIFFE-style subjects run
 	// longer than tenant IDs).
 	MaxSubjectBytes = 1024
@@ -448,7 +447,7 @@ func (a *Authenticator) claims(payload []byte) (Principal, time.Time, error) {
 	case !ok || tenant == "":
 		return Principal{}, time.Time{}, invalid("missing tenant claim %q", a.tenantClaim)
 	}
-	if err := checkIdentity(tenant, MaxTenantBytes); err != nil {
+	if err := ident.Check(tenant, MaxTenantBytes); err != nil {
 		return Principal{}, time.Time{}, invalid("tenant claim %q: %v", a.tenantClaim, err)
 	}
 	p.Tenant = tenant
@@ -460,7 +459,7 @@ func (a *Authenticator) claims(payload []byte) (Principal, time.Time, error) {
 	case !ok && a.requireSub:
 		return Principal{}, time.Time{}, invalid("missing sub claim")
 	}
-	if err := checkIdentity(sub, MaxSubjectBytes); err != nil {
+	if err := ident.Check(sub, MaxSubjectBytes); err != nil {
 		return Principal{}, time.Time{}, invalid("sub claim: %v", err)
 	}
 	p.Subject = sub
@@ -469,7 +468,7 @@ func (a *Authenticator) claims(payload []byte) (Principal, time.Time, error) {
 	if err != nil {
 		return Principal{}, time.Time{}, invalid("tier claim %q: %v", a.tierClaim, err)
 	}
-	if err := checkIdentity(tier, MaxTenantBytes); err != nil {
+	if err := ident.Check(tier, MaxTenantBytes); err != nil {
 		return Principal{}, time.Time{}, invalid("tier claim %q: %v", a.tierClaim, err)
 	}
 	p.Tier = orDefault(tier, a.defaultTier)
@@ -564,21 +563,6 @@ func jsonKind(v any) string {
 // checkIdentity refuses values that cannot travel safely in an upstream
 // header (X-Mcp-Tenant, X-Mcp-Subject) or a log line: invalid UTF-8 and
 // control characters, as well as overlong values.
-func checkIdentity(s string, maxBytes int) error {
-	if len(s) > maxBytes {
-		return fmt.Errorf("%d bytes, more than %d", len(s), maxBytes)
-	}
-	if !utf8.ValidString(s) {
-		return errors.New("not valid UTF-8")
-	}
-	for _, r := range s {
-		if unicode.IsControl(r) {
-			return fmt.Errorf("holds control character %U", r)
-		}
-	}
-	return nil
-}
-
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidToken, fmt.Sprintf(format, args...))
 }

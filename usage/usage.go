@@ -26,9 +26,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
+	"github.com/mcpgate/mcpgate/internal/ident"
 	"github.com/mcpgate/mcpgate/limit"
 )
 
@@ -48,31 +47,21 @@ var ErrUnavailable = errors.New("usage: store unavailable")
 // Put may have been written). Putting it again fails the same way.
 var ErrInvalidRecord = errors.New("usage: invalid record")
 
-// MaxTenantBytes bounds a tenant id, in bytes. It is the bound the gateway's
-// authentication puts on the tenant claim, far below what a store keys on
-// (DynamoDB: 2048 bytes for a partition key).
-const MaxTenantBytes = 256
+// MaxTenantBytes bounds a tenant id, in bytes: the bound the gateway's
+// authentication puts on the tenant claim (one definition: ident).
+const MaxTenantBytes = ident.MaxTenantBytes
 
 // CheckTenant returns nil when tenant is a tenant id that can be metered and
-// billed, else an error saying why: it is empty, longer than MaxTenantBytes,
-// not valid UTF-8 (a store's encoding would replace the invalid bytes, and
-// so bill two tenants as one) or holds a control character (the gateway's
-// authentication refuses those too). The error does not quote the tenant.
+// billed, else an error saying why: it is empty, or breaks the rules the
+// gateway's authentication applies to the tenant claim (ident.Check:
+// longer than MaxTenantBytes, not valid UTF-8, which a store's encoding
+// would merge with another tenant, or holding a control character). The
+// error does not quote the tenant.
 func CheckTenant(tenant string) error {
-	switch {
-	case tenant == "":
+	if tenant == "" {
 		return errors.New("empty")
-	case len(tenant) > MaxTenantBytes:
-		return fmt.Errorf("%d bytes, more than %d", len(tenant), MaxTenantBytes)
-	case !utf8.ValidString(tenant):
-		return errors.New("not valid UTF-8")
 	}
-	for _, r := range tenant {
-		if unicode.IsControl(r) {
-			return fmt.Errorf("holds the control character %U", r)
-		}
-	}
-	return nil
+	return ident.Check(tenant, MaxTenantBytes)
 }
 
 // Record is a tenant's usage in one billing period as the durable store
