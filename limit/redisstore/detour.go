@@ -443,7 +443,7 @@ func (s *Store) served(ctx context.Context, key string) bool {
 		return true
 	}
 	rerr, isRedis := rueidis.IsRedisErr(err)
-	return isRedis && !rerr.IsClusterDown() && !rerr.IsTryAgain() && !rerr.IsLoading()
+	return isRedis && !cannotServe(rerr)
 }
 
 // end ends the watch of slot, the client serving it again.

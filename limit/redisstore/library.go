@@ -69,7 +69,7 @@ func refused(err error) error {
 // a cluster or replica failover, a script busy, a failed background save.
 // Those are the store's health, as a timeout is.
 func unhealthy(rerr *rueidis.RedisError) bool {
-	if rerr.IsTryAgain() || rerr.IsClusterDown() || rerr.IsLoading() {
+	if cannotServe(rerr) {
 		return true
 	}
 	msg := rerr.Error()
@@ -125,7 +125,13 @@ const notServingPause = 2 * time.Millisecond
 // migrated, its keys split), CLUSTERDOWN or LOADING.
 func notServing(r rueidis.RedisResult) bool {
 	rerr, ok := rueidis.IsRedisErr(r.Error())
-	return ok && (rerr.IsTryAgain() || rerr.IsClusterDown() || rerr.IsLoading())
+	return ok && cannotServe(rerr)
+}
+
+// cannotServe reports whether an error reply is TRYAGAIN, CLUSTERDOWN or
+// LOADING: the server did not run the call, for now.
+func cannotServe(rerr *rueidis.RedisError) bool {
+	return rerr.IsTryAgain() || rerr.IsClusterDown() || rerr.IsLoading()
 }
 
 // pause waits d, or less when ctx ends first; it reports whether ctx still

@@ -586,9 +586,7 @@ local function take()
     for i = 1, n do
       if ok[i] then
         local alg, key = al[i], KEYS[i]
-        if alg == 't' then
-          call('SET', key, fmt(int2f, s1[i], s2[i]), 'PX', px(ex[i]))
-        elseif alg == 'f' then
+        if alg == 't' or alg == 'f' then
           call('SET', key, fmt(int2f, s1[i], s2[i]), 'PX', px(ex[i]))
         elseif alg == 'c' then
           call('SET', key, fmt(int3f, s1[i], s2[i], s3[i]), 'PX', px(ex[i]))
