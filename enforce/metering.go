@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mcpgate/mcpgate/internal/fanout"
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/metrics"
@@ -399,22 +400,11 @@ func (m *meterer) checkJournal(ctx context.Context) {
 	m.mu.Lock()
 	keys := slices.Collect(maps.Keys(m.journal))
 	m.mu.Unlock()
-	next := make(chan string)
-	var wg sync.WaitGroup
-	for range min(len(keys), 16) {
-		wg.Go(func() {
-			for k := range next {
-				if st, ok, err := m.store.ReadMeter(ctx, k); err == nil {
-					m.observe(k, ok, st.Gen, st.Flushed)
-				}
-			}
-		})
-	}
-	for _, k := range keys {
-		next <- k
-	}
-	close(next)
-	wg.Wait()
+	fanout.Do(len(keys), 16, func(i int) {
+		if st, ok, err := m.store.ReadMeter(ctx, keys[i]); err == nil {
+			m.observe(keys[i], ok, st.Gen, st.Flushed)
+		}
+	})
 }
 
 // adjust adds delta to meter as a new op, keeping it pending when it

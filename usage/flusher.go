@@ -7,9 +7,9 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/mcpgate/mcpgate/internal/fanout"
 	"github.com/mcpgate/mcpgate/limit"
 )
 
@@ -228,7 +228,7 @@ func (f *Flusher) Flush(ctx context.Context) error {
 	states := make([]limit.MeterState, len(keys))
 	found := make([]bool, len(keys))
 	errs := make([]error, len(keys))
-	parallel(len(keys), func(i int) {
+	fanout.Do(len(keys), workers, func(i int) {
 		states[i], found[i], errs[i] = f.meters.ReadMeter(ctx, keys[i])
 	})
 	var (
@@ -314,7 +314,7 @@ func (f *Flusher) write(ctx context.Context, states []limit.MeterState) error {
 			return errors.Join(markErr, fmt.Errorf("usage: write %d meters: %w", len(recs)-start, err))
 		}
 		markErrs := make([]error, len(batch))
-		parallel(len(batch), func(i int) {
+		fanout.Do(len(batch), workers, func(i int) {
 			markErrs[i] = f.meters.MarkFlushed(ctx, batch[i].Key, batch[i].Gen.ID, batch[i].Live)
 		})
 		for i, err := range markErrs {
@@ -538,25 +538,4 @@ func (f *Flusher) get(ctx context.Context, tenant, period string) (limit.Usage, 
 		return limit.Usage{}, nil
 	}
 	return rec.Usage, nil
-}
-
-// parallel calls fn(0) … fn(n-1) on at most workers goroutines and returns
-// when all have returned.
-func parallel(n int, fn func(i int)) {
-	if n == 1 {
-		fn(0)
-		return
-	}
-	var (
-		next atomic.Int64
-		wg   sync.WaitGroup
-	)
-	for range min(n, workers) {
-		wg.Go(func() {
-			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
-				fn(i)
-			}
-		})
-	}
-	wg.Wait()
 }
