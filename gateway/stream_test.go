@@ -209,54 +209,39 @@ func TestUpstreamIdleTimeoutAndMaxDuration(t *testing.T) {
 	}
 }
 
-// A shared cached tool (every tenant's entry) that asks the client during
-// its load: the result holds the answers of the client that loaded it,
-// which are not another tenant's to read, so it is not stored; each call
-// loads its own (the upstream runs twice). A tenant's own entry is stored
-// (TestCachedToolStreams).
+// A shared cached tool (every tenant's entry) whose load asks the client
+// something (sampling): the result holds the answers of the client that
+// loaded it, which are not another tenant's to read, so it is not stored
+// and each call loads its own (the upstream runs twice). A ping asks
+// nothing the result could depend on: that entry is stored (it was not,
+// and every call of every tenant ran the upstream again). A tenant's own
+// entry is stored either way (TestCachedToolStreams).
 func TestSharedEntryIsNotStoredFromALoadThatAskedTheClient(t *testing.T) {
 	t.Parallel()
-	u := newStreamingUpstream(t)
-	e := newEnv(t, setup{UpstreamURL: u.url, UpstreamYAML: "  timeout: 5s\n", Config: `
-tools:
-  sample: {cache: {ttl: 10m, shared: true}}
-`})
-	var progress atomic.Int64
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	for i, tenant := range []string{"acme", "initech"} {
-		cs := streamingClient(t, e.mcpURL(0), token(t, tenant, "alice"), &progress)
-		res, err := callTool(ctx, cs, "sample", map[string]any{"q": "q1"})
-		if err != nil || resultText(res) != "sampled: answer to q1" {
-			t.Fatalf("%s: %v %+v", tenant, err, res)
-		}
-		if got := u.calls.Load(); got != int64(i+1) {
-			t.Fatalf("after %s's call the upstream ran %d times, want %d: a shared entry was stored from a load that asked its client", tenant, got, i+1)
-		}
-	}
-}
-
-// A ping the upstream sends on a shared cached call's stream asks the
-// client nothing its result could depend on: the entry is stored (it was
-// not, and every call of every tenant ran the upstream again).
-func TestSharedEntryIsStoredDespiteAPing(t *testing.T) {
-	t.Parallel()
-	u := newStreamingUpstream(t)
-	e := newEnv(t, setup{UpstreamURL: u.url, UpstreamYAML: "  timeout: 5s\n", Config: `
-tools:
-  pinger: {cache: {ttl: 10m, shared: true}}
-`})
-	var progress atomic.Int64
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	for _, tenant := range []string{"acme", "initech"} {
-		cs := streamingClient(t, e.mcpURL(0), token(t, tenant, "alice"), &progress)
-		res, err := callTool(ctx, cs, "pinger", map[string]any{})
-		if err != nil || resultText(res) != "pong" {
-			t.Fatalf("%s: %v %+v", tenant, err, res)
-		}
-	}
-	if got := u.calls.Load(); got != 1 {
-		t.Fatalf("the upstream ran %d times, want 1: the shared entry was not stored because the load's upstream pinged its client", got)
+	for _, c := range []struct {
+		tool, text string
+		args       map[string]any
+		calls      []int64 // the upstream's runs after each tenant's call
+	}{
+		{"sample", "sampled: answer to q1", map[string]any{"q": "q1"}, []int64{1, 2}},
+		{"pinger", "pong", map[string]any{}, []int64{1, 1}},
+	} {
+		t.Run(c.tool, func(t *testing.T) {
+			u := newStreamingUpstream(t)
+			e := newEnv(t, setup{UpstreamURL: u.url, UpstreamYAML: "  timeout: 5s\n", Config: "tools:\n  " + c.tool + ": {cache: {ttl: 10m, shared: true}}\n"})
+			var progress atomic.Int64
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			for i, tenant := range []string{"acme", "initech"} {
+				cs := streamingClient(t, e.mcpURL(0), token(t, tenant, "alice"), &progress)
+				res, err := callTool(ctx, cs, c.tool, c.args)
+				if err != nil || resultText(res) != c.text {
+					t.Fatalf("%s: %v %+v", tenant, err, res)
+				}
+				if got := u.calls.Load(); got != c.calls[i] {
+					t.Fatalf("after %s's call the upstream ran %d times, want %d", tenant, got, c.calls[i])
+				}
+			}
+		})
 	}
 }
