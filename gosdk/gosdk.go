@@ -298,11 +298,10 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 type ownLoad struct {
 	done chan struct{} // closed by end
 
-	mu      sync.Mutex
-	ctx     context.Context // the loader's: ends at the cache's LoadTimeout
-	result  json.RawMessage
-	failed  bool
-	started bool
+	mu     sync.Mutex
+	ctx    context.Context // the first loader's: ends at the cache's LoadTimeout
+	result json.RawMessage
+	failed bool
 }
 
 // loadGrace is how long after its context ended a load still counts as
@@ -312,8 +311,8 @@ const loadGrace = time.Second
 func (o *ownLoad) start(ctx context.Context) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if !o.started { // an early refresh of the same Get would be a second load
-		o.ctx, o.started = ctx, true
+	if o.ctx == nil { // an early refresh of the same Get would be a second load
+		o.ctx = ctx
 	}
 }
 
