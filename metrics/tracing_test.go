@@ -9,7 +9,17 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
+// clearOTelEnv empties the OTEL_* variables SetupTracing reads and puts the
+// global tracer provider back when the test ends: a test that
+// turns tracing on installs one process-wide, and the next test (or the same
+// one under -count) would see it.
 func clearOTelEnv(t *testing.T) {
+	tp := otel.GetTracerProvider()
+	t.Cleanup(func() {
+		if otel.GetTracerProvider() != tp {
+			otel.SetTracerProvider(tp)
+		}
+	})
 	for _, k := range []string{envEndpoint, envTracesEndpoint, envProtocol, envTracesProtocol, envSDKDisabled} {
 		t.Setenv(k, "")
 	}
