@@ -450,10 +450,14 @@ func (t *Ticket) Done(ctx context.Context, o Outcome) (charged int64) {
 }
 
 // reportOutcome tells the breaker how an admitted call ended. Successes are
-// reported only when they change something (a probe, or failures to reset),
-// so that a healthy agent costs no extra store call.
+// reported only when they change something (a probe, or failures to reset:
+// seen on admission, or reported since by another call of this process),
+// so that a healthy agent costs no extra store call. A failure reported by
+// another instance after this call's admission is not known here: across
+// instances, overlapping calls count as "consecutive" in the order their
+// outcomes reach the store, successes of calls admitted clean excepted.
 func (e *Engine) reportOutcome(ctx context.Context, b *limit.BreakerSpec, st limit.BreakerState, failed bool) {
-	if !failed && !st.Probe && st.Failures == 0 {
+	if !failed && !st.Probe && st.Failures == 0 && !e.lim.breakers.hasFailures(b.Key) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)

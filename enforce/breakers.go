@@ -42,6 +42,11 @@ type breakerCache struct {
 	// denials is the store's count of a breaker's consecutive denials as
 	// last seen, when not zero.
 	denials map[string]seenDenials
+	// failing holds the breakers whose count of consecutive failures was
+	// last seen above zero: a success must then reset it even when the
+	// call saw none on admission (a call admitted alongside one that
+	// failed first), or fail, succeed, fail would open the breaker.
+	failing map[string]struct{}
 }
 
 type seenDenials struct {
@@ -56,7 +61,19 @@ type openBreaker struct {
 }
 
 func newBreakerCache(now func() time.Time, alert func(limit.BreakerSpec, limit.BreakerState)) *breakerCache {
-	return &breakerCache{now: now, alert: alert, open: make(map[string]openBreaker), denials: make(map[string]seenDenials)}
+	return &breakerCache{now: now, alert: alert, open: make(map[string]openBreaker), denials: make(map[string]seenDenials), failing: make(map[string]struct{})}
+}
+
+// hasFailures reports whether key's count of consecutive failures was last
+// seen above zero in this process.
+func (c *breakerCache) hasFailures(key string) bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.failing[key]
+	return ok
 }
 
 // lookup returns the state of a breaker known open, with RetryAfter counted
@@ -104,6 +121,15 @@ func (c *breakerCache) observe(b *limit.BreakerSpec, st limit.BreakerState) {
 		}
 		c.denials[b.Key] = seenDenials{n: st.Denials, at: now}
 	}
+	switch {
+	case st.Failures == 0:
+		delete(c.failing, b.Key)
+	default:
+		if len(c.failing) >= breakerCacheSize {
+			clear(c.failing) // a success then goes unreported: what the store's count did before this map
+		}
+		c.failing[b.Key] = struct{}{}
+	}
 	if !st.Open && !st.Opened {
 		// Closed, or half-open with no probe in flight: an entry held for
 		// it is stale (say, a refusal answered while a probe ran that has
@@ -144,6 +170,7 @@ func (c *breakerCache) forget(key string) {
 	c.mu.Lock()
 	delete(c.open, key)
 	delete(c.denials, key)
+	delete(c.failing, key)
 	c.mu.Unlock()
 }
 

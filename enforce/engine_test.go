@@ -254,6 +254,44 @@ breaker:
 	}
 }
 
+// Two calls admitted together, the later one failing first: the earlier
+// one's success resets the count, although it saw no failure on admission,
+// so fail, succeed, fail does not open a breaker of two.
+func TestBreakerSuccessAfterAnOverlappingFailure(t *testing.T) {
+	t.Parallel()
+	for _, store := range stores {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			e := engines(t, store, 1, `
+breaker:
+  consecutive_failures: 2
+  cooldown: 1h
+`, "")[0]
+			call := enforce.Call{Tenant: "acme", Subject: "agent", Name: "flaky"}
+			admit := func() *enforce.Ticket {
+				t.Helper()
+				ticket, d := e.Admit(t.Context(), call)
+				if !d.Allowed {
+					t.Fatalf("denied: %+v", d)
+				}
+				return ticket
+			}
+			a, b := admit(), admit()
+			b.Done(t.Context(), enforce.Outcome{Status: enforce.ToolError})
+			a.Done(t.Context(), enforce.Outcome{Status: enforce.OK})
+			admit().Done(t.Context(), enforce.Outcome{Status: enforce.ToolError})
+			if _, d := e.Admit(t.Context(), call); !d.Allowed {
+				t.Fatalf("fail, succeed, fail opened a breaker of two consecutive failures: %+v", d)
+			}
+			// Two in a row still open it.
+			admit().Done(t.Context(), enforce.Outcome{Status: enforce.ToolError})
+			if _, d := e.Admit(t.Context(), call); d.Allowed || d.Scope != enforce.ScopeBreaker {
+				t.Fatalf("after two failures in a row: %+v, want the breaker's denial", d)
+			}
+		})
+	}
+}
+
 // An answer that comes after its caller gave up (Answered with a context
 // that has ended) says nothing of the agent: the breaker counts no
 // failure.
