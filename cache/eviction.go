@@ -62,7 +62,7 @@ func CheckEviction(ctx context.Context, client rueidis.Client, role Role) (polic
 		if err != nil {
 			if _, refused := rueidis.IsRedisErr(err); refused {
 				return "", fmt.Sprintf("cannot read maxmemory-policy on %s (CONFIG GET refused: %v); "+
-					"make sure the %s server's eviction policy suits it (see DESIGN.md, Eviction policy)", addr, err, role), nil
+					"make sure the %s server's eviction policy suits it (see docs/deploy.md, \"Redis: two roles, two eviction policies\")", addr, err, role), nil
 			}
 			return "", "", fmt.Errorf("cache: CONFIG GET maxmemory on %s: %w", addr, err)
 		}

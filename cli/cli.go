@@ -27,7 +27,7 @@ func commands() []command {
 		{"serve", "run the gateway: serve --config FILE", runServe},
 		{"demo", "run the gateway and a demo MCP server on embedded defaults: demo [--listen ADDR]", runDemo},
 		{"check", "validate a config file: check --config FILE", runCheck},
-		{"usage", "show a tenant's usage: usage --config FILE --tenant T [--period YYYY-MM] [--json]; usage init --config FILE", runUsage},
+		{"usage", "show a tenant's usage: usage --config FILE --tenant T [--period YYYY-MM] [--tier NAME] [--json]; usage init --config FILE", runUsage},
 		{"invalidate", "drop cached results by tag: invalidate --config FILE --tenant T --tag TAG [--tag TAG...]", runInvalidate},
 		{"version", "print the version", runVersion},
 	}
@@ -55,9 +55,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		err := c.run(ctx, args[1:], stdout, stderr)
 		switch {
-		case err == nil:
+		case err == nil, errors.Is(err, flag.ErrHelp): // -h asked for the help it got
 			return 0
-		case errors.Is(err, errUsage), errors.Is(err, flag.ErrHelp):
+		case errors.Is(err, errUsage):
 			return 2
 		case errors.Is(err, errReported):
 			return 1
@@ -90,6 +90,9 @@ func newFlags(name string, stderr io.Writer) *flag.FlagSet {
 // parseFlags parses args and refuses positional leftovers.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
 		return errUsage
 	}
 	if fs.NArg() > 0 {

@@ -41,6 +41,23 @@ func TestCheckAcceptsTheContractExample(t *testing.T) {
 	}
 }
 
+// -h is help asked for and given: exit 0 (as for mcpgate --help), with each
+// command's flags on stderr; a bad flag is still bad usage.
+func TestHelpExitsZero(t *testing.T) {
+	if code, _, _ := run(t, "--help"); code != 0 {
+		t.Fatalf("mcpgate --help: exit %d", code)
+	}
+	for _, c := range commands() {
+		code, _, errOut := run(t, c.name, "-h")
+		if code != 0 || !strings.Contains(errOut, "mcpgate "+c.name) || !strings.Contains(errOut, "Usage") {
+			t.Errorf("mcpgate %s -h: exit %d, stderr %q; want 0 and its flags", c.name, code, errOut)
+		}
+	}
+	if code, _, _ := run(t, "check", "--no-such-flag"); code != 2 {
+		t.Errorf("an unknown flag: exit %d, want 2", code)
+	}
+}
+
 func TestCheckAcceptsTheDocumentedExample(t *testing.T) {
 	if code, _, errOut := run(t, "check", "--config", "../examples/mcpgate.example.yaml"); code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", code, errOut)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -185,7 +186,7 @@ func TestUsageBadInvocations(t *testing.T) {
 		t.Errorf("init with a missing config = %v, want it reported", err)
 	}
 	_, errOut, err := runU(t, "-h")
-	if !errors.Is(err, errUsage) || !strings.Contains(errOut, "mcpgate usage init --config FILE") {
+	if !errors.Is(err, flag.ErrHelp) || !strings.Contains(errOut, "mcpgate usage init --config FILE") {
 		t.Errorf("-h = %v:\n%s", err, errOut)
 	}
 }

@@ -7,10 +7,10 @@
 //	ticket.Done(ctx, outcome)            // after it, always
 //
 // Admit applies, in one decision, the loop breaker, the rate-limit rules of
-// the caller's tier (tenant-scoped rules and the usage meter in one atomic
-// store call, then global rules, refunding the tenant's counters when a
-// global rule denies), the monthly quota, the local denial cache, the
-// store breaker and each tool's on_error policy. Done releases concurrency
+// the caller's tier (tenant rules, global rules, the usage meter and the
+// breaker in one store request, all or nothing: see
+// limit.GuardedStore.Evaluate), the monthly quota, the local denial cache,
+// the store breaker and each tool's on_error policy. Done releases concurrency
 // slots, corrects the charge from the cost the tool reported, tells the loop
 // breaker how the call ended, and drops the cache entries a mutating tool
 // made stale. The engine keeps the live usage meters and flushes them to the

@@ -81,9 +81,10 @@ type verdict struct {
 	leaseStore limit.GuardedStore
 }
 
-// limiter is the limit stage: tenant-scoped rules and the usage meter in one
-// atomic batch, then global rules, refunding the tenant batch when a global
-// rule denies.
+// limiter is the limit stage: tenant rules, global rules, the usage meter
+// and the breaker in one store request, all or nothing (on a Redis Cluster
+// the store itself splits it by slot and undoes the tenant's part when a
+// global rule denies).
 type limiter struct {
 	shared   *guardedStore      // nil: in-process only
 	local    limit.GuardedStore // the store when shared is nil; else the fallback of on_error: local

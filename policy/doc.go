@@ -122,7 +122,9 @@
 //	server.idle_timeout        an idle keep-alive connection is closed after this [180s]
 //	server.write_timeout       bound on one write to a client; a stream gets a new deadline
 //	                           for each event, so it lives as long as it keeps moving [60s]
-//	server.max_connections     concurrent client connections; more wait to be accepted [1024]
+//	server.max_connections     concurrent client connections; at the cap a new client takes the
+//	                           slot of the connection idle longest (closed), or waits to be
+//	                           accepted while all are busy [1024]
 //	server.max_requests_per_tenant
 //	                           requests (open streams included) one tenant may have in progress
 //	                           on one instance; one more gets 429 [max_connections / 4]

@@ -45,8 +45,11 @@
 // the tenant's slot). A batch that does not fails with ErrCrossSlot before
 // any I/O.
 //
-// Calls are never replayed. The script runs with EVALSHA, and is sent again
-// with EVAL only after an explicit NOSCRIPT reply (the script was not run).
+// Calls are never replayed. The library runs as a Redis Function (FUNCTION
+// LOAD on first use, then FCALL); where functions are unavailable, or with
+// Options.NoFunctions, as a script run with EVALSHA and sent again with EVAL
+// only after an explicit NOSCRIPT reply. Either way code is sent again only
+// after the server said it was missing (nothing was run).
 // rueidis retries only read-only commands after network errors, and these
 // are not: a call that failed or timed out may have been applied once, never
 // twice. A metered call with an op id (limit.Meter.Op) may be sent again by
