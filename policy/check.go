@@ -651,6 +651,11 @@ func (d *decoder) check(c *Config, root *yaml.Node) {
 			d.errf(n, p+".tenant", "required: tool %q caches per tenant (its cache is not shared)", w.Tool)
 		}
 	}
+	if d.embedded && len(c.Cache.Warm) > 0 {
+		// Warming calls the upstream before serving: a server embedding
+		// the engine has none, and its own tools are not called at start.
+		d.warnf(at("cache", "warm"), "cache.warm", "ignored by a server embedding the engine (only the gateway warms its cache)")
+	}
 }
 
 // checkSharedCounters refuses rules that would count on one key with

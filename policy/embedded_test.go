@@ -31,6 +31,11 @@ func TestParseEmbedded(t *testing.T) {
 			t.Errorf("ParseEmbedded(%q) = %v, want %q", bad.yaml, err, bad.want)
 		}
 	}
+	// cache.warm is a gateway's: an embedded config says it is ignored.
+	warm := noUpstream + "tools:\n  echo: {cache: {ttl: 1m, shared: true}}\ncache:\n  warm:\n    - {tool: echo}\n"
+	if c, err := ParseEmbedded("e.yaml", []byte(warm)); err != nil || len(c.Warnings) != 1 || !strings.Contains(c.Warnings[0], "e.yaml:9: cache.warm: ignored") {
+		t.Errorf("ParseEmbedded with cache.warm = %v, warnings %q; want one warning at e.yaml:9", err, c.Warnings)
+	}
 	path := filepath.Join(t.TempDir(), "embedded.yaml")
 	if err := os.WriteFile(path, []byte(noUpstream), 0o600); err != nil {
 		t.Fatal(err)
