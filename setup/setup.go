@@ -167,6 +167,9 @@ func Open(ctx context.Context, cfg *policy.Config, log *slog.Logger, opts *Optio
 	return s, nil
 }
 
+// libraryLoadTimeout bounds the start's load of the limit store's library.
+const libraryLoadTimeout = 5 * time.Second
+
 // openShared connects to store.redis, when the config names one.
 func (s *Stores) openShared(ctx context.Context, cfg *policy.Config) error {
 	if len(cfg.Store.Redis) == 0 {
@@ -187,6 +190,15 @@ func (s *Stores) openShared(ctx context.Context, cfg *policy.Config) error {
 	}
 	s.sharedConn, s.sharedStore, s.Shared = client, st, st
 	s.Probe = st.Ping
+	// The first call would load the library within store.timeout (25ms by
+	// default), which a cold connection on a busy host can exceed: load it
+	// now. A Redis not answering yet is no reason to refuse to start
+	// (store.on_error says what calls get meanwhile).
+	lctx, cancel := context.WithTimeout(ctx, libraryLoadTimeout)
+	if err := st.Load(lctx); err != nil {
+		s.log.Warn("store.redis: the limit library is loaded on the first call instead", "err", err)
+	}
+	cancel()
 	CheckEviction(ctx, s.log, client, cache.RoleStore, "store.redis")
 	return nil
 }

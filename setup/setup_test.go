@@ -161,6 +161,11 @@ func TestOpenRedis(t *testing.T) {
 		if err := st.Probe(ctx); err != nil {
 			t.Fatalf("probe: %v", err)
 		}
+		// The limit library is on the server before the first call.
+		c := redis.Client(t)
+		if libs, err := c.Do(ctx, c.B().FunctionList().Build()).ToArray(); err != nil || len(libs) != 1 {
+			t.Fatalf("FUNCTION LIST after Open: %d libraries, %v; want the limit library loaded", len(libs), err)
+		}
 		eng, err := enforce.New(st.EngineOptions())
 		if err != nil {
 			t.Fatal(err)

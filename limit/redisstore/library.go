@@ -263,6 +263,24 @@ func (s *Store) functions(ctx context.Context) (bool, uint64) {
 	return true, s.lib.loads.Load()
 }
 
+// Load loads the store's function library on every node the client knows,
+// bounded by ctx rather than Options.Timeout. Calling it is optional: a
+// store otherwise loads the library on its first call, within that call's
+// Timeout, which a cold connection plus the library's compilation can
+// exceed on a busy host (that call then fails, and the calls of the next
+// loadRetry run the script, sent in full once per connection). It returns
+// nil where calls run the script anyway (NoFunctions, or a server that
+// refuses FUNCTION LOAD).
+func (s *Store) Load(ctx context.Context) error {
+	if s.lib.mode.Load() == modeScripts {
+		return nil
+	}
+	if err := s.reload(ctx, s.lib.loads.Load()); err != nil && !errors.Is(err, errNoFunctions) {
+		return fmt.Errorf("redisstore: loading the function library: %w", err)
+	}
+	return nil
+}
+
 // errNoFunctions means no node accepted the library as functions.
 var errNoFunctions = errors.New("redisstore: the server refused FUNCTION LOAD")
 
