@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lestrrat-go/jwx/v3/jwa"
+	"github.com/mcpgate/mcpgate/internal/testenv"
 )
 
 func TestJWKSFile(t *testing.T) {
@@ -182,6 +184,61 @@ func TestJWKSURLFirstBurst(t *testing.T) {
 	if n := srv.requests.Load(); n != 2 {
 		t.Fatalf("100 concurrent forged kids: %d requests, want 2 (start + one refresh)", n)
 	}
+}
+
+// A slow identity provider: a refresh takes longer than
+// MissRefreshInterval. The verifications that arrived while it ran use its
+// result; none starts another refresh when it ends (each would, in turn,
+// the interval having passed: the n-th caller would wait n refreshes).
+func TestJWKSURLSlowRefreshServesItsWaiters(t *testing.T) {
+	k1 := ecKey(t, elliptic.P256())
+	body := jwksJSON(t, []any{&k1.PublicKey}, []string{"k1"}, nil)
+	clk := newClock()
+	release := make(chan struct{})
+	var requests atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		switch requests.Add(1) {
+		case 1: // New's fetch
+		case 2:
+			clk.Advance(MissRefreshInterval + time.Second)
+			<-release
+		default:
+			clk.Advance(MissRefreshInterval + time.Second)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(srv.Close)
+	a := newAuth(t, Options{JWKSURL: srv.URL, Now: clk.Now})
+
+	const callers = 5
+	tok := sign(t, jwa.ES256(), k1, "forged", claims(nil))
+	errs := make(chan error, callers)
+	for range callers {
+		go func() {
+			_, err := a.Verify(context.Background(), tok)
+			errs <- err
+		}()
+	}
+	testenv.Eventually(t, 10*time.Second, "every caller to wait for the refresh", func() bool {
+		return inRefreshOnMiss() == callers
+	})
+	close(release)
+	for range callers {
+		if err := <-errs; !errors.Is(err, ErrInvalidToken) || !strings.Contains(err.Error(), `unknown kid "forged"`) {
+			t.Errorf("err = %v, want unknown kid", err)
+		}
+	}
+	if n := requests.Load() - 1; n != 1 {
+		t.Fatalf("%d callers waiting for one refresh caused %d refreshes, want 1", callers, n)
+	}
+}
+
+// inRefreshOnMiss counts the goroutines inside remoteKeys.refreshOnMiss.
+func inRefreshOnMiss() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return strings.Count(string(buf), "(*remoteKeys).refreshOnMiss(")
 }
 
 func TestJWKSURLFailFast(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +34,10 @@ const (
 	// defaultHTTPTimeout is the timeout of the client used when
 	// Options.HTTPClient is nil.
 	defaultHTTPTimeout = 10 * time.Second
+	// missRefreshTimeout bounds how long the verifications waiting for a
+	// miss refresh wait, whatever Options.HTTPClient's own timeout (none,
+	// perhaps).
+	missRefreshTimeout = 30 * time.Second
 )
 
 // errRefreshLimited means an unknown kid was seen within MissRefreshInterval
@@ -49,11 +54,23 @@ type remoteKeys struct {
 	res    *httprc.ResourceBase[jwk.Set]
 	log    *slog.Logger
 	now    func() time.Time
+	// ctx is the miss refreshes' context: they serve every verification
+	// waiting for them, not the one that started them. Canceled by close.
+	ctx    context.Context
+	cancel context.CancelFunc
 
-	ix     atomic.Pointer[keyIndex]
-	sem    chan struct{} // one miss refresh at a time; waiters reuse its result
-	last   time.Time     // start of the last miss refresh; guarded by sem
-	closed atomic.Bool
+	ix      atomic.Pointer[keyIndex]
+	mu      sync.Mutex
+	running *missRefresh // the miss refresh under way, nil when none; guarded by mu
+	last    time.Time    // start of the last miss refresh; guarded by mu
+	closed  atomic.Bool
+}
+
+// missRefresh is one refresh of the key set for tokens with an unknown
+// kid; done is closed when it ended, with err its error.
+type missRefresh struct {
+	done chan struct{}
+	err  error
 }
 
 // newRemoteKeys checks opts.JWKSURL and fetches its key set once: it fails
@@ -70,7 +87,6 @@ func newRemoteKeys(ctx context.Context, opts *Options, log *slog.Logger, now fun
 		logURL: u.Redacted(),
 		log:    log,
 		now:    now,
-		sem:    make(chan struct{}, 1),
 	}
 	if u.Scheme == "http" && !isLoopback(u.Hostname()) {
 		log.Warn("auth: JWKS URL is plain http; anyone on the path can swap the keys", "url", r.logURL)
@@ -124,8 +140,10 @@ func (r *remoteKeys) start(ctx context.Context, reg []jwk.RegisterOption) error 
 	})
 
 	// The cache outlives New's ctx (often a start-up deadline); Close stops it.
-	cache, err := jwk.NewCache(context.WithoutCancel(ctx), httprc.NewClient(httprc.WithWorkers(1), httprc.WithErrorSink(sink)))
+	r.ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	cache, err := jwk.NewCache(r.ctx, httprc.NewClient(httprc.WithWorkers(1), httprc.WithErrorSink(sink)))
 	if err != nil {
+		r.cancel()
 		return fmt.Errorf("auth: starting JWKS cache: %w", err)
 	}
 	r.cache = cache
@@ -176,6 +194,7 @@ func (r *remoteKeys) abortStart(ctx context.Context, err error) error {
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_ = r.cache.Shutdown(shutdownCtx)
+	r.cancel()
 	return err
 }
 
@@ -240,31 +259,52 @@ func (r *remoteKeys) candidates(ctx context.Context, kid string) ([]keyEntry, er
 
 // refreshOnMiss fetches the key set again unless a refresh started less than
 // MissRefreshInterval ago. Callers that arrive while a refresh runs wait for
-// it, then find the interval not yet passed and use its result.
+// it (at most until ctx ends) and use its result: however slow the identity
+// provider, a caller waits for one refresh, not for its turn in a queue of
+// them.
 func (r *remoteKeys) refreshOnMiss(ctx context.Context) error {
 	if r.closed.Load() {
 		return errors.New("authenticator closed")
 	}
+	r.mu.Lock()
+	f := r.running
+	if f == nil {
+		now := r.now()
+		if !r.last.IsZero() && now.Sub(r.last) < MissRefreshInterval {
+			r.mu.Unlock()
+			return errRefreshLimited
+		}
+		r.last = now
+		f = &missRefresh{done: make(chan struct{})}
+		r.running = f
+		go r.refresh(f)
+	}
+	r.mu.Unlock()
 	select {
-	case r.sem <- struct{}{}:
+	case <-f.done:
+		return f.err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	defer func() { <-r.sem }()
-	now := r.now()
-	if !r.last.IsZero() && now.Sub(r.last) < MissRefreshInterval {
-		return errRefreshLimited
-	}
-	r.last = now
+}
+
+// refresh runs the miss refresh f, within missRefreshTimeout, and ends it.
+func (r *remoteKeys) refresh(f *missRefresh) {
+	ctx, cancel := context.WithTimeout(r.ctx, missRefreshTimeout)
+	defer cancel()
 	if _, err := r.cache.Refresh(ctx, r.url); err != nil {
-		return fmt.Errorf("refreshing JWKS %s: %w", r.logURL, err)
+		f.err = fmt.Errorf("refreshing JWKS %s: %w", r.logURL, err)
 	}
-	return nil
+	r.mu.Lock()
+	r.running = nil
+	r.mu.Unlock()
+	close(f.done)
 }
 
 func (r *remoteKeys) close(ctx context.Context) error {
 	if r.closed.Swap(true) {
 		return nil
 	}
+	r.cancel()
 	return r.cache.Shutdown(ctx)
 }
