@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/elliptic"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"runtime"
 	"strings"
 	"sync"
@@ -278,6 +280,74 @@ func TestJWKSURLFailFast(t *testing.T) {
 		}
 		if d := time.Since(start); d > 5*time.Second {
 			t.Fatalf("New took %s", d)
+		}
+	})
+}
+
+// Credentials in the JWKS URL (a password, a key in the query or as the
+// user name) stay out of New's error, Verify's (logged for every refused
+// token) and the refresh log, whatever net/http and httprc write of the
+// URL; the errors still unwrap to their causes.
+func TestJWKSURLCredentialsStayOutOfErrors(t *testing.T) {
+	k1 := ecKey(t, elliptic.P256())
+	body := jwksJSON(t, []any{&k1.PublicKey}, []string{"k1"}, nil)
+	withCreds := map[string]func(base string) string{
+		"password":           func(b string) string { return strings.Replace(b, "//", "//user:SECRET@", 1) + "/jwks" },
+		"escaped password":   func(b string) string { return strings.Replace(b, "//", "//us%20er:p%40SECRET%2F@", 1) + "/jwks" },
+		"query key":          func(b string) string { return b + "/jwks?api_key=SECRET" },
+		"key as user name":   func(b string) string { return strings.Replace(b, "//", "//SECRET@", 1) + "/jwks" },
+		"password and query": func(b string) string { return strings.Replace(b, "//", "//u:SECRET@", 1) + "/jwks?key=SECRET#SECRET" },
+	}
+	for name, creds := range withCreds {
+		t.Run(name, func(t *testing.T) {
+			var log testenv.SyncBuffer
+			srv := newJWKSServer(t, body)
+			u := creds(srv.URL)
+			opts := Options{JWKSURL: u, Now: newClock().Now, Logger: slog.New(slog.NewTextHandler(&log, nil))}
+			a := newAuth(t, opts)
+			forged := sign(t, jwa.ES256(), k1, "forged", claims(nil))
+			var errs []error
+			srv.mu.Lock()
+			srv.status = http.StatusServiceUnavailable
+			srv.mu.Unlock()
+			_, err := a.Verify(context.Background(), forged) // a refresh answered 503
+			errs = append(errs, err)
+			_, err = New(context.Background(), opts) // a start answered 503
+			errs = append(errs, err)
+			srv.Close()
+			_, err = New(context.Background(), opts) // a start that cannot connect
+			if !errors.As(err, new(*url.Error)) {
+				t.Errorf("New's error lost its *url.Error: %v", err)
+			}
+			errs = append(errs, err)
+			for i, err := range errs {
+				if err == nil || strings.Contains(err.Error(), "SECRET") || !strings.Contains(err.Error(), "/jwks") {
+					t.Errorf("error %d: %v, want one naming the URL without its credentials", i, err)
+				}
+			}
+			if strings.Contains(log.String(), "SECRET") {
+				t.Errorf("credential in the log:\n%s", log.String())
+			}
+		})
+	}
+	t.Run("background refresh", func(t *testing.T) {
+		var log testenv.SyncBuffer
+		srv := newJWKSServer(t, body)
+		newAuth(t, Options{JWKSURL: withCreds["password and query"](srv.URL), JWKSRefresh: time.Second, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+		srv.mu.Lock()
+		srv.status = http.StatusServiceUnavailable
+		srv.mu.Unlock()
+		testenv.Eventually(t, 30*time.Second, "a background refresh to fail", func() bool {
+			return strings.Contains(log.String(), "JWKS refresh failed")
+		})
+		if strings.Contains(log.String(), "SECRET") {
+			t.Errorf("credential in the log:\n%s", log.String())
+		}
+	})
+	t.Run("does not parse", func(t *testing.T) {
+		_, err := New(context.Background(), Options{JWKSURL: "http://user:SECRET@idp:port/jwks"})
+		if err == nil || strings.Contains(err.Error(), "SECRET") {
+			t.Errorf("New: %v, want an error without the credential", err)
 		}
 	})
 }

@@ -1,12 +1,15 @@
 package auth
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,11 +52,14 @@ var errRefreshLimited = errors.New("key set refreshed less than " + MissRefreshI
 // one synchronous refresh, rate-limited to one per MissRefreshInterval.
 type remoteKeys struct {
 	url    string
-	logURL string // without credentials, for logs and errors
-	cache  *jwk.Cache
-	res    *httprc.ResourceBase[jwk.Set]
-	log    *slog.Logger
-	now    func() time.Time
+	logURL string // origin and path: no userinfo or query, for logs and errors
+	// urlForms are the ways errors write url (see urlForms), which redact
+	// replaces with logURL.
+	urlForms []string
+	cache    *jwk.Cache
+	res      *httprc.ResourceBase[jwk.Set]
+	log      *slog.Logger
+	now      func() time.Time
 	// ctx is the miss refreshes' context: they serve every verification
 	// waiting for them, not the one that started them. Canceled by close.
 	ctx    context.Context
@@ -79,14 +85,20 @@ type missRefresh struct {
 // until close.
 func newRemoteKeys(ctx context.Context, opts *Options, log *slog.Logger, now func() time.Time) (*remoteKeys, error) {
 	u, err := url.Parse(opts.JWKSURL)
-	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-		return nil, fmt.Errorf("auth: JWKS URL %q: want an absolute http(s) URL", opts.JWKSURL)
+	if err != nil {
+		// url.Parse's error repeats the URL, credentials and all.
+		return nil, errors.New("auth: JWKS URL does not parse: want an absolute http(s) URL")
+	}
+	logURL := u.Scheme + "://" + u.Host + u.EscapedPath()
+	if (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return nil, fmt.Errorf("auth: JWKS URL %q: want an absolute http(s) URL", logURL)
 	}
 	r := &remoteKeys{
-		url:    opts.JWKSURL,
-		logURL: u.Redacted(),
-		log:    log,
-		now:    now,
+		url:      opts.JWKSURL,
+		logURL:   logURL,
+		urlForms: urlForms(opts.JWKSURL, u),
+		log:      log,
+		now:      now,
 	}
 	if u.Scheme == "http" && !isLoopback(u.Hostname()) {
 		log.Warn("auth: JWKS URL is plain http; anyone on the path can swap the keys", "url", r.logURL)
@@ -136,7 +148,7 @@ func (r *remoteKeys) start(ctx context.Context, reg []jwk.RegisterOption) error 
 			cancelStart(err)
 			return
 		}
-		r.log.Warn("auth: JWKS refresh failed; keeping the previous key set", "url", r.logURL, "err", err)
+		r.log.Warn("auth: JWKS refresh failed; keeping the previous key set", "url", r.logURL, "err", r.redact(err))
 	})
 
 	// The cache outlives New's ctx (often a start-up deadline); Close stops it.
@@ -168,7 +180,7 @@ func (r *remoteKeys) register(startCtx context.Context, reg []jwk.RegisterOption
 		if cause == nil {
 			cause = err
 		}
-		return fmt.Errorf("auth: fetching JWKS %s: %w", r.logURL, cause)
+		return fmt.Errorf("auth: fetching JWKS %s: %w", r.logURL, r.redact(cause))
 	}
 	return nil
 }
@@ -178,7 +190,7 @@ func (r *remoteKeys) register(startCtx context.Context, reg []jwk.RegisterOption
 func (r *remoteKeys) load(ctx context.Context) error {
 	res, err := r.cache.LookupResource(ctx, r.url)
 	if err != nil {
-		return fmt.Errorf("auth: JWKS %s: %w", r.logURL, err)
+		return fmt.Errorf("auth: JWKS %s: %w", r.logURL, r.redact(err))
 	}
 	r.res = res
 	ix := r.index()
@@ -197,6 +209,55 @@ func (r *remoteKeys) abortStart(ctx context.Context, err error) error {
 	r.cancel()
 	return err
 }
+
+// urlForms returns the ways an error may write raw, parsed as u, longest
+// first: as given, as net/url writes it back, with the password hidden as
+// net/url's Redacted does and as an http.Client's *url.Error does, each also
+// as %q escapes it. All but one (no userinfo, no query) hold a credential
+// the URL may carry: a password, a key in the query or in the user name.
+func urlForms(raw string, u *url.URL) []string {
+	forms := []string{raw, u.String(), u.Redacted()}
+	if _, ok := u.User.Password(); ok {
+		forms = append(forms, strings.Replace(u.String(), u.User.String()+"@", u.User.Username()+":***@", 1))
+	}
+	for _, f := range forms {
+		if q := strconv.Quote(f); q[1:len(q)-1] != f {
+			forms = append(forms, q[1:len(q)-1])
+		}
+	}
+	slices.SortFunc(forms, func(a, b string) int { return cmp.Or(len(b)-len(a), strings.Compare(a, b)) })
+	return slices.Compact(forms)
+}
+
+// redact returns err with every form of r's URL in its text (see urlForms)
+// replaced by r.logURL; the result unwraps to err. The errors of httprc
+// and net/http repeat the URL, and they reach the log of every refused
+// token, the refresh log and New's error: a credential in the URL would
+// go with them.
+func (r *remoteKeys) redact(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	out := msg
+	for _, f := range r.urlForms {
+		out = strings.ReplaceAll(out, f, r.logURL)
+	}
+	if out == msg {
+		return err
+	}
+	return &redactedError{msg: out, err: err}
+}
+
+// redactedError is an error whose text had a URL's credentials cut; it
+// unwraps to the original.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
 
 func isLoopback(host string) bool {
 	return host == "localhost" || strings.HasPrefix(host, "127.") || host == "::1"
@@ -293,7 +354,7 @@ func (r *remoteKeys) refresh(f *missRefresh) {
 	ctx, cancel := context.WithTimeout(r.ctx, missRefreshTimeout)
 	defer cancel()
 	if _, err := r.cache.Refresh(ctx, r.url); err != nil {
-		f.err = fmt.Errorf("refreshing JWKS %s: %w", r.logURL, err)
+		f.err = fmt.Errorf("refreshing JWKS %s: %w", r.logURL, r.redact(err))
 	}
 	r.mu.Lock()
 	r.running = nil
