@@ -35,7 +35,6 @@
 package auth
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -87,6 +86,10 @@ type Principal struct {
 	Subject string
 	// Scopes are the tools, resources and prompts the caller may use.
 	Scopes Scopes
+	// Expiry is the exp claim; zero when the token has none. Verifiers
+	// downstream (the go-sdk's bearer middleware) take it from here rather
+	// than reading the token again, so that they agree with Verify.
+	Expiry time.Time
 }
 
 // Options configures an Authenticator. Exactly one key source (HS256Secret,
@@ -348,20 +351,20 @@ func (a *Authenticator) Verify(ctx context.Context, token string) (Principal, er
 	if p, ok := a.cache.get(token, now); ok {
 		return p, nil
 	}
-	p, exp, err := a.verifyToken(ctx, token)
+	p, err := a.verifyToken(ctx, token)
 	if err != nil {
 		return p, err
 	}
 	until := now.Add(TokenCacheTTL)
-	if !exp.IsZero() && exp.Before(until) {
-		until = exp
+	if !p.Expiry.IsZero() && p.Expiry.Before(until) {
+		until = p.Expiry
 	}
 	a.cache.put(token, p, until)
 	return p, nil
 }
 
-func (a *Authenticator) verifyToken(ctx context.Context, token string) (Principal, time.Time, error) {
-	fail := func(err error) (Principal, time.Time, error) { return Principal{}, time.Time{}, err }
+func (a *Authenticator) verifyToken(ctx context.Context, token string) (Principal, error) {
+	fail := func(err error) (Principal, error) { return Principal{}, err }
 	if token == "" {
 		return fail(invalid("empty token"))
 	}
@@ -422,142 +425,6 @@ func (a *Authenticator) verifyToken(ctx context.Context, token string) (Principa
 		return fail(invalid("bad signature: %v", lastErr))
 	}
 	return a.claims(payload)
-}
-
-// claims validates the verified payload and extracts the Principal.
-func (a *Authenticator) claims(payload []byte) (Principal, time.Time, error) {
-	// Decode the payload as claims only: a payload that is itself a JWS is
-	// not unwrapped (no nested tokens).
-	if p := bytes.TrimLeft(payload, " \t\r\n"); len(p) == 0 || p[0] != '{' {
-		return Principal{}, time.Time{}, invalid("payload is not a JSON object")
-	}
-	tok := jwt.New()
-	if err := json.Unmarshal(payload, tok); err != nil {
-		return Principal{}, time.Time{}, invalid("bad claims: %v", err)
-	}
-	if err := jwt.Validate(tok, a.validate...); err != nil {
-		return Principal{}, time.Time{}, invalid("%s", validationReason(err))
-	}
-
-	var p Principal
-	tenant, ok, err := stringClaim(tok, a.tenantClaim)
-	switch {
-	case err != nil:
-		return Principal{}, time.Time{}, invalid("tenant claim %q: %v", a.tenantClaim, err)
-	case !ok || tenant == "":
-		return Principal{}, time.Time{}, invalid("missing tenant claim %q", a.tenantClaim)
-	}
-	if err := ident.Check(tenant, MaxTenantBytes); err != nil {
-		return Principal{}, time.Time{}, invalid("tenant claim %q: %v", a.tenantClaim, err)
-	}
-	p.Tenant = tenant
-
-	sub, ok, err := stringClaim(tok, jwt.SubjectKey)
-	switch {
-	case err != nil:
-		return Principal{}, time.Time{}, invalid("sub claim: %v", err)
-	case !ok && a.requireSub:
-		return Principal{}, time.Time{}, invalid("missing sub claim")
-	}
-	if err := ident.Check(sub, MaxSubjectBytes); err != nil {
-		return Principal{}, time.Time{}, invalid("sub claim: %v", err)
-	}
-	p.Subject = sub
-
-	tier, _, err := stringClaim(tok, a.tierClaim)
-	if err != nil {
-		return Principal{}, time.Time{}, invalid("tier claim %q: %v", a.tierClaim, err)
-	}
-	if err := ident.Check(tier, MaxTenantBytes); err != nil {
-		return Principal{}, time.Time{}, invalid("tier claim %q: %v", a.tierClaim, err)
-	}
-	p.Tier = orDefault(tier, a.defaultTier)
-
-	p.Scopes, err = scopeClaim(tok, a.scopeClaim)
-	if err != nil {
-		return Principal{}, time.Time{}, invalid("scope claim %q: %v", a.scopeClaim, err)
-	}
-	exp, _ := tok.Expiration()
-	return p, exp, nil
-}
-
-// validationReason names the failed check in words an operator greps for.
-func validationReason(err error) string {
-	switch {
-	case errors.Is(err, jwt.TokenExpiredError()):
-		return "expired: " + err.Error()
-	case errors.Is(err, jwt.TokenNotYetValidError()):
-		return "not yet valid: " + err.Error()
-	case errors.Is(err, jwt.InvalidIssuedAtError()):
-		return "issued in the future: " + err.Error()
-	case errors.Is(err, jwt.InvalidIssuerError()):
-		return "wrong issuer: " + err.Error()
-	case errors.Is(err, jwt.InvalidAudienceError()):
-		return "wrong audience: " + err.Error()
-	case errors.Is(err, jwt.MissingRequiredClaimError()):
-		return "missing claim: " + err.Error()
-	}
-	return "invalid claims: " + err.Error()
-}
-
-// stringClaim returns the named claim; ok is false when it is absent, and err
-// set when it is present but not a string.
-func stringClaim(tok jwt.Token, name string) (string, bool, error) {
-	if !tok.Has(name) {
-		return "", false, nil
-	}
-	var v any
-	if err := tok.Get(name, &v); err != nil {
-		return "", false, err
-	}
-	s, ok := v.(string)
-	if !ok {
-		return "", true, fmt.Errorf("is a %s, want a string", jsonKind(v))
-	}
-	return s, true, nil
-}
-
-func scopeClaim(tok jwt.Token, name string) (Scopes, error) {
-	if !tok.Has(name) {
-		return Scopes{}, nil
-	}
-	var v any
-	if err := tok.Get(name, &v); err != nil {
-		return Scopes{}, err
-	}
-	switch v := v.(type) {
-	case string:
-		return ParseScopes(v), nil
-	case []string:
-		return parseScopeList(v), nil
-	case []any:
-		list := make([]string, 0, len(v))
-		for _, e := range v {
-			s, ok := e.(string)
-			if !ok {
-				return Scopes{}, fmt.Errorf("array holds a %s, want strings", jsonKind(e))
-			}
-			list = append(list, strings.Fields(s)...)
-		}
-		return parseScopeList(list), nil
-	}
-	return Scopes{}, fmt.Errorf("is a %s, want a string or an array of strings", jsonKind(v))
-}
-
-func jsonKind(v any) string {
-	switch v.(type) {
-	case nil:
-		return "null"
-	case bool:
-		return "boolean"
-	case float64, json.Number, int, int64:
-		return "number"
-	case []any:
-		return "array"
-	case map[string]any:
-		return "object"
-	}
-	return fmt.Sprintf("%T", v)
 }
 
 // checkIdentity refuses values that cannot travel safely in an upstream

@@ -192,6 +192,12 @@ func TestClaims(t *testing.T) {
 		"numeric scope":           {ok(map[string]any{"scope": 3}), `scope claim "scope"`},
 		"scope array with number": {ok(map[string]any{"scope": []any{"tools:a", 1}}), "want strings"},
 		"string exp":              {ok(map[string]any{"exp": "tomorrow"}), "bad claims"},
+		// RFC 7519: a NumericDate is a JSON number; the jwt library would
+		// read these strings.
+		"exp a time.Time (RFC 3339)": {ok(map[string]any{"exp": t0.Add(time.Hour)}), "exp is a string, want a number"},
+		"exp digits in a string":     {ok(map[string]any{"exp": fmt.Sprint(t0.Add(time.Hour).Unix())}), "exp is a string, want a number"},
+		"nbf digits in a string":     {ok(map[string]any{"nbf": fmt.Sprint(t0.Unix())}), "nbf is a string, want a number"},
+		"iat digits in a string":     {ok(map[string]any{"iat": fmt.Sprint(t0.Unix())}), "iat is a string, want a number"},
 	}
 	for name, c := range refused {
 		t.Run(name, func(t *testing.T) { mustRefuse(t, a, hs(c.claims), c.want) })
@@ -229,6 +235,16 @@ func TestClaims(t *testing.T) {
 		}
 		strict := hsAuth(t, func(o *Options) { o.RequireSubject = true })
 		mustRefuse(t, strict, hs(claims(map[string]any{"sub": nil})), "missing sub")
+	})
+	t.Run("Expiry is the exp claim", func(t *testing.T) {
+		for _, exp := range []float64{float64(t0.Add(time.Hour).Unix()), 2e12} {
+			if p := mustVerify(t, a, hs(ok(map[string]any{"exp": exp}))); !p.Expiry.Equal(time.Unix(int64(exp), 0)) {
+				t.Errorf("exp %v: Expiry = %v", exp, p.Expiry)
+			}
+		}
+		if p := mustVerify(t, a, hs(ok(map[string]any{"exp": nil}))); !p.Expiry.IsZero() {
+			t.Errorf("no exp: Expiry = %v, want zero", p.Expiry)
+		}
 	})
 	t.Run("missing exp", func(t *testing.T) {
 		mustVerify(t, a, hs(ok(map[string]any{"exp": nil})))

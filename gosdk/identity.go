@@ -2,14 +2,10 @@ package gosdk
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
-	"math"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	sdkauth "github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -77,45 +73,21 @@ func tokenInfo(req mcp.Request) *sdkauth.TokenInfo {
 // TokenVerifier is an auth.TokenVerifier (the go-sdk's) that verifies a
 // bearer JWT with a (mcpgate's JWT verification: keys, issuer, audience,
 // expiry, tenant claim) and fills the TokenInfo: Scopes the token's scopes
-// in canonical form (auth.Scopes.String, split), Expiration its exp (zero
-// without one), and the caller through SetIdentity. A token a refuses is
-// sdkauth.ErrInvalidToken, whose text is all the caller sees: the reason
-// is not given away.
+// in canonical form (auth.Scopes.String, split), Expiration the exp a
+// read (auth.Principal.Expiry, zero without one: the go-sdk then agrees
+// with a on every token), and the caller through SetIdentity. A token a
+// refuses is sdkauth.ErrInvalidToken, whose text is all the caller sees:
+// the reason is not given away.
 func TokenVerifier(a *auth.Authenticator) sdkauth.TokenVerifier {
 	return func(ctx context.Context, token string, _ *http.Request) (*sdkauth.TokenInfo, error) {
 		p, err := a.Verify(ctx, token)
 		if err != nil {
 			return nil, sdkauth.ErrInvalidToken
 		}
-		info := &sdkauth.TokenInfo{Scopes: strings.Fields(p.Scopes.String()), Expiration: expiry(token)}
+		info := &sdkauth.TokenInfo{Scopes: strings.Fields(p.Scopes.String()), Expiration: p.Expiry}
 		SetIdentity(info, Identity{Tenant: p.Tenant, Tier: p.Tier, Subject: p.Subject})
 		return info, nil
 	}
-}
-
-// maxExp bounds the exp a TokenInfo carries (year 33658): beyond it, no
-// expiry.
-const maxExp = 1e12
-
-// expiry reads the exp claim of a token that was verified: zero without
-// one.
-func expiry(token string) time.Time {
-	parts := strings.Split(token, ".")
-	if len(parts) != 3 {
-		return time.Time{}
-	}
-	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		return time.Time{}
-	}
-	var c struct {
-		Exp *float64 `json:"exp"`
-	}
-	if json.Unmarshal(payload, &c) != nil || c.Exp == nil || !(*c.Exp > 0 && *c.Exp < maxExp) {
-		return time.Time{}
-	}
-	sec, frac := math.Modf(*c.Exp)
-	return time.Unix(int64(sec), int64(frac*1e9))
 }
 
 // BearerOptions are the go-sdk's RequireBearerToken options that agree with
