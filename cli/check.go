@@ -2,13 +2,20 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 
 	"github.com/mcpgate/mcpgate/policy"
+	"github.com/mcpgate/mcpgate/setup"
 )
 
-func runCheck(_ context.Context, args []string, stdout, stderr io.Writer) error {
+// runCheck is serve's preflight: it fails on what would stop serve at once
+// for a reason in the file (policy errors, an unusable key file) and warns
+// of what depends on the environment check may not share with serve (an
+// unset secret variable, as an unset upstream header variable), but
+// touches no network.
+func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("check", stderr)
 	path := fs.String("config", "", "config file to validate (required)")
 	if err := parseFlags(fs, args); err != nil {
@@ -26,6 +33,13 @@ func runCheck(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	for _, w := range cfg.Warnings {
 		fmt.Fprintln(stderr, "warning:", w)
+	}
+	switch err := setup.CheckAuth(ctx, cfg); {
+	case errors.Is(err, setup.ErrSecretUnset):
+		fmt.Fprintf(stderr, "warning: %s: %v (serve refuses to start without it)\n", *path, err)
+	case err != nil:
+		fmt.Fprintf(stderr, "%s: %v\n", *path, err)
+		return errReported
 	}
 	fmt.Fprintf(stdout, "%s: ok\n", *path)
 	return nil

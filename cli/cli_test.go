@@ -28,6 +28,8 @@ func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
 }
 
 func TestCheckAcceptsTheContractExample(t *testing.T) {
+	// Accepted whether or not the secret variable is set (unset: a warning).
+	t.Setenv("MCPGATE_JWT_SECRET", "")
 	code, out, errOut := run(t, "check", "--config", "../policy/testdata/mcpgate.example.yaml")
 	if code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
@@ -78,6 +80,45 @@ func TestCheckReportsFileLineFieldProblem(t *testing.T) {
 		if !strings.Contains(errOut, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, errOut)
 		}
+	}
+}
+
+// check fails, naming the file and the field, on an auth key file serve
+// could not use, and warns of an unset secret variable (the environment
+// check runs in need not be serve's, as for upstream header variables);
+// it fetches no JWKS URL.
+func TestCheckRefusesAnUnusableKeySource(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("CLI_TEST_JWT_SECRET", "cli-test-secret-0123456789abcdef0123")
+	idp := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		t.Error("check fetched the JWKS URL")
+	}))
+	defer idp.Close()
+	for _, c := range []struct {
+		name, source, want, warn string // want "" means ok
+	}{
+		{"secret set", "hs256_secret_env: CLI_TEST_JWT_SECRET", "", ""},
+		{"secret unset", "hs256_secret_env: CLI_TEST_SURELY_UNSET", "", "environment variable CLI_TEST_SURELY_UNSET is not set"},
+		{"missing PEM file", "public_key_file: " + filepath.Join(dir, "missing.pem"), "auth: reading public key file", ""},
+		{"missing JWKS file", "jwks_file: " + filepath.Join(dir, "missing.json"), "auth: reading JWKS file", ""},
+		{"JWKS URL", "jwks_url: " + idp.URL + "/jwks", "", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "_")+".yaml")
+			cfg := "upstream:\n  url: http://127.0.0.1:9000/mcp\nauth:\n  jwt:\n    " + c.source + "\n"
+			if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			code, out, errOut := run(t, "check", "--config", path)
+			switch {
+			case c.want == "" && (code != 0 || !strings.Contains(out, ": ok")):
+				t.Fatalf("exit %d, stdout %q, stderr %q; want ok", code, out, errOut)
+			case c.warn != "" && (!strings.Contains(errOut, "warning: "+path+": auth.jwt.hs256_secret_env: ") || !strings.Contains(errOut, c.warn)):
+				t.Fatalf("stderr %q; want a warning %q", errOut, c.warn)
+			case c.want != "" && (code != 1 || !strings.Contains(errOut, path+": "+c.want) || strings.Contains(errOut, "auth: auth:")):
+				t.Fatalf("exit %d, stderr %q; want exit 1 and %q", code, errOut, path+": "+c.want)
+			}
+		})
 	}
 }
 

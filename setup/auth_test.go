@@ -3,6 +3,13 @@ package setup
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,5 +95,64 @@ func TestAuthLeeway(t *testing.T) {
 		if got := AuthLeeway(in); got != want {
 			t.Errorf("AuthLeeway(%v) = %v, want %v", in, got, want)
 		}
+	}
+}
+
+// Auth fails on a key source it cannot use, and CheckAuth (mcpgate check)
+// fails the same, without touching the network: it does not fetch a JWKS
+// URL, whose answer only serve can know.
+func TestAuthAndCheckAuthErrors(t *testing.T) {
+	dir := t.TempDir()
+	garbage := filepath.Join(dir, "garbage")
+	if err := os.WriteFile(garbage, []byte("not a key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SETUP_AUTH_TEST_SECRET", authTestSecret)
+	var fetched atomic.Int64
+	idp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fetched.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer idp.Close()
+	for _, c := range []struct {
+		name, source string
+		authErr      string // "" for no error
+		checkErr     string
+	}{
+		{"secret set", "hs256_secret_env: SETUP_AUTH_TEST_SECRET", "", ""},
+		{"secret unset", "hs256_secret_env: SETUP_AUTH_TEST_SURELY_UNSET", "auth.jwt.hs256_secret_env: environment variable SETUP_AUTH_TEST_SURELY_UNSET is not set", "auth.jwt.hs256_secret_env: environment variable SETUP_AUTH_TEST_SURELY_UNSET is not set"},
+		{"missing PEM file", "public_key_file: " + filepath.Join(dir, "missing.pem"), "auth: reading public key file", "auth: reading public key file"},
+		{"PEM file without a key", "public_key_file: " + garbage, "auth: public key file " + garbage + " holds no PEM block", "auth: public key file " + garbage + " holds no PEM block"},
+		{"missing JWKS file", "jwks_file: " + filepath.Join(dir, "missing.json"), "auth: reading JWKS file", "auth: reading JWKS file"},
+		{"JWKS file not JSON", "jwks_file: " + garbage, "auth: JWKS file " + garbage, "auth: JWKS file " + garbage},
+		{"JWKS URL answering 503", "jwks_url: " + idp.URL + "/jwks", "auth: fetching JWKS", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := policy.Parse("auth_test.yaml", []byte("upstream:\n  url: http://127.0.0.1:1/mcp\nauth:\n  jwt:\n    "+c.source+"\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := fetched.Load()
+			checkErr := CheckAuth(context.Background(), cfg)
+			if fetched.Load() != before {
+				t.Error("CheckAuth fetched the JWKS URL")
+			}
+			a, authErr := Auth(context.Background(), cfg, slog.New(slog.DiscardHandler))
+			if authErr == nil {
+				_ = a.Close()
+			}
+			for _, e := range []struct {
+				what string
+				err  error
+				want string
+			}{{"Auth", authErr, c.authErr}, {"CheckAuth", checkErr, c.checkErr}} {
+				switch {
+				case e.want == "" && e.err != nil:
+					t.Errorf("%s: %v, want no error", e.what, e.err)
+				case e.want != "" && (e.err == nil || !strings.HasPrefix(e.err.Error(), e.want)):
+					t.Errorf("%s: %v, want an error starting %q", e.what, e.err, e.want)
+				}
+			}
+		})
 	}
 }

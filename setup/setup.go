@@ -38,6 +38,10 @@ import (
 	"github.com/mcpgate/mcpgate/usage/sqlite"
 )
 
+// ErrSecretUnset means the variable auth.jwt.hs256_secret_env names is
+// unset or empty in this process's environment.
+var ErrSecretUnset = errors.New("not set or empty")
+
 // AuthOptions maps the auth section of cfg to auth.Options, reading the
 // HS256 secret from the environment variable auth.jwt.hs256_secret_env
 // names (an error when it is unset or empty). log receives the
@@ -63,7 +67,7 @@ func AuthOptions(cfg *policy.Config, log *slog.Logger) (auth.Options, error) {
 	if j.HS256SecretEnv != "" {
 		secret := os.Getenv(j.HS256SecretEnv)
 		if secret == "" {
-			return opts, fmt.Errorf("auth.jwt.hs256_secret_env: environment variable %s is not set or empty", j.HS256SecretEnv)
+			return opts, fmt.Errorf("auth.jwt.hs256_secret_env: environment variable %s is %w", j.HS256SecretEnv, ErrSecretUnset)
 		}
 		opts.HS256Secret = []byte(secret)
 	}
@@ -88,11 +92,24 @@ func Auth(ctx context.Context, cfg *policy.Config, log *slog.Logger) (*auth.Auth
 	if err != nil {
 		return nil, err
 	}
+	return auth.New(ctx, opts) // its errors say "auth: " already
+}
+
+// CheckAuth reports what would make Auth fail on cfg without touching the
+// network: an unset secret variable, a key file that is missing or holds no
+// usable key, a bad option. A JWKS URL is not fetched (mcpgate check runs
+// where the identity provider may not be reachable): only serve finds out
+// whether it answers.
+func CheckAuth(ctx context.Context, cfg *policy.Config) error {
+	opts, err := AuthOptions(cfg, slog.New(slog.DiscardHandler))
+	if err != nil || opts.JWKSURL != "" {
+		return err
+	}
 	a, err := auth.New(ctx, opts)
 	if err != nil {
-		return nil, fmt.Errorf("auth: %w", err)
+		return err
 	}
-	return a, nil
+	return a.Close()
 }
 
 // Options tunes Open. A nil *Options means the zero value: the usage store
