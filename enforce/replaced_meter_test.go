@@ -11,6 +11,7 @@ import (
 
 	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/internal/testenv"
+	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/limit/redisstore"
 	"github.com/mcpgate/mcpgate/metrics"
 	"github.com/mcpgate/mcpgate/policy"
@@ -122,5 +123,117 @@ tools:
 	}
 	if rec.Calls != 26 {
 		t.Errorf("durable calls = %d, want 26 (every call made)", rec.Calls)
+	}
+}
+
+// gatedUsage is a usage store that, once armed, holds its next Put before
+// it runs, or its next Get after it read, until released.
+type gatedUsage struct {
+	usage.Store
+	mu       sync.Mutex
+	put, get *gate
+}
+
+// gate is one held call: entered closes when the call is held, release
+// lets it go on.
+type gate struct{ entered, release chan struct{} }
+
+func newGate() *gate { return &gate{make(chan struct{}), make(chan struct{})} }
+
+// arm holds the next call through *slot and returns its gate.
+func (s *gatedUsage) arm(slot **gate) *gate {
+	g := newGate()
+	s.mu.Lock()
+	*slot = g
+	s.mu.Unlock()
+	return g
+}
+
+// take disarms *slot and holds the caller there when it was armed.
+func (s *gatedUsage) take(slot **gate) {
+	s.mu.Lock()
+	g := *slot
+	*slot = nil
+	s.mu.Unlock()
+	if g != nil {
+		close(g.entered)
+		<-g.release
+	}
+}
+
+func (s *gatedUsage) Put(ctx context.Context, recs []usage.Record) error {
+	s.take(&s.put)
+	return s.Store.Put(ctx, recs)
+}
+
+func (s *gatedUsage) Get(ctx context.Context, tenant, period string) (usage.Record, bool, error) {
+	rec, ok, err := s.Store.Get(ctx, tenant, period)
+	s.take(&s.get)
+	return rec, ok, err
+}
+
+// Instance B's flush reads the meter (3 calls) and, while its Put is in
+// flight, the limit store loses its data; B's MarkFlushed then finds no
+// meter. B must not take its snapshot for billed: when instance A re-created
+// the meter from the durable total read before B's Put committed (0, a
+// stale seed), no counter holds B's 3 calls any more. They are placed again
+// on the new meter, as replays, which a seed that holds them (read after
+// the Put) finds counted: every admitted call is billed once, never twice.
+func TestMeterLostWhileFlushed(t *testing.T) {
+	stores := []struct {
+		name  string
+		store func(t *testing.T) (shared limit.GuardedStore, lose func())
+	}{
+		{"memory", func(t *testing.T) (limit.GuardedStore, func()) {
+			mem := newSwappable(t)
+			return mem, mem.restartEmpty
+		}},
+		{"redis", func(t *testing.T) (limit.GuardedStore, func()) {
+			fs, flushAll := redisFaultyStore(t)
+			return fs.GuardedStore, flushAll
+		}},
+	}
+	for _, st := range stores {
+		for _, staleSeed := range []bool{true, false} {
+			name := st.name + "/seed_after_the_write"
+			if staleSeed {
+				name = st.name + "/stale_seed"
+			}
+			t.Run(name, func(t *testing.T) {
+				shared, lose := st.store(t)
+				us := &gatedUsage{Store: openSQLite(t)}
+				a := billingEngine(t, newFaultyStore(shared), "", us, time.Hour)
+				b := billingEngine(t, newFaultyStore(shared), "", us, time.Hour)
+				n := admitN(t, b, 3, nil)
+
+				put := us.arm(&us.put)
+				flushed := make(chan error, 1)
+				go func() { flushed <- b.Flusher().Flush(context.Background()) }()
+				<-put.entered // B read the meter; its Put waits
+				lose()
+
+				admitted := make(chan int64, 1)
+				get := us.arm(&us.get)
+				if staleSeed {
+					go func() { admitted <- admitN(t, a, 1, nil) }()
+					<-get.entered // A read the durable total (0) to seed the meter
+				}
+				close(put.release) // B's Put commits; its MarkFlushed finds no meter
+				if err := <-flushed; err != nil {
+					t.Fatal(err)
+				}
+				if !staleSeed {
+					go func() { admitted <- admitN(t, a, 1, nil) }()
+					<-get.entered // A read the durable total (3)
+				}
+				close(get.release) // A creates the meter from its seed
+				n += <-admitted
+
+				if err := b.Close(); err != nil {
+					t.Fatal(err)
+				}
+				billed(t, a, us, n)
+			})
+		}
 	}
 }

@@ -2,8 +2,17 @@ package limit
 
 import (
 	"context"
+	"errors"
 	"time"
 )
+
+// ErrMeterMissing means MarkFlushed found no counter for the key: the store
+// lost it (data loss, a restart of the memory store) or it expired since
+// it was read. Nothing was recorded or created. The durable store holds the
+// snapshot, but a counter re-created from a durable total read before that
+// write committed does not: whoever charged the lost counter must place its
+// writes again (as replays, which a seed holding them finds counted).
+var ErrMeterMissing = errors.New("limit: meter missing from the store")
 
 // Usage is a tenant's consumption in one billing period. Every field only
 // ever grows (a refund adds to Refunded rather than subtracting from
@@ -122,7 +131,10 @@ type MeteredStore interface {
 	// anew from a durable total that u may not be part of), nothing is
 	// recorded and the error is ErrMeterReplaced: marking the new counter
 	// with the lost one's usage would hide its own calls from every flush.
-	// A missing counter is not created.
+	// A missing counter is not created, and the error is ErrMeterMissing:
+	// reporting it marked would tell its writers their usage is billed,
+	// while the counter re-created in its place may have been seeded from
+	// a durable total that predates the snapshot.
 	MarkFlushed(ctx context.Context, key, gen string, u Usage) error
 	// ScanMeters calls fn for every meter whose live usage is not yet all
 	// flushed (the backstop sweep that finds counters of dead instances).

@@ -322,6 +322,15 @@ func (f *Flusher) write(ctx context.Context, states []limit.MeterState) error {
 			switch {
 			case err == nil:
 				f.tell(st.Key, true, st, st.Live)
+			case errors.Is(err, limit.ErrMeterMissing):
+				// The store lost the meter (or it expired) after it was
+				// read. The durable store holds the snapshot, but a meter
+				// re-created from a durable total read before this Put
+				// committed does not: told not found, the engine places
+				// again what it charged in the lost one, as replays that
+				// a seed holding them finds counted.
+				f.log.Info("usage: meter gone from the limit store while flushed", "key", st.Key)
+				f.tell(st.Key, false, limit.MeterState{}, limit.Usage{})
 			case errors.Is(err, limit.ErrMeterReplaced):
 				// The store lost the meter after it was read and another
 				// instance created it anew, from a durable total that

@@ -15,8 +15,9 @@ import (
 // lost scripts.
 
 // testMeterMarkFlushed: the flushed part is a field-by-field maximum that
-// never goes down, marking a missing meter creates nothing, and a snapshot
-// of another generation marks nothing (limit.ErrMeterReplaced).
+// never goes down, marking a missing meter creates nothing
+// (limit.ErrMeterMissing), and a snapshot of another generation marks
+// nothing (limit.ErrMeterReplaced).
 func testMeterMarkFlushed(c *tcase) {
 	tenant := "meter-flushed-" + c.id
 	m := c.meter(tenant, 0)
@@ -36,7 +37,7 @@ func testMeterMarkFlushed(c *tcase) {
 	c.expectUsage("live after the marks", c.read(m.Key).Live, use(3, 0, 3, 0))
 
 	gone := keyspace.Usage(tenant+"-gone", meterPeriod)
-	c.markFlushed(gone, use(5, 0, 5, 0))
+	c.expectErr("missing meter", c.ms().MarkFlushed(c.ctx, gone, "", use(5, 0, 5, 0)), limit.ErrMeterMissing)
 	c.absent("MarkFlushed on a missing meter", gone)
 	gen := c.read(m.Key).Gen.ID
 	c.expectErr("negative snapshot", c.ms().MarkFlushed(c.ctx, m.Key, gen, use(-1, 0, 0, 0)), limit.ErrInvalidMeter)

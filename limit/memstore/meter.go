@@ -239,11 +239,11 @@ func state(key string, mt *algo.Meter) limit.MeterState {
 // MarkFlushed records that the durable store holds at least u, read from
 // generation gen, for the meter key: the flushed part becomes its
 // field-by-field maximum with u, so a late or repeated call never lowers
-// it. It neither creates a meter the store does not hold (the counter
-// expired, or the process restarted: there is nothing left to flush) nor
-// changes its expiry. Errors: ctx.Err(), limit.ErrInvalidMeter (empty key,
-// or a field of u out of range), limit.ErrMeterReplaced (the counter is
-// of another generation: nothing recorded).
+// it. It neither creates a meter the store does not hold nor changes its
+// expiry. Errors: ctx.Err(), limit.ErrInvalidMeter (empty key, or a field
+// of u out of range), limit.ErrMeterReplaced (the counter is of another
+// generation: nothing recorded), limit.ErrMeterMissing (no counter: it
+// expired, or the store was restarted since it was read).
 func (s *Store) MarkFlushed(ctx context.Context, key, gen string, u limit.Usage) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -257,7 +257,7 @@ func (s *Store) MarkFlushed(ctx context.Context, key, gen string, u limit.Usage)
 	defer sh.mu.Unlock()
 	mt := sh.meter(key, sh.at(c.now()))
 	if mt == nil {
-		return nil
+		return fmt.Errorf("memstore: mark %q flushed: %w", key, limit.ErrMeterMissing)
 	}
 	if !algo.MeterMarkFlushed(mt, gen, u) {
 		return fmt.Errorf("memstore: mark %q flushed: %w", key, limit.ErrMeterReplaced)

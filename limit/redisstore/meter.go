@@ -242,11 +242,12 @@ func parseMeter(key string, h map[string]string) (limit.MeterState, error) {
 // MarkFlushed records that the durable store holds at least u, read from
 // generation gen, for the meter key, in one script: the flushed part
 // becomes its field-by-field maximum with u, so a late or repeated call
-// never lowers it. It neither creates a meter Redis does not hold (expired
-// or lost: there is nothing left to flush) nor changes its expiry. Errors:
-// limit.ErrInvalidMeter (empty key, a field of u out of range),
-// limit.ErrMeterReplaced (the counter is of another generation: nothing
-// recorded), context.DeadlineExceeded or the client's error.
+// never lowers it. It neither creates a meter Redis does not hold nor
+// changes its expiry. Errors: limit.ErrInvalidMeter (empty key, a field of
+// u out of range), limit.ErrMeterReplaced (the counter is of another
+// generation: nothing recorded), limit.ErrMeterMissing (no counter: it
+// expired, or Redis lost it, since it was read),
+// context.DeadlineExceeded or the client's error.
 func (s *Store) MarkFlushed(ctx context.Context, key, gen string, u limit.Usage) error {
 	wrap := func(err error) error { return fmt.Errorf("redisstore: mark flushed: %w", err) }
 	if key == "" {
@@ -268,10 +269,20 @@ func (s *Store) MarkFlushed(ctx context.Context, key, gen string, u limit.Usage)
 	if err != nil {
 		return wrap(err)
 	}
-	if n, _ := arr[1].AsInt64(); n == 2 {
-		return wrap(limit.ErrMeterReplaced)
+	n, err := arr[1].AsInt64()
+	if err != nil {
+		return wrap(fmt.Errorf("%w: mark status: %w", errReply, err))
 	}
-	return nil
+	switch n {
+	case 1:
+		return nil
+	case 0:
+		return wrap(limit.ErrMeterMissing)
+	case 2:
+		return wrap(limit.ErrMeterReplaced)
+	default:
+		return wrap(fmt.Errorf("%w: mark status %d", errReply, n))
+	}
 }
 
 // ScanMeters calls fn with every meter whose live usage is not covered by
