@@ -2,13 +2,18 @@ package enforce_test
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/mcpgate/mcpgate/enforce"
+	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/metrics"
 	"github.com/mcpgate/mcpgate/policy"
+	"github.com/mcpgate/mcpgate/usage"
 )
 
 // On the in-process store, usage a failed final flush could not write is
@@ -46,5 +51,73 @@ tools:
 	}
 	if got := testutil.ToFloat64(m.Unmetered); got != 3 {
 		t.Errorf("unmetered calls = %v, want the 3 the failed final flush left in the in-process store", got)
+	}
+}
+
+// blipStore is a shared store whose Evaluate fails (before applying
+// anything) while it is down, as a store that times out.
+type blipStore struct {
+	limit.GuardedStore
+	down atomic.Bool
+}
+
+func (s *blipStore) Evaluate(ctx context.Context, req limit.Request) (limit.Outcome, error) {
+	if s.down.Load() {
+		return limit.Outcome{}, context.DeadlineExceeded
+	}
+	return s.GuardedStore.Evaluate(ctx, req)
+}
+
+// A short store outage opens the store breaker: calls are admitted open
+// and their usage waits in process. The store answers again when the
+// engine is closed, its breaker still open until the next probe: the
+// shutdown must wait for the probe and place that usage, not drop it as
+// unmetered because the breaker refused the last try at once.
+func TestShutdownRightAfterStoreBlipPlacesUsage(t *testing.T) {
+	cfg, err := policy.Parse("x.yaml", []byte(`upstream: {url: "http://127.0.0.1:1/mcp"}
+auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
+store: {timeout: 1s, on_error: open}
+usage: {flush_interval: 1h}
+tiers:
+  free: {}
+tools:
+  llm: {cost: 3}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := &blipStore{GuardedStore: newSwappable(t)}
+	us := openSQLite(t)
+	m := metrics.New()
+	e, err := enforce.New(enforce.Options{Config: cfg, Usage: us, Shared: shared, Metrics: m,
+		Probe: func(context.Context) error {
+			if shared.down.Load() {
+				return errors.New("down")
+			}
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	n := admitN(t, e, 1, nil) // creates the meter
+	shared.down.Store(true)
+	n += admitN(t, e, 5, nil) // 3 failures open the store breaker, 2 more skip the store
+	if e.StoreAvailable() {
+		t.Fatal("store breaker did not open")
+	}
+	shared.down.Store(false)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rec, _, err := us.Get(context.Background(), "acme", usage.Period(time.Now()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.NetCalls() != n || rec.Used() != 3*n {
+		t.Errorf("durable usage %+v: %d calls billed, want %d (the store answered at shutdown)", rec.Usage, rec.NetCalls(), n)
+	}
+	if got := testutil.ToFloat64(m.Unmetered); got != 0 {
+		t.Errorf("unmetered calls = %v, want 0", got)
 	}
 }

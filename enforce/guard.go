@@ -42,7 +42,31 @@ func newGuardedStore(s limit.GuardedStore, probe func(context.Context) error, ti
 func (g *guardedStore) Available() bool { return g.br.Available() }
 
 // down reports whether the breaker is open: the store must not be called.
-func (g *guardedStore) down() bool { return !g.br.Available() }
+// The call is counted as refused (see refused).
+func (g *guardedStore) down() bool { return g.br.Skip() }
+
+// refused is how many calls the open breaker refused so far: a caller that
+// failed tells from it whether the breaker (not the store's answer) was
+// the cause, and so whether waiting for the probe can help.
+func (g *guardedStore) refused() int64 { return g.br.Skipped() }
+
+// storePoll is how often awaitUp looks at the breaker: small beside the
+// probe's interval, which decides when it closes.
+const storePoll = 10 * time.Millisecond
+
+// awaitUp waits until the breaker is closed (the probe found the store
+// answering) or until passes, and reports whether it is closed. Only the
+// shutdown waits so: a call is decided at once whatever the breaker says.
+func (g *guardedStore) awaitUp(until time.Time) bool {
+	for !g.Available() {
+		wait := time.Until(until)
+		if wait <= 0 {
+			return false
+		}
+		time.Sleep(min(wait, storePoll))
+	}
+	return true
+}
 
 func (g *guardedStore) Take(ctx context.Context, checks []limit.Check, cost int64) (limit.Decision, error) {
 	if g.down() {

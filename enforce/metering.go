@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mcpgate/mcpgate/internal/fanout"
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/metrics"
@@ -118,42 +117,24 @@ func newMeterer(store limit.MeteredStore, us usage.Store, every time.Duration, l
 }
 
 // run flushes meters and places pending usage until ctx ends, then flushes
-// a last time.
+// a last time (see shutdown).
 func (m *meterer) run(ctx context.Context) {
 	// The flusher stops (and makes its final flush) only after the last
 	// placement of pending usage: a meter placed after the final flush
 	// had drained the tracked keys would miss it.
 	fctx, stopFlusher := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopFlusher()
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := m.flusher.Run(fctx); err != nil {
-			m.finalFlushFailed(err)
-		}
-	})
+	final := make(chan error, 1)
+	go func() { final <- m.flusher.Run(fctx) }()
 	t := time.NewTicker(m.every)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			// One last try, bounded, so that a clean shutdown places what it can:
-			// first what a store that lost its meters lost of this instance's.
-			m.bounded(ctx, m.checkJournal)
-			m.bounded(ctx, m.placePending) // a budget of its own: many journals must not use it up
-			stopFlusher()
-			wg.Wait()
-			if !m.inProcess && m.pendingCount() > 0 {
-				// The final flush found meters lost (their journals went
-				// pending): placed on the shared store now, another
-				// instance's sweep writes them.
-				m.bounded(ctx, m.placePending)
-			}
-			if n := m.pendingCount(); n > 0 {
-				calls := m.pendingCalls()
-				m.stats.Unmetered.Add(float64(calls))
-				m.log.Error("usage could not be recorded before shutdown: lost with this process; its calls are counted in mcpgate_unmetered_calls_total",
-					"meters", n, "calls", calls)
-			}
+			m.shutdown(ctx, func() error {
+				stopFlusher()
+				return <-final
+			})
 			return
 		case <-t.C:
 			m.placePending(ctx)
@@ -162,28 +143,6 @@ func (m *meterer) run(ctx context.Context) {
 			}
 		}
 	}
-}
-
-// finalFlushFailed reports a final flush that failed. The shared store
-// keeps the live counters for another instance's sweep; the in-process
-// store's end with the process: their unflushed calls are counted in
-// mcpgate_unmetered_calls_total, as lost.
-func (m *meterer) finalFlushFailed(err error) {
-	if !m.inProcess {
-		m.log.Error("final usage flush failed: the shared store's live counters keep the totals for another instance's sweep", "err", err)
-		return
-	}
-	var meters int
-	var calls int64
-	// The in-process store does no I/O: the scan cannot fail on its own.
-	serr := m.store.ScanMeters(context.Background(), func(st limit.MeterState) error {
-		meters++
-		calls += max(st.Live.Calls-st.Flushed.Calls, 0)
-		return nil
-	})
-	m.stats.Unmetered.Add(float64(calls))
-	m.log.Error("final usage flush failed: the in-process counters' unflushed usage is lost with this process; its calls are counted in mcpgate_unmetered_calls_total",
-		"err", errors.Join(err, serr), "meters", meters, "calls", calls)
 }
 
 // meterFor is the meter of tenant for the period containing now, with a
@@ -381,32 +340,6 @@ func (m *meterer) observe(key string, found bool, gen limit.Generation, durable 
 	m.stats.UsagePending.Set(float64(len(m.pending)))
 }
 
-// shutdownStep bounds each step of the shutdown's last placement.
-const shutdownStep = 5 * time.Second
-
-// bounded runs step with a context of its own, shutdownStep long, that
-// ctx's cancellation does not end.
-func (m *meterer) bounded(ctx context.Context, step func(context.Context)) {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownStep)
-	defer cancel()
-	step(sctx)
-}
-
-// checkJournal reads every meter the journal has entries for and reports
-// it as a flush would: a meter the store lost since the last flush has its
-// entries placed again before the final flush. The reads run a few at a
-// time: the journal holds every tenant charged since the last flush.
-func (m *meterer) checkJournal(ctx context.Context) {
-	m.mu.Lock()
-	keys := slices.Collect(maps.Keys(m.journal))
-	m.mu.Unlock()
-	fanout.Do(len(keys), 16, func(i int) {
-		if st, ok, err := m.store.ReadMeter(ctx, keys[i]); err == nil {
-			m.observe(keys[i], ok, st.Gen, st.Flushed)
-		}
-	})
-}
-
 // adjust adds delta to meter as a new op, keeping it pending when it
 // cannot be placed.
 func (m *meterer) adjust(ctx context.Context, meter limit.Meter, delta limit.Usage) {
@@ -524,20 +457,6 @@ const opHorizon = limit.OpTTL - 30*time.Second
 // grew past MaxOpLen).
 func neverPlaced(err error) bool {
 	return errors.Is(err, limit.ErrMeterExpired) || errors.Is(err, limit.ErrUsageOverflow) || errors.Is(err, limit.ErrInvalidMeter)
-}
-
-// pendingCalls is how many calls the pending usage holds.
-func (m *meterer) pendingCalls() int64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var n int64
-	for _, p := range m.pending {
-		n += p.delta.Calls
-		for _, op := range p.ops {
-			n += op.delta.Calls
-		}
-	}
-	return n
 }
 
 // placePending moves pending usage onto its meters.

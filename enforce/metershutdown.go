@@ -1,0 +1,136 @@
+package enforce
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/mcpgate/mcpgate/internal/fanout"
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// shutdownStep bounds each step of the shutdown's last placement, and how
+// long the shutdown waits for an open store breaker to close.
+const shutdownStep = 5 * time.Second
+
+// shutdown is run's last step, once its context ended: one last try,
+// bounded, so that a clean shutdown places what it can. finish stops the
+// flusher and returns the error of its final flush.
+//
+// A store blip just before the shutdown leaves the store breaker open until
+// its next probe, the store answering again: every write would be refused
+// at once and the pending usage dropped as unmetered for nothing. So the
+// shutdown waits for the breaker to close, and tries again what the breaker
+// refused, for shutdownStep at most; a store still down then is given up
+// on as before, the shutdown having waited that long. A failure the breaker
+// did not cause (the usage store down, a store that answers with errors)
+// is not waited for.
+func (m *meterer) shutdown(ctx context.Context, finish func() error) {
+	g, _ := m.store.(*guardedStore) // nil: the in-process store, without a breaker
+	until := time.Now().Add(shutdownStep)
+	if g != nil {
+		g.awaitUp(until)
+	}
+	// First what a store that lost its meters lost of this instance's.
+	m.bounded(ctx, m.checkJournal)
+	m.bounded(ctx, m.placePending) // a budget of its own: many journals must not use it up
+	err := finish()
+	for retries := 0; g != nil; retries++ {
+		refused := g.refused()
+		placed := false
+		if m.pendingCount() > 0 {
+			// What the final flush found lost (its journal went pending),
+			// or what the breaker refused: placed on the shared store, then
+			// flushed (or else written by another instance's sweep).
+			m.bounded(ctx, m.placePending)
+			placed = true
+		}
+		if err != nil || placed {
+			m.bounded(ctx, func(ctx context.Context) { err = m.flusher.Flush(ctx) })
+		}
+		if err == nil && m.pendingCount() == 0 {
+			if retries > 0 {
+				m.log.Info("usage placed and flushed once the limit store's breaker closed again", "retries", retries)
+			}
+			break
+		}
+		if g.refused() == refused && g.Available() || !g.awaitUp(until) {
+			break // not the breaker's doing, or no time left
+		}
+	}
+	if err != nil {
+		m.finalFlushFailed(err)
+	}
+	if n := m.pendingCount(); n > 0 {
+		calls, sent := m.pendingCalls()
+		m.stats.Unmetered.Add(float64(calls))
+		m.log.Error("usage could not be recorded before shutdown: lost with this process; its calls are counted in mcpgate_unmetered_calls_total",
+			"meters", n, "calls", calls, "calls_maybe_recorded", sent)
+	}
+}
+
+// pendingCalls is how many calls the pending usage holds, and how many of
+// them are in ops that were sent with no answer: those may have landed on
+// the shared store (where a sweep bills them), and are counted as lost all
+// the same since nothing can tell.
+func (m *meterer) pendingCalls() (calls, sent int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, p := range m.pending {
+		calls += p.delta.Calls
+		for _, op := range p.ops {
+			calls += op.delta.Calls
+			if !op.sent.IsZero() {
+				sent += op.delta.Calls
+			}
+		}
+	}
+	return calls, sent
+}
+
+// finalFlushFailed reports a final flush that failed. The shared store
+// keeps the live counters for another instance's sweep; the in-process
+// store's end with the process: their unflushed calls are counted in
+// mcpgate_unmetered_calls_total, as lost.
+func (m *meterer) finalFlushFailed(err error) {
+	if !m.inProcess {
+		m.log.Error("final usage flush failed: the shared store's live counters keep the totals for another instance's sweep", "err", err)
+		return
+	}
+	var meters int
+	var calls int64
+	// The in-process store does no I/O: the scan cannot fail on its own.
+	serr := m.store.ScanMeters(context.Background(), func(st limit.MeterState) error {
+		meters++
+		calls += max(st.Live.Calls-st.Flushed.Calls, 0)
+		return nil
+	})
+	m.stats.Unmetered.Add(float64(calls))
+	m.log.Error("final usage flush failed: the in-process counters' unflushed usage is lost with this process; its calls are counted in mcpgate_unmetered_calls_total",
+		"err", errors.Join(err, serr), "meters", meters, "calls", calls)
+}
+
+// bounded runs step with a context of its own, shutdownStep long, that
+// ctx's cancellation does not end.
+func (m *meterer) bounded(ctx context.Context, step func(context.Context)) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownStep)
+	defer cancel()
+	step(sctx)
+}
+
+// checkJournal reads every meter the journal has entries for and reports
+// it as a flush would: a meter the store lost since the last flush has its
+// entries placed again before the final flush. The reads run a few at a
+// time: the journal holds every tenant charged since the last flush.
+func (m *meterer) checkJournal(ctx context.Context) {
+	m.mu.Lock()
+	keys := slices.Collect(maps.Keys(m.journal))
+	m.mu.Unlock()
+	fanout.Do(len(keys), 16, func(i int) {
+		if st, ok, err := m.store.ReadMeter(ctx, keys[i]); err == nil {
+			m.observe(keys[i], ok, st.Gen, st.Flushed)
+		}
+	})
+}
