@@ -107,12 +107,35 @@ const (
 // MaxListEntries.
 var errListBound = errors.New("past the federation's bounds")
 
-// list reads everything up exposes through its shared session.
+// list reads everything up exposes through its shared session. An HTTP
+// shared session the upstream lost (it restarted) is dropped and the
+// listing made once more on a new one: a list_changed of the restarted
+// upstream, heard on a client's own session, may come before the
+// Federator noticed (see watchShared).
 func list(ctx context.Context, up *upstream) (*listing, error) {
-	cs, err := up.sharedSession(ctx)
-	if err != nil {
-		return nil, err
+	for attempt := 0; ; attempt++ {
+		cs, err := up.sharedSession(ctx)
+		if err != nil {
+			return nil, err
+		}
+		l, err := listOn(ctx, cs)
+		if err != nil && attempt == 0 && !up.cfg.stdio() && sessionLost(err) {
+			up.drop(cs)
+			continue
+		}
+		return l, err
 	}
+}
+
+// sessionLost reports whether err says the upstream session is gone (the
+// SDK client ended it, or the upstream no longer knows it).
+func sessionLost(err error) bool {
+	return errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing)
+}
+
+// listOn reads everything the upstream of session cs exposes.
+func listOn(ctx context.Context, cs *mcp.ClientSession) (*listing, error) {
+	var err error
 	caps := cs.InitializeResult().Capabilities
 	l := &listing{}
 	if caps == nil {

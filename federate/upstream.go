@@ -42,6 +42,9 @@ type upstream struct {
 	refreshMu    sync.Mutex  // one refresh at a time
 	refreshAgain atomic.Bool // a refresh was asked for since the running one listed
 	connMu       sync.Mutex  // one reconnection of the shared session at a time
+	// lostGap is the wait before the next reconnection of an HTTP shared
+	// session that ended by itself (see watchShared); up.mu guards it.
+	lostGap time.Duration
 }
 
 func newUpstream(f *Federator, cfg Upstream) *upstream {
@@ -444,8 +447,64 @@ func (up *upstream) connectShared(ctx context.Context) error {
 	if up.f.ctx.Err() != nil { // Close ran meanwhile: it did not see cs
 		up.close()
 	}
+	if pipe == nil {
+		began := time.Now()
+		up.f.spawn(func() { up.watchShared(cs, began) })
+	}
 	up.f.resubscribe(up, cs)
 	return nil
+}
+
+// Bounds of the waits between the reconnections of an HTTP shared session
+// that ended by itself: 100ms, doubling up to DefaultMaxRestartGap while
+// each new session ends within lostReset of its start.
+const (
+	lostFirstGap = 100 * time.Millisecond
+	lostReset    = time.Minute
+)
+
+// watchShared waits for the HTTP shared session cs to end. Ended by the
+// Federator (dropped after a failed call, replaced, closed), nothing is
+// left to do. Ended by itself (the SDK client fails it when the upstream
+// restarted and lost it, or expired it), it would otherwise stay the
+// shared session, failing every listing and holding subscriptions the
+// upstream no longer has until a call happened to go through it: it is
+// dropped and a new one opened, with backoff, which subscribes again and
+// lists the upstream again (see sharedSession).
+func (up *upstream) watchShared(cs *mcp.ClientSession, began time.Time) {
+	_ = cs.Wait()
+	up.mu.Lock()
+	lost := up.shared == cs && up.f.ctx.Err() == nil
+	if lost {
+		up.shared = nil
+		if time.Since(began) > lostReset {
+			up.lostGap = 0
+		}
+	}
+	gap := max(up.lostGap, lostFirstGap)
+	up.mu.Unlock()
+	if !lost {
+		return
+	}
+	up.f.log.Warn("federate: an upstream's shared session ended; reconnecting", "upstream", up.cfg.Name, "in", gap)
+	for {
+		select {
+		case <-up.f.ctx.Done():
+			return
+		case <-time.After(gap):
+		}
+		gap = min(2*gap, DefaultMaxRestartGap)
+		up.mu.Lock()
+		up.lostGap = gap
+		up.mu.Unlock()
+		ctx, cancel := context.WithTimeout(up.f.ctx, up.f.opts.StartTimeout)
+		_, err := up.sharedSession(ctx)
+		cancel()
+		if err == nil || up.f.ctx.Err() != nil {
+			return
+		}
+		up.f.log.Warn("federate: cannot reconnect an upstream's shared session", "upstream", up.cfg.Name, "err", redact.URLError(err), "retry_in", gap)
+	}
 }
 
 // sharedSession returns the shared session, reconnecting an HTTP upstream
