@@ -246,7 +246,7 @@ func New(ctx context.Context, opts Options) (*Federator, error) {
 	f.ctx, f.stop = context.WithCancel(context.Background())
 	f.sessions.init()
 	f.progress.init()
-	f.subs.by, f.subs.watched, f.subs.n = map[subKey]map[*mcp.ServerSession]bool{}, map[*mcp.ServerSession]bool{}, map[*mcp.ServerSession]int{}
+	f.subs.by, f.subs.watched, f.subs.n = map[subKey]*subState{}, map[*mcp.ServerSession]bool{}, map[*mcp.ServerSession]int{}
 	for _, u := range opts.Upstreams {
 		f.ups = append(f.ups, newUpstream(f, u))
 	}

@@ -2,14 +2,17 @@ package federate_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpgate/mcpgate/federate"
+	"github.com/mcpgate/mcpgate/internal/testenv"
 )
 
 // A client session's subscriptions are bounded, each held in the
@@ -57,5 +60,128 @@ func TestSubscriptionsBounded(t *testing.T) {
 	}
 	if n := held.Load(); n != most {
 		t.Fatalf("upstream holds %d subscriptions, want %d", n, most)
+	}
+}
+
+// gatedSubscriptions is an upstream serving test://up/doc whose subscribe
+// (when holdSub) or unsubscribe (when holdUnsub) handler, the first time
+// it runs, tells entered and waits for release; a held subscribe then
+// fails. held counts the subscriptions the upstream holds.
+type gatedSubscriptions struct {
+	srv                *mcp.Server
+	entered, release   chan struct{}
+	held, subs, unsubs atomic.Int64
+	holdSub, holdUnsub bool
+	heldOnce           atomic.Bool
+}
+
+func newGatedSubscriptions(holdSub, holdUnsub bool) *gatedSubscriptions {
+	g := &gatedSubscriptions{entered: make(chan struct{}), release: make(chan struct{}), holdSub: holdSub, holdUnsub: holdUnsub}
+	hold := func() bool {
+		if g.heldOnce.Swap(true) {
+			return false
+		}
+		close(g.entered)
+		<-g.release
+		return true
+	}
+	g.srv = mcp.NewServer(&mcp.Implementation{Name: "up", Version: "1"}, &mcp.ServerOptions{
+		SubscribeHandler: func(context.Context, *mcp.SubscribeRequest) error {
+			g.subs.Add(1)
+			if g.holdSub && hold() {
+				return errors.New("try again later")
+			}
+			g.held.Add(1)
+			return nil
+		},
+		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error {
+			g.unsubs.Add(1)
+			if g.holdUnsub {
+				hold()
+			}
+			g.held.Add(-1)
+			return nil
+		},
+	})
+	g.srv.AddResource(&mcp.Resource{URI: "test://up/doc", Name: "doc"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "doc"}}}, nil
+	})
+	return g
+}
+
+// Clients subscribe to one URI while the upstream request of another is
+// in flight (held here until the others joined); each is told
+// "subscribed" only when the upstream holds the subscription, and then
+// gets its updates.
+//
+// A subscription that fails upstream fails for every client that joined
+// it (none is left "subscribed" with nothing upstream, keeping the next
+// client from subscribing again); a subscription that joins while the
+// unsubscription of the last client to leave is in flight is sent after
+// it (not overtaken by it, which would leave the upstream unsubscribed).
+func TestSubscriptionsJoiningARequestInFlight(t *testing.T) {
+	const uri = "test://up/doc"
+	subscribe := func(cs *mcp.ClientSession) <-chan error {
+		done := make(chan error, 1)
+		go func() { done <- cs.Subscribe(context.Background(), &mcp.SubscribeParams{URI: uri}) }()
+		return done
+	}
+	for _, tc := range []struct {
+		name               string
+		holdSub, holdUnsub bool
+	}{
+		{name: "the first subscription fails", holdSub: true},
+		{name: "the last unsubscription is in flight", holdUnsub: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGatedSubscriptions(tc.holdSub, tc.holdUnsub)
+			f, fedURL := serve(t, federate.Options{Upstreams: []federate.Upstream{{Name: "up", URL: serveSDK(t, g.srv)}}})
+			updates := make(chan string, 8)
+			onUpdate := &mcp.ClientOptions{ResourceUpdatedHandler: func(_ context.Context, r *mcp.ResourceUpdatedNotificationRequest) { updates <- r.Params.URI }}
+			a := connect(t, fedURL, newClient("tenant-a", nil))
+			b := connect(t, fedURL, newClient("tenant-b", onUpdate))
+
+			var aDone <-chan error
+			if tc.holdUnsub {
+				if err := <-subscribe(a); err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan error, 1)
+				go func() { done <- a.Unsubscribe(context.Background(), &mcp.UnsubscribeParams{URI: uri}) }()
+				aDone = done
+			} else {
+				aDone = subscribe(a)
+			}
+			<-g.entered // a's upstream request is held
+			bDone := subscribe(b)
+			want := 2 // a subscribing, b joining
+			if tc.holdUnsub {
+				want = 1 // a left
+			}
+			testenv.Eventually(t, waitLong, "b to join", func() bool { return federate.Subscribers(f, uri) == want })
+			close(g.release)
+			errA, errB := <-aDone, <-bDone
+			t.Logf("a: %v; b: %v", errA, errB)
+			if tc.holdSub && (errA == nil || errB == nil) {
+				t.Fatalf("a and b joined a subscription the upstream refused, and were told %v and %v; want its error for both", errA, errB)
+			}
+			if tc.holdSub { // after the failure, a client subscribing now is served
+				c := connect(t, fedURL, newClient("tenant-c", onUpdate))
+				if err := <-subscribe(c); err != nil {
+					t.Fatal(err)
+				}
+			} else if errB != nil {
+				t.Fatalf("b: %v", errB)
+			}
+			if n := g.held.Load(); n != 1 {
+				t.Fatalf("the upstream holds %d subscriptions (%d subscribe and %d unsubscribe requests), want 1", n, g.subs.Load(), g.unsubs.Load())
+			}
+			_ = g.srv.ResourceUpdated(context.Background(), &mcp.ResourceUpdatedNotificationParams{URI: uri})
+			select {
+			case <-updates:
+			case <-time.After(waitLong):
+				t.Fatal("the subscribed client got no update")
+			}
+		})
 	}
 }
