@@ -20,6 +20,7 @@ type call struct {
 	up    *upstream
 	ss    *mcp.ServerSession
 	cs    *mcp.ClientSession
+	slot  *sessionSlot // of cs, a client's own session; nil for a shared one
 	probe bool
 	idle  *idleTimer
 	// parent is the client's request context. The call's notifications
@@ -53,7 +54,7 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 	// Close ends the calls in flight (a call reporting progress would
 	// otherwise hold it without bound).
 	c.stopOnClose = context.AfterFunc(f.ctx, func() { c.idle.cancel(errClosing) })
-	cs, err := f.session(cctx, up, ss, stateless)
+	cs, slot, err := f.session(cctx, up, ss, stateless)
 	if err != nil {
 		c.stopOnClose()
 		c.idle.stop()
@@ -68,7 +69,7 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 		f.log.Warn("federate: cannot open an upstream session", "upstream", up.cfg.Name, "err", err)
 		return nil, nil, up.failure(caller, fmt.Sprintf("it cannot be reached: %v", err))
 	}
-	c.cs = cs
+	c.cs, c.slot = cs, slot
 	if !usesShared(up, ss, stateless) {
 		// Only a client's own session asks for its newest call (a shared
 		// session's messages go to no client: newClient's target).
@@ -135,7 +136,7 @@ func (c *call) verdict(ctx context.Context, err error) verdict {
 			// request would only meet the same closed session.
 			return verdict{refusal: &refusal{reason: reasonDown}, outcome: OutcomeRefused}
 		}
-		c.up.drop(c.cs)
+		c.drop()
 		return verdict{retry: true, err: c.up.rpcErr("lost the session"), outcome: OutcomeRetried}
 	case errors.As(err, &je) && !transportCode(je.Code):
 		c.up.report(c.probe, answered)
@@ -151,22 +152,33 @@ func (c *call) verdict(ctx context.Context, err error) verdict {
 		// another, and the calls that were in flight on it are sent again
 		// (the ErrConnectionClosed case above).
 		c.up.report(c.probe, answered)
-		c.up.drop(c.cs)
+		c.drop()
 		return verdict{err: c.up.rpcErr(fmt.Sprintf("refused the request: HTTP %d", status)), outcome: OutcomeError}
 	case errors.As(err, &je) && je.Code == -32005 && status == 0:
 		// Rejected by the transport before anything was sent (no
 		// connection): not served, so a refusal, as when the breaker is open.
 		c.up.report(c.probe, failed)
-		c.up.drop(c.cs)
+		c.drop()
 		return verdict{refusal: c.up.failure(c.up.callerOf(c.parent), fmt.Sprintf("it cannot be reached: %v", redact.URLError(err))), outcome: OutcomeRefused}
 	}
 	c.up.report(c.probe, failed)
 	if status < 500 { // a 5xx leaves the session alive in the SDK
-		c.up.drop(c.cs)
+		c.drop()
 	}
 	err = redact.URLError(err) // its text reaches the log and the client: the URL may hold a key
 	c.f.log.Warn("federate: upstream call failed", "upstream", c.up.cfg.Name, "status", status, "err", err)
 	return verdict{err: c.up.rpcErr(fmt.Sprintf("failed: %v", err)), outcome: OutcomeFailed}
+}
+
+// drop forgets the call's session, which failed, so that the next call
+// opens another: in its own client's slot only (the other clients' slots
+// of the upstream may be locked by a connection in progress, which must
+// not hold up this client's answer), or as the shared session.
+func (c *call) drop() {
+	if c.slot != nil {
+		c.slot.cs.CompareAndSwap(c.cs, nil)
+	}
+	c.up.drop(c.cs)
 }
 
 // rpcErr is the JSON-RPC error of a call that went wrong after it was

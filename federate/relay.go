@@ -304,11 +304,13 @@ type clientSet struct {
 	done  bool
 }
 
-// sessionSlot is one upstream session; its lock is held while it connects,
-// so a client's concurrent first calls open one session, not several.
+// sessionSlot is one upstream session of one client; its lock is held
+// while it connects, so a client's concurrent first calls open one
+// session, not several. A failed session is cleared without the lock (see
+// call.drop): a connection may hold it up to its idle timeout.
 type sessionSlot struct {
 	mu sync.Mutex
-	cs *mcp.ClientSession
+	cs atomic.Pointer[mcp.ClientSession]
 }
 
 func (t *sessionTable) init() { t.m = map[*mcp.ServerSession]*clientSet{} }
@@ -359,26 +361,8 @@ func (s *clientSet) closeAll() {
 	s.mu.Unlock()
 	for _, sl := range slots {
 		sl.mu.Lock()
-		if sl.cs != nil {
-			_ = sl.cs.Close()
-			sl.cs = nil
-		}
-		sl.mu.Unlock()
-	}
-}
-
-// forget removes cs (which failed) from whichever client set holds it.
-func (t *sessionTable) forget(up *upstream, cs *mcp.ClientSession) {
-	for _, s := range t.all() {
-		s.mu.Lock()
-		sl := s.byUp[up]
-		s.mu.Unlock()
-		if sl == nil {
-			continue
-		}
-		sl.mu.Lock()
-		if sl.cs == cs {
-			sl.cs = nil
+		if cs := sl.cs.Swap(nil); cs != nil {
+			_ = cs.Close()
 		}
 		sl.mu.Unlock()
 	}
@@ -411,33 +395,34 @@ func usesShared(up *upstream, ss *mcp.ServerSession, stateless bool) bool {
 
 // session returns the upstream session a call of ss goes through: ss's
 // own (opened now if it has none) for an HTTP upstream and a client with
-// sessions; the shared one otherwise.
-func (f *Federator) session(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool) (*mcp.ClientSession, error) {
+// sessions, with the slot holding it; the shared one otherwise (no slot).
+func (f *Federator) session(ctx context.Context, up *upstream, ss *mcp.ServerSession, stateless bool) (*mcp.ClientSession, *sessionSlot, error) {
 	if usesShared(up, ss, stateless) {
-		return up.sharedSession(ctx)
+		cs, err := up.sharedSession(ctx)
+		return cs, nil, err
 	}
 	set := f.clientSetOf(ss)
 	if set == nil {
-		return nil, errSessionEnded
+		return nil, nil, errSessionEnded
 	}
 	sl, level := set.slot(up)
 	if sl == nil {
-		return nil, errSessionEnded
+		return nil, nil, errSessionEnded
 	}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	if sl.cs != nil {
-		return sl.cs, nil
+	if cs := sl.cs.Load(); cs != nil {
+		return cs, sl, nil
 	}
 	cs, err := up.connect(ctx, ss)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if level != "" && hasLogging(cs) {
 		_ = cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: level})
 	}
-	sl.cs = cs
-	return cs, nil
+	sl.cs.Store(cs)
+	return cs, sl, nil
 }
 
 // setLevel passes a client's logging/setLevel on to its upstream sessions
@@ -454,8 +439,8 @@ func (f *Federator) setLevel(ctx context.Context, ss *mcp.ServerSession, level m
 		}
 		set.mu.Unlock()
 		for _, sl := range slots {
-			sl.mu.Lock()
-			own = append(own, sl.cs)
+			sl.mu.Lock() // a session connecting gets the level: wait for it
+			own = append(own, sl.cs.Load())
 			sl.mu.Unlock()
 		}
 	}

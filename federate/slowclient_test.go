@@ -1,9 +1,11 @@
 package federate_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -11,9 +13,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpgate/mcpgate/federate"
 )
@@ -129,4 +134,59 @@ func (l smallSendBuffers) Accept() (net.Conn, error) {
 		_ = tc.SetWriteBuffer(4 << 10)
 	}
 	return c, err
+}
+
+// One client's upstream session connecting slowly holds up no other
+// client's answer. Tenant A's first call to an HTTP upstream opens A's own
+// session there, whose initialize the upstream holds (until gate opens);
+// meanwhile tenant B's call is refused (HTTP 400), which ends B's own
+// session: forgetting it must not wait on A's session, locked while it
+// connects. B's answer arrives while A's initialize is still held.
+func TestSlowConnectStallsNoOtherClient(t *testing.T) {
+	var holdInit atomic.Bool
+	held, gate := make(chan struct{}), make(chan struct{})
+	var heldOnce sync.Once
+	a := startHTTPUpstream(t, "a", func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(b))
+			if r.Method == http.MethodPost && bytes.Contains(b, []byte(`"initialize"`)) && holdInit.Load() {
+				heldOnce.Do(func() { close(held) })
+				<-gate
+			}
+			if r.Method == http.MethodPost && bytes.Contains(b, []byte(`"bad"`)) {
+				http.Error(w, "no", http.StatusBadRequest)
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	released := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(released)
+	_, url := serve(t, federate.Options{Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__"}}})
+	tenantA := connect(t, url, newClient("tenant-a", nil))
+	tenantB := connect(t, url, newClient("tenant-b", nil))
+	if got, _ := callText(t, tenantB, "a__echo", map[string]any{"text": "1"}); got != "a: 1" { // B's own session
+		t.Fatalf("B: %q", got)
+	}
+	holdInit.Store(true)
+	aDone := make(chan struct{})
+	go func() {
+		defer close(aDone)
+		_, _ = tenantA.CallTool(context.Background(), &mcp.CallToolParams{Name: "a__echo", Arguments: map[string]any{"text": "x"}})
+	}()
+	<-held // A's session is connecting
+	bDone := make(chan error, 1)
+	go func() {
+		_, err := tenantB.CallTool(context.Background(), &mcp.CallToolParams{Name: "a__echo", Arguments: map[string]any{"text": "bad"}})
+		bDone <- err
+	}()
+	select {
+	case err := <-bDone:
+		t.Logf("B's refused call: %v", err)
+	case <-time.After(waitLong):
+		t.Error("B's answer (its own session refused) waited for tenant A's session to connect")
+	}
+	released()
+	<-aDone
 }

@@ -552,11 +552,12 @@ func (up *upstream) sharedSession(ctx context.Context) (*mcp.ClientSession, erro
 	return cs, nil
 }
 
-// drop forgets an HTTP session that failed, so that the next call opens a
-// new one, and closes it in the background (a graceful close waits for
-// the other calls on it). A stdio upstream's session is its process:
-// supervise alone replaces it, when the process exits; one bad answer
-// must not restart a process every client shares.
+// drop forgets an HTTP session that failed if it is the shared one (a
+// client's own is forgotten by its call: call.drop), so that the next
+// call opens a new one, and closes it in the background (a graceful close
+// waits for the other calls on it). A stdio upstream's session is its
+// process: supervise alone replaces it, when the process exits; one bad
+// answer must not restart a process every client shares.
 func (up *upstream) drop(cs *mcp.ClientSession) {
 	if up.cfg.stdio() {
 		return
@@ -566,7 +567,6 @@ func (up *upstream) drop(cs *mcp.ClientSession) {
 		up.shared = nil
 	}
 	up.mu.Unlock()
-	up.f.sessions.forget(up, cs)
 	up.f.closeLater(cs)
 }
 
