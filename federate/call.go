@@ -32,6 +32,17 @@ type call struct {
 	posted atomic.Bool  // a notification of the call was queued for ss (see flush)
 	// stopOnClose undoes the call's cancellation by Federator.Close.
 	stopOnClose func() bool
+	// unhook undoes its cancellation by a stateless client's hang-up
+	// (nil: none; see hangUpKey).
+	unhook func()
+}
+
+// release undoes what ties the call's end to another's.
+func (c *call) release() {
+	c.stopOnClose()
+	if c.unhook != nil {
+		c.unhook()
+	}
 }
 
 // errClosing is the cause of the calls Federator.Close ends.
@@ -48,7 +59,16 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 		f.outcome(up, OutcomeRefused)
 		return nil, nil, r
 	}
-	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx}
+	var unhook func()
+	if req, ok := ctx.Value(hangUpKey{}).(context.Context); ok {
+		// A stateless client hung up: its call is cancelled (the client
+		// went away, as for a client's cancellation).
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		stop := context.AfterFunc(req, cancel)
+		unhook = func() { stop(); cancel() }
+	}
+	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx, unhook: unhook}
 	cctx, idle := withIdle(context.WithValue(ctx, statusKey{}, &c.status), timeout)
 	c.idle = idle
 	// Close ends the calls in flight (a call reporting progress would
@@ -56,7 +76,7 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 	c.stopOnClose = context.AfterFunc(f.ctx, func() { c.idle.cancel(errClosing) })
 	cs, slot, err := f.session(cctx, up, ss, stateless)
 	if err != nil {
-		c.stopOnClose()
+		c.release()
 		c.idle.stop()
 		if ctx.Err() != nil || f.ctx.Err() != nil || errors.Is(err, errSessionEnded) {
 			up.report(probe, abandoned)
@@ -94,7 +114,7 @@ type verdict struct {
 // tells the client's answer. It first lets the notifications the upstream
 // sent before its answer reach the client (see wireCount and flush).
 func (c *call) end(ctx context.Context, err error) verdict {
-	defer c.stopOnClose()
+	defer c.release()
 	v := c.verdict(ctx, err)
 	c.f.outcome(c.up, v.outcome)
 	return v

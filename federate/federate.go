@@ -378,12 +378,23 @@ func (f *Federator) newHandler() http.Handler {
 			// A 2026-07-28 client has no session, nor has an older client
 			// of a stateless server (a request other than initialize,
 			// without a session id): each request is the whole exchange.
-			stateless.ServeHTTP(w, r)
+			// The SDK ends its handlers with the request for 2026-07-28
+			// only; its calls end with it for every version (see
+			// hangUpKey).
+			stateless.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), hangUpKey{}, r.Context())))
 			return
 		}
 		stateful.ServeHTTP(w, r)
 	})
 }
+
+// hangUpKey is the context key of the HTTP request of a stateless
+// client's request. Its handler's context does not end when the client
+// hangs up (the SDK ties the two for MCP 2026-07-28 only), yet no answer
+// can reach the client any more: a call ends with the HTTP request (see
+// begin), so that the SDK client tells the upstream it is cancelled,
+// rather than have the upstream run it for nobody.
+type hangUpKey struct{}
 
 // isInitialize reports whether r's body is an initialize request, leaving
 // the body readable again, whole. It reads at most initializePeek bytes: a

@@ -3,7 +3,9 @@ package federate_test
 
 import (
 	"context"
+	"io"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -115,4 +117,31 @@ func TestSharedSessionRequestsAreRefused(t *testing.T) {
 	if n := asked.Load(); n != 0 {
 		t.Errorf("bob was asked %d sampling requests of the shared session", n)
 	}
+}
+
+// A client without a session (MCP before 2026-07-28, whose requests the
+// Federator serves statelessly) hangs up during a call: the call, on the
+// upstream's shared session, is cancelled there (notifications/cancelled)
+// rather than run to its end for nobody.
+func TestSessionlessHangUpCancelsTheUpstreamCall(t *testing.T) {
+	a := startHTTPUpstream(t, "a", nil)
+	_, url := serve(t, federate.Options{Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__"}}})
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a__slow","arguments":{"ms":30000}}}`
+	ctx, hangUp := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	testenv.Eventually(t, waitLong, "the call to reach a", func() bool { return a.calls.get("slow") == 1 })
+	hangUp()
+	<-done
+	testenv.Eventually(t, waitLong, "a to see the call cancelled", func() bool { return a.calls.get("slow-cancelled") == 1 })
 }
