@@ -38,12 +38,16 @@ type catalog struct {
 	resources map[string]*upstream
 	templates map[string]*upstream
 	matchers  map[string]*regexp.Regexp // of each template of templates (nil: it does not parse)
-	byUp      map[*upstream]*listing    // as last installed
+	byUp      map[*upstream]*listing    // what of each upstream's listing is exposed
+	// listed is each upstream's resources and templates as it last
+	// listed them, those another serves included: when one stops listing
+	// a URI, the next in configuration order listing it serves it.
+	listed map[*upstream]*listing
 }
 
 func newCatalog() *catalog {
 	return &catalog{tools: map[string]route{}, prompts: map[string]route{}, resources: map[string]*upstream{},
-		templates: map[string]*upstream{}, matchers: map[string]*regexp.Regexp{}, byUp: map[*upstream]*listing{}}
+		templates: map[string]*upstream{}, matchers: map[string]*regexp.Regexp{}, byUp: map[*upstream]*listing{}, listed: map[*upstream]*listing{}}
 }
 
 func (c *catalog) tool(name string) (route, bool) {
@@ -241,19 +245,41 @@ func (f *Federator) buildCatalog(ctx context.Context) (*catalog, error) {
 
 // replace swaps up's entries for those of l in one step (a concurrent call
 // never finds a kept name missing) and returns the previous listing, what
-// of l is now exposed, and the names not exposed.
-func (c *catalog) replace(up *upstream, l *listing) (old, kept *listing, errs []error) {
+// of l is now exposed, what changed of the resources and templates
+// exposed (each goes to the first upstream in configuration order that
+// lists it, which a listing of any upstream may change), and the names
+// not exposed.
+func (c *catalog) replace(up *upstream, l *listing) (old, kept *listing, diff resourceDiff, errs []error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	old = c.forgetLocked(up)
-	kept, errs, _ = c.mergeLocked(up, l)
-	return old, kept, errs
+	kept, errs = c.exposeLocked(up, l)
+	c.listed[up] = &listing{resources: l.resources, templates: l.templates}
+	diff = c.reclaimLocked(up)
+	return old, c.byUp[up], diff, errs
 }
 
 // mergeLocked adds up's listing and returns what of it is exposed: not a
 // tool or prompt name another upstream exposes (an error each), nor a URI
 // or template another lists (a message each, for the log). c.mu is held.
 func (c *catalog) mergeLocked(up *upstream, l *listing) (kept *listing, errs []error, shadowed []string) {
+	kept, errs = c.exposeLocked(up, l)
+	// A URI (or template) two upstreams list stays with the first in
+	// configuration order: two servers of one kind (two file servers) list
+	// the same URIs, and refusing to start would leave both out. (New
+	// merges the upstreams in that order.)
+	kept.resources = claim(c.resources, up, l.resources, "resource", func(r *mcp.Resource) string { return r.URI }, &shadowed)
+	kept.templates = claim(c.templates, up, l.templates, "resource template", func(t *mcp.ResourceTemplate) string { return t.URITemplate }, &shadowed)
+	for _, t := range kept.templates {
+		c.matchers[t.URITemplate] = templateMatcher(t.URITemplate)
+	}
+	c.listed[up] = &listing{resources: l.resources, templates: l.templates}
+	return kept, errs, shadowed
+}
+
+// exposeLocked adds up's tools and prompts, and returns what of them is
+// exposed (see mergeLocked) in up's new entry of byUp. c.mu is held.
+func (c *catalog) exposeLocked(up *upstream, l *listing) (kept *listing, errs []error) {
 	checkTool := checkSchema
 	if accept := up.f.opts.AcceptTool; accept != nil {
 		checkTool = func(t *mcp.Tool) error {
@@ -267,16 +293,69 @@ func (c *catalog) mergeLocked(up *upstream, l *listing) (kept *listing, errs []e
 		tools:   exposeNamed(c.tools, up, l.tools, "tool", func(t *mcp.Tool) string { return t.Name }, checkTool, &errs),
 		prompts: exposeNamed(c.prompts, up, l.prompts, "prompt", func(p *mcp.Prompt) string { return p.Name }, nil, &errs),
 	}
-	// A URI (or template) two upstreams list stays with the first in
-	// configuration order: two servers of one kind (two file servers) list
-	// the same URIs, and refusing to start would leave both out.
-	kept.resources = claim(c.resources, up, l.resources, "resource", func(r *mcp.Resource) string { return r.URI }, &shadowed)
-	kept.templates = claim(c.templates, up, l.templates, "resource template", func(t *mcp.ResourceTemplate) string { return t.URITemplate }, &shadowed)
-	for _, t := range kept.templates {
-		c.matchers[t.URITemplate] = templateMatcher(t.URITemplate)
-	}
 	c.byUp[up] = kept
-	return kept, errs, shadowed
+	return kept, errs
+}
+
+// resourceDiff is what a listing changed of the resources and templates
+// the servers expose: those no upstream serves any more, and those to
+// register (again) for the upstream now serving them.
+type resourceDiff struct {
+	goneResources, goneTemplates []string
+	resources                    []served[*mcp.Resource]
+	templates                    []served[*mcp.ResourceTemplate]
+}
+
+// served is a resource or template and the upstream serving it.
+type served[T any] struct {
+	up *upstream
+	x  T
+}
+
+// reclaimLocked gives every URI and template listed to the first upstream
+// in configuration order listing it (every upstream's kept listing is
+// updated), and returns what changed; every entry of up, whose listing is
+// new, is registered again. c.mu is held.
+func (c *catalog) reclaimLocked(up *upstream) resourceDiff {
+	var diff resourceDiff
+	resources, templates := map[string]*upstream{}, map[string]*upstream{}
+	var ignored []string
+	for _, u := range up.f.ups {
+		l, prev := c.listed[u], c.byUp[u]
+		if l == nil || prev == nil {
+			continue
+		}
+		kept := &listing{tools: prev.tools, prompts: prev.prompts,
+			resources: claim(resources, u, l.resources, "resource", func(r *mcp.Resource) string { return r.URI }, &ignored),
+			templates: claim(templates, u, l.templates, "resource template", func(t *mcp.ResourceTemplate) string { return t.URITemplate }, &ignored)}
+		c.byUp[u] = kept
+		for _, r := range kept.resources {
+			if u == up || c.resources[r.URI] != u {
+				diff.resources = append(diff.resources, served[*mcp.Resource]{u, r})
+			}
+		}
+		for _, t := range kept.templates {
+			if u == up || c.templates[t.URITemplate] != u {
+				diff.templates = append(diff.templates, served[*mcp.ResourceTemplate]{u, t})
+			}
+			if _, ok := c.matchers[t.URITemplate]; !ok {
+				c.matchers[t.URITemplate] = templateMatcher(t.URITemplate)
+			}
+		}
+	}
+	for uri := range c.resources {
+		if resources[uri] == nil {
+			diff.goneResources = append(diff.goneResources, uri)
+		}
+	}
+	for t := range c.templates {
+		if templates[t] == nil {
+			diff.goneTemplates = append(diff.goneTemplates, t)
+			delete(c.matchers, t)
+		}
+	}
+	c.resources, c.templates = resources, templates
+	return diff
 }
 
 // exposeNamed routes up's items (tools or prompts) under up's prefix and
@@ -321,7 +400,9 @@ func claim[T any](owners map[string]*upstream, up *upstream, items []T, kind str
 	return kept
 }
 
-// forget removes up's entries. c.mu is held.
+// forgetLocked removes up's tools and prompts (its resources and
+// templates are reclaimed after: see reclaimLocked) and returns its
+// previous entry. c.mu is held.
 func (c *catalog) forgetLocked(up *upstream) (old *listing) {
 	old = c.byUp[up]
 	delete(c.byUp, up)
@@ -333,13 +414,6 @@ func (c *catalog) forgetLocked(up *upstream) (old *listing) {
 	}
 	for _, p := range old.prompts {
 		delete(c.prompts, up.cfg.Prefix+p.Name)
-	}
-	for _, r := range old.resources {
-		delete(c.resources, r.URI)
-	}
-	for _, t := range old.templates {
-		delete(c.templates, t.URITemplate)
-		delete(c.matchers, t.URITemplate)
 	}
 	return old
 }
@@ -362,8 +436,9 @@ func checkSchema(t *mcp.Tool) error {
 }
 
 // install registers the listing of up (under exposed names) on the
-// servers, removing what its previous listing had.
-func (f *Federator) install(up *upstream, old, l *listing) {
+// servers, removing what its previous listing had, and registers the
+// resources and templates of diff, removing those it says are gone.
+func (f *Federator) install(up *upstream, old, l *listing, diff resourceDiff) {
 	for _, srv := range []*mcp.Server{f.stateful, f.stateless} {
 		if srv == nil {
 			continue
@@ -373,8 +448,8 @@ func (f *Federator) install(up *upstream, old, l *listing) {
 		// its new definition replaces the old.
 		srv.RemoveTools(gone(old.tools, l.tools, func(t *mcp.Tool) string { return up.cfg.Prefix + t.Name })...)
 		srv.RemovePrompts(gone(old.prompts, l.prompts, func(p *mcp.Prompt) string { return up.cfg.Prefix + p.Name })...)
-		srv.RemoveResources(gone(old.resources, l.resources, func(r *mcp.Resource) string { return r.URI })...)
-		srv.RemoveResourceTemplates(gone(old.templates, l.templates, func(t *mcp.ResourceTemplate) string { return t.URITemplate })...)
+		srv.RemoveResources(diff.goneResources...)
+		srv.RemoveResourceTemplates(diff.goneTemplates...)
 		for _, t := range l.tools {
 			t2 := *t
 			t2.Name = up.cfg.Prefix + t.Name
@@ -385,11 +460,11 @@ func (f *Federator) install(up *upstream, old, l *listing) {
 			p2.Name = up.cfg.Prefix + p.Name
 			f.safely("prompt", p2.Name, func() { srv.AddPrompt(&p2, f.promptHandler(stateless)) })
 		}
-		for _, r := range l.resources {
-			f.safely("resource", r.URI, func() { srv.AddResource(r, f.resourceHandler(stateless, up)) })
+		for _, r := range diff.resources {
+			f.safely("resource", r.x.URI, func() { srv.AddResource(r.x, f.resourceHandler(stateless, r.up)) })
 		}
-		for _, t := range l.templates {
-			f.safely("resource template", t.URITemplate, func() { srv.AddResourceTemplate(t, f.resourceHandler(stateless, up)) })
+		for _, t := range diff.templates {
+			f.safely("resource template", t.x.URITemplate, func() { srv.AddResourceTemplate(t.x, f.resourceHandler(stateless, t.up)) })
 		}
 	}
 }
@@ -415,7 +490,14 @@ func (f *Federator) installAll() {
 	f.cat.mu.RUnlock()
 	for _, up := range f.ups {
 		if l := ls[up]; l != nil {
-			f.install(up, &listing{}, l)
+			diff := resourceDiff{}
+			for _, r := range l.resources {
+				diff.resources = append(diff.resources, served[*mcp.Resource]{up, r})
+			}
+			for _, t := range l.templates {
+				diff.templates = append(diff.templates, served[*mcp.ResourceTemplate]{up, t})
+			}
+			f.install(up, &listing{}, l, diff)
 		}
 	}
 }
@@ -461,11 +543,11 @@ func (f *Federator) refreshOnce(up *upstream) {
 		}
 		return
 	}
-	old, kept, errs := f.cat.replace(up, l)
+	old, kept, diff, errs := f.cat.replace(up, l)
 	for _, err := range errs {
 		f.log.Error("federate: upstream entry not exposed", "upstream", up.cfg.Name, "err", err)
 	}
-	f.install(up, old, kept)
+	f.install(up, old, kept, diff)
 }
 
 // gone returns the keys of old that are not in now.
