@@ -18,6 +18,7 @@ import (
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("check", stderr)
 	path := fs.String("config", "", "config file to validate (required)")
+	embedded := fs.Bool("embedded", false, "validate the config of an MCP server embedding the engine (examples/sdkserver): upstream may be absent")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -25,7 +26,11 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintln(stderr, "mcpgate check: --config FILE is required")
 		return errUsage
 	}
-	cfg, err := policy.Load(*path)
+	load := policy.Load
+	if *embedded {
+		load = policy.LoadEmbedded
+	}
+	cfg, err := load(*path)
 	if err != nil {
 		// policy errors print one "file:line: field: problem" per line.
 		fmt.Fprintln(stderr, err)

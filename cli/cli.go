@@ -26,7 +26,7 @@ func commands() []command {
 	return []command{
 		{"serve", "run the gateway: serve --config FILE", runServe},
 		{"demo", "run the gateway and a demo MCP server on embedded defaults: demo [--listen ADDR]", runDemo},
-		{"check", "validate a config file: check --config FILE", runCheck},
+		{"check", "validate a config file: check --config FILE [--embedded]", runCheck},
 		{"usage", "show a tenant's usage: usage --config FILE --tenant T [--period YYYY-MM] [--tier NAME] [--json]; usage init --config FILE", runUsage},
 		{"invalidate", "drop cached results by tag: invalidate --config FILE --tenant T --tag TAG [--tag TAG...]", runInvalidate},
 		{"version", "print the version", runVersion},

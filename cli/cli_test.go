@@ -66,6 +66,22 @@ func TestCheckAcceptsTheDocumentedExample(t *testing.T) {
 	}
 }
 
+// --embedded validates the config of a server embedding the engine, which
+// may leave upstream out; without it such a file is refused.
+func TestCheckEmbedded(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "embedded.yaml")
+	t.Setenv("CLI_TEST_JWT_SECRET", "cli-test-secret-0123456789abcdef0123")
+	if err := os.WriteFile(path, []byte("auth:\n  jwt:\n    hs256_secret_env: CLI_TEST_JWT_SECRET\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := run(t, "check", "--config", path, "--embedded"); code != 0 || !strings.Contains(out, ": ok") {
+		t.Fatalf("check --embedded: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if code, _, errOut := run(t, "check", "--config", path); code != 1 || !strings.Contains(errOut, "upstream.url: required") {
+		t.Fatalf("check without --embedded: exit %d, stderr %q; want upstream.url required", code, errOut)
+	}
+}
+
 func TestCheckReportsFileLineFieldProblem(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "bad.yaml")
 	cfg := "listen: 127.0.0.1:8080\nupstream:\n  url: http://127.0.0.1:9000/mcp\nauth:\n  jwt:\n    hs256_secret_env: S\nstore:\n  redsi: x\n  on_error: sometimes\n"
