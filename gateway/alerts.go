@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -54,13 +55,32 @@ type alerter struct {
 	log    *slog.Logger
 	stats  *metrics.Metrics
 	queue  chan BreakerEvent
+	// backoff is the wait before the second attempt, doubled before each
+	// next one (alertBackoff; tests shorten it).
+	backoff time.Duration
 }
 
 func newAlerter(url string, log *slog.Logger, stats *metrics.Metrics) *alerter {
-	a := &alerter{client: &http.Client{Timeout: alertTimeout}, log: log, stats: stats, queue: make(chan BreakerEvent, alertQueue)}
+	client := &http.Client{Timeout: alertTimeout, CheckRedirect: keepPost}
+	a := &alerter{client: client, log: log, stats: stats, queue: make(chan BreakerEvent, alertQueue), backoff: alertBackoff}
 	a.setURL(url)
 	return a
 }
+
+// keepPost follows only redirects that repeat the POST (307, 308): after a
+// 301, 302 or 303 the client would GET the new location, and its 200 would
+// count as the event delivered. The 3xx is then the answer: a refusal.
+func keepPost(req *http.Request, via []*http.Request) error {
+	if req.Method != http.MethodPost || len(via) >= 10 {
+		return http.ErrUseLastResponse
+	}
+	return nil
+}
+
+// errRefused means the webhook refused the event for good (a redirect not
+// followed, or a 4xx other than 408, 425 and 429): sending it again would
+// get the same answer.
+var errRefused = errors.New("the webhook refused the event")
 
 // setURL makes url the webhook of the next deliveries ("" turns alerts
 // off). It is safe to call concurrently with send and run.
@@ -99,10 +119,10 @@ func (a *alerter) deliver(ctx context.Context, ev BreakerEvent) error {
 	if err != nil {
 		return err
 	}
-	wait := alertBackoff
+	wait := a.backoff
 	for attempt := 1; ; attempt++ {
 		err = a.post(ctx, body)
-		if err == nil || attempt == alertAttempts {
+		if err == nil || attempt == alertAttempts || errors.Is(err, errRefused) {
 			return err
 		}
 		select {
@@ -129,8 +149,11 @@ func (a *alerter) post(ctx context.Context, body []byte) error {
 		return redact.URLError(err) // a webhook's token is often its path
 	}
 	resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		return fmt.Errorf("webhook answered %s", resp.Status)
+	switch c := resp.StatusCode; {
+	case c < 300:
+		return nil
+	case c < 400, c < 500 && c != http.StatusRequestTimeout && c != http.StatusTooEarly && c != http.StatusTooManyRequests:
+		return fmt.Errorf("%w: it answered %s", errRefused, resp.Status)
 	}
-	return nil
+	return fmt.Errorf("webhook answered %s", resp.Status)
 }
