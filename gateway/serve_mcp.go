@@ -140,7 +140,7 @@ func (g *Gateway) bindSession(x *exchange) bool {
 		return false
 	}
 	x.w = w
-	x.after(done)
+	x.after(func() { done(x.msg) }) // x.msg is set by parse, if it gets that far
 	return true
 }
 

@@ -77,19 +77,20 @@ func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtim
 
 // useSession runs for every request naming a session the caller owns,
 // before it is forwarded. A DELETE frees the session's slots; any other
-// request marks the session used until done is called. ok is false when
-// the session has ended (its slots lapsed or were released) and a 404 was
-// written: MCP's answer that tells the client to start a new session.
-func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, p auth.Principal, upstream, lease string) (_ http.ResponseWriter, done func(), ok bool) {
+// request marks the session used until done is called with the request's
+// message (nil for none). ok is false when the session has ended (its
+// slots lapsed or were released) and a 404 was written: MCP's answer that
+// tells the client to start a new session.
+func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, p auth.Principal, upstream, lease string) (_ http.ResponseWriter, done func(*mcp.Message), ok bool) {
 	if r.Method == http.MethodDelete {
 		// The slots are freed once the upstream has ended the session (2xx)
 		// or says it is gone (404). An upstream that refuses the DELETE
 		// (405: MCP lets a server keep its sessions) or fails keeps the
 		// session, and so its slots, until the idle sweep ends it.
-		sw := &statusWriter{ResponseWriter: w}
-		return sw, func() {
+		sw := &sessionWriter{ResponseWriter: w}
+		return sw, func(*mcp.Message) {
 			if sw.status/100 == 2 || sw.status == http.StatusNotFound {
-				g.endSession(r, p, upstream, lease)
+				g.endSession(r, p, upstream, lease, sw.status == http.StatusNotFound)
 			}
 		}, true
 	}
@@ -101,24 +102,87 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, p auth.Prin
 	}
 	// MCP: a server that ended a session answers its requests 404. Its
 	// slots are freed then, as for a DELETE the upstream answers 404.
-	sw := &statusWriter{ResponseWriter: w}
-	return sw, func() {
+	sw := &sessionWriter{ResponseWriter: w}
+	return sw, func(msg *mcp.Message) {
 		g.tracker.done(e)
-		if sw.status == http.StatusNotFound {
-			g.endSession(r, p, upstream, lease)
+		if sw.endsSession(msg) {
+			g.endSession(r, p, upstream, lease, true)
 		}
 	}, true
 }
 
-// endSession forgets a session its client ended and frees its slots.
-func (g *Gateway) endSession(r *http.Request, p auth.Principal, upstream, lease string) {
+// endSession forgets a session its client ended and frees its slots. When
+// the upstream's 404 said the session is gone (upstream404), the session
+// is first ended upstream all the same: a 404 is whatever the upstream
+// says it is, and a freed slot must mean a session gone upstream, or each
+// slot could open any number of them.
+func (g *Gateway) endSession(r *http.Request, p auth.Principal, upstream, lease string, upstream404 bool) {
 	e := g.tracker.remove(upstream)
+	if upstream404 {
+		g.tracker.endUpstream(context.WithoutCancel(r.Context()), sweepJob{upstream: upstream, tenant: p.Tenant, subject: p.Subject, protocol: r.Header.Get(mcp.HeaderProtocolVersion)})
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
 	defer cancel()
 	g.eng.SessionSlotsOf(p.Tenant, p.Subject, lease).Release(ctx)
 	if e != nil && e.slots.Held() && e.slots.Lease() != lease {
 		e.slots.Release(ctx)
 	}
+}
+
+// maxEndBody bounds the part of a 404's body a sessionWriter keeps: an
+// answer to the request is a JSON-RPC error, far shorter. One that is
+// longer is read as the session's end, which the gateway then makes sure
+// of (endSession).
+const maxEndBody = 16 << 10
+
+// sessionWriter records the status of the answer to a request in a
+// session, and the start of its body when that status is 404, which
+// endsSession reads.
+type sessionWriter struct {
+	http.ResponseWriter
+	status int
+	body   []byte // the start of a 404's body, up to maxEndBody
+}
+
+// WriteHeader records the first status and passes it on.
+func (s *sessionWriter) WriteHeader(code int) {
+	if s.status == 0 && code >= 200 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// Write records an implicit 200, and what a 404 carries.
+func (s *sessionWriter) Write(p []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	if s.status == http.StatusNotFound && len(s.body) < maxEndBody {
+		s.body = append(s.body, p[:min(len(p), maxEndBody-len(s.body))]...)
+	}
+	return s.ResponseWriter.Write(p)
+}
+
+// Unwrap returns the wrapped writer.
+func (s *sessionWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// endsSession reports whether the answer to msg (nil: a request without a
+// message) says the session is gone: a 404 that is not msg's own JSON-RPC
+// response. MCP 2026-07-28 answers an unknown method 404 with that
+// response (the Go SDK does so inside a session too), while a server that
+// no longer knows the session answers with plain text (the Go SDK's
+// "session not found") or an error for no request (the TypeScript SDK's id
+// null). Read as the session's end, the former let a client free its slot
+// at will and open another session.
+func (s *sessionWriter) endsSession(msg *mcp.Message) bool {
+	if s.status != http.StatusNotFound {
+		return false
+	}
+	if !msg.IsCall() {
+		return true
+	}
+	m, err := mcp.Parse(s.body)
+	return err != nil || m.Kind != mcp.Response || !mcp.SameID(m.ID, msg.ID)
 }
 
 // sessionEntry is one session an instance tracks. Its fields are guarded by

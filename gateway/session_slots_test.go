@@ -1,0 +1,107 @@
+package gateway
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/mcpgate/mcpgate/enforce"
+	"github.com/mcpgate/mcpgate/examples/upstream"
+)
+
+// notFoundUpstream is up, except that a POST of method "lost/plain" or
+// "lost/null" is answered 404 the way a server that no longer knows the
+// session answers (the Go SDK's plain text, the TypeScript SDK's JSON-RPC
+// error with id null) while the session stays open.
+func notFoundUpstream(t *testing.T, up *upstream.Server) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			switch {
+			case strings.Contains(string(body), `"lost/plain"`):
+				http.Error(w, "session not found", http.StatusNotFound)
+				return
+			case strings.Contains(string(body), `"lost/null"`):
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusNotFound)
+				_, _ = io.WriteString(w, `{"jsonrpc":"2.0","error":{"code":-32001,"message":"Session not found"},"id":null}`)
+				return
+			}
+		}
+		up.Handler().ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL + "/mcp"
+}
+
+// A session's slot is freed on the upstream's 404 only when that 404 says
+// the session is gone, and then the session is ended upstream too: a freed
+// slot is a session gone upstream. MCP 2026-07-28 answers an unknown method
+// 404 (the Go SDK does so inside a session too, with the request's JSON-RPC
+// error): read as the session's end, it freed the slot of a session that
+// stayed open, and a subject capped at one session opened any number. A
+// 404 that is not the request's answer frees the slot, and the session,
+// still open upstream, was left there outside the cap.
+func TestUpstream404FreesASlotOnlyWithItsSession(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		method string
+		header http.Header
+		ended  bool // the 404 is the session's end
+	}{
+		{name: "unknown method under 2026-07-28", method: "bogus/method", header: http.Header{"Mcp-Protocol-Version": {"2026-07-28"}}},
+		{name: "plain-text 404", method: "lost/plain", ended: true},
+		{name: "JSON-RPC 404 for no request", method: "lost/null", ended: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			up := upstream.New(&upstream.Options{SessionTimeout: -1})
+			e := newEnv(t, setup{
+				UpstreamURL: notFoundUpstream(t, up),
+				Config:      "sessions: {max_per_subject: 1, idle_timeout: 1h}\n",
+			})
+			open := func() int {
+				n := 0
+				for range up.MCPServer().Sessions() {
+					n++
+				}
+				return n
+			}
+			alice := token(t, "acme", "alice")
+			r := initialize(t, e, 0, alice)
+			if r.Status != http.StatusOK {
+				t.Fatalf("initialize: %d %s", r.Status, r.Body)
+			}
+			id := r.Header.Get("Mcp-Session-Id")
+			hdr := http.Header{"Mcp-Session-Id": {id}}
+			for k, v := range c.header {
+				hdr[k] = v
+			}
+			if r := post(t, e.mcpURL(0), alice, methodBody(7, c.method, `{}`), hdr); r.Status != http.StatusNotFound {
+				t.Fatalf("%s in the session: %d %s, want the upstream's 404", c.method, r.Status, r.Body)
+			}
+			again := initialize(t, e, 0, alice)
+			if !c.ended {
+				if n := open(); n != 1 {
+					t.Fatalf("%d upstream sessions open, want the one still in use", n)
+				}
+				wantSessionDenial(t, again, enforce.RuleSessionsSubject)
+				if r := post(t, e.mcpURL(0), alice, methodBody(8, "tools/list", `{}`), http.Header{"Mcp-Session-Id": {id}}); r.Status != http.StatusOK {
+					t.Fatalf("the session after its unknown method: %d %s, want it still served", r.Status, r.Body)
+				}
+				return
+			}
+			if again.Status != http.StatusOK {
+				t.Fatalf("initialize after the session's 404: %d %s, want its slot freed", again.Status, again.Body)
+			}
+			if n := open(); n != 1 {
+				t.Fatalf("%d upstream sessions open, want only the new one (the one whose slot was freed is ended upstream)", n)
+			}
+		})
+	}
+}
