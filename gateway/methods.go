@@ -14,11 +14,22 @@ import (
 // passes the rules of its method (policy.Config.RulesForMethod) through the
 // engine like a tool call, with no meter and no breaker, under the store's
 // on_error policy; a denial gets the same 429 as a tool call. An initialize
-// also takes a session slot (see openSession). Notifications and responses
+// also takes a session slot (see openSession); one sent inside a session is
+// refused (400) before anything is counted. Notifications and responses
 // pass the rules of policy.MethodNotifications: each reaches the upstream,
 // and unbounded they would let a tenant flood it for free.
 func (g *Gateway) serveMethod(x *exchange) {
 	class := methodClass(x.msg)
+	if x.msg.IsCall() && x.msg.Method == policy.MethodInitialize && x.r.Header.Get(mcp.HeaderSessionID) != "" {
+		// MCP: initialize starts a session, and is sent without one. Inside
+		// a session it would take a second slot for that same session (the
+		// Go SDK answers it 200 with the session's id), which its DELETE
+		// never frees.
+		g.metrics.Requests.WithLabelValues(class, "bad_request").Inc()
+		mcp.WriteError(x.w, http.StatusBadRequest, x.msg.ID, mcp.CodeInvalidRequest,
+			"initialize starts a session: send it without Mcp-Session-Id", nil)
+		return
+	}
 	t, ok := g.admitMethod(x, class)
 	if !ok {
 		return

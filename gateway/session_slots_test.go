@@ -10,6 +10,7 @@ import (
 
 	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/mcp"
 )
 
 // notFoundUpstream is up, except that a POST of method "lost/plain" or
@@ -103,5 +104,36 @@ func TestUpstream404FreesASlotOnlyWithItsSession(t *testing.T) {
 				t.Fatalf("%d upstream sessions open, want only the new one (the one whose slot was freed is ended upstream)", n)
 			}
 		})
+	}
+}
+
+// An initialize sent inside a session is refused (400, -32600) before it
+// is admitted: it took a second slot for the same upstream session (the Go
+// SDK answers it 200 with that session's id), and the session's DELETE
+// freed only the first, so the subject stayed a slot short until
+// idle_timeout.
+func TestInitializeInsideASessionIsRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{
+		Upstream: upstream.Options{SessionTimeout: -1},
+		Config:   "sessions: {max_per_subject: 2, idle_timeout: 1h}\n",
+	})
+	alice := token(t, "acme", "alice")
+	r := initialize(t, e, 0, alice)
+	if r.Status != http.StatusOK {
+		t.Fatalf("initialize: %d %s", r.Status, r.Body)
+	}
+	id := r.Header.Get("Mcp-Session-Id")
+	re := post(t, e.mcpURL(0), alice, initializeBody, http.Header{"Mcp-Session-Id": {id}})
+	if re.Status != http.StatusBadRequest || re.Msg.Error == nil || re.Msg.Error.Code != mcp.CodeInvalidRequest || string(re.Msg.ID) != "1" {
+		t.Fatalf("initialize inside the session: %d %s, want 400 with -32600 for id 1", re.Status, re.Body)
+	}
+	if st := deleteSession(t, e, 0, alice, id); st/100 != 2 {
+		t.Fatalf("DELETE of the session: %d", st)
+	}
+	for i := range 2 {
+		if r := initialize(t, e, 0, alice); r.Status != http.StatusOK {
+			t.Fatalf("initialize %d after the only session was deleted: %d %s (a slot is still held)", i, r.Status, r.Body)
+		}
 	}
 }
