@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -195,10 +198,10 @@ func TestAbandonedCallIsCancelledUpstream(t *testing.T) {
 	}
 }
 
-// A call without a session (a stateless upstream, MCP before 2026-07-28)
-// cannot be stopped upstream: a notifications/cancelled has no session to
-// reach it in, and the Go SDK's stateless server runs a tool whose request
-// was closed to its end. So when its client hangs up or cancels it, the
+// A call without a session (a stateless upstream) cannot be stopped
+// upstream: a notifications/cancelled has no session to reach it in, and
+// the Go SDK's stateless server runs a tool whose request was closed to its
+// end. So when its client hangs up or cancels it, the
 // call keeps its concurrency slot until the upstream has answered: hanging
 // up and calling again does not run two calls under a limit of one. The
 // same holds for a cached tool whose call bypasses the cache (a params
@@ -237,6 +240,70 @@ func TestSessionlessCallKeepsItsSlotUntilTheUpstreamEnds(t *testing.T) {
 			eventually(t, 30*time.Second, "the slot to come free when the upstream answers", func() bool {
 				r := post(t, e.mcpURL(0), tok, callBody(9, "slow", map[string]any{"ms": 1}), hdr)
 				return r.Status == http.StatusOK
+			})
+		})
+	}
+}
+
+// A call without a session keeps its slot until the upstream has answered,
+// whatever protocol version it claims. Under MCP 2026-07-28 a closed
+// request stops the tool only on a server that asks for it (the Go SDK's
+// StreamableHTTPOptions.PropagateRequestCancellation, off by default), and
+// the version is the client's word: on a stateless Go SDK server with its
+// defaults, "call, hang up, call again" ran several calls at once under a
+// concurrency limit of one.
+func TestSessionlessCallKeepsItsSlotWhateverItsProtocol(t *testing.T) {
+	t.Parallel()
+	for _, proto := range []string{"2025-06-18", "2026-07-28"} {
+		t.Run(proto, func(t *testing.T) {
+			t.Parallel()
+			var started atomic.Int64
+			release := make(chan struct{})
+			free := sync.OnceFunc(func() { close(release) })
+			srv := sdk.NewServer(&sdk.Implementation{Name: "plain", Version: "1"}, nil)
+			sdk.AddTool(srv, &sdk.Tool{Name: "slow"}, func(_ context.Context, _ *sdk.CallToolRequest, in struct {
+				Block bool `json:"block"`
+			}) (*sdk.CallToolResult, any, error) {
+				if in.Block {
+					started.Add(1)
+					<-release // the request's end does not stop it: the SDK's default
+				}
+				return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: "done"}}}, nil, nil
+			})
+			up := httptest.NewServer(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return srv },
+				&sdk.StreamableHTTPOptions{Stateless: true}))
+			t.Cleanup(up.Close)
+			t.Cleanup(free) // before up.Close
+			e := newEnv(t, setup{UpstreamURL: up.URL, Config: cancelConfig})
+			tok := token(t, "acme", "alice")
+			hdr := http.Header{"Mcp-Protocol-Version": {proto}, "Mcp-Method": {"tools/call"}, "Mcp-Name": {"slow"}}
+			call := func(id int, block bool) string {
+				meta := ""
+				if proto >= "2026-07-28" {
+					meta = fmt.Sprintf(`,"_meta":{"io.modelcontextprotocol/protocolVersion":%q,"io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"raw","version":"1"}}`, proto)
+				}
+				return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"slow","arguments":{"block":%t}%s}}`, id, block, meta)
+			}
+			ctx, hangUp := context.WithCancel(context.Background())
+			defer hangUp()
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_, _ = postCtx(ctx, e.mcpURL(0), tok, call(7, true), hdr)
+			}()
+			eventually(t, 10*time.Second, "the call to reach the upstream", func() bool { return started.Load() == 1 })
+			hangUp()
+			<-done
+			// For the next second (the gateway notices the hang-up within
+			// it), the tool still runs upstream and its slot stays taken.
+			for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+				if r := post(t, e.mcpURL(0), tok, call(8, false), hdr); r.Status != http.StatusTooManyRequests {
+					t.Fatalf("a second call while the first still runs upstream: %d %s, want 429", r.Status, r.Body)
+				}
+			}
+			free()
+			eventually(t, 10*time.Second, "the slot to come free when the upstream answers", func() bool {
+				return post(t, e.mcpURL(0), tok, call(9, false), hdr).Status == http.StatusOK
 			})
 		})
 	}

@@ -204,7 +204,7 @@ func TestRepeatedCancellationIsCounted(t *testing.T) {
 	}
 }
 
-// A call without a session (MCP before 2026-07-28) cannot be cancelled
+// A call without a session cannot be cancelled
 // upstream: its cancellation is answered by the gateway at once and never
 // forwarded, however often it comes (a repeat counts, as any
 // notification), and the cancelled call's own POST gets 202 with no body

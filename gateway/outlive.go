@@ -11,16 +11,17 @@ import (
 )
 
 // outlivesClient reports whether a tools/call's upstream request must
-// outlive its client: one without a session, under MCP before 2026-07-28,
-// cannot be stopped upstream once sent (a notifications/cancelled needs the
-// call's session, and a closed request does not stop a tool that sends
-// nothing: the Go SDK's stateless server runs it to its end). Were the call
-// settled when its client went away or cancelled it, its concurrency slot
-// would be free while the upstream still works: call, hang up, call again,
-// and a limit of one runs many. Under 2026-07-28, closing the request is
-// the protocol's cancellation.
+// outlive its client: any without a session, whatever protocol it claims.
+// Such a call cannot be stopped upstream once sent: a notifications/cancelled
+// needs the call's session, and a closed request does not stop a tool that
+// sends nothing (the Go SDK's stateless server runs it to its end, under
+// MCP 2026-07-28 too unless StreamableHTTPOptions.PropagateRequestCancellation
+// is set, which is off by default; and the version is only what the client
+// claims). Were the call settled when its client went away or cancelled it,
+// its concurrency slot would be free while the upstream still works: call,
+// hang up, call again, and a limit of one runs many.
 func outlivesClient(r *http.Request) bool {
-	return r.Header.Get(mcp.HeaderSessionID) == "" && !mcp.HasCachingHints(r.Header.Get(mcp.HeaderProtocolVersion))
+	return r.Header.Get(mcp.HeaderSessionID) == ""
 }
 
 // errDrained ends the upstream request of a call whose client left more

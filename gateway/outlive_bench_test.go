@@ -10,7 +10,7 @@ import (
 	"github.com/mcpgate/mcpgate/limit"
 )
 
-// The cost detach adds to a session-less call (MCP before 2026-07-28)
+// The cost detach adds to a session-less call
 // whose client stays: contexts, the writer wrapper, the header snapshot.
 func BenchmarkDetach(b *testing.B) {
 	g := &Gateway{}

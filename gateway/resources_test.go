@@ -334,7 +334,7 @@ func TestLongStreamOutlivesWriteTimeout(t *testing.T) {
 // than write_timeout: its connection closes and the upstream call ends.
 func TestSlowReaderIsCut(t *testing.T) {
 	t.Parallel()
-	// Without a session (MCP 2025), a call whose client is cut is still
+	// Without a session, a call whose client is cut is still
 	// read from the upstream for upstream.timeout (see outlivesClient):
 	// this one streams for ever, so the gateway must close it then.
 	e := newEnv(t, setup{
