@@ -50,6 +50,16 @@ func (d *decoder) checkResourceAlone(n *yaml.Node, path string, a *Auth) {
 	}
 }
 
+// checkAudienceUnbound warns about auth.authorization_servers with no
+// audience to check: MCP authorization binds a token to its resource
+// (RFC 8707), and without auth.resource or auth.jwt.audience a token the
+// same servers issued for any other resource is accepted here.
+func (d *decoder) checkAudienceUnbound(n *yaml.Node, path string, a *Auth) {
+	if n != nil && len(a.AuthorizationServers) > 0 && a.Resource == "" && a.JWT.Audience == "" {
+		d.warnf(n, path, "set without auth.resource or auth.jwt.audience: aud is not checked, so a token these servers issued for another resource is accepted (set auth.resource to this gateway's public MCP URL)")
+	}
+}
+
 // checkOAuthURL records why s cannot be an OAuth URL (want describes what
 // is expected) and reports whether it can.
 func (d *decoder) checkOAuthURL(n *yaml.Node, path, s, want string) bool {

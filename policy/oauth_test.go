@@ -48,6 +48,21 @@ func TestOAuthFields(t *testing.T) {
 	if len(c.Warnings) != 1 || !strings.HasPrefix(c.Warnings[0], "m.yaml:5: auth.resource: set without auth.authorization_servers") {
 		t.Fatalf("warnings: %q", c.Warnings)
 	}
+
+	// Servers without an audience to check: a warning, unless
+	// auth.jwt.audience binds the tokens instead.
+	servers := "  authorization_servers: [https://idp.example.com]\n"
+	c, err = Parse("m.yaml", []byte(oauthHead+servers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Warnings) != 1 || !strings.HasPrefix(c.Warnings[0], "m.yaml:5: auth.authorization_servers: set without auth.resource or auth.jwt.audience") {
+		t.Fatalf("warnings: %q", c.Warnings)
+	}
+	c, err = Parse("m.yaml", []byte(oauthHead+"    audience: https://mcp.example.com\n"+servers))
+	if err != nil || len(c.Warnings) != 0 {
+		t.Fatalf("with auth.jwt.audience: %v, warnings %q", err, c.Warnings)
+	}
 }
 
 func TestOAuthFieldsRefused(t *testing.T) {

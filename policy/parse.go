@@ -237,7 +237,7 @@ var jwtSources = []string{"hs256_secret_env", "jwks_url", "jwks_file", "public_k
 
 func (d *decoder) auth(n *yaml.Node, path string, a *Auth) {
 	j := &a.JWT
-	var resourceAt *yaml.Node
+	var resourceAt, serversAt *yaml.Node
 	str := func(dst *string) func(v *yaml.Node, p string) {
 		return func(v *yaml.Node, p string) { *dst, _ = d.str(v, p) }
 	}
@@ -282,11 +282,12 @@ func (d *decoder) auth(n *yaml.Node, path string, a *Auth) {
 		"admin_token_env":    envName(&a.AdminTokenEnv),
 		"session_secret_env": envName(&a.SessionSecretEnv),
 		"authorization_servers": func(v *yaml.Node, p string) {
-			a.AuthorizationServers = d.authorizationServers(v, p)
+			a.AuthorizationServers, serversAt = d.authorizationServers(v, p), v
 		},
 		"resource": func(v *yaml.Node, p string) { a.Resource, resourceAt = d.resource(v, p), v },
 	})
 	d.checkResourceAlone(resourceAt, join(path, "resource"), a)
+	d.checkAudienceUnbound(serversAt, join(path, "authorization_servers"), a)
 }
 
 func (d *decoder) store(n *yaml.Node, path string, s *Store) {
