@@ -94,14 +94,17 @@ func (e *Engine) invalidateAfter(ctx context.Context, cp *compiled, tenant strin
 }
 
 // invalidate drops the tenant's entries with tags, and the shared entries
-// with them when any shared tool is tagged.
+// with them when any shared tool is tagged. The shared scope is asked even
+// when the tenant's failed: the cache remembers (and replays) only the
+// scopes whose invalidation failed, so a shared scope never asked would
+// keep serving entries the mutation made stale once the store is back.
 func (e *Engine) invalidate(ctx context.Context, cp *compiled, tenant string, tags []string) (int, error) {
 	n, err := e.cache.Invalidate(ctx, cache.Tenant(tenant), tags)
-	if err != nil || !cp.sharedTags {
+	if !cp.sharedTags {
 		return n, err
 	}
-	m, err := e.cache.Invalidate(ctx, cache.Shared(), tags)
-	return n + m, err
+	m, err2 := e.cache.Invalidate(ctx, cache.Shared(), tags)
+	return n + m, errors.Join(err, err2)
 }
 
 // Invalidate drops tenant's cache entries tagged with any of tags, and the

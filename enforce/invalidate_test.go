@@ -4,8 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
+	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/enforce"
+	"github.com/mcpgate/mcpgate/internal/testenv"
+	"github.com/mcpgate/mcpgate/policy"
 )
 
 // A mutating tool's call drops the entries it makes stale whenever it may
@@ -59,6 +63,91 @@ tools:
 		after := read("after " + c.name)
 		if dropped := after != before; dropped != c.drops {
 			t.Errorf("%s: read %q after the update (before it %q): dropped %v, want %v", c.name, after, before, dropped, c.drops)
+		}
+	}
+}
+
+// An invalidation that fails on a Redis cache is remembered and replayed
+// for every scope it was meant for: the tenant's entries and the shared
+// ones its tags reach. A failure of the tenant's scope used to return
+// before the shared scope was asked, so nothing remembered it and, once
+// the store answered again, every instance served the shared entry the
+// mutation made stale until its TTL.
+func TestFailedInvalidationIsReplayedForEveryScope(t *testing.T) {
+	cfg, err := policy.Parse("x.yaml", []byte(`upstream: {url: "http://127.0.0.1:1/mcp"}
+auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
+tools:
+  search:
+    cache: {ttl: 10m, tags: ["product:{{args.id}}"]}
+  catalog:
+    cache: {ttl: 10m, shared: true, tags: ["product:{{args.id}}"]}
+  update_product: {invalidates: ["product:{{args.id}}"]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := testenv.StartRedis(t, nil)
+	cs, err := cache.NewRedisStore(r.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cache.New(cs, &cache.Options{Timeout: time.Second, ProbeInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	e, err := enforce.New(enforce.Options{Config: cfg, Cache: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	ctx := context.Background()
+	// read returns what a cached call of tool for product 42 gets, loading
+	// load on a miss.
+	read := func(tool, load string) string {
+		t.Helper()
+		tk, d := e.Admit(ctx, enforce.Call{Tenant: "acme", Subject: "a", Name: tool, Arguments: json.RawMessage(`{"id":"42"}`)})
+		if !d.Allowed {
+			t.Fatalf("%s denied: %+v", tool, d)
+		}
+		defer tk.Done(ctx, enforce.Outcome{})
+		plan, ok := tk.CachePlan()
+		if !ok {
+			t.Fatalf("%s has no cache plan", tool)
+		}
+		entry, _, err := c.Get(ctx, plan.Key, func(context.Context) ([]byte, bool, error) { return []byte(load), false, nil }, plan.Policy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(entry.Value)
+	}
+	entries := []struct{ name, tool string }{
+		{"tenant's entry", "search"},
+		{"shared entry", "catalog"},
+	}
+	for _, en := range entries {
+		if v := read(en.tool, "old"); v != "old" {
+			t.Fatalf("%s: first read %q", en.name, v)
+		}
+	}
+	// The invalidation fails: its context ended (the mutating call's
+	// client left), as a timeout or an open breaker would make it.
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := e.Invalidate(gone, "acme", []string{"product:42"}); err == nil {
+		t.Fatal("an invalidation with an ended context succeeded")
+	}
+	if st := c.Stats(); st.FailedInvalidations != int64(len(entries)) {
+		t.Errorf("%d failed (scope, tag) pairs remembered, want %d (one per scope): %+v", st.FailedInvalidations, len(entries), st)
+	}
+	// The store answers: the probe replays what was remembered, then
+	// closes the breaker.
+	for !c.StoreAvailable() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, en := range entries {
+		if v := read(en.tool, "new"); v != "new" {
+			t.Errorf("%s tagged product:42 served (%q) after the failed Invalidate(acme, product:42) was replayed", en.name, v)
 		}
 	}
 }
