@@ -425,11 +425,13 @@ func (c *Cache) Close() error {
 // (XFetch) while callers keep getting it.
 //
 // A caller whose ctx ends stops waiting and gets ctx's error; the load goes
-// on for the others. A Loader error is returned to every caller waiting for
-// that load and is never stored. Errors of the store never fail a Get: when
-// the read or the lock fails, times out or is skipped by the breaker, the
-// value is loaded without the store (Entry.StoreErr, Stats.Degraded), with
-// no further store operation for that Get.
+// on for the others. A caller whose read fails because its ctx ended gets
+// ctx's error and starts no load: nobody waits for one, and that failure
+// says nothing about the store. A Loader error is returned to every caller
+// waiting for that load and is never stored. Errors of the store never
+// fail a Get: when the read or the lock fails, times out or is skipped by
+// the breaker, the value is loaded without the store (Entry.StoreErr,
+// Stats.Degraded), with no further store operation for that Get.
 func (c *Cache) Get(ctx context.Context, key Key, load Loader, pol Policy) (Entry, Source, error) {
 	if key.IsZero() {
 		return Entry{}, 0, ErrInvalidKey
@@ -441,6 +443,12 @@ func (c *Cache) Get(ctx context.Context, key Key, load Loader, pol Policy) (Entr
 		return Entry{}, 0, err
 	}
 	rec, ok, err := c.read(ctx, key, pol.Tags)
+	if err != nil && ctx.Err() != nil {
+		// The caller left (or its deadline passed) during the read: a
+		// flight started now would load without the store for nobody,
+		// and the callers joining it would get a value it does not keep.
+		return Entry{}, 0, ctx.Err()
+	}
 	if ok && rec.fresh() > 0 {
 		c.stats.hits.Add(1)
 		if c.early(&rec) {
@@ -452,19 +460,22 @@ func (c *Cache) Get(ctx context.Context, key Key, load Loader, pol Policy) (Entr
 }
 
 // read is the store's read of key (tags: the caller's policy's, see
-// Store.read) under the operation timeout; an error (counted and logged)
-// comes with ok false.
+// Store.read) under the operation timeout; an error comes with ok false,
+// and is counted and logged unless ctx ended (the caller's doing).
 func (c *Cache) read(ctx context.Context, key Key, tags []string) (record, bool, error) {
+	rctx := ctx
 	if c.remote {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		rctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
 	}
-	ctx, span := c.storeSpan(ctx, "read")
-	rec, ok, err := c.store.read(ctx, key, tags)
+	rctx, span := c.storeSpan(rctx, "read")
+	rec, ok, err := c.store.read(rctx, key, tags)
 	endStoreSpan(span, err)
 	if err != nil {
-		c.storeError("read", err)
+		if ctx.Err() == nil {
+			c.storeError("read", err)
+		}
 		return record{}, false, err
 	}
 	return rec, ok, nil

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -101,5 +102,57 @@ func TestCheckEviction(t *testing.T) {
 	client := testenv.StartRedis(t, nil).Client(t)
 	if _, _, err := CheckEviction(ctx, client, "both"); err == nil {
 		t.Fatal("unknown role accepted")
+	}
+}
+
+// TestRedisCallerLeavingDuringReadIsNoStoreError: a caller whose context
+// ends before its read is answered (a client hanging up) gets its context's
+// error and changes nothing for others: no store error counted, no load
+// started. Its read's failure used to be taken for the store's, starting a
+// flight that loaded without the store for nobody: the callers joining it
+// got a value it did not keep (Degraded), and the next Get missed again.
+func TestRedisCallerLeavingDuringReadIsNoStoreError(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// leave makes the Get's context end; back runs once it returned.
+		leave func(t *testing.T, r *testenv.Redis, cancel context.CancelFunc) (back func())
+	}{
+		{"ended before the read", func(_ *testing.T, _ *testenv.Redis, cancel context.CancelFunc) func() {
+			cancel()
+			return func() {}
+		}},
+		{"ends during the read", func(t *testing.T, r *testenv.Redis, cancel context.CancelFunc) func() {
+			thaw := r.Freeze(t)
+			go func() {
+				time.Sleep(50 * time.Millisecond) // the read is sent, unanswered
+				cancel()
+			}()
+			return thaw
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := testenv.StartRedis(t, nil)
+			// rueidis waits for a command it sent until the read's own
+			// deadline (Timeout), whatever the caller's context does.
+			c := newCache(t, mustRedisStore(t, r.Client(t)), &Options{Timeout: time.Second})
+			k := mustKey(t, scope(t), "search", `{}`)
+			var l loads
+			ctx, cancel := context.WithCancel(context.Background())
+			back := tc.leave(t, r, cancel)
+			_, _, err := c.Get(ctx, k, l.fixed("left's", 0), minute)
+			back()
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("Get of a caller that left: %v, want context.Canceled", err)
+			}
+			if v, src := get(t, c, k, l.fixed("v", 0), minute); v != "v" || src != Miss {
+				t.Fatalf("next Get: %q %v, want the loader's value, a miss", v, src)
+			}
+			if v, src := get(t, c, k, l.fixed("v2", 0), minute); v != "v" || src != Hit {
+				t.Fatalf("third Get: %q %v, want the stored value, a hit", v, src)
+			}
+			if st := c.Stats(); st.StoreErrors != 0 || st.Degraded != 0 || st.Uncached != 0 || l.count() != 1 {
+				t.Fatalf("stats %+v, %d loads: the caller that left counted a store error or started a load", st, l.count())
+			}
+		})
 	}
 }
