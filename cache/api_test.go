@@ -29,8 +29,8 @@ func TestNewValidates(t *testing.T) {
 		c.stale != DefaultStaleWindow || c.timeout != DefaultTimeout || c.beta != DefaultBeta || c.warmN != DefaultWarmConcurrency {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
-	if _, err := NewRedisStore(nil); err == nil {
-		t.Fatal("NewRedisStore(nil) accepted")
+	if _, err := NewRedisStore(nil, nil); err == nil {
+		t.Fatal("NewRedisStore(nil, nil) accepted")
 	}
 }
 

@@ -212,7 +212,7 @@ type Stats struct {
 	Loads                          int64 // Loader calls, including early refreshes and Warm
 	Refreshes                      int64 // early (XFetch) refreshes that took the lock
 	Uncached                       int64 // loads whose result could not be stored (wait timed out without a stale copy, store error)
-	Rejected                       int64 // commits refused by the fence (a newer load or an invalidation won), or not kept by the memory store (MemoryOptions.MaxBytes)
+	Rejected                       int64 // commits refused by the fence (a newer load or an invalidation won), or not kept by the store (MemoryOptions.MaxBytes, RedisOptions.MaxValueBytes)
 	StoreErrors                    int64 // store operations that failed or timed out
 	// Degraded counts successful Gets served without the store (Entry.StoreErr
 	// set); they are counted in Misses or Coalesced too.

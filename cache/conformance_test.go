@@ -88,7 +88,7 @@ func TestConformance(t *testing.T) {
 
 func mustRedisStore(t testing.TB, c rueidis.Client) Store {
 	t.Helper()
-	s, err := NewRedisStore(c)
+	s, err := NewRedisStore(c, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

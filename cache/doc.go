@@ -73,7 +73,9 @@
 // entries and MaxBytes of values (DefaultMaxBytes: 256 MiB; a value over a
 // quarter of a shard's share, 2 MiB by default, is served but not kept). NewRedisStore uses Redis, Valkey or
 // Redis Cluster through rueidis; every gateway instance sharing it
-// coalesces its loads with the others. Sharded pub/sub needs Redis 7 (or
+// coalesces its loads with the others. It keeps no value over
+// RedisOptions.MaxValueBytes (DefaultRedisMaxValueBytes: 2 MiB), which
+// would not be read back within Options.Timeout. Sharded pub/sub needs Redis 7 (or
 // Valkey); on older servers waiters poll every Options.PollInterval. Give
 // the cache its own server with an evicting policy (CheckEviction warns
 // about a layout that can evict rate-limit counters or refuse cache writes).
@@ -116,7 +118,7 @@
 //	if client == nil { // neither cache.redis nor store.redis
 //		store, err = cache.NewMemoryStore(nil)
 //	} else { // a client for cfg.Cache.Redis, else the store's client
-//		store, err = cache.NewRedisStore(client)
+//		store, err = cache.NewRedisStore(client, nil)
 //		_, warn, err := cache.CheckEviction(ctx, client, cache.RoleCache) // log warn once
 //	}
 //	c, err := cache.New(store, &cache.Options{Logger: logger})

@@ -62,7 +62,8 @@ import (
 // cache's server, and a separate server for rate-limit counters: see
 // CheckEviction.
 type RedisStore struct {
-	client rueidis.Client
+	client   rueidis.Client
+	maxValue int // RedisOptions.MaxValueBytes
 	// pollOnly is set once SSUBSCRIBE was refused: later waits poll
 	// without trying again.
 	pollOnly atomic.Bool
@@ -70,15 +71,45 @@ type RedisStore struct {
 
 var _ Store = (*RedisStore)(nil)
 
+// DefaultRedisMaxValueBytes is RedisOptions.MaxValueBytes when zero: 2 MiB,
+// the largest value a MemoryStore of DefaultMaxBytes keeps.
+const DefaultRedisMaxValueBytes = DefaultMaxBytes / (memShards * memEntryShare)
+
+// RedisOptions configures a RedisStore. A nil *RedisOptions means all
+// defaults.
+type RedisOptions struct {
+	// MaxValueBytes bounds the values the store keeps. A longer value is
+	// served to the callers of its load but not stored, and the value it
+	// replaces is deleted (a newer load passed the fence); waiters are
+	// woken to load it themselves, as after a failed load. Every Get reads
+	// an entry whole within the Cache's Options.Timeout: a value too large
+	// to arrive in time (an answer can be 16 MiB, mcp's response limit)
+	// would time out on every read, each timeout counting toward the
+	// store's breaker, which, open, serves every tenant's cached tools
+	// uncached; and the loads those reads fall back to would store it
+	// again. Default DefaultRedisMaxValueBytes.
+	MaxValueBytes int
+}
+
 // NewRedisStore returns a RedisStore on client (standalone, Cluster or
 // Sentinel). The store does not own client: closing it is the caller's job.
 // Keep client-side caching off for this client (DisableCache): entries are
-// read once per Get, and tracking them would cost the server memory.
-func NewRedisStore(client rueidis.Client) (*RedisStore, error) {
+// read once per Get, and tracking them would cost the server memory. It
+// fails with ErrInvalidOptions on a negative MaxValueBytes.
+func NewRedisStore(client rueidis.Client, opts *RedisOptions) (*RedisStore, error) {
 	if client == nil {
 		return nil, errors.New("cache: nil Redis client")
 	}
-	return &RedisStore{client: client}, nil
+	maxValue := DefaultRedisMaxValueBytes
+	if opts != nil {
+		if opts.MaxValueBytes < 0 {
+			return nil, fmt.Errorf("%w: negative MaxValueBytes %d", ErrInvalidOptions, opts.MaxValueBytes)
+		}
+		if opts.MaxValueBytes > 0 {
+			maxValue = opts.MaxValueBytes
+		}
+	}
+	return &RedisStore{client: client, maxValue: maxValue}, nil
 }
 
 // ping checks that the server answers: the breaker's probe.
@@ -352,13 +383,18 @@ func (r *RedisStore) commit(ctx context.Context, reqs []commitReq) []commitRes {
 		nil, func(err error) commitRes { return commitRes{err: err} })
 }
 
+// commitNow commits reqs; a value over maxValue is sent as no value, which
+// the script does not keep (see RedisOptions.MaxValueBytes).
 func (r *RedisStore) commitNow(ctx context.Context, reqs []commitReq) []commitRes {
 	calls := make([]scriptCall, len(reqs))
 	for i, q := range reqs {
+		blob := ""
+		if len(q.rec.value) <= r.maxValue {
+			blob = rueidis.BinaryString(encodeBlob(&q.rec))
+		}
 		calls[i] = scriptCall{commitScript,
 			[]string{q.entry, keyspace.CacheLock(q.entry), keyspace.CacheFence(q.entry)},
-			[]string{q.token, strconv.FormatUint(q.rec.fence, 10), rueidis.BinaryString(encodeBlob(&q.rec)),
-				ms(q.rec.life), keyspace.CacheChannel(q.entry)}}
+			[]string{q.token, strconv.FormatUint(q.rec.fence, 10), blob, ms(q.rec.life), keyspace.CacheChannel(q.entry)}}
 	}
 	out := make([]commitRes, len(reqs))
 	for i, res := range r.run(ctx, calls) {

@@ -156,3 +156,93 @@ func TestRedisCallerLeavingDuringReadIsNoStoreError(t *testing.T) {
 		})
 	}
 }
+
+// TestRedisMaxValueBytes: a value over RedisOptions.MaxValueBytes (2 MiB by
+// default, as the memory store's) is served to its load's callers but not
+// kept, whichever load made it (a miss, an early refresh, Warm), and the
+// older value of the entry goes with it, as in the memory store. RedisStore
+// used to keep values of any size: one too large to read back within
+// Options.Timeout (a 16 MiB answer against cache.timeout's 25ms) timed out
+// on every Get, the breaker counted the timeouts as the store down and,
+// open, served every tenant's cached tools uncached, while the loads those
+// Gets fell back to stored the value again.
+func TestRedisMaxValueBytes(t *testing.T) {
+	r := testenv.StartRedis(t, nil)
+	raw := r.Client(t)
+	held := func(t *testing.T, k Key) int {
+		t.Helper()
+		n, err := raw.Do(context.Background(), raw.B().Strlen().Key(k.entry).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int(n) // 0: no value
+	}
+	short := Policy{TTL: time.Millisecond} // the stale copy stays a minute
+	for _, tc := range []struct {
+		name string
+		opts *RedisOptions
+		size int
+		kept bool
+	}{
+		{"at the default bound", nil, DefaultRedisMaxValueBytes, true},
+		{"over the default bound", nil, DefaultRedisMaxValueBytes + 1, false},
+		{"a 16 MiB answer", nil, 16 << 20, false},
+		{"at a bound set", &RedisOptions{MaxValueBytes: 1 << 10}, 1 << 10, true},
+		{"over a bound set", &RedisOptions{MaxValueBytes: 1 << 10}, 1<<10 + 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := NewRedisStore(r.Client(t), tc.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			value := strings.Repeat("v", tc.size)
+			check := func(t *testing.T, c *Cache, k Key) {
+				t.Helper()
+				n := held(t, k)
+				if kept := n > 0; kept != tc.kept || kept && n < tc.size || !kept && n != 0 {
+					t.Fatalf("the store holds %d bytes for the entry after a load of a %d-byte value; kept %v, want %v (and no older value)", n, tc.size, kept, tc.kept)
+				}
+				if st := c.Stats(); st.StoreErrors != 0 || st.Degraded != 0 || !c.StoreAvailable() {
+					t.Fatalf("stats %+v, store available %v", st, c.StoreAvailable())
+				}
+			}
+			var l loads
+			t.Run("miss", func(t *testing.T) {
+				c := newCache(t, s, nil)
+				k := mustKey(t, scope(t), "export", `{}`)
+				get(t, c, k, l.fixed("old", 0), short)
+				time.Sleep(5 * time.Millisecond) // "old" is stale
+				if v, src := get(t, c, k, l.fixed(value, 0), minute); src != Miss || len(v) != tc.size {
+					t.Fatalf("Get: %d bytes %v, want the loaded value, a miss", len(v), src)
+				}
+				check(t, c, k)
+			})
+			t.Run("early refresh", func(t *testing.T) {
+				c := newCache(t, s, &Options{Beta: 1e12}) // every hit refreshes
+				k := mustKey(t, scope(t), "export", `{}`)
+				get(t, c, k, l.fixed("old", 0), minute)
+				if v, src := get(t, c, k, l.fixed(value, 0), minute); src != Hit || v != "old" {
+					t.Fatalf("Get: %q %v, want the stored value, a hit", v, src)
+				}
+				c.Close() // waits for the refresh
+				if st := c.Stats(); st.Refreshes != 1 {
+					t.Fatalf("%d refreshes, want 1", st.Refreshes)
+				}
+				check(t, c, k)
+			})
+			t.Run("warm", func(t *testing.T) {
+				c := newCache(t, s, nil)
+				k := mustKey(t, scope(t), "export", `{}`)
+				get(t, c, k, l.fixed("old", 0), short)
+				time.Sleep(5 * time.Millisecond) // "old" is stale
+				if res, err := c.Warm(context.Background(), []WarmItem{{Key: k, Policy: minute, Load: l.fixed(value, 0)}}); err != nil || res.Loaded != 1 {
+					t.Fatalf("Warm: %+v %v", res, err)
+				}
+				check(t, c, k)
+			})
+		})
+	}
+	if _, err := NewRedisStore(raw, &RedisOptions{MaxValueBytes: -1}); !errors.Is(err, ErrInvalidOptions) {
+		t.Fatalf("negative MaxValueBytes: %v, want ErrInvalidOptions", err)
+	}
+}

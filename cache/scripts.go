@@ -83,16 +83,23 @@ return {2, redis.call('PTTL', KEYS[2])}
 
 // commitSrc stores a loaded value if its fence is still current (no lock
 // was granted and no invalidation happened since), releases the lock if
-// still ours, and wakes the waiters either way.
+// still ours, and wakes the waiters either way. An empty blob is a value
+// the store does not keep (RedisOptions.MaxValueBytes): the entry's value
+// is deleted instead, as the newer load replaces it.
 //
 //	KEYS: entry, lock, fence
-//	ARGV: token, fence, blob, px, channel
-//	reply: 1 stored, 0 refused
+//	ARGV: token, fence, blob ('': not kept), px, channel
+//	reply: 1 stored, 2 not kept, 0 refused
 const commitSrc = luaLib + `
 local ok = 0
 if redis.call('GET', KEYS[3]) == ARGV[2] then
-  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
-  ok = 1
+  if ARGV[3] == '' then
+    redis.call('DEL', KEYS[1])
+    ok = 2
+  else
+    redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
+    ok = 1
+  end
 end
 if redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('DEL', KEYS[2])

@@ -94,7 +94,8 @@ type commitRes struct {
 	stored bool
 	// fenced: refused because the fence is no longer the loader's (an
 	// invalidation or a newer load came after it); not set when the
-	// store merely did not keep the value (MemoryOptions.MaxBytes).
+	// store merely did not keep the value (MemoryOptions.MaxBytes,
+	// RedisOptions.MaxValueBytes).
 	fenced bool
 	err    error
 }

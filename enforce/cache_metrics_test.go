@@ -24,7 +24,7 @@ import (
 // Closing the engine takes its cache out of the export.
 func TestEngineExportsCacheInvalidations(t *testing.T) {
 	r := testenv.StartRedis(t, nil)
-	cs, err := cache.NewRedisStore(r.Client(t))
+	cs, err := cache.NewRedisStore(r.Client(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

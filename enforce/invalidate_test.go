@@ -87,7 +87,7 @@ tools:
 		t.Fatal(err)
 	}
 	r := testenv.StartRedis(t, nil)
-	cs, err := cache.NewRedisStore(r.Client(t))
+	cs, err := cache.NewRedisStore(r.Client(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

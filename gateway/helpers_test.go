@@ -261,7 +261,7 @@ func newTestCache(t testing.TB, redis *testenv.Redis, o *cache.Options) *cache.C
 	var store cache.Store
 	var err error
 	if redis != nil {
-		store, err = cache.NewRedisStore(redis.Client(t))
+		store, err = cache.NewRedisStore(redis.Client(t), nil)
 	} else {
 		store, err = cache.NewMemoryStore(nil)
 	}

@@ -237,10 +237,10 @@ func (s *Stores) openCache(ctx context.Context, cfg *policy.Config) error {
 			return fmt.Errorf("cache.redis: cannot connect: %w", oerr)
 		}
 		CheckEviction(ctx, s.log, s.cacheClient, cache.RoleCache, "cache.redis")
-		store, err = cache.NewRedisStore(s.cacheClient)
+		store, err = cache.NewRedisStore(s.cacheClient, nil)
 	case s.sharedConn != nil:
 		CheckEviction(ctx, s.log, s.sharedConn, cache.RoleCache, "store.redis (used by the cache)")
-		store, err = cache.NewRedisStore(s.sharedConn)
+		store, err = cache.NewRedisStore(s.sharedConn, nil)
 	default:
 		store, err = cache.NewMemoryStore(&cache.MemoryOptions{MaxEntries: cfg.Cache.MaxEntries, MaxBytes: cfg.Cache.MaxBytes})
 	}
