@@ -211,6 +211,89 @@ func TestMemoryStoreTagIndexConcurrent(t *testing.T) {
 	}
 }
 
+// memLives returns when the value s holds for k ends (zero: none held),
+// and when each of its tag memberships does.
+func memLives(s *MemoryStore, k Key) (until time.Time, memberships []time.Time) {
+	sh := s.shard(k.entry)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	sl := sh.m[k.entry]
+	if sl == nil || !sl.has {
+		return time.Time{}, nil
+	}
+	s.tagMu.Lock()
+	defer s.tagMu.Unlock()
+	for _, ref := range sl.tags {
+		if t := s.tags[ref.tag]; t != nil {
+			memberships = append(memberships, t.members[k.entry])
+		}
+	}
+	return sl.until, memberships
+}
+
+// TestMemoryStoreWarmEntriesWithinTheirMemberships: an entry Warm stores
+// ends no later than its tag memberships, which its batch's acquire
+// registered sized for a load starting then. Warm used to store a batch's
+// results together once its last load ended, each judged late only by its
+// own load's duration: a load that waited for its turn (WarmConcurrency),
+// or one held up by a slow load of its batch, outlived its memberships,
+// and an invalidation after they ended left it served as a fresh hit (the
+// memory store serves an entry without checking them).
+func TestMemoryStoreWarmEntriesWithinTheirMemberships(t *testing.T) {
+	const loadTimeout = 100 * time.Millisecond
+	sleep := func(d time.Duration) Loader {
+		return func(context.Context) ([]byte, bool, error) {
+			time.Sleep(d) // ignores its context: a late load is still returned
+			return []byte("v"), false, nil
+		}
+	}
+	for _, tc := range []struct {
+		name        string
+		concurrency int
+		loads       []time.Duration
+	}{
+		// Each load is within LoadTimeout; together they are not.
+		{"loads in turn", 1, []time.Duration{80 * time.Millisecond, 80 * time.Millisecond, 80 * time.Millisecond,
+			80 * time.Millisecond, 80 * time.Millisecond, 80 * time.Millisecond}},
+		{"a slow load in the batch", 4, []time.Duration{0, 0, 0, 600 * time.Millisecond}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := NewMemoryStore(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := newCache(t, s, &Options{StaleWindow: -1, LoadTimeout: loadTimeout, Timeout: 100 * time.Millisecond, WarmConcurrency: tc.concurrency})
+			sc := scope(t)
+			items := make([]WarmItem, len(tc.loads))
+			for i, d := range tc.loads {
+				items[i] = WarmItem{Key: mustKey(t, sc, "product", fmt.Sprintf(`{"id":%d}`, i)),
+					Policy: Policy{TTL: time.Minute, Tags: []string{fmt.Sprintf("product:%d", i), "products"}}, Load: sleep(d)}
+			}
+			if res, err := c.Warm(context.Background(), items); err != nil || res.Loaded != len(items) {
+				t.Fatalf("Warm: %+v %v", res, err)
+			}
+			stored := 0
+			for i, it := range items {
+				until, memberships := memLives(s, it.Key)
+				if until.IsZero() {
+					continue // late: not stored
+				}
+				stored++
+				if len(memberships) != len(it.Policy.Tags) {
+					t.Fatalf("item %d: %d tag memberships, want %d", i, len(memberships), len(it.Policy.Tags))
+				}
+				for j, m := range memberships {
+					if until.After(m) {
+						t.Errorf("item %d (a load of %v): its entry ends %v after its membership of tag %q: an invalidation then would not find it",
+							i, tc.loads[i], until.Sub(m), it.Policy.Tags[j])
+					}
+				}
+			}
+			t.Logf("%d of %d warmed entries stored", stored, len(items))
+		})
+	}
+}
+
 // BenchmarkMemoryStoreDistinctTags loads entries each with its own tag, as
 // a client varying the tagged argument does, into a store of 1024 entries.
 func BenchmarkMemoryStoreDistinctTags(b *testing.B) {

@@ -17,7 +17,7 @@ type WarmItem struct {
 
 // WarmResult counts what Warm did with its items.
 type WarmResult struct {
-	Loaded int // loaded under the lock (stored unless refused by the fence or not cacheable)
+	Loaded int // loaded under the lock (stored unless refused by the fence, not cacheable, or late: see Warm)
 	Fresh  int // already fresh: not loaded
 	Busy   int // another loader held the lock: left to it
 	Failed int // loader or store errors (joined in Warm's error)
@@ -28,16 +28,18 @@ func (r WarmResult) plus(o WarmResult) WarmResult {
 	return WarmResult{Loaded: r.Loaded + o.Loaded, Fresh: r.Fresh + o.Fresh, Busy: r.Busy + o.Busy, Failed: r.Failed + o.Failed}
 }
 
-// warmBatch is how many items share one pipeline of locks and one of
-// commits.
+// warmBatch is how many items share one pipeline of locks.
 const warmBatch = 64
 
 // Warm fills the cache with items, typically at startup before the gateway
 // reports ready. Items are handled in batches: one pipelined round trip
 // takes the locks of a batch (skipping entries already fresh or being
 // loaded by another instance, so instances starting together load each
-// entry once), the loaders run Options.WarmConcurrency at a time, and one
-// pipelined round trip stores the results.
+// entry once), the loaders run Options.WarmConcurrency at a time, and each
+// result is stored as its load ends, unless that is over LoadTimeout after
+// its batch's locks were taken (its tag memberships, registered with the
+// lock, would end before the entry: such a result is dropped, as a Get's
+// load over LoadTimeout is not stored).
 //
 // Warm validates every item before any I/O (ErrInvalidKey,
 // ErrInvalidPolicy). Loader and store errors do not stop it: they are
@@ -70,62 +72,32 @@ func (c *Cache) Warm(ctx context.Context, items []WarmItem) (WarmResult, error) 
 
 // warmBatch warms one batch of items and returns what became of them.
 func (c *Cache) warmBatch(ctx context.Context, items []WarmItem) (WarmResult, []error) {
-	opTimeout := max(c.timeout, time.Second)
 	reqs := make([]acquireReq, len(items))
 	for i, it := range items {
 		reqs[i] = c.acquireReq(it.Key, it.Policy, modeMiss, 0, c.token())
 	}
-	actx, cancel := context.WithTimeout(ctx, opTimeout)
+	// The tag memberships the acquire registers are sized for a load that
+	// starts with it (acquireReq); the batch's loads wait for their turn
+	// (WarmConcurrency), so each is measured from here.
+	acquired := time.Now()
+	actx, cancel := context.WithTimeout(ctx, max(c.timeout, time.Second))
 	acq := c.store.acquire(actx, reqs)
 	cancel()
-	res, results, errs := c.warmLoads(ctx, items, acq)
-
-	var commits []commitReq
-	var releases []releaseReq
-	for _, l := range results {
-		it, q := items[l.i], reqs[l.i]
-		switch {
-		case l.err != nil:
-			res.Failed++
-			errs = append(errs, fmt.Errorf("cache: warm %s: %w", it.Key.tool, l.err))
-			releases = append(releases, releaseReq{entry: q.entry, token: q.token})
-		case l.late || l.neg && it.Policy.NegativeTTL == 0:
-			res.Loaded++
-			releases = append(releases, releaseReq{entry: q.entry, token: q.token})
-		default:
-			res.Loaded++
-			commits = append(commits, commitReq{entry: q.entry, token: q.token, rec: l.rec})
-		}
-	}
-	// Store even if ctx ended meanwhile: the loads are done.
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
-	defer cancel()
-	if len(commits) > 0 {
-		for _, r := range c.commit(sctx, commits) {
-			if r.err != nil {
-				errs = append(errs, fmt.Errorf("cache: warm commit: %w", r.err))
-			}
-		}
-	}
-	if len(releases) > 0 {
-		c.release(sctx, releases)
-	}
-	return res, errs
+	return c.warmLoads(ctx, items, reqs, acq, acquired)
 }
 
-// warmLoaded is the outcome of one warm-up load.
-type warmLoaded struct {
-	i    int // index of the item
-	rec  record
-	err  error
-	neg  bool
-	late bool // took longer than LoadTimeout: not stored (see loadLocked)
-}
-
-// warmLoads runs the loads of the items whose lock was acquired, at most
-// warmN at a time, and counts the others (fresh, busy, failed) in res.
-func (c *Cache) warmLoads(ctx context.Context, items []WarmItem, acq []acquireRes) (res WarmResult, results []warmLoaded, errs []error) {
-	results = make([]warmLoaded, 0, len(items))
+// warmLoads runs the loads of the items whose lock was acquired (at
+// acquired), at most warmN at a time, and stores each result as its load
+// ends; it counts the other items (fresh, busy, failed) too.
+//
+// A result is stored only if its load ended within LoadTimeout of the
+// acquire, and its commit has until LoadTimeout + Timeout after it: the
+// tag memberships end then plus the entry's life, so a later entry would
+// outlive them, and an invalidation after they ended would not find it
+// (the memory store serves an entry without checking them). The results
+// are stored as they come rather than in one round trip at the end, which
+// would make every result of a batch as late as its slowest load.
+func (c *Cache) warmLoads(ctx context.Context, items []WarmItem, reqs []acquireReq, acq []acquireRes, acquired time.Time) (res WarmResult, errs []error) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, c.warmN)
@@ -145,20 +117,49 @@ func (c *Cache) warmLoads(ctx context.Context, items []WarmItem, acq []acquireRe
 		}
 		wg.Add(1)
 		sem <- struct{}{}
-		go func(i int, fence uint64) {
+		go func(it WarmItem, q acquireReq, fence uint64) {
 			defer wg.Done()
 			defer func() { <-sem }()
-			it := items[i]
-			v, neg, delta, err := c.call(ctx, it.Load)
-			l := warmLoaded{i: i, err: err, neg: neg, late: delta > c.loadTimeout}
-			if err == nil {
-				l.rec = c.newRecord(v, neg, fence, delta, it.Key, it.Policy)
-			}
+			failed, err := c.warmOne(ctx, it, q, fence, acquired)
 			mu.Lock()
-			results = append(results, l)
-			mu.Unlock()
-		}(i, a.fence)
+			defer mu.Unlock()
+			if failed {
+				res.Failed++
+			} else {
+				res.Loaded++
+			}
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}(items[i], reqs[i], a.fence)
 	}
 	wg.Wait()
-	return res, results, errs
+	return res, errs
+}
+
+// warmOne loads it under the lock (q, fence) acquired at acquired, and
+// stores the result or releases the lock (see warmLoads). failed reports a
+// load that failed; err is that or the commit's error.
+func (c *Cache) warmOne(ctx context.Context, it WarmItem, q acquireReq, fence uint64, acquired time.Time) (failed bool, err error) {
+	v, neg, delta, err := c.call(ctx, it.Load)
+	// Store even if ctx ended meanwhile: the load is done.
+	sctx := context.WithoutCancel(ctx)
+	late := time.Since(acquired) > c.loadTimeout
+	if err != nil || late || neg && it.Policy.NegativeTTL == 0 {
+		c.release(sctx, []releaseReq{{entry: q.entry, token: q.token}})
+		if err != nil {
+			return true, fmt.Errorf("cache: warm %s: %w", it.Key.tool, err)
+		}
+		if late {
+			c.stats.uncached.Add(1)
+		}
+		return false, nil
+	}
+	rec := c.newRecord(v, neg, fence, delta, it.Key, it.Policy)
+	cctx, cancel := context.WithDeadline(sctx, acquired.Add(c.loadTimeout+c.timeout))
+	defer cancel()
+	if r := c.commit(cctx, []commitReq{{entry: q.entry, token: q.token, rec: rec}})[0]; r.err != nil {
+		return false, fmt.Errorf("cache: warm commit: %w", r.err)
+	}
+	return false, nil
 }
