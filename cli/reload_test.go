@@ -1,6 +1,10 @@
 package cli
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -8,8 +12,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/lestrrat-go/jwx/v3/jwa"
+	"github.com/lestrrat-go/jwx/v3/jwk"
+	"github.com/lestrrat-go/jwx/v3/jws"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 )
 
@@ -70,5 +79,87 @@ auth:
 	}
 	if got := admin(http.MethodGet, "/admin/breakers", "token-b"); got != http.StatusUnauthorized {
 		t.Fatalf("token-b after a reload without admin_token_env: %d, want 401", got)
+	}
+}
+
+// A reload that leaves a JWKS URL's settings as they were keeps the
+// authenticator, with the key set it holds: while the identity provider
+// is down, a reload of other settings is applied (it was refused: a new
+// authenticator fetches the set first) and tokens still verify.
+func TestServeReloadKeepsAJWKSURLAuthenticator(t *testing.T) {
+	up := upstream.New(&upstream.Options{Stateless: true, JSONResponse: true})
+	upSrv := httptest.NewServer(up.Handler())
+	defer upSrv.Close()
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := jwk.Import(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := jwk.Import(&priv.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []jwk.Key{signer, pub} {
+		if err := k.Set(jwk.KeyIDKey, "k1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set := jwk.NewSet()
+	if err := set.AddKey(pub); err != nil {
+		t.Fatal(err)
+	}
+	body, err := json.Marshal(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var down atomic.Bool
+	idp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if down.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(body)
+	}))
+	defer idp.Close()
+	claims, _ := json.Marshal(map[string]any{"tenant_id": "acme", "sub": "alice", "scope": "tools:*", "exp": time.Now().Add(time.Hour).Unix()})
+	token, err := jws.Sign(claims, jws.WithKey(jwa.ES256(), signer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("CLI_RELOAD_ADMIN_A", "token-a")
+	t.Setenv("CLI_RELOAD_ADMIN_B", "token-b")
+	dir := t.TempDir()
+	path := filepath.Join(dir, "mcpgate.yaml")
+	write := func(admin string) {
+		cfg := fmt.Sprintf("listen: 127.0.0.1:0\nupstream: {url: %s/mcp}\nusage: {store: \"sqlite:%s\"}\nauth:\n  jwt: {jwks_url: %s/jwks}\n  admin_token_env: %s\n",
+			upSrv.URL, filepath.Join(dir, "usage.db"), idp.URL, admin)
+		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("CLI_RELOAD_ADMIN_A")
+	addr := startMain(t, io.Discard, "serve", "--config", path)
+	if r := callEcho(t, addr, string(token)); r.StatusCode != http.StatusOK {
+		t.Fatalf("a call before the reload: %d", r.StatusCode)
+	}
+	down.Store(true)
+	write("CLI_RELOAD_ADMIN_B")
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/admin/reload", nil)
+	req.Header.Set("Authorization", "Bearer token-a")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("reload while the identity provider is down: %d %s", resp.StatusCode, msg)
+	}
+	if r := callEcho(t, addr, string(token)); r.StatusCode != http.StatusOK {
+		t.Fatalf("a call after the reload: %d", r.StatusCode)
 	}
 }

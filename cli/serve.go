@@ -59,9 +59,10 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	var (
-		mu      sync.Mutex
-		current = a
-		g       *gateway.Gateway
+		mu         sync.Mutex
+		current    = a
+		currentCfg = cfg
+		g          *gateway.Gateway
 	)
 	defer func() { mu.Lock(); current.Close(); mu.Unlock() }()
 	reload := func(ctx context.Context) error {
@@ -71,20 +72,26 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("reload refused, the old config stays in force:\n%w", err)
 		}
-		na, err := buildAuth(ctx, cfg, log)
-		if err != nil {
-			return fmt.Errorf("reload refused, the old config stays in force: %w", err)
+		na, kept := current, keepsAuth(currentCfg, cfg)
+		if !kept {
+			if na, err = buildAuth(ctx, cfg, log); err != nil {
+				return fmt.Errorf("reload refused, the old config stays in force: %w", err)
+			}
 		}
 		if err := g.Apply(cfg, na); err != nil {
-			na.Close()
+			if !kept {
+				na.Close()
+			}
 			return fmt.Errorf("reload refused, the old config stays in force: %w", err)
 		}
 		g.SetAdminToken(adminToken(cfg, log))
-		// Requests that loaded the old config just before the swap may
-		// still verify with the old authenticator: close it a little later.
-		old := current
-		time.AfterFunc(10*time.Second, func() { old.Close() })
-		current = na
+		if !kept {
+			// Requests that loaded the old config just before the swap may
+			// still verify with the old authenticator: close it a little later.
+			old := current
+			time.AfterFunc(10*time.Second, func() { old.Close() })
+		}
+		current, currentCfg = na, cfg
 		logConfigNotes(log, cfg)
 		log.Info("config reloaded", "config", *path)
 		return nil
