@@ -209,7 +209,15 @@ type sessionTracker struct {
 	m   map[string]*sessionEntry // by upstream session id
 	hc  *http.Client
 	now func() time.Time
+	// fullWarned is when the "too many sessions" warning was last logged,
+	// and untracked how many requests it has met since: at the cap, every
+	// request of every untracked session meets it.
+	fullWarned time.Time
+	untracked  int64
 }
+
+// fullWarnEvery is how often at most a full tracker says so.
+const fullWarnEvery = time.Minute
 
 func newSessionTracker(g *Gateway, size int) *sessionTracker {
 	if size <= 0 {
@@ -227,7 +235,12 @@ func (t *sessionTracker) add(upstream string, p auth.Principal, slots enforce.Se
 	e := t.m[upstream]
 	if e == nil {
 		if len(t.m) >= t.max {
-			t.g.log.Warn("too many sessions tracked on this instance: this one is not renewed nor ended when idle", "max", t.max)
+			t.untracked++
+			if now.Sub(t.fullWarned) >= fullWarnEvery {
+				t.g.log.Warn("too many sessions tracked on this instance: sessions beyond it are not renewed nor ended when idle",
+					"max", t.max, "untracked_requests", t.untracked)
+				t.fullWarned, t.untracked = now, 0
+			}
 			return
 		}
 		e = &sessionEntry{upstream: upstream, tenant: p.Tenant, subject: p.Subject, lastUse: now}
