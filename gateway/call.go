@@ -78,6 +78,11 @@ func (g *Gateway) serveCall(x *exchange) {
 		// answers reach the ticket through answered only: a load may
 		// outlive this call (an early refresh), and must not touch a.
 		a.failed, a.result, a.code, orphan = g.cachedCall(x.w, x.r, x.rt, x.fwd, plan, call, answered)
+		if !call.cached.Load() {
+			// The cache was bypassed (bypassCache): the call went upstream
+			// as its own, and is cancelled there as one when abandoned.
+			g.cancelAbandoned(x.r, x.p, msg.ID)
+		}
 		return
 	}
 	a.code = g.forwardCall(x.w, x.r, x.rt, x.fwd, call)

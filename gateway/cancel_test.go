@@ -162,10 +162,25 @@ func TestCancelKeptOpenAndIsolation(t *testing.T) {
 // closes) gets its call cancelled upstream by the gateway before the call's
 // concurrency slot is freed: an upstream on a 2025 session goes on running a
 // tool whose request was closed, and the freed slot would let another call
-// run beside it.
+// run beside it. The same holds for a cached tool whose call bypasses the
+// cache (a params member the cache key does not cover): it went upstream
+// as a call of its own.
 func TestAbandonedCallIsCancelledUpstream(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, setup{Config: cancelConfig})
+	for _, c := range []struct{ name, config, call string }{
+		{"plain", cancelConfig, callBody(7, "slow", map[string]any{"ms": 60000})},
+		{"cache bypassed", cancelConfig + "    cache: {ttl: 10m}\n",
+			`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow","arguments":{"ms":60000},"x":1}}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			abandonedCallIsCancelledUpstream(t, c.config, c.call)
+		})
+	}
+}
+
+func abandonedCallIsCancelledUpstream(t *testing.T, config, call string) {
+	e := newEnv(t, setup{Config: config})
 	tok := token(t, "acme", "alice")
 	init := post(t, e.mcpURL(0), tok, initializeBody, nil)
 	sid := init.Header.Get("Mcp-Session-Id")
@@ -181,7 +196,7 @@ func TestAbandonedCallIsCancelledUpstream(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = postCtx(ctx, e.mcpURL(0), tok, callBody(7, "slow", map[string]any{"ms": 60000}), hdr)
+		_, _ = postCtx(ctx, e.mcpURL(0), tok, call, hdr)
 	}()
 	eventually(t, 10*time.Second, "the slow call to reach the upstream", func() bool { return e.up.Calls("slow") == 1 })
 	cancel() // the connection closes; no notifications/cancelled from the client
