@@ -457,7 +457,11 @@ func (t *Ticket) Done(ctx context.Context, o Outcome) (charged int64) {
 // instances, overlapping calls count as "consecutive" in the order their
 // outcomes reach the store, successes of calls admitted clean excepted.
 func (e *Engine) reportOutcome(ctx context.Context, b *limit.BreakerSpec, st limit.BreakerState, failed bool) {
-	if !failed && !st.Probe && st.Failures == 0 && !e.lim.breakers.hasFailures(b.Key) {
+	if failed {
+		// Known before the store answers: a success reported meanwhile
+		// must reset the count this failure is about to raise.
+		e.lim.breakers.markFailing(b.Key)
+	} else if !st.Probe && st.Failures == 0 && !e.lim.breakers.hasFailures(b.Key) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)

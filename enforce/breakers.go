@@ -64,6 +64,19 @@ func newBreakerCache(now func() time.Time, alert func(limit.BreakerSpec, limit.B
 	return &breakerCache{now: now, alert: alert, open: make(map[string]openBreaker), denials: make(map[string]seenDenials), failing: make(map[string]struct{})}
 }
 
+// markFailing records that a failure of key is being reported.
+func (c *breakerCache) markFailing(key string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.failing) >= breakerCacheSize {
+		clear(c.failing)
+	}
+	c.failing[key] = struct{}{}
+}
+
 // hasFailures reports whether key's count of consecutive failures was last
 // seen above zero in this process.
 func (c *breakerCache) hasFailures(key string) bool {
