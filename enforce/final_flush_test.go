@@ -121,3 +121,67 @@ tools:
 		t.Errorf("unmetered calls = %v, want 0", got)
 	}
 }
+
+// outcomeBlip fails the loop breaker's outcome reports while down: what
+// opens the store breaker then leaves no usage to write.
+type outcomeBlip struct {
+	limit.GuardedStore
+	down atomic.Bool
+}
+
+func (s *outcomeBlip) ReportOutcome(ctx context.Context, b limit.BreakerSpec, failed, probe bool) (limit.BreakerState, error) {
+	if s.down.Load() {
+		return limit.BreakerState{}, context.DeadlineExceeded
+	}
+	return s.GuardedStore.ReportOutcome(ctx, b, failed, probe)
+}
+
+// With nothing to write (the usage flushed, the store breaker opened by
+// failed outcome reports), the shutdown does not wait for a store that
+// stays down: the wait is for usage it could place, and it lasts up to 5s.
+func TestShutdownWithNothingToWriteDoesNotWaitForTheStore(t *testing.T) {
+	cfg, err := policy.Parse("x.yaml", []byte(`upstream: {url: "http://127.0.0.1:1/mcp"}
+auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
+store: {timeout: 1s}
+usage: {flush_interval: 1h}
+breaker: {consecutive_failures: 100, cooldown: 1m}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := &outcomeBlip{GuardedStore: newSwappable(t)}
+	e, err := enforce.New(enforce.Options{Config: cfg, Usage: openSQLite(t), Shared: shared,
+		Probe: func(context.Context) error { return errors.New("down") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tickets []*enforce.Ticket
+	for range 3 {
+		tk, d := e.Admit(t.Context(), enforce.Call{Tenant: "acme", Subject: "a", Name: "flaky"})
+		if !d.Allowed {
+			t.Fatalf("denied: %+v", d)
+		}
+		tickets = append(tickets, tk)
+	}
+	for range 2 { // the second flush sees the first's write and empties the journal
+		if err := e.Flusher().Flush(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	shared.down.Store(true)
+	for _, tk := range tickets {
+		tk.Done(t.Context(), enforce.Outcome{Status: enforce.ToolError})
+	}
+	if e.StoreAvailable() {
+		t.Fatal("store breaker did not open")
+	}
+	start := time.Now()
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Without anything to write Close takes milliseconds; waiting for the
+	// store is a fixed 5s: 3s tells them apart on any machine.
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("Close took %v with nothing to write: it waited for the store", d.Round(time.Millisecond))
+	}
+}

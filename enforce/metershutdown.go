@@ -30,8 +30,8 @@ const shutdownStep = 5 * time.Second
 func (m *meterer) shutdown(ctx context.Context, finish func() error) {
 	g, _ := m.store.(*guardedStore) // nil: the in-process store, without a breaker
 	until := time.Now().Add(shutdownStep)
-	if g != nil {
-		g.awaitUp(until)
+	if g != nil && m.hasWork() {
+		g.awaitUp(until) // with nothing to write, a store still down costs no wait
 	}
 	// First what a store that lost its meters lost of this instance's.
 	m.bounded(ctx, m.checkJournal)
@@ -69,6 +69,15 @@ func (m *meterer) shutdown(ctx context.Context, finish func() error) {
 		m.log.Error("usage could not be recorded before shutdown: lost with this process; its calls are counted in mcpgate_unmetered_calls_total",
 			"meters", n, "calls", calls, "calls_maybe_recorded", sent)
 	}
+}
+
+// hasWork reports whether the shutdown has anything to write: usage
+// pending, journaled or tracked for the final flush.
+func (m *meterer) hasWork() bool {
+	m.mu.Lock()
+	journaled := len(m.journal) > 0
+	m.mu.Unlock()
+	return journaled || m.pendingCount() > 0 || m.flusher.Pending() > 0
 }
 
 // pendingCalls is how many calls the pending usage holds, and how many of
