@@ -8,8 +8,14 @@
 //	engine, _ := enforce.New(stores.EngineOptions()) // see package setup
 //	server := mcp.NewServer(impl, nil)
 //	server.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.Middleware(engine, nil))
-//	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)
+//	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
+//		&mcp.StreamableHTTPOptions{SessionTimeout: cfg.Sessions.IdleTimeout})
 //	http.Handle("/mcp", gosdk.RequireBearerToken(authenticator, cfg)(handler))
+//
+// Set the handler's SessionTimeout (sessions.idle_timeout, as the gateway
+// applies it): without one the SDK never ends a session whose client went
+// away without a DELETE (it crashed, or just exited), and each such
+// session is kept, with its goroutines, for the life of the process.
 //
 // Middleware admits every request through Engine.Admit and answers a
 // denial the way the gateway does (a JSON-RPC error with code -33029 and

@@ -77,6 +77,9 @@ type server struct {
 	stores *setup.Stores
 	engine *enforce.Engine
 	mcp    *mcp.Server
+	// idle ends a session its client stopped using without a DELETE (it
+	// crashed, or exited): sessions.idle_timeout, as the gateway applies it.
+	idle   time.Duration
 	served atomic.Int64 // tool calls that reached a tool
 	// endStreams ends the server-initiated streams (GET) when a shutdown
 	// starts: they never go idle, and the shutdown waits for calls only.
@@ -87,7 +90,7 @@ type server struct {
 // newServer builds the authenticator, the stores, the engine and the MCP
 // server of cfg.
 func newServer(ctx context.Context, cfg *policy.Config, log *slog.Logger) (_ *server, err error) {
-	s := &server{log: log}
+	s := &server{log: log, idle: cfg.Sessions.IdleTimeout}
 	s.streams, s.endStreams = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -127,7 +130,8 @@ func (s *server) count(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.Ca
 
 // handler serves MCP (Streamable HTTP) at /mcp, behind bearer-token auth.
 func (s *server) handler() http.Handler {
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.mcp }, nil)
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.mcp },
+		&mcp.StreamableHTTPOptions{SessionTimeout: s.idle})
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", gosdk.RequireBearerToken(s.auth, s.engine.Config())(s.endingStreams(h)))
 	return mux

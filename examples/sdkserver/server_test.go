@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +20,7 @@ import (
 
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/gosdk"
+	"github.com/mcpgate/mcpgate/policy"
 	"github.com/mcpgate/mcpgate/setup"
 	"github.com/mcpgate/mcpgate/usage"
 )
@@ -204,5 +208,77 @@ func TestRunErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("run %q = %v, want an error containing %q", c.args, err, c.want)
 		}
+	}
+}
+
+// A session its client abandons (no DELETE: the client crashed, or just
+// exited) ends once unused for sessions.idle_timeout, as the gateway ends
+// it: without the handler's SessionTimeout every abandoned session (its
+// ServerSession, transport and goroutines) stayed for the life of the
+// process.
+func TestAbandonedSessionEnds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	yaml := "auth:\n  jwt:\n    hs256_secret_env: " + testSecretEnv + "\n" +
+		"usage:\n  store: sqlite:" + filepath.Join(t.TempDir(), "usage.db") + "\n  flush_interval: 1h\n" +
+		"sessions:\n  idle_timeout: 1s\n"
+	cfg, err := policy.ParseEmbedded("idle.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newServer(ctx, cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.close)
+	hs := httptest.NewServer(s.handler())
+	t.Cleanup(hs.Close)
+	tok := sign(t, "idle-co", "alice", "tools:*")
+	post := func(session, body string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, hs.URL+"/mcp", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if session != "" {
+			req.Header.Set("Mcp-Session-Id", session)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	sessions := func() int {
+		n := 0
+		for range s.mcp.Sessions() {
+			n++
+		}
+		return n
+	}
+	resp := post("", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}`)
+	id := resp.Header.Get("Mcp-Session-Id")
+	if resp.StatusCode != http.StatusOK || id == "" {
+		t.Fatalf("initialize: %d, session %q", resp.StatusCode, id)
+	}
+	post(id, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	if n := sessions(); n != 1 {
+		t.Fatalf("%d sessions after initialize, want 1", n)
+	}
+	// Abandoned: no request, no DELETE. Polled without a request (one
+	// would keep the session in use); the bound is the test's, far past
+	// the idle timeout.
+	for deadline := time.Now().Add(30 * time.Second); sessions() != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a session unused for 30s under sessions.idle_timeout 1s is still open")
+		}
+	}
+	if resp := post(id, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("a request in the ended session: %d, want 404", resp.StatusCode)
 	}
 }
