@@ -8,9 +8,17 @@
 //	engine, _ := enforce.New(stores.EngineOptions()) // see package setup
 //	server := mcp.NewServer(impl, nil)
 //	server.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.Middleware(engine, nil))
+//	server.AddSendingMiddleware(gosdk.SendingMiddleware())
 //	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
 //		&mcp.StreamableHTTPOptions{SessionTimeout: cfg.Sessions.IdleTimeout})
 //	http.Handle("/mcp", gosdk.RequireBearerToken(authenticator, cfg)(handler))
+//
+// SendingMiddleware is part of the setup whenever a tool has a shared cache
+// (cache.shared): it tells Middleware that a tool handler asked its caller's
+// client something (sampling, elicitation, roots) while loading a shared
+// entry, whose result then holds that client's answers and is not stored for
+// every tenant. Until a SendingMiddleware has been installed in the process,
+// Middleware stores no shared result at all.
 //
 // Set the handler's SessionTimeout (sessions.idle_timeout, as the gateway
 // applies it): without one the SDK never ends a session whose client went
@@ -32,6 +40,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -125,7 +134,12 @@ type Options struct {
 //     callers (and across processes on a Redis cache), the value the JSON of
 //     the *mcp.CallToolResult, an isError result cached as negative. A result
 //     asking for input (NeedsInput) is not cached, nor is a call carrying
-//     input responses or request state. Errors are never cached.
+//     input responses or request state. Errors are never cached. Nor is,
+//     under a shared cache, a result whose handler asked its client
+//     something through the context it was given (SendingMiddleware sees
+//     it; without one installed no shared result is stored): it goes to the
+//     caller whose client answered, and every caller that joined that load
+//     runs its own call, as the gateway does.
 //   - Every admitted call is settled with Ticket.Answered and Ticket.Done
 //     before its answer is returned: the status is OK, ToolError (an isError
 //     result or an error), Cancelled (the request's context was cancelled,
@@ -137,29 +151,35 @@ type Options struct {
 // logs. Add it after any middleware that must see requests before they are
 // charged (ScopeMiddleware first: AddReceivingMiddleware(scopes, limits)).
 func Middleware(e *enforce.Engine, opts *Options) mcp.Middleware {
-	m := &middleware{e: e, identity: TokenIdentity}
+	return newMiddleware(e, opts).wrap
+}
+
+func newMiddleware(e *enforce.Engine, opts *Options) *middleware {
+	m := &middleware{e: e, identity: TokenIdentity, sending: &sendingInstalled}
 	if opts != nil && opts.Identity != nil {
 		m.identity = opts.Identity
 	}
-	return func(next mcp.MethodHandler) mcp.MethodHandler {
-		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-			if isNotification(method) {
-				return next(ctx, method, req)
-			}
-			id, err := m.identity(ctx, req)
-			if err != nil {
-				return nil, unauthenticated(err)
-			}
-			switch method {
-			case enforce.MethodToolsCall:
-				return m.toolCall(ctx, next, method, req, id)
-			case "tools/list":
-				res, err := m.request(ctx, next, method, req, id)
-				m.learnOutputSchemas(res)
-				return res, err
-			}
-			return m.request(ctx, next, method, req, id)
+	return m
+}
+
+func (m *middleware) wrap(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if isNotification(method) {
+			return next(ctx, method, req)
 		}
+		id, err := m.identity(ctx, req)
+		if err != nil {
+			return nil, unauthenticated(err)
+		}
+		switch method {
+		case enforce.MethodToolsCall:
+			return m.toolCall(ctx, next, method, req, id)
+		case "tools/list":
+			res, err := m.request(ctx, next, method, req, id)
+			m.learnOutputSchemas(res)
+			return res, err
+		}
+		return m.request(ctx, next, method, req, id)
 	}
 }
 
@@ -167,6 +187,7 @@ type middleware struct {
 	e        *enforce.Engine
 	identity func(ctx context.Context, req mcp.Request) (Identity, error)
 	outputs  enforce.OutputSchemas // the tools this server listed with an outputSchema
+	sending  *atomic.Bool          // set once a SendingMiddleware is installed: sendingInstalled
 }
 
 // request governs a request that is not a tools/call.
@@ -230,12 +251,18 @@ func (m *middleware) toolCall(ctx context.Context, next mcp.MethodHandler, metho
 	return res, err
 }
 
-// interim is a loader's answer that asks the caller for input (MCP
-// 2026-07-28 input_required): it belongs to the caller whose load got it,
-// and is never cached.
-type interim struct{ res mcp.Result }
+// interim is a loader's answer that belongs to the caller whose load got
+// it, and is never cached: one asking the caller for input (MCP 2026-07-28
+// input_required), or a shared entry's whose handler asked the caller's
+// client something. answer and failed settle the call (answer nil: the
+// estimate is charged).
+type interim struct {
+	res    mcp.Result
+	answer json.RawMessage
+	failed bool
+}
 
-func (*interim) Error() string { return "gosdk: the tool asked for input: its result is not cached" }
+func (*interim) Error() string { return "gosdk: the tool result is its caller's alone: not cached" }
 
 // cachedCall answers a tools/call from the engine's cache, the wrapped
 // handler running once per key for all concurrent callers. It returns the
@@ -250,7 +277,18 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 	entry, _, err := m.e.Cache().Get(ctx, plan.Key, func(lctx context.Context) (b []byte, negative bool, err error) {
 		own.start(lctx)
 		ran.Store(true)
-		defer func() { own.end(b, negative || err != nil) }()
+		defer func() {
+			var in *interim
+			if errors.As(err, &in) && in.answer != nil {
+				own.end(in.answer, in.failed)
+				return
+			}
+			own.end(b, negative || err != nil)
+		}()
+		var asked *atomic.Bool
+		if plan.Key.Scope().Shared() {
+			asked, lctx = m.watchClient(lctx)
+		}
 		res, err := next(lctx, method, req)
 		if err != nil {
 			return nil, false, err
@@ -263,6 +301,10 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 			return nil, false, &interim{res: res}
 		}
 		b, err = json.Marshal(r)
+		if err == nil && asked != nil && asked.Load() {
+			// Its client's answers are in it: not every tenant's to read.
+			return nil, false, &interim{res: res, answer: b, failed: r.IsError}
+		}
 		return b, r.IsError, err
 	}, plan.Policy)
 	if err != nil && ctx.Err() != nil && ran.Load() {
@@ -278,7 +320,7 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 		var in *interim
 		switch {
 		case errors.As(err, &in) && ran.Load():
-			return in.res, nil, false, nil
+			return in.res, in.answer, in.failed, nil
 		case errors.As(err, &in):
 			// Another caller's load asked for that caller's input: this
 			// caller gets its own answer.
@@ -297,6 +339,57 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 		loaded = entry.Value // this caller's own load: its reported cost counts
 	}
 	return &r, loaded, entry.Negative, nil
+}
+
+// askedKey is the context key of a shared load's flag that its handler
+// asked the caller's client something (see SendingMiddleware).
+type askedKey struct{}
+
+// sendingInstalled is set once a SendingMiddleware is installed on a
+// server of the process.
+var sendingInstalled atomic.Bool
+
+var warnNoSending sync.Once
+
+// watchClient returns the flag a SendingMiddleware sets when the handler
+// running under ctx asks its client something, and ctx carrying it. With
+// no SendingMiddleware installed nothing would ever set it: it is set from
+// the start, so that no shared result is stored.
+func (m *middleware) watchClient(ctx context.Context) (*atomic.Bool, context.Context) {
+	asked := new(atomic.Bool)
+	if !m.sending.Load() {
+		asked.Store(true)
+		warnNoSending.Do(func() {
+			slog.Warn("gosdk: no SendingMiddleware is installed (server.AddSendingMiddleware(gosdk.SendingMiddleware())): shared cache results are not stored")
+		})
+	}
+	return asked, context.WithValue(ctx, askedKey{}, asked)
+}
+
+// SendingMiddleware returns sending middleware for an mcp.Server
+// (AddSendingMiddleware) that Middleware needs on every server whose tools
+// have a shared cache: it sees a request the server sends its client
+// (sampling/createMessage, elicitation/create, roots/list, any but ping)
+// on the context of a tool handler loading a shared entry, so that the
+// result, which then holds the client's answers, is not stored for every
+// tenant. A handler that asks its client on a context other than the one
+// it was given is not seen.
+//
+// Until one has been installed on a server of the process, Middleware
+// stores no shared result: it cannot otherwise know that the results it
+// would share asked no client. That check is the process's, not the
+// server's: a server of a process whose other servers install one, and
+// which does not, shares what its handlers' clients answered.
+func SendingMiddleware() mcp.Middleware {
+	return func(next mcp.MethodHandler) mcp.MethodHandler {
+		sendingInstalled.Store(true) // AddSendingMiddleware wraps as it installs
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if asked, ok := ctx.Value(askedKey{}).(*atomic.Bool); ok && method != "ping" && !isNotification(method) {
+				asked.Store(true)
+			}
+			return next(ctx, method, req)
+		}
+	}
 }
 
 // ownLoad is the load a caller's own Get started, as the caller sees it

@@ -72,6 +72,9 @@ type server struct {
 type options struct {
 	// usage, when set, meters into an SQLite file in t.TempDir().
 	usage bool
+	// noSending builds the server as if no gosdk.SendingMiddleware were
+	// installed in the process.
+	noSending bool
 }
 
 // newServer starts a server whose config is an auth section, the store
@@ -115,7 +118,12 @@ func newServer(t *testing.T, redis bool, yaml string, o options) *server {
 
 	srv := mcp.NewServer(&mcp.Implementation{Name: "gosdk-test", Version: "1"}, nil)
 	s.addTools(srv)
-	srv.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.Middleware(eng, nil))
+	if o.noSending {
+		srv.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.MiddlewareWithoutSending(eng, nil))
+	} else {
+		srv.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.Middleware(eng, nil))
+		srv.AddSendingMiddleware(gosdk.SendingMiddleware())
+	}
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
 	hs := httptest.NewServer(gosdk.RequireBearerToken(a, cfg)(h))
 	t.Cleanup(hs.Close)
@@ -147,7 +155,17 @@ func text(s string) *mcp.CallToolResult {
 //	slow {key, ms} waits for s.release (or ms), then returns "slow <key>"
 //	llm {}       returns a result reporting _meta.usage.tokens 7
 //	lookup {text} returns {"found": text}, and declares that outputSchema
+//	ask {text}   asks its client for input (elicitation), returns "asked: <its answer>"
 func (s *server) addTools(srv *mcp.Server) {
+	mcp.AddTool(srv, &mcp.Tool{Name: "ask"}, func(ctx context.Context, req *mcp.CallToolRequest, _ textIn) (*mcp.CallToolResult, any, error) {
+		s.count("ask")
+		r, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: "your answer?"})
+		if err != nil {
+			return nil, nil, err
+		}
+		answer, _ := r.Content["answer"].(string)
+		return text("asked: " + answer), nil, nil
+	})
 	mcp.AddTool(srv, &mcp.Tool{Name: "lookup"}, func(_ context.Context, _ *mcp.CallToolRequest, in textIn) (*mcp.CallToolResult, lookupOut, error) {
 		s.count("lookup")
 		return nil, lookupOut{Found: in.Text}, nil
@@ -268,12 +286,37 @@ func (s *server) connect(tok string) *mcp.ClientSession {
 	return cs
 }
 
+// connectAnswering opens a client session to the server with tok whose
+// client accepts every elicitation with {"answer": answer}.
+func (s *server) connectAnswering(tok, answer string) *mcp.ClientSession {
+	s.t.Helper()
+	cs, err := connectWith(s.url, tok, answering(func() string { return answer }))
+	if err != nil {
+		s.t.Fatalf("connect: %v", err)
+	}
+	s.t.Cleanup(func() { _ = cs.Close() })
+	return cs
+}
+
+// answering is the options of a client that accepts every elicitation
+// with {"answer": answer()}.
+func answering(answer func() string) *mcp.ClientOptions {
+	return &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"answer": answer()}}, nil
+		}}
+}
+
 // connectTo opens a client session to url with tok; the transport does not
 // retry (a retried POST would blur exact counts).
 func connectTo(url, tok string) (*mcp.ClientSession, error) {
+	return connectWith(url, tok, nil)
+}
+
+func connectWith(url, tok string, opts *mcp.ClientOptions) (*mcp.ClientSession, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	client := mcp.NewClient(&mcp.Implementation{Name: "gosdk-test-client", Version: "1"}, nil)
+	client := mcp.NewClient(&mcp.Implementation{Name: "gosdk-test-client", Version: "1"}, opts)
 	tr := &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: bearer{tok}}, MaxRetries: -1}
 	return client.Connect(ctx, tr, nil)
 }

@@ -111,6 +111,9 @@ func newServer(ctx context.Context, cfg *policy.Config, log *slog.Logger) (_ *se
 	mcp.AddTool(s.mcp, &mcp.Tool{Name: "count", Description: "Returns how many tool calls this process has served."}, s.count)
 	// Scopes first: a call outside them is refused before it is charged.
 	s.mcp.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.Middleware(s.engine, nil))
+	// A shared cache must see a handler ask its client something (none of
+	// these tools does, but a config may share their cache).
+	s.mcp.AddSendingMiddleware(gosdk.SendingMiddleware())
 	return s, nil
 }
 
