@@ -399,62 +399,6 @@ tiers:
 	}
 }
 
-// Under deny_as: result the denial is in _meta too; a tool the server
-// listed with an outputSchema (lookup) gets it there only, not as
-// structuredContent, which would not match the schema. Before any
-// tools/list the middleware knows of no schema.
-func TestDenyAsResultOutputSchema(t *testing.T) {
-	t.Parallel()
-	s := newServer(t, false, `
-tiers:
-  free:
-    deny_as: result
-    limits:
-      - {name: per_tool, per: tenant_tool, algorithm: fixed_window, limit: 1, period: 1h}
-`, options{})
-	cs := s.connect(token(t, "schema-co", "alice"))
-	ctx := context.Background()
-	denied := func(tool string) (*mcp.CallToolResult, enforce.Denial) {
-		t.Helper()
-		res, err := call(ctx, cs, tool, map[string]any{"text": "x"})
-		if err != nil || !res.IsError {
-			t.Fatalf("denied %s: %+v, %v; want an isError result", tool, res, err)
-		}
-		b, _ := json.Marshal(res.Meta[enforce.MetaDenial])
-		var d enforce.Denial
-		if err := decodeStrict(b, &d); err != nil || d.Rule != "per_tool" || d.Scope != "tenant_tool" || d.RetryAfterSeconds < 1 {
-			t.Fatalf("denied %s: _meta %v (%v), want the per_tool denial", tool, res.Meta, err)
-		}
-		return res, d
-	}
-	for _, tool := range []string{"lookup", "echo"} {
-		if _, err := call(ctx, cs, tool, map[string]any{"text": "x"}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if res, _ := denied("lookup"); res.StructuredContent == nil {
-		t.Fatal("before tools/list: no structuredContent; the middleware cannot know lookup's schema yet")
-	}
-	list, err := cs.ListTools(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tool := range list.Tools {
-		if tool.Name == "lookup" && tool.OutputSchema == nil {
-			t.Fatal("lookup lists no outputSchema: the test proves nothing")
-		}
-	}
-	if res, _ := denied("lookup"); res.StructuredContent != nil {
-		t.Fatalf("lookup declares an outputSchema, yet its denial has structuredContent %v", res.StructuredContent)
-	}
-	res, d := denied("echo")
-	b, _ := json.Marshal(res.StructuredContent)
-	var sc enforce.Denial
-	if err := decodeStrict(b, &sc); err != nil || sc != d {
-		t.Fatalf("echo: structuredContent %s (%v), want the _meta denial %+v", b, err, d)
-	}
-}
-
 // A cancelled call is settled: its concurrency slot is released, so the
 // next call is admitted.
 func TestCancelledCallReleasesSlot(t *testing.T) {

@@ -125,8 +125,9 @@ type Options struct {
 //     result gets instead a *mcp.CallToolResult with IsError set, the text
 //     for the model (Decision.Text) and the Denial in Meta under
 //     enforce.MetaDenial and as StructuredContent, except for a tool the
-//     server listed with an OutputSchema (which the Denial would not
-//     match: a client may check it even on an error).
+//     server lists with an OutputSchema (which the Denial would not
+//     match: a client may check it even on an error); the first such
+//     denial reads the server's tools/list in process to know them.
 //     A store failure under on_error: closed is a *jsonrpc.Error with code
 //     CodeUnavailable. The wrapped handler does not run.
 //   - An admitted tools/call of a tool with a cache is served through
@@ -188,6 +189,9 @@ type middleware struct {
 	identity func(ctx context.Context, req mcp.Request) (Identity, error)
 	outputs  enforce.OutputSchemas // the tools this server listed with an outputSchema
 	sending  *atomic.Bool          // set once a SendingMiddleware is installed: sendingInstalled
+
+	listMu sync.Mutex
+	listed bool // listTools read the whole list
 }
 
 // request governs a request that is not a tools/call.
@@ -222,6 +226,7 @@ func (m *middleware) toolCall(ctx context.Context, next mcp.MethodHandler, metho
 	if !d.Allowed {
 		t.Done(ctx, enforce.Outcome{}) // a no-op for a denied call, by contract
 		if !d.Unavailable && d.DenyAs == policy.DenyResult {
+			m.listTools(ctx, next, req)
 			return deniedResult(d, m.outputs.Declares(params.Name)), nil
 		}
 		return nil, denialError(d)
@@ -531,6 +536,39 @@ func (m *middleware) learnOutputSchemas(res mcp.Result) {
 		}
 	}
 	m.outputs.Learn(tools)
+}
+
+// maxListPages bounds the pages listTools reads: a cursor that never ends
+// must not hold a denial for ever.
+const maxListPages = 100
+
+// listTools learns, once, which of the server's tools declare an
+// outputSchema, from its own tools/list asked in process (the handler
+// below Middleware, every page): a result-mode denial must know it even
+// for a client that never listed the tools here (it listed them before a
+// restart, or through another replica), as the gateway learns them at
+// start. A tool added later is learnt from the next tools/list that passes.
+// A failed listing is tried again at the next denial.
+func (m *middleware) listTools(ctx context.Context, next mcp.MethodHandler, req mcp.Request) {
+	m.listMu.Lock()
+	defer m.listMu.Unlock()
+	ss, _ := req.GetSession().(*mcp.ServerSession)
+	if m.listed || ss == nil {
+		return
+	}
+	var cursor string
+	for range maxListPages {
+		res, err := next(ctx, "tools/list", &mcp.ListToolsRequest{Session: ss, Params: &mcp.ListToolsParams{Cursor: cursor}})
+		list, ok := res.(*mcp.ListToolsResult)
+		if err != nil || !ok || list == nil {
+			return
+		}
+		m.learnOutputSchemas(list)
+		if cursor = list.NextCursor; cursor == "" {
+			m.listed = true
+			return
+		}
+	}
 }
 
 // unauthenticated is the answer to a request whose caller Options.Identity

@@ -75,6 +75,8 @@ type options struct {
 	// noSending builds the server as if no gosdk.SendingMiddleware were
 	// installed in the process.
 	noSending bool
+	// pageSize is the server's tools/list page size (0: the SDK's).
+	pageSize int
 }
 
 // newServer starts a server whose config is an auth section, the store
@@ -116,7 +118,7 @@ func newServer(t *testing.T, redis bool, yaml string, o options) *server {
 	s.engine = eng
 	t.Cleanup(func() { _ = eng.Close() }) // before the stores close (cleanups run last first)
 
-	srv := mcp.NewServer(&mcp.Implementation{Name: "gosdk-test", Version: "1"}, nil)
+	srv := mcp.NewServer(&mcp.Implementation{Name: "gosdk-test", Version: "1"}, &mcp.ServerOptions{PageSize: o.pageSize})
 	s.addTools(srv)
 	if o.noSending {
 		srv.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.MiddlewareWithoutSending(eng, nil))
