@@ -40,11 +40,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -256,204 +254,6 @@ func (m *middleware) toolCall(ctx context.Context, next mcp.MethodHandler, metho
 	return res, err
 }
 
-// interim is a loader's answer that belongs to the caller whose load got
-// it, and is never cached: one asking the caller for input (MCP 2026-07-28
-// input_required), or a shared entry's whose handler asked the caller's
-// client something. answer and failed settle the call (answer nil: the
-// estimate is charged).
-type interim struct {
-	res    mcp.Result
-	answer json.RawMessage
-	failed bool
-}
-
-func (*interim) Error() string { return "gosdk: the tool result is its caller's alone: not cached" }
-
-// cachedCall answers a tools/call from the engine's cache, the wrapped
-// handler running once per key for all concurrent callers. It returns the
-// answer, the result this caller's own load produced (nil on a hit, so
-// that a hit is charged the estimate), whether the answer is a failure,
-// and the error to return.
-func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request, plan enforce.CachePlan) (mcp.Result, json.RawMessage, bool, error) {
-	// The loader may also run after this call returned (an early refresh a
-	// hit started): it writes nothing of this call's but ran and own.
-	var ran atomic.Bool
-	own := &ownLoad{done: make(chan struct{})}
-	entry, _, err := m.e.Cache().Get(ctx, plan.Key, func(lctx context.Context) (b []byte, negative bool, err error) {
-		own.start(lctx)
-		ran.Store(true)
-		defer func() {
-			var in *interim
-			if errors.As(err, &in) && in.answer != nil {
-				own.end(in.answer, in.failed)
-				return
-			}
-			own.end(b, negative || err != nil)
-		}()
-		var asked *atomic.Bool
-		if plan.Key.Scope().Shared() {
-			asked, lctx = m.watchClient(lctx)
-		}
-		res, err := next(lctx, method, req)
-		if err != nil {
-			return nil, false, err
-		}
-		r, ok := res.(*mcp.CallToolResult)
-		if !ok || r == nil {
-			return nil, false, errors.New("gosdk: the tool handler returned no *mcp.CallToolResult")
-		}
-		if r.NeedsInput() || r.InputRequests != nil {
-			return nil, false, &interim{res: res}
-		}
-		b, err = json.Marshal(r)
-		if err == nil && asked != nil && asked.Load() {
-			// Its client's answers are in it: not every tenant's to read.
-			return nil, false, &interim{res: res, answer: b, failed: r.IsError}
-		}
-		return b, r.IsError, err
-	}, plan.Policy)
-	if err != nil && ctx.Err() != nil && ran.Load() {
-		// The caller left while its own load runs on for the flight: as
-		// the gateway does, the call is settled when that load ends, on
-		// its result, so that its concurrency slot stays held for the
-		// work it started and the cost the tool reports is the one
-		// charged.
-		result, failed := own.wait()
-		return nil, result, failed, err
-	}
-	if err != nil {
-		var in *interim
-		switch {
-		case errors.As(err, &in) && ran.Load():
-			return in.res, in.answer, in.failed, nil
-		case errors.As(err, &in):
-			// Another caller's load asked for that caller's input: this
-			// caller gets its own answer.
-			res, err := next(ctx, method, req)
-			answer, failed := settled(res, err)
-			return res, answer, failed, err
-		}
-		return nil, nil, true, err
-	}
-	var r mcp.CallToolResult
-	if err := json.Unmarshal(entry.Value, &r); err != nil {
-		return nil, nil, true, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "gosdk: cached tool result cannot be decoded: " + err.Error()}
-	}
-	var loaded json.RawMessage
-	if ran.Load() {
-		loaded = entry.Value // this caller's own load: its reported cost counts
-	}
-	return &r, loaded, entry.Negative, nil
-}
-
-// askedKey is the context key of a shared load's flag that its handler
-// asked the caller's client something (see SendingMiddleware).
-type askedKey struct{}
-
-// sendingInstalled is set once a SendingMiddleware is installed on a
-// server of the process.
-var sendingInstalled atomic.Bool
-
-var warnNoSending sync.Once
-
-// watchClient returns the flag a SendingMiddleware sets when the handler
-// running under ctx asks its client something, and ctx carrying it. With
-// no SendingMiddleware installed nothing would ever set it: it is set from
-// the start, so that no shared result is stored.
-func (m *middleware) watchClient(ctx context.Context) (*atomic.Bool, context.Context) {
-	asked := new(atomic.Bool)
-	if !m.sending.Load() {
-		asked.Store(true)
-		warnNoSending.Do(func() {
-			slog.Warn("gosdk: no SendingMiddleware is installed (server.AddSendingMiddleware(gosdk.SendingMiddleware())): shared cache results are not stored")
-		})
-	}
-	return asked, context.WithValue(ctx, askedKey{}, asked)
-}
-
-// SendingMiddleware returns sending middleware for an mcp.Server
-// (AddSendingMiddleware) that Middleware needs on every server whose tools
-// have a shared cache: it sees a request the server sends its client
-// (sampling/createMessage, elicitation/create, roots/list, any but ping)
-// on the context of a tool handler loading a shared entry, so that the
-// result, which then holds the client's answers, is not stored for every
-// tenant. A handler that asks its client on a context other than the one
-// it was given is not seen.
-//
-// Until one has been installed on a server of the process, Middleware
-// stores no shared result: it cannot otherwise know that the results it
-// would share asked no client. That check is the process's, not the
-// server's: a server of a process whose other servers install one, and
-// which does not, shares what its handlers' clients answered.
-func SendingMiddleware() mcp.Middleware {
-	return func(next mcp.MethodHandler) mcp.MethodHandler {
-		sendingInstalled.Store(true) // AddSendingMiddleware wraps as it installs
-		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-			if asked, ok := ctx.Value(askedKey{}).(*atomic.Bool); ok && method != "ping" && !isNotification(method) {
-				asked.Store(true)
-			}
-			return next(ctx, method, req)
-		}
-	}
-}
-
-// ownLoad is the load a caller's own Get started, as the caller sees it
-// once it has left: the loader runs on for the flight's other callers.
-type ownLoad struct {
-	done chan struct{} // closed by end
-
-	mu     sync.Mutex
-	ctx    context.Context // the first loader's: ends at the cache's LoadTimeout
-	result json.RawMessage
-	failed bool
-}
-
-// loadGrace is how long after its context ended a load still counts as
-// running: the cache abandons a Loader 1 s after (cache.ErrLoaderAbandoned).
-const loadGrace = time.Second
-
-func (o *ownLoad) start(ctx context.Context) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.ctx == nil { // an early refresh of the same Get would be a second load
-		o.ctx = ctx
-	}
-}
-
-func (o *ownLoad) end(result json.RawMessage, failed bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	select {
-	case <-o.done:
-	default:
-		o.result, o.failed = result, failed
-		close(o.done)
-	}
-}
-
-// wait returns the load's result once it ended, or (nil, true) once the
-// cache has abandoned it: a handler that ignores its context must not
-// keep the request, and its slot, for ever.
-func (o *ownLoad) wait() (json.RawMessage, bool) {
-	o.mu.Lock()
-	ctx := o.ctx
-	o.mu.Unlock()
-	select {
-	case <-o.done:
-	case <-ctx.Done():
-		t := time.NewTimer(loadGrace)
-		defer t.Stop()
-		select {
-		case <-o.done:
-		case <-t.C:
-			return nil, true
-		}
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.result, o.failed
-}
-
 // settled is what a handler's answer settles a call with: the marshalled
 // result and whether it is a failure (an error, or an isError result).
 func settled(res mcp.Result, err error) (json.RawMessage, bool) {
@@ -482,13 +282,6 @@ func status(ctx context.Context, failed bool) enforce.Status {
 		return enforce.ToolError
 	}
 	return enforce.OK
-}
-
-// cacheableParams reports whether a tools/call's answer can depend on no
-// more than its name and arguments: a retry carrying input responses or
-// request state (MCP 2026-07-28) goes to the handler.
-func cacheableParams(p *mcp.CallToolParamsRaw) bool {
-	return len(p.InputResponses) == 0 && p.RequestState == ""
 }
 
 // denialError is a denied request's JSON-RPC error.
