@@ -135,3 +135,40 @@ func TestRefreshKeepsPositive(t *testing.T) {
 		t.Fatalf("after a negative refresh: %+v %v %v", e, src, err)
 	}
 }
+
+// Only an early refresh's Loader is told it runs as one (Refreshing): a
+// miss's and a warm-up's load run for callers that wait for them.
+func TestRefreshingMarksOnlyEarlyRefreshes(t *testing.T) {
+	mem, _ := NewMemoryStore(nil)
+	c := newCache(t, mem, &Options{Beta: 1e12}) // refresh on every hit
+	pol := Policy{TTL: time.Minute}
+	marked := make(chan bool, 3)
+	load := func(ctx context.Context) ([]byte, bool, error) {
+		marked <- Refreshing(ctx)
+		return []byte("v"), false, nil
+	}
+	k := mustKey(t, Tenant("t"), "search", `{}`)
+	if _, src := get(t, c, k, load, pol); src != Miss {
+		t.Fatalf("first Get: %v, want a miss", src)
+	}
+	if _, src := get(t, c, k, load, pol); src != Hit {
+		t.Fatalf("second Get: %v, want a hit", src)
+	}
+	w := mustKey(t, Tenant("t"), "search", `{"q":1}`)
+	if _, err := c.Warm(context.Background(), []WarmItem{{Key: w, Policy: pol, Load: load}}); err != nil {
+		t.Fatal(err)
+	}
+	c.Close() // waits for the refresh
+	close(marked)
+	var got []bool
+	for m := range marked {
+		got = append(got, m)
+	}
+	// The refresh may end before or after the warm-up's load.
+	if len(got) != 3 || got[0] || (got[1] == got[2]) {
+		t.Fatalf("Refreshing in the miss's, then the refresh's and the warm-up's loads (in either order): %v", got)
+	}
+	if Refreshing(context.Background()) {
+		t.Fatal("Refreshing(Background) = true")
+	}
+}

@@ -158,7 +158,18 @@ func (p *Policy) validate() error {
 // Loader that ignores its end is abandoned soon after (ErrLoaderAbandoned)
 // and runs on with nobody waiting for it. The Cache keeps value: the Loader
 // must not modify it after returning.
+// An early refresh's ctx is marked (Refreshing).
 type Loader func(ctx context.Context) (value []byte, negative bool, err error)
+
+// refreshKey marks the context of an early refresh's Loader.
+type refreshKey struct{}
+
+// Refreshing reports whether ctx is a Loader's in an early (XFetch)
+// refresh: the load runs for the cache alone, started by a hit that was
+// answered at once, so no caller waits for it and it may well run after
+// the Get that started it returned. A Loader that acts for its caller (its
+// request's id, its connection) must then act for itself.
+func Refreshing(ctx context.Context) bool { return ctx.Value(refreshKey{}) != nil }
 
 // Entry is a cached or freshly loaded value. Value is shared with other
 // callers: do not modify it.

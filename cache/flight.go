@@ -460,7 +460,8 @@ func (c *Cache) loadDegraded(ctx context.Context, load Loader, storeErr error) (
 }
 
 // refresh starts an early refresh of key in the background, unless one is
-// running or a flight is loading the key.
+// running or a flight is loading the key. Its Loader's ctx is marked
+// (Refreshing): it outlives the hit that started it.
 func (c *Cache) refresh(ctx context.Context, key Key, load Loader, pol Policy, seen uint64) {
 	c.mu.Lock()
 	_, busy := c.refreshing[key.entry]
@@ -479,7 +480,7 @@ func (c *Cache) refresh(ctx context.Context, key Key, load Loader, pol Policy, s
 			delete(c.refreshing, key.entry)
 			c.mu.Unlock()
 		}()
-		ctx := context.WithoutCancel(ctx)
+		ctx := context.WithValue(context.WithoutCancel(ctx), refreshKey{}, true)
 		token := c.token()
 		res := c.acquireOne(ctx, key, pol, modeRefresh, seen, token)
 		if res.err != nil {

@@ -127,37 +127,45 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd re
 // load produced (for a cost correction; nil unless this caller's flight
 // loaded it) and the HTTP status written. orphan is nil unless the caller
 // left while its own load runs on for the flight: the call is settled only
-// when that load ends (orphan.done), on its result (orphan.outcome).
+// when that load ends (orphan.done), on its result (orphan.outcome). A
+// load that outlives the call without being its own (an early refresh its
+// hit started, or a load starting after it left) is detached
+// (loadDetached).
 func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int, orphan *leaderWriter) {
 	if !cacheableParams(fwd.Msg.Params) {
 		failed, loaded, status = g.bypassCache(w, r, rt, fwd, call)
 		return failed, loaded, status, nil
 	}
 	// The loader may also run after this call returned (an early refresh
-	// started by a hit): it must not touch this call's variables but ran
-	// and lw, which is made for it.
-	var ran atomic.Bool
+	// started by a hit, or the flight's load starting after its caller
+	// left): it must not touch this call's variables but claim and lw,
+	// which are made for it. It runs as this call's own (its id, its
+	// answer streamed to it, the call settled when it ends) only when it
+	// claims the call before cachedCall is done with it.
+	var claim atomic.Int32
 	lw := newLeaderWriter(w)
 	call.cached.Store(true)
+	shared := plan.Key.Scope() == cache.Shared()
 	entry, src, err := g.eng.Cache().Get(r.Context(), plan.Key, func(ctx context.Context) ([]byte, bool, error) {
-		ran.Store(true)
 		start := time.Now()
 		defer func() { g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds()) }()
-		return g.load(ctx, r, rt, fwd, lw, plan.Key.Scope() == cache.Shared())
+		if cache.Refreshing(ctx) || !claim.CompareAndSwap(loadPending, loadOwn) {
+			return g.loadDetached(ctx, r, rt, fwd, shared)
+		}
+		return g.load(ctx, r, rt, fwd, lw, shared)
 	}, plan.Policy)
 	g.countDegraded(entry)
 	switch {
 	case lw.release():
-		// This caller's own load streams the answer to it (or, rarely, an
-		// early refresh its hit started got there first): that is its
+		// This caller's own load streams the answer to it: that is its
 		// answer, whatever the flight's outcome.
 		failed, loaded, status = g.streamedAnswer(r, lw, answered)
 	case err != nil:
-		failed, loaded, status = g.failedFlightAnswer(w, r, rt, fwd, call, err, ran.Load())
+		failed, loaded, status = g.failedFlightAnswer(w, r, rt, fwd, call, err, claim.Load() == loadOwn)
 	default:
 		failed, loaded, status = g.entryAnswer(w, r, fwd.Msg, entry, src, answered)
 	}
-	if r.Context().Err() != nil && ran.Load() {
+	if !claim.CompareAndSwap(loadPending, loadDone) && r.Context().Err() != nil {
 		// A caller that left (cancelled, or gone) while its own load runs
 		// on for the flight: the call is settled only when that load ends,
 		// so that its concurrency slots stay held for the upstream work it
@@ -166,6 +174,36 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		orphan = lw
 	}
 	return failed, loaded, status, orphan
+}
+
+// The states of a cached call's claim on its loader (cachedCall).
+const (
+	loadPending int32 = iota // the loader has not run, cachedCall is not done
+	loadOwn                  // the loader runs as the call's own
+	loadDone                 // cachedCall is done: a load starting now is detached
+)
+
+// loadIDPrefix begins the JSON-RPC id of a detached load's request.
+const loadIDPrefix = "mcpgate-load-"
+
+// loadDetached is load for a load that outlives its call: an early refresh
+// (which a hit starts after it was answered), or a flight's load that
+// starts after its caller left. It goes upstream in the caller's session,
+// with its headers and params (_meta included), but under a JSON-RPC id of
+// the gateway's own, unique to the load, and relays to no one. Under the
+// caller's id it collided with the caller's requests after the call
+// ended: a late notifications/cancelled naming the answered call, which
+// matches no call in the gateway and goes upstream, cancelled the load; a
+// next request reusing the id, as JSON-RPC allows once it is answered, got
+// the upstream's 400 for a duplicate id in flight.
+func (g *Gateway) loadDetached(ctx context.Context, r *http.Request, rt *runtime, fwd relay, shared bool) ([]byte, bool, error) {
+	id, _ := json.Marshal(loadIDPrefix + newRequestID())
+	body, msg, err := mcp.WithID(fwd.Body, id)
+	if err != nil {
+		return nil, false, fmt.Errorf("a detached load's request: %w", err)
+	}
+	fwd.Body, fwd.Msg = body, msg
+	return g.load(ctx, r, rt, fwd, newLeaderWriter(nil), shared)
 }
 
 // bypassCache forwards the call without the cache, reporting what its

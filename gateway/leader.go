@@ -43,6 +43,8 @@ type leaderWriter struct {
 	doneOnce sync.Once
 }
 
+// newLeaderWriter relays to w; nil: a load with no caller, whose answer is
+// only captured.
 func newLeaderWriter(w http.ResponseWriter) *leaderWriter {
 	return &leaderWriter{header: make(http.Header), w: w, rc: http.NewResponseController(w), done: make(chan struct{})}
 }

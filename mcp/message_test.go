@@ -155,6 +155,43 @@ func TestSameID(t *testing.T) {
 	}
 }
 
+// WithID replaces a request's id and nothing else (a sub-slice body
+// included: the id is found in it, not in what follows it), and the Message
+// it returns is the copy's; a message that is no request is refused.
+func TestWithID(t *testing.T) {
+	const id = `"mcpgate-load-1"`
+	for _, c := range []struct{ body, want string }{
+		{`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow","arguments":{"id":7},"_meta":{"progressToken":7}}}`,
+			`{"jsonrpc":"2.0","id":"mcpgate-load-1","method":"tools/call","params":{"name":"slow","arguments":{"id":7},"_meta":{"progressToken":7}}}`},
+		{` { "method" : "tools/call", "params":{"name":"a"}, "id" : "x\u0041", "jsonrpc":"2.0", "extra":1 } `,
+			` { "method" : "tools/call", "params":{"name":"a"}, "id" : "mcpgate-load-1", "jsonrpc":"2.0", "extra":1 } `},
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}`, ""},
+		{`{"jsonrpc":"2.0","id":2,"result":{}}`, ""},
+		{`{"jsonrpc":"2.0","id":2,"id":3,"method":"ping"}`, ""},
+		{`[1]`, ""},
+	} {
+		buf := []byte("[" + c.body + `,{"id":99}]`)
+		body := buf[1 : 1+len(c.body)] // its capacity runs past its end
+		got, m, err := WithID(body, json.RawMessage(id))
+		if c.want == "" {
+			if err == nil {
+				t.Errorf("WithID(%s) = %s, want an error", c.body, got)
+			}
+			continue
+		}
+		if err != nil || string(got) != c.want {
+			t.Errorf("WithID(%s) = %s, %v\nwant %s", c.body, got, err, c.want)
+			continue
+		}
+		if string(m.ID) != id || m.Method != MethodToolsCall || !bytes.Contains(got, m.Params) {
+			t.Errorf("WithID(%s): message %+v", c.body, m)
+		}
+		if string(body) != c.body {
+			t.Errorf("WithID changed its input: %s", body)
+		}
+	}
+}
+
 func TestMarshalRoundTrip(t *testing.T) {
 	for _, body := range []string{
 		`{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"echo","arguments":{"text":"hi"}}}`,
