@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/mcpgate/mcpgate/enforce"
@@ -18,8 +19,20 @@ import (
 // session answers (the Go SDK's plain text, the TypeScript SDK's JSON-RPC
 // error with id null) while the session stays open.
 func notFoundUpstream(t *testing.T, up *upstream.Server) string {
+	return lostSessionUpstream(t, up, nil)
+}
+
+// lostSessionUpstream is notFoundUpstream whose DELETEs go to onDelete
+// (nil: to up).
+func lostSessionUpstream(t *testing.T, up *upstream.Server, onDelete http.HandlerFunc) string {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
+		switch r.Method {
+		case http.MethodDelete:
+			if onDelete != nil {
+				onDelete(w, r)
+				return
+			}
+		case http.MethodPost:
 			body, _ := io.ReadAll(r.Body)
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			switch {
@@ -37,6 +50,15 @@ func notFoundUpstream(t *testing.T, up *upstream.Server) string {
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL + "/mcp"
+}
+
+// sessionsOn counts the sessions open on up.
+func sessionsOn(up *upstream.Server) int {
+	n := 0
+	for range up.MCPServer().Sessions() {
+		n++
+	}
+	return n
 }
 
 // A session's slot is freed on the upstream's 404 only when that 404 says
@@ -66,13 +88,7 @@ func TestUpstream404FreesASlotOnlyWithItsSession(t *testing.T) {
 				UpstreamURL: notFoundUpstream(t, up),
 				Config:      "sessions: {max_per_subject: 1, idle_timeout: 1h}\n",
 			})
-			open := func() int {
-				n := 0
-				for range up.MCPServer().Sessions() {
-					n++
-				}
-				return n
-			}
+			open := func() int { return sessionsOn(up) }
 			alice := token(t, "acme", "alice")
 			r := initialize(t, e, 0, alice)
 			if r.Status != http.StatusOK {
@@ -135,5 +151,63 @@ func TestInitializeInsideASessionIsRefused(t *testing.T) {
 		if r := initialize(t, e, 0, alice); r.Status != http.StatusOK {
 			t.Fatalf("initialize %d after the only session was deleted: %d %s (a slot is still held)", i, r.Status, r.Body)
 		}
+	}
+}
+
+// The upstream's 404 frees a session's slot only once the DELETE the
+// gateway then sends has ended the session (2xx) or found it gone (404).
+// MCP lets a server refuse a DELETE (405): the slot was freed whatever the
+// DELETE's answer, and a subject capped at one session kept opening more,
+// each left open upstream. A session kept that way stays tracked and
+// served, and the idle sweep ends it.
+func TestUpstream404FreesNoSlotWhenTheDeleteFails(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		status int // the upstream's answer to the gateway's DELETE
+		freed  bool
+	}{
+		{name: "DELETE refused (405)", status: http.StatusMethodNotAllowed},
+		{name: "DELETE failed (503)", status: http.StatusServiceUnavailable},
+		{name: "session unknown to the DELETE (404)", status: http.StatusNotFound, freed: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			up := upstream.New(&upstream.Options{SessionTimeout: -1})
+			var deletes atomic.Int64
+			e := newEnv(t, setup{
+				UpstreamURL: lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
+					deletes.Add(1)
+					http.Error(w, http.StatusText(c.status), c.status)
+				}),
+				Config: "sessions: {max_per_subject: 1, idle_timeout: 1h}\n",
+			})
+			alice := token(t, "acme", "alice")
+			r := initialize(t, e, 0, alice)
+			if r.Status != http.StatusOK {
+				t.Fatalf("initialize: %d %s", r.Status, r.Body)
+			}
+			id := r.Header.Get("Mcp-Session-Id")
+			if r := post(t, e.mcpURL(0), alice, methodBody(7, "lost/plain", `{}`), http.Header{"Mcp-Session-Id": {id}}); r.Status != http.StatusNotFound {
+				t.Fatalf("lost/plain in the session: %d %s, want the upstream's 404", r.Status, r.Body)
+			}
+			again := initialize(t, e, 0, alice)
+			if n := deletes.Load(); n != 1 {
+				t.Fatalf("the upstream saw %d DELETEs, want the gateway's one", n)
+			}
+			if c.freed {
+				if again.Status != http.StatusOK {
+					t.Fatalf("initialize after the session was found gone: %d %s, want its slot freed", again.Status, again.Body)
+				}
+				return
+			}
+			wantSessionDenial(t, again, enforce.RuleSessionsSubject)
+			if n := sessionsOn(up); n != 1 {
+				t.Fatalf("%d upstream sessions open, want the one the upstream kept", n)
+			}
+			if r := post(t, e.mcpURL(0), alice, methodBody(8, "tools/list", `{}`), http.Header{"Mcp-Session-Id": {id}}); r.Status != http.StatusOK {
+				t.Fatalf("the kept session: %d %s, want it still served", r.Status, r.Body)
+			}
+		})
 	}
 }

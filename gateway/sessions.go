@@ -113,20 +113,45 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, p auth.Prin
 
 // endSession forgets a session its client ended and frees its slots. When
 // the upstream's 404 said the session is gone (upstream404), the session
-// is first ended upstream all the same: a 404 is whatever the upstream
-// says it is, and a freed slot must mean a session gone upstream, or each
-// slot could open any number of them.
+// is first ended upstream all the same, and its slots are freed only if
+// the upstream ended it (2xx) or did not know it (404): a 404 is whatever
+// the upstream says it is, and a freed slot must mean a session gone
+// upstream, or each slot could open any number of them. An upstream that
+// refuses that DELETE (405) or fails keeps the session tracked, and its
+// slots held, until the idle sweep ends it, as for a client's DELETE.
 func (g *Gateway) endSession(r *http.Request, p auth.Principal, upstream, lease string, upstream404 bool) {
-	e := g.tracker.remove(upstream)
-	if upstream404 {
-		g.tracker.endUpstream(context.WithoutCancel(r.Context()), sweepJob{upstream: upstream, tenant: p.Tenant, subject: p.Subject, protocol: r.Header.Get(mcp.HeaderProtocolVersion)})
+	ctx := context.WithoutCancel(r.Context())
+	if upstream404 && !g.tracker.endGone(ctx, sweepJob{upstream: upstream, tenant: p.Tenant, subject: p.Subject, protocol: r.Header.Get(mcp.HeaderProtocolVersion)}) {
+		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
+	e := g.tracker.remove(upstream)
+	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 	defer cancel()
 	g.eng.SessionSlotsOf(p.Tenant, p.Subject, lease).Release(ctx)
 	if e != nil && e.slots.Held() && e.slots.Lease() != lease {
 		e.slots.Release(ctx)
 	}
+}
+
+// endGone ends a session upstream (DELETE, as endUpstream) and reports
+// whether it is gone there: ended (2xx) or unknown (404). Any other answer
+// leaves it open: MCP lets a server refuse a DELETE (405).
+func (t *sessionTracker) endGone(ctx context.Context, j sweepJob) bool {
+	ctx, cancel := context.WithTimeout(ctx, endTimeout)
+	defer cancel()
+	status, err := t.g.askUpstream(ctx, t.hc, http.MethodDelete, j.tenant, j.subject, j.upstream, j.protocol, nil)
+	switch {
+	case err != nil:
+		t.g.log.Warn("ending a session upstream failed: its slots stay held until it is idle", "tenant", j.tenant, "err", err)
+		return false
+	case status/100 == 2:
+		t.g.metrics.SessionsEnded.Inc()
+		return true
+	case status == http.StatusNotFound:
+		return true
+	}
+	t.g.log.Warn("the upstream did not end a session: its slots stay held until it is idle", "tenant", j.tenant, "status", status)
+	return false
 }
 
 // maxEndBody bounds the part of a 404's body a sessionWriter keeps: an

@@ -20,6 +20,13 @@ import (
 // config asks for them, the identity headers of tenant and subject. The
 // answer's body is discarded.
 func (g *Gateway) sendUpstream(ctx context.Context, hc *http.Client, method, tenant, subject, session, protocol string, body []byte) error {
+	_, err := g.askUpstream(ctx, hc, method, tenant, subject, session, protocol, body)
+	return err
+}
+
+// askUpstream is sendUpstream for a caller that reads the answer's status:
+// whether the upstream did what it was asked is for the caller to judge.
+func (g *Gateway) askUpstream(ctx context.Context, hc *http.Client, method, tenant, subject, session, protocol string, body []byte) (status int, err error) {
 	rt := g.rt.Load()
 	var rd io.Reader
 	if body != nil {
@@ -27,7 +34,7 @@ func (g *Gateway) sendUpstream(ctx context.Context, hc *http.Client, method, ten
 	}
 	req, err := http.NewRequestWithContext(ctx, method, rt.cfg.Upstream.URL, rd)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	for k, v := range rt.cfg.Upstream.Headers {
 		req.Header.Set(k, v)
@@ -46,10 +53,10 @@ func (g *Gateway) sendUpstream(ctx context.Context, hc *http.Client, method, ten
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return redact.URLError(err) // the URL may carry the upstream's credential
+		return 0, redact.URLError(err) // the URL may carry the upstream's credential
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	return resp.Body.Close()
+	return resp.StatusCode, resp.Body.Close()
 }
 
 // cancelTimeout bounds the cancellation the gateway sends for a call whose
