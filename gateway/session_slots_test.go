@@ -211,3 +211,33 @@ func TestUpstream404FreesNoSlotWhenTheDeleteFails(t *testing.T) {
 		})
 	}
 }
+
+// A client's DELETE the upstream answers 404 frees the slot and goes
+// upstream once: the session is gone there, and the gateway sent a second
+// DELETE of it all the same.
+func TestDeleteAnswered404IsNotSentAgain(t *testing.T) {
+	t.Parallel()
+	up := upstream.New(&upstream.Options{SessionTimeout: -1})
+	var deletes atomic.Int64
+	e := newEnv(t, setup{
+		UpstreamURL: lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
+			deletes.Add(1)
+			http.Error(w, "session not found", http.StatusNotFound)
+		}),
+		Config: "sessions: {max_per_subject: 1, idle_timeout: 1h}\n",
+	})
+	alice := token(t, "acme", "alice")
+	r := initialize(t, e, 0, alice)
+	if r.Status != http.StatusOK {
+		t.Fatalf("initialize: %d %s", r.Status, r.Body)
+	}
+	if st := deleteSession(t, e, 0, alice, r.Header.Get("Mcp-Session-Id")); st != http.StatusNotFound {
+		t.Fatalf("DELETE: %d, want the upstream's 404", st)
+	}
+	if again := initialize(t, e, 0, alice); again.Status != http.StatusOK {
+		t.Fatalf("initialize after the DELETE: %d %s, want the slot freed", again.Status, again.Body)
+	}
+	if n := deletes.Load(); n != 1 {
+		t.Fatalf("the upstream saw %d DELETEs of the session, want the client's only", n)
+	}
+}

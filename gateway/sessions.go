@@ -86,11 +86,13 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, p auth.Prin
 		// The slots are freed once the upstream has ended the session (2xx)
 		// or says it is gone (404). An upstream that refuses the DELETE
 		// (405: MCP lets a server keep its sessions) or fails keeps the
-		// session, and so its slots, until the idle sweep ends it.
+		// session, and so its slots, until the idle sweep ends it. Its
+		// answer is the upstream's to this very DELETE: nothing is sent
+		// again.
 		sw := &sessionWriter{ResponseWriter: w}
 		return sw, func(*mcp.Message) {
 			if sw.status/100 == 2 || sw.status == http.StatusNotFound {
-				g.endSession(r, p, upstream, lease, sw.status == http.StatusNotFound)
+				g.endSession(r, p, upstream, lease, false)
 			}
 		}, true
 	}
