@@ -14,8 +14,9 @@ import (
 // passes the rules of its method (policy.Config.RulesForMethod) through the
 // engine like a tool call, with no meter and no breaker, under the store's
 // on_error policy; a denial gets the same 429 as a tool call. An initialize
-// also takes a session slot (see openSession); one sent inside a session is
-// refused (400) before anything is counted. Notifications and responses
+// also takes a session slot (see openSession), once the caller's sessions
+// lost upstream have been ended or kept (awaitEnds); one sent inside a
+// session is refused (400) before anything is counted. Notifications and responses
 // pass the rules of policy.MethodNotifications: each reaches the upstream,
 // and unbounded they would let a tenant flood it for free.
 func (g *Gateway) serveMethod(x *exchange) {
@@ -29,6 +30,9 @@ func (g *Gateway) serveMethod(x *exchange) {
 		mcp.WriteError(x.w, http.StatusBadRequest, x.msg.ID, mcp.CodeInvalidRequest,
 			"initialize starts a session: send it without Mcp-Session-Id", nil)
 		return
+	}
+	if x.msg.IsCall() && x.msg.Method == policy.MethodInitialize {
+		g.tracker.awaitEnds(x.r.Context(), x.p) // a session the caller just lost frees its slot first
 	}
 	t, ok := g.admitMethod(x, class)
 	if !ok {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -239,5 +240,93 @@ func TestDeleteAnswered404IsNotSentAgain(t *testing.T) {
 	}
 	if n := deletes.Load(); n != 1 {
 		t.Fatalf("the upstream saw %d DELETEs of the session, want the client's only", n)
+	}
+}
+
+// The upstream's 404 reaches the client while the DELETE the gateway then
+// sends is still held upstream, and that DELETE's answer, whenever it
+// comes, frees the slot; the client's next initialize waits for it. The
+// DELETE ran before the handler returned: the 404 waited for it, up to
+// endTimeout, and a DELETE answered later than that was given up on.
+func TestUpstream404IsAnsweredBeforeTheSessionEnds(t *testing.T) {
+	t.Parallel()
+	up := upstream.New(&upstream.Options{SessionTimeout: -1})
+	gate := make(chan struct{})
+	var open sync.Once
+	release := func() { open.Do(func() { close(gate) }) }
+	var cut atomic.Bool
+	url := lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-gate:
+			up.Handler().ServeHTTP(w, r)
+		case <-r.Context().Done():
+			cut.Store(true)
+		}
+	})
+	t.Cleanup(release) // before the upstream closes, which waits for its handlers
+	e := newEnv(t, setup{
+		UpstreamURL: url,
+		Config:      "sessions: {max_per_subject: 1, idle_timeout: 1h}\n",
+	})
+	alice := token(t, "acme", "alice")
+	r := initialize(t, e, 0, alice)
+	if r.Status != http.StatusOK {
+		t.Fatalf("initialize: %d %s", r.Status, r.Body)
+	}
+	id := r.Header.Get("Mcp-Session-Id")
+	if r := post(t, e.mcpURL(0), alice, methodBody(7, "lost/plain", `{}`), http.Header{"Mcp-Session-Id": {id}}); r.Status != http.StatusNotFound {
+		t.Fatalf("lost/plain in the session: %d %s, want the upstream's 404", r.Status, r.Body)
+	}
+	release() // only now may the upstream answer the gateway's DELETE
+	if again := initialize(t, e, 0, alice); again.Status != http.StatusOK {
+		t.Fatalf("initialize once the upstream ended the lost session: %d %s, want its slot freed", again.Status, again.Body)
+	}
+	if cut.Load() || scrape(t, e.base[0])["mcpgate_upstream_sessions_ended_total"] != 1 {
+		t.Fatal("the gateway gave up its DELETE before the upstream answered it: the 404 waited for the DELETE")
+	}
+	if n := sessionsOn(up); n != 1 {
+		t.Fatalf("%d upstream sessions open, want only the new one", n)
+	}
+}
+
+// Close waits for the DELETE of a session lost upstream (endLost), which
+// runs after the client's 404: its outcome, and the slots it frees, land
+// before the stores are closed.
+func TestCloseWaitsForALostSessionsEnd(t *testing.T) {
+	t.Parallel()
+	up := upstream.New(&upstream.Options{SessionTimeout: -1})
+	gate, arrived := make(chan struct{}), make(chan struct{}, 1)
+	var open sync.Once
+	release := func() { open.Do(func() { close(gate) }) }
+	url := lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-gate
+		up.Handler().ServeHTTP(w, r)
+	})
+	t.Cleanup(release)
+	e := newEnv(t, setup{
+		UpstreamURL: url,
+		Config:      "sessions: {max_per_subject: 1, idle_timeout: 1h}\n",
+	})
+	alice := token(t, "acme", "alice")
+	r := initialize(t, e, 0, alice)
+	if r.Status != http.StatusOK {
+		t.Fatalf("initialize: %d %s", r.Status, r.Body)
+	}
+	if r := post(t, e.mcpURL(0), alice, methodBody(7, "lost/plain", `{}`), http.Header{"Mcp-Session-Id": {r.Header.Get("Mcp-Session-Id")}}); r.Status != http.StatusNotFound {
+		t.Fatalf("lost/plain in the session: %d %s, want the upstream's 404", r.Status, r.Body)
+	}
+	<-arrived         // the gateway's DELETE is held upstream
+	e.srvs[0].Close() // as a shutdown does: no request is in a handler any more
+	closed := make(chan error, 1)
+	go func() { closed <- e.gws[0].Close() }()
+	release()
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	e.gws[0].metrics.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if !strings.Contains(rec.Body.String(), "\nmcpgate_upstream_sessions_ended_total 1\n") {
+		t.Fatal("Close returned before the DELETE of the lost session was answered")
 	}
 }

@@ -33,7 +33,8 @@ const DefaultMaxTrackedSessions = 100_000
 // endTimeout bounds the DELETE that ends an idle session upstream.
 const endTimeout = 10 * time.Second
 
-// startSessions starts the session tracker's sweeper; Close stops it.
+// startSessions starts the session tracker's sweeper; Close stops it, and
+// waits for the sessions being ended after their upstream's 404 (endLost).
 func (g *Gateway) startSessions() {
 	g.tracker = newSessionTracker(g, 0)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -41,6 +42,7 @@ func (g *Gateway) startSessions() {
 	go func() {
 		defer close(g.sweepDone)
 		g.tracker.run(ctx)
+		g.tracker.ends.Wait() // each bounded by endTimeout and releaseTimeout
 	}()
 }
 
@@ -92,7 +94,7 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, p auth.Prin
 		sw := &sessionWriter{ResponseWriter: w}
 		return sw, func(*mcp.Message) {
 			if sw.status/100 == 2 || sw.status == http.StatusNotFound {
-				g.endSession(r, p, upstream, lease, false)
+				g.freeSession(context.WithoutCancel(r.Context()), p, upstream, lease)
 			}
 		}, true
 	}
@@ -103,29 +105,19 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, p auth.Prin
 		return w, nil, false
 	}
 	// MCP: a server that ended a session answers its requests 404. Its
-	// slots are freed then, as for a DELETE the upstream answers 404.
+	// slots are freed then, as for a DELETE the upstream answers 404, once
+	// the gateway has made sure of it (endLost).
 	sw := &sessionWriter{ResponseWriter: w}
 	return sw, func(msg *mcp.Message) {
 		g.tracker.done(e)
 		if sw.endsSession(msg) {
-			g.endSession(r, p, upstream, lease, true)
+			g.endLost(r, p, upstream, lease)
 		}
 	}, true
 }
 
-// endSession forgets a session its client ended and frees its slots. When
-// the upstream's 404 said the session is gone (upstream404), the session
-// is first ended upstream all the same, and its slots are freed only if
-// the upstream ended it (2xx) or did not know it (404): a 404 is whatever
-// the upstream says it is, and a freed slot must mean a session gone
-// upstream, or each slot could open any number of them. An upstream that
-// refuses that DELETE (405) or fails keeps the session tracked, and its
-// slots held, until the idle sweep ends it, as for a client's DELETE.
-func (g *Gateway) endSession(r *http.Request, p auth.Principal, upstream, lease string, upstream404 bool) {
-	ctx := context.WithoutCancel(r.Context())
-	if upstream404 && !g.tracker.endGone(ctx, sweepJob{upstream: upstream, tenant: p.Tenant, subject: p.Subject, protocol: r.Header.Get(mcp.HeaderProtocolVersion)}) {
-		return
-	}
+// freeSession forgets a session that is gone upstream and frees its slots.
+func (g *Gateway) freeSession(ctx context.Context, p auth.Principal, upstream, lease string) {
 	e := g.tracker.remove(upstream)
 	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 	defer cancel()
@@ -133,6 +125,28 @@ func (g *Gateway) endSession(r *http.Request, p auth.Principal, upstream, lease 
 	if e != nil && e.slots.Held() && e.slots.Lease() != lease {
 		e.slots.Release(ctx)
 	}
+}
+
+// endLost ends upstream a session whose upstream answered one of its
+// requests 404 (sessionWriter.endsSession), and frees its slots only if
+// the upstream then ended it (2xx) or did not know it (404): a 404 is
+// whatever the upstream says it is, and a freed slot must mean a session
+// gone upstream, or each slot could open any number of them. An upstream
+// that refuses that DELETE (405) or fails keeps the session tracked, and
+// its slots held, until the idle sweep ends it, as for a client's DELETE.
+// The DELETE runs after the answer, which it would hold for up to
+// endTimeout; the caller's next initialize waits for its outcome
+// (awaitEnds), and Close for the DELETE itself.
+func (g *Gateway) endLost(r *http.Request, p auth.Principal, upstream, lease string) {
+	ctx := context.WithoutCancel(r.Context())
+	j := sweepJob{upstream: upstream, tenant: p.Tenant, subject: p.Subject, protocol: r.Header.Get(mcp.HeaderProtocolVersion)}
+	done := g.tracker.ending(p)
+	go func() {
+		defer done()
+		if g.tracker.endGone(ctx, j) {
+			g.freeSession(ctx, p, upstream, lease)
+		}
+	}()
 }
 
 // endGone ends a session upstream (DELETE, as endUpstream) and reports
@@ -241,6 +255,20 @@ type sessionTracker struct {
 	// request of every untracked session meets it.
 	fullWarned time.Time
 	untracked  int64
+	// lost holds, by caller, the sessions being ended after their
+	// upstream's 404 (endLost), which ends counts.
+	lost map[lostKey]*lostEnds
+	ends sync.WaitGroup
+}
+
+// lostKey is the caller whose sessions lostEnds counts.
+type lostKey struct{ tenant, subject string }
+
+// lostEnds counts a caller's sessions being ended (endLost); done is closed
+// when none is left.
+type lostEnds struct {
+	n    int
+	done chan struct{}
 }
 
 // fullWarnEvery is how often at most a full tracker says so.
@@ -250,7 +278,7 @@ func newSessionTracker(g *Gateway, size int) *sessionTracker {
 	if size <= 0 {
 		size = DefaultMaxTrackedSessions
 	}
-	return &sessionTracker{g: g, max: size, m: map[string]*sessionEntry{}, now: time.Now,
+	return &sessionTracker{g: g, max: size, m: map[string]*sessionEntry{}, lost: map[lostKey]*lostEnds{}, now: time.Now,
 		hc: &http.Client{Transport: g.fed.transport(), Timeout: endTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
 
@@ -330,4 +358,45 @@ func (t *sessionTracker) remove(upstream string) *sessionEntry {
 func (t *sessionTracker) dropLocked(upstream string) {
 	delete(t.m, upstream)
 	t.g.metrics.UpstreamSessions.Set(float64(len(t.m)))
+}
+
+// ending counts one session of p being ended (endLost) until done is
+// called.
+func (t *sessionTracker) ending(p auth.Principal) (done func()) {
+	k := lostKey{p.Tenant, p.Subject}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := t.lost[k]
+	if l == nil {
+		l = &lostEnds{done: make(chan struct{})}
+		t.lost[k] = l
+	}
+	l.n++
+	t.ends.Add(1)
+	return func() {
+		t.mu.Lock()
+		if l.n--; l.n == 0 {
+			delete(t.lost, k)
+			close(l.done)
+		}
+		t.mu.Unlock()
+		t.ends.Done()
+	}
+}
+
+// awaitEnds waits until no session of p is being ended on this instance
+// (endLost), or ctx ends. An initialize does, before it is admitted: a
+// client told 404 starts a new session at once, and must find the slot of
+// the one it lost free, unless the upstream kept that session.
+func (t *sessionTracker) awaitEnds(ctx context.Context, p auth.Principal) {
+	t.mu.Lock()
+	l := t.lost[lostKey{p.Tenant, p.Subject}]
+	t.mu.Unlock()
+	if l == nil {
+		return
+	}
+	select {
+	case <-l.done:
+	case <-ctx.Done():
+	}
 }
