@@ -154,7 +154,9 @@ type Options struct {
 	// client. Its Transport is wrapped to see 429 answers.
 	HTTPClient *http.Client
 	// SessionTimeout ends a client session idle this long (with its
-	// upstream sessions). Zero means DefaultSessionTimeout.
+	// upstream sessions): that got no POST for this long, for the go-sdk's
+	// timer counts POSTs only (a client listening on its GET stream sends
+	// none). Zero means DefaultSessionTimeout.
 	SessionTimeout time.Duration
 	// MaxRequestBytes bounds the body of a request the Handler reads: a
 	// larger one is refused with 413. Zero means no bound of the

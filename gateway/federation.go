@@ -42,7 +42,31 @@ type federation struct {
 	// limits is the configuration whose upstream limits a tool's name must
 	// not misplace (attribution): the one in force, set by applied.
 	limits *atomic.Pointer[policy.Config]
+	// sessionTimeout ends a federation session that got no POST for this
+	// long (the go-sdk's timer counts POSTs only): a backstop for sessions
+	// the gateway never saw end, which its sweep keeps from ending those it
+	// keeps (see touchEvery).
+	sessionTimeout time.Duration
 }
+
+// minFederationSessionTimeout is the least of federation.sessionTimeout.
+// The gateway ends its sessions itself, on its own idle timeout, which a
+// reload may raise: the federation's must not end them first.
+const minFederationSessionTimeout = 24 * time.Hour
+
+// federationSessionTimeout is the federation's session timeout for a
+// gateway started with sessions.idle_timeout idle.
+func federationSessionTimeout(idle time.Duration) time.Duration {
+	return max(2*idle, minFederationSessionTimeout)
+}
+
+// touchEvery is how often at most the sweep pings a session it keeps in
+// the federation, so that the federation's timer (sessionTimeout, which
+// counts POSTs only: a client listening on its GET stream sends none)
+// never runs out under it. The sweep comes at least every sessionTimeout/8
+// with a federation (sweepEvery), so a session is pinged at most
+// sessionTimeout/2 after its previous ping or its start.
+func (fd *federation) touchEvery() time.Duration { return fd.sessionTimeout / 4 }
 
 // federationStates are the values of metrics.UpstreamState's state label.
 var federationStates = []federate.State{federate.StateUp, federate.StateOpen, federate.StateHalfOpen, federate.StateDown, federate.StateLimited}
@@ -50,10 +74,11 @@ var federationStates = []federate.State{federate.StateUp, federate.StateOpen, fe
 // startFederation connects to (and starts) the upstreams of cfg and serves
 // them in this process.
 func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (*federation, error) {
+	timeout := federationSessionTimeout(cfg.Sessions.IdleTimeout)
 	opts := federate.Options{Logger: log, ToolTimeouts: map[string]time.Duration{},
 		// The gateway sweeps idle sessions itself (a DELETE ends the
 		// federation's); this catches any it did not see end.
-		SessionTimeout: 2 * cfg.Sessions.IdleTimeout}
+		SessionTimeout: timeout}
 	longest := cfg.Upstream.Timeout
 	for _, u := range cfg.Upstreams {
 		opts.Upstreams = append(opts.Upstreams, federate.Upstream{Name: u.Name, URL: u.URL, Headers: u.Headers,
@@ -85,7 +110,7 @@ func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret) // never fails (crypto/rand)
 	fd := &federation{fed: fed, rt: ln.transport(), url: "http://federation.invalid/mcp", timeout: longest + 5*time.Second,
-		auth: "Bearer " + hex.EncodeToString(secret), limits: limits}
+		auth: "Bearer " + hex.EncodeToString(secret), limits: limits, sessionTimeout: timeout}
 	fd.srv = &http.Server{Handler: fd.guard(fed.Handler()), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := fd.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

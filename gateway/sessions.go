@@ -238,7 +238,8 @@ type sessionEntry struct {
 	renewed          time.Time            // when this instance last took or renewed the lease
 	ownUntil         time.Time            // when the lease this instance last took or renewed runs out (leaseEnd)
 	usedSinceRenewal bool
-	dead             bool // its slots are gone: the next request gets 404
+	dead             bool      // its slots are gone: the next request gets 404
+	touched          time.Time // when the sweep last pinged it in the federation (or first met it)
 }
 
 // sessionTracker is an instance's view of the sessions it serves. It is

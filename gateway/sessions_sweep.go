@@ -17,7 +17,7 @@ const minSweep = 10 * time.Millisecond
 func (t *sessionTracker) run(ctx context.Context) {
 	for {
 		idle := enforce.SessionPeriod(t.g.rt.Load().cfg.Sessions.IdleTimeout)
-		timer := time.NewTimer(max(idle/4, minSweep))
+		timer := time.NewTimer(t.sweepEvery(idle))
 		select {
 		case <-ctx.Done():
 			timer.Stop()
@@ -28,10 +28,23 @@ func (t *sessionTracker) run(ctx context.Context) {
 	}
 }
 
+// sweepEvery is the period of the sweeps under idle: a quarter of it,
+// and with a federation at most an eighth of its session timeout, so that
+// touches come in time (touchEvery) whatever a reload made idle.
+func (t *sessionTracker) sweepEvery(idle time.Duration) time.Duration {
+	every := max(idle/4, minSweep)
+	if fd := t.g.fed; fd != nil {
+		every = min(every, fd.sessionTimeout/8)
+	}
+	return every
+}
+
 // sweepJob is one store or upstream call a sweep makes, outside the lock.
 type sweepJob struct {
 	e     *sessionEntry
-	renew bool // renew the lease of a session in use; else end an idle one
+	renew bool // renew the lease of a session in use
+	end   bool // end an idle session
+	touch bool // ping a session kept, in the federation (touchEvery)
 	// copied under the lock
 	upstream, tenant, subject, protocol string
 	slots                               enforce.SessionSlots
@@ -47,7 +60,8 @@ func (t *sessionTracker) leaseEnd(from time.Time) time.Time {
 // never lapses while its session is in use: the lease lasts idle after the
 // renewal, and the next sweep comes after idle/4) and then ends the sessions
 // unused for idle, endParallel at a time: renewals never wait behind the
-// DELETEs of a slow upstream.
+// DELETEs of a slow upstream. With a federation it also pings the sessions
+// it keeps that were not pinged for touchEvery.
 func (t *sessionTracker) sweep(ctx context.Context, idle time.Duration) {
 	jobs := t.plan(idle)
 	for _, j := range jobs {
@@ -61,13 +75,17 @@ func (t *sessionTracker) sweep(ctx context.Context, idle time.Duration) {
 	sem := make(chan struct{}, endParallel)
 	var wg sync.WaitGroup
 	for _, j := range jobs {
-		if j.renew || ctx.Err() != nil {
+		if !j.end && !j.touch || ctx.Err() != nil {
 			continue
 		}
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			t.endIdle(ctx, j)
+			if j.end {
+				t.endIdle(ctx, j)
+			} else {
+				t.touch(ctx, j)
+			}
 		})
 	}
 	wg.Wait()
@@ -93,18 +111,46 @@ func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
 			}
 		case e.active > 0 || e.usedSinceRenewal:
 			e.usedSinceRenewal = false
-			if e.slots.Held() {
-				j.renew = true
-				jobs = append(jobs, j)
-			}
+			j.renew = e.slots.Held()
 		case now.Sub(e.lastUse) >= idle && (!e.slots.Held() || now.Sub(e.renewed) >= idle && !now.Before(e.ownUntil)):
 			// (a lease taken under a longer idle_timeout, before a reload,
 			// is this instance's until ownUntil: kept tracked till then)
 			t.dropLocked(up)
+			j.end = true
+		}
+		if !e.dead && !j.end && t.g.fed != nil {
+			// Kept: the federation must keep it too. A session first met
+			// here started at most a sweep ago.
+			if e.touched.IsZero() {
+				e.touched = now
+			}
+			if now.Sub(e.touched) >= t.g.fed.touchEvery() {
+				e.touched, j.touch = now, true
+			}
+		}
+		if j.renew || j.end || j.touch {
 			jobs = append(jobs, j)
 		}
 	}
 	return jobs
+}
+
+// touchBody is the request that touches a session in the federation: a
+// ping, which the federation answers itself, for a POST is what its
+// session timer counts.
+var touchBody = []byte(`{"jsonrpc":"2.0","id":"mcpgate-touch","method":"ping"}`)
+
+// touch pings a session the gateway keeps in the federation, so that the
+// federation's session timer, which counts POSTs only, does not end it
+// while the client listens on its GET stream or while a reloaded, longer
+// idle_timeout keeps it. A failure is retried touchEvery later: the
+// timer's backstop is far longer.
+func (t *sessionTracker) touch(ctx context.Context, j sweepJob) {
+	ctx, cancel := context.WithTimeout(ctx, endTimeout)
+	defer cancel()
+	if err := t.g.sendUpstream(ctx, t.hc, http.MethodPost, j.tenant, j.subject, j.upstream, j.protocol, touchBody); err != nil {
+		t.g.log.Warn("touching a session in the federation failed", "tenant", j.tenant, "err", err)
+	}
 }
 
 // renew extends the lease of a session in use. A lease that is gone (a
