@@ -1,9 +1,18 @@
 package gateway
 
 import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/policy"
 )
 
@@ -25,8 +34,8 @@ func (c fakeCatalog) UpstreamOf(tool string) (string, bool) {
 }
 
 // A catalog whose names the configuration reads as another upstream's is
-// refused when that would misplace limits: at start, and on a reload that
-// gives one of the two upstreams limits (checkAttribution runs in Apply).
+// refused, limits or not (a scope naming that upstream's prefix would
+// reach it): at start, and on a reload (checkAttribution runs in Apply).
 func TestCheckAttribution(t *testing.T) {
 	cfgWith := func(searchLimits string) *policy.Config {
 		t.Helper()
@@ -55,7 +64,7 @@ upstreams:
 		refused bool
 	}{
 		{"sound, limits", cfgWith(limits), sound, false},
-		{"misplaced, no limits", cfgWith(""), misplaced, false},
+		{"misplaced, no limits", cfgWith(""), misplaced, true},
 		{"misplaced, limits", cfgWith(limits), misplaced, true},
 	} {
 		err := checkAttribution(c.cfg, c.catalog)
@@ -63,4 +72,64 @@ upstreams:
 			t.Errorf("%s: checkAttribution = %v, want refused %v", c.name, err, c.refused)
 		}
 	}
+}
+
+// A bare upstream (prefix "") that starts listing a tool whose name reads
+// as another upstream's (a__x, for upstream a) does not get it exposed,
+// though no upstream has limits: a token scoped to a's tools
+// (tools:a__*) would see it and call it on the bare upstream.
+func TestAttributionKeepsScopesToTheirUpstream(t *testing.T) {
+	t.Parallel()
+	servers := map[string]*sdk.Server{}
+	serve := func(name string, tools ...string) string {
+		s := sdk.NewServer(&sdk.Implementation{Name: name, Version: "1"}, nil)
+		servers[name] = s
+		for _, tool := range tools {
+			addServedBy(s, name, tool)
+		}
+		ts := httptest.NewServer(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s }, nil))
+		t.Cleanup(func() {
+			ts.CloseClientConnections()
+			ts.Close()
+			for ss := range s.Sessions() {
+				_ = ss.Close()
+			}
+		})
+		return ts.URL + "/mcp"
+	}
+	y := fmt.Sprintf("upstreams:\n  - {name: a, url: %q}\n  - {name: b, url: %q, prefix: \"\"}\n"+
+		"auth:\n  jwt: {hs256_secret_env: MCPGATE_GATEWAY_TEST_SECRET, issuer: %s, audience: %s}\n",
+		serve("a", "echo"), serve("b", "other"), testIssuer, testAudience)
+	cfg, err := policy.Parse("attribution.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := (&env{t: t}).newGateway(cfg, setup{Logger: quietLogger()})
+	srv := httptest.NewServer(g)
+	t.Cleanup(srv.Close)
+
+	all := fedConnect(t, srv.URL+"/mcp", token(t, "acme", "alice"), "2025-11-25", nil)
+	addServedBy(servers["b"], "b", "a__x")
+	addServedBy(servers["b"], "b", "later") // listed with a__x, or after it
+	testenv.Eventually(t, 10*time.Second, "b's listing with a__x", func() bool {
+		return slices.Contains(toolNames(t, all), "later")
+	})
+	if names := toolNames(t, all); slices.Contains(names, "a__x") {
+		t.Fatalf("tools/list = %v: b's a__x, which reads as a's, is exposed", names)
+	}
+	scoped := fedConnect(t, srv.URL+"/mcp", sign(t, claims("acme", "bob", "tools:a__*")), "2025-11-25", nil)
+	names := toolNames(t, scoped)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := callTool(ctx, scoped, "a__x", nil)
+	if slices.Contains(names, "a__x") || err == nil && !res.IsError {
+		t.Fatalf("with tools:a__* (a's tools): tools/list = %v, and a__x = %+v: a tool of upstream b", names, res)
+	}
+}
+
+// addServedBy adds to s a tool answering "served by " + upstream.
+func addServedBy(s *sdk.Server, upstream, tool string) {
+	s.AddTool(&sdk.Tool{Name: tool, InputSchema: map[string]any{"type": "object"}}, func(context.Context, *sdk.CallToolRequest) (*sdk.CallToolResult, error) {
+		return textResult("served by " + upstream), nil
+	})
 }

@@ -128,11 +128,13 @@ type catalog interface {
 }
 
 // checkAttribution refuses a catalog whose names the configuration would
-// put under the wrong upstream: limits find a tool's upstream by its name
-// (policy.Config.UpstreamOf), so a bare upstream exposing "search__x" would
-// be counted by search's limits. It runs on every reload, whose upstream
-// limits may differ (at start and at every listing, the federation asks
-// attribution of each name itself: federate.Options.AcceptTool).
+// put under the wrong upstream: limits and scopes find a tool's upstream
+// by its name (policy.Config.UpstreamOf, "tools:search__*"), so a bare
+// upstream exposing "search__x" would be counted by search's limits and
+// called by a token scoped to search's tools. It runs on every reload,
+// whose upstreams may differ (at start and at every listing, the
+// federation asks attribution of each name itself:
+// federate.Options.AcceptTool).
 func checkAttribution(cfg *policy.Config, fed catalog) error {
 	for _, tool := range fed.Tools() {
 		serving, _ := fed.UpstreamOf(tool)
@@ -144,14 +146,16 @@ func checkAttribution(cfg *policy.Config, fed catalog) error {
 }
 
 // attribution refuses tool, served by upstream serving, when cfg reads its
-// name as another upstream's and either of the two has limits.
+// name as another upstream's (whatever the limits: a scope naming that
+// upstream's prefix would reach it), or as no upstream's while serving
+// has limits (they would not count it).
 func attribution(cfg *policy.Config, serving, tool string) error {
 	named, ok := cfg.UpstreamOf(tool)
-	if ok && named == serving {
-		return nil
-	}
-	if limited(cfg, serving) || (ok && limited(cfg, named)) {
-		return fmt.Errorf("gateway: upstreams: tool %q is served by upstream %q but its name reads as upstream %q's: the upstreams' limits would count it wrongly (give %q a prefix)", tool, serving, named, serving)
+	switch {
+	case ok && named != serving:
+		return fmt.Errorf("gateway: upstreams: tool %q is served by upstream %q but its name reads as upstream %q's: %q's limits and scopes would take it for its own (give %q a prefix)", tool, serving, named, named, serving)
+	case !ok && limited(cfg, serving):
+		return fmt.Errorf("gateway: upstreams: tool %q is served by upstream %q but its name reads as no upstream's: %q's limits would not count it (give %q a prefix)", tool, serving, serving, serving)
 	}
 	return nil
 }
