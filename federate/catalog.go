@@ -480,8 +480,11 @@ func (f *Federator) safely(kind, name string, add func()) {
 	add()
 }
 
-// installAll registers every upstream's listing (at boot).
+// installAll registers every upstream's listing (at boot, before any
+// refresh: see Federator.installed).
 func (f *Federator) installAll() {
+	f.installMu.Lock()
+	defer f.installMu.Unlock()
 	f.cat.mu.RLock()
 	ls := make(map[*upstream]*listing, len(f.cat.byUp))
 	for up, l := range f.cat.byUp {
@@ -543,6 +546,11 @@ func (f *Federator) refreshOnce(up *upstream) {
 		}
 		return
 	}
+	// One upstream's catalog update and install at a time: another's
+	// refresh in between could install a name this one's install then
+	// removes as gone (the catalog routing it, the servers not listing it).
+	f.installMu.Lock()
+	defer f.installMu.Unlock()
 	old, kept, diff, errs := f.cat.replace(up, l)
 	for _, err := range errs {
 		f.log.Error("federate: upstream entry not exposed", "upstream", up.cfg.Name, "err", err)

@@ -2,7 +2,13 @@ package federate_test
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -45,4 +51,134 @@ func TestSharedResourceFollowsConfigurationOrder(t *testing.T) {
 	})
 	addDoc(a, "a")
 	testenv.Eventually(t, waitLong, "reads from a once it lists it again", readsFrom("a"))
+}
+
+// holdingHandler is a slog handler that holds the first record whose
+// message is msg, for upstream up, until release is closed: the refresh
+// logging it waits there, between its catalog update and its install.
+type holdingHandler struct {
+	msg, up string
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (h *holdingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *holdingHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != h.msg {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "upstream" && a.Value.String() == h.up {
+			h.once.Do(func() {
+				close(h.entered)
+				<-h.release
+			})
+			return false
+		}
+		return true
+	})
+	return nil
+}
+func (h *holdingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *holdingHandler) WithGroup(string) slog.Handler      { return h }
+
+// toolServer is an upstream named name serving tools, each answering
+// name:tool.
+func toolServer(name string, tools ...string) *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: name, Version: "1"}, nil)
+	for _, tool := range tools {
+		addNamedTool(s, name, tool)
+	}
+	return s
+}
+
+func addNamedTool(s *mcp.Server, upstream, tool string) {
+	s.AddTool(&mcp.Tool{Name: tool, InputSchema: map[string]any{"type": "object"}}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: upstream + ":" + tool}}}, nil
+	})
+}
+
+// listedTools is the tools/list of cs.
+func listedTools(t *testing.T, cs *mcp.ClientSession) []string {
+	t.Helper()
+	res, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, tool := range res.Tools {
+		out = append(out, tool.Name)
+	}
+	return out
+}
+
+// A tool moving from one upstream to another stays served: a stops
+// listing x, b starts listing it, and b's refresh comes between a's
+// catalog update and a's install. a's install removes x as gone from a:
+// it must not remove b's x, which the catalog routes to b (refreshes of
+// two upstreams install one at a time, in the catalog's order).
+func TestToolMovingBetweenUpstreamsStaysServed(t *testing.T) {
+	a, b := toolServer("a", "x", "z"), toolServer("b", "y")
+	bListedX := make(chan struct{})
+	var bListedOnce sync.Once
+	b.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			res, err := next(ctx, method, req)
+			if l, ok := res.(*mcp.ListToolsResult); ok && slices.ContainsFunc(l.Tools, func(t *mcp.Tool) bool { return t.Name == "x" }) {
+				bListedOnce.Do(func() { close(bListedX) })
+			}
+			return res, err
+		}
+	})
+	var refuseZ atomic.Bool
+	hold := &holdingHandler{msg: "federate: upstream entry not exposed", up: "a", entered: make(chan struct{}), release: make(chan struct{})}
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(hold.release) }) }
+	t.Cleanup(release)
+	f, cs := start(t, federate.Options{
+		Logger:    slog.New(hold),
+		Upstreams: []federate.Upstream{{Name: "a", URL: serveSDK(t, a), Prefix: ""}, {Name: "b", URL: serveSDK(t, b), Prefix: ""}},
+		AcceptTool: func(_, tool string) error {
+			if refuseZ.Load() && tool == "z" {
+				return errors.New("z refused")
+			}
+			return nil
+		},
+	}, nil)
+	if up, _ := f.UpstreamOf("x"); up != "a" {
+		t.Fatalf("x served by %q, want a", up)
+	}
+	// a's refresh: its catalog update drops x (and z, refused: logged,
+	// and held there, before its install).
+	refuseZ.Store(true)
+	a.RemoveTools("x")
+	select {
+	case <-hold.entered:
+	case <-time.After(waitLong):
+		t.Fatal("a's refresh never logged its refused tool")
+	}
+	// b's refresh: it lists x, then updates the catalog and installs, or
+	// waits for a's install to do so.
+	addNamedTool(b, "b", "x")
+	select {
+	case <-bListedX:
+	case <-time.After(waitLong):
+		t.Fatal("b was never listed again")
+	}
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if up, _ := f.UpstreamOf("x"); up == "b" {
+			break // b's refresh went on (not waiting for a's install)
+		}
+	}
+	release()
+	testenv.Eventually(t, waitLong, "x served by b, listed and callable, and z gone", func() bool {
+		up, _ := f.UpstreamOf("x")
+		tools := listedTools(t, cs)
+		if up != "b" || !slices.Contains(tools, "x") || slices.Contains(tools, "z") {
+			return false
+		}
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "x", Arguments: map[string]any{}})
+		return err == nil && !res.IsError && testenv.ToolText(res) == "b:x"
+	})
 }

@@ -226,6 +226,10 @@ type Federator struct {
 	// installed is closed once the catalog is built and installed: a
 	// refresh (an upstream's list_changed may come during New) waits for it.
 	installed chan struct{}
+	// installMu is held from a catalog update through its install on the
+	// servers (refreshOnce, installAll): installs apply in the catalog's
+	// order.
+	installMu sync.Mutex
 	stop      context.CancelFunc
 	wg        sync.WaitGroup // the goroutines of spawn
 	procs     sync.WaitGroup // the watches of stdio processes (see upstream.watch)
