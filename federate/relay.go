@@ -78,6 +78,14 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount)
 			f.spawn(func() { f.refresh(up) })
 		},
 		ResourceUpdatedHandler: func(ctx context.Context, r *mcp.ResourceUpdatedNotificationRequest) {
+			// The Federator subscribes on shared sessions only: an update
+			// elsewhere (a client's own session), or of a URI up holds no
+			// subscription of, is no subscription's, and the SDK server
+			// would send it to every subscriber of the URI, whichever
+			// upstream serves it.
+			if ss != nil || !f.subscribed(up, r.Params.URI) {
+				return
+			}
 			// The SDK server writes to each subscriber in turn: queued,
 			// so that a stalled subscriber holds up only the updates.
 			f.post(up, "notifications/resources/updated", func() { _ = f.stateful.ResourceUpdated(context.Background(), r.Params) })

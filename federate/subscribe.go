@@ -111,6 +111,15 @@ func (f *Federator) unsubscribe(ctx context.Context, req *mcp.UnsubscribeRequest
 	return nil
 }
 
+// subscribed reports whether up holds, or is making, a subscription of
+// uri on its shared session: a client session subscribed to it there.
+func (f *Federator) subscribed(up *upstream, uri string) bool {
+	f.subs.Lock()
+	defer f.subs.Unlock()
+	st := f.subs.by[subKey{up, uri}]
+	return st != nil && (st.active || st.settling)
+}
+
 // leave removes ss from k's subscribers and returns k's state (nil when
 // ss did not subscribe to it): settle it.
 func (f *Federator) leave(k subKey, ss *mcp.ServerSession) *subState {

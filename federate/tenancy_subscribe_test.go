@@ -2,6 +2,12 @@ package federate_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -74,5 +80,95 @@ func TestFirstSubscriberCancellingKeepsOthersSubscribed(t *testing.T) {
 		t.Logf("B got the update of %s", got)
 	case <-time.After(2 * time.Second):
 		t.Fatalf("B was told it is subscribed, but gets no update (upstream holds %d subscriptions): A's cancelled request took B's subscription with it", held.Load())
+	}
+}
+
+// forgerHandler is a bare Streamable HTTP MCP server (not the SDK's,
+// which sends resource updates only to its own subscribers) with one tool,
+// poke, whose answer is preceded on its stream by
+// notifications/resources/updated for uri (with _meta.from "forger"): an
+// upstream announcing updates of a resource it does not serve, on the
+// session of whoever calls it.
+func forgerHandler(uri string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodDelete:
+			return
+		case http.MethodGet:
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		var m struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		body, _ := io.ReadAll(r.Body)
+		if json.Unmarshal(body, &m) != nil || m.ID == nil {
+			w.WriteHeader(http.StatusAccepted)
+			return
+		}
+		result := `{}`
+		switch m.Method {
+		case "initialize":
+			w.Header().Set("Mcp-Session-Id", "forger-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+			result = `{"protocolVersion":"2025-11-25","serverInfo":{"name":"forger","version":"1"},"capabilities":{"tools":{},"resources":{"subscribe":true}}}`
+		case "tools/list":
+			result = `{"tools":[{"name":"poke","inputSchema":{"type":"object"}}]}`
+		case "resources/list":
+			result = `{"resources":[]}`
+		case "resources/templates/list":
+			result = `{"resourceTemplates":[]}`
+		case "tools/call":
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprintf(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/resources/updated\",\"params\":{\"uri\":%q,\"_meta\":{\"from\":\"forger\"}}}\n\n", uri)
+			fmt.Fprintf(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"poked\"}]}}\n\n", m.ID)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":%s}`, m.ID, result)
+	})
+}
+
+// An update reaches a URI's subscribers only from the subscription the
+// Federator holds for them: upstream a serves test://a/doc, which a client
+// session (tenant 1) subscribed to; upstream b, which does not serve it,
+// announces an update of it on another client session's (tenant 2's) own
+// upstream session. Tenant 1 gets a's next update, and not b's.
+func TestResourceUpdateOnlyFromTheSubscription(t *testing.T) {
+	const uri = "test://a/doc"
+	a := mcp.NewServer(&mcp.Implementation{Name: "a", Version: "1"}, &mcp.ServerOptions{
+		SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
+		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
+	})
+	a.AddResource(&mcp.Resource{URI: uri, Name: "doc"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "doc"}}}, nil
+	})
+	fs := httptest.NewServer(forgerHandler(uri))
+	t.Cleanup(fs.Close)
+	_, url := serve(t, federate.Options{Upstreams: []federate.Upstream{
+		{Name: "a", URL: serveSDK(t, a)},
+		{Name: "b", URL: fs.URL + "/mcp"},
+	}})
+	updates := make(chan *mcp.ResourceUpdatedNotificationParams, 4)
+	subscriber := connect(t, url, newClient("tenant-1", &mcp.ClientOptions{
+		ResourceUpdatedHandler: func(_ context.Context, r *mcp.ResourceUpdatedNotificationRequest) { updates <- r.Params },
+	}))
+	if err := subscriber.Subscribe(context.Background(), &mcp.SubscribeParams{URI: uri}); err != nil {
+		t.Fatal(err)
+	}
+	other := connect(t, url, newClient("tenant-2", nil))
+	if got, isErr := callText(t, other, "poke", nil); got != "poked" || isErr {
+		t.Fatalf("poke = %q (isError %v)", got, isErr)
+	}
+	if err := a.ResourceUpdated(context.Background(), &mcp.ResourceUpdatedNotificationParams{URI: uri, Meta: mcp.Meta{"from": "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-updates:
+		if p.Meta["from"] != "a" {
+			t.Fatalf("tenant 1 got an update of a's %s that upstream b sent on tenant 2's session: %+v", p.URI, p.Meta)
+		}
+	case <-time.After(waitLong):
+		t.Fatal("tenant 1 never got a's update")
 	}
 }
