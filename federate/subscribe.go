@@ -99,14 +99,15 @@ func (f *Federator) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 	return <-done
 }
 
+// unsubscribe leaves every subscription the session holds of the URI,
+// whichever upstream it was made on: the URI's upstream may have changed
+// since (another lists it first, or none does).
 func (f *Federator) unsubscribe(ctx context.Context, req *mcp.UnsubscribeRequest) error {
-	up := f.resourceOwner(req.Params.URI)
-	if up == nil {
-		return nil
-	}
-	k := subKey{up, req.Params.URI}
-	if st := f.leave(k, req.Session); st != nil {
-		f.settle(k, st)
+	for _, up := range f.ups {
+		k := subKey{up, req.Params.URI}
+		if st := f.leave(k, req.Session); st != nil {
+			f.settle(k, st)
+		}
 	}
 	return nil
 }

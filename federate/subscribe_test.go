@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -182,6 +183,63 @@ func TestSubscriptionsJoiningARequestInFlight(t *testing.T) {
 			case <-time.After(waitLong):
 				t.Fatal("the subscribed client got no update")
 			}
+		})
+	}
+}
+
+// An unsubscription leaves the session's subscription of the URI
+// whichever upstream it was made on, though the URI's upstream changed
+// since: the resource is gone, or an upstream earlier in configuration
+// order now lists it. Neither the Federator nor the upstream keeps it.
+func TestUnsubscribeAfterTheURIsUpstreamChanged(t *testing.T) {
+	const uri = "test://shared/doc"
+	for _, c := range []struct {
+		name   string
+		change func(first, second *mcp.Server) // first was empty, second lists uri
+		reads  string                          // what a read of uri then answers ("": it is not listed)
+	}{
+		{"the resource went", func(_, second *mcp.Server) { second.RemoveResources(uri) }, ""},
+		{"an earlier upstream lists it", func(first, _ *mcp.Server) { addDoc(first, "first") }, "doc of first"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var held atomic.Int64
+			first := mcp.NewServer(&mcp.Implementation{Name: "first", Version: "1"}, &mcp.ServerOptions{
+				SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
+				UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
+			})
+			first.AddResource(&mcp.Resource{URI: "test://first/other", Name: "other"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+				return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "other"}}}, nil
+			})
+			second := mcp.NewServer(&mcp.Implementation{Name: "second", Version: "1"}, &mcp.ServerOptions{
+				SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { held.Add(1); return nil },
+				UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { held.Add(-1); return nil },
+			})
+			addDoc(second, "second")
+			f, cs := start(t, federate.Options{Upstreams: []federate.Upstream{
+				{Name: "first", URL: serveSDK(t, first)}, {Name: "second", URL: serveSDK(t, second)},
+			}}, nil)
+			ctx := context.Background()
+			if err := cs.Subscribe(ctx, &mcp.SubscribeParams{URI: uri}); err != nil {
+				t.Fatal(err)
+			}
+			if n, h := federate.Subscribers(f, uri), held.Load(); n != 1 || h != 1 {
+				t.Fatalf("subscribed: the Federator holds %d subscribers, second %d subscriptions; want 1 and 1", n, h)
+			}
+			c.change(first, second)
+			testenv.Eventually(t, waitLong, "the federation to list the change", func() bool {
+				if c.reads == "" {
+					res, err := cs.ListResources(ctx, nil)
+					return err == nil && !slices.ContainsFunc(res.Resources, func(r *mcp.Resource) bool { return r.URI == uri })
+				}
+				res, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: uri})
+				return err == nil && len(res.Contents) == 1 && res.Contents[0].Text == c.reads
+			})
+			if err := cs.Unsubscribe(ctx, &mcp.UnsubscribeParams{URI: uri}); err != nil {
+				t.Fatal(err)
+			}
+			testenv.Eventually(t, waitLong, "the subscription to be left", func() bool {
+				return federate.Subscribers(f, uri) == 0 && held.Load() == 0
+			})
 		})
 	}
 }
