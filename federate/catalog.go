@@ -360,13 +360,26 @@ func (c *catalog) reclaimLocked(up *upstream) resourceDiff {
 
 // exposeNamed routes up's items (tools or prompts) under up's prefix and
 // returns those exposed: not one whose exposed name another upstream
-// exposes (ErrConflict naming both), nor one check refuses (nil: none).
+// exposes (ErrConflict naming both), nor one check refuses (nil: none),
+// nor one up already listed (its first is kept, and the repeat logged:
+// counted twice, it would overstate Health.Tools). up's previous entries
+// are out of routes (forgetLocked).
 func exposeNamed[T any](routes map[string]route, up *upstream, items []T, kind string, nameOf func(T) string, check func(T) error, errs *[]error) []T {
 	var kept []T
+	var repeated map[string]bool
 	for _, x := range items {
 		own := nameOf(x)
 		name := up.cfg.Prefix + own
-		if r, ok := routes[name]; ok && r.up != up {
+		if r, ok := routes[name]; ok && r.up == up {
+			if !repeated[name] {
+				up.f.log.Warn("federate: an upstream lists a name twice: its first entry is exposed", "upstream", up.cfg.Name, "kind", kind, "name", own)
+				if repeated == nil {
+					repeated = map[string]bool{}
+				}
+				repeated[name] = true
+			}
+			continue
+		} else if ok {
 			*errs = append(*errs, fmt.Errorf("%w: %s %q is exposed by upstream %q (as %q) and by upstream %q (as %q)",
 				ErrConflict, kind, name, r.up.cfg.Name, r.name, up.cfg.Name, own))
 			continue

@@ -2,9 +2,16 @@ package federate_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -181,4 +188,56 @@ func TestToolMovingBetweenUpstreamsStaysServed(t *testing.T) {
 		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "x", Arguments: map[string]any{}})
 		return err == nil && !res.IsError && testenv.ToolText(res) == "b:x"
 	})
+}
+
+// rawLister is a bare Streamable HTTP MCP server whose tools/list answers
+// tools (a JSON array) as given: what an SDK server would not list.
+func rawLister(tools string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			if r.Method == http.MethodGet {
+				w.WriteHeader(http.StatusMethodNotAllowed)
+			}
+			return
+		}
+		var m struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		body, _ := io.ReadAll(r.Body)
+		if json.Unmarshal(body, &m) != nil || m.ID == nil {
+			w.WriteHeader(http.StatusAccepted)
+			return
+		}
+		result := `{}`
+		switch m.Method {
+		case "initialize":
+			w.Header().Set("Mcp-Session-Id", "raw-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+			result = `{"protocolVersion":"2025-11-25","serverInfo":{"name":"raw","version":"1"},"capabilities":{"tools":{}}}`
+		case "tools/list":
+			result = `{"tools":` + tools + `}`
+		case "tools/call":
+			result = `{"content":[{"type":"text","text":"called"}]}`
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":%s}`, m.ID, result)
+	})
+}
+
+// A tool an upstream lists more than once is exposed and counted once
+// (Health.Tools, /readyz), and the repeat is logged once.
+func TestRepeatedToolCountedOnce(t *testing.T) {
+	x := `{"name":"x","inputSchema":{"type":"object"}}`
+	ts := httptest.NewServer(rawLister("[" + x + "," + x + "," + x + `,{"name":"y","inputSchema":{"type":"object"}}]`))
+	t.Cleanup(ts.Close)
+	var logs testenv.SyncBuffer
+	f, cs := start(t, federate.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Upstreams: []federate.Upstream{{Name: "raw", URL: ts.URL + "/mcp"}}}, nil)
+	listed := listedTools(t, cs)
+	if h := f.Health()[0]; h.Tools != 2 || len(listed) != 2 {
+		t.Fatalf("tools/list = %v, Health.Tools = %d; want 2 and 2", listed, h.Tools)
+	}
+	if n := strings.Count(logs.String(), "lists a name twice"); n != 1 {
+		t.Fatalf("the repeated x logged %d times, want once:\n%s", n, logs.String())
+	}
 }
