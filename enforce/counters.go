@@ -88,10 +88,12 @@ func (e *Engine) Counters(ctx context.Context, tier, tenant, subject string) ([]
 // emptied (other instances' hold a denial for at most DenialCacheHold).
 // Per-tool counters are those of the tools the config lists and those the
 // store holds for any other tool, prompt or resource (limit.CounterLister).
-// It returns how many counters it asked the deciding store to drop and how
-// many that store held. When a store cannot list what it holds, the
-// counters it could name are reset all the same and the error wraps
-// ErrCountersIncomplete.
+// It returns how many counters it asked the first store that answered (the
+// deciding one, unless it failed) to drop and how many that store held.
+// When a store cannot list what it holds, the counters it could name are
+// reset all the same and the error wraps ErrCountersIncomplete; when one
+// fails (the shared store down), the others are reset all the same and its
+// error is returned.
 func (e *Engine) ResetCounters(ctx context.Context, tenant, subject, tool string) (counters, cleared int, err error) {
 	cfg := e.Config()
 	tiers := slices.Sorted(maps.Keys(cfg.Tiers))
@@ -100,8 +102,15 @@ func (e *Engine) ResetCounters(ctx context.Context, tenant, subject, tool string
 	}
 	f := counterFilter{tenant: tenant, subject: subject, tool: tool, tenantWide: subject == "", subjects: subject != ""}
 	cs := tenantCounters(cfg, tiers, f)
-	var incomplete error
-	for i, s := range e.Stores() {
+	var (
+		incomplete, failed error
+		reported           bool
+	)
+	// Every store is reset, the first failing not stopping the others:
+	// while the shared store is down, the local fallback's counters are
+	// the ones deciding (on_error: local), and an operator must be able to
+	// clear them.
+	for _, s := range e.Stores() {
 		rs, ok := s.(limit.Resetter)
 		if !ok {
 			return len(cs), 0, fmt.Errorf("%w (%T)", ErrNoReset, s)
@@ -119,13 +128,17 @@ func (e *Engine) ResetCounters(ctx context.Context, tenant, subject, tool string
 		}
 		m, err := rs.Reset(ctx, keys)
 		if err != nil {
-			return len(cs), cleared, err
+			failed = cmp.Or(failed, err)
+			continue
 		}
-		if i == 0 {
-			counters, cleared = len(keys), m
+		if !reported {
+			counters, cleared, reported = len(keys), m, true
 		}
 	}
 	e.ForgetDenials()
+	if failed != nil {
+		return counters, cleared, failed
+	}
 	return counters, cleared, incomplete
 }
 
@@ -277,29 +290,38 @@ func tenantCounters(cfg *policy.Config, tiers []string, f counterFilter) []count
 	}
 	var out []counter
 	seen := map[string]bool{}
+	add := func(rules []policy.Rule, tool string) {
+		for _, r := range rules {
+			perTool := r.Per == keyspace.PerTenantTool || r.Per == keyspace.PerSubjectTool
+			bySubject := r.Per == keyspace.PerSubject || r.Per == keyspace.PerSubjectTool
+			switch {
+			case !r.Per.TenantScoped(), perTool && tool == "", f.tool != "" && !perTool,
+				bySubject && (!f.subjects || f.subject == ""), !bySubject && !f.tenantWide:
+				continue
+			}
+			o := keyspace.Owner{Tenant: f.tenant, Subject: f.subject}
+			if perTool {
+				o.Tool = tool
+			}
+			key := keyspace.Counter(r.Per, string(r.Algorithm), r.Name, o)
+			if !seen[key] {
+				seen[key] = true
+				out = append(out, counter{rule: r, owner: o, check: limit.Check{Rule: r.Rule, Key: key}})
+			}
+		}
+	}
 	for _, tier := range tiers {
 		for _, tool := range tools {
 			rules, _ := cfg.RulesFor(tier, tool)
-			for _, r := range rules {
-				perTool := r.Per == keyspace.PerTenantTool || r.Per == keyspace.PerSubjectTool
-				bySubject := r.Per == keyspace.PerSubject || r.Per == keyspace.PerSubjectTool
-				switch {
-				case !r.Per.TenantScoped(), perTool && tool == "", f.tool != "" && !perTool,
-					bySubject && (!f.subjects || f.subject == ""), !bySubject && !f.tenantWide:
-					continue
-				}
-				o := keyspace.Owner{Tenant: f.tenant, Subject: f.subject}
-				if perTool {
-					o.Tool = tool
-				}
-				key := keyspace.Counter(r.Per, string(r.Algorithm), r.Name, o)
-				if !seen[key] {
-					seen[key] = true
-					out = append(out, counter{rule: r, owner: o, check: limit.Check{Rule: r.Rule, Key: key}})
-				}
-			}
+			add(rules, tool)
 		}
 		out = append(out, methodCounters(cfg, tier, f, seen)...)
+	}
+	// An upstream's rules per tenant or subject count every tool of it,
+	// listed under tools: or not (their per-tool counters are the store's
+	// to name: heldCounters).
+	for _, u := range cfg.Upstreams {
+		add(u.Limits, "")
 	}
 	return out
 }

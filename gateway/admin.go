@@ -93,6 +93,12 @@ func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
 			tools[name] = viewRules(t.Limits)
 		}
 	}
+	upstreams := make(map[string]any, len(cfg.Upstreams))
+	for _, u := range cfg.Upstreams {
+		if len(u.Limits) > 0 {
+			upstreams[u.Name] = viewRules(u.Limits)
+		}
+	}
 	store := "memory"
 	if len(g.eng.Stores()) > 1 {
 		store = "redis"
@@ -102,7 +108,7 @@ func (g *Gateway) adminLimits(w http.ResponseWriter, r *http.Request) {
 	}
 	body := map[string]any{
 		"tenant": tenant, "default_tier": cfg.DefaultTier, "tiers": tiers,
-		"tools": tools, "global": viewRules(cfg.Global), "store": store,
+		"tools": tools, "upstreams": upstreams, "global": viewRules(cfg.Global), "store": store,
 		"tier": tier, "subject": subject, "live": live,
 	}
 	if err != nil {
