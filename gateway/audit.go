@@ -215,12 +215,25 @@ func noteLoaded(ctx context.Context, result, rpcErr json.RawMessage) {
 	}
 }
 
+// reopenWait bounds how long ReopenAudit waits for the audit writer: a
+// write stuck on a stalled disk (a hung network mount, a full pipe) must
+// not hold up the config reload that SIGHUP and POST /admin/reload run
+// after it.
+var reopenWait = 5 * time.Second
+
 // ReopenAudit reopens the audit file (after log rotation renamed it): new
 // lines go to a new file at the configured path. Lines queued before go to
 // the old one. A failure is logged and returned, and the old file stays in
-// use. Without an audit file it does nothing.
+// use; so is a writer that has not taken the reopen within reopenWait.
+// Without an audit file it does nothing.
 func (g *Gateway) ReopenAudit(ctx context.Context) error {
-	return g.audit.Reopen(ctx)
+	ctx, cancel := context.WithTimeout(ctx, reopenWait)
+	defer cancel()
+	err := g.audit.Reopen(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		g.log.Error("audit file not reopened: its writer is stuck on a write (a stalled disk?); going on without waiting", "waited", reopenWait)
+	}
+	return err
 }
 
 // openAudit opens the audit log the config names (none for "").
