@@ -639,7 +639,17 @@ func TestUpstreamRestartKeepsTheBreakerClosed(t *testing.T) {
 	a.stop()
 	a.start()
 	for i, cs := range clients {
-		if got, isErr := callText(t, cs, "a__echo", map[string]any{"text": "2"}); got != "a: 2" || isErr {
+		got, isErr := callText(t, cs, "a__echo", map[string]any{"text": "2"})
+		if isErr && strings.Contains(got, "cannot be reached") && strings.HasSuffix(got, "EOF") {
+			// Go's HTTP client sent the call on a kept-alive connection the
+			// stopped server had closed, before it read that close: a POST
+			// is not sent again (it may have been served), so the call is
+			// refused as unreachable, once. Not the session handling under
+			// test; the next call opens a new connection.
+			t.Logf("client %d: a stale connection: %q", i, got)
+			got, isErr = callText(t, cs, "a__echo", map[string]any{"text": "2"})
+		}
+		if got != "a: 2" || isErr {
 			t.Errorf("client %d after the restart: %q (isError %v)", i, got, isErr)
 		}
 	}
