@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/examples/upstream"
@@ -329,4 +330,42 @@ func TestCloseWaitsForALostSessionsEnd(t *testing.T) {
 	if !strings.Contains(rec.Body.String(), "\nmcpgate_upstream_sessions_ended_total 1\n") {
 		t.Fatal("Close returned before the DELETE of the lost session was answered")
 	}
+}
+
+// Every request of a lost session gets the upstream's 404 at once, and one
+// DELETE ends it: a DELETE per request would pile up against a slow
+// upstream, the client no longer waiting for any of them.
+func TestLostSessionIsDeletedOnce(t *testing.T) {
+	t.Parallel()
+	up := upstream.New(&upstream.Options{SessionTimeout: -1})
+	gate := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	var deletes atomic.Int64
+	url := lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
+		deletes.Add(1)
+		select {
+		case <-gate:
+		case <-r.Context().Done():
+		}
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+	})
+	t.Cleanup(release)
+	e := newEnv(t, setup{UpstreamURL: url, Config: "sessions: {max_per_subject: 1, idle_timeout: 1h}\n"})
+	alice := token(t, "acme", "alice")
+	r := initialize(t, e, 0, alice)
+	if r.Status != http.StatusOK {
+		t.Fatalf("initialize: %d %s", r.Status, r.Body)
+	}
+	id := r.Header.Get("Mcp-Session-Id")
+	for i := range 20 {
+		if r := post(t, e.mcpURL(0), alice, methodBody(100+i, "lost/plain", `{}`), http.Header{"Mcp-Session-Id": {id}}); r.Status != http.StatusNotFound {
+			t.Fatalf("request %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	eventually(t, 10*time.Second, "the gateway's DELETE to reach the upstream", func() bool { return deletes.Load() > 0 })
+	if n := deletes.Load(); n != 1 {
+		t.Fatalf("20 requests of one lost session sent %d DELETEs while the first was unanswered, want 1", n)
+	}
+	release()
 }

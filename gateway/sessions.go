@@ -140,7 +140,10 @@ func (g *Gateway) freeSession(ctx context.Context, p auth.Principal, upstream, l
 func (g *Gateway) endLost(r *http.Request, p auth.Principal, upstream, lease string) {
 	ctx := context.WithoutCancel(r.Context())
 	j := sweepJob{upstream: upstream, tenant: p.Tenant, subject: p.Subject, protocol: r.Header.Get(mcp.HeaderProtocolVersion)}
-	done := g.tracker.ending(p)
+	done, ok := g.tracker.ending(p, upstream)
+	if !ok {
+		return // already being ended: its outcome frees the slots or keeps them
+	}
 	go func() {
 		defer done()
 		if g.tracker.endGone(ctx, j) {
@@ -256,21 +259,15 @@ type sessionTracker struct {
 	// request of every untracked session meets it.
 	fullWarned time.Time
 	untracked  int64
-	// lost holds, by caller, the sessions being ended after their
-	// upstream's 404 (endLost), which ends counts.
-	lost map[lostKey]*lostEnds
+	// lost holds, by caller and upstream session id, the sessions being
+	// ended after their upstream's 404 (endLost): each channel is closed
+	// when its ending is over. ends counts them for Close.
+	lost map[lostKey]map[string]chan struct{}
 	ends sync.WaitGroup
 }
 
-// lostKey is the caller whose sessions lostEnds counts.
+// lostKey is the caller whose sessions lost holds.
 type lostKey struct{ tenant, subject string }
-
-// lostEnds counts a caller's sessions being ended (endLost); done is closed
-// when none is left.
-type lostEnds struct {
-	n    int
-	done chan struct{}
-}
 
 // fullWarnEvery is how often at most a full tracker says so.
 const fullWarnEvery = time.Minute
@@ -279,7 +276,7 @@ func newSessionTracker(g *Gateway, size int) *sessionTracker {
 	if size <= 0 {
 		size = DefaultMaxTrackedSessions
 	}
-	return &sessionTracker{g: g, max: size, m: map[string]*sessionEntry{}, lost: map[lostKey]*lostEnds{}, now: time.Now,
+	return &sessionTracker{g: g, max: size, m: map[string]*sessionEntry{}, lost: map[lostKey]map[string]chan struct{}{}, now: time.Now,
 		hc: &http.Client{Transport: g.fed.transport(), Timeout: endTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
 
@@ -361,43 +358,62 @@ func (t *sessionTracker) dropLocked(upstream string) {
 	t.g.metrics.UpstreamSessions.Set(float64(len(t.m)))
 }
 
-// ending counts one session of p being ended (endLost) until done is
-// called.
-func (t *sessionTracker) ending(p auth.Principal) (done func()) {
+// ending records that p's upstream session is being ended (endLost) until
+// done is called. ok is false when it already is: every request of a lost
+// session gets the upstream's 404, and one DELETE ends it (a DELETE each
+// would pile up against a slow upstream, the client no longer waiting).
+func (t *sessionTracker) ending(p auth.Principal, upstream string) (done func(), ok bool) {
 	k := lostKey{p.Tenant, p.Subject}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	l := t.lost[k]
-	if l == nil {
-		l = &lostEnds{done: make(chan struct{})}
-		t.lost[k] = l
+	if _, busy := t.lost[k][upstream]; busy {
+		return nil, false
 	}
-	l.n++
+	if t.lost[k] == nil {
+		t.lost[k] = map[string]chan struct{}{}
+	}
+	ch := make(chan struct{})
+	t.lost[k][upstream] = ch
 	t.ends.Add(1)
 	return func() {
 		t.mu.Lock()
-		if l.n--; l.n == 0 {
+		delete(t.lost[k], upstream)
+		if len(t.lost[k]) == 0 {
 			delete(t.lost, k)
-			close(l.done)
 		}
+		close(ch)
 		t.mu.Unlock()
 		t.ends.Done()
-	}
+	}, true
 }
 
-// awaitEnds waits until no session of p is being ended on this instance
-// (endLost), or ctx ends. An initialize does, before it is admitted: a
-// client told 404 starts a new session at once, and must find the slot of
-// the one it lost free, unless the upstream kept that session.
+// maxEndWait bounds awaitEnds: one ending's DELETE and slot release.
+const maxEndWait = endTimeout + releaseTimeout
+
+// awaitEnds waits until the sessions of p being ended on this instance
+// when it is called (endLost) are, for maxEndWait at most, or ctx ends. An
+// initialize does, before it is admitted: a client told 404 starts a new
+// session at once, and must find the slot of the one it lost free, unless
+// the upstream kept that session. Endings that start meanwhile are not
+// waited for: another client of the same subject losing sessions one after
+// the other must not hold this one's initialize.
 func (t *sessionTracker) awaitEnds(ctx context.Context, p auth.Principal) {
 	t.mu.Lock()
-	l := t.lost[lostKey{p.Tenant, p.Subject}]
+	var running []chan struct{}
+	for _, ch := range t.lost[lostKey{p.Tenant, p.Subject}] {
+		running = append(running, ch)
+	}
 	t.mu.Unlock()
-	if l == nil {
+	if len(running) == 0 {
 		return
 	}
-	select {
-	case <-l.done:
-	case <-ctx.Done():
+	ctx, cancel := context.WithTimeout(ctx, maxEndWait)
+	defer cancel()
+	for _, ch := range running {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
 	}
 }
