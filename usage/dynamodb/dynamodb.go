@@ -273,7 +273,11 @@ func (s *Store) put(ctx context.Context, r usage.Record) error {
 		}
 		old, err := decodeUsage(item)
 		if err != nil {
-			return fmt.Errorf("usage/dynamodb: put tenant %q period %s: %w", r.Tenant, r.Period, err)
+			// An item edited by hand (a fractional credit, a string): this
+			// record cannot be merged into it, and must not hold back the
+			// other records of the batch nor the sweeps, as any record the
+			// store refuses.
+			return fmt.Errorf("usage/dynamodb: put tenant %q period %s: %w: the stored item: %w", r.Tenant, r.Period, usage.ErrInvalidRecord, err)
 		}
 		if old.Covers(r.Usage) {
 			return nil

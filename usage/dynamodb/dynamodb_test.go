@@ -159,6 +159,20 @@ func TestRequestsDynamoDBRefusesAreInvalid(t *testing.T) {
 	if err := s.Put(ctx, []usage.Record{replaced}); err != nil {
 		t.Fatal(err)
 	}
+	// An item edited by hand so that it no longer reads as whole numbers:
+	// a record that would be merged into it is refused as invalid (set
+	// aside by a flusher), not as a failure that blocks every flush.
+	if _, err := client.PutItem(ctx, &ddb.PutItemInput{TableName: aws.String("usage_strings"), Item: map[string]types.AttributeValue{
+		"tenant":  &types.AttributeValueMemberS{Value: "credited"},
+		"period":  &types.AttributeValueMemberS{Value: "2026-11"},
+		"charged": &types.AttributeValueMemberN{Value: "1.5"},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	credited := usage.Record{Tenant: "credited", Period: "2026-11", Usage: limit.Usage{Charged: 1, Calls: 1}}
+	if err := s.Put(ctx, []usage.Record{credited}); !errors.Is(err, usage.ErrInvalidRecord) {
+		t.Errorf("Put over an item that does not decode = %v, want ErrInvalidRecord", err)
+	}
 	for name, tenant := range map[string]string{
 		// The SDK would send it as "acme\uFFFD" and read that tenant's item.
 		"invalid UTF-8":                "acme\xff",
