@@ -20,10 +20,14 @@
 // every tenant. Until a SendingMiddleware has been installed in the process,
 // Middleware stores no shared result at all.
 //
-// Set the handler's SessionTimeout (sessions.idle_timeout, as the gateway
-// applies it): without one the SDK never ends a session whose client went
-// away without a DELETE (it crashed, or just exited), and each such
-// session is kept, with its goroutines, for the life of the process.
+// Set the handler's SessionTimeout (sessions.idle_timeout): without one the
+// SDK never ends a session whose client went away without a DELETE (it
+// crashed, or just exited), and each such session is kept, with its
+// goroutines, for the life of the process. The SDK counts POSTs only: a
+// client that only listens on its GET stream would lose its session after
+// that long, where the gateway counts an open stream as use;
+// examples/sdkserver keeps such a session with an in-process ping while
+// the stream is open.
 //
 // Middleware admits every request through Engine.Admit and answers a
 // denial the way the gateway does (a JSON-RPC error with code -33029 and

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -78,7 +79,8 @@ type server struct {
 	engine *enforce.Engine
 	mcp    *mcp.Server
 	// idle ends a session its client stopped using without a DELETE (it
-	// crashed, or exited): sessions.idle_timeout, as the gateway applies it.
+	// crashed, or exited): sessions.idle_timeout; an open GET stream is
+	// use (listenersKept), as the gateway counts it.
 	idle   time.Duration
 	served atomic.Int64 // tool calls that reached a tool
 	// endStreams ends the server-initiated streams (GET) when a shutdown
@@ -136,12 +138,52 @@ func (s *server) handler() http.Handler {
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.mcp },
 		&mcp.StreamableHTTPOptions{SessionTimeout: s.idle})
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", gosdk.RequireBearerToken(s.auth, s.engine.Config())(s.endingStreams(h)))
+	mux.Handle("/mcp", gosdk.RequireBearerToken(s.auth, s.engine.Config())(s.endingStreams(s.listenersKept(h))))
 	return mux
 }
 
 // endingStreams ends a GET (the server's stream to the client) when a
 // shutdown starts.
+// listenersKept keeps the session of a client listening on its GET stream
+// alive: the SDK's SessionTimeout counts POSTs only, and would end, after
+// idle, the session of a client that only waits for notifications (as
+// the gateway, which counts an open stream as use, does not). While the
+// stream is open, an in-process ping is posted in the session every idle/2.
+func (s *server) listenersKept(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("Mcp-Session-Id")
+		if r.Method != http.MethodGet || id == "" || s.idle <= 0 {
+			h.ServeHTTP(w, r)
+			return
+		}
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			t := time.NewTicker(s.idle / 2)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+					ping, err := http.NewRequestWithContext(r.Context(), http.MethodPost, r.URL.String(),
+						strings.NewReader(`{"jsonrpc":"2.0","id":"sdkserver-keepalive","method":"ping"}`))
+					if err != nil {
+						return
+					}
+					ping.Host = r.Host // the SDK refuses a request for another host
+					ping.Header.Set("Mcp-Session-Id", id)
+					ping.Header.Set("Mcp-Protocol-Version", r.Header.Get("Mcp-Protocol-Version"))
+					ping.Header.Set("Content-Type", "application/json")
+					ping.Header.Set("Accept", "application/json, text/event-stream")
+					h.ServeHTTP(discard{header: http.Header{}}, ping)
+				}
+			}
+		}()
+		h.ServeHTTP(w, r)
+	})
+}
+
 func (s *server) endingStreams(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet {
@@ -199,3 +241,11 @@ func (s *server) close() {
 		_ = s.auth.Close()
 	}
 }
+
+// discard is a ResponseWriter that keeps nothing: the answer to an
+// in-process keep-alive ping.
+type discard struct{ header http.Header }
+
+func (d discard) Header() http.Header       { return d.header }
+func (discard) Write(b []byte) (int, error) { return len(b), nil }
+func (discard) WriteHeader(int)             {}

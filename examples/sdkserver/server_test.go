@@ -211,14 +211,11 @@ func TestRunErrors(t *testing.T) {
 	}
 }
 
-// A session its client abandons (no DELETE: the client crashed, or just
-// exited) ends once unused for sessions.idle_timeout, as the gateway ends
-// it: without the handler's SessionTimeout every abandoned session (its
-// ServerSession, transport and goroutines) stayed for the life of the
-// process.
-func TestAbandonedSessionEnds(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
+// idleSession starts a server whose sessions.idle_timeout is 1s and opens
+// a session on it: the server, its URL, the session id, and post, which
+// sends a message in a session ("" for none).
+func idleSession(t *testing.T) (s *server, url, id string, post func(session, body string) *http.Response) {
+	t.Helper()
 	yaml := "auth:\n  jwt:\n    hs256_secret_env: " + testSecretEnv + "\n" +
 		"usage:\n  store: sqlite:" + filepath.Join(t.TempDir(), "usage.db") + "\n  flush_interval: 1h\n" +
 		"sessions:\n  idle_timeout: 1s\n"
@@ -226,7 +223,7 @@ func TestAbandonedSessionEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := newServer(ctx, cfg, slog.New(slog.DiscardHandler))
+	s, err = newServer(context.Background(), cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +231,7 @@ func TestAbandonedSessionEnds(t *testing.T) {
 	hs := httptest.NewServer(s.handler())
 	t.Cleanup(hs.Close)
 	tok := sign(t, "idle-co", "alice", "tools:*")
-	post := func(session, body string) *http.Response {
+	post = func(session, body string) *http.Response {
 		t.Helper()
 		req, err := http.NewRequest(http.MethodPost, hs.URL+"/mcp", strings.NewReader(body))
 		if err != nil {
@@ -243,6 +240,7 @@ func TestAbandonedSessionEnds(t *testing.T) {
 		req.Header.Set("Authorization", "Bearer "+tok)
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
 		if session != "" {
 			req.Header.Set("Mcp-Session-Id", session)
 		}
@@ -254,31 +252,74 @@ func TestAbandonedSessionEnds(t *testing.T) {
 		resp.Body.Close()
 		return resp
 	}
-	sessions := func() int {
-		n := 0
-		for range s.mcp.Sessions() {
-			n++
-		}
-		return n
-	}
 	resp := post("", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}`)
-	id := resp.Header.Get("Mcp-Session-Id")
+	id = resp.Header.Get("Mcp-Session-Id")
 	if resp.StatusCode != http.StatusOK || id == "" {
 		t.Fatalf("initialize: %d, session %q", resp.StatusCode, id)
 	}
 	post(id, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
-	if n := sessions(); n != 1 {
+	if n := sessionCount(s); n != 1 {
 		t.Fatalf("%d sessions after initialize, want 1", n)
 	}
+	return s, hs.URL + "/mcp", id, post
+}
+
+func sessionCount(s *server) int {
+	n := 0
+	for range s.mcp.Sessions() {
+		n++
+	}
+	return n
+}
+
+// A session its client abandons (no DELETE: the client crashed, or just
+// exited) ends once unused for sessions.idle_timeout, as the gateway ends
+// it: without the handler's SessionTimeout every abandoned session (its
+// ServerSession, transport and goroutines) stayed for the life of the
+// process.
+func TestAbandonedSessionEnds(t *testing.T) {
+	t.Parallel()
+	s, _, id, post := idleSession(t)
 	// Abandoned: no request, no DELETE. Polled without a request (one
 	// would keep the session in use); the bound is the test's, far past
 	// the idle timeout.
-	for deadline := time.Now().Add(30 * time.Second); sessions() != 0; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); sessionCount(s) != 0; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("a session unused for 30s under sessions.idle_timeout 1s is still open")
 		}
 	}
 	if resp := post(id, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("a request in the ended session: %d, want 404", resp.StatusCode)
+	}
+}
+
+// A client listening on its GET stream (waiting for notifications) uses
+// its session, as the gateway counts it: the session outlives the idle
+// timeout (the SDK's SessionTimeout counts POSTs only, and ended it).
+func TestListeningSessionIsKept(t *testing.T) {
+	t.Parallel()
+	s, url, id, post := idleSession(t)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+sign(t, "idle-co", "alice", "tools:*"))
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+	req.Header.Set("Mcp-Session-Id", id)
+	get, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer get.Body.Close()
+	if get.StatusCode != http.StatusOK {
+		t.Fatalf("GET stream: %d", get.StatusCode)
+	}
+	time.Sleep(3 * time.Second) // listening for three idle timeouts, no POST
+	if n := sessionCount(s); n != 1 {
+		t.Fatalf("%d sessions after 3s of listening under idle_timeout 1s, want the listener's", n)
+	}
+	if resp := post(id, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a request of the listening client: %d, want its session kept", resp.StatusCode)
 	}
 }
