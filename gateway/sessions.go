@@ -42,6 +42,9 @@ func (g *Gateway) startSessions() {
 	go func() {
 		defer close(g.sweepDone)
 		g.tracker.run(ctx)
+		g.tracker.mu.Lock()
+		g.tracker.closed = true // no ending starts after: ends.Wait below is the last
+		g.tracker.mu.Unlock()
 		g.tracker.ends.Wait() // each bounded by endTimeout and releaseTimeout
 	}()
 }
@@ -264,6 +267,10 @@ type sessionTracker struct {
 	// when its ending is over. ends counts them for Close.
 	lost map[lostKey]map[string]chan struct{}
 	ends sync.WaitGroup
+	// closed: the gateway is closing, no ending starts any more (a
+	// handler still running then gets its 404, the session left to the
+	// upstream's own timeout).
+	closed bool
 }
 
 // lostKey is the caller whose sessions lost holds.
@@ -366,7 +373,7 @@ func (t *sessionTracker) ending(p auth.Principal, upstream string) (done func(),
 	k := lostKey{p.Tenant, p.Subject}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, busy := t.lost[k][upstream]; busy {
+	if _, busy := t.lost[k][upstream]; busy || t.closed {
 		return nil, false
 	}
 	if t.lost[k] == nil {
