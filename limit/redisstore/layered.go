@@ -44,7 +44,10 @@ import (
 //     request itself is never admitted. One difference remains with the
 //     one-call path: an identical-calls count the tenant call added is
 //     kept. A refund that fails is logged (Options.Logger) and leaves the
-//     counters charged by one request, as a Refund call would.
+//     counters charged by one request, as a Refund call would; but the
+//     concurrency slots it would have freed are released in the
+//     background, as a failed call's are (releaseLost), not held for the
+//     lease's period.
 
 // layered is Evaluate for a request with global checks.
 func (s *Store) layered(ctx context.Context, req limit.Request) (limit.Outcome, error) {
@@ -186,6 +189,7 @@ func (s *Store) refundCharged(ctx context.Context, checks []limit.Check, results
 	}
 	if _, err := s.refundAt(ctx, charged, cost, lease, taken); err != nil {
 		s.log.Warn("refund of an admitted half failed: its counters keep this request", "err", err)
+		s.releaseLost(lease, charged) // a slot would stay taken for the lease's period
 	}
 }
 
@@ -195,7 +199,10 @@ func (s *Store) refundCharged(ctx context.Context, checks []limit.Check, results
 // the half-open probe it took; and it has the breaker count the denial,
 // with the denials count the call reset (before) restored. It updates t's
 // meter usage and breaker state to what the undo left. A step that fails
-// is logged and leaves what it would have given back charged.
+// is logged and leaves what it would have given back charged, but for the
+// concurrency slots the request took: releasing a lease is idempotent, so
+// they are released in the background (releaseLost) rather than held for
+// the lease's period.
 func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outcome, lease string, taken, before int64) {
 	bs, at := s.undoBatches(req, t, lease, taken, before)
 	defer releaseBatches(bs)
@@ -209,6 +216,9 @@ func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outc
 	for i, err := range errs {
 		if err != nil {
 			s.log.Warn("undoing an admitted tenant half failed: it keeps this request", "err", err)
+			if i == at.refund {
+				s.releaseLost(lease, req.Checks)
+			}
 			continue
 		}
 		switch i {
@@ -225,10 +235,10 @@ func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outc
 }
 
 // undoSteps says where, in the undo pipeline of a tenant half, are the
-// steps whose replies update the outcome: the meter's adjustment and the
-// breaker's denial; -1 for a step not sent. (The refund's and the probe
-// release's replies carry nothing the outcome needs.)
-type undoSteps struct{ adjust, denials int }
+// counters' refund (whose failure leaves slots to release), and the steps
+// whose replies update the outcome: the meter's adjustment and the
+// breaker's denial; -1 for a step not sent.
+type undoSteps struct{ refund, adjust, denials int }
 
 // undoBatches builds undoTenant's pipeline, in the order it is sent: the
 // refund of the checks of req that t charged (those whose result allowed),
@@ -250,8 +260,9 @@ func (s *Store) undoBatches(req limit.Request, t *limit.Outcome, lease string, t
 			charged = append(charged, c)
 		}
 	}
-	at := undoSteps{adjust: -1, denials: -1}
+	at := undoSteps{refund: -1, adjust: -1, denials: -1}
 	if len(charged) > 0 {
+		at.refund = len(bs)
 		add().refund(s.offset.Load(), charged, req.Cost, lease, taken)
 	}
 	if m := req.Meter; m != nil {
