@@ -29,10 +29,11 @@ import (
 //     all-or-nothing on its own. When one admits and the other denies (or
 //     fails), the half that admitted is given back at once, in one more
 //     pipeline to its node: the tenant half's counters are refunded
-//     (Refund), its meter charge too (Adjust with Refunded and
-//     RefundedCalls), the half-open probe it took is released
-//     (ReleaseProbe), and the breaker counts the denial (AddDenials, with
-//     the count the tenant call reset restored first); the global half's
+//     (Refund), its meter charge too (Refunded and RefundedCalls; with
+//     the meter's op, by an undo that applies once, see undoMeter), the
+//     half-open probe it took is released (ReleaseProbe), and the breaker
+//     counts the denial (AddDenials, with the count the tenant call reset
+//     restored first); the global half's
 //     counters are refunded. A refund carries its half's take time (the
 //     clock of the first call), and gives back the units that take
 //     charged whatever other callers took meanwhile: a sliding window's
@@ -210,15 +211,13 @@ func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outc
 		return
 	}
 	arrs, errs := s.execMulti(ctx, bs...)
-	if m := req.Meter; at.adjust >= 0 && errs[at.adjust] == nil && m.Op != "" {
-		s.dropOpMarker(ctx, m)
-	}
 	for i, err := range errs {
 		if err != nil {
-			s.log.Warn("undoing an admitted tenant half failed: it keeps this request", "err", err)
-			if i == at.refund {
+			switch {
+			case i == at.refund:
 				s.releaseLost(lease, req.Checks)
 			}
+			s.log.Warn("undoing an admitted tenant half failed: it keeps this request", "err", err)
 			continue
 		}
 		switch i {
@@ -267,10 +266,7 @@ func (s *Store) undoBatches(req limit.Request, t *limit.Outcome, lease string, t
 	}
 	if m := req.Meter; m != nil {
 		at.adjust = len(bs)
-		b := add()
-		b.build(opAdjust, s.offset.Load(), nil, 0, "")
-		b.meter(m, 0)
-		b.nums(0, m.CostFor(req.Cost), 0, 1) // the delta: Refunded, RefundedCalls
+		s.undoMeter(add(), m, req.Cost)
 	}
 	if sp := req.Breaker; sp != nil {
 		if t.Breaker.Probe {
@@ -296,14 +292,25 @@ func releaseBatches(bs []*batch) {
 	}
 }
 
-// dropOpMarker deletes the marker of m's op after the undo gave the op's
-// meter charge back: the marker says the op applied, so placing the op
-// again (the engine does, when the global half failed rather than denied)
-// would be taken as done and the call's usage lost. A failure is logged.
-func (s *Store) dropOpMarker(ctx context.Context, m *limit.Meter) {
-	if err := s.client.Do(ctx, s.client.B().Del().Key(keyspace.MeterOp(m.Key, m.Op)).Build()).Error(); err != nil {
-		s.log.Warn("removing the marker of an undone op failed: placing it again will count nothing", "err", err)
+// undoMeter builds into b the give-back of the meter charge a take of m
+// charged for cost (Refunded, RefundedCalls). With m's op, it is the
+// script's undo (limit.lua, 'U'): it gives the charge back only while the
+// op's marker is the take's, and deletes the marker with it, so it applies
+// once however often it is sent, and placing the op again (the engine
+// does, when the global half failed rather than denied) charges it
+// afresh rather than finding it done; placed before the undo ran, the op
+// keeps the take's charge and the undo gives nothing back.
+func (s *Store) undoMeter(b *batch, m *limit.Meter, cost int64) {
+	if m.Op == "" {
+		b.build(opAdjust, s.offset.Load(), nil, 0, "")
+	} else {
+		b.build(opUndoMetered, s.offset.Load(), nil, 0, "")
 	}
+	b.meter(m, 0)
+	b.nums(0, m.CostFor(cost), 0, 1) // the delta: Refunded, RefundedCalls
+	bare := *m
+	bare.Replay = nil // no replay guard: the marker decides
+	b.opTail(&bare)
 }
 
 // undoneMeter parses the reply of the undo's meter adjustment; ok is false

@@ -22,6 +22,7 @@
 --                     slot)
 -- args[1]             op: 't' take, 'r' refund, 'l' release, 'e' renew leases,
 --                     'm' take metered, 'a' adjust a meter, 'f' mark a meter flushed,
+--                     'U' undo a metered take (below),
 --                     and the loop breakers' ops (see breaker.lua): 'b' take and
 --                     'n' take metered with a breaker, 'o' report an outcome,
 --                     'd' add denials, 'p' release a probe, 'x' reset
@@ -61,6 +62,16 @@
 -- (values joined by newlines) and the TTL. A replay whose generation is
 -- the meter's, or whose usage after is held by the meter's seed in a field
 -- the delta raises, applies nothing either (status 5) and is recorded.
+-- An 'A' that finds a take's marker ('m', 'n') renames it 'M', 'N': the
+-- take's charge now stands for the op placed again.
+--
+-- 'U' undoes the metered take of an op (a Cluster request whose global
+-- half did not admit, layered.go): it is 'A' with the refund as its delta
+-- and no replay guard, applied only when the op's marker is a take's ('m'
+-- or 'n'), which it then deletes in the same call, so that placing the op
+-- again charges it afresh. Any other marker, or none, means the take is
+-- undone already or stands for the op placed again: it applies nothing
+-- (status 5). Sent again after a lost reply, it applies once.
 --
 -- A meter's generation, field g: "<id> <seed c> <seed r> <seed n> <seed rn>",
 -- written when the meter is created from a seed; the id is "t<now>"
@@ -289,7 +300,7 @@ local MAXU = 1125899906842624 -- limit.MaxUsage (2^50)
 -- As a script, the meter functions are made only for the ops that use
 -- them: a plain take does not pay for building their closures.
 local meterOpen, meterWrite, recorded, record
-if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' or EOP == 'M' or EOP == 'A' or EOP == 'N' then
+if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' or EOP == 'M' or EOP == 'A' or EOP == 'N' or EOP == 'U' then
   -- meterOpen returns the status of the meter key with block b, its live
   -- usage {c, r, n, rn}, whether it must be created from the seed
   -- (algo.MeterOpen), and its generation ("" when there is none).
@@ -320,7 +331,7 @@ if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' or EOP == 'M' or EOP == 'A' or 
   end
 
   -- recorded returns the reply the marker of the op holds and the kind of
-  -- write that made it ('t' a take, 'a' an adjust), or nil.
+  -- write that made it (see record), or nil.
   recorded = function()
     local v = call('GET', opkey)
     if not v then return nil end
@@ -332,8 +343,9 @@ if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' or EOP == 'M' or EOP == 'A' or 
   end
 
   -- record writes the op's marker: the kind of write ('m' or 'n', a take
-  -- of that op; 'a' an adjust; 't', a take, from earlier versions), then
-  -- the reply out, for the TTL.
+  -- of that op; 'M' or 'N', such a take the op was placed again over; 'a'
+  -- an adjust; 't', a take, from earlier versions), then the reply out,
+  -- for the TTL.
   record = function(kind, out)
     local parts = { kind }
     for i = 1, #out do
@@ -763,30 +775,45 @@ local function renew()
   return { now, held }
 end
 
--- adjust serves op a: algo.MeterAdjust, add the delta, no quota.
+-- covered answers as an adjust that applies nothing: the meter as it
+-- stands, status 5.
+local function covered()
+  local st, u, _, gen = meterOpen(KEYS[1], 4)
+  if st == 1 then st = 5 end
+  if st > 2 and st < 5 then gen = '' end
+  return { now, st, u[1], u[2], u[3], u[4], gen }
+end
+
+-- adjust serves ops a and u (see 'U' above): algo.MeterAdjust, add the
+-- delta, no quota.
 local function adjust()
+  local undo = op == 'u'
   if opkey then
     local r, kind = recorded()
-    if kind == 'a' then return r end
-    if kind == 'm' or kind == 'n' then
+    if undo then
+      if kind ~= 'm' and kind ~= 'n' then return covered() end
+    elseif kind == 'a' then
+      return r
+    elseif kind == 'm' or kind == 'n' or kind == 'M' or kind == 'N' then
       -- The op was a take that landed (a denied take leaves no marker): its
       -- charge is on the meter, so this placement applies nothing and
       -- answers the take's own meter block (status, usage right after the
       -- charge, generation), as the memory store answers the take's reply:
       -- the caller keeps the op as if that reply had arrived. The block
       -- ends the reply of 'm' and precedes the breaker's 10 values in 'n'.
+      -- The take's charge now stands for this placement: an undo of the
+      -- take sent earlier and run only now must not give it back.
+      if kind == 'm' or kind == 'n' then
+        kind = string.upper(kind)
+        record(kind, r)
+      end
       local b = #r - 5
-      if kind == 'n' then b = b - 10 end
+      if kind == 'N' then b = b - 10 end
       return { now, r[b], r[b + 1], r[b + 2], r[b + 3], r[b + 4], r[b + 5] }
-    end
-    if r then
+    elseif r then
       -- A take's marker of an earlier version ('t'): its charge is on the
-      -- meter, so this placement applies nothing and answers as an adjust
-      -- would, covered (status 5).
-      local st, u, _, gen = meterOpen(KEYS[1], 4)
-      if st == 1 then st = 5 end
-      if st > 2 and st < 5 then gen = '' end
-      return { now, st, u[1], u[2], u[3], u[4], gen }
+      -- meter, so this placement applies nothing.
+      return covered()
     end
   end
   local key = KEYS[1]
@@ -819,7 +846,11 @@ local function adjust()
   end
   if st > 2 and st < 5 then gen = '' end
   local out = { now, st, u[1], u[2], u[3], u[4], gen }
-  if opkey and (st == 1 or st == 5) then record('a', out) end
+  if undo then
+    if st == 1 then call('DEL', opkey) end
+  elseif opkey and (st == 1 or st == 5) then
+    record('a', out)
+  end
   return out
 end
 
@@ -838,7 +869,7 @@ local function flushed()
 end
 
 local ops = { t = take, m = take, b = take, n = take, r = refund, l = release, e = renew, a = adjust, f = flushed,
-  M = take, N = take, A = adjust,
+  M = take, N = take, A = adjust, u = adjust,
   o = brUpdate, d = brUpdate, p = brUpdate, x = brReset }
 
 -- run serves one call.
@@ -849,7 +880,7 @@ local function run(keys, args)
   now = (tonumber(time[1]) - 1577836800) * 1000000 + tonumber(time[2]) + tonumber(args[2])
   op, cost, lease = args[1], tonumber(args[3]), args[4]
   opkey, nk, na = nil, #keys, #args
-  if op == 'M' or op == 'N' or op == 'A' then
+  if op == 'M' or op == 'N' or op == 'A' or op == 'U' then
     opkey, nk, na = keys[#keys], #keys - 1, #args - 7
     op = string.lower(op)
   end

@@ -184,6 +184,7 @@ const (
 	opRenew       = "e"
 	opTakeMetered = "m"
 	opAdjust      = "a"
+	opUndoMetered = "U" // has an op (limit.lua): no lower-case form
 	opMarkFlushed = "f"
 	// loop breakers (breaker.lua)
 	opTakeBreaker        = "b"

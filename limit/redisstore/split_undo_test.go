@@ -125,3 +125,70 @@ func TestClusterSplitFailedGiveBackReleasesSlot(t *testing.T) {
 		})
 	}
 }
+
+// On a Cluster, a metered request with an op id whose global half denies
+// has its tenant half's meter charge given back by an undo that applies
+// once. Whatever becomes of the undo's send, and whenever the op is placed
+// again (the engine places it again when the request failed, and keeps it
+// when its failure policy admits the call), the meter ends with the calls
+// the caller's view says: the denied request billed nothing, the op placed
+// again billed once.
+func TestClusterSplitMeterUndoAppliesOnce(t *testing.T) {
+	t.Parallel()
+	cl := testenv.StartCluster(t)
+	c := cl.Client(t)
+	for _, tc := range []struct {
+		name  string
+		mode  int
+		place string // "": the op is not placed again; "after": after the undo's fate is known; "before": before the undo ran
+		want  int64  // net calls on the meter
+	}{
+		{"reply_lost", faultLose, "", 0},
+		{"reply_lost_op_placed_again", faultLose, "after", 1},
+		{"send_failed_op_placed_again_first", faultDrop, "before", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			uc := &giveBackFault{Client: c, mode: tc.mode}
+			s := newStore(t, uc, testTimeout)
+			ctx := ctxT(t)
+			id := fmt.Sprint(time.Now().UnixNano())
+			tenant := "undo-" + id
+			checks := tenantChecks(tenant, rule("tenant", limit.FixedWindow, 100, time.Hour))
+			gr := rule("undo-global-"+id, limit.FixedWindow, 1, time.Hour)
+			global := []limit.Check{{Rule: gr, Key: keyspace.RateLimit(keyspace.PerGlobal, gr.Name, keyspace.Owner{})}}
+			if keyspace.Slot(global[0].Key) == keyspace.Slot(checks[0].Key) {
+				t.Fatal("the global key shares the tenant's slot: no split, the test proves nothing")
+			}
+			if d, err := s.Take(ctx, global, 1); err != nil || !d.Allowed {
+				t.Fatal(d, err) // spend the global rule
+			}
+			m := testMeter(tenant, 0)
+			m.Op = limit.NewOp()
+			placeAgain := func() {
+				t.Helper()
+				if _, err := s.Adjust(ctx, m, limit.Usage{Charged: 1, Calls: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			uc.arm()
+			o, err := s.Evaluate(ctx, limit.Request{Checks: checks, Global: global, Meter: &m, Cost: 1})
+			if err != nil || o.Decision.Allowed {
+				t.Fatalf("%+v %v; want a global denial", o.Decision, err)
+			}
+			if !uc.fired() {
+				t.Fatal("fault not injected")
+			}
+			if tc.place == "before" {
+				placeAgain() // the undo has not run yet: it is sent again later
+			}
+			s.lost.wg.Wait() // the undo sent again, if it is
+			if tc.place == "after" {
+				placeAgain()
+			}
+			ms, ok, err := s.ReadMeter(ctx, m.Key)
+			if err != nil || !ok || ms.Live.NetCalls() != tc.want {
+				t.Errorf("meter %+v (%v, %v): %d net calls, want %d", ms.Live, ok, err, ms.Live.NetCalls(), tc.want)
+			}
+		})
+	}
+}
