@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/redis/rueidis"
 
@@ -48,7 +49,10 @@ import (
 //     counters charged by one request, as a Refund call would; but the
 //     concurrency slots it would have freed are released in the
 //     background, as a failed call's are (releaseLost), not held for the
-//     lease's period.
+//     lease's period, and a meter undo that applies once (the meter has an
+//     op) is sent again in the background until it gets an answer or the
+//     op's marker expires (undoLost), so the refused request is not
+//     billed.
 
 // layered is Evaluate for a request with global checks.
 func (s *Store) layered(ctx context.Context, req limit.Request) (limit.Outcome, error) {
@@ -201,9 +205,10 @@ func (s *Store) refundCharged(ctx context.Context, checks []limit.Check, results
 // with the denials count the call reset (before) restored. It updates t's
 // meter usage and breaker state to what the undo left. A step that fails
 // is logged and leaves what it would have given back charged, but for the
-// concurrency slots the request took: releasing a lease is idempotent, so
-// they are released in the background (releaseLost) rather than held for
-// the lease's period.
+// steps that can be sent again: releasing a lease is idempotent, so the
+// concurrency slots the request took are released in the background
+// (releaseLost) rather than held for the lease's period, and the meter's
+// undo with an op applies once, so it is sent again (undoLost).
 func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outcome, lease string, taken, before int64) {
 	bs, at := s.undoBatches(req, t, lease, taken, before)
 	defer releaseBatches(bs)
@@ -216,6 +221,9 @@ func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outc
 			switch {
 			case i == at.refund:
 				s.releaseLost(lease, req.Checks)
+			case i == at.adjust && req.Meter.Op != "":
+				s.undoLost(*req.Meter, req.Cost, err)
+				continue
 			}
 			s.log.Warn("undoing an admitted tenant half failed: it keeps this request", "err", err)
 			continue
@@ -311,6 +319,40 @@ func (s *Store) undoMeter(b *batch, m *limit.Meter, cost int64) {
 	bare := *m
 	bare.Replay = nil // no replay guard: the marker decides
 	b.opTail(&bare)
+}
+
+// undoLost sends again, in the background, the undo of m's take (cost)
+// whose send failed or whose reply was lost (cause): the undo applies
+// once, so the denied request is not billed. It tries until the op's
+// marker has expired (limit.OpTTL), after which there is nothing left to
+// undo, waiting twice as long after each failure, and stops when the store
+// closes.
+func (s *Store) undoLost(m limit.Meter, cost int64, cause error) {
+	s.log.Warn("undoing the meter charge of an admitted tenant half failed: it is sent again", "tenant", m.Tenant, "op", m.Op, "err", cause)
+	l := &s.lost
+	l.wg.Go(func() {
+		horizon := time.Now().Add(limit.OpTTL)
+		for wait := s.timeout; ; wait *= 2 {
+			select {
+			case <-l.ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			ctx, cancel := context.WithTimeout(l.ctx, s.timeout)
+			b := batches.Get().(*batch)
+			s.undoMeter(b, &m, cost)
+			_, err := s.exec(ctx, b)
+			b.release()
+			cancel()
+			if err == nil {
+				return
+			}
+			if time.Now().Add(2 * wait).After(horizon) {
+				s.log.Warn("undoing the meter charge of an admitted tenant half failed again: the denied request stays billed", "tenant", m.Tenant, "op", m.Op, "err", err)
+				return
+			}
+		}
+	})
 }
 
 // undoneMeter parses the reply of the undo's meter adjustment; ok is false

@@ -145,6 +145,7 @@ func TestClusterSplitMeterUndoAppliesOnce(t *testing.T) {
 	}{
 		{"reply_lost", faultLose, "", 0},
 		{"reply_lost_op_placed_again", faultLose, "after", 1},
+		{"send_failed_sent_again", faultDrop, "", 0},
 		{"send_failed_op_placed_again_first", faultDrop, "before", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
