@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/mcpgate/mcpgate/enforce"
+	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/metrics"
 	"github.com/mcpgate/mcpgate/policy"
@@ -163,17 +164,20 @@ breaker: {consecutive_failures: 100, cooldown: 1m}
 		}
 		tickets = append(tickets, tk)
 	}
-	for range 2 { // the second flush sees the first's write and empties the journal
-		if err := e.Flusher().Flush(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// Flushed until nothing is left to write (the second flush sees the
+	// first's write and empties the journal): the premise of the test.
+	testenv.Eventually(t, 10*time.Second, "the usage flushed", func() bool {
+		return e.Flusher().Flush(t.Context()) == nil && !enforce.ShutdownHasWork(e)
+	})
 	shared.down.Store(true)
 	for _, tk := range tickets {
 		tk.Done(t.Context(), enforce.Outcome{Status: enforce.ToolError})
 	}
 	if e.StoreAvailable() {
 		t.Fatal("store breaker did not open")
+	}
+	if enforce.ShutdownHasWork(e) {
+		t.Fatal("failed outcome reports left usage to write")
 	}
 	start := time.Now()
 	if err := e.Close(); err != nil {
