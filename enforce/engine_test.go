@@ -334,6 +334,7 @@ breaker:
 func TestCostCorrection(t *testing.T) {
 	t.Parallel()
 	es := engines(t, "memory", 1, `
+usage: {flush_interval: 1h}
 tiers:
   free:
     monthly_quota: 1000
