@@ -63,6 +63,40 @@ func sessionsOn(up *upstream.Server) int {
 	return n
 }
 
+// oneSession starts a gateway in front of upstreamURL whose subjects may
+// hold one session each, and opens alice's: the env, alice's token and the
+// session id.
+func oneSession(t *testing.T, upstreamURL string) (e *env, alice, id string) {
+	t.Helper()
+	e = newEnv(t, setup{UpstreamURL: upstreamURL, Config: "sessions: {max_per_subject: 1, idle_timeout: 1h}\n"})
+	alice = token(t, "acme", "alice")
+	r := initialize(t, e, 0, alice)
+	if r.Status != http.StatusOK {
+		t.Fatalf("initialize: %d %s", r.Status, r.Body)
+	}
+	return e, alice, r.Header.Get("Mcp-Session-Id")
+}
+
+// loseSession sends in session id a request lostSessionUpstream answers
+// 404 "session not found".
+func loseSession(t *testing.T, e *env, tok, id string, rpcID int) {
+	t.Helper()
+	if r := post(t, e.mcpURL(0), tok, methodBody(rpcID, "lost/plain", `{}`), http.Header{"Mcp-Session-Id": {id}}); r.Status != http.StatusNotFound {
+		t.Fatalf("lost/plain in the session: %d %s, want the upstream's 404", r.Status, r.Body)
+	}
+}
+
+// heldGate is a gate an upstream handler waits on, and the func that opens
+// it (once, also at the test's end: the upstream's Close waits for its
+// handlers).
+func heldGate(t *testing.T) (gate <-chan struct{}, release func()) {
+	ch := make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release)
+	return ch, release
+}
+
 // A session's slot is freed on the upstream's 404 only when that 404 says
 // the session is gone, and then the session is ended upstream too: a freed
 // slot is a session gone upstream. MCP 2026-07-28 answers an unknown method
@@ -86,17 +120,8 @@ func TestUpstream404FreesASlotOnlyWithItsSession(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			up := upstream.New(&upstream.Options{SessionTimeout: -1})
-			e := newEnv(t, setup{
-				UpstreamURL: notFoundUpstream(t, up),
-				Config:      "sessions: {max_per_subject: 1, idle_timeout: 1h}\n",
-			})
+			e, alice, id := oneSession(t, notFoundUpstream(t, up))
 			open := func() int { return sessionsOn(up) }
-			alice := token(t, "acme", "alice")
-			r := initialize(t, e, 0, alice)
-			if r.Status != http.StatusOK {
-				t.Fatalf("initialize: %d %s", r.Status, r.Body)
-			}
-			id := r.Header.Get("Mcp-Session-Id")
 			hdr := http.Header{"Mcp-Session-Id": {id}}
 			for k, v := range c.header {
 				hdr[k] = v
@@ -177,22 +202,11 @@ func TestUpstream404FreesNoSlotWhenTheDeleteFails(t *testing.T) {
 			t.Parallel()
 			up := upstream.New(&upstream.Options{SessionTimeout: -1})
 			var deletes atomic.Int64
-			e := newEnv(t, setup{
-				UpstreamURL: lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
-					deletes.Add(1)
-					http.Error(w, http.StatusText(c.status), c.status)
-				}),
-				Config: "sessions: {max_per_subject: 1, idle_timeout: 1h}\n",
-			})
-			alice := token(t, "acme", "alice")
-			r := initialize(t, e, 0, alice)
-			if r.Status != http.StatusOK {
-				t.Fatalf("initialize: %d %s", r.Status, r.Body)
-			}
-			id := r.Header.Get("Mcp-Session-Id")
-			if r := post(t, e.mcpURL(0), alice, methodBody(7, "lost/plain", `{}`), http.Header{"Mcp-Session-Id": {id}}); r.Status != http.StatusNotFound {
-				t.Fatalf("lost/plain in the session: %d %s, want the upstream's 404", r.Status, r.Body)
-			}
+			e, alice, id := oneSession(t, lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
+				deletes.Add(1)
+				http.Error(w, http.StatusText(c.status), c.status)
+			}))
+			loseSession(t, e, alice, id, 7)
 			again := initialize(t, e, 0, alice)
 			if n := deletes.Load(); n != 1 {
 				t.Fatalf("the upstream saw %d DELETEs, want the gateway's one", n)
@@ -221,19 +235,11 @@ func TestDeleteAnswered404IsNotSentAgain(t *testing.T) {
 	t.Parallel()
 	up := upstream.New(&upstream.Options{SessionTimeout: -1})
 	var deletes atomic.Int64
-	e := newEnv(t, setup{
-		UpstreamURL: lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
-			deletes.Add(1)
-			http.Error(w, "session not found", http.StatusNotFound)
-		}),
-		Config: "sessions: {max_per_subject: 1, idle_timeout: 1h}\n",
-	})
-	alice := token(t, "acme", "alice")
-	r := initialize(t, e, 0, alice)
-	if r.Status != http.StatusOK {
-		t.Fatalf("initialize: %d %s", r.Status, r.Body)
-	}
-	if st := deleteSession(t, e, 0, alice, r.Header.Get("Mcp-Session-Id")); st != http.StatusNotFound {
+	e, alice, id := oneSession(t, lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
+		deletes.Add(1)
+		http.Error(w, "session not found", http.StatusNotFound)
+	}))
+	if st := deleteSession(t, e, 0, alice, id); st != http.StatusNotFound {
 		t.Fatalf("DELETE: %d, want the upstream's 404", st)
 	}
 	if again := initialize(t, e, 0, alice); again.Status != http.StatusOK {
@@ -252,32 +258,17 @@ func TestDeleteAnswered404IsNotSentAgain(t *testing.T) {
 func TestUpstream404IsAnsweredBeforeTheSessionEnds(t *testing.T) {
 	t.Parallel()
 	up := upstream.New(&upstream.Options{SessionTimeout: -1})
-	gate := make(chan struct{})
-	var open sync.Once
-	release := func() { open.Do(func() { close(gate) }) }
 	var cut atomic.Bool
-	url := lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
+	gate, release := heldGate(t)
+	e, alice, id := oneSession(t, lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-gate:
 			up.Handler().ServeHTTP(w, r)
 		case <-r.Context().Done():
 			cut.Store(true)
 		}
-	})
-	t.Cleanup(release) // before the upstream closes, which waits for its handlers
-	e := newEnv(t, setup{
-		UpstreamURL: url,
-		Config:      "sessions: {max_per_subject: 1, idle_timeout: 1h}\n",
-	})
-	alice := token(t, "acme", "alice")
-	r := initialize(t, e, 0, alice)
-	if r.Status != http.StatusOK {
-		t.Fatalf("initialize: %d %s", r.Status, r.Body)
-	}
-	id := r.Header.Get("Mcp-Session-Id")
-	if r := post(t, e.mcpURL(0), alice, methodBody(7, "lost/plain", `{}`), http.Header{"Mcp-Session-Id": {id}}); r.Status != http.StatusNotFound {
-		t.Fatalf("lost/plain in the session: %d %s, want the upstream's 404", r.Status, r.Body)
-	}
+	}))
+	loseSession(t, e, alice, id, 7)
 	release() // only now may the upstream answer the gateway's DELETE
 	if again := initialize(t, e, 0, alice); again.Status != http.StatusOK {
 		t.Fatalf("initialize once the upstream ended the lost session: %d %s, want its slot freed", again.Status, again.Body)
@@ -296,27 +287,14 @@ func TestUpstream404IsAnsweredBeforeTheSessionEnds(t *testing.T) {
 func TestCloseWaitsForALostSessionsEnd(t *testing.T) {
 	t.Parallel()
 	up := upstream.New(&upstream.Options{SessionTimeout: -1})
-	gate, arrived := make(chan struct{}), make(chan struct{}, 1)
-	var open sync.Once
-	release := func() { open.Do(func() { close(gate) }) }
-	url := lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
+	arrived := make(chan struct{}, 1)
+	gate, release := heldGate(t)
+	e, alice, id := oneSession(t, lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
 		arrived <- struct{}{}
 		<-gate
 		up.Handler().ServeHTTP(w, r)
-	})
-	t.Cleanup(release)
-	e := newEnv(t, setup{
-		UpstreamURL: url,
-		Config:      "sessions: {max_per_subject: 1, idle_timeout: 1h}\n",
-	})
-	alice := token(t, "acme", "alice")
-	r := initialize(t, e, 0, alice)
-	if r.Status != http.StatusOK {
-		t.Fatalf("initialize: %d %s", r.Status, r.Body)
-	}
-	if r := post(t, e.mcpURL(0), alice, methodBody(7, "lost/plain", `{}`), http.Header{"Mcp-Session-Id": {r.Header.Get("Mcp-Session-Id")}}); r.Status != http.StatusNotFound {
-		t.Fatalf("lost/plain in the session: %d %s, want the upstream's 404", r.Status, r.Body)
-	}
+	}))
+	loseSession(t, e, alice, id, 7)
 	<-arrived         // the gateway's DELETE is held upstream
 	e.srvs[0].Close() // as a shutdown does: no request is in a handler any more
 	closed := make(chan error, 1)
@@ -338,30 +316,18 @@ func TestCloseWaitsForALostSessionsEnd(t *testing.T) {
 func TestLostSessionIsDeletedOnce(t *testing.T) {
 	t.Parallel()
 	up := upstream.New(&upstream.Options{SessionTimeout: -1})
-	gate := make(chan struct{})
-	var once sync.Once
-	release := func() { once.Do(func() { close(gate) }) }
 	var deletes atomic.Int64
-	url := lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
+	gate, release := heldGate(t)
+	e, alice, id := oneSession(t, lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
 		deletes.Add(1)
 		select {
 		case <-gate:
 		case <-r.Context().Done():
 		}
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-	})
-	t.Cleanup(release)
-	e := newEnv(t, setup{UpstreamURL: url, Config: "sessions: {max_per_subject: 1, idle_timeout: 1h}\n"})
-	alice := token(t, "acme", "alice")
-	r := initialize(t, e, 0, alice)
-	if r.Status != http.StatusOK {
-		t.Fatalf("initialize: %d %s", r.Status, r.Body)
-	}
-	id := r.Header.Get("Mcp-Session-Id")
+	}))
 	for i := range 20 {
-		if r := post(t, e.mcpURL(0), alice, methodBody(100+i, "lost/plain", `{}`), http.Header{"Mcp-Session-Id": {id}}); r.Status != http.StatusNotFound {
-			t.Fatalf("request %d: %d %s", i, r.Status, r.Body)
-		}
+		loseSession(t, e, alice, id, 100+i)
 	}
 	eventually(t, 10*time.Second, "the gateway's DELETE to reach the upstream", func() bool { return deletes.Load() > 0 })
 	if n := deletes.Load(); n != 1 {
