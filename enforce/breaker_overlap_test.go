@@ -50,14 +50,7 @@ breaker:
 	}
 	t.Cleanup(func() { e.Close() })
 	call := enforce.Call{Tenant: "acme", Subject: "agent", Name: "flaky"}
-	admit := func() *enforce.Ticket {
-		t.Helper()
-		tk, d := e.Admit(t.Context(), call)
-		if !d.Allowed {
-			t.Fatalf("denied: %+v", d)
-		}
-		return tk
-	}
+	admit := func() *enforce.Ticket { return mustAdmit(t, e, call) }
 	a, b := admit(), admit()
 	done := make(chan struct{})
 	go func() {

@@ -254,6 +254,16 @@ breaker:
 	}
 }
 
+// mustAdmit admits call on e, failing the test on a denial.
+func mustAdmit(t *testing.T, e *enforce.Engine, call enforce.Call) *enforce.Ticket {
+	t.Helper()
+	ticket, d := e.Admit(t.Context(), call)
+	if !d.Allowed {
+		t.Fatalf("denied: %+v", d)
+	}
+	return ticket
+}
+
 // Two calls admitted together, the later one failing first: the earlier
 // one's success resets the count, although it saw no failure on admission,
 // so fail, succeed, fail does not open a breaker of two.
@@ -268,14 +278,7 @@ breaker:
   cooldown: 1h
 `, "")[0]
 			call := enforce.Call{Tenant: "acme", Subject: "agent", Name: "flaky"}
-			admit := func() *enforce.Ticket {
-				t.Helper()
-				ticket, d := e.Admit(t.Context(), call)
-				if !d.Allowed {
-					t.Fatalf("denied: %+v", d)
-				}
-				return ticket
-			}
+			admit := func() *enforce.Ticket { return mustAdmit(t, e, call) }
 			a, b := admit(), admit()
 			b.Done(t.Context(), enforce.Outcome{Status: enforce.ToolError})
 			a.Done(t.Context(), enforce.Outcome{Status: enforce.OK})
