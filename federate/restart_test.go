@@ -2,9 +2,6 @@ package federate_test
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,68 +16,29 @@ import (
 // restarted on the same address, losing every session and subscription as
 // a real restart does.
 type subUpstream struct {
-	t    *testing.T
-	addr string
-	mu   sync.Mutex
-	ts   *httptest.Server
-	srv  *mcp.Server
+	*httpUpstream
 	subs atomic.Int64 // subscribe requests the current server received
 }
 
 func startSubUpstream(t *testing.T) *subUpstream {
-	u := &subUpstream{t: t}
+	u := &subUpstream{httpUpstream: &httpUpstream{t: t, name: "up"}}
+	u.build = func() *mcp.Server {
+		u.subs.Store(0)
+		srv := mcp.NewServer(&mcp.Implementation{Name: "up", Version: "1"}, &mcp.ServerOptions{
+			SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { u.subs.Add(1); return nil },
+			UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
+		})
+		srv.AddResource(&mcp.Resource{URI: "test://up/doc", Name: "doc"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+			return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "doc"}}}, nil
+		})
+		mcp.AddTool(srv, &mcp.Tool{Name: "echo"}, func(ctx context.Context, req *mcp.CallToolRequest, a textArgs) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: a.Text}}}, nil, nil
+		})
+		return srv
+	}
 	u.start()
 	t.Cleanup(u.stop)
 	return u
-}
-
-func (u *subUpstream) URL() string { return "http://" + u.addr + "/mcp" }
-
-func (u *subUpstream) start() {
-	u.subs.Store(0)
-	srv := mcp.NewServer(&mcp.Implementation{Name: "up", Version: "1"}, &mcp.ServerOptions{
-		SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { u.subs.Add(1); return nil },
-		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
-	})
-	srv.AddResource(&mcp.Resource{URI: "test://up/doc", Name: "doc"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "doc"}}}, nil
-	})
-	mcp.AddTool(srv, &mcp.Tool{Name: "echo"}, func(ctx context.Context, req *mcp.CallToolRequest, a textArgs) (*mcp.CallToolResult, any, error) {
-		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: a.Text}}}, nil, nil
-	})
-	ts := httptest.NewUnstartedServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
-	if u.addr != "" {
-		ln, err := listenRetry(u.addr)
-		if err != nil {
-			u.t.Fatal(err)
-		}
-		ts.Listener.Close()
-		ts.Listener = ln
-	}
-	ts.Start()
-	u.mu.Lock()
-	u.ts, u.srv, u.addr = ts, srv, ts.Listener.Addr().String()
-	u.mu.Unlock()
-}
-
-func (u *subUpstream) server() *mcp.Server {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.srv
-}
-
-func (u *subUpstream) stop() {
-	u.mu.Lock()
-	ts, srv := u.ts, u.srv
-	u.ts, u.srv = nil, nil
-	u.mu.Unlock()
-	if ts != nil {
-		ts.CloseClientConnections()
-		ts.Close()
-		for ss := range srv.Sessions() {
-			_ = ss.Close()
-		}
-	}
 }
 
 // An HTTP upstream restarts, losing every session: the Federator notices

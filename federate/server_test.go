@@ -213,6 +213,8 @@ type httpUpstream struct {
 	calls *counter
 	addr  string
 	wrap  func(http.Handler) http.Handler
+	// build makes the server each start serves (nil: newTestServer).
+	build func() *mcp.Server
 	mu    sync.Mutex
 	srv   *httptest.Server
 	mcp   *mcp.Server
@@ -227,8 +229,20 @@ func startHTTPUpstream(t *testing.T, name string, wrap func(http.Handler) http.H
 
 func (u *httpUpstream) URL() string { return "http://" + u.addr + "/mcp" }
 
+// server is the server the upstream serves now (nil while stopped).
+func (u *httpUpstream) server() *mcp.Server {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.mcp
+}
+
 func (u *httpUpstream) start() {
-	srv := newTestServer(u.name, u.calls)
+	var srv *mcp.Server
+	if u.build != nil {
+		srv = u.build()
+	} else {
+		srv = newTestServer(u.name, u.calls)
+	}
 	var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
 	if u.wrap != nil {
 		h = u.wrap(h)
