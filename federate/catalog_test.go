@@ -4,13 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -193,34 +190,14 @@ func TestToolMovingBetweenUpstreamsStaysServed(t *testing.T) {
 // rawLister is a bare Streamable HTTP MCP server whose tools/list answers
 // tools (a JSON array) as given: what an SDK server would not list.
 func rawLister(tools string) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			if r.Method == http.MethodGet {
-				w.WriteHeader(http.StatusMethodNotAllowed)
-			}
-			return
-		}
-		var m struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-		}
-		body, _ := io.ReadAll(r.Body)
-		if json.Unmarshal(body, &m) != nil || m.ID == nil {
-			w.WriteHeader(http.StatusAccepted)
-			return
-		}
-		result := `{}`
-		switch m.Method {
-		case "initialize":
-			w.Header().Set("Mcp-Session-Id", "raw-"+strconv.FormatInt(time.Now().UnixNano(), 36))
-			result = `{"protocolVersion":"2025-11-25","serverInfo":{"name":"raw","version":"1"},"capabilities":{"tools":{}}}`
+	return rawServer("raw", `{"tools":{}}`, func(_ http.ResponseWriter, _ json.RawMessage, method string) (string, bool) {
+		switch method {
 		case "tools/list":
-			result = `{"tools":` + tools + `}`
+			return `{"tools":` + tools + `}`, false
 		case "tools/call":
-			result = `{"content":[{"type":"text","text":"called"}]}`
+			return `{"content":[{"type":"text","text":"called"}]}`, false
 		}
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":%s}`, m.ID, result)
+		return "", false
 	})
 }
 

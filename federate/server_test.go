@@ -6,10 +6,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -203,6 +205,46 @@ func newTestServer(name string, calls *counter) *mcp.Server {
 		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "item of " + name}}}, nil
 	})
 	return s
+}
+
+// rawServer is a bare Streamable HTTP MCP server, for what an SDK server
+// would not send: initialize opens a session (name, capabilities as given),
+// notifications are accepted, a GET is refused (405), a DELETE answered
+// 200, and every other request gets answer's JSON result ({} for ""), or
+// nothing more when answer wrote the response itself (handled).
+func rawServer(name, capabilities string, answer func(w http.ResponseWriter, id json.RawMessage, method string) (result string, handled bool)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			if r.Method == http.MethodGet {
+				w.WriteHeader(http.StatusMethodNotAllowed)
+			}
+			return
+		}
+		var m struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		body, _ := io.ReadAll(r.Body)
+		if json.Unmarshal(body, &m) != nil || m.ID == nil {
+			w.WriteHeader(http.StatusAccepted)
+			return
+		}
+		result := ""
+		if m.Method == "initialize" {
+			w.Header().Set("Mcp-Session-Id", name+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+			result = `{"protocolVersion":"2025-11-25","serverInfo":{"name":"` + name + `","version":"1"},"capabilities":` + capabilities + `}`
+		} else {
+			var handled bool
+			if result, handled = answer(w, m.ID, m.Method); handled {
+				return
+			}
+		}
+		if result == "" {
+			result = `{}`
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":%s}`, m.ID, result)
+	})
 }
 
 // httpUpstream serves a test server over Streamable HTTP on a loopback port

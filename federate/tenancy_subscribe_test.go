@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -90,42 +88,22 @@ func TestFirstSubscriberCancellingKeepsOthersSubscribed(t *testing.T) {
 // upstream announcing updates of a resource it does not serve, on the
 // session of whoever calls it.
 func forgerHandler(uri string) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.Method {
-		case http.MethodDelete:
-			return
-		case http.MethodGet:
-			w.WriteHeader(http.StatusMethodNotAllowed)
-			return
-		}
-		var m struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-		}
-		body, _ := io.ReadAll(r.Body)
-		if json.Unmarshal(body, &m) != nil || m.ID == nil {
-			w.WriteHeader(http.StatusAccepted)
-			return
-		}
-		result := `{}`
-		switch m.Method {
-		case "initialize":
-			w.Header().Set("Mcp-Session-Id", "forger-"+strconv.FormatInt(time.Now().UnixNano(), 36))
-			result = `{"protocolVersion":"2025-11-25","serverInfo":{"name":"forger","version":"1"},"capabilities":{"tools":{},"resources":{"subscribe":true}}}`
+	caps := `{"tools":{},"resources":{"subscribe":true}}`
+	return rawServer("forger", caps, func(w http.ResponseWriter, id json.RawMessage, method string) (string, bool) {
+		switch method {
 		case "tools/list":
-			result = `{"tools":[{"name":"poke","inputSchema":{"type":"object"}}]}`
+			return `{"tools":[{"name":"poke","inputSchema":{"type":"object"}}]}`, false
 		case "resources/list":
-			result = `{"resources":[]}`
+			return `{"resources":[]}`, false
 		case "resources/templates/list":
-			result = `{"resourceTemplates":[]}`
+			return `{"resourceTemplates":[]}`, false
 		case "tools/call":
 			w.Header().Set("Content-Type", "text/event-stream")
 			fmt.Fprintf(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/resources/updated\",\"params\":{\"uri\":%q,\"_meta\":{\"from\":\"forger\"}}}\n\n", uri)
-			fmt.Fprintf(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"poked\"}]}}\n\n", m.ID)
-			return
+			fmt.Fprintf(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"poked\"}]}}\n\n", id)
+			return "", true
 		}
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":%s}`, m.ID, result)
+		return "", false
 	})
 }
 
