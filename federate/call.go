@@ -32,17 +32,6 @@ type call struct {
 	posted atomic.Bool  // a notification of the call was queued for ss (see flush)
 	// stopOnClose undoes the call's cancellation by Federator.Close.
 	stopOnClose func() bool
-	// unhook undoes its cancellation by a stateless client's hang-up
-	// (nil: none; see hangUpKey).
-	unhook func()
-}
-
-// release undoes what ties the call's end to another's.
-func (c *call) release() {
-	c.stopOnClose()
-	if c.unhook != nil {
-		c.unhook()
-	}
 }
 
 // errClosing is the cause of the calls Federator.Close ends.
@@ -59,16 +48,7 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 		f.outcome(up, OutcomeRefused)
 		return nil, nil, r
 	}
-	var unhook func()
-	if req, ok := ctx.Value(hangUpKey{}).(context.Context); ok {
-		// A stateless client hung up: its call is cancelled (the client
-		// went away, as for a client's cancellation).
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithCancel(ctx)
-		stop := context.AfterFunc(req, cancel)
-		unhook = func() { stop(); cancel() }
-	}
-	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx, unhook: unhook}
+	c := &call{f: f, up: up, ss: ss, probe: probe, parent: ctx}
 	cctx, idle := withIdle(context.WithValue(ctx, statusKey{}, &c.status), timeout)
 	c.idle = idle
 	// Close ends the calls in flight (a call reporting progress would
@@ -76,7 +56,7 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 	c.stopOnClose = context.AfterFunc(f.ctx, func() { c.idle.cancel(errClosing) })
 	cs, slot, err := f.session(cctx, up, ss, stateless)
 	if err != nil {
-		c.release()
+		c.stopOnClose()
 		c.idle.stop()
 		if ctx.Err() != nil || f.ctx.Err() != nil || errors.Is(err, errSessionEnded) {
 			up.report(probe, abandoned)
@@ -114,7 +94,7 @@ type verdict struct {
 // tells the client's answer. It first lets the notifications the upstream
 // sent before its answer reach the client (see wireCount and flush).
 func (c *call) end(ctx context.Context, err error) verdict {
-	defer c.release()
+	defer c.stopOnClose()
 	v := c.verdict(ctx, err)
 	c.f.outcome(c.up, v.outcome)
 	return v
@@ -143,7 +123,7 @@ func (c *call) verdict(ctx context.Context, err error) verdict {
 	case errors.Is(context.Cause(ctx), errIdle):
 		c.up.report(c.probe, failed)
 		return verdict{err: c.up.rpcErr(fmt.Sprintf("timed out: it sent nothing for %v", c.idle.d)), outcome: OutcomeFailed}
-	case status == http.StatusNotFound, status == 0 && (errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing)):
+	case status == http.StatusNotFound, status == 0 && sessionLost(err):
 		// The upstream lost the session (it restarted, or expired it), or
 		// the SDK client had ended it (after an earlier non-2xx answer, a
 		// broken event stream): the request was not served. A new session,

@@ -397,8 +397,8 @@ func (f *Federator) newHandler() http.Handler {
 // hangUpKey is the context key of the HTTP request of a stateless
 // client's request. Its handler's context does not end when the client
 // hangs up (the SDK ties the two for MCP 2026-07-28 only), yet no answer
-// can reach the client any more: a call ends with the HTTP request (see
-// begin), so that the SDK client tells the upstream it is cancelled,
+// can reach the client any more: its handler ends with the HTTP request
+// (endWithRequest), so that the SDK client tells the upstream it is cancelled,
 // rather than have the upstream run it for nobody.
 type hangUpKey struct{}
 

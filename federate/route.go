@@ -56,10 +56,27 @@ func (f *Federator) newServer(stateless bool) *mcp.Server {
 		opts.UnsubscribeHandler = f.unsubscribe
 	}
 	srv := mcp.NewServer(&mcp.Implementation{Name: f.opts.Name, Version: "1"}, opts)
-	if !stateless {
+	if stateless {
+		srv.AddReceivingMiddleware(endWithRequest)
+	} else {
 		srv.AddReceivingMiddleware(f.passSetLevel)
 	}
 	return srv
+}
+
+// endWithRequest ends a stateless request's handler when its HTTP request
+// ends (the client hung up; see hangUpKey): a call it made upstream is
+// then cancelled there, as for a client's cancellation.
+func endWithRequest(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if r, ok := ctx.Value(hangUpKey{}).(context.Context); ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithCancel(ctx)
+			defer cancel()
+			defer context.AfterFunc(r, cancel)()
+		}
+		return next(ctx, method, req)
+	}
 }
 
 // passSetLevel passes a client's logging/setLevel on to its upstreams once
