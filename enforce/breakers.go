@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mcpgate/mcpgate/internal/jsonscan"
@@ -47,6 +48,9 @@ type breakerCache struct {
 	// call saw none on admission (a call admitted alongside one that
 	// failed first), or fail, succeed, fail would open the breaker.
 	failing map[string]struct{}
+	// nFailing is len(failing), read without the lock: a healthy agent's
+	// success (none failing) costs hasFailures no lock.
+	nFailing atomic.Int64
 }
 
 type seenDenials struct {
@@ -71,16 +75,28 @@ func (c *breakerCache) markFailing(key string) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.failing) >= breakerCacheSize {
-		clear(c.failing)
+	c.setFailingLocked(key, true)
+}
+
+// setFailingLocked records whether key's count of failures is above zero.
+// c.mu is held.
+func (c *breakerCache) setFailingLocked(key string, on bool) {
+	switch {
+	case !on:
+		delete(c.failing, key)
+	case len(c.failing) >= breakerCacheSize:
+		clear(c.failing) // a success then goes unreported: what the store's count did before this map
+		fallthrough
+	default:
+		c.failing[key] = struct{}{}
 	}
-	c.failing[key] = struct{}{}
+	c.nFailing.Store(int64(len(c.failing)))
 }
 
 // hasFailures reports whether key's count of consecutive failures was last
 // seen above zero in this process.
 func (c *breakerCache) hasFailures(key string) bool {
-	if c == nil {
+	if c == nil || c.nFailing.Load() == 0 {
 		return false
 	}
 	c.mu.Lock()
@@ -134,15 +150,7 @@ func (c *breakerCache) observe(b *limit.BreakerSpec, st limit.BreakerState) {
 		}
 		c.denials[b.Key] = seenDenials{n: st.Denials, at: now}
 	}
-	switch {
-	case st.Failures == 0:
-		delete(c.failing, b.Key)
-	default:
-		if len(c.failing) >= breakerCacheSize {
-			clear(c.failing) // a success then goes unreported: what the store's count did before this map
-		}
-		c.failing[b.Key] = struct{}{}
-	}
+	c.setFailingLocked(b.Key, st.Failures > 0)
 	if !st.Open && !st.Opened {
 		// Closed, or half-open with no probe in flight: an entry held for
 		// it is stale (say, a refusal answered while a probe ran that has
@@ -183,7 +191,7 @@ func (c *breakerCache) forget(key string) {
 	c.mu.Lock()
 	delete(c.open, key)
 	delete(c.denials, key)
-	delete(c.failing, key)
+	c.setFailingLocked(key, false)
 	c.mu.Unlock()
 }
 
