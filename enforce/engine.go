@@ -201,7 +201,7 @@ func (e *Engine) startMetering(us usage.Store, every time.Duration) {
 		store = e.guard
 	}
 	e.lim.meters = newMeterer(store, us, every, e.log, e.metrics)
-	e.lim.meters.inProcess = e.guard == nil
+	e.lim.meters.guard = e.guard
 	ctx, cancel := context.WithCancel(context.Background())
 	e.stopMeter, e.meterDone = cancel, make(chan struct{})
 	go func() {

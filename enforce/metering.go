@@ -41,14 +41,15 @@ const DefaultMeterGrace = 7 * 24 * time.Hour
 // quotas".
 type meterer struct {
 	store limit.MeteredStore // where meters live: the shared store, or the in-process one
-	// inProcess: store is the in-process one, whose counters end with the
-	// process (no other instance's sweep will find them).
-	inProcess bool
-	durable   usage.Store
-	flusher   *usage.Flusher
-	log       *slog.Logger
-	stats     *metrics.Metrics
-	every     time.Duration
+	// guard is store when it is the shared store (nil: the in-process
+	// one, whose counters end with the process, no other instance's sweep
+	// finding them, and which has no breaker to wait for at shutdown).
+	guard   *guardedStore
+	durable usage.Store
+	flusher *usage.Flusher
+	log     *slog.Logger
+	stats   *metrics.Metrics
+	every   time.Duration
 
 	mu      sync.Mutex
 	pending map[string]*pendingUsage

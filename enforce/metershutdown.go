@@ -28,7 +28,7 @@ const shutdownStep = 5 * time.Second
 // did not cause (the usage store down, a store that answers with errors)
 // is not waited for.
 func (m *meterer) shutdown(ctx context.Context, finish func() error) {
-	g, _ := m.store.(*guardedStore) // nil: the in-process store, without a breaker
+	g := m.guard
 	until := time.Now().Add(shutdownStep)
 	if g != nil && m.hasWork() {
 		g.awaitUp(until) // with nothing to write, a store still down costs no wait
@@ -104,7 +104,7 @@ func (m *meterer) pendingCalls() (calls, sent int64) {
 // store's end with the process: their unflushed calls are counted in
 // mcpgate_unmetered_calls_total, as lost.
 func (m *meterer) finalFlushFailed(err error) {
-	if !m.inProcess {
+	if m.guard != nil {
 		m.log.Error("final usage flush failed: the shared store's live counters keep the totals for another instance's sweep", "err", err)
 		return
 	}
