@@ -79,16 +79,13 @@ func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (
 		// The gateway sweeps idle sessions itself (a DELETE ends the
 		// federation's); this catches any it did not see end.
 		SessionTimeout: timeout}
-	longest := cfg.Upstream.Timeout
 	for _, u := range cfg.Upstreams {
 		opts.Upstreams = append(opts.Upstreams, federate.Upstream{Name: u.Name, URL: u.URL, Headers: u.Headers,
 			Command: u.Command, Env: u.Env, Timeout: u.Timeout, Prefix: u.Prefix})
-		longest = max(longest, u.Timeout)
 	}
 	for name, t := range cfg.Tools {
 		if t.Timeout > 0 {
 			opts.ToolTimeouts[name] = t.Timeout
-			longest = max(longest, t.Timeout)
 		}
 	}
 	limits := new(atomic.Pointer[policy.Config])
@@ -109,7 +106,7 @@ func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (
 	ln := newPipeListener()
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret) // never fails (crypto/rand)
-	fd := &federation{fed: fed, rt: ln.transport(), url: "http://federation.invalid/mcp", timeout: longest + 5*time.Second,
+	fd := &federation{fed: fed, rt: ln.transport(), url: "http://federation.invalid/mcp", timeout: cfg.LongestCallTimeout() + 5*time.Second,
 		auth: "Bearer " + hex.EncodeToString(secret), limits: limits, sessionTimeout: timeout}
 	fd.srv = &http.Server{Handler: fd.guard(fed.Handler()), ReadHeaderTimeout: 10 * time.Second}
 	go func() {

@@ -442,6 +442,19 @@ func (c *Config) RulesFor(tier, tool string) (tenantScoped []Rule, global []Rule
 	return combine(forMethod(t.Limits, MethodToolsCall), upLimits, c.Tools[tool].Limits), global
 }
 
+// LongestCallTimeout is the longest idle timeout of one upstream call:
+// upstream.timeout, an upstream's timeout or a tool's.
+func (c *Config) LongestCallTimeout() time.Duration {
+	longest := c.Upstream.Timeout
+	for _, u := range c.Upstreams {
+		longest = max(longest, u.Timeout)
+	}
+	for _, t := range c.Tools {
+		longest = max(longest, t.Timeout)
+	}
+	return longest
+}
+
 // UpstreamOf returns the name of the upstream (of Upstreams) that exposes
 // tool, judged by the name alone: the upstream whose Prefix is the longest
 // non-empty prefix of tool, tool being longer than it; failing that, the

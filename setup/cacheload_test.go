@@ -25,8 +25,8 @@ func TestCacheLoadTimeout(t *testing.T) {
 		{"max_duration wins", "upstream: {url: http://127.0.0.1:1/mcp, timeout: 5m, max_duration: 90s}\n", 90 * time.Second},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if got := CacheLoadTimeout(parseOver(t, c.yaml)); got != c.want {
-				t.Fatalf("CacheLoadTimeout = %v, want %v", got, c.want)
+			if got := cacheLoadTimeout(parseOver(t, c.yaml)); got != c.want {
+				t.Fatalf("cacheLoadTimeout = %v, want %v", got, c.want)
 			}
 		})
 	}
