@@ -94,7 +94,7 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, p auth.Prin
 		// session, and so its slots, until the idle sweep ends it. Its
 		// answer is the upstream's to this very DELETE: nothing is sent
 		// again.
-		sw := &sessionWriter{ResponseWriter: w}
+		sw := &statusWriter{ResponseWriter: w}
 		return sw, func(*mcp.Message) {
 			if sw.status/100 == 2 || sw.status == http.StatusNotFound {
 				g.freeSession(context.WithoutCancel(r.Context()), p, upstream, lease)
@@ -110,7 +110,7 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, p auth.Prin
 	// MCP: a server that ended a session answers its requests 404. Its
 	// slots are freed then, as for a DELETE the upstream answers 404, once
 	// the gateway has made sure of it (endLost).
-	sw := &sessionWriter{ResponseWriter: w}
+	sw := &sessionWriter{statusWriter: statusWriter{ResponseWriter: w}}
 	return sw, func(msg *mcp.Message) {
 		g.tracker.done(e)
 		if sw.endsSession(msg) {
@@ -179,39 +179,25 @@ func (t *sessionTracker) endGone(ctx context.Context, j sweepJob) bool {
 // maxEndBody bounds the part of a 404's body a sessionWriter keeps: an
 // answer to the request is a JSON-RPC error, far shorter. One that is
 // longer is read as the session's end, which the gateway then makes sure
-// of (endSession).
+// of (endLost).
 const maxEndBody = 16 << 10
 
-// sessionWriter records the status of the answer to a request in a
-// session, and the start of its body when that status is 404, which
-// endsSession reads.
+// sessionWriter is a statusWriter for the answer to a request in a
+// session that also keeps the start of its body when the status is 404,
+// which endsSession reads.
 type sessionWriter struct {
-	http.ResponseWriter
-	status int
-	body   []byte // the start of a 404's body, up to maxEndBody
+	statusWriter
+	body []byte // the start of a 404's body, up to maxEndBody
 }
 
-// WriteHeader records the first status and passes it on.
-func (s *sessionWriter) WriteHeader(code int) {
-	if s.status == 0 && code >= 200 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-// Write records an implicit 200, and what a 404 carries.
+// Write records what a 404 carries.
 func (s *sessionWriter) Write(p []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
+	n, err := s.statusWriter.Write(p) // sets an implicit 200 first
 	if s.status == http.StatusNotFound && len(s.body) < maxEndBody {
 		s.body = append(s.body, p[:min(len(p), maxEndBody-len(s.body))]...)
 	}
-	return s.ResponseWriter.Write(p)
+	return n, err
 }
-
-// Unwrap returns the wrapped writer.
-func (s *sessionWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // endsSession reports whether the answer to msg (nil: a request without a
 // message) says the session is gone: a 404 that is not msg's own JSON-RPC
