@@ -21,25 +21,11 @@ import (
 // and unbounded they would let a tenant flood it for free.
 func (g *Gateway) serveMethod(x *exchange) {
 	class := methodClass(x.msg)
-	if x.msg.IsCall() && x.msg.Method == policy.MethodInitialize && x.r.Header.Get(mcp.HeaderSessionID) != "" {
-		// MCP: initialize starts a session, and is sent without one. Inside
-		// a session it would take a second slot for that same session (the
-		// Go SDK answers it 200 with the session's id), which its DELETE
-		// never frees.
-		g.metrics.Requests.WithLabelValues(class, "bad_request").Inc()
-		mcp.WriteError(x.w, http.StatusBadRequest, x.msg.ID, mcp.CodeInvalidRequest,
-			"initialize starts a session: send it without Mcp-Session-Id", nil)
+	if x.msg.IsCall() && x.msg.Method == policy.MethodInitialize {
+		g.serveInitialize(x, class)
 		return
 	}
-	if x.msg.IsCall() && x.msg.Method == policy.MethodInitialize {
-		g.tracker.awaitEnds(x.r.Context(), x.p) // a session the caller just lost frees its slot first
-	}
-	t, ok := g.admitMethod(x, class)
-	if !ok {
-		return
-	}
-	if x.msg.IsCall() && x.msg.Method == policy.MethodInitialize {
-		g.openSession(x.w, x.r, x.rt, x.fwd, x.p, t, class)
+	if _, ok := g.admitMethod(x, class); !ok {
 		return
 	}
 	if x.msg.Method == mcp.MethodSubscriptionsListen {
@@ -53,6 +39,24 @@ func (g *Gateway) serveMethod(x *exchange) {
 		x.fwd.answered = x.rt.outputs.onToolsList // which tools declare an outputSchema
 	}
 	g.forward(x.w, x.r, x.rt, x.fwd, class)
+}
+
+// serveInitialize serves an initialize (see serveMethod).
+func (g *Gateway) serveInitialize(x *exchange, class string) {
+	if x.r.Header.Get(mcp.HeaderSessionID) != "" {
+		// MCP: initialize starts a session, and is sent without one. Inside
+		// a session it would take a second slot for that same session (the
+		// Go SDK answers it 200 with the session's id), which its DELETE
+		// never frees.
+		g.metrics.Requests.WithLabelValues(class, "bad_request").Inc()
+		mcp.WriteError(x.w, http.StatusBadRequest, x.msg.ID, mcp.CodeInvalidRequest,
+			"initialize starts a session: send it without Mcp-Session-Id", nil)
+		return
+	}
+	g.tracker.awaitEnds(x.r.Context(), x.p) // a session the caller just lost frees its slot first
+	if t, ok := g.admitMethod(x, class); ok {
+		g.openSession(x.w, x.r, x.rt, x.fwd, x.p, t, class)
+	}
 }
 
 // admitMethod puts a message that is not a tools/call through the engine
