@@ -131,11 +131,10 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd re
 // load that outlives the call without being its own (an early refresh its
 // hit started, or a load starting after it left) is detached
 // (loadDetached).
+//
+// A call whose params the key does not cover (cacheableParams) goes to
+// bypassCache instead.
 func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int, orphan *leaderWriter) {
-	if !cacheableParams(fwd.Msg.Params) {
-		failed, loaded, status = g.bypassCache(w, r, rt, fwd, call)
-		return failed, loaded, status, nil
-	}
 	// The loader may also run after this call returned (an early refresh
 	// started by a hit, or the flight's load starting after its caller
 	// left): it must not touch this call's variables but claim and lw,

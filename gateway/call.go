@@ -72,20 +72,20 @@ func (g *Gateway) serveCall(x *exchange) {
 			t.Answered(ctx, result, a.failed) // answered, without reading the result again
 		}
 	}
-	if plan, ok := t.CachePlan(); ok {
+	plan, cached := t.CachePlan()
+	switch {
+	case cached && cacheableParams(x.fwd.Msg.Params):
 		// Only the load that fills the cache reaches the upstream, and its
 		// reported cost corrects that one call's charge. The loads' own
 		// answers reach the ticket through answered only: a load may
 		// outlive this call (an early refresh), and must not touch a.
 		a.failed, a.result, a.code, orphan = g.cachedCall(x.w, x.r, x.rt, x.fwd, plan, call, answered)
-		if !call.cached.Load() {
-			// The cache was bypassed (bypassCache): the call went upstream
-			// as its own, and is cancelled there as one when abandoned.
-			g.cancelAbandoned(x.r, x.p, msg.ID)
-		}
 		return
+	case cached:
+		a.failed, a.result, a.code = g.bypassCache(x.w, x.r, x.rt, x.fwd, call)
+	default:
+		a.code = g.forwardCall(x.w, x.r, x.rt, x.fwd, call)
 	}
-	a.code = g.forwardCall(x.w, x.r, x.rt, x.fwd, call)
 	g.cancelAbandoned(x.r, x.p, msg.ID) // before the call is settled and its slot freed
 }
 
