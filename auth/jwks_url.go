@@ -1,15 +1,12 @@
 package auth
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +15,8 @@ import (
 	"github.com/lestrrat-go/httprc/v3"
 	"github.com/lestrrat-go/httprc/v3/errsink"
 	"github.com/lestrrat-go/jwx/v3/jwk"
+
+	"github.com/mcpgate/mcpgate/internal/redact"
 )
 
 const (
@@ -53,8 +52,8 @@ var errRefreshLimited = errors.New("key set refreshed less than " + MissRefreshI
 type remoteKeys struct {
 	url    string
 	logURL string // origin and path: no userinfo or query, for logs and errors
-	// urlForms are the ways errors write url (see urlForms), which redact
-	// replaces with logURL.
+	// urlForms are the ways errors write url (see redact.Forms), which
+	// redact replaces with logURL.
 	urlForms []string
 	cache    *jwk.Cache
 	res      *httprc.ResourceBase[jwk.Set]
@@ -96,7 +95,7 @@ func newRemoteKeys(ctx context.Context, opts *Options, log *slog.Logger, now fun
 	r := &remoteKeys{
 		url:      opts.JWKSURL,
 		logURL:   logURL,
-		urlForms: urlForms(opts.JWKSURL, u),
+		urlForms: redact.Forms(opts.JWKSURL, u),
 		log:      log,
 		now:      now,
 	}
@@ -210,54 +209,14 @@ func (r *remoteKeys) abortStart(ctx context.Context, err error) error {
 	return err
 }
 
-// urlForms returns the ways an error may write raw, parsed as u, longest
-// first: as given, as net/url writes it back, with the password hidden as
-// net/url's Redacted does and as an http.Client's *url.Error does, each also
-// as %q escapes it. All but one (no userinfo, no query) hold a credential
-// the URL may carry: a password, a key in the query or in the user name.
-func urlForms(raw string, u *url.URL) []string {
-	forms := []string{raw, u.String(), u.Redacted()}
-	if _, ok := u.User.Password(); ok {
-		forms = append(forms, strings.Replace(u.String(), u.User.String()+"@", u.User.Username()+":***@", 1))
-	}
-	for _, f := range forms {
-		if q := strconv.Quote(f); q[1:len(q)-1] != f {
-			forms = append(forms, q[1:len(q)-1])
-		}
-	}
-	slices.SortFunc(forms, func(a, b string) int { return cmp.Or(len(b)-len(a), strings.Compare(a, b)) })
-	return slices.Compact(forms)
-}
-
-// redact returns err with every form of r's URL in its text (see urlForms)
-// replaced by r.logURL; the result unwraps to err. The errors of httprc
-// and net/http repeat the URL, and they reach the log of every refused
-// token, the refresh log and New's error: a credential in the URL would
-// go with them.
+// redact returns err with every form of r's URL in its text (see
+// redact.Forms) replaced by r.logURL; the result unwraps to err. The errors
+// of httprc and net/http repeat the URL, and they reach the log of every
+// refused token, the refresh log and New's error: a credential in the URL
+// would go with them.
 func (r *remoteKeys) redact(err error) error {
-	if err == nil {
-		return nil
-	}
-	msg := err.Error()
-	out := msg
-	for _, f := range r.urlForms {
-		out = strings.ReplaceAll(out, f, r.logURL)
-	}
-	if out == msg {
-		return err
-	}
-	return &redactedError{msg: out, err: err}
+	return redact.Replace(err, r.urlForms, r.logURL)
 }
-
-// redactedError is an error whose text had a URL's credentials cut; it
-// unwraps to the original.
-type redactedError struct {
-	msg string
-	err error
-}
-
-func (e *redactedError) Error() string { return e.msg }
-func (e *redactedError) Unwrap() error { return e.err }
 
 func isLoopback(host string) bool {
 	return host == "localhost" || strings.HasPrefix(host, "127.") || host == "::1"

@@ -9,8 +9,10 @@
 package redact
 
 import (
+	"cmp"
 	"errors"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -35,6 +37,45 @@ func URLError(err error) error {
 		msg = strings.ReplaceAll(msg, form, strconv.Quote(safe.URL))
 	}
 	return &wrapped{msg: msg, err: err}
+}
+
+// Replace returns err with every one of forms in its text replaced by
+// safe; the result unwraps to err, so errors.Is sees through it. When
+// none occurs, or err is nil, err is returned as is. Forms that contain
+// one another go longest first (as Forms orders them), or the shorter
+// would leave the rest of the longer behind.
+func Replace(err error, forms []string, safe string) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	out := msg
+	for _, f := range forms {
+		out = strings.ReplaceAll(out, f, safe)
+	}
+	if out == msg {
+		return err
+	}
+	return &wrapped{msg: out, err: err}
+}
+
+// Forms returns the ways an error may write raw, parsed as u, longest
+// first: as given, as net/url writes it back, with the password hidden as
+// net/url's Redacted does and as an http.Client's *url.Error does, each also
+// as %q escapes it. All but one (no userinfo, no query) hold a credential
+// the URL may carry: a password, a key in the query or in the user name.
+func Forms(raw string, u *url.URL) []string {
+	forms := []string{raw, u.String(), u.Redacted()}
+	if _, ok := u.User.Password(); ok {
+		forms = append(forms, strings.Replace(u.String(), u.User.String()+"@", u.User.Username()+":***@", 1))
+	}
+	for _, f := range forms {
+		if q := strconv.Quote(f); q[1:len(q)-1] != f {
+			forms = append(forms, q[1:len(q)-1])
+		}
+	}
+	slices.SortFunc(forms, func(a, b string) int { return cmp.Or(len(b)-len(a), strings.Compare(a, b)) })
+	return slices.Compact(forms)
 }
 
 // wrapped is an error whose text had a URL cut; it unwraps to the original.

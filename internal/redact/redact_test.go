@@ -57,3 +57,46 @@ func TestURLErrorWrapped(t *testing.T) {
 		t.Error("URLError lost the chain")
 	}
 }
+
+// Replace cuts every form Forms lists of a URL with credentials (as given,
+// as net/url and an http.Client write it back, %q-escaped), keeps the chain,
+// and leaves an error that names none of them, nil included, as it is.
+func TestReplace(t *testing.T) {
+	const safe = "https://idp.example.com/jwks"
+	cause := errors.New("connection refused")
+	for _, tc := range []struct {
+		name, raw string
+		text      func(raw string, u *url.URL) string
+	}{
+		{"as given", "https://user:SECRET@idp.example.com/jwks?key=SECRET", func(raw string, _ *url.URL) string { return raw }},
+		{"as net/url writes it", "https://us%20er:p%40SECRET@idp.example.com/jwks", func(_ string, u *url.URL) string { return u.String() }},
+		{"as Redacted writes it", "https://user:SECRET@idp.example.com/jwks?key=SECRET", func(_ string, u *url.URL) string { return u.Redacted() }},
+		{"as an http.Client's *url.Error writes it", "https://user:SECRET@idp.example.com/jwks?key=SECRET", func(raw string, _ *url.URL) string {
+			return (&url.Error{Op: "Get", URL: strings.Replace(raw, ":SECRET@", ":***@", 1), Err: cause}).Error()
+		}},
+		{"quoted", `https://idp.example.com/jwks?key="SECRET"`, func(raw string, _ *url.URL) string { return fmt.Sprintf("%q", raw) }},
+		{"key as user name", "https://SECRET@idp.example.com/jwks", func(raw string, _ *url.URL) string { return raw }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u, err := url.Parse(tc.raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := fmt.Errorf("fetching %s: %w", tc.text(tc.raw, u), cause)
+			out := Replace(in, Forms(tc.raw, u), safe)
+			if strings.Contains(out.Error(), "SECRET") || !strings.Contains(out.Error(), safe) {
+				t.Errorf("Replace(%q) = %q", in, out)
+			}
+			if !errors.Is(out, cause) || errors.Unwrap(out) != in {
+				t.Errorf("Replace(%q) does not unwrap to it", in)
+			}
+		})
+	}
+	forms := Forms("https://user:SECRET@idp.example.com/jwks", &url.URL{Scheme: "https", User: url.UserPassword("user", "SECRET"), Host: "idp.example.com", Path: "/jwks"})
+	if err := Replace(cause, forms, safe); err != cause {
+		t.Errorf("Replace of an error without the URL = %v, want it unchanged", err)
+	}
+	if Replace(nil, forms, safe) != nil {
+		t.Error("Replace(nil) is not nil")
+	}
+}
