@@ -329,29 +329,22 @@ func (s *Store) undoMeter(b *batch, m *limit.Meter, cost int64) {
 // closes.
 func (s *Store) undoLost(m limit.Meter, cost int64, cause error) {
 	s.log.Warn("undoing the meter charge of an admitted tenant half failed: it is sent again", "tenant", m.Tenant, "op", m.Op, "err", cause)
-	l := &s.lost
-	l.wg.Go(func() {
-		horizon := time.Now().Add(limit.OpTTL)
-		for wait := s.timeout; ; wait *= 2 {
-			select {
-			case <-l.ctx.Done():
-				return
-			case <-time.After(wait):
-			}
-			ctx, cancel := context.WithTimeout(l.ctx, s.timeout)
-			b := batches.Get().(*batch)
-			s.undoMeter(b, &m, cost)
-			_, err := s.exec(ctx, b)
-			b.release()
-			cancel()
-			if err == nil {
-				return
-			}
-			if time.Now().Add(2 * wait).After(horizon) {
-				s.log.Warn("undoing the meter charge of an admitted tenant half failed again: the denied request stays billed", "tenant", m.Tenant, "op", m.Op, "err", err)
-				return
-			}
+	horizon := time.Now().Add(limit.OpTTL)
+	s.retryLost(s.timeout, func(wait time.Duration, err error) (time.Duration, bool) {
+		if err == nil {
+			return 0, false
 		}
+		if time.Now().Add(2 * wait).After(horizon) {
+			s.log.Warn("undoing the meter charge of an admitted tenant half failed again: the denied request stays billed", "tenant", m.Tenant, "op", m.Op, "err", err)
+			return 0, false
+		}
+		return 2 * wait, true
+	}, func(ctx context.Context) error {
+		b := batches.Get().(*batch)
+		s.undoMeter(b, &m, cost)
+		_, err := s.exec(ctx, b)
+		b.release()
+		return err
 	})
 }
 

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -53,21 +54,48 @@ func (s *Store) releaseLost(lease string, sets ...[]limit.Check) {
 	if len(slots) == 0 {
 		return
 	}
+	tries := make([]func(context.Context) error, len(slots))
+	for i, cs := range slots {
+		tries[i] = func(ctx context.Context) error {
+			err := s.Release(ctx, cs, lease)
+			if err != nil {
+				s.log.Debug("redisstore: the slots of a failed call are not released yet; they free themselves when the lease expires", "lease", lease, "err", err)
+			}
+			return err
+		}
+	}
+	again := true // at once, and once more after twice the timeout
+	s.retryLost(0, func(time.Duration, error) (time.Duration, bool) {
+		more := again
+		again = false
+		return 2 * s.timeout, more
+	}, tries...)
+}
+
+// retryLost runs in the background, in rounds, the tries of a write whose
+// outcome is unknown (a reply lost, a send failed): each round waits wait
+// (first for the first round), then runs every try with a context of its
+// own bounded by the store's timeout, so one hung try does not eat the
+// others'. next sees the round's wait and its error (the tries' joined,
+// nil when all succeeded) and says whether to run another round, and
+// after which wait. Closing the store ends the rounds; Close waits for
+// them.
+func (s *Store) retryLost(first time.Duration, next func(wait time.Duration, err error) (time.Duration, bool), tries ...func(ctx context.Context) error) {
 	l := &s.lost
 	l.wg.Go(func() {
-		for _, wait := range []time.Duration{0, 2 * s.timeout} {
+		for wait, more := first, true; more; {
 			select {
 			case <-l.ctx.Done():
 				return
 			case <-time.After(wait):
 			}
-			for _, cs := range slots {
+			errs := make([]error, 0, len(tries))
+			for _, try := range tries {
 				ctx, cancel := context.WithTimeout(l.ctx, s.timeout)
-				if err := s.Release(ctx, cs, lease); err != nil {
-					s.log.Debug("redisstore: the slots of a failed call are not released yet; they free themselves when the lease expires", "lease", lease, "err", err)
-				}
+				errs = append(errs, try(ctx))
 				cancel()
 			}
+			wait, more = next(wait, errors.Join(errs...))
 		}
 	})
 }

@@ -2,6 +2,10 @@ package redisstore
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -75,4 +79,77 @@ func TestLostLeaseIsReleased(t *testing.T) {
 	if d, err := s.Take(ctx, checks, 1); err != nil || !d.Allowed {
 		t.Fatalf("a take with no call in flight: %+v, %v", d, err)
 	}
+}
+
+// retryLost runs its rounds as next schedules them, each try with a
+// context of its own bounded by the store's timeout, tells next the round's
+// joined error (nil when every try succeeded), and stops when the store
+// closes, Close waiting for it.
+func TestRetryLost(t *testing.T) {
+	errFail := errors.New("fail")
+	for _, tc := range []struct {
+		name     string
+		results  []error // of the two tries, round after round
+		rounds   int     // next stops after this many rounds whatever the results
+		wantRuns int
+		wantErrs []bool // whether next saw an error, per round
+	}{
+		{"one round that succeeds", []error{nil, nil}, 1, 1, []bool{false}},
+		{"every round runs whatever the outcome", []error{nil, nil, nil, nil, nil, nil}, 3, 3, []bool{false, false, false}},
+		{"a failed try fails the round", []error{nil, errFail, errFail, nil, nil, nil}, 3, 3, []bool{true, true, false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Store{timeout: time.Hour, log: slog.New(slog.DiscardHandler)}
+			s.lost.init()
+			var (
+				mu     sync.Mutex
+				runs   int
+				sawErr []bool
+				ctxs   []context.Context
+				result = tc.results
+			)
+			try := func(ctx context.Context) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > s.timeout {
+					t.Errorf("a try's deadline is %v (%v), want one within the store's timeout", dl, ok)
+				}
+				ctxs = append(ctxs, ctx)
+				err := result[0]
+				result = result[1:]
+				return err
+			}
+			s.retryLost(0, func(wait time.Duration, err error) (time.Duration, bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				runs++
+				sawErr = append(sawErr, err != nil)
+				if err != nil && !errors.Is(err, errFail) {
+					t.Errorf("round %d: next saw %v, want the try's error", runs, err)
+				}
+				return 0, runs < tc.rounds
+			}, try, try)
+			s.lost.wg.Wait()
+			s.Close()
+			if runs != tc.wantRuns || !slices.Equal(sawErr, tc.wantErrs) {
+				t.Errorf("%d rounds, errors seen %v; want %d, %v", runs, sawErr, tc.wantRuns, tc.wantErrs)
+			}
+			if len(ctxs) != 2*tc.wantRuns || len(ctxs) > 1 && ctxs[0] == ctxs[1] {
+				t.Errorf("%d tries, want %d each with its own context", len(ctxs), 2*tc.wantRuns)
+			}
+		})
+	}
+	t.Run("the store closes", func(t *testing.T) {
+		s := &Store{timeout: time.Hour, log: slog.New(slog.DiscardHandler)}
+		s.lost.init()
+		tried := make(chan struct{})
+		s.retryLost(0, func(time.Duration, error) (time.Duration, bool) {
+			return time.Hour, true
+		}, func(context.Context) error {
+			close(tried) // a second round would panic
+			return errFail
+		})
+		<-tried
+		s.Close() // returns: the round waiting an hour ends
+	})
 }
