@@ -193,7 +193,7 @@ type middleware struct {
 	sending  *atomic.Bool          // set once a SendingMiddleware is installed: sendingInstalled
 
 	listMu sync.Mutex
-	listed bool // listTools read the whole list
+	listed atomic.Bool // listTools read the whole list: later denials skip listMu
 }
 
 // request governs a request that is not a tools/call.
@@ -347,10 +347,13 @@ const maxListPages = 100
 // start. A tool added later is learnt from the next tools/list that passes.
 // A failed listing is tried again at the next denial.
 func (m *middleware) listTools(ctx context.Context, next mcp.MethodHandler, req mcp.Request) {
+	if m.listed.Load() {
+		return
+	}
 	m.listMu.Lock()
 	defer m.listMu.Unlock()
 	ss, _ := req.GetSession().(*mcp.ServerSession)
-	if m.listed || ss == nil {
+	if m.listed.Load() || ss == nil {
 		return
 	}
 	var cursor string
@@ -362,7 +365,7 @@ func (m *middleware) listTools(ctx context.Context, next mcp.MethodHandler, req 
 		}
 		m.learnOutputSchemas(list)
 		if cursor = list.NextCursor; cursor == "" {
-			m.listed = true
+			m.listed.Store(true)
 			return
 		}
 	}
