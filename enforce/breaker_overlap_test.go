@@ -7,7 +7,6 @@ import (
 
 	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/limit"
-	"github.com/mcpgate/mcpgate/policy"
 )
 
 // slowFailureReport holds the answer to the first failure report after the
@@ -33,22 +32,13 @@ func (s *slowFailureReport) ReportOutcome(ctx context.Context, b limit.BreakerSp
 // back resets the count all the same: fail, succeed, fail does not open a
 // breaker of two consecutive failures, whatever the order of the answers.
 func TestBreakerSuccessWhileAFailureReportIsInFlight(t *testing.T) {
-	cfg, err := policy.Parse("x.yaml", []byte(`upstream: {url: "http://127.0.0.1:1/mcp"}
-auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
+	shared := &slowFailureReport{GuardedStore: newSwappable(t), applied: make(chan struct{}), release: make(chan struct{})}
+	e := newEngine(t, `upstream: {url: "http://127.0.0.1:1/mcp"}
 store: {timeout: 10s}
 breaker:
   consecutive_failures: 2
   cooldown: 1h
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	shared := &slowFailureReport{GuardedStore: newSwappable(t), applied: make(chan struct{}), release: make(chan struct{})}
-	e, err := enforce.New(enforce.Options{Config: cfg, Shared: shared, Probe: func(context.Context) error { return nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+`, enforce.Options{Shared: shared, Probe: func(context.Context) error { return nil }})
 	call := enforce.Call{Tenant: "acme", Subject: "agent", Name: "flaky"}
 	admit := func() *enforce.Ticket { return mustAdmit(t, e, call) }
 	a, b := admit(), admit()

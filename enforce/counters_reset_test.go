@@ -8,30 +8,20 @@ import (
 	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/limit/redisstore"
-	"github.com/mcpgate/mcpgate/policy"
 )
 
 // An upstream's rule per tenant counts every tool of the upstream, listed
 // under tools: or not: Counters shows it and ResetCounters clears it (both
 // saw only the rules of listed tools).
 func TestCountersOfAnUpstreamRule(t *testing.T) {
-	cfg, err := policy.Parse("up.yaml", []byte(`auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
-upstreams:
+	e := newEngine(t, `upstreams:
   - name: search
     url: "http://127.0.0.1:1/mcp"
     limits:
       - {name: search_calls, per: tenant, algorithm: fixed_window, limit: 1, period: 1h}
   - name: files
     url: "http://127.0.0.1:2/mcp"
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := enforce.New(enforce.Options{Config: cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Close() })
+`, enforce.Options{})
 	ctx := t.Context()
 	call := enforce.Call{Tenant: "acme", Subject: "a", Name: "search__query"}
 	admit := func(want bool) {
@@ -65,29 +55,20 @@ upstreams:
 // counters (deciding calls under on_error: local) and reports the shared
 // store's failure: it stopped at that failure, leaving the tenant denied.
 func TestResetCountersWithTheSharedStoreDown(t *testing.T) {
-	cfg, err := policy.Parse("down.yaml", []byte(`upstream: {url: "http://127.0.0.1:1/mcp"}
-auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
+	rd := testenv.StartRedis(t, nil)
+	client := rd.Client(t)
+	st, err := redisstore.New(client, &redisstore.Options{Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEngine(t, `upstream: {url: "http://127.0.0.1:1/mcp"}
 store: {on_error: local, timeout: 200ms}
 tiers:
   free:
     limits:
       - {name: per_hour, per: tenant, algorithm: fixed_window, limit: 1, period: 1h}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rd := testenv.StartRedis(t, nil)
-	client := rd.Client(t)
-	st, err := redisstore.New(client, &redisstore.Options{Timeout: cfg.Store.Timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := enforce.New(enforce.Options{Config: cfg, Shared: st,
+`, enforce.Options{Shared: st,
 		Probe: func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Close() })
 	rd.Kill()
 	ctx := context.Background()
 	call := enforce.Call{Tenant: "acme", Subject: "a", Name: "echo"}

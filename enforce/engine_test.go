@@ -254,6 +254,23 @@ breaker:
 	}
 }
 
+// newEngine starts an engine on o with the config yaml (auth added), closed
+// when the test ends.
+func newEngine(t *testing.T, yaml string, o enforce.Options) *enforce.Engine {
+	t.Helper()
+	cfg, err := policy.Parse("x.yaml", []byte("auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}\n"+yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Config = cfg
+	e, err := enforce.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	return e
+}
+
 // mustAdmit admits call on e, failing the test on a denial.
 func mustAdmit(t *testing.T, e *enforce.Engine, call enforce.Call) *enforce.Ticket {
 	t.Helper()

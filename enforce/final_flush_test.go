@@ -75,32 +75,23 @@ func (s *blipStore) Evaluate(ctx context.Context, req limit.Request) (limit.Outc
 // shutdown must wait for the probe and place that usage, not drop it as
 // unmetered because the breaker refused the last try at once.
 func TestShutdownRightAfterStoreBlipPlacesUsage(t *testing.T) {
-	cfg, err := policy.Parse("x.yaml", []byte(`upstream: {url: "http://127.0.0.1:1/mcp"}
-auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
+	shared := &blipStore{GuardedStore: newSwappable(t)}
+	us := openSQLite(t)
+	m := metrics.New()
+	e := newEngine(t, `upstream: {url: "http://127.0.0.1:1/mcp"}
 store: {timeout: 1s, on_error: open}
 usage: {flush_interval: 1h}
 tiers:
   free: {}
 tools:
   llm: {cost: 3}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	shared := &blipStore{GuardedStore: newSwappable(t)}
-	us := openSQLite(t)
-	m := metrics.New()
-	e, err := enforce.New(enforce.Options{Config: cfg, Usage: us, Shared: shared, Metrics: m,
+`, enforce.Options{Usage: us, Shared: shared, Metrics: m,
 		Probe: func(context.Context) error {
 			if shared.down.Load() {
 				return errors.New("down")
 			}
 			return nil
 		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
 	n := admitN(t, e, 1, nil) // creates the meter
 	shared.down.Store(true)
 	n += admitN(t, e, 5, nil) // 3 failures open the store breaker, 2 more skip the store
@@ -141,21 +132,13 @@ func (s *outcomeBlip) ReportOutcome(ctx context.Context, b limit.BreakerSpec, fa
 // failed outcome reports), the shutdown does not wait for a store that
 // stays down: the wait is for usage it could place, and it lasts up to 5s.
 func TestShutdownWithNothingToWriteDoesNotWaitForTheStore(t *testing.T) {
-	cfg, err := policy.Parse("x.yaml", []byte(`upstream: {url: "http://127.0.0.1:1/mcp"}
-auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
+	shared := &outcomeBlip{GuardedStore: newSwappable(t)}
+	e := newEngine(t, `upstream: {url: "http://127.0.0.1:1/mcp"}
 store: {timeout: 1s}
 usage: {flush_interval: 1h}
 breaker: {consecutive_failures: 100, cooldown: 1m}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	shared := &outcomeBlip{GuardedStore: newSwappable(t)}
-	e, err := enforce.New(enforce.Options{Config: cfg, Usage: openSQLite(t), Shared: shared,
+`, enforce.Options{Usage: openSQLite(t), Shared: shared,
 		Probe: func(context.Context) error { return errors.New("down") }})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var tickets []*enforce.Ticket
 	for range 3 {
 		tk, d := e.Admit(t.Context(), enforce.Call{Tenant: "acme", Subject: "a", Name: "flaky"})
