@@ -212,9 +212,9 @@ func TestRunErrors(t *testing.T) {
 }
 
 // idleSession starts a server whose sessions.idle_timeout is 1s and opens
-// a session on it: the server, its URL, the session id, and post, which
-// sends a message in a session ("" for none).
-func idleSession(t *testing.T) (s *server, url, id string, post func(session, body string) *http.Response) {
+// a session on it: the server, its URL, a client authenticated on it, the
+// session id, and post, which sends a message in a session ("" for none).
+func idleSession(t *testing.T) (s *server, url string, client *http.Client, id string, post func(session, body string) *http.Response) {
 	t.Helper()
 	yaml := "auth:\n  jwt:\n    hs256_secret_env: " + testSecretEnv + "\n" +
 		"usage:\n  store: sqlite:" + filepath.Join(t.TempDir(), "usage.db") + "\n  flush_interval: 1h\n" +
@@ -230,21 +230,20 @@ func idleSession(t *testing.T) (s *server, url, id string, post func(session, bo
 	t.Cleanup(s.close)
 	hs := httptest.NewServer(s.handler())
 	t.Cleanup(hs.Close)
-	tok := sign(t, "idle-co", "alice", "tools:*")
+	client = &http.Client{Transport: bearer{sign(t, "idle-co", "alice", "tools:*")}}
 	post = func(session, body string) *http.Response {
 		t.Helper()
 		req, err := http.NewRequest(http.MethodPost, hs.URL+"/mcp", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
-		req.Header.Set("Authorization", "Bearer "+tok)
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", "application/json, text/event-stream")
 		req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
 		if session != "" {
 			req.Header.Set("Mcp-Session-Id", session)
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := client.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -261,7 +260,7 @@ func idleSession(t *testing.T) (s *server, url, id string, post func(session, bo
 	if n := sessionCount(s); n != 1 {
 		t.Fatalf("%d sessions after initialize, want 1", n)
 	}
-	return s, hs.URL + "/mcp", id, post
+	return s, hs.URL + "/mcp", client, id, post
 }
 
 func sessionCount(s *server) int {
@@ -279,7 +278,7 @@ func sessionCount(s *server) int {
 // process.
 func TestAbandonedSessionEnds(t *testing.T) {
 	t.Parallel()
-	s, _, id, post := idleSession(t)
+	s, _, _, id, post := idleSession(t)
 	// Abandoned: no request, no DELETE. Polled without a request (one
 	// would keep the session in use); the bound is the test's, far past
 	// the idle timeout.
@@ -298,16 +297,15 @@ func TestAbandonedSessionEnds(t *testing.T) {
 // timeout (the SDK's SessionTimeout counts POSTs only, and ended it).
 func TestListeningSessionIsKept(t *testing.T) {
 	t.Parallel()
-	s, url, id, post := idleSession(t)
+	s, url, client, id, post := idleSession(t)
 	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+sign(t, "idle-co", "alice", "tools:*"))
 	req.Header.Set("Accept", "text/event-stream")
 	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
 	req.Header.Set("Mcp-Session-Id", id)
-	get, err := http.DefaultClient.Do(req)
+	get, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
