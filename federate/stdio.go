@@ -340,8 +340,7 @@ func (up *upstream) logStderr(p *process) {
 // a minute of running), until ctx ends. While it is down its tools fail at
 // once.
 func (up *upstream) supervise(ctx context.Context) {
-	const first = 100 * time.Millisecond
-	gap := first
+	gap := restartFirstGap
 	for {
 		up.mu.Lock()
 		cs, pipe := up.shared, up.pipe
@@ -362,27 +361,12 @@ func (up *upstream) supervise(ctx context.Context) {
 		if cs != nil && !up.f.spawn(func() { up.endSession(cs, pipe) }) {
 			up.endSession(cs, pipe) // Close runs: it no longer sees cs
 		}
-		if time.Since(began) > time.Minute {
-			gap = first
-		}
+		gap = restartGap(gap, began)
 		up.f.log.Warn("upstream process exited; restarting", "upstream", up.cfg.Name, "in", gap)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(gap):
-			}
-			gap = min(2*gap, DefaultMaxRestartGap)
-			sctx, cancel := context.WithTimeout(ctx, up.f.opts.StartTimeout)
-			err := up.connectShared(sctx)
-			cancel()
-			if err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				return
-			}
+		if !up.restart(ctx, &gap, up.connectShared, func(err error) {
 			up.f.log.Error("upstream process did not start", "upstream", up.cfg.Name, "err", err, "retry_in", gap)
+		}) {
+			return
 		}
 		up.mu.Lock()
 		up.restarts++

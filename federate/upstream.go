@@ -455,13 +455,50 @@ func (up *upstream) connectShared(ctx context.Context) error {
 	return nil
 }
 
-// Bounds of the waits between the reconnections of an HTTP shared session
-// that ended by itself: 100ms, doubling up to DefaultMaxRestartGap while
-// each new session ends within lostReset of its start.
+// Bounds of the waits between the restarts of an upstream's shared
+// session, a process that exited (see supervise) or an HTTP session that
+// ended by itself (see watchShared): restartFirstGap, doubling up to
+// DefaultMaxRestartGap while each new one ends within restartReset of its
+// start.
 const (
-	lostFirstGap = 100 * time.Millisecond
-	lostReset    = time.Minute
+	restartFirstGap = 100 * time.Millisecond
+	restartReset    = time.Minute
 )
+
+// restartGap is the wait before restarting a session that began at began,
+// gap before: back to restartFirstGap once it ran restartReset.
+func restartGap(gap time.Duration, began time.Time) time.Duration {
+	if time.Since(began) > restartReset {
+		return restartFirstGap
+	}
+	return gap
+}
+
+// restart waits *gap, then starts the session under StartTimeout, again
+// and again until it starts (true) or ctx ends (false). Before each start
+// *gap is doubled, up to DefaultMaxRestartGap, so that it is the wait
+// after the next failure, which failed is told (with the wait, *gap) for
+// the log.
+func (up *upstream) restart(ctx context.Context, gap *time.Duration, start func(context.Context) error, failed func(error)) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(*gap):
+		}
+		*gap = min(2**gap, DefaultMaxRestartGap)
+		sctx, cancel := context.WithTimeout(ctx, up.f.opts.StartTimeout)
+		err := start(sctx)
+		cancel()
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		failed(err)
+	}
+}
 
 // watchShared waits for the HTTP shared session cs to end. Ended by the
 // Federator (dropped after a failed call, replaced, closed), nothing is
@@ -477,34 +514,24 @@ func (up *upstream) watchShared(cs *mcp.ClientSession, began time.Time) {
 	lost := up.shared == cs && up.f.ctx.Err() == nil
 	if lost {
 		up.shared = nil
-		if time.Since(began) > lostReset {
-			up.lostGap = 0
-		}
+		up.lostGap = restartGap(up.lostGap, began)
 	}
-	gap := max(up.lostGap, lostFirstGap)
+	gap := max(up.lostGap, restartFirstGap)
 	up.mu.Unlock()
 	if !lost {
 		return
 	}
 	up.f.log.Warn("federate: an upstream's shared session ended; reconnecting", "upstream", up.cfg.Name, "in", gap)
-	for {
-		select {
-		case <-up.f.ctx.Done():
-			return
-		case <-time.After(gap):
-		}
-		gap = min(2*gap, DefaultMaxRestartGap)
+	up.restart(up.f.ctx, &gap, func(ctx context.Context) error {
+		// Before the new session can end and read it.
 		up.mu.Lock()
 		up.lostGap = gap
 		up.mu.Unlock()
-		ctx, cancel := context.WithTimeout(up.f.ctx, up.f.opts.StartTimeout)
 		_, err := up.sharedSession(ctx)
-		cancel()
-		if err == nil || up.f.ctx.Err() != nil {
-			return
-		}
+		return err
+	}, func(err error) {
 		up.f.log.Warn("federate: cannot reconnect an upstream's shared session", "upstream", up.cfg.Name, "err", redact.URLError(err), "retry_in", gap)
-	}
+	})
 }
 
 // sharedSession returns the shared session, reconnecting an HTTP upstream
