@@ -222,7 +222,6 @@ func (f *Federator) buildCatalog(ctx context.Context) (*catalog, error) {
 	defer cancel()
 	c := newCatalog()
 	var errs []error
-	var shadowed []string
 	for _, up := range f.ups {
 		l, err := list(ctx, up)
 		if err != nil {
@@ -230,13 +229,16 @@ func (f *Federator) buildCatalog(ctx context.Context) (*catalog, error) {
 			continue
 		}
 		c.mu.Lock()
-		_, merrs, shadows := c.mergeLocked(up, l)
+		errs = append(errs, c.exposeLocked(up, l)...)
+		c.listed[up] = &listing{resources: l.resources, templates: l.templates}
 		c.mu.Unlock()
-		errs, shadowed = append(errs, merrs...), append(shadowed, shadows...)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	c.mu.Lock()
+	_, shadowed := c.reclaimLocked(f.ups, nil)
+	c.mu.Unlock()
 	for _, msg := range shadowed {
 		f.log.Warn("federate: a resource two upstreams list goes to the first", "detail", msg)
 	}
@@ -253,33 +255,16 @@ func (c *catalog) replace(up *upstream, l *listing) (old, kept *listing, diff re
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	old = c.forgetLocked(up)
-	kept, errs = c.exposeLocked(up, l)
+	errs = c.exposeLocked(up, l)
 	c.listed[up] = &listing{resources: l.resources, templates: l.templates}
-	diff = c.reclaimLocked(up)
+	diff, _ = c.reclaimLocked(up.f.ups, up)
 	return old, c.byUp[up], diff, errs
 }
 
-// mergeLocked adds up's listing and returns what of it is exposed: not a
-// tool or prompt name another upstream exposes (an error each), nor a URI
-// or template another lists (a message each, for the log). c.mu is held.
-func (c *catalog) mergeLocked(up *upstream, l *listing) (kept *listing, errs []error, shadowed []string) {
-	kept, errs = c.exposeLocked(up, l)
-	// A URI (or template) two upstreams list stays with the first in
-	// configuration order: two servers of one kind (two file servers) list
-	// the same URIs, and refusing to start would leave both out. (New
-	// merges the upstreams in that order.)
-	kept.resources = claim(c.resources, up, l.resources, "resource", func(r *mcp.Resource) string { return r.URI }, &shadowed)
-	kept.templates = claim(c.templates, up, l.templates, "resource template", func(t *mcp.ResourceTemplate) string { return t.URITemplate }, &shadowed)
-	for _, t := range kept.templates {
-		c.matchers[t.URITemplate] = templateMatcher(t.URITemplate)
-	}
-	c.listed[up] = &listing{resources: l.resources, templates: l.templates}
-	return kept, errs, shadowed
-}
-
-// exposeLocked adds up's tools and prompts, and returns what of them is
-// exposed (see mergeLocked) in up's new entry of byUp. c.mu is held.
-func (c *catalog) exposeLocked(up *upstream, l *listing) (kept *listing, errs []error) {
+// exposeLocked adds up's tools and prompts to a new entry of byUp (its
+// resources and templates are claimed after: see reclaimLocked): not a
+// name another upstream exposes (an error each). c.mu is held.
+func (c *catalog) exposeLocked(up *upstream, l *listing) (errs []error) {
 	checkTool := checkSchema
 	if accept := up.f.opts.AcceptTool; accept != nil {
 		checkTool = func(t *mcp.Tool) error {
@@ -289,12 +274,11 @@ func (c *catalog) exposeLocked(up *upstream, l *listing) (kept *listing, errs []
 			return accept(up.cfg.Name, up.cfg.Prefix+t.Name)
 		}
 	}
-	kept = &listing{
+	c.byUp[up] = &listing{
 		tools:   exposeNamed(c.tools, up, l.tools, "tool", func(t *mcp.Tool) string { return t.Name }, checkTool, &errs),
 		prompts: exposeNamed(c.prompts, up, l.prompts, "prompt", func(p *mcp.Prompt) string { return p.Name }, nil, &errs),
 	}
-	c.byUp[up] = kept
-	return kept, errs
+	return errs
 }
 
 // resourceDiff is what a listing changed of the resources and templates
@@ -313,21 +297,23 @@ type served[T any] struct {
 }
 
 // reclaimLocked gives every URI and template listed to the first upstream
-// in configuration order listing it (every upstream's kept listing is
-// updated), and returns what changed; every entry of up, whose listing is
-// new, is registered again. c.mu is held.
-func (c *catalog) reclaimLocked(up *upstream) resourceDiff {
-	var diff resourceDiff
+// of ups (in configuration order) listing it (every upstream's kept
+// listing is updated), and returns what changed, and a message for the
+// log of each entry another upstream was given. Every entry of up, whose
+// listing is new (nil: none), is registered again. A URI (or template)
+// two upstreams list stays with the first: two servers of one kind (two
+// file servers) list the same URIs, and refusing to start would leave
+// both out. c.mu is held.
+func (c *catalog) reclaimLocked(ups []*upstream, up *upstream) (diff resourceDiff, shadowed []string) {
 	resources, templates := map[string]*upstream{}, map[string]*upstream{}
-	var ignored []string
-	for _, u := range up.f.ups {
+	for _, u := range ups {
 		l, prev := c.listed[u], c.byUp[u]
 		if l == nil || prev == nil {
 			continue
 		}
 		kept := &listing{tools: prev.tools, prompts: prev.prompts,
-			resources: claim(resources, u, l.resources, "resource", func(r *mcp.Resource) string { return r.URI }, &ignored),
-			templates: claim(templates, u, l.templates, "resource template", func(t *mcp.ResourceTemplate) string { return t.URITemplate }, &ignored)}
+			resources: claim(resources, u, l.resources, "resource", func(r *mcp.Resource) string { return r.URI }, &shadowed),
+			templates: claim(templates, u, l.templates, "resource template", func(t *mcp.ResourceTemplate) string { return t.URITemplate }, &shadowed)}
 		c.byUp[u] = kept
 		for _, r := range kept.resources {
 			if u == up || c.resources[r.URI] != u {
@@ -355,7 +341,7 @@ func (c *catalog) reclaimLocked(up *upstream) resourceDiff {
 		}
 	}
 	c.resources, c.templates = resources, templates
-	return diff
+	return diff, shadowed
 }
 
 // exposeNamed routes up's items (tools or prompts) under up's prefix and

@@ -57,6 +57,49 @@ func TestSharedResourceFollowsConfigurationOrder(t *testing.T) {
 	testenv.Eventually(t, waitLong, "reads from a once it lists it again", readsFrom("a"))
 }
 
+// At start, a URI or template several upstreams list goes to the first
+// in configuration order, and each other upstream's is logged once, in
+// configuration order.
+func TestSharedResourceAtStartLogged(t *testing.T) {
+	var ups []federate.Upstream
+	for _, name := range []string{"a", "b", "c"} {
+		s := mcp.NewServer(&mcp.Implementation{Name: name, Version: "1"}, nil)
+		addDoc(s, name)
+		if name != "a" {
+			s.AddResourceTemplate(&mcp.ResourceTemplate{URITemplate: "test://shared/items/{id}", Name: "items"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+				return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "item of " + name}}}, nil
+			})
+		}
+		ups = append(ups, federate.Upstream{Name: name, URL: serveSDK(t, s)})
+	}
+	var logs testenv.SyncBuffer
+	_, cs := start(t, federate.Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil)), Upstreams: ups}, nil)
+	var shadowed []string
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var rec struct{ Msg, Detail string }
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if rec.Msg == "federate: a resource two upstreams list goes to the first" {
+			shadowed = append(shadowed, rec.Detail)
+		}
+	}
+	want := []string{
+		`resource "test://shared/doc" of upstream "b" is served by upstream "a"`,
+		`resource "test://shared/doc" of upstream "c" is served by upstream "a"`,
+		`resource template "test://shared/items/{id}" of upstream "c" is served by upstream "b"`,
+	}
+	if !slices.Equal(shadowed, want) {
+		t.Fatalf("logged %q, want %q", shadowed, want)
+	}
+	for uri, text := range map[string]string{"test://shared/doc": "doc of a", "test://shared/items/1": "item of b"} {
+		res, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: uri})
+		if err != nil || len(res.Contents) != 1 || res.Contents[0].Text != text {
+			t.Fatalf("read %s = %v, %v; want %q", uri, res, err, text)
+		}
+	}
+}
+
 // holdingHandler is a slog handler that holds the first record whose
 // message is msg, for upstream up, until release is closed: the refresh
 // logging it waits there, between its catalog update and its install.
