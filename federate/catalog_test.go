@@ -20,9 +20,9 @@ import (
 	"github.com/mcpgate/mcpgate/internal/testenv"
 )
 
-// addDoc makes s list test://shared/doc, whose text names s.
-func addDoc(s *mcp.Server, name string) {
-	s.AddResource(&mcp.Resource{URI: "test://shared/doc", Name: "doc"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+// addDoc makes s, named name, list the resource uri, whose text names s.
+func addDoc(s *mcp.Server, uri, name string) {
+	s.AddResource(&mcp.Resource{URI: uri, Name: "doc"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "doc of " + name}}}, nil
 	})
 }
@@ -34,8 +34,8 @@ func addDoc(s *mcp.Server, name string) {
 // again.
 func TestSharedResourceFollowsConfigurationOrder(t *testing.T) {
 	a, b := mcp.NewServer(&mcp.Implementation{Name: "a", Version: "1"}, nil), mcp.NewServer(&mcp.Implementation{Name: "b", Version: "1"}, nil)
-	addDoc(a, "a")
-	addDoc(b, "b")
+	addDoc(a, "test://shared/doc", "a")
+	addDoc(b, "test://shared/doc", "b")
 	_, cs := start(t, federate.Options{Upstreams: []federate.Upstream{{Name: "a", URL: serveSDK(t, a)}, {Name: "b", URL: serveSDK(t, b)}}}, nil)
 	readsFrom := func(want string) func() bool {
 		return func() bool {
@@ -53,7 +53,7 @@ func TestSharedResourceFollowsConfigurationOrder(t *testing.T) {
 		_, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "test://b/other"})
 		return err == nil
 	})
-	addDoc(a, "a")
+	addDoc(a, "test://shared/doc", "a")
 	testenv.Eventually(t, waitLong, "reads from a once it lists it again", readsFrom("a"))
 }
 
@@ -64,7 +64,7 @@ func TestSharedResourceAtStartLogged(t *testing.T) {
 	var ups []federate.Upstream
 	for _, name := range []string{"a", "b", "c"} {
 		s := mcp.NewServer(&mcp.Implementation{Name: name, Version: "1"}, nil)
-		addDoc(s, name)
+		addDoc(s, "test://shared/doc", name)
 		if name != "a" {
 			s.AddResourceTemplate(&mcp.ResourceTemplate{URITemplate: "test://shared/items/{id}", Name: "items"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 				return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "item of " + name}}}, nil

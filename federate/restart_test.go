@@ -28,9 +28,7 @@ func startSubUpstream(t *testing.T) *subUpstream {
 			SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { u.subs.Add(1); return nil },
 			UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
 		})
-		srv.AddResource(&mcp.Resource{URI: "test://up/doc", Name: "doc"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-			return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "doc"}}}, nil
-		})
+		addDoc(srv, "test://up/doc", "up")
 		mcp.AddTool(srv, &mcp.Tool{Name: "echo"}, func(ctx context.Context, req *mcp.CallToolRequest, a textArgs) (*mcp.CallToolResult, any, error) {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: a.Text}}}, nil, nil
 		})

@@ -104,9 +104,7 @@ func newGatedSubscriptions(holdSub, holdUnsub bool) *gatedSubscriptions {
 			return nil
 		},
 	})
-	g.srv.AddResource(&mcp.Resource{URI: "test://up/doc", Name: "doc"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "doc"}}}, nil
-	})
+	addDoc(g.srv, "test://up/doc", "up")
 	return g
 }
 
@@ -199,7 +197,7 @@ func TestUnsubscribeAfterTheURIsUpstreamChanged(t *testing.T) {
 		reads  string                          // what a read of uri then answers ("": it is not listed)
 	}{
 		{"the resource went", func(_, second *mcp.Server) { second.RemoveResources(uri) }, ""},
-		{"an earlier upstream lists it", func(first, _ *mcp.Server) { addDoc(first, "first") }, "doc of first"},
+		{"an earlier upstream lists it", func(first, _ *mcp.Server) { addDoc(first, uri, "first") }, "doc of first"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var held atomic.Int64
@@ -214,7 +212,7 @@ func TestUnsubscribeAfterTheURIsUpstreamChanged(t *testing.T) {
 				SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { held.Add(1); return nil },
 				UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { held.Add(-1); return nil },
 			})
-			addDoc(second, "second")
+			addDoc(second, uri, "second")
 			f, cs := start(t, federate.Options{Upstreams: []federate.Upstream{
 				{Name: "first", URL: serveSDK(t, first)}, {Name: "second", URL: serveSDK(t, second)},
 			}}, nil)

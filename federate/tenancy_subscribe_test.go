@@ -40,9 +40,7 @@ func TestFirstSubscriberCancellingKeepsOthersSubscribed(t *testing.T) {
 		},
 		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { held.Add(-1); return nil },
 	})
-	up.AddResource(&mcp.Resource{URI: "test://up/doc", Name: "doc"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "doc"}}}, nil
-	})
+	addDoc(up, "test://up/doc", "up")
 	url := serveSDK(t, up)
 	_, fedURL := serve(t, federate.Options{Upstreams: []federate.Upstream{{Name: "up", URL: url}}})
 	a := connect(t, fedURL, newClient("tenant-a", nil))
@@ -118,9 +116,7 @@ func TestResourceUpdateOnlyFromTheSubscription(t *testing.T) {
 		SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
 		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
 	})
-	a.AddResource(&mcp.Resource{URI: uri, Name: "doc"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "doc"}}}, nil
-	})
+	addDoc(a, uri, "a")
 	fs := httptest.NewServer(forgerHandler(uri))
 	t.Cleanup(fs.Close)
 	_, url := serve(t, federate.Options{Upstreams: []federate.Upstream{
