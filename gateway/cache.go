@@ -78,11 +78,12 @@ func cacheableParams(params json.RawMessage) bool {
 // returns the JSON-RPC result (from a JSON answer or the final result event
 // of a stream) and its isError; anything else is an *uncacheable.
 //
-// A shared entry (every tenant's) is not stored from a load during which
-// the upstream asked the client something (sampling, elicitation): its
-// result holds that client's answers, which are not another tenant's to
-// read. The caller gets it, as an interim result.
-func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd relay, lw *leaderWriter, shared bool) ([]byte, bool, error) {
+// No entry, shared or per-tenant, is stored from a load during which the
+// upstream asked a client something (sampling, elicitation, roots): its
+// result may hold that client's answers, which are neither another
+// tenant's nor another subject's to read (see askedDuring). The caller
+// gets it, as an interim result.
+func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd relay, lw *leaderWriter) ([]byte, bool, error) {
 	defer lw.finish()
 	var result, rpcErr json.RawMessage
 	fwd.answered = func(res, e json.RawMessage) {
@@ -90,10 +91,12 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd re
 		lw.report(res, e)
 	}
 	var asked atomic.Bool
-	if shared {
-		fwd.AskedClient = func() { asked.Store(true) }
-	}
+	fwd.AskedClient = func() { asked.Store(true) }
+	askedElsewhere := g.tracker.askedDuring(r.Header.Get(mcp.HeaderSessionID))
 	_, err := g.serveOrdered(lw, r.Clone(ctx), rt, fwd)
+	if askedElsewhere() {
+		asked.Store(true)
+	}
 	status, _, _ := lw.outcome()
 	if status == 0 {
 		// Nothing written: the proxy gave up (the load's own deadline, as
@@ -144,14 +147,13 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 	var claim atomic.Int32
 	lw := newLeaderWriter(w)
 	call.cached.Store(true)
-	shared := plan.Key.Scope() == cache.Shared()
 	entry, src, err := g.eng.Cache().Get(r.Context(), plan.Key, func(ctx context.Context) ([]byte, bool, error) {
 		start := time.Now()
 		defer func() { g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds()) }()
 		if cache.Refreshing(ctx) || !claim.CompareAndSwap(loadPending, loadOwn) {
-			return g.loadDetached(ctx, r, rt, fwd, shared)
+			return g.loadDetached(ctx, r, rt, fwd)
 		}
-		return g.load(ctx, r, rt, fwd, lw, shared)
+		return g.load(ctx, r, rt, fwd, lw)
 	}, plan.Policy)
 	g.countDegraded(entry)
 	switch {
@@ -195,14 +197,14 @@ const loadIDPrefix = "mcpgate-load-"
 // matches no call in the gateway and goes upstream, cancelled the load; a
 // next request reusing the id, as JSON-RPC allows once it is answered, got
 // the upstream's 400 for a duplicate id in flight.
-func (g *Gateway) loadDetached(ctx context.Context, r *http.Request, rt *runtime, fwd relay, shared bool) ([]byte, bool, error) {
+func (g *Gateway) loadDetached(ctx context.Context, r *http.Request, rt *runtime, fwd relay) ([]byte, bool, error) {
 	id, _ := json.Marshal(loadIDPrefix + newRequestID())
 	body, msg, err := mcp.WithID(fwd.Body, id)
 	if err != nil {
 		return nil, false, fmt.Errorf("a detached load's request: %w", err)
 	}
 	fwd.Body, fwd.Msg = body, msg
-	return g.load(ctx, r, rt, fwd, newLeaderWriter(nil), shared)
+	return g.load(ctx, r, rt, fwd, newLeaderWriter(nil))
 }
 
 // bypassCache forwards the call without the cache, reporting what its

@@ -35,6 +35,11 @@ func (g *Gateway) serveMethod(x *exchange) {
 		defer g.streams.add(cancel)()
 		x.r = x.r.WithContext(ctx)
 	}
+	if answersQuestion(x.msg) {
+		// The client answers the upstream's question: a cached load of
+		// its session may now hold that answer (askedDuring).
+		g.tracker.askedClient(x.r.Header.Get(mcp.HeaderSessionID))
+	}
 	if x.rt.outputs != nil && x.msg.IsCall() && x.msg.Method == mcp.MethodToolsList {
 		x.fwd.answered = x.rt.outputs.onToolsList // which tools declare an outputSchema
 	}
@@ -107,4 +112,15 @@ func (g *Gateway) admitted(x *exchange, class string, d enforce.Decision) bool {
 		return false
 	}
 	return true
+}
+
+// answersQuestion reports whether msg is a client's answer that may hold
+// something of the client's: a response, unless its result is empty (a
+// ping's answer, which tells nothing).
+func answersQuestion(msg *mcp.Message) bool {
+	if msg.Kind != mcp.Response {
+		return false
+	}
+	var result map[string]json.RawMessage
+	return msg.Error != nil || json.Unmarshal(msg.Result, &result) != nil || len(result) > 0
 }

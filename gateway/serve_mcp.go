@@ -156,6 +156,11 @@ func (g *Gateway) serveStream(x *exchange) bool {
 		defer cancel()
 		defer g.streams.add(cancel)()
 		x.r = x.r.WithContext(ctx)
+		if session := x.r.Header.Get(mcp.HeaderSessionID); session != "" {
+			// a question out of band: a cached load of the session may
+			// get the client's answer (askedDuring)
+			x.fwd.AskedClient = func() { g.tracker.askedClient(session) }
+		}
 	}
 	g.forward(x.w, x.r, x.rt, x.fwd, "stream")
 	return false

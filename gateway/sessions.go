@@ -232,6 +232,7 @@ type sessionEntry struct {
 	usedSinceRenewal bool
 	dead             bool      // its slots are gone: the next request gets 404
 	touched          time.Time // when the sweep last pinged it in the federation (or first met it)
+	asks             uint64    // questions relayed on its GET stream and answers its clients POSTed (askedClient)
 }
 
 // sessionTracker is an instance's view of the sessions it serves. It is

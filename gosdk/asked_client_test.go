@@ -105,3 +105,45 @@ tools:
 		t.Errorf("the handler ran %d times for two tenants' calls, want 2", n)
 	}
 }
+
+// A tenant's own entries (cache without shared) are not stored from a load
+// whose handler asked its client something either: the result holds one
+// subject's answer, which another subject of the tenant must not read.
+// Without a SendingMiddleware nothing can tell, and nothing is stored.
+func TestTenantCacheKeepsNoLoadThatAskedTheClient(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name      string
+		noSending bool
+		tool      string
+		want      [2]string // subject a's text, subject b's
+		reached   int64     // handler runs for the two calls
+	}{
+		{"asked the client", false, "ask", [2]string{"asked: a's answer", "asked: b's answer"}, 2},
+		{"asked no client", false, "echo", [2]string{"x", "x"}, 1},
+		{"no sending middleware, asked no client", true, "echo", [2]string{"x", "x"}, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s := newServer(t, false, `
+tools:
+  `+c.tool+`:
+    cache: {ttl: 10m}
+`, options{noSending: c.noSending})
+			ctx := context.Background()
+			for i, subject := range []string{"a", "b"} {
+				cs := s.connectAnswering(token(t, "tenant-a", subject), subject+"'s answer")
+				res, err := call(ctx, cs, c.tool, map[string]any{"text": "x"})
+				if err != nil || res.IsError {
+					t.Fatalf("subject %s: %+v, %v", subject, res, err)
+				}
+				if got := resultText(res); got != c.want[i] {
+					t.Fatalf("subject %s got %q, want %q", subject, got, c.want[i])
+				}
+			}
+			if n := s.reached(c.tool); n != c.reached {
+				t.Fatalf("the handler ran %d times for two subjects' calls, want %d", n, c.reached)
+			}
+		})
+	}
+}

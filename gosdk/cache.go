@@ -20,8 +20,8 @@ import (
 
 // interim is a loader's answer that belongs to the caller whose load got
 // it, and is never cached: one asking the caller for input (MCP 2026-07-28
-// input_required), or a shared entry's whose handler asked the caller's
-// client something. answer and failed settle the call (answer nil: the
+// input_required), or one whose handler asked the caller's client
+// something. answer and failed settle the call (answer nil: the
 // estimate is charged).
 type interim struct {
 	res    mcp.Result
@@ -52,10 +52,7 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 			}
 			own.end(b, negative || err != nil)
 		}()
-		var asked *atomic.Bool
-		if plan.Key.Scope().Shared() {
-			asked, lctx = m.watchClient(lctx)
-		}
+		asked, lctx := m.watchClient(lctx)
 		res, err := next(lctx, method, req)
 		if err != nil {
 			return nil, false, err
@@ -68,8 +65,9 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 			return nil, false, &interim{res: res}
 		}
 		b, err = json.Marshal(r)
-		if err == nil && asked != nil && asked.Load() {
-			// Its client's answers are in it: not every tenant's to read.
+		if err == nil && asked.Load() {
+			// Its client's answers are in it: neither another tenant's
+			// nor another subject's to read.
 			return nil, false, &interim{res: res, answer: b, failed: r.IsError}
 		}
 		return b, r.IsError, err
@@ -108,8 +106,8 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 	return &r, loaded, entry.Negative, nil
 }
 
-// askedKey is the context key of a shared load's flag that its handler
-// asked the caller's client something (see SendingMiddleware).
+// askedKey is the context key of a load's flag that its handler asked the
+// caller's client something (see SendingMiddleware).
 type askedKey struct{}
 
 // sendingInstalled is set once a SendingMiddleware is installed on a
@@ -121,13 +119,13 @@ var warnNoSending sync.Once
 // watchClient returns the flag a SendingMiddleware sets when the handler
 // running under ctx asks its client something, and ctx carrying it. With
 // no SendingMiddleware installed nothing would ever set it: it is set from
-// the start, so that no shared result is stored.
+// the start, so that no result is stored.
 func (m *middleware) watchClient(ctx context.Context) (*atomic.Bool, context.Context) {
 	asked := new(atomic.Bool)
 	if !m.sending.Load() {
 		asked.Store(true)
 		warnNoSending.Do(func() {
-			slog.Warn("gosdk: no SendingMiddleware is installed (server.AddSendingMiddleware(gosdk.SendingMiddleware())): shared cache results are not stored")
+			slog.Warn("gosdk: no SendingMiddleware is installed (server.AddSendingMiddleware(gosdk.SendingMiddleware())): tool results are not cached")
 		})
 	}
 	return asked, context.WithValue(ctx, askedKey{}, asked)
@@ -135,18 +133,18 @@ func (m *middleware) watchClient(ctx context.Context) (*atomic.Bool, context.Con
 
 // SendingMiddleware returns sending middleware for an mcp.Server
 // (AddSendingMiddleware) that Middleware needs on every server whose tools
-// have a shared cache: it sees a request the server sends its client
+// have a cache: it sees a request the server sends its client
 // (sampling/createMessage, elicitation/create, roots/list, any but ping)
-// on the context of a tool handler loading a shared entry, so that the
-// result, which then holds the client's answers, is not stored for every
-// tenant. A handler that asks its client on a context other than the one
-// it was given is not seen.
+// on the context of a tool handler loading an entry, so that the result,
+// which then holds the client's answers, is not stored for other callers.
+// A handler that asks its client on a context other than the one it was
+// given is not seen.
 //
 // Until one has been installed on a server of the process, Middleware
-// stores no shared result: it cannot otherwise know that the results it
-// would share asked no client. That check is the process's, not the
-// server's: a server of a process whose other servers install one, and
-// which does not, shares what its handlers' clients answered.
+// stores no result: it cannot otherwise know that the results it would
+// store asked no client. That check is the process's, not the server's: a
+// server of a process whose other servers install one, and which does
+// not, stores what its handlers' clients answered.
 func SendingMiddleware() mcp.Middleware {
 	return func(next mcp.MethodHandler) mcp.MethodHandler {
 		sendingInstalled.Store(true) // AddSendingMiddleware wraps as it installs

@@ -13,12 +13,13 @@
 //		&mcp.StreamableHTTPOptions{SessionTimeout: cfg.Sessions.IdleTimeout})
 //	http.Handle("/mcp", gosdk.RequireBearerToken(authenticator, cfg)(handler))
 //
-// SendingMiddleware is part of the setup whenever a tool has a shared cache
-// (cache.shared): it tells Middleware that a tool handler asked its caller's
-// client something (sampling, elicitation, roots) while loading a shared
-// entry, whose result then holds that client's answers and is not stored for
-// every tenant. Until a SendingMiddleware has been installed in the process,
-// Middleware stores no shared result at all.
+// SendingMiddleware is part of the setup whenever a tool has a cache: it
+// tells Middleware that a tool handler asked its caller's client something
+// (sampling, elicitation, roots) while loading an entry, whose result then
+// holds that client's answers and is stored for no one (neither another
+// tenant nor another subject of the same tenant may read it). Until a
+// SendingMiddleware has been installed in the process, Middleware stores
+// no tool result at all.
 //
 // Set the handler's SessionTimeout (sessions.idle_timeout): without one the
 // SDK never ends a session whose client went away without a DELETE (it
@@ -137,12 +138,12 @@ type Options struct {
 //     callers (and across processes on a Redis cache), the value the JSON of
 //     the *mcp.CallToolResult, an isError result cached as negative. A result
 //     asking for input (NeedsInput) is not cached, nor is a call carrying
-//     input responses or request state. Errors are never cached. Nor is,
-//     under a shared cache, a result whose handler asked its client
-//     something through the context it was given (SendingMiddleware sees
-//     it; without one installed no shared result is stored): it goes to the
-//     caller whose client answered, and every caller that joined that load
-//     runs its own call, as the gateway does.
+//     input responses or request state. Errors are never cached. Nor is a
+//     result whose handler asked its client something through the context
+//     it was given (SendingMiddleware sees it; without one installed no
+//     result is stored): it goes to the caller whose client answered, and
+//     every caller that joined that load runs its own call, as the gateway
+//     does.
 //   - Every admitted call is settled with Ticket.Answered and Ticket.Done
 //     before its answer is returned: the status is OK, ToolError (an isError
 //     result or an error), Cancelled (the request's context was cancelled,

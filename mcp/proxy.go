@@ -206,9 +206,10 @@ type Forward struct {
 	// ignored; nil means none (every event relayed as is).
 	ReplayFilters []Filter
 	// AskedClient, when set, is called for each request the upstream
-	// sends the client on a call's SSE answer before that answer
-	// (sampling, elicitation, roots): the result then depends on what
-	// this client answered.
+	// sends the client (sampling, elicitation, roots; a ping is not one)
+	// on a call's SSE answer before that answer, or on a GET stream, before
+	// the event is relayed: a result the upstream gives after the client
+	// answered may hold that answer.
 	AskedClient func()
 	// AllowTool is the Filter of a tools/list: when set and Filter is not,
 	// it acts as Filter{List: ToolsList, Allow: AllowTool}.

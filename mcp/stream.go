@@ -140,19 +140,29 @@ func (x *Exchange) eventOut(ev sseEvent) (out []byte, stop error) {
 	}
 	var m *Message
 	var perr error
-	if x.f.Msg.IsCall() && !x.reported {
+	switch {
+	case x.f.Msg.IsCall() && !x.reported:
 		m, perr = Parse(ev.data)
 		if perr == nil && m.Kind == Response && SameID(m.ID, x.f.Msg.ID) {
 			return x.answer(ev, m)
 		}
-		if perr == nil && m.Kind == Request && m.Method != "ping" && x.f.AskedClient != nil { // a ping asks for nothing
-			x.f.AskedClient()
-		}
+		x.askedClient(m, perr)
+	case x.f.Msg == nil && x.f.AskedClient != nil: // a GET stream
+		m, perr = Parse(ev.data)
+		x.askedClient(m, perr)
 	}
 	if len(x.replayList()) == 0 {
 		return ev.raw, nil
 	}
 	return x.screenReplay(ev, m, perr), nil
+}
+
+// askedClient calls Forward.AskedClient when m, an event's message, is a
+// request to the client (a ping asks for nothing).
+func (x *Exchange) askedClient(m *Message, perr error) {
+	if perr == nil && m.Kind == Request && m.Method != "ping" && x.f.AskedClient != nil {
+		x.f.AskedClient()
+	}
 }
 
 // replayList returns x.replay, building it the first time an event needs
