@@ -15,6 +15,14 @@ import (
 // which member wins, so it cannot be given a canonical form.
 var ErrDuplicateKey = errors.New("jsonscan: duplicate object member")
 
+// ErrLoneSurrogateKey means a member name contains an escaped lone surrogate
+// (\ud800-\udfff not in a pair). Parsers disagree on what such a name is:
+// Go decodes every one as U+FFFD (so "\ud800", "\udc00" and "\ufffd" are
+// one name there and the last member wins), JavaScript keeps it as written.
+// Sorting the members would hide which one an upstream reads, so the object
+// has no canonical form.
+var ErrLoneSurrogateKey = errors.New("jsonscan: lone surrogate in object member name")
+
 // ErrNumberRange means a number's exponent is too large to normalise.
 var ErrNumberRange = errors.New("jsonscan: number out of range")
 
@@ -34,12 +42,14 @@ const maxExponent = 1 << 20
 //     cache miss, never a wrong hit).
 //   - Strings are re-escaped one way only: ", \ and control characters are
 //     escaped (\n, \t, \r, \b, \f or \u00xx), everything else is literal
-//     UTF-8 (no HTML escaping). An escaped lone surrogate stays a distinct
-//     \udxxx escape rather than collapsing into U+FFFD.
+//     UTF-8 (no HTML escaping). An escaped lone surrogate in a string value
+//     stays a distinct \udxxx escape rather than collapsing into U+FFFD:
+//     values a Go upstream reads alike get two keys, at worst a miss.
 //   - Absent, empty and null arguments are all {}: MCP treats them alike.
 //
 // Invalid JSON, raw invalid UTF-8, nesting deeper than MaxDepth, a duplicate
-// member (ErrDuplicateKey) or an absurd exponent (ErrNumberRange) is an
+// member (ErrDuplicateKey), a member name with an escaped lone surrogate
+// (ErrLoneSurrogateKey) or an absurd exponent (ErrNumberRange) is an
 // error. Canonical does not require an object: any JSON value is
 // canonicalised.
 func Canonical(raw json.RawMessage) ([]byte, error) {
@@ -67,6 +77,9 @@ func (s *Scanner) canonical(dst []byte) ([]byte, error) {
 	case c == '{':
 		var members []canonMember
 		err := s.Object(func(key string) error {
+			if hasSurrogate(key) {
+				return fmt.Errorf("%w %q", ErrLoneSurrogateKey, key)
+			}
 			v, err := s.canonical(nil)
 			members = append(members, canonMember{key, v})
 			return err
@@ -134,6 +147,18 @@ func (s *Scanner) canonical(dst []byte) ([]byte, error) {
 }
 
 const hexDigits = "0123456789abcdef"
+
+// hasSurrogate reports whether s (WTF-8) holds an encoded surrogate
+// (ED A0..BF xx), which only an escaped lone surrogate produces: the scanner
+// refuses raw invalid UTF-8, and a valid pair decodes to one 4-byte rune.
+func hasSurrogate(s string) bool {
+	for i := 0; i+1 < len(s); i++ {
+		if s[i] == 0xED && s[i+1] >= 0xA0 {
+			return true
+		}
+	}
+	return false
+}
 
 // AppendString writes s (WTF-8) as a JSON string with the single
 // escaping scheme documented on Canonical.

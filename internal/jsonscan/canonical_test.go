@@ -35,6 +35,7 @@ func TestCanonical(t *testing.T) {
 		{`{"s":"\ud83d"}`, `{"s":"\ud83d"}`},
 		{`{"s":"\uDBFFx"}`, `{"s":"\udbffx"}`},
 		{`{"\u0062":1,"a":2}`, `{"a":2,"b":1}`},
+		{`{"\ud83d\ude00":1,"\ufffd":2}`, "{\"\ufffd\":2,\"😀\":1}"},
 		{`[3,{"z":1,"y":2}]`, `[3,{"y":2,"z":1}]`},
 		{`"x"`, `"x"`},
 	}
@@ -73,6 +74,30 @@ func TestCanonicalArgumentsDistinct(t *testing.T) {
 		}
 		if string(a) == string(b) {
 			t.Errorf("%s and %s both canonicalise to %s", p[0], p[1], a)
+		}
+	}
+}
+
+// TestCanonicalLoneSurrogateKey: a Go upstream decodes every escaped lone
+// surrogate in a member name as U+FFFD and keeps the last such member, so
+// reordering the members changes what it reads. Such objects have no key.
+func TestCanonicalLoneSurrogateKey(t *testing.T) {
+	pairs := [][2]string{
+		{`{"\ud800":"first","\udc00":"second"}`, `{"\udc00":"second","\ud800":"first"}`},
+		{`{"\ud800":"first","\ufffd":"second"}`, `{"\ufffd":"second","\ud800":"first"}`},
+		{`{"a":{"\udbff":1,"\udfff":2}}`, `{"a":{"\udfff":2,"\udbff":1}}`},
+	}
+	for _, p := range pairs {
+		a, err1 := Canonical(json.RawMessage(p[0]))
+		b, err2 := Canonical(json.RawMessage(p[1]))
+		if err1 == nil && err2 == nil && string(a) == string(b) {
+			t.Errorf("%s and %s both canonicalise to %s", p[0], p[1], a)
+		}
+	}
+	for _, in := range []string{`{"\ud800":1}`, `{"\udc00":1}`, `{"x\ud83dy":1}`, `{"\ud800\u0041":1}`,
+		`[{"a":{"\udfff":null}}]`, `{"\ud83d\ud83d":1}`} {
+		if _, err := Canonical(json.RawMessage(in)); !errors.Is(err, ErrLoneSurrogateKey) {
+			t.Errorf("Canonical(%s) = %v, want ErrLoneSurrogateKey", in, err)
 		}
 	}
 }
@@ -117,7 +142,7 @@ func TestCanonicalNumbersExact(t *testing.T) {
 // point, and means the same thing to encoding/json (outside lone surrogates,
 // which encoding/json collapses).
 func FuzzCanonical(f *testing.F) {
-	for _, s := range []string{`{}`, `{"b":[1,2.50,{"x":1e3}],"a":"\u00e9\n"}`, `[1e400]`, `"\ud800"`, `{"a":-0.0}`} {
+	for _, s := range []string{`{}`, `{"b":[1,2.50,{"x":1e3}],"a":"\u00e9\n"}`, `[1e400]`, `"\ud800"`, `{"a":-0.0}`, `{"\ud800":1,"\udc00":2}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
