@@ -37,7 +37,9 @@ const maxExponent = 1 << 20
 //   - Object members are sorted by name (byte order of their UTF-8 form) and
 //     whitespace is removed.
 //   - Numbers are normalised by exact decimal value: 1, 1.0, 1e0, 10e-1 and
-//     0.1e1 all become 1; -0 becomes 0. No float64 rounding is involved, so
+//     0.1e1 all become 1. Zero keeps its sign: -0, -0.0 and -0e5 become -0
+//     and positive zeros 0, since Go and JavaScript upstreams decode -0 as a
+//     different float64 (1/x is -Inf). No float64 rounding is involved, so
 //     numbers that differ only beyond float64 precision stay distinct (a
 //     cache miss, never a wrong hit).
 //   - Strings are re-escaped one way only: ", \ and control characters are
@@ -207,7 +209,7 @@ func AppendString(dst []byte, s string) []byte {
 // AppendNumber writes the number literal lit (already validated) in
 // its canonical form: the shortest integer form when the value is an integer
 // of at most 21 digits, otherwise d[.ddd]e±n with no leading or trailing
-// zeros in the digits.
+// zeros in the digits. A negative zero is -0.
 func AppendNumber(dst, lit []byte) ([]byte, error) {
 	neg := lit[0] == '-'
 	if neg {
@@ -256,11 +258,11 @@ func AppendNumber(dst, lit []byte) ([]byte, error) {
 		mant = mant[:len(mant)-1]
 		exp++
 	}
-	if len(mant) == 0 {
-		return append(dst, '0'), nil
-	}
 	if neg {
 		dst = append(dst, '-')
+	}
+	if len(mant) == 0 {
+		return append(dst, '0'), nil
 	}
 	if exp >= 0 && len(mant)+exp <= 21 {
 		dst = append(dst, mant...)
