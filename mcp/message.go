@@ -592,6 +592,10 @@ var (
 	ErrDuplicateKey = jsonscan.ErrDuplicateKey
 	// ErrNumberRange means a number's exponent is too large to normalise.
 	ErrNumberRange = jsonscan.ErrNumberRange
+	// ErrLoneSurrogateKey means a member name holds an escaped lone
+	// surrogate: parsers disagree on what it names, so it has no
+	// canonical form.
+	ErrLoneSurrogateKey = jsonscan.ErrLoneSurrogateKey
 )
 
 // CanonicalArguments returns the canonical JSON form of a tools/call
