@@ -111,6 +111,10 @@ type Gateway struct {
 	// (server.max_requests_per_tenant).
 	tenantRequests tenantRequests
 	warming        sync.WaitGroup
+	// startingBg is held while inBackground starts a goroutine, so that
+	// Close, once closing is closed, can wait for every goroutine started
+	// (a WaitGroup's Go concurrent with its Wait at zero is a misuse).
+	startingBg sync.Mutex
 	// settling counts the tickets of cached calls whose caller left while
 	// their own load goes on: Close waits for them before the final flush
 	// (maxSettleWait), or their cost corrections would miss it.
@@ -285,7 +289,16 @@ func (g *Gateway) sameUpstreamKind(cfg *policy.Config) error {
 
 // inBackground runs fn on its own goroutine with a context that Close
 // cancels; Close waits for it.
+// After Close has begun (a reload that outlived the shutdown), fn is not
+// run: the engine it would use is being closed.
 func (g *Gateway) inBackground(fn func(ctx context.Context)) {
+	g.startingBg.Lock()
+	defer g.startingBg.Unlock()
+	select {
+	case <-g.closing:
+		return
+	default:
+	}
 	g.warming.Go(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -320,6 +333,8 @@ func (g *Gateway) Close() error {
 		if g.stopAlerts != nil {
 			g.stopAlerts() // also ends a warm-up in progress
 		}
+		g.startingBg.Lock() // one starting now has started: later ones see closing
+		g.startingBg.Unlock()
 		g.warming.Wait()
 		g.waitSettling()
 		// the final flush: what was admitted reaches the usage store
