@@ -115,6 +115,7 @@ type Gateway struct {
 	// Close, once closing is closed, can wait for every goroutine started
 	// (a WaitGroup's Go concurrent with its Wait at zero is a misuse).
 	startingBg sync.Mutex
+	applying   sync.Mutex // held by Apply
 	// settling counts the tickets of cached calls whose caller left while
 	// their own load goes on: Close waits for them before the final flush
 	// (maxSettleWait), or their cost corrections would miss it.
@@ -231,8 +232,13 @@ func newRuntime(cfg *policy.Config, a *auth.Authenticator, rt http.RoundTripper)
 // that are read at start only (see restartOnly) keep their old values, and
 // Apply logs a warning naming each one that changed; switching between
 // upstream.url and upstreams: is refused (ErrUpstreamsSwitch). The admin
-// token is not part of cfg: set it with SetAdminToken.
+// token is not part of cfg: set it with SetAdminToken. Concurrent calls
+// apply one after the other.
 func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
+	// One at a time: two at once could leave the engine on one file and
+	// the runtime on the other.
+	g.applying.Lock()
+	defer g.applying.Unlock()
 	if err := g.sameUpstreamKind(cfg); err != nil {
 		return err
 	}
