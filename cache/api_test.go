@@ -47,7 +47,7 @@ func TestGetValidates(t *testing.T) {
 		t.Errorf("nil loader: %v", err)
 	}
 	for _, p := range []Policy{{}, {TTL: -1}, {TTL: time.Second, Jitter: 1.5}, {TTL: time.Second, Jitter: -0.1},
-		{TTL: time.Second, NegativeTTL: -1}} {
+		{TTL: time.Second, NegativeTTL: -1}, {TTL: time.Second, LoadTimeout: -1}} {
 		if _, _, err := c.Get(ctx, k, l.fixed("v", 0), p); !errors.Is(err, ErrInvalidPolicy) {
 			t.Errorf("policy %+v: %v", p, err)
 		}

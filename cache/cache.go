@@ -29,7 +29,8 @@ const (
 var ErrInvalidKey = errors.New("cache: invalid key")
 
 // ErrInvalidPolicy means a Policy is unusable: a TTL that is not positive, a
-// jitter outside [0, 1], a negative NegativeTTL, or a nil Loader.
+// jitter outside [0, 1], a negative NegativeTTL or LoadTimeout, or a nil
+// Loader.
 var ErrInvalidPolicy = errors.New("cache: invalid policy")
 
 // ErrInvalidOptions means New was given unusable Options.
@@ -40,11 +41,11 @@ var ErrInvalidOptions = errors.New("cache: invalid options")
 var ErrLoaderPanic = errors.New("cache: loader panicked")
 
 // ErrLoaderAbandoned means a Loader had not returned a short grace period
-// (1s) after its context ended (Options.LoadTimeout): it ignores its
-// context. Every caller waiting for that load gets this error, which wraps
-// the context's (context.DeadlineExceeded); the entry's lock is released,
-// nothing is stored, and the Loader is left to end on its own, not waited
-// for by Close.
+// (1s) after its context ended (Options.LoadTimeout, or Policy.LoadTimeout):
+// it ignores its context. Every caller waiting for that load gets this
+// error, which wraps the context's (context.DeadlineExceeded); the entry's
+// lock is released, nothing is stored, and the Loader is left to end on
+// its own, not waited for by Close.
 var ErrLoaderAbandoned = errors.New("cache: loader abandoned: still running")
 
 // ErrClosed means the Cache was closed.
@@ -61,11 +62,13 @@ type Options struct {
 	// the callers' contexts, is cancelled after it. A Loader that has not
 	// returned 1s later is abandoned (ErrLoaderAbandoned): its callers,
 	// the entry's lock and Close stop waiting for it. Default LockTTL.
+	// Policy.LoadTimeout overrides it for one Get.
 	LoadTimeout time.Duration
 	// WaitTimeout bounds how long a caller waits for a load running
 	// elsewhere (another instance holds the lock). Then it gets the stale
 	// copy if there is one, else it calls its Loader itself (without
-	// storing the result). Default LockTTL.
+	// storing the result). Default: the lock's TTL (LockTTL, or the
+	// longer one of a Policy.LoadTimeout).
 	WaitTimeout time.Duration
 	// StaleWindow is how long a value is kept after its TTL, to be served
 	// when waiting for a fresh one times out. Negative keeps none.
@@ -135,6 +138,12 @@ type Policy struct {
 	// Tags are the entry's rendered tags (see Tags.Render); Invalidate
 	// with one of them drops the entry.
 	Tags []string
+	// LoadTimeout, when positive, bounds this Get's load instead of
+	// Options.LoadTimeout, for a bound that follows the caller's
+	// configuration (the gateway's changes on reload). The entry's lock is
+	// then held as long, never less than Options.LockTTL, and its fence
+	// longer, so that no load that may still commit is overtaken.
+	LoadTimeout time.Duration
 }
 
 func (p *Policy) validate() error {
@@ -145,6 +154,8 @@ func (p *Policy) validate() error {
 		return fmt.Errorf("%w: jitter %v outside [0, 1]", ErrInvalidPolicy, p.Jitter)
 	case p.NegativeTTL < 0:
 		return fmt.Errorf("%w: negative NegativeTTL %v", ErrInvalidPolicy, p.NegativeTTL)
+	case p.LoadTimeout < 0:
+		return fmt.Errorf("%w: negative LoadTimeout %v", ErrInvalidPolicy, p.LoadTimeout)
 	}
 	return nil
 }
@@ -154,9 +165,9 @@ func (p *Policy) validate() error {
 // Policy.NegativeTTL. An error (timeout, protocol error, 429, upstream 5xx)
 // is returned to the callers and never stored. ctx is detached from the
 // callers (one caller giving up does not cancel the load others wait for)
-// and carries the callers' values; it ends after Options.LoadTimeout. A
-// Loader that ignores its end is abandoned soon after (ErrLoaderAbandoned)
-// and runs on with nobody waiting for it. The Cache keeps value: the Loader
+// and carries the callers' values; it ends after Options.LoadTimeout (or
+// Policy.LoadTimeout). A Loader that ignores its end is abandoned soon
+// after (ErrLoaderAbandoned) and runs on with nobody waiting for it. The Cache keeps value: the Loader
 // must not modify it after returning.
 // An early refresh's ctx is marked (Refreshing).
 type Loader func(ctx context.Context) (value []byte, negative bool, err error)
@@ -258,6 +269,7 @@ type Cache struct {
 	lockTTL     time.Duration
 	loadTimeout time.Duration
 	wait        time.Duration
+	waitSet     bool // Options.WaitTimeout given: it does not follow a Policy's lock
 	stale       time.Duration
 	timeout     time.Duration
 	poll        time.Duration
@@ -333,11 +345,9 @@ func New(store Store, opts *Options) (*Cache, error) {
 		tokenPrefix: randomHex(12) + ".",
 	}
 	c.loadTimeout = or(o.LoadTimeout, c.lockTTL)
-	c.wait = or(o.WaitTimeout, c.lockTTL)
+	c.wait, c.waitSet = or(o.WaitTimeout, c.lockTTL), o.WaitTimeout != 0
 	c.stale = max(c.stale, 0)
-	// A fence outlives every load that took it (a load that outlives its
-	// fence is refused at commit), plus room for clock-free slack.
-	c.fenceTTL = c.loadTimeout + c.lockTTL + time.Minute
+	c.fenceTTL = fenceTTL(c.loadTimeout, c.lockTTL)
 	if c.beta == 0 {
 		c.beta = DefaultBeta
 	}
@@ -363,6 +373,37 @@ func New(store Store, opts *Options) (*Cache, error) {
 		c.guard, c.store = g, g
 	}
 	return c, nil
+}
+
+// fenceTTL is the life of the fence a load (bounded by load, under a lock
+// of lock) takes: it outlives the load (a load that outlives its fence is
+// refused at commit), plus room for clock-free slack.
+func fenceTTL(load, lock time.Duration) time.Duration { return load + lock + time.Minute }
+
+// bounds are the time limits of one load.
+type bounds struct {
+	load  time.Duration // the Loader's context; a longer load is not stored
+	lock  time.Duration // the entry's lock
+	fence time.Duration // the entry's fence
+	wait  time.Duration // a wait for another loader's value
+}
+
+// bounds returns the limits of a load under pol: the Options', unless
+// pol.LoadTimeout sets its own. The lock then covers the whole load (else
+// a load still running could be overtaken, and its result not stored),
+// and so does a waiter's wait unless Options.WaitTimeout says otherwise.
+func (c *Cache) bounds(pol *Policy) bounds {
+	b := bounds{load: c.loadTimeout, lock: c.lockTTL, fence: c.fenceTTL, wait: c.wait}
+	if pol.LoadTimeout <= 0 {
+		return b
+	}
+	b.load = pol.LoadTimeout
+	b.lock = max(c.lockTTL, b.load)
+	b.fence = fenceTTL(b.load, b.lock)
+	if !c.waitSet {
+		b.wait = b.lock
+	}
+	return b
 }
 
 func or(d, def time.Duration) time.Duration {
@@ -413,7 +454,7 @@ func (c *Cache) skipped() int64 {
 func (c *Cache) StoreAvailable() bool { return c.guard == nil || c.guard.available() }
 
 // Close stops early refreshes and the breaker's probe, and waits for the
-// loads in flight (each bounded by LoadTimeout, plus 1s for the Loader
+// loads in flight (each bounded by its LoadTimeout, plus 1s for the Loader
 // to notice: a Loader still running then is abandoned, see
 // ErrLoaderAbandoned, and Close does not wait for it) and for the releases
 // of locks whose commit the breaker skipped (each bounded by Timeout).

@@ -19,7 +19,7 @@
 //
 //   - In one process, concurrent Gets share one flight. The flight runs
 //     detached from the callers' contexts (context.WithoutCancel, bounded by
-//     Options.LoadTimeout): a caller that gives up gets its ctx error, the
+//     Options.LoadTimeout, or Policy.LoadTimeout): a caller that gives up gets its ctx error, the
 //     others still get the value. A Loader that ignores the end of its
 //     context is abandoned 1s later: its callers get ErrLoaderAbandoned
 //     (a context.DeadlineExceeded), its lock is released, and neither they

@@ -117,7 +117,7 @@ func (c *Cache) fly(ctx context.Context, key Key, load Loader, pol Policy, f *fl
 	if storeErr != nil {
 		// The store just failed this key's read: asking it for the lock
 		// would most likely cost another timeout.
-		f.entry, f.src, f.err = c.loadDegraded(ctx, load, storeErr)
+		f.entry, f.src, f.err = c.loadDegraded(ctx, load, c.bounds(&pol).load, storeErr)
 		return
 	}
 	f.entry, f.src, f.fenced, f.err = c.resolve(ctx, key, load, pol)
@@ -133,7 +133,8 @@ const maxResubscribe = 3
 // without storing. fenced reports a load whose commit the fence refused
 // (see loadLocked).
 func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy) (_ Entry, _ Source, fenced bool, _ error) {
-	deadline := time.Now().Add(c.wait)
+	b := c.bounds(&pol)
+	deadline := time.Now().Add(b.wait)
 	var sub subscription
 	defer func() {
 		if sub != nil {
@@ -156,7 +157,7 @@ func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy) (
 		switch {
 		case res.err != nil:
 			c.storeError("lock", res.err)
-			e, src, err := c.loadDegraded(ctx, load, res.err)
+			e, src, err := c.loadDegraded(ctx, load, b.load, res.err)
 			return e, src, false, err
 		case res.status == statusFresh:
 			return res.rec.entry(), Coalesced, false, nil
@@ -193,9 +194,9 @@ func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy) (
 	var src Source
 	switch {
 	case err != nil:
-		e, src, err = c.loadDegraded(ctx, load, err)
+		e, src, err = c.loadDegraded(ctx, load, b.load, err)
 	case !ok:
-		e, src, err = c.loadUncached(ctx, load)
+		e, src, err = c.loadUncached(ctx, load, b.load)
 	case rec.fresh() > 0:
 		e, src = rec.entry(), Coalesced
 	default:
@@ -239,21 +240,22 @@ func (c *Cache) acquireOne(ctx context.Context, key Key, pol Policy, mode acquir
 
 func (c *Cache) acquireReq(key Key, pol Policy, mode acquireMode, seen uint64, token string) acquireReq {
 	// The membership outlives the longest life the entry can get from a
-	// load starting now: a load longer than LoadTimeout is not stored, and
+	// load starting now: a load longer than its bound is not stored, and
 	// its commit takes at most Timeout. It also bounds how long an entry a
 	// lost invalidation missed can be served (Options.MaxPendingInvalidations).
-	life := c.loadTimeout + c.timeout + max(pol.TTL, pol.NegativeTTL) + c.stale + 100*time.Millisecond
+	b := c.bounds(&pol)
+	life := b.load + c.timeout + max(pol.TTL, pol.NegativeTTL) + c.stale + 100*time.Millisecond
 	if c.guard != nil {
 		c.guard.noteLife(life)
 	}
 	return acquireReq{
 		entry: key.entry, scope: key.scope, tags: pol.Tags, tagLife: life,
-		token: token, lockTTL: c.lockTTL, fenceTTL: c.fenceTTL, mode: mode, seen: seen,
+		token: token, lockTTL: b.lock, fenceTTL: b.fence, mode: mode, seen: seen,
 	}
 }
 
 // loadGrace is how long a load is waited for after its context ended
-// (LoadTimeout): room for a Loader that honours its context to notice and
+// (its bound): room for a Loader that honours its context to notice and
 // return (or, on a loaded machine, to be scheduled at all), before it is
 // taken for one that ignores it and abandoned.
 const loadGrace = time.Second
@@ -266,19 +268,19 @@ type loaded struct {
 	err   error
 }
 
-// call runs load under the load timeout, turning a panic into
+// call runs load under timeout (its bounds' load), turning a panic into
 // ErrLoaderPanic, and measures it.
 //
 // The Loader runs on a goroutine of its own, so that one ignoring its
 // context cannot hold up what waits for it: every caller of the flight,
-// the entry's lock, and Close. Once its context has ended (LoadTimeout, or
+// the entry's lock, and Close. Once its context has ended (timeout, or
 // Warm's ctx) and loadGrace has passed without it returning, call returns
 // ErrLoaderAbandoned (wrapping the context's error) and leaves the Loader
 // to end on its own: nothing waits for it any more, Close included, and
 // its result is dropped.
-func (c *Cache) call(ctx context.Context, load Loader) (v []byte, neg bool, delta time.Duration, err error) {
+func (c *Cache) call(ctx context.Context, load Loader, timeout time.Duration) (v []byte, neg bool, delta time.Duration, err error) {
 	c.stats.loads.Add(1)
-	ctx, cancel := context.WithTimeout(ctx, c.loadTimeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	start := time.Now()
 	// Buffered: an abandoned Loader's goroutine still ends when it returns.
@@ -319,33 +321,34 @@ func (c *Cache) call(ctx context.Context, load Loader) (v []byte, neg bool, delt
 // invalidation (possibly through another instance) or a newer load came
 // during the load, whose value may be older than what they saw.
 func (c *Cache) loadLocked(ctx context.Context, key Key, load Loader, pol Policy, fence uint64, token string, refresh bool) (_ Entry, _ Source, fenced bool, _ error) {
-	v, neg, delta, err := c.call(ctx, load)
+	b := c.bounds(&pol)
+	v, neg, delta, err := c.call(ctx, load, b.load)
 	if err != nil || (neg && (pol.NegativeTTL == 0 || refresh)) {
-		c.release(ctx, []releaseReq{{entry: key.entry, token: token}})
+		c.release(ctx, []releaseReq{{entry: key.entry, token: token, lockTTL: b.lock}})
 		if err != nil {
 			return Entry{}, 0, false, err
 		}
 		return Entry{Value: v, Negative: true}, Miss, false, nil
 	}
-	if delta > c.loadTimeout {
+	if delta > b.load {
 		// A Loader that ignored its context: its entry could outlive its
-		// tag memberships (sized for LoadTimeout), so do not store it.
+		// tag memberships (sized for its bound), so do not store it.
 		c.stats.uncached.Add(1)
-		c.release(ctx, []releaseReq{{entry: key.entry, token: token}})
+		c.release(ctx, []releaseReq{{entry: key.entry, token: token, lockTTL: b.lock}})
 		return Entry{Value: v, Negative: neg}, Miss, false, nil
 	}
 	rec := c.newRecord(v, neg, fence, delta, key, pol)
 	cctx, cancel := context.WithTimeout(ctx, c.timeout)
-	res := c.commit(cctx, []commitReq{{entry: key.entry, token: token, rec: rec}})
+	res := c.commit(cctx, []commitReq{{entry: key.entry, token: token, rec: rec, lockTTL: b.lock}})
 	cancel()
 	return Entry{Value: v, Negative: neg, TTL: rec.fresh()}, Miss, res[0].fenced, nil
 }
 
-// commit stores loaded records under their locks (ctx bounds the wait)
-// and counts the results.
+// commit stores loaded records under their locks (ctx bounds the wait;
+// a lockTTL not given is LockTTL) and counts the results.
 func (c *Cache) commit(ctx context.Context, reqs []commitReq) []commitRes {
 	for i := range reqs {
-		reqs[i].lockTTL = c.lockTTL
+		reqs[i].lockTTL = or(reqs[i].lockTTL, c.lockTTL)
 	}
 	ctx, span := c.storeSpan(ctx, "write")
 	out := c.store.commit(ctx, reqs)
@@ -358,7 +361,7 @@ func (c *Cache) commit(ctx context.Context, reqs []commitReq) []commitRes {
 	for i, res := range out {
 		switch {
 		case errors.Is(res.err, ErrStoreSkipped):
-			skipped = append(skipped, releaseReq{entry: reqs[i].entry, token: reqs[i].token, lockTTL: c.lockTTL})
+			skipped = append(skipped, releaseReq{entry: reqs[i].entry, token: reqs[i].token, lockTTL: reqs[i].lockTTL})
 		case res.err != nil:
 			c.storeError("commit", res.err)
 		case !res.stored:
@@ -388,9 +391,10 @@ func (c *Cache) newRecord(v []byte, neg bool, fence uint64, delta time.Duration,
 	return record{value: v, negative: neg, fence: fence, delta: delta, stale: stale, life: ttl + stale, tags: tagKeys(key.scope, pol.Tags)}
 }
 
+// release gives up the locks of reqs (a lockTTL not given is LockTTL).
 func (c *Cache) release(ctx context.Context, reqs []releaseReq) {
 	for i := range reqs {
-		reqs[i].lockTTL = c.lockTTL
+		reqs[i].lockTTL = or(reqs[i].lockTTL, c.lockTTL)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
@@ -440,10 +444,11 @@ func (c *Cache) unlockSkipped(reqs []releaseReq) {
 	}()
 }
 
-// loadUncached loads without the lock; the result is not stored.
-func (c *Cache) loadUncached(ctx context.Context, load Loader) (Entry, Source, error) {
+// loadUncached loads without the lock, within timeout; the result is not
+// stored.
+func (c *Cache) loadUncached(ctx context.Context, load Loader, timeout time.Duration) (Entry, Source, error) {
 	c.stats.uncached.Add(1)
-	v, neg, _, err := c.call(ctx, load)
+	v, neg, _, err := c.call(ctx, load, timeout)
 	if err != nil {
 		return Entry{}, 0, err
 	}
@@ -451,8 +456,8 @@ func (c *Cache) loadUncached(ctx context.Context, load Loader) (Entry, Source, e
 }
 
 // loadDegraded is loadUncached because the store failed with storeErr.
-func (c *Cache) loadDegraded(ctx context.Context, load Loader, storeErr error) (Entry, Source, error) {
-	e, src, err := c.loadUncached(ctx, load)
+func (c *Cache) loadDegraded(ctx context.Context, load Loader, timeout time.Duration, storeErr error) (Entry, Source, error) {
+	e, src, err := c.loadUncached(ctx, load, timeout)
 	if err == nil {
 		e.StoreErr = storeErr
 	}

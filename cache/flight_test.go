@@ -256,3 +256,42 @@ func testCommitFenced(t *testing.T, e storeEnv) {
 		t.Fatalf("commit under a current fence: %+v, want stored", r)
 	}
 }
+
+// A Policy's LoadTimeout bounds its load instead of the Options' (the
+// gateway's follows its config, which a reload may change): a load longer
+// than Options.LoadTimeout but within the Policy's runs to its end and is
+// stored, and the entry's lock lasts as long, so that another instance
+// does not take it over meanwhile (its load would then win the fence and
+// the first one's result be dropped).
+func TestPolicyLoadTimeoutBoundsTheLoad(t *testing.T) {
+	store := mustMemoryStore(t)
+	o := &Options{LoadTimeout: 100 * time.Millisecond, LockTTL: 100 * time.Millisecond}
+	c1, c2 := newCache(t, store, o), newCache(t, store, o)
+	k := mustKey(t, scope(t), "t", `{}`)
+	pol := Policy{TTL: time.Minute, LoadTimeout: 5 * time.Second}
+	started, finish := make(chan struct{}), make(chan struct{})
+	leader := goGet(context.Background(), c1, k, func(ctx context.Context) ([]byte, bool, error) {
+		close(started)
+		select {
+		case <-finish:
+			return []byte("v"), false, nil
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		}
+	}, pol)
+	received(t, started, "the load")
+	time.Sleep(300 * time.Millisecond) // past the Options' bound and lock
+	var l loads
+	other := goGet(context.Background(), c2, k, l.fixed("w", 0), pol)
+	time.Sleep(100 * time.Millisecond)
+	close(finish)
+	if r := received(t, leader, "the Get of the long load"); r.err != nil || r.v != "v" || r.src != Miss {
+		t.Fatalf("a load within the Policy's LoadTimeout: %+v, want v from a miss", r)
+	}
+	if r := received(t, other, "another instance's Get"); r.err != nil || r.v != "v" || l.count() != 0 {
+		t.Fatalf("another instance's Get during the load: %+v after %d loads, want v without a load of its own", r, l.count())
+	}
+	if _, src, err := c2.Get(context.Background(), k, l.fixed("w", 0), pol); err != nil || src != Hit {
+		t.Fatalf("after the load: %v %v, want a hit on the stored value", src, err)
+	}
+}

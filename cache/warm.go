@@ -141,12 +141,13 @@ func (c *Cache) warmLoads(ctx context.Context, items []WarmItem, reqs []acquireR
 // stores the result or releases the lock (see warmLoads). failed reports a
 // load that failed; err is that or the commit's error.
 func (c *Cache) warmOne(ctx context.Context, it WarmItem, q acquireReq, fence uint64, acquired time.Time) (failed bool, err error) {
-	v, neg, delta, err := c.call(ctx, it.Load)
+	b := c.bounds(&it.Policy)
+	v, neg, delta, err := c.call(ctx, it.Load, b.load)
 	// Store even if ctx ended meanwhile: the load is done.
 	sctx := context.WithoutCancel(ctx)
-	late := time.Since(acquired) > c.loadTimeout
+	late := time.Since(acquired) > b.load
 	if err != nil || late || neg && it.Policy.NegativeTTL == 0 {
-		c.release(sctx, []releaseReq{{entry: q.entry, token: q.token}})
+		c.release(sctx, []releaseReq{{entry: q.entry, token: q.token, lockTTL: b.lock}})
 		if err != nil {
 			return true, fmt.Errorf("cache: warm %s: %w", it.Key.tool, err)
 		}
@@ -156,9 +157,9 @@ func (c *Cache) warmOne(ctx context.Context, it WarmItem, q acquireReq, fence ui
 		return false, nil
 	}
 	rec := c.newRecord(v, neg, fence, delta, it.Key, it.Policy)
-	cctx, cancel := context.WithDeadline(sctx, acquired.Add(c.loadTimeout+c.timeout))
+	cctx, cancel := context.WithDeadline(sctx, acquired.Add(b.load+c.timeout))
 	defer cancel()
-	if r := c.commit(cctx, []commitReq{{entry: q.entry, token: q.token, rec: rec}})[0]; r.err != nil {
+	if r := c.commit(cctx, []commitReq{{entry: q.entry, token: q.token, rec: rec, lockTTL: b.lock}})[0]; r.err != nil {
 		return false, fmt.Errorf("cache: warm commit: %w", r.err)
 	}
 	return false, nil

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/internal/jsonscan"
@@ -16,17 +17,37 @@ type toolCaching struct {
 	policy      *policy.ToolCache // nil: results not cached
 	tags        *cache.Tags       // tag templates of cached entries
 	invalidates *cache.Tags       // tags dropped after a successful call
+	// loadTimeout bounds a load of a cached result: CacheLoadTimeout of
+	// the config this was compiled from, so that a reload changing the
+	// calls' timeouts changes it too.
+	loadTimeout time.Duration
+}
+
+// CacheLoadTimeout is how long one load of a cached tool may take under
+// cfg: as long as the call it stands for may. That is
+// upstream.max_duration when set, else the longest idle timeout of a call
+// (upstream.timeout, an upstream's or a tool's timeout): a load quiet for
+// longer has failed anyway, and one streaming for longer is rare enough to
+// go uncached. Never below cache.DefaultLockTTL. The entry's lock is held
+// as long (a load that outlived its lock would be overtaken and not
+// stored).
+func CacheLoadTimeout(cfg *policy.Config) time.Duration {
+	if cfg.Upstream.MaxDuration > 0 {
+		return max(cfg.Upstream.MaxDuration, cache.DefaultLockTTL)
+	}
+	return max(cfg.LongestCallTimeout(), cache.DefaultLockTTL)
 }
 
 // compileCaching compiles the cache settings of every tool of cfg.
 func compileCaching(cfg *policy.Config) (map[string]toolCaching, bool, error) {
 	out := make(map[string]toolCaching)
 	sharedTags := false
+	load := CacheLoadTimeout(cfg)
 	for name, t := range cfg.Tools {
 		var tc toolCaching
 		var err error
 		if t.Cache != nil {
-			tc.policy = t.Cache
+			tc.policy, tc.loadTimeout = t.Cache, load
 			if tc.tags, err = cache.CompileTags(t.Cache.Tags); err != nil {
 				return nil, false, fmt.Errorf("tools.%s.cache.tags: %w", name, err)
 			}
@@ -127,7 +148,8 @@ type CachePlan struct {
 // load that fills the cache does the work, through Cache().Get, which runs
 // one load per key across concurrent callers (and across instances on a
 // Redis cache). Entries are keyed per tenant unless the tool's cache is
-// shared, so an answer never crosses tenants.
+// shared, so an answer never crosses tenants. The load is bounded by the
+// config in force (CacheLoadTimeout), not the cache's bound from start.
 func (t *Ticket) CachePlan() (CachePlan, bool) {
 	tc := t.caching
 	if tc.policy == nil || t.settled() {
@@ -147,5 +169,5 @@ func (t *Ticket) CachePlan() (CachePlan, bool) {
 		t.e.log.Warn("cache tags cannot be rendered", "tool", t.call.Name, "err", err)
 	}
 	return CachePlan{Key: key, Policy: cache.Policy{TTL: tc.policy.TTL, Jitter: tc.policy.Jitter,
-		NegativeTTL: tc.policy.NegativeTTL, Tags: tags}}, true
+		NegativeTTL: tc.policy.NegativeTTL, Tags: tags, LoadTimeout: tc.loadTimeout}}, true
 }

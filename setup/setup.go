@@ -245,27 +245,16 @@ func (s *Stores) openCache(ctx context.Context, cfg *policy.Config) error {
 		store, err = cache.NewMemoryStore(&cache.MemoryOptions{MaxEntries: cfg.Cache.MaxEntries, MaxBytes: cfg.Cache.MaxBytes})
 	}
 	if err == nil {
-		load := cacheLoadTimeout(cfg)
+		// The start's bound is the default of loads given none (Warm, at
+		// start); a call's load is bounded by the config in force
+		// (enforce.Ticket.CachePlan), which a reload may change.
+		load := enforce.CacheLoadTimeout(cfg)
 		opts := &cache.Options{Logger: s.log, Timeout: cfg.Cache.Timeout, LoadTimeout: load, LockTTL: load}
 		if s.Cache, err = cache.New(store, opts); err == nil {
 			return nil
 		}
 	}
 	return fmt.Errorf("cache: %w", err)
-}
-
-// cacheLoadTimeout is how long one load of a cached tool may take: as long
-// as the call it stands for may. That is upstream.max_duration when set,
-// else the longest idle timeout of a call (upstream.timeout, an upstream's
-// or a tool's timeout): a load quiet for longer has failed anyway, and one
-// streaming for longer is rare enough to go uncached. Never below
-// cache.DefaultLockTTL. The entry's lock is held as long (a load that
-// outlived its lock would be overtaken and not stored).
-func cacheLoadTimeout(cfg *policy.Config) time.Duration {
-	if cfg.Upstream.MaxDuration > 0 {
-		return max(cfg.Upstream.MaxDuration, cache.DefaultLockTTL)
-	}
-	return max(cfg.LongestCallTimeout(), cache.DefaultLockTTL)
 }
 
 // EngineOptions are the options of an engine on these stores: Config,
