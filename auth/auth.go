@@ -17,7 +17,9 @@
 //
 // Claims map to the Principal as follows. The tenant claim is required (a
 // string of at most MaxTenantBytes, no control characters, since it travels
-// upstream in a header). A missing sub is accepted as Subject "" unless
+// upstream in a header, and no U+FFFD, which the JSON decoder makes of a
+// raw invalid byte and of a lone surrogate escape alike, merging claims
+// other verifiers tell apart). The same rules hold for sub and tier. A missing sub is accepted as Subject "" unless
 // Options.RequireSubject is set: every sub-less token of a tenant then shares
 // one per-subject limit and breaker, which errs on the restrictive side, and
 // identity providers that issue client-credential tokens without sub keep

@@ -161,8 +161,8 @@ func RetryAfterSeconds(d limit.Decision) int64 {
 }
 
 // ErrInvalidTenant means a Call names a tenant that cannot be metered and
-// billed: empty, longer than usage.MaxTenantBytes, not valid UTF-8 or
-// holding a control character (usage.CheckTenant, the rules the gateway's
+// billed: empty, longer than usage.MaxTenantBytes, not valid UTF-8, holding
+// U+FFFD or a control character (usage.CheckTenant, the rules the gateway's
 // authentication applies to the tenant claim). Admit refuses such a call
 // with Decision.Invalid wrapping it.
 var ErrInvalidTenant = errors.New("enforce: invalid tenant")

@@ -15,8 +15,14 @@ import (
 const MaxTenantBytes = 256
 
 // Check returns nil when s is at most maxBytes long, valid UTF-8 (a store's
-// encoding would replace invalid bytes, and so merge two values) and free
-// of control characters; else an error saying why, without quoting s.
+// encoding would replace invalid bytes, and so merge two values), free of
+// U+FFFD and free of control characters; else an error saying why, without
+// quoting s.
+//
+// U+FFFD is what a decoder makes of what it cannot read: a JSON decoder
+// turns a token's raw invalid byte and its escaped lone surrogate alike into
+// it, so "a\udc00", "a\xff" and "a\ufffd" would all be one tenant here
+// while another verifier (Python's, a byte-oriented one) reads three.
 func Check(s string, maxBytes int) error {
 	if len(s) > maxBytes {
 		return fmt.Errorf("%d bytes, more than %d", len(s), maxBytes)
@@ -25,7 +31,10 @@ func Check(s string, maxBytes int) error {
 		return errors.New("not valid UTF-8")
 	}
 	for _, r := range s {
-		if unicode.IsControl(r) {
+		switch {
+		case r == utf8.RuneError:
+			return errors.New("holds U+FFFD, what a decoder makes of invalid input")
+		case unicode.IsControl(r):
 			return fmt.Errorf("holds control character %U", r)
 		}
 	}
