@@ -118,6 +118,9 @@ func (d *Dynalite) start() error {
 
 func (d *Dynalite) startLocked() error {
 	p, err := startProcess(d.node, d.Dir, []string{
+		// dynalite throws when a client hangs up on a request in flight,
+		// which kills the server: the preload ignores that one error
+		"--require", filepath.Join(dynaliteDir(), "ignore-aborted.js"),
 		d.cli,
 		"--host", "127.0.0.1",
 		"--port", strconv.Itoa(d.port),

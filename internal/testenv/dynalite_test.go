@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -100,4 +101,34 @@ func TestDynaliteMissingInstall(t *testing.T) {
 	if rec.fatal != "" || !strings.HasSuffix(cli, filepath.Join("dynalite", "cli.js")) {
 		t.Fatalf("installed dynalite: cli=%q fatal=%q", cli, rec.fatal)
 	}
+}
+
+// A client that hangs up on a request in flight (a cancelled context, a
+// read deadline under load) does not kill dynalite, whose request handler
+// throws on it (dynalite 4.0.0, index.js: req.on('error', ... throw err)):
+// a real DynamoDB shrugs it off, and a test whose emulator died would
+// blame the code under test.
+func TestDynaliteSurvivesAClientHangingUp(t *testing.T) {
+	d := StartDynaliteServer(t)
+	c, err := net.Dial("tcp", strings.TrimPrefix(d.Endpoint, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = c.Write([]byte("POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-amz-json-1.0\r\n" +
+		"X-Amz-Target: DynamoDB_20120810.ListTables\r\nContent-Length: 100\r\n\r\n{\"Lim"))
+	time.Sleep(100 * time.Millisecond) // the request is being read
+	c.Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if !d.Running() {
+			out, _ := os.ReadFile(filepath.Join(d.Dir, "stdout.log"))
+			t.Fatalf("dynalite died after a client hung up on a request:\n%s", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	resp, err := http.Post(d.Endpoint, "application/x-amz-json-1.0", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatalf("dynalite no longer answers after a client hung up: %v", err)
+	}
+	resp.Body.Close()
 }
