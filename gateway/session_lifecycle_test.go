@@ -167,7 +167,13 @@ func TestShutdownEndsNotificationStreams(t *testing.T) {
 			})
 			cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer ccancel()
-			cs, err := client.Connect(cctx, transport(e.mcpURL(0), bearer{token: token(t, "acme", "alice")}), nil)
+			// A transport of its own without keep-alives: a pooled one can
+			// dial a connection it then never uses, which Shutdown counts
+			// as busy for 5 s (StateNew, Go issue 22682), longer than the
+			// 3 s below.
+			rt := &http.Transport{DisableKeepAlives: true}
+			defer rt.CloseIdleConnections()
+			cs, err := client.Connect(cctx, transport(e.mcpURL(0), bearer{token: token(t, "acme", "alice"), base: rt}), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
