@@ -12,20 +12,26 @@ import (
 // minSweep bounds how often the tracker sweeps, whatever idle_timeout is.
 const minSweep = 10 * time.Millisecond
 
-// run sweeps every quarter of sessions.idle_timeout (read again after each
-// sweep, so a reload applies) until ctx ends.
+// run sweeps every quarter of sessions.idle_timeout until ctx ends. Each
+// sweep reads the timeout in force when it starts, not when its wait
+// began: after a reload that raised it, the sweep the old, shorter period
+// brings renews the leases of the old one (plan) before they run out.
 func (t *sessionTracker) run(ctx context.Context) {
 	for {
-		idle := enforce.SessionPeriod(t.g.rt.Load().cfg.Sessions.IdleTimeout)
-		timer := time.NewTimer(t.sweepEvery(idle))
+		timer := time.NewTimer(t.sweepEvery(t.idle()))
 		select {
 		case <-ctx.Done():
 			timer.Stop()
 			return
 		case <-timer.C:
 		}
-		t.sweep(ctx, idle)
+		t.sweep(ctx, t.idle())
 	}
+}
+
+// idle is the sessions.idle_timeout in force, as a lease period.
+func (t *sessionTracker) idle() time.Duration {
+	return enforce.SessionPeriod(t.g.rt.Load().cfg.Sessions.IdleTimeout)
 }
 
 // sweepEvery is the period of the sweeps under idle: a quarter of it,
@@ -53,12 +59,13 @@ type sweepJob struct {
 // leaseEnd is when a lease taken or renewed at from runs out: a lease
 // lasts the idle_timeout in force when it was taken.
 func (t *sessionTracker) leaseEnd(from time.Time) time.Time {
-	return from.Add(enforce.SessionPeriod(t.g.rt.Load().cfg.Sessions.IdleTimeout))
+	return from.Add(t.idle())
 }
 
 // sweep renews the leases of sessions used since the last sweep (so a slot
 // never lapses while its session is in use: the lease lasts idle after the
-// renewal, and the next sweep comes after idle/4) and then ends the sessions
+// renewal, and the next sweep comes after idle/4), and those of a shorter
+// idle_timeout than idle (a reload raised it), and then ends the sessions
 // unused for idle, endParallel at a time: renewals never wait behind the
 // DELETEs of a slow upstream. With a federation it also pings the sessions
 // it keeps that were not pinged for touchEvery.
@@ -97,6 +104,10 @@ const endParallel = 8
 // plan picks the sweep's jobs. A session is idle when no request of it ran
 // for idle and, when it holds a lease, this instance's last renewal is idle
 // old too: its lease has then run out unless another instance renewed it.
+// A lease that runs out before its session would be idle (one taken before
+// a reload raised idle_timeout) is renewed even though the session is
+// unused: else its slot would be free while the session lives on, and
+// another session would take it over the caps.
 func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -112,6 +123,8 @@ func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
 		case e.active > 0 || e.usedSinceRenewal:
 			e.usedSinceRenewal = false
 			j.renew = e.slots.Held()
+		case e.slots.Held() && now.Sub(e.lastUse) < idle && e.ownUntil.Before(e.lastUse.Add(idle)):
+			j.renew = true
 		case now.Sub(e.lastUse) >= idle && (!e.slots.Held() || now.Sub(e.renewed) >= idle && !now.Before(e.ownUntil)):
 			// (a lease taken under a longer idle_timeout, before a reload,
 			// is this instance's until ownUntil: kept tracked till then)
