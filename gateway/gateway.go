@@ -229,11 +229,11 @@ func newRuntime(cfg *policy.Config, a *auth.Authenticator, rt http.RoundTripper)
 // Apply swaps in a new configuration and authenticator (a reload). Requests
 // in flight, open streams included, finish under the old ones; the next
 // requests use the new. breaker.alert_webhook follows too. The settings
-// that are read at start only (see restartOnly) keep their old values, and
-// Apply logs a warning naming each one that changed; switching between
-// upstream.url and upstreams: is refused (ErrUpstreamsSwitch). The admin
-// token is not part of cfg: set it with SetAdminToken. Concurrent calls
-// apply one after the other.
+// that are read at start only (see restartOnly) keep their old values, in
+// Config() too (inForce), and Apply logs a warning naming each one that
+// changed; switching between upstream.url and upstreams: is refused
+// (ErrUpstreamsSwitch). The admin token is not part of cfg: set it with
+// SetAdminToken. Concurrent calls apply one after the other.
 func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 	// One at a time: two at once could leave the engine on one file and
 	// the runtime on the other.
@@ -245,7 +245,8 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 	if err := g.fed.check(cfg); err != nil {
 		return err
 	}
-	cfg = g.fed.effective(cfg)
+	file := cfg // what the warnings below compare
+	cfg = g.fed.effective(inForce(g.Config(), cfg))
 	rt, err := newRuntime(cfg, a, g.fed.transport())
 	if err != nil {
 		return err
@@ -265,7 +266,7 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 	old := g.rt.Swap(rt)
 	g.fed.applied(cfg)
 	g.alerts.setURL(cfg.Breaker.AlertWebhook)
-	for _, field := range restartOnly(old.cfg, cfg) {
+	for _, field := range restartOnly(old.cfg, file) {
 		g.log.Warn("this setting is read at start only: restart mcpgate to apply it", "field", field)
 	}
 	return nil

@@ -41,37 +41,66 @@ func restartOnly(old, cfg *policy.Config) []string {
 	return out
 }
 
-// startOnlyFields are the settings read at start only, each with how to
-// read it from a config.
-var startOnlyFields = []struct {
+// inForce returns cfg as a reload applies it over old, the configuration
+// in force: the settings read at start only keep old's values, so that
+// Config() and /admin report what is in force, and the defaults derived
+// from them follow (server.max_requests_per_tenant, when the file leaves
+// it out, is a share of the connections there really are). The upstreams
+// and tools.<name>.timeout stay cfg's: the federation keeps the servers
+// it started with whatever the file says, and their limits follow.
+func inForce(old, cfg *policy.Config) *policy.Config {
+	c := *cfg
+	for _, f := range startOnlyFields {
+		if f.keep != nil {
+			f.keep(&c, old)
+		}
+	}
+	c.Server = c.Server.WithMaxConnections(old.Server.MaxConnections)
+	return &c
+}
+
+// startOnlyField is a setting read at start only: how to read it from a
+// config, and how to copy it from one to another (nil: inForce does not).
+type startOnlyField struct {
 	name string
 	get  func(c *policy.Config) any
-}{
-	{"listen", func(c *policy.Config) any { return c.Listen }},
-	{"store.redis", func(c *policy.Config) any { return c.Store.Redis }},
-	{"store.timeout", func(c *policy.Config) any { return c.Store.Timeout }},
-	{"cache.redis", func(c *policy.Config) any { return c.Cache.Redis }},
-	{"cache.timeout", func(c *policy.Config) any { return c.Cache.Timeout }},
-	{"cache.max_entries", func(c *policy.Config) any { return c.Cache.MaxEntries }},
-	{"cache.max_bytes", func(c *policy.Config) any { return c.Cache.MaxBytes }},
-	{"cache.warm", func(c *policy.Config) any { return c.Cache.Warm }},
-	{"usage.store", func(c *policy.Config) any { return c.Usage.Store }},
-	{"usage.flush_interval", func(c *policy.Config) any { return c.Usage.FlushInterval }},
-	{"auth.session_secret_env", func(c *policy.Config) any { return c.Auth.SessionSecretEnv }},
-	{"server.read_header_timeout", func(c *policy.Config) any { return c.Server.ReadHeaderTimeout }},
-	{"server.idle_timeout", func(c *policy.Config) any { return c.Server.IdleTimeout }},
-	{"server.max_connections", func(c *policy.Config) any { return c.Server.MaxConnections }},
-	{"audit.file", func(c *policy.Config) any { return c.Audit.File }},
+	keep func(dst, src *policy.Config)
+}
+
+// field is the startOnlyField that at finds in a config.
+func field[T any](name string, at func(c *policy.Config) *T) startOnlyField {
+	return startOnlyField{name: name,
+		get:  func(c *policy.Config) any { return *at(c) },
+		keep: func(dst, src *policy.Config) { *at(dst) = *at(src) }}
+}
+
+// startOnlyFields are the settings read at start only.
+var startOnlyFields = []startOnlyField{
+	field("listen", func(c *policy.Config) *string { return &c.Listen }),
+	field("store.redis", func(c *policy.Config) *[]string { return &c.Store.Redis }),
+	field("store.timeout", func(c *policy.Config) *time.Duration { return &c.Store.Timeout }),
+	field("cache.redis", func(c *policy.Config) *[]string { return &c.Cache.Redis }),
+	field("cache.timeout", func(c *policy.Config) *time.Duration { return &c.Cache.Timeout }),
+	field("cache.max_entries", func(c *policy.Config) *int { return &c.Cache.MaxEntries }),
+	field("cache.max_bytes", func(c *policy.Config) *int64 { return &c.Cache.MaxBytes }),
+	field("cache.warm", func(c *policy.Config) *[]policy.Warm { return &c.Cache.Warm }),
+	field("usage.store", func(c *policy.Config) *string { return &c.Usage.Store }),
+	field("usage.flush_interval", func(c *policy.Config) *time.Duration { return &c.Usage.FlushInterval }),
+	field("auth.session_secret_env", func(c *policy.Config) *string { return &c.Auth.SessionSecretEnv }),
+	field("server.read_header_timeout", func(c *policy.Config) *time.Duration { return &c.Server.ReadHeaderTimeout }),
+	field("server.idle_timeout", func(c *policy.Config) *time.Duration { return &c.Server.IdleTimeout }),
+	field("server.max_connections", func(c *policy.Config) *int { return &c.Server.MaxConnections }),
+	field("audit.file", func(c *policy.Config) *string { return &c.Audit.File }),
 	// The servers of upstreams: are connected (and started) once; their
 	// limits are rules like any other and follow a reload.
-	{"upstreams[].name", upstreamsField(func(u policy.UpstreamServer) any { return u.Name })},
-	{"upstreams[].url", upstreamsField(func(u policy.UpstreamServer) any { return u.URL })},
-	{"upstreams[].command", upstreamsField(func(u policy.UpstreamServer) any { return u.Command })},
-	{"upstreams[].env", upstreamsField(func(u policy.UpstreamServer) any { return u.Env })},
-	{"upstreams[].headers", upstreamsField(func(u policy.UpstreamServer) any { return u.Headers })},
-	{"upstreams[].timeout", upstreamsField(func(u policy.UpstreamServer) any { return u.Timeout })},
-	{"upstreams[].prefix", upstreamsField(func(u policy.UpstreamServer) any { return u.Prefix })},
-	{"tools.<name>.timeout", func(c *policy.Config) any {
+	{name: "upstreams[].name", get: upstreamsField(func(u policy.UpstreamServer) any { return u.Name })},
+	{name: "upstreams[].url", get: upstreamsField(func(u policy.UpstreamServer) any { return u.URL })},
+	{name: "upstreams[].command", get: upstreamsField(func(u policy.UpstreamServer) any { return u.Command })},
+	{name: "upstreams[].env", get: upstreamsField(func(u policy.UpstreamServer) any { return u.Env })},
+	{name: "upstreams[].headers", get: upstreamsField(func(u policy.UpstreamServer) any { return u.Headers })},
+	{name: "upstreams[].timeout", get: upstreamsField(func(u policy.UpstreamServer) any { return u.Timeout })},
+	{name: "upstreams[].prefix", get: upstreamsField(func(u policy.UpstreamServer) any { return u.Prefix })},
+	{name: "tools.<name>.timeout", get: func(c *policy.Config) any {
 		out := map[string]time.Duration{}
 		for name, t := range c.Tools {
 			if t.Timeout > 0 {

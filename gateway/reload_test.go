@@ -152,7 +152,8 @@ func TestReloadReadTimeout(t *testing.T) {
 }
 
 // A reload that changes settings read at start only logs one warning per
-// changed field, and none for the fields that follow reloads.
+// changed field, and none for the fields that follow reloads; the config
+// in force keeps the old values of the first, and has the new of the others.
 func TestReloadWarnsAboutStartOnlySettings(t *testing.T) {
 	t.Parallel()
 	var logs syncLog
@@ -171,6 +172,14 @@ breaker: {alert_webhook: "http://127.0.0.1:1/hook"}
 	slices.Sort(warned)
 	if want := []string{"server.idle_timeout", "store.timeout", "usage.flush_interval"}; !slices.Equal(warned, want) {
 		t.Fatalf("warned about %v, want %v; logs:\n%s", warned, want, logs.String())
+	}
+	c := e.gws[0].Config()
+	if c.Store.Timeout != policy.DefaultStoreTimeout || c.Usage.FlushInterval != policy.DefaultFlushInterval || c.Server.IdleTimeout != policy.DefaultIdleTimeout {
+		t.Errorf("in force after the reload: store.timeout %v, usage.flush_interval %v, server.idle_timeout %v; want the defaults it started with",
+			c.Store.Timeout, c.Usage.FlushInterval, c.Server.IdleTimeout)
+	}
+	if c.Store.OnError != policy.FailClosed || c.Server.WriteTimeout != 5*time.Second {
+		t.Errorf("in force after the reload: store.on_error %v, server.write_timeout %v; want the file's", c.Store.OnError, c.Server.WriteTimeout)
 	}
 }
 

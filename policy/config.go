@@ -278,7 +278,27 @@ type Server struct {
 	// gateway's own host ("*" accepts any). A request without Origin is
 	// accepted (non-browser clients send none); any other is refused 403.
 	AllowedOrigins []string
+
+	// tenantCapDerived: the file left max_requests_per_tenant out, so it
+	// follows MaxConnections (WithMaxConnections).
+	tenantCapDerived bool
 }
+
+// WithMaxConnections returns s with the connection cap n: the one in force
+// when a reload keeps it (it is read at start only). A per-tenant cap the
+// file left out is derived from n, as Parse derives it, so that it stays a
+// share of the connections there really are.
+func (s Server) WithMaxConnections(n int) Server {
+	s.MaxConnections = n
+	if s.tenantCapDerived {
+		s.MaxRequestsPerTenant = tenantCapOf(n)
+	}
+	return s
+}
+
+// tenantCapOf is the default per-tenant cap under n connections: a
+// quarter of them, at least 1.
+func tenantCapOf(n int) int { return max(1, n/4) }
 
 // Audit configures the audit log: one JSON line per governed call (see
 // package audit). The zero value writes none.

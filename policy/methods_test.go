@@ -107,7 +107,8 @@ sessions: {max_per_tenant: 20, max_per_subject: 4, idle_timeout: 1m}
 		t.Fatal(err)
 	}
 	wantS := Server{ReadHeaderTimeout: 2 * time.Second, ReadTimeout: 5 * time.Second, IdleTimeout: 7 * time.Second,
-		WriteTimeout: 9 * time.Second, MaxConnections: 64, MaxRequestsPerTenant: 16, AllowedOrigins: []string{"https://app.example.com", "*"}}
+		WriteTimeout: 9 * time.Second, MaxConnections: 64, MaxRequestsPerTenant: 16, AllowedOrigins: []string{"https://app.example.com", "*"},
+		tenantCapDerived: true}
 	if !reflect.DeepEqual(c.Server, wantS) {
 		t.Errorf("server = %+v", c.Server)
 	}
@@ -131,5 +132,25 @@ func TestMaxRequestsPerTenant(t *testing.T) {
 	_, err = Parse("m.yaml", []byte("upstream: {url: http://127.0.0.1:9000/mcp}\nauth: {jwt: {hs256_secret_env: SECRET}}\nserver: {max_requests_per_tenant: 0}\n"))
 	if err == nil || !strings.Contains(err.Error(), "m.yaml:3: server.max_requests_per_tenant: must be at least 1, got 0") {
 		t.Fatalf("a cap of 0: %v", err)
+	}
+}
+
+// WithMaxConnections puts in the connection cap a reload keeps: the
+// per-tenant cap follows it when the file left it out, and stays as
+// written otherwise.
+func TestWithMaxConnections(t *testing.T) {
+	parse := func(server string) Server {
+		t.Helper()
+		c, err := Parse("m.yaml", []byte("upstream: {url: http://127.0.0.1:9000/mcp}\nauth: {jwt: {hs256_secret_env: SECRET}}\nserver: "+server+"\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Server
+	}
+	if s := parse("{max_connections: 4096}").WithMaxConnections(8); s.MaxConnections != 8 || s.MaxRequestsPerTenant != 2 {
+		t.Errorf("derived cap: %d connections, %d per tenant; want 8, 2", s.MaxConnections, s.MaxRequestsPerTenant)
+	}
+	if s := parse("{max_connections: 4096, max_requests_per_tenant: 100}").WithMaxConnections(8); s.MaxConnections != 8 || s.MaxRequestsPerTenant != 100 {
+		t.Errorf("written cap: %d connections, %d per tenant; want 8, 100", s.MaxConnections, s.MaxRequestsPerTenant)
 	}
 }

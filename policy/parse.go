@@ -610,7 +610,7 @@ func (d *decoder) defaults(c *Config) {
 		sv.MaxConnections = DefaultMaxConnections
 	}
 	if sv.MaxRequestsPerTenant == 0 {
-		sv.MaxRequestsPerTenant = max(1, sv.MaxConnections/4)
+		sv.MaxRequestsPerTenant, sv.tenantCapDerived = tenantCapOf(sv.MaxConnections), true
 	}
 	if c.Sessions.MaxPerTenant == 0 {
 		c.Sessions.MaxPerTenant = DefaultSessionsPerTenant
