@@ -104,10 +104,14 @@ func (a *answer) status(r *http.Request) enforce.Status {
 		return enforce.Cancelled
 	case r.Context().Err() != nil || a.code == mcp.StatusClientClosedRequest:
 		return enforce.Abandoned
+	case a.code >= 500:
+		// No usable answer (a timeout, a 5xx, a stream cut or ended
+		// without the response), even though the proxy reported an error
+		// object for it: the tool may have run, and Done must drop what
+		// a mutation made stale. The breaker counts either as a failure.
+		return enforce.Failed
 	case a.failed:
 		return enforce.ToolError
-	case a.code >= 500:
-		return enforce.Failed
 	}
 	return enforce.OK
 }

@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 )
@@ -77,7 +78,8 @@ func (x *Exchange) write(out []byte) {
 // endStream classifies how the stream ended (x.streamErr becomes what
 // Finish returns) and, when the call's response never came and the client
 // cannot resume the stream, holds an error event answering it, so that the
-// client is not left waiting. It runs once, where the stream ends.
+// client is not left waiting, and makes Finish report the failure even when
+// the stream ended cleanly. It runs once, where the stream ends.
 func (x *Exchange) endStream() {
 	if x.streamErr != nil {
 		x.streamErr = x.cause(x.streamErr)
@@ -95,6 +97,10 @@ func (x *Exchange) endStream() {
 	msg := "upstream MCP server ended the stream without a response"
 	if err != nil {
 		_, msg = failureAnswer(err)
+	} else {
+		// The call got no answer, as from a cut stream: Finish says so (a
+		// gateway settles it as failed, not as the tool's error).
+		x.streamErr = fmt.Errorf("%w: the stream ended without the response", ErrUpstreamUnavailable)
 	}
 	x.report(nil, errorObject(CodeInternalError, msg))
 	x.held = append(x.held, errorEvent(x.f.Msg.ID, CodeInternalError, msg)...)
