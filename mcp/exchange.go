@@ -130,6 +130,8 @@ func (x *Exchange) Finish() (status int, err error) {
 		x.Answer() // a filtered list is inspected whether or not the caller reads it
 	case x.f.Msg == nil && len(x.replayList()) > 0:
 		x.screenBody()
+	case x.owesResponse():
+		x.Answer() // a client would wait for its response until its deadline
 	}
 	if x.failure != nil {
 		return x.answerFailure()
@@ -322,6 +324,16 @@ func (x *Exchange) screenBody() {
 	}
 }
 
+// owesResponse reports whether the upstream's answer is relayed only as the
+// request's own JSON-RPC response: a 2xx JSON answer to a request, which the
+// client takes for its response. Relayed with another id, or holding no
+// response, it would leave the client waiting for its own until its
+// deadline; readBody refuses it instead (502 with the request's id). An
+// answer of another status or type the client fails on at once.
+func (x *Exchange) owesResponse() bool {
+	return x.f.Msg.IsCall() && x.resp.StatusCode/100 == 2 && mediaType(x.resp.Header.Get("Content-Type")) == "application/json"
+}
+
 // readBody reads a non-SSE answer whole (bounded) into x.body, filtered
 // when Forward.Filter applies, and reports the response it carries.
 func (x *Exchange) readBody() {
@@ -349,9 +361,10 @@ func (x *Exchange) readBody() {
 	// response, and a body that is not the request's response is refused
 	// when it could carry a list the caller's filters would hide: with a
 	// filtered list, any 2xx; and any body that could hold a result but is
-	// not a plain JSON-RPC error (a "session not found" passes).
+	// not a plain JSON-RPC error (a "session not found" passes); and any
+	// 2xx JSON answer, which the client would take for its response.
 	errorOnly := response && m.Result == nil
-	if x.filtering() && x.resp.StatusCode/100 == 2 || len(x.replayList()) > 0 && mayHoldResult(data) && !errorOnly {
+	if x.owesResponse() || x.filtering() && x.resp.StatusCode/100 == 2 || len(x.replayList()) > 0 && mayHoldResult(data) && !errorOnly {
 		x.failed(fmt.Errorf("%w: %s answer is not its JSON-RPC response", ErrBadUpstreamResponse, x.f.Msg.Method))
 		return
 	}

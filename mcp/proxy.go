@@ -29,8 +29,9 @@ var (
 	// inspected as Forward required (too large, a list result that cannot
 	// be filtered, an answer that is not the request's response but could
 	// hold a list, an event stream the proxy would read differently from a
-	// client). Serve answered 502 rather than relay it unchecked, or ended
-	// a stream that had begun with an error event.
+	// client), or a request's 2xx JSON answer is not its response. Serve
+	// answered 502 rather than relay it unchecked, or ended a stream that
+	// had begun with an error event.
 	ErrBadUpstreamResponse = errors.New("mcp: bad upstream response")
 	// ErrUpstreamRefused means the upstream answered 401 or 403: it
 	// refused the credentials mcpgate sends it (ProxyOptions.Headers; MCP
@@ -94,9 +95,10 @@ type ProxyOptions struct {
 	MaxDuration time.Duration
 	// MaxResponseBytes bounds a non-SSE answer the proxy must inspect (its
 	// caller reads it with Exchange.Answer, Forward has a Filter for the
-	// request's method, or ReplayFilters screen the answer to a GET or a
-	// DELETE). Zero means DefaultMaxResponseBytes. Answers relayed without
-	// inspection are not bounded.
+	// request's method, ReplayFilters screen the answer to a GET or a
+	// DELETE, or it is a request's 2xx JSON answer, which must be that
+	// request's response). Zero means DefaultMaxResponseBytes. Answers
+	// relayed without inspection are not bounded.
 	MaxResponseBytes int64
 	// MaxEventBytes bounds one server-sent event. Zero means
 	// DefaultMaxEventBytes.
@@ -231,7 +233,10 @@ type Forward struct {
 // Authorization, Cookie and every other header are not. The upstream's
 // status, Mcp-Session-Id and Content-Type are passed back. A
 // text/event-stream answer is relayed event by event with a flush after
-// each and X-Accel-Buffering: no, never buffered whole.
+// each and X-Accel-Buffering: no, never buffered whole. A request's 2xx
+// JSON answer is read whole (bounded) and relayed only when it is that
+// request's response: relayed with another id, it would leave the client
+// waiting for its own (502 instead).
 //
 // The upstream request dies with the client's: a client that goes away
 // cancels it (ErrClientGone), and so does a cancellation of r's context with
