@@ -111,10 +111,11 @@ type Gateway struct {
 	// (server.max_requests_per_tenant).
 	tenantRequests tenantRequests
 	warming        sync.WaitGroup
-	// startingBg is held while inBackground starts a goroutine, so that
-	// Close, once closing is closed, can wait for every goroutine started
-	// (a WaitGroup's Go concurrent with its Wait at zero is a misuse).
+	// startingBg guards bgClosed, set by Close before it waits for the
+	// goroutines inBackground started: none starts after (a WaitGroup's
+	// Go concurrent with its Wait at zero is a misuse).
 	startingBg sync.Mutex
+	bgClosed   bool
 	applying   sync.Mutex // held by Apply
 	// settling counts the tickets of cached calls whose caller left while
 	// their own load goes on: Close waits for them before the final flush
@@ -301,10 +302,8 @@ func (g *Gateway) sameUpstreamKind(cfg *policy.Config) error {
 func (g *Gateway) inBackground(fn func(ctx context.Context)) {
 	g.startingBg.Lock()
 	defer g.startingBg.Unlock()
-	select {
-	case <-g.closing:
+	if g.bgClosed {
 		return
-	default:
 	}
 	g.warming.Go(func() {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -340,7 +339,8 @@ func (g *Gateway) Close() error {
 		if g.stopAlerts != nil {
 			g.stopAlerts() // also ends a warm-up in progress
 		}
-		g.startingBg.Lock() // one starting now has started: later ones see closing
+		g.startingBg.Lock()
+		g.bgClosed = true
 		g.startingBg.Unlock()
 		g.warming.Wait()
 		g.waitSettling()
