@@ -37,7 +37,7 @@ func (a *Authenticator) claims(payload []byte) (Principal, error) {
 	case !ok || tenant == "":
 		return Principal{}, invalid("missing tenant claim %q", a.tenantClaim)
 	}
-	if err := ident.Check(tenant, MaxTenantBytes); err != nil {
+	if err := ident.CheckAdmitted(tenant, MaxTenantBytes); err != nil {
 		return Principal{}, invalid("tenant claim %q: %v", a.tenantClaim, err)
 	}
 	p.Tenant = tenant
@@ -49,7 +49,7 @@ func (a *Authenticator) claims(payload []byte) (Principal, error) {
 	case !ok && a.requireSub:
 		return Principal{}, invalid("missing sub claim")
 	}
-	if err := ident.Check(sub, MaxSubjectBytes); err != nil {
+	if err := ident.CheckAdmitted(sub, MaxSubjectBytes); err != nil {
 		return Principal{}, invalid("sub claim: %v", err)
 	}
 	p.Subject = sub
@@ -58,7 +58,7 @@ func (a *Authenticator) claims(payload []byte) (Principal, error) {
 	if err != nil {
 		return Principal{}, invalid("tier claim %q: %v", a.tierClaim, err)
 	}
-	if err := ident.Check(tier, MaxTenantBytes); err != nil {
+	if err := ident.CheckAdmitted(tier, MaxTenantBytes); err != nil {
 		return Principal{}, invalid("tier claim %q: %v", a.tierClaim, err)
 	}
 	p.Tier = orDefault(tier, a.defaultTier)

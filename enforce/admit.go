@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mcpgate/mcpgate/internal/ident"
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/policy"
@@ -161,8 +162,9 @@ func RetryAfterSeconds(d limit.Decision) int64 {
 }
 
 // ErrInvalidTenant means a Call names a tenant that cannot be metered and
-// billed: empty, longer than usage.MaxTenantBytes, not valid UTF-8, holding
-// U+FFFD or a control character (usage.CheckTenant, the rules the gateway's
+// billed: empty, longer than usage.MaxTenantBytes, not valid UTF-8 or
+// holding a control character (usage.CheckTenant), or holding U+FFFD,
+// which a decoder makes of invalid input (the rules the gateway's
 // authentication applies to the tenant claim). Admit refuses such a call
 // with Decision.Invalid wrapping it.
 var ErrInvalidTenant = errors.New("enforce: invalid tenant")
@@ -170,7 +172,11 @@ var ErrInvalidTenant = errors.New("enforce: invalid tenant")
 // CheckTenant returns nil when tenant can be admitted, else an error
 // wrapping ErrInvalidTenant that says why (without quoting the tenant).
 func CheckTenant(tenant string) error {
-	if err := usage.CheckTenant(tenant); err != nil {
+	err := usage.CheckTenant(tenant)
+	if err == nil {
+		err = ident.CheckAdmitted(tenant, usage.MaxTenantBytes)
+	}
+	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidTenant, err)
 	}
 	return nil

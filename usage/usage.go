@@ -55,8 +55,9 @@ const MaxTenantBytes = ident.MaxTenantBytes
 // billed, else an error saying why: it is empty, or breaks the rules the
 // gateway's authentication applies to the tenant claim (ident.Check:
 // longer than MaxTenantBytes, not valid UTF-8, which a store's encoding
-// would merge with another tenant, holding U+FFFD, which a decoder makes of
-// what it cannot read, or holding a control character). The
+// would merge with another tenant, or holding a control character; the
+// gateway also refuses U+FFFD at admission, but usage recorded before that
+// rule must still be stored). The
 // error does not quote the tenant.
 func CheckTenant(tenant string) error {
 	if tenant == "" {

@@ -6,6 +6,7 @@ package ident
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -15,14 +16,9 @@ import (
 const MaxTenantBytes = 256
 
 // Check returns nil when s is at most maxBytes long, valid UTF-8 (a store's
-// encoding would replace invalid bytes, and so merge two values), free of
-// U+FFFD and free of control characters; else an error saying why, without
-// quoting s.
-//
-// U+FFFD is what a decoder makes of what it cannot read: a JSON decoder
-// turns a token's raw invalid byte and its escaped lone surrogate alike into
-// it, so "a\udc00", "a\xff" and "a\ufffd" would all be one tenant here
-// while another verifier (Python's, a byte-oriented one) reads three.
+// encoding would replace invalid bytes, and so merge two values) and free
+// of control characters; else an error saying why, without quoting s. It is
+// the rule of what can be stored and billed (usage.CheckTenant).
 func Check(s string, maxBytes int) error {
 	if len(s) > maxBytes {
 		return fmt.Errorf("%d bytes, more than %d", len(s), maxBytes)
@@ -31,12 +27,27 @@ func Check(s string, maxBytes int) error {
 		return errors.New("not valid UTF-8")
 	}
 	for _, r := range s {
-		switch {
-		case r == utf8.RuneError:
-			return errors.New("holds U+FFFD, what a decoder makes of invalid input")
-		case unicode.IsControl(r):
+		if unicode.IsControl(r) {
 			return fmt.Errorf("holds control character %U", r)
 		}
+	}
+	return nil
+}
+
+// CheckAdmitted is Check for an identity a call is admitted under (read
+// from a token, or given by an adapter): it also refuses U+FFFD, what a
+// decoder makes of what it cannot read. A JSON decoder turns a token's raw
+// invalid byte and its escaped lone surrogate alike into it, so "a\udc00",
+// "a\xff" and "a\ufffd" would all be one tenant here while another
+// verifier (Python's, a byte-oriented one) reads three. Stored usage keeps
+// the rule of Check: records of such a tenant written before this rule
+// (an older instance on the same Redis) are still flushed and read.
+func CheckAdmitted(s string, maxBytes int) error {
+	if err := Check(s, maxBytes); err != nil {
+		return err
+	}
+	if strings.ContainsRune(s, utf8.RuneError) {
+		return errors.New("holds U+FFFD, what a decoder makes of invalid input")
 	}
 	return nil
 }

@@ -155,14 +155,8 @@ func TestRequestsDynamoDBRefusesAreInvalid(t *testing.T) {
 	if err := s.Init(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The item an invalid tenant would be merged into (written by hand:
-	// U+FFFD is no valid tenant either).
-	if _, err := client.PutItem(ctx, &ddb.PutItemInput{TableName: aws.String("usage_strings"), Item: map[string]types.AttributeValue{
-		"tenant":  &types.AttributeValueMemberS{Value: "acme\uFFFD"},
-		"period":  &types.AttributeValueMemberS{Value: "2026-11"},
-		"charged": &types.AttributeValueMemberN{Value: "7"},
-		"calls":   &types.AttributeValueMemberN{Value: "7"},
-	}}); err != nil {
+	replaced := usage.Record{Tenant: "acme\uFFFD", Period: "2026-11", Usage: limit.Usage{Charged: 7, Calls: 7}}
+	if err := s.Put(ctx, []usage.Record{replaced}); err != nil {
 		t.Fatal(err)
 	}
 	// An item edited by hand so that it no longer reads as whole numbers:
