@@ -45,6 +45,7 @@ type Exchange struct {
 
 	read           bool            // the answer was inspected (Answer, or screenBody): a non-SSE one is in body
 	body           []byte          // the non-SSE answer read, as it is to be relayed
+	unchecked      []byte          // the start of an answer too large for checkOwnResponse, relayed before the rest
 	reported       bool            // result/rpcErr hold the response to f.Msg
 	result, rpcErr json.RawMessage // see Answer
 
@@ -131,7 +132,7 @@ func (x *Exchange) Finish() (status int, err error) {
 	case x.f.Msg == nil && len(x.replayList()) > 0:
 		x.screenBody()
 	case x.owesResponse():
-		x.Answer() // a client would wait for its response until its deadline
+		x.checkOwnResponse() // a client would wait for its response until its deadline
 	}
 	if x.failure != nil {
 		return x.answerFailure()
@@ -278,6 +279,11 @@ func methodOf(m *Message) string {
 func (x *Exchange) copyBody() (int, error) {
 	x.copyResponseHeaders()
 	x.w.WriteHeader(x.resp.StatusCode)
+	if len(x.unchecked) > 0 {
+		if _, err := x.w.Write(x.unchecked); err != nil {
+			return x.resp.StatusCode, x.cause(err)
+		}
+	}
 	buf := copyBufs.Get().(*[]byte)
 	_, err := io.CopyBuffer(x.w, x.idle.reader(x.resp.Body), *buf)
 	copyBufs.Put(buf)
@@ -334,6 +340,33 @@ func (x *Exchange) owesResponse() bool {
 	return x.f.Msg.IsCall() && x.resp.StatusCode/100 == 2 && mediaType(x.resp.Header.Get("Content-Type")) == "application/json"
 }
 
+// checkedAnswerBytes bounds the answers checkOwnResponse reads: a larger
+// one is relayed as it streams in, unchecked, as answers nobody reads
+// always were (holding every large answer whole would cost memory in
+// proportion to them, and refusing one past a bound would cut large
+// resources). An answer carrying another request's id is small.
+const checkedAnswerBytes = 1 << 20
+
+// checkOwnResponse checks, as Answer does, an answer nobody else reads but
+// that the client takes for its response (owesResponse), when it is at
+// most checkedAnswerBytes: one that is not the request's response is
+// refused. A larger one is relayed by copyBody, the part read first.
+func (x *Exchange) checkOwnResponse() {
+	if x.resp.ContentLength > checkedAnswerBytes {
+		return
+	}
+	data, err := io.ReadAll(io.LimitReader(x.idle.reader(x.resp.Body), checkedAnswerBytes+1))
+	switch {
+	case err != nil:
+		x.failed(err)
+	case len(data) > checkedAnswerBytes:
+		x.unchecked = data
+	default:
+		x.read = true
+		x.judgeBody(data)
+	}
+}
+
 // readBody reads a non-SSE answer whole (bounded) into x.body, filtered
 // when Forward.Filter applies, and reports the response it carries.
 func (x *Exchange) readBody() {
@@ -341,6 +374,12 @@ func (x *Exchange) readBody() {
 	if !ok {
 		return
 	}
+	x.judgeBody(data)
+}
+
+// judgeBody keeps data, a non-SSE answer read whole, in x.body as it is to
+// be relayed (see readBody), or records the failure that refuses it.
+func (x *Exchange) judgeBody(data []byte) {
 	m, perr := Parse(data)
 	response := perr == nil && m.Kind == Response
 	if response && SameID(m.ID, x.f.Msg.ID) && mediaType(x.resp.Header.Get("Content-Type")) == "application/json" {
