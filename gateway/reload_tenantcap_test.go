@@ -47,3 +47,19 @@ func TestReloadKeptMaxConnectionsKeepsTenantCap(t *testing.T) {
 		t.Errorf("no warning that server.max_connections needs a restart; logs:\n%s", logs.String())
 	}
 }
+
+// A library caller may set server.max_requests_per_tenant in code after
+// Parse, like any other field: a file that left it out must not make a
+// reload replace the caller's cap by the quarter of the connections.
+func TestReloadKeepsCallerSetTenantCap(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{Config: "server: {max_connections: 400}\n"})
+	c := *e.cfg
+	c.Server.MaxRequestsPerTenant = 3 // the caller's own cap
+	if err := e.gws[0].Apply(&c, authFor(t, &c, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.gws[0].Config().Server.MaxRequestsPerTenant; got != 3 {
+		t.Fatalf("Config().Server.MaxRequestsPerTenant after Apply of a config setting it to 3: %d", got)
+	}
+}

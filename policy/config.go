@@ -279,19 +279,24 @@ type Server struct {
 	// accepted (non-browser clients send none); any other is refused 403.
 	AllowedOrigins []string
 
-	// tenantCapDerived: the file left max_requests_per_tenant out, so it
-	// follows MaxConnections (WithMaxConnections).
-	tenantCapDerived bool
+	// derivedTenantCap is the MaxRequestsPerTenant that Parse (or
+	// WithMaxConnections) derived because the file left it out, 0 if none.
+	// It is a value, not a mark, because MaxRequestsPerTenant is exported:
+	// a caller that sets it in code after Parse has written its own cap,
+	// which must not follow MaxConnections.
+	derivedTenantCap int
 }
 
 // WithMaxConnections returns s with the connection cap n: the one in force
 // when a reload keeps it (it is read at start only). A per-tenant cap the
-// file left out is derived from n, as Parse derives it, so that it stays a
-// share of the connections there really are.
+// file left out, and that is still the one derived, is derived from n, as
+// Parse derives it, so that it stays a share of the connections there
+// really are; any other (from the file or set in code) stays.
 func (s Server) WithMaxConnections(n int) Server {
 	s.MaxConnections = n
-	if s.tenantCapDerived {
+	if s.derivedTenantCap != 0 && s.MaxRequestsPerTenant == s.derivedTenantCap {
 		s.MaxRequestsPerTenant = tenantCapOf(n)
+		s.derivedTenantCap = s.MaxRequestsPerTenant
 	}
 	return s
 }

@@ -108,7 +108,7 @@ sessions: {max_per_tenant: 20, max_per_subject: 4, idle_timeout: 1m}
 	}
 	wantS := Server{ReadHeaderTimeout: 2 * time.Second, ReadTimeout: 5 * time.Second, IdleTimeout: 7 * time.Second,
 		WriteTimeout: 9 * time.Second, MaxConnections: 64, MaxRequestsPerTenant: 16, AllowedOrigins: []string{"https://app.example.com", "*"},
-		tenantCapDerived: true}
+		derivedTenantCap: 16}
 	if !reflect.DeepEqual(c.Server, wantS) {
 		t.Errorf("server = %+v", c.Server)
 	}
@@ -152,5 +152,13 @@ func TestWithMaxConnections(t *testing.T) {
 	}
 	if s := parse("{max_connections: 4096, max_requests_per_tenant: 100}").WithMaxConnections(8); s.MaxConnections != 8 || s.MaxRequestsPerTenant != 100 {
 		t.Errorf("written cap: %d connections, %d per tenant; want 8, 100", s.MaxConnections, s.MaxRequestsPerTenant)
+	}
+	s := parse("{max_connections: 4096}")
+	s.MaxRequestsPerTenant = 3 // set in code after Parse
+	if s = s.WithMaxConnections(8); s.MaxRequestsPerTenant != 3 {
+		t.Errorf("cap set in code: %d per tenant; want 3", s.MaxRequestsPerTenant)
+	}
+	if s := parse("{max_connections: 4096}").WithMaxConnections(8).WithMaxConnections(400); s.MaxRequestsPerTenant != 100 {
+		t.Errorf("derived cap after two reloads: %d per tenant; want 100", s.MaxRequestsPerTenant)
 	}
 }

@@ -610,7 +610,8 @@ func (d *decoder) defaults(c *Config) {
 		sv.MaxConnections = DefaultMaxConnections
 	}
 	if sv.MaxRequestsPerTenant == 0 {
-		sv.MaxRequestsPerTenant, sv.tenantCapDerived = tenantCapOf(sv.MaxConnections), true
+		sv.MaxRequestsPerTenant = tenantCapOf(sv.MaxConnections)
+		sv.derivedTenantCap = sv.MaxRequestsPerTenant
 	}
 	if c.Sessions.MaxPerTenant == 0 {
 		c.Sessions.MaxPerTenant = DefaultSessionsPerTenant

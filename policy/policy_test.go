@@ -132,7 +132,7 @@ func TestDefaults(t *testing.T) {
 		Tools:       map[string]Tool{},
 		Breaker:     Breaker{Key: "subject", Cooldown: 30 * time.Second, MaxCooldown: 10 * time.Minute},
 		Server: Server{ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, IdleTimeout: 180 * time.Second,
-			WriteTimeout: 60 * time.Second, MaxConnections: 1024, MaxRequestsPerTenant: 256, tenantCapDerived: true},
+			WriteTimeout: 60 * time.Second, MaxConnections: 1024, MaxRequestsPerTenant: 256, derivedTenantCap: 256},
 		Sessions: Sessions{MaxPerTenant: 100, MaxPerSubject: 10, IdleTimeout: 30 * time.Minute},
 	}
 	c.rules, c.methodRules, c.methodGlobal, c.global = nil, nil, nil, nil
