@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/mcpgate/mcpgate/policy"
@@ -45,9 +47,11 @@ func restartOnly(old, cfg *policy.Config) []string {
 // in force: the settings read at start only keep old's values, so that
 // Config() and /admin report what is in force, and the defaults derived
 // from them follow (server.max_requests_per_tenant, when the file leaves
-// it out, is a share of the connections there really are). The upstreams
-// and tools.<name>.timeout stay cfg's: the federation keeps the servers
-// it started with whatever the file says, and their limits follow.
+// it out, is a share of the connections there really are). The federation
+// serves the upstreams it started with, each tool with the timeout it
+// started with, whatever the file says: so do upstreams and
+// tools.<name>.timeout in force, with the file's limits (upstreamsInForce,
+// toolsInForce).
 func inForce(old, cfg *policy.Config) *policy.Config {
 	c := *cfg
 	for _, f := range startOnlyFields {
@@ -56,11 +60,59 @@ func inForce(old, cfg *policy.Config) *policy.Config {
 		}
 	}
 	c.Server = c.Server.WithMaxConnections(old.Server.MaxConnections)
-	return &c
+	c.Upstreams = upstreamsInForce(old.Upstreams, cfg.Upstreams)
+	c.Tools = toolsInForce(old.Tools, cfg.Tools)
+	// The rules of a tool combine its upstream's limits, found by the
+	// prefixes and positions of Upstreams, which may now differ from the
+	// file's.
+	return c.Reindexed()
+}
+
+// upstreamsInForce are the upstreams that run (old's, in old's order, as
+// the federation started them), each with the limits file gives it by its
+// name: an upstream file leaves out still runs, without limits, and one it
+// adds does not run, so it is left out. Without a federation (old has no
+// upstreams) there are none to keep.
+func upstreamsInForce(old, file []policy.UpstreamServer) []policy.UpstreamServer {
+	if len(old) == 0 {
+		return file
+	}
+	out := make([]policy.UpstreamServer, len(old))
+	for i, u := range old {
+		u.Limits = nil
+		if j := slices.IndexFunc(file, func(f policy.UpstreamServer) bool { return f.Name == u.Name }); j >= 0 {
+			u.Limits = file[j].Limits
+		}
+		out[i] = u
+	}
+	return out
+}
+
+// toolsInForce are file's tools, each with old's timeout: the federation
+// reads tools.<name>.timeout at start only, so a tool whose timeout the
+// file adds has none in force (its upstream's applies) until a restart,
+// and a tool with a timeout in force that the file leaves out stays, with
+// that timeout alone.
+func toolsInForce(old, file map[string]policy.Tool) map[string]policy.Tool {
+	out := maps.Clone(file)
+	for name, t := range out {
+		t.Timeout = old[name].Timeout
+		out[name] = t
+	}
+	for name, t := range old {
+		if _, ok := out[name]; !ok && t.Timeout > 0 {
+			if out == nil {
+				out = map[string]policy.Tool{}
+			}
+			out[name] = policy.Tool{Timeout: t.Timeout}
+		}
+	}
+	return out
 }
 
 // startOnlyField is a setting read at start only: how to read it from a
-// config, and how to copy it from one to another (nil: inForce does not).
+// config, and how to copy it from one to another (nil: inForce keeps it
+// otherwise, as the upstreams and the tools' timeouts are).
 type startOnlyField struct {
 	name string
 	get  func(c *policy.Config) any

@@ -575,6 +575,16 @@ func combine(lists ...[]Rule) []Rule {
 	return out
 }
 
+// Reindexed returns a copy of c whose rules RulesFor reads are combined
+// anew from its Tiers, Global, Tools and Upstreams: Parse combines them in
+// advance, so a copy whose Upstreams or Tools were replaced after Parse
+// (a reload keeps the upstreams in force, see gateway.Apply) needs it.
+func (c *Config) Reindexed() *Config {
+	n := *c
+	n.index()
+	return &n
+}
+
 // index builds c.rules, c.methodRules, c.methodGlobal and c.global.
 func (c *Config) index() {
 	c.rules = map[string]*callRules{}
