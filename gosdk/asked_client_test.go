@@ -9,47 +9,58 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// A shared cache (every tenant's entries) does not store a result whose
-// handler asked its caller's client something: the result holds that
-// client's answer (here an elicitation's), which is not another
-// tenant's to read. Each caller gets its own client's answer; a shared
-// tool that asks no client is still stored once for all tenants. Without
-// a SendingMiddleware nothing can tell, and no shared result is stored.
-// The gateway does the same (gateway/cache.go, AskedClient).
-func TestSharedCacheKeepsNoLoadThatAskedTheClient(t *testing.T) {
+// A cache does not store a result whose handler asked its caller's client
+// something: the result holds that client's answer (here an
+// elicitation's), which is neither another tenant's to read (a shared
+// cache) nor another subject's of the same tenant (a tenant's own
+// entries). Each caller gets its own client's answer; a tool that asks no
+// client is still stored once. Without a SendingMiddleware nothing can
+// tell, and no result is stored. The gateway does the same
+// (gateway/cache.go, AskedClient).
+func TestCacheKeepsNoLoadThatAskedTheClient(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		name      string
+		shared    bool
 		noSending bool
 		tool      string
-		want      [2]string // tenant a's text, tenant b's
+		want      [2]string // the first caller's text, the second's
 		reached   int64     // handler runs for the two calls
 	}{
-		{"asked the client", false, "ask", [2]string{"asked: a's answer", "asked: b's answer"}, 2},
-		{"asked no client", false, "echo", [2]string{"x", "x"}, 1},
-		{"no sending middleware, asked the client", true, "ask", [2]string{"asked: a's answer", "asked: b's answer"}, 2},
-		{"no sending middleware, asked no client", true, "echo", [2]string{"x", "x"}, 2},
+		{"shared, asked the client", true, false, "ask", [2]string{"asked: a's answer", "asked: b's answer"}, 2},
+		{"shared, asked no client", true, false, "echo", [2]string{"x", "x"}, 1},
+		{"shared, no sending middleware, asked the client", true, true, "ask", [2]string{"asked: a's answer", "asked: b's answer"}, 2},
+		{"shared, no sending middleware, asked no client", true, true, "echo", [2]string{"x", "x"}, 2},
+		{"tenant, asked the client", false, false, "ask", [2]string{"asked: a's answer", "asked: b's answer"}, 2},
+		{"tenant, asked no client", false, false, "echo", [2]string{"x", "x"}, 1},
+		{"tenant, no sending middleware, asked no client", false, true, "echo", [2]string{"x", "x"}, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			s := newServer(t, false, `
+			s := newServer(t, false, fmt.Sprintf(`
 tools:
-  `+c.tool+`:
-    cache: {ttl: 10m, shared: true}
-`, options{noSending: c.noSending})
+  %s:
+    cache: {ttl: 10m, shared: %v}
+`, c.tool, c.shared), options{noSending: c.noSending})
 			ctx := context.Background()
-			for i, tenant := range []string{"a", "b"} {
-				cs := s.connectAnswering(token(t, "tenant-"+tenant, "u"), tenant+"'s answer")
+			for i, who := range []string{"a", "b"} {
+				// two tenants for a shared cache, two subjects of one
+				// tenant for a tenant's own entries
+				tenant, subject := "tenant-"+who, "u"
+				if !c.shared {
+					tenant, subject = "tenant-a", who
+				}
+				cs := s.connectAnswering(token(t, tenant, subject), who+"'s answer")
 				res, err := call(ctx, cs, c.tool, map[string]any{"text": "x"})
 				if err != nil || res.IsError {
-					t.Fatalf("tenant %s: %+v, %v", tenant, res, err)
+					t.Fatalf("caller %s: %+v, %v", who, res, err)
 				}
 				if got := resultText(res); got != c.want[i] {
-					t.Fatalf("tenant %s got %q, want %q", tenant, got, c.want[i])
+					t.Fatalf("caller %s got %q, want %q", who, got, c.want[i])
 				}
 			}
 			if n := s.reached(c.tool); n != c.reached {
-				t.Fatalf("the handler ran %d times for two tenants' calls, want %d", n, c.reached)
+				t.Fatalf("the handler ran %d times for two callers' calls, want %d", n, c.reached)
 			}
 		})
 	}
@@ -103,47 +114,5 @@ tools:
 	}
 	if n := s.reached("ask"); n != 2 {
 		t.Errorf("the handler ran %d times for two tenants' calls, want 2", n)
-	}
-}
-
-// A tenant's own entries (cache without shared) are not stored from a load
-// whose handler asked its client something either: the result holds one
-// subject's answer, which another subject of the tenant must not read.
-// Without a SendingMiddleware nothing can tell, and nothing is stored.
-func TestTenantCacheKeepsNoLoadThatAskedTheClient(t *testing.T) {
-	t.Parallel()
-	for _, c := range []struct {
-		name      string
-		noSending bool
-		tool      string
-		want      [2]string // subject a's text, subject b's
-		reached   int64     // handler runs for the two calls
-	}{
-		{"asked the client", false, "ask", [2]string{"asked: a's answer", "asked: b's answer"}, 2},
-		{"asked no client", false, "echo", [2]string{"x", "x"}, 1},
-		{"no sending middleware, asked no client", true, "echo", [2]string{"x", "x"}, 2},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			s := newServer(t, false, `
-tools:
-  `+c.tool+`:
-    cache: {ttl: 10m}
-`, options{noSending: c.noSending})
-			ctx := context.Background()
-			for i, subject := range []string{"a", "b"} {
-				cs := s.connectAnswering(token(t, "tenant-a", subject), subject+"'s answer")
-				res, err := call(ctx, cs, c.tool, map[string]any{"text": "x"})
-				if err != nil || res.IsError {
-					t.Fatalf("subject %s: %+v, %v", subject, res, err)
-				}
-				if got := resultText(res); got != c.want[i] {
-					t.Fatalf("subject %s got %q, want %q", subject, got, c.want[i])
-				}
-			}
-			if n := s.reached(c.tool); n != c.reached {
-				t.Fatalf("the handler ran %d times for two subjects' calls, want %d", n, c.reached)
-			}
-		})
 	}
 }
