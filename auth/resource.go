@@ -115,10 +115,12 @@ func ScopesSupported(tools []string) []string {
 // NeededScope is the scope that grants the tool, resource or prompt a
 // caller was refused (kind "tool", "resource" or "prompt"; name is the tool
 // or prompt name or the resource URI), for the scope parameter of an
-// insufficient_scope challenge. When that scope cannot be written as a
-// scope token (see ScopesSupported) or is longer than maxNeededScope, it is
-// the kind's wildcard ("tools:*", ...), which grants it too. Another kind
-// yields "".
+// insufficient_scope challenge: a client that obtains it and retries must
+// get through (MCP's step-up authorization), so it is the kind's wildcard
+// ("tools:*", ...) when the exact scope cannot be written as a scope token
+// (see ScopesSupported), is longer than maxNeededScope, or would not grant
+// the resource (an AmbiguousURI, which only "resources:*" allows). Another
+// kind yields "".
 func NeededScope(kind, name string) string {
 	var prefix string
 	switch kind {
@@ -126,11 +128,42 @@ func NeededScope(kind, name string) string {
 		prefix = toolScopePrefix
 	case "resource":
 		prefix = resourceScopePrefix
+		if AmbiguousURI(name) {
+			return resourceScopePrefix + "*"
+		}
 	case "prompt":
 		prefix = promptScopePrefix
 	default:
 		return ""
 	}
+	return scopeOrWildcard(prefix, name)
+}
+
+// NeededTemplateScope is the scope that makes AllowsResourceTemplate allow
+// the resource template tmpl (as NeededScope for a template): a glob of
+// the template's literal prefix up to its first '{' or '*' followed by
+// '*', "resources:file:///docs/*" for "file:///docs/{name}". It is
+// "resources:*" when that glob would be empty, too long or not a scope
+// token, or when the prefix is an AmbiguousURI; a template without '{' is
+// one URI, whose NeededScope it is.
+func NeededTemplateScope(tmpl string) string {
+	prefix, _, expands := strings.Cut(tmpl, "{")
+	if !expands {
+		return NeededScope("resource", tmpl)
+	}
+	if AmbiguousURI(prefix) {
+		return resourceScopePrefix + "*"
+	}
+	lit, _, _ := strings.Cut(prefix, "*")
+	if lit == "" {
+		return resourceScopePrefix + "*"
+	}
+	return scopeOrWildcard(resourceScopePrefix, lit+"*")
+}
+
+// scopeOrWildcard is prefix+name when that is a scope token of at most
+// maxNeededScope bytes, else prefix+"*".
+func scopeOrWildcard(prefix, name string) string {
 	if s := prefix + name; name != "" && len(s) <= maxNeededScope && validScopeToken(s) {
 		return s
 	}

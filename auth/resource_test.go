@@ -58,6 +58,10 @@ func TestNeededScope(t *testing.T) {
 		{"prompt", "", "prompts:*"},
 		{"tool", long, "tools:*"},
 		{"other", "x", ""},
+		// only "resources:*" allows an ambiguous URI
+		{"resource", "file:///docs/../etc/passwd", "resources:*"},
+		{"resource", "file:///docs/a%2Fb", "resources:*"},
+		{"resource", "file:///a*b", "resources:file:///a*b"},
 	}
 	for _, c := range cases {
 		got := NeededScope(c.kind, c.name)
@@ -70,6 +74,30 @@ func TestNeededScope(t *testing.T) {
 			if !allowed[c.kind] {
 				t.Errorf("NeededScope(%q, %.20q) = %q does not grant it", c.kind, c.name, got)
 			}
+		}
+	}
+}
+
+func TestNeededTemplateScope(t *testing.T) {
+	long := "file:///" + string(make([]byte, maxNeededScope)) + "{x}"
+	for _, c := range []struct{ tmpl, want string }{
+		{"file:///docs/{name}", "resources:file:///docs/*"},
+		{"file:///docs/{name}/{page}", "resources:file:///docs/*"},
+		{"file:///a*b/{name}", "resources:file:///a*"},
+		{"file:///docs/readme.md", "resources:file:///docs/readme.md"},
+		{"file:///docs/../{name}", "resources:*"},
+		{"file:///docs/%2f{name}", "resources:*"},
+		{"{+path}", "resources:*"},
+		{"*{x}", "resources:*"},
+		{"file:///ü/{name}", "resources:*"},
+		{long, "resources:*"},
+	} {
+		got := NeededTemplateScope(c.tmpl)
+		if got != c.want {
+			t.Errorf("NeededTemplateScope(%.30q) = %q, want %q", c.tmpl, got, c.want)
+		}
+		if !ParseScopes(got).AllowsResourceTemplate(c.tmpl) {
+			t.Errorf("NeededTemplateScope(%.30q) = %q does not grant it", c.tmpl, got)
 		}
 	}
 }

@@ -3,6 +3,8 @@ package gateway
 import (
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 
 	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/internal/clip"
@@ -18,6 +20,10 @@ type denial struct {
 	kind  string // "tool", "resource" or "prompt": the data member naming it
 	name  string // the tool, resource URI or prompt, cut to maxDeniedName
 	scope string // the scope that would allow it (auth.NeededScope)
+	// invalid, when set, refuses a request the gateway cannot read: no
+	// scope would let it through, so it is answered as it is (a 400),
+	// with no kind, name, scope or challenge.
+	invalid *mcp.Error
 }
 
 // authorize checks msg against the caller's scopes and returns the list
@@ -61,16 +67,16 @@ func authorize(p auth.Principal, msg *mcp.Message) (mcp.Filter, *denial) {
 
 // authorizeCompletion scopes completion/complete like what it completes: a
 // prompt's arguments need the prompt, a resource template's need the
-// template. A ref the gateway cannot read unambiguously is refused.
+// template. A ref the gateway cannot read unambiguously is a bad request.
 func authorizeCompletion(sc auth.Scopes, msg *mcp.Message) *denial {
 	kind, name, err := mcp.CompletionRef(msg)
 	switch {
 	case err != nil:
-		return &denial{kind: "prompt", name: clip.String(err.Message, maxDeniedName), scope: "prompts:*"}
+		return &denial{invalid: err}
 	case kind == "prompt" && !sc.AllowsPrompt(name):
 		return &denial{kind: kind, name: clip.String(name, maxDeniedName), scope: auth.NeededScope(kind, name)}
 	case kind == "resource" && !sc.AllowsResourceTemplate(name):
-		return &denial{kind: kind, name: clip.String(name, maxDeniedName), scope: auth.NeededScope(kind, name)}
+		return &denial{kind: kind, name: clip.String(name, maxDeniedName), scope: auth.NeededTemplateScope(name)}
 	}
 	return nil
 }
@@ -78,24 +84,51 @@ func authorizeCompletion(sc auth.Scopes, msg *mcp.Message) *denial {
 // authorizeListen scopes a subscriptions/listen (MCP 2026-07-28) like the
 // resources/subscribe it replaces: every resource it asks updates of must
 // be in the scopes, or the whole request is denied, naming the first that
-// is not. A request the gateway cannot read strictly is denied as well.
+// is not. A request the gateway cannot read strictly is a bad request.
 func authorizeListen(sc auth.Scopes, msg *mcp.Message) *denial {
 	uris, err := mcp.ListenResources(msg)
 	if err != nil {
-		return &denial{kind: "resource", name: clip.String(err.Message, maxDeniedName), scope: "resources:*"}
+		return &denial{invalid: err}
 	}
+	var d *denial
+	var scopes []string
 	for _, uri := range uris {
-		if !sc.AllowsResource(uri) {
-			return &denial{kind: "resource", name: clip.String(uri, maxDeniedName), scope: auth.NeededScope("resource", uri)}
+		if sc.AllowsResource(uri) {
+			continue
 		}
+		if d == nil {
+			d = &denial{kind: "resource", name: clip.String(uri, maxDeniedName)}
+		}
+		scopes = append(scopes, auth.NeededScope("resource", uri))
 	}
-	return nil
+	if d != nil {
+		d.scope = listenScope(scopes)
+	}
+	return d
 }
+
+// listenScope joins the scopes of every resource a subscriptions/listen
+// was refused, so that one step-up grants them all (a client retries once):
+// "resources:*" when one of them is, or when the list is longer than a
+// challenge should carry.
+func listenScope(scopes []string) string {
+	slices.Sort(scopes)
+	scopes = slices.Compact(scopes)
+	s := strings.Join(scopes, " ")
+	if slices.Contains(scopes, "resources:*") || len(s) > maxListenScope {
+		return "resources:*"
+	}
+	return s
+}
+
+// maxListenScope bounds the scope a subscriptions/listen's challenge names:
+// its URIs come from the caller and may fill the body.
+const maxListenScope = 2048
 
 // authorized runs authorize for msg, the message of request r whose caller
 // is p, and returns the list filter of its answer; it answers a denial
 // itself (403, a JSON-RPC error naming what was refused, nothing
-// forwarded) and then returns ok false. With authorization servers
+// forwarded; a 400 for a request it cannot read) and then returns ok false. With authorization servers
 // configured the 403 also carries an insufficient_scope challenge (RFC
 // 6750 §3.1) naming the scope needed and the metadata, from which a client
 // can ask the authorization server for it (MCP's step-up authorization).
@@ -103,6 +136,11 @@ func (g *Gateway) authorized(w http.ResponseWriter, r *http.Request, rt *runtime
 	filter, d := authorize(p, msg)
 	if d == nil {
 		return filter, true
+	}
+	if d.invalid != nil {
+		g.metrics.Requests.WithLabelValues(methodClass(msg), "bad_request").Inc()
+		mcp.WriteError(w, d.invalid.HTTPStatus, d.invalid.ID, d.invalid.Code, d.invalid.Message, d.invalid.Data)
+		return mcp.Filter{}, false
 	}
 	if meta := g.resourceMetadataURL(rt, r); meta != "" {
 		w.Header().Set("WWW-Authenticate", auth.Challenge{
