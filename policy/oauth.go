@@ -33,14 +33,49 @@ func (d *decoder) authorizationServers(n *yaml.Node, path string) []string {
 }
 
 // resource decodes auth.resource, the resource identifier tokens must be
-// issued for; "" (not set) is allowed.
+// issued for; "" (not set) is allowed. It must be spelled as clients
+// spell it: they ask the authorization server for a token for the URL as
+// a WHATWG parser writes it (the TypeScript SDK sends new URL(resource).href),
+// the server puts that in aud, and aud is compared with auth.resource
+// exactly (RFC 8707), so any other spelling would refuse every token.
+// Refusing it says so at startup, where normalising it silently would
+// publish a resource other than the one configured.
 func (d *decoder) resource(n *yaml.Node, path string) string {
 	s, ok := d.str(n, path)
 	if !ok || s == "" || !d.checkOAuthURL(n, path, s, "the gateway's public MCP URL, e.g. https://mcp.example.com/mcp") {
 		return ""
 	}
+	if c := canonicalURL(s); c != s {
+		d.errf(n, path, "%q is not how clients spell this URL: write %q (tokens carry it in aud, compared exactly)", s, c)
+		return ""
+	}
 	return s
 }
+
+// canonicalURL is the absolute http(s) URL s (checkOAuthURL accepted it)
+// as a WHATWG URL parser serialises it, as far as the spelling of an OAuth
+// resource can differ: scheme and host lower case, no default or empty
+// port, "/" for an empty path.
+func canonicalURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return s
+	}
+	c := *u
+	c.Scheme = strings.ToLower(u.Scheme)
+	c.Host = strings.ToLower(u.Host)
+	if p := u.Port(); p == "" || p == defaultPorts[c.Scheme] {
+		c.Host = strings.TrimSuffix(c.Host, ":"+p)
+	}
+	if c.Path == "" {
+		c.Path, c.RawPath = "/", ""
+	}
+	return c.String()
+}
+
+// defaultPorts are the ports a WHATWG URL parser drops from a URL of each
+// scheme.
+var defaultPorts = map[string]string{"http": "80", "https": "443"}
 
 // checkResourceAlone warns about auth.resource without
 // auth.authorization_servers: the audience is checked, nothing is served.

@@ -106,6 +106,23 @@ func TestOAuthFieldsRefused(t *testing.T) {
 		{"resource relative", "  resource: /mcp\n", []string{
 			`m.yaml:5: auth.resource: bad URL "/mcp": want an absolute https:// URL ` + res,
 		}},
+		// aud is compared exactly with the resource as clients spell it
+		// (WHATWG URL href): another spelling would refuse every token
+		{"resource without path", "  resource: https://mcp.example.com\n", []string{
+			`m.yaml:5: auth.resource: "https://mcp.example.com" is not how clients spell this URL: write "https://mcp.example.com/" (tokens carry it in aud, compared exactly)`,
+		}},
+		{"resource with default port", "  resource: https://mcp.example.com:443/mcp\n", []string{
+			`m.yaml:5: auth.resource: "https://mcp.example.com:443/mcp" is not how clients spell this URL: write "https://mcp.example.com/mcp" (tokens carry it in aud, compared exactly)`,
+		}},
+		{"resource with upper case", "  resource: HTTPS://MCP.example.com/MCP\n", []string{
+			`m.yaml:5: auth.resource: "HTTPS://MCP.example.com/MCP" is not how clients spell this URL: write "https://mcp.example.com/MCP" (tokens carry it in aud, compared exactly)`,
+		}},
+		{"resource with empty port", "  resource: http://localhost:/mcp\n", []string{
+			`m.yaml:5: auth.resource: "http://localhost:/mcp" is not how clients spell this URL: write "http://localhost/mcp" (tokens carry it in aud, compared exactly)`,
+		}},
+		{"resource with http default port", "  resource: http://127.0.0.1:80\n", []string{
+			`m.yaml:5: auth.resource: "http://127.0.0.1:80" is not how clients spell this URL: write "http://127.0.0.1/" (tokens carry it in aud, compared exactly)`,
+		}},
 		{"misspelt", "  authorisation_servers: [https://idp.example.com]\n", nil},
 	}
 	for _, tc := range cases {
