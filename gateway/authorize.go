@@ -67,7 +67,8 @@ func authorize(p auth.Principal, msg *mcp.Message) (mcp.Filter, *denial) {
 
 // authorizeCompletion scopes completion/complete like what it completes: a
 // prompt's arguments need the prompt, a resource template's need the
-// template. A ref the gateway cannot read unambiguously is a bad request.
+// template. A ref the gateway cannot read unambiguously, or of another
+// type, is a bad request: no scope would let it through.
 func authorizeCompletion(sc auth.Scopes, msg *mcp.Message) *denial {
 	kind, name, err := mcp.CompletionRef(msg)
 	switch {

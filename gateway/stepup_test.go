@@ -95,3 +95,34 @@ func TestUnreadableRequestIsBadRequest(t *testing.T) {
 		t.Error("a bad request reached the upstream")
 	}
 }
+
+// A completion ref of another type than ref/prompt and ref/resource is
+// scoped like nothing, so it is refused whatever the scopes (as
+// gosdk.ScopeMiddleware refuses it): an upstream that folds case would
+// otherwise complete "ref/Prompt" for a prompt no scope allows. No scope
+// would let it through, so it is a 400 without challenge.
+func TestUnknownCompletionRefRefused(t *testing.T) {
+	refs := []string{`{"type":"ref/other","name":"review"}`, `{"name":"review"}`, `{"type":"ref/Prompt","name":"review"}`}
+	for _, ref := range refs {
+		msg, err := mcp.Parse([]byte(completionBody(ref)))
+		if err != nil {
+			t.Fatalf("%s: %v", ref, err)
+		}
+		for _, sc := range []string{"", "tools:* resources:* prompts:*"} {
+			if _, d := authorize(auth.Principal{Tenant: "acme", Scopes: auth.ParseScopes(sc)}, msg); d == nil || d.invalid == nil {
+				t.Errorf("ref %s, scopes %q: %+v, want a bad request", ref, sc, d)
+			}
+		}
+	}
+	as := newTestAS(t)
+	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true}, Config: oauthConfig(as, "")})
+	for _, ref := range refs {
+		r := post(t, e.mcpURL(0), sign(t, claims("acme", "alice", "")), completionBody(ref), nil)
+		if r.Status != http.StatusBadRequest || r.code() != mcp.CodeInvalidParams || r.Header.Values("WWW-Authenticate") != nil {
+			t.Errorf("%s: %d %q %s", ref, r.Status, r.Header.Values("WWW-Authenticate"), r.Body)
+		}
+	}
+	if e.up.Requests("completion/complete") != 0 {
+		t.Error("a completion of an unknown ref reached the upstream")
+	}
+}

@@ -14,7 +14,9 @@ const MethodCompletionComplete = "completion/complete"
 
 // CompletionRef reads params.ref of a completion/complete request: kind is
 // "prompt" (ref/prompt, name is the prompt's) or "resource" (ref/resource,
-// name is the URI template), "" for another ref type. Like Parse, it reads
+// name is the URI template). Another ref type, or none, is refused (a 400
+// *Error): no scope is checked for it, and an upstream that folds case
+// would complete "ref/Prompt" as a prompt. Like Parse, it reads
 // members as a strict upstream does: a duplicate or case-insensitive twin
 // of ref, type, name or uri is refused (a 400 *Error), since another parser
 // could pick the other one and complete for a prompt the gateway did not
@@ -47,7 +49,18 @@ func CompletionRef(m *Message) (kind, name string, err *Error) {
 		}
 		return "", "", invalid("completion/complete params.ref needs a string uri")
 	}
-	return "", "", nil
+	return "", "", invalid("completion/complete params.ref.type must be \"ref/prompt\" or \"ref/resource\", not %s", refType(ref[0]))
+}
+
+// refType describes the raw params.ref.type v for an error message.
+func refType(v json.RawMessage) string {
+	if v == nil {
+		return "missing"
+	}
+	if typ, ok := decodeString(v); ok {
+		return quoteCapped(typ)
+	}
+	return "a non-string"
 }
 
 // members returns the raw values of the named members of the JSON object

@@ -9,7 +9,12 @@ func TestCompletionRef(t *testing.T) {
 	}{
 		{`{"ref":{"type":"ref/prompt","name":"greet"},"argument":{"name":"a","value":"b"}}`, "prompt", "greet", false},
 		{`{"ref":{"type":"ref/resource","uri":"file:///{x}"}}`, "resource", "file:///{x}", false},
-		{`{"ref":{"type":"ref/other"}}`, "", "", false},
+		// another ref type is refused: no scope is checked for it, and an
+		// upstream that folds case would complete a prompt ("ref/Prompt")
+		{`{"ref":{"type":"ref/other"}}`, "", "", true},
+		{`{"ref":{"type":"ref/Prompt","name":"a"}}`, "", "", true},
+		{`{"ref":{"name":"a"}}`, "", "", true},
+		{`{"ref":{"type":1,"name":"a"}}`, "", "", true},
 		{`{"ref":{"type":"ref/prompt","name":"a","name":"b"}}`, "", "", true},
 		{`{"ref":{"type":"ref/prompt","name":"a","Name":"b"}}`, "", "", true},
 		{`{"ref":{"type":"ref/prompt"}}`, "", "", true},
