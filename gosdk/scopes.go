@@ -105,16 +105,18 @@ func authorize(sc auth.Scopes, params mcp.Params) error {
 		}
 		return nil
 	case *mcp.CompleteParams:
-		// Completions are scoped like what they complete.
+		// Completions are scoped like what they complete. A ref of
+		// another type (none, a case variant) is no request any scope
+		// could allow: invalid params, as the gateway answers it (an
+		// upstream folding case would complete a prompt no scope allows).
 		switch {
 		case p == nil || p.Ref == nil:
-			return allowed("prompt", false, "")
 		case p.Ref.Type == "ref/prompt":
 			return allowed("prompt", sc.AllowsPrompt(p.Ref.Name), p.Ref.Name)
 		case p.Ref.Type == "ref/resource":
 			return allowed("resource", sc.AllowsResourceTemplate(p.Ref.URI), p.Ref.URI)
 		}
-		return allowed("prompt", false, p.Ref.Type)
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "completion/complete: ref must be of type ref/prompt or ref/resource"}
 	}
 	return nil
 }

@@ -48,3 +48,19 @@ func TestAuthorizeKinds(t *testing.T) {
 		}
 	}
 }
+
+// A completion ref of another type than ref/prompt or ref/resource (none,
+// a case variant) is invalid params, whatever the scopes, as the gateway
+// answers it: no scope could allow it.
+func TestAuthorizeUnknownCompletionRef(t *testing.T) {
+	for _, p := range []*mcp.CompleteParams{
+		{Ref: &mcp.CompleteReference{Type: "ref/other", Name: "plan"}},
+		{Ref: &mcp.CompleteReference{Type: "ref/Prompt", Name: "plan"}},
+		{Ref: nil},
+	} {
+		var je *jsonrpc.Error
+		if err := authorize(auth.ParseScopes("prompts:* resources:*"), p); !errors.As(err, &je) || je.Code != jsonrpc.CodeInvalidParams {
+			t.Errorf("ref %+v: %v, want invalid params", p.Ref, err)
+		}
+	}
+}
