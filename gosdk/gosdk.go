@@ -27,8 +27,8 @@
 // goroutines, for the life of the process. The SDK counts POSTs only: a
 // client that only listens on its GET stream would lose its session after
 // that long, where the gateway counts an open stream as use;
-// examples/sdkserver keeps such a session with an in-process ping while
-// the stream is open.
+// examples/sdkserver keeps such a session with KeepAlive, an in-process
+// ping that is not charged to the tenant, while the stream is open.
 //
 // Middleware admits every request through Engine.Admit and answers a
 // denial the way the gateway does (a JSON-RPC error with code -33029 and
@@ -107,7 +107,8 @@ type Options struct {
 //     ...) pass ungoverned: in process they reach no other server, and a
 //     refused notification could only be dropped silently. (The gateway,
 //     which forwards them to an upstream, counts them under the rules of
-//     policy.MethodNotifications.)
+//     policy.MethodNotifications.) So does a ping KeepAlive posted: the
+//     server's own, not the tenant's.
 //   - tools/call is admitted with Name the tool and Arguments its
 //     arguments (rate limits, monthly quota and metering, the loop breaker,
 //     keyed on the caller and, when breaker.key is session, the SDK's session
@@ -168,7 +169,7 @@ func newMiddleware(e *enforce.Engine, opts *Options) *middleware {
 
 func (m *middleware) wrap(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		if isNotification(method) {
+		if isNotification(method) || isKeepAlive(method, req) {
 			return next(ctx, method, req)
 		}
 		id, err := m.identity(ctx, req)

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -148,7 +147,8 @@ func (s *server) handler() http.Handler {
 // alive: the SDK's SessionTimeout counts POSTs only, and would end, after
 // idle, the session of a client that only waits for notifications (as
 // the gateway, which counts an open stream as use, does not). While the
-// stream is open, an in-process ping is posted in the session every idle/2.
+// stream is open, an in-process ping (gosdk.KeepAlive) is posted in the
+// session every idle/2.
 func (s *server) listenersKept(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get("Mcp-Session-Id")
@@ -166,17 +166,11 @@ func (s *server) listenersKept(h http.Handler) http.Handler {
 				case <-stop:
 					return
 				case <-t.C:
-					ping, err := http.NewRequestWithContext(r.Context(), http.MethodPost, r.URL.String(),
-						strings.NewReader(`{"jsonrpc":"2.0","id":"sdkserver-keepalive","method":"ping"}`))
-					if err != nil {
+					// The server's own ping: not charged to the tenant.
+					if err := gosdk.KeepAlive(r.Context(), h, r); err != nil {
+						s.log.Debug("keep-alive ping", "err", err)
 						return
 					}
-					ping.Host = r.Host // the SDK refuses a request for another host
-					ping.Header.Set("Mcp-Session-Id", id)
-					ping.Header.Set("Mcp-Protocol-Version", r.Header.Get("Mcp-Protocol-Version"))
-					ping.Header.Set("Content-Type", "application/json")
-					ping.Header.Set("Accept", "application/json, text/event-stream")
-					h.ServeHTTP(discard{header: http.Header{}}, ping)
 				}
 			}
 		}()
@@ -241,11 +235,3 @@ func (s *server) close() {
 		_ = s.auth.Close()
 	}
 }
-
-// discard is a ResponseWriter that keeps nothing: the answer to an
-// in-process keep-alive ping.
-type discard struct{ header http.Header }
-
-func (d discard) Header() http.Header       { return d.header }
-func (discard) Write(b []byte) (int, error) { return len(b), nil }
-func (discard) WriteHeader(int)             {}
