@@ -16,3 +16,11 @@ func MiddlewareWithoutSending(e *enforce.Engine, opts *Options) mcp.Middleware {
 	m.sending = new(atomic.Bool)
 	return m.wrap
 }
+
+// MiddlewareSettling is Middleware that tells settled how each admitted
+// tools/call ended.
+func MiddlewareSettling(e *enforce.Engine, opts *Options, settled func(tool string, st enforce.Status)) mcp.Middleware {
+	m := newMiddleware(e, opts)
+	m.settled = settled
+	return m.wrap
+}

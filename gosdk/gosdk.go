@@ -11,7 +11,7 @@
 //	server.AddSendingMiddleware(gosdk.SendingMiddleware())
 //	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
 //		&mcp.StreamableHTTPOptions{SessionTimeout: cfg.Sessions.IdleTimeout})
-//	http.Handle("/mcp", gosdk.RequireBearerToken(authenticator, cfg)(handler))
+//	http.Handle("/mcp", gosdk.RequireBearerToken(authenticator, cfg)(gosdk.CancelAbandoned(handler)))
 //
 // SendingMiddleware is part of the setup whenever a tool has a cache: it
 // tells Middleware that a tool handler asked its caller's client something
@@ -29,6 +29,10 @@
 // that long, where the gateway counts an open stream as use;
 // examples/sdkserver keeps such a session with KeepAlive, an in-process
 // ping that is not charged to the tenant, while the stream is open.
+//
+// CancelAbandoned lets Middleware cancel, and settle as abandoned, a call
+// whose client went away mid-call: the SDK's stateful handler would run it
+// to its end, its concurrency slot held.
 //
 // Middleware admits every request through Engine.Admit and answers a
 // denial the way the gateway does (a JSON-RPC error with code -33029 and
@@ -148,9 +152,10 @@ type Options struct {
 //   - Every admitted call is settled with Ticket.Answered and Ticket.Done
 //     before its answer is returned: the status is OK, ToolError (an isError
 //     result or an error), Cancelled (the request's context was cancelled,
-//     notifications/cancelled) or Abandoned (it ended otherwise), and the
-//     marshalled result goes with it, so cost.from_result corrects the
-//     charge. A result served from the cache is charged the estimate.
+//     notifications/cancelled) or Abandoned (its client went away, see
+//     CancelAbandoned, or it ended otherwise), and the marshalled result
+//     goes with it, so cost.from_result corrects the charge. A result
+//     served from the cache is charged the estimate.
 //
 // The middleware records nothing of its own: the engine meters, counts and
 // logs. Add it after any middleware that must see requests before they are
@@ -172,6 +177,8 @@ func (m *middleware) wrap(next mcp.MethodHandler) mcp.MethodHandler {
 		if isNotification(method) || isKeepAlive(method, req) {
 			return next(ctx, method, req)
 		}
+		ctx, stop := whileConnected(ctx, req)
+		defer stop()
 		id, err := m.identity(ctx, req)
 		if err != nil {
 			return nil, unauthenticated(err)
@@ -196,6 +203,8 @@ type middleware struct {
 
 	listMu sync.Mutex
 	listed atomic.Bool // listTools read the whole list: later denials skip listMu
+
+	settled func(tool string, st enforce.Status) // a test's: told how each admitted tools/call ended
 }
 
 // request governs a request that is not a tools/call.
@@ -251,7 +260,10 @@ func (m *middleware) toolCall(ctx context.Context, next mcp.MethodHandler, metho
 		res, err = next(ctx, method, req)
 		answer, failed = settled(res, err)
 	}
-	st := status(ctx, failed)
+	st := status(ctx, req, failed)
+	if m.settled != nil {
+		m.settled(params.Name, st)
+	}
 	sctx := context.WithoutCancel(ctx)
 	if st == enforce.OK || st == enforce.ToolError {
 		t.Answered(sctx, answer, failed)
@@ -277,10 +289,13 @@ func settled(res mcp.Result, err error) (json.RawMessage, bool) {
 	return b, r.IsError
 }
 
-// status is how an admitted call ended, for the engine.
-func status(ctx context.Context, failed bool) enforce.Status {
+// status is how an admitted call ended, for the engine. A call whose
+// client went away is Abandoned even when its context was cancelled
+// (the SDK's stateless handler under PropagateRequestCancellation runs it
+// on the POST's context): the client did not ask.
+func status(ctx context.Context, req mcp.Request, failed bool) enforce.Status {
 	switch {
-	case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled):
+	case ctx.Err() != nil && !clientGone(req) && errors.Is(context.Cause(ctx), context.Canceled):
 		return enforce.Cancelled
 	case ctx.Err() != nil:
 		return enforce.Abandoned

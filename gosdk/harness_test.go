@@ -77,6 +77,10 @@ type options struct {
 	noSending bool
 	// pageSize is the server's tools/list page size (0: the SDK's).
 	pageSize int
+	// stateless serves with the SDK's stateless handler.
+	stateless bool
+	// settled, when set, is told how each admitted tools/call ended.
+	settled func(tool string, st enforce.Status)
 }
 
 // newServer starts a server whose config is an auth section, the store
@@ -120,14 +124,18 @@ func newServer(t *testing.T, redis bool, yaml string, o options) *server {
 
 	srv := mcp.NewServer(&mcp.Implementation{Name: "gosdk-test", Version: "1"}, &mcp.ServerOptions{PageSize: o.pageSize})
 	s.addTools(srv)
-	if o.noSending {
+	switch {
+	case o.noSending:
 		srv.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.MiddlewareWithoutSending(eng, nil))
-	} else {
+	case o.settled != nil:
+		srv.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.MiddlewareSettling(eng, nil, o.settled))
+		srv.AddSendingMiddleware(gosdk.SendingMiddleware())
+	default:
 		srv.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.Middleware(eng, nil))
 		srv.AddSendingMiddleware(gosdk.SendingMiddleware())
 	}
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
-	hs := httptest.NewServer(gosdk.RequireBearerToken(a, cfg)(h))
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{Stateless: o.stateless})
+	hs := httptest.NewServer(gosdk.RequireBearerToken(a, cfg)(gosdk.CancelAbandoned(h)))
 	t.Cleanup(hs.Close)
 	s.url = hs.URL
 	return s

@@ -137,7 +137,8 @@ func (s *server) handler() http.Handler {
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.mcp },
 		&mcp.StreamableHTTPOptions{SessionTimeout: s.idle})
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", gosdk.RequireBearerToken(s.auth, s.engine.Config())(s.endingStreams(s.listenersKept(h))))
+	// CancelAbandoned: a call whose client went away frees its slot at once.
+	mux.Handle("/mcp", gosdk.RequireBearerToken(s.auth, s.engine.Config())(s.endingStreams(s.listenersKept(gosdk.CancelAbandoned(h)))))
 	return mux
 }
 
