@@ -79,7 +79,9 @@ func (s *Scanner) canonical(dst []byte) ([]byte, error) {
 	case c == '{':
 		var members []canonMember
 		err := s.Object(func(key string) error {
-			if hasSurrogate(key) {
+			// Str refuses raw invalid UTF-8 and joins a valid pair into one
+			// rune: what is left invalid in a key (WTF-8) is a lone surrogate.
+			if !utf8.ValidString(key) {
 				return fmt.Errorf("%w %q", ErrLoneSurrogateKey, key)
 			}
 			v, err := s.canonical(nil)
@@ -149,18 +151,6 @@ func (s *Scanner) canonical(dst []byte) ([]byte, error) {
 }
 
 const hexDigits = "0123456789abcdef"
-
-// hasSurrogate reports whether s (WTF-8) holds an encoded surrogate
-// (ED A0..BF xx), which only an escaped lone surrogate produces: the scanner
-// refuses raw invalid UTF-8, and a valid pair decodes to one 4-byte rune.
-func hasSurrogate(s string) bool {
-	for i := 0; i+1 < len(s); i++ {
-		if s[i] == 0xED && s[i+1] >= 0xA0 {
-			return true
-		}
-	}
-	return false
-}
 
 // AppendString writes s (WTF-8) as a JSON string with the single
 // escaping scheme documented on Canonical.
