@@ -32,11 +32,7 @@ func URLError(err error) error {
 	if err == error(ue) {
 		return safe
 	}
-	msg := err.Error()
-	for _, form := range []string{strconv.Quote(ue.URL), ue.URL} {
-		msg = strings.ReplaceAll(msg, form, strconv.Quote(safe.URL))
-	}
-	return &wrapped{msg: msg, err: err}
+	return Replace(err, []string{strconv.Quote(ue.URL), ue.URL}, strconv.Quote(safe.URL))
 }
 
 // Replace returns err with every one of forms in its text replaced by
