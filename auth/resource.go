@@ -155,10 +155,7 @@ func NeededTemplateScope(tmpl string) string {
 		return resourceScopePrefix + "*"
 	}
 	lit, _, _ := strings.Cut(prefix, "*")
-	if lit == "" {
-		return resourceScopePrefix + "*"
-	}
-	return scopeOrWildcard(resourceScopePrefix, lit+"*")
+	return scopeOrWildcard(resourceScopePrefix, lit+"*") // "resources:*" when lit is empty
 }
 
 // scopeOrWildcard is prefix+name when that is a scope token of at most
