@@ -429,9 +429,7 @@ func (a *Authenticator) verifyToken(ctx context.Context, token string) (Principa
 	return a.claims(payload)
 }
 
-// checkIdentity refuses values that cannot travel safely in an upstream
-// header (X-Mcp-Tenant, X-Mcp-Subject) or a log line: invalid UTF-8 and
-// control characters, as well as overlong values.
+// invalid is a verification failure: ErrInvalidToken with the reason.
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidToken, fmt.Sprintf(format, args...))
 }
