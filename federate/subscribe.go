@@ -104,10 +104,7 @@ func (f *Federator) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 // since (another lists it first, or none does).
 func (f *Federator) unsubscribe(ctx context.Context, req *mcp.UnsubscribeRequest) error {
 	for _, up := range f.ups {
-		k := subKey{up, req.Params.URI}
-		if st := f.leave(k, req.Session); st != nil {
-			f.settle(k, st)
-		}
+		f.leave(subKey{up, req.Params.URI}, req.Session)
 	}
 	return nil
 }
@@ -121,17 +118,18 @@ func (f *Federator) subscribed(up *upstream, uri string) bool {
 	return st != nil && (st.active || st.settling)
 }
 
-// leave removes ss from k's subscribers and returns k's state (nil when
-// ss did not subscribe to it): settle it.
-func (f *Federator) leave(k subKey, ss *mcp.ServerSession) *subState {
+// leave removes ss from k's subscribers and settles k (a session that
+// did not subscribe to it changes nothing).
+func (f *Federator) leave(k subKey, ss *mcp.ServerSession) {
 	f.subs.Lock()
-	defer f.subs.Unlock()
 	st := f.subs.by[k]
 	if st == nil || !st.sessions[ss] {
-		return nil
+		f.subs.Unlock()
+		return
 	}
 	f.removeLocked(st, ss, nil)
-	return st
+	f.subs.Unlock()
+	f.settle(k, st)
 }
 
 // removeLocked removes ss from st's subscribers, answering err to its
@@ -211,9 +209,7 @@ func (f *Federator) leaveAll(ss *mcp.ServerSession) {
 	}
 	f.subs.Unlock()
 	for _, k := range keys {
-		if st := f.leave(k, ss); st != nil {
-			f.settle(k, st)
-		}
+		f.leave(k, ss)
 	}
 }
 
