@@ -230,7 +230,6 @@ func (f *Federator) buildCatalog(ctx context.Context) (*catalog, error) {
 		}
 		c.mu.Lock()
 		errs = append(errs, c.exposeLocked(up, l)...)
-		c.listed[up] = &listing{resources: l.resources, templates: l.templates}
 		c.mu.Unlock()
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -256,14 +255,14 @@ func (c *catalog) replace(up *upstream, l *listing) (old, kept *listing, diff re
 	defer c.mu.Unlock()
 	old = c.forgetLocked(up)
 	errs = c.exposeLocked(up, l)
-	c.listed[up] = &listing{resources: l.resources, templates: l.templates}
 	diff, _ = c.reclaimLocked(up.f.ups, up)
 	return old, c.byUp[up], diff, errs
 }
 
-// exposeLocked adds up's tools and prompts to a new entry of byUp (its
-// resources and templates are claimed after: see reclaimLocked): not a
-// name another upstream exposes (an error each). c.mu is held.
+// exposeLocked adds up's tools and prompts to a new entry of byUp: not a
+// name another upstream exposes (an error each); its resources and
+// templates go to listed, to be claimed after (see reclaimLocked). c.mu
+// is held.
 func (c *catalog) exposeLocked(up *upstream, l *listing) (errs []error) {
 	checkTool := checkSchema
 	if accept := up.f.opts.AcceptTool; accept != nil {
@@ -278,6 +277,7 @@ func (c *catalog) exposeLocked(up *upstream, l *listing) (errs []error) {
 		tools:   exposeNamed(c.tools, up, l.tools, "tool", func(t *mcp.Tool) string { return t.Name }, checkTool, &errs),
 		prompts: exposeNamed(c.prompts, up, l.prompts, "prompt", func(p *mcp.Prompt) string { return p.Name }, nil, &errs),
 	}
+	c.listed[up] = &listing{resources: l.resources, templates: l.templates}
 	return errs
 }
 
