@@ -46,9 +46,7 @@ func TestSharedResourceFollowsConfigurationOrder(t *testing.T) {
 	testenv.Eventually(t, waitLong, "reads from a", readsFrom("a"))
 	a.RemoveResources("test://shared/doc")
 	testenv.Eventually(t, waitLong, "reads from b once a no longer lists it", readsFrom("b"))
-	b.AddResource(&mcp.Resource{URI: "test://b/other", Name: "other"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "other"}}}, nil
-	})
+	addDoc(b, "test://b/other", "b")
 	testenv.Eventually(t, waitLong, "b's new listing", func() bool {
 		_, err := cs.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: "test://b/other"})
 		return err == nil

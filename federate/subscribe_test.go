@@ -23,10 +23,7 @@ import (
 // the upstream once.
 func TestSubscriptionsBounded(t *testing.T) {
 	var held atomic.Int64
-	up := mcp.NewServer(&mcp.Implementation{Name: "up", Version: "1"}, &mcp.ServerOptions{
-		SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { held.Add(1); return nil },
-		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { held.Add(-1); return nil },
-	})
+	up := subscribable("up", &held)
 	up.AddResourceTemplate(&mcp.ResourceTemplate{URITemplate: "test://up/items/{id}", Name: "items"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "item"}}}, nil
 	})
@@ -62,6 +59,20 @@ func TestSubscriptionsBounded(t *testing.T) {
 	if n := held.Load(); n != most {
 		t.Fatalf("upstream holds %d subscriptions, want %d", n, most)
 	}
+}
+
+// subscribable is an upstream named name that accepts subscriptions,
+// counting in held (nil: not counted) those it holds.
+func subscribable(name string, held *atomic.Int64) *mcp.Server {
+	count := func(d int64) {
+		if held != nil {
+			held.Add(d)
+		}
+	}
+	return mcp.NewServer(&mcp.Implementation{Name: name, Version: "1"}, &mcp.ServerOptions{
+		SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { count(1); return nil },
+		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { count(-1); return nil },
+	})
 }
 
 // gatedSubscriptions is an upstream serving test://up/doc whose subscribe
@@ -201,17 +212,9 @@ func TestUnsubscribeAfterTheURIsUpstreamChanged(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var held atomic.Int64
-			first := mcp.NewServer(&mcp.Implementation{Name: "first", Version: "1"}, &mcp.ServerOptions{
-				SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
-				UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
-			})
-			first.AddResource(&mcp.Resource{URI: "test://first/other", Name: "other"}, func(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-				return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: req.Params.URI, Text: "other"}}}, nil
-			})
-			second := mcp.NewServer(&mcp.Implementation{Name: "second", Version: "1"}, &mcp.ServerOptions{
-				SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { held.Add(1); return nil },
-				UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { held.Add(-1); return nil },
-			})
+			first := subscribable("first", nil)
+			addDoc(first, "test://first/other", "first")
+			second := subscribable("second", &held)
 			addDoc(second, uri, "second")
 			f, cs := start(t, federate.Options{Upstreams: []federate.Upstream{
 				{Name: "first", URL: serveSDK(t, first)}, {Name: "second", URL: serveSDK(t, second)},

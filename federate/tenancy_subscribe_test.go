@@ -112,10 +112,7 @@ func forgerHandler(uri string) http.Handler {
 // upstream session. Tenant 1 gets a's next update, and not b's.
 func TestResourceUpdateOnlyFromTheSubscription(t *testing.T) {
 	const uri = "test://a/doc"
-	a := mcp.NewServer(&mcp.Implementation{Name: "a", Version: "1"}, &mcp.ServerOptions{
-		SubscribeHandler:   func(context.Context, *mcp.SubscribeRequest) error { return nil },
-		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
-	})
+	a := subscribable("a", nil)
 	addDoc(a, uri, "a")
 	fs := httptest.NewServer(forgerHandler(uri))
 	t.Cleanup(fs.Close)
