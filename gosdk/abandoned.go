@@ -86,23 +86,23 @@ func postContext(req mcp.Request) context.Context {
 }
 
 // whileConnected is ctx, cancelled with ErrClientGone once the client of
-// the POST that carried req went away; stop ends it.
-func whileConnected(ctx context.Context, req mcp.Request) (_ context.Context, stop func()) {
-	post := postContext(req)
+// the POST that carried req went away; post is that POST's context (nil
+// without CancelAbandoned), for clientGone; stop ends ctx.
+func whileConnected(ctx context.Context, req mcp.Request) (_ context.Context, post context.Context, stop func()) {
+	post = postContext(req)
 	if post == nil {
-		return ctx, func() {}
+		return ctx, nil, func() {}
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	unwatch := context.AfterFunc(post, func() { cancel(ErrClientGone) })
-	return ctx, func() {
+	return ctx, post, func() {
 		unwatch()
 		cancel(nil)
 	}
 }
 
-// clientGone reports whether the client of the POST that carried req went
+// clientGone reports whether the client of post (whileConnected's) went
 // away.
-func clientGone(req mcp.Request) bool {
-	post := postContext(req)
+func clientGone(post context.Context) bool {
 	return post != nil && post.Err() != nil
 }

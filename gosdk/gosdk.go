@@ -177,7 +177,7 @@ func (m *middleware) wrap(next mcp.MethodHandler) mcp.MethodHandler {
 		if isNotification(method) || isKeepAlive(method, req) {
 			return next(ctx, method, req)
 		}
-		ctx, stop := whileConnected(ctx, req)
+		ctx, post, stop := whileConnected(ctx, req)
 		defer stop()
 		id, err := m.identity(ctx, req)
 		if err != nil {
@@ -185,7 +185,7 @@ func (m *middleware) wrap(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		switch method {
 		case enforce.MethodToolsCall:
-			return m.toolCall(ctx, next, method, req, id)
+			return m.toolCall(ctx, post, next, method, req, id)
 		case "tools/list":
 			res, err := m.request(ctx, next, method, req, id)
 			m.learnOutputSchemas(res)
@@ -221,8 +221,9 @@ func (m *middleware) request(ctx context.Context, next mcp.MethodHandler, method
 	return next(ctx, method, req)
 }
 
-// toolCall governs a tools/call.
-func (m *middleware) toolCall(ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request, id Identity) (mcp.Result, error) {
+// toolCall governs a tools/call; post is its POST's context (see
+// whileConnected).
+func (m *middleware) toolCall(ctx, post context.Context, next mcp.MethodHandler, method string, req mcp.Request, id Identity) (mcp.Result, error) {
 	params, _ := req.GetParams().(*mcp.CallToolParamsRaw)
 	if params == nil {
 		// Not a server's tools/call (the SDK gives every one these
@@ -260,7 +261,7 @@ func (m *middleware) toolCall(ctx context.Context, next mcp.MethodHandler, metho
 		res, err = next(ctx, method, req)
 		answer, failed = settled(res, err)
 	}
-	st := status(ctx, req, failed)
+	st := status(ctx, post, failed)
 	if m.settled != nil {
 		m.settled(params.Name, st)
 	}
@@ -293,9 +294,9 @@ func settled(res mcp.Result, err error) (json.RawMessage, bool) {
 // client went away is Abandoned even when its context was cancelled
 // (the SDK's stateless handler under PropagateRequestCancellation runs it
 // on the POST's context): the client did not ask.
-func status(ctx context.Context, req mcp.Request, failed bool) enforce.Status {
+func status(ctx, post context.Context, failed bool) enforce.Status {
 	switch {
-	case ctx.Err() != nil && !clientGone(req) && errors.Is(context.Cause(ctx), context.Canceled):
+	case ctx.Err() != nil && !clientGone(post) && errors.Is(context.Cause(ctx), context.Canceled):
 		return enforce.Cancelled
 	case ctx.Err() != nil:
 		return enforce.Abandoned
