@@ -69,20 +69,26 @@ func CancelAbandoned(next http.Handler) http.Handler {
 // postContext is the context of the POST that carried req, nil without
 // CancelAbandoned.
 func postContext(req mcp.Request) context.Context {
-	if req == nil {
-		return nil
-	}
-	extra := req.GetExtra()
-	if extra == nil || extra.Header == nil {
-		return nil
-	}
-	nonce := extra.Header.Get(postHeader)
-	if nonce == "" {
-		return nil
-	}
-	ctx, _ := posts.Load(nonce)
+	ctx, _ := marked(req, postHeader, &posts)
 	post, _ := ctx.(context.Context)
 	return post
+}
+
+// marked is what nonces holds for the nonce req carries in header: a
+// nonce only this process set (a client's own value names nothing).
+func marked(req mcp.Request, header string, nonces *sync.Map) (any, bool) {
+	if req == nil {
+		return nil, false
+	}
+	extra := req.GetExtra()
+	if extra == nil {
+		return nil, false
+	}
+	nonce := extra.Header.Get(header)
+	if nonce == "" {
+		return nil, false
+	}
+	return nonces.Load(nonce)
 }
 
 // whileConnected is ctx, cancelled with ErrClientGone once the client of

@@ -64,18 +64,10 @@ func KeepAlive(ctx context.Context, h http.Handler, r *http.Request) error {
 
 // isKeepAlive reports whether req is a ping KeepAlive posted.
 func isKeepAlive(method string, req mcp.Request) bool {
-	if method != "ping" || req == nil {
+	if method != "ping" {
 		return false
 	}
-	extra := req.GetExtra()
-	if extra == nil || extra.Header == nil {
-		return false
-	}
-	nonce := extra.Header.Get(keepAliveHeader)
-	if nonce == "" {
-		return false
-	}
-	_, ok := keepAlives.Load(nonce)
+	_, ok := marked(req, keepAliveHeader, &keepAlives)
 	return ok
 }
 
