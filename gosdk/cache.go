@@ -44,14 +44,7 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 	entry, _, err := m.e.Cache().Get(ctx, plan.Key, func(lctx context.Context) (b []byte, negative bool, err error) {
 		own.start(lctx)
 		ran.Store(true)
-		defer func() {
-			var in *interim
-			if errors.As(err, &in) && in.answer != nil {
-				own.end(in.answer, in.failed)
-				return
-			}
-			own.end(b, negative || err != nil)
-		}()
+		defer func() { own.end(b, negative || err != nil) }() // a no-op after the end below
 		asked, lctx := m.watchClient(lctx)
 		res, err := next(lctx, method, req)
 		if err != nil {
@@ -68,6 +61,7 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 		if err == nil && asked.Load() {
 			// Its client's answers are in it: neither another tenant's
 			// nor another subject's to read.
+			own.end(b, r.IsError)
 			return nil, false, &interim{res: res, answer: b, failed: r.IsError}
 		}
 		return b, r.IsError, err
