@@ -142,8 +142,6 @@ func (s *server) handler() http.Handler {
 	return mux
 }
 
-// endingStreams ends a GET (the server's stream to the client) when a
-// shutdown starts.
 // listenersKept keeps the session of a client listening on its GET stream
 // alive: the SDK's SessionTimeout counts POSTs only, and would end, after
 // idle, the session of a client that only waits for notifications (as
@@ -179,6 +177,8 @@ func (s *server) listenersKept(h http.Handler) http.Handler {
 	})
 }
 
+// endingStreams ends a GET (the server's stream to the client) when a
+// shutdown starts.
 func (s *server) endingStreams(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet {
