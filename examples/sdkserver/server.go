@@ -150,23 +150,22 @@ func (s *server) handler() http.Handler {
 // session every idle/2.
 func (s *server) listenersKept(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get("Mcp-Session-Id")
-		if r.Method != http.MethodGet || id == "" || s.idle <= 0 {
+		if r.Method != http.MethodGet || r.Header.Get("Mcp-Session-Id") == "" || s.idle <= 0 {
 			h.ServeHTTP(w, r)
 			return
 		}
-		stop := make(chan struct{})
-		defer close(stop)
+		ctx, stop := context.WithCancel(r.Context())
+		defer stop()
 		go func() {
 			t := time.NewTicker(s.idle / 2)
 			defer t.Stop()
 			for {
 				select {
-				case <-stop:
+				case <-ctx.Done():
 					return
 				case <-t.C:
 					// The server's own ping: not charged to the tenant.
-					if err := gosdk.KeepAlive(r.Context(), h, r); err != nil {
+					if err := gosdk.KeepAlive(ctx, h, r); err != nil {
 						s.log.Debug("keep-alive ping", "err", err)
 						return
 					}
