@@ -211,14 +211,15 @@ func TestRunErrors(t *testing.T) {
 	}
 }
 
-// idleSession starts a server whose sessions.idle_timeout is 1s and opens
-// a session on it: the server, its URL, a client authenticated on it, the
-// session id, and post, which sends a message in a session ("" for none).
-func idleSession(t *testing.T) (s *server, url string, client *http.Client, id string, post func(session, body string) *http.Response) {
+// idleSession starts a server whose sessions.idle_timeout is 1s (and
+// whose config ends with tiers, "" for none) and opens a session on it: the
+// server, its URL, a client authenticated on it, the session id, and post,
+// which sends a message in a session ("" for none) and reads its answer.
+func idleSession(t *testing.T, tiers string) (s *server, url string, client *http.Client, id string, post func(session, body string) (*http.Response, string)) {
 	t.Helper()
 	yaml := "auth:\n  jwt:\n    hs256_secret_env: " + testSecretEnv + "\n" +
 		"usage:\n  store: sqlite:" + filepath.Join(t.TempDir(), "usage.db") + "\n  flush_interval: 1h\n" +
-		"sessions:\n  idle_timeout: 1s\n"
+		"sessions:\n  idle_timeout: 1s\n" + tiers
 	cfg, err := policy.ParseEmbedded("idle.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +232,7 @@ func idleSession(t *testing.T) (s *server, url string, client *http.Client, id s
 	hs := httptest.NewServer(s.handler())
 	t.Cleanup(hs.Close)
 	client = &http.Client{Transport: bearer{sign(t, "idle-co", "alice", "tools:*")}}
-	post = func(session, body string) *http.Response {
+	post = func(session, body string) (*http.Response, string) {
 		t.Helper()
 		req, err := http.NewRequest(http.MethodPost, hs.URL+"/mcp", strings.NewReader(body))
 		if err != nil {
@@ -247,11 +248,11 @@ func idleSession(t *testing.T) (s *server, url string, client *http.Client, id s
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
+		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		return resp
+		return resp, string(b)
 	}
-	resp := post("", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}`)
+	resp, _ := post("", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}`)
 	id = resp.Header.Get("Mcp-Session-Id")
 	if resp.StatusCode != http.StatusOK || id == "" {
 		t.Fatalf("initialize: %d, session %q", resp.StatusCode, id)
@@ -261,6 +262,23 @@ func idleSession(t *testing.T) (s *server, url string, client *http.Client, id s
 		t.Fatalf("%d sessions after initialize, want 1", n)
 	}
 	return s, hs.URL + "/mcp", client, id, post
+}
+
+// listen opens the client's GET stream in session id at url.
+func listen(t *testing.T, client *http.Client, url, id string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+	req.Header.Set("Mcp-Session-Id", id)
+	get, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return get
 }
 
 func sessionCount(s *server) int {
@@ -278,7 +296,7 @@ func sessionCount(s *server) int {
 // process.
 func TestAbandonedSessionEnds(t *testing.T) {
 	t.Parallel()
-	s, _, _, id, post := idleSession(t)
+	s, _, _, id, post := idleSession(t, "")
 	// Abandoned: no request, no DELETE. Polled without a request (one
 	// would keep the session in use); the bound is the test's, far past
 	// the idle timeout.
@@ -287,7 +305,7 @@ func TestAbandonedSessionEnds(t *testing.T) {
 			t.Fatal("a session unused for 30s under sessions.idle_timeout 1s is still open")
 		}
 	}
-	if resp := post(id, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); resp.StatusCode != http.StatusNotFound {
+	if resp, _ := post(id, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("a request in the ended session: %d, want 404", resp.StatusCode)
 	}
 }
@@ -297,18 +315,8 @@ func TestAbandonedSessionEnds(t *testing.T) {
 // timeout (the SDK's SessionTimeout counts POSTs only, and ended it).
 func TestListeningSessionIsKept(t *testing.T) {
 	t.Parallel()
-	s, url, client, id, post := idleSession(t)
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Accept", "text/event-stream")
-	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
-	req.Header.Set("Mcp-Session-Id", id)
-	get, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, url, client, id, post := idleSession(t, "")
+	get := listen(t, client, url, id)
 	defer get.Body.Close()
 	if get.StatusCode != http.StatusOK {
 		t.Fatalf("GET stream: %d", get.StatusCode)
@@ -317,7 +325,7 @@ func TestListeningSessionIsKept(t *testing.T) {
 	if n := sessionCount(s); n != 1 {
 		t.Fatalf("%d sessions after 3s of listening under idle_timeout 1s, want the listener's", n)
 	}
-	if resp := post(id, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); resp.StatusCode != http.StatusOK {
+	if resp, _ := post(id, `{"jsonrpc":"2.0","id":2,"method":"ping"}`); resp.StatusCode != http.StatusOK {
 		t.Fatalf("a request of the listening client: %d, want its session kept", resp.StatusCode)
 	}
 }
