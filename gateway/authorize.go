@@ -140,7 +140,7 @@ func (g *Gateway) authorized(w http.ResponseWriter, r *http.Request, rt *runtime
 	}
 	if d.invalid != nil {
 		g.metrics.Requests.WithLabelValues(methodClass(msg), "bad_request").Inc()
-		mcp.WriteError(w, d.invalid.HTTPStatus, d.invalid.ID, d.invalid.Code, d.invalid.Message, d.invalid.Data)
+		d.invalid.Respond(w)
 		return mcp.Filter{}, false
 	}
 	if meta := g.resourceMetadataURL(rt, r); meta != "" {
