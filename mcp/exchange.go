@@ -355,12 +355,12 @@ func (x *Exchange) checkOwnResponse() {
 	if x.resp.ContentLength > checkedAnswerBytes {
 		return
 	}
-	data, err := io.ReadAll(io.LimitReader(x.idle.reader(x.resp.Body), checkedAnswerBytes+1))
+	data, err := readGrowing(x.idle.reader(x.resp.Body), x.resp.ContentLength, checkedAnswerBytes)
 	switch {
+	case errors.Is(err, errOverLimit):
+		x.unchecked = data
 	case err != nil:
 		x.failed(err)
-	case len(data) > checkedAnswerBytes:
-		x.unchecked = data
 	default:
 		x.read = true
 		x.judgeBody(data)

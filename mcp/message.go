@@ -543,7 +543,8 @@ func plusOne(x int64) int64 {
 // errOverLimit means readGrowing received more than its limit.
 var errOverLimit = errors.New("body over the limit")
 
-// readGrowing reads rd to EOF, refusing (errOverLimit) more than max bytes.
+// readGrowing reads rd to EOF, refusing (errOverLimit, with the max+1
+// bytes read) more than max bytes.
 // The buffer grows with the data: it starts at initialBodyBuffer (or
 // declared+1 when smaller, declared < 0 meaning unknown) and doubles only
 // when full; a doubling that reaches the declared length stops at declared+1
@@ -572,7 +573,7 @@ func readGrowing(rd io.Reader, declared, max int64) ([]byte, error) {
 		buf = buf[:len(buf)+n]
 		switch {
 		case int64(len(buf)) > max:
-			return nil, errOverLimit
+			return buf, errOverLimit
 		case err == io.EOF:
 			return buf, nil
 		case err != nil:
