@@ -128,10 +128,7 @@ func TestLoweredIdleTimeoutEndsIdleSessions(t *testing.T) {
 		Upstream: upstream.Options{SessionTimeout: -1},
 		Config:   "sessions: {max_per_subject: 1, idle_timeout: 8s}\n",
 	})
-	alice := token(t, "acme", "alice")
-	if r := initialize(t, e, 0, alice); r.Status != http.StatusOK {
-		t.Fatalf("initialize: %d %s", r.Status, r.Body)
-	}
+	aliceSession(t, e)
 	e.apply(setup{Upstream: upstream.Options{SessionTimeout: -1}, Config: "sessions: {max_per_subject: 1, idle_timeout: 1s}\n"})
 	// The old lease (8s) has lapsed by now, and the session has been idle
 	// for 12 times the new idle_timeout.

@@ -69,12 +69,20 @@ func sessionsOn(up *upstream.Server) int {
 func oneSession(t *testing.T, upstreamURL string) (e *env, alice, id string) {
 	t.Helper()
 	e = newEnv(t, setup{UpstreamURL: upstreamURL, Config: "sessions: {max_per_subject: 1, idle_timeout: 1h}\n"})
+	alice, id = aliceSession(t, e)
+	return e, alice, id
+}
+
+// aliceSession opens a session of acme's alice on e's first instance: her
+// token and the session id.
+func aliceSession(t *testing.T, e *env) (alice, id string) {
+	t.Helper()
 	alice = token(t, "acme", "alice")
 	r := initialize(t, e, 0, alice)
 	if r.Status != http.StatusOK {
 		t.Fatalf("initialize: %d %s", r.Status, r.Body)
 	}
-	return e, alice, r.Header.Get("Mcp-Session-Id")
+	return alice, r.Header.Get("Mcp-Session-Id")
 }
 
 // loseSession sends in session id a request lostSessionUpstream answers
@@ -161,12 +169,7 @@ func TestInitializeInsideASessionIsRefused(t *testing.T) {
 		Upstream: upstream.Options{SessionTimeout: -1},
 		Config:   "sessions: {max_per_subject: 2, idle_timeout: 1h}\n",
 	})
-	alice := token(t, "acme", "alice")
-	r := initialize(t, e, 0, alice)
-	if r.Status != http.StatusOK {
-		t.Fatalf("initialize: %d %s", r.Status, r.Body)
-	}
-	id := r.Header.Get("Mcp-Session-Id")
+	alice, id := aliceSession(t, e)
 	re := post(t, e.mcpURL(0), alice, initializeBody, http.Header{"Mcp-Session-Id": {id}})
 	if re.Status != http.StatusBadRequest || re.Msg.Error == nil || re.Msg.Error.Code != mcp.CodeInvalidRequest || string(re.Msg.ID) != "1" {
 		t.Fatalf("initialize inside the session: %d %s, want 400 with -32600 for id 1", re.Status, re.Body)
