@@ -95,10 +95,11 @@ type ProxyOptions struct {
 	MaxDuration time.Duration
 	// MaxResponseBytes bounds a non-SSE answer the proxy must inspect (its
 	// caller reads it with Exchange.Answer, Forward has a Filter for the
-	// request's method, ReplayFilters screen the answer to a GET or a
-	// DELETE, or it is a request's 2xx JSON answer, which must be that
-	// request's response). Zero means DefaultMaxResponseBytes. Answers
-	// relayed without inspection are not bounded.
+	// request's method, or ReplayFilters screen the answer to a GET or a
+	// DELETE). Zero means DefaultMaxResponseBytes. Answers relayed without
+	// inspection are not bounded; a request's 2xx JSON answer nobody reads
+	// is checked to be that request's response when it is at most 1 MiB,
+	// and relayed unchecked when larger.
 	MaxResponseBytes int64
 	// MaxEventBytes bounds one server-sent event. Zero means
 	// DefaultMaxEventBytes.
