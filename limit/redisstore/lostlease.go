@@ -64,11 +64,9 @@ func (s *Store) releaseLost(lease string, sets ...[]limit.Check) {
 			return err
 		}
 	}
-	again := true // at once, and once more after twice the timeout
-	s.retryLost(0, func(time.Duration, error) (time.Duration, bool) {
-		more := again
-		again = false
-		return 2 * s.timeout, more
+	// At once, and once more after twice the timeout (never 0).
+	s.retryLost(0, func(wait time.Duration, _ error) (time.Duration, bool) {
+		return 2 * s.timeout, wait == 0
 	}, tries...)
 }
 
