@@ -39,7 +39,7 @@ func (s *Store) releaseLost(lease string, sets ...[]limit.Check) {
 	if lease == "" {
 		return
 	}
-	var slots [][]limit.Check
+	var tries []func(context.Context) error
 	for _, checks := range sets {
 		var cs []limit.Check
 		for _, c := range checks {
@@ -47,22 +47,19 @@ func (s *Store) releaseLost(lease string, sets ...[]limit.Check) {
 				cs = append(cs, c)
 			}
 		}
-		if len(cs) > 0 {
-			slots = append(slots, cs)
+		if len(cs) == 0 {
+			continue
 		}
-	}
-	if len(slots) == 0 {
-		return
-	}
-	tries := make([]func(context.Context) error, len(slots))
-	for i, cs := range slots {
-		tries[i] = func(ctx context.Context) error {
+		tries = append(tries, func(ctx context.Context) error {
 			err := s.Release(ctx, cs, lease)
 			if err != nil {
 				s.log.Debug("redisstore: the slots of a failed call are not released yet; they free themselves when the lease expires", "lease", lease, "err", err)
 			}
 			return err
-		}
+		})
+	}
+	if len(tries) == 0 {
+		return
 	}
 	// At once, and once more after twice the timeout (never 0).
 	s.retryLost(0, func(wait time.Duration, _ error) (time.Duration, bool) {
