@@ -94,6 +94,18 @@ func tenantChecks(tenant string, rules ...limit.Rule) []limit.Check {
 	return checks
 }
 
+// splitGlobal is the check of global rule r, failing t when its key shares
+// the slot of tenantKey: a Cluster would not split the request, and the
+// test would prove nothing.
+func splitGlobal(t *testing.T, r limit.Rule, tenantKey string) limit.Check {
+	t.Helper()
+	c := limit.Check{Rule: r, Key: keyspace.RateLimit(keyspace.PerGlobal, r.Name, keyspace.Owner{})}
+	if keyspace.Slot(c.Key) == keyspace.Slot(tenantKey) {
+		t.Fatal("the global key shares the tenant's slot: no split, the test proves nothing")
+	}
+	return c
+}
+
 // serverNow is the Redis time in the scripts' microseconds, without offset.
 func serverNow(tb testing.TB, c rueidis.Client) int64 {
 	tb.Helper()
