@@ -12,7 +12,6 @@ import (
 	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/limit/redisstore"
-	"github.com/mcpgate/mcpgate/policy"
 	"github.com/mcpgate/mcpgate/usage"
 )
 
@@ -99,8 +98,7 @@ func TestClusterSplitUndoReplyLostBilledOnce(t *testing.T) {
 			shared := newFaultyStore(rs)
 			us := openSQLite(t)
 			tenant := "acme-" + tc.onErr
-			cfg, err := policy.Parse("b.yaml", []byte(`upstream: {url: "http://127.0.0.1:1/mcp"}
-auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
+			e := newEngine(t, `upstream: {url: "http://127.0.0.1:1/mcp"}
 store: {timeout: 2s, on_error: `+tc.onErr+`}
 usage: {flush_interval: 1h}
 global:
@@ -111,15 +109,7 @@ tiers:
       - {name: per_tenant, per: tenant, algorithm: fixed_window, limit: 100, period: 1h}
 tools:
   llm: {cost: 3}
-`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			e, err := enforce.New(enforce.Options{Config: cfg, Usage: us, Shared: shared, Probe: func(context.Context) error { return nil }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { e.Close() })
+`, enforce.Options{Usage: us, Shared: shared, Probe: func(context.Context) error { return nil }})
 			<-shared.swept
 			call := enforce.Call{Tenant: tenant, Subject: "a", Name: "llm"}
 			var admitted int64

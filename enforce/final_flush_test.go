@@ -13,7 +13,6 @@ import (
 	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/metrics"
-	"github.com/mcpgate/mcpgate/policy"
 	"github.com/mcpgate/mcpgate/usage"
 )
 
@@ -21,22 +20,13 @@ import (
 // lost with the process (no other instance will sweep it): its calls are
 // counted in mcpgate_unmetered_calls_total.
 func TestFailedFinalFlushInProcessCountsUnmetered(t *testing.T) {
-	cfg, err := policy.Parse("x.yaml", []byte(`upstream: {url: "http://127.0.0.1:1/mcp"}
-auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
+	us := &putFailing{Store: openSQLite(t)}
+	m := metrics.New()
+	e := newEngine(t, `upstream: {url: "http://127.0.0.1:1/mcp"}
 usage: {flush_interval: 1h}
 tools:
   llm: {cost: 3}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	us := &putFailing{Store: openSQLite(t)}
-	m := metrics.New()
-	e, err := enforce.New(enforce.Options{Config: cfg, Usage: us, Metrics: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+`, enforce.Options{Usage: us, Metrics: m})
 	if n := admitN(t, e, 2, nil); n != 2 {
 		t.Fatalf("%d calls admitted, want 2", n)
 	}

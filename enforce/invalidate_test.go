@@ -9,7 +9,6 @@ import (
 	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/internal/testenv"
-	"github.com/mcpgate/mcpgate/policy"
 )
 
 // A mutating tool's call drops the entries it makes stale whenever it may
@@ -74,18 +73,6 @@ tools:
 // the store answered again, every instance served the shared entry the
 // mutation made stale until its TTL.
 func TestFailedInvalidationIsReplayedForEveryScope(t *testing.T) {
-	cfg, err := policy.Parse("x.yaml", []byte(`upstream: {url: "http://127.0.0.1:1/mcp"}
-auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
-tools:
-  search:
-    cache: {ttl: 10m, tags: ["product:{{args.id}}"]}
-  catalog:
-    cache: {ttl: 10m, shared: true, tags: ["product:{{args.id}}"]}
-  update_product: {invalidates: ["product:{{args.id}}"]}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := testenv.StartRedis(t, nil)
 	cs, err := cache.NewRedisStore(r.Client(t), nil)
 	if err != nil {
@@ -96,11 +83,14 @@ tools:
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	e, err := enforce.New(enforce.Options{Config: cfg, Cache: c})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+	e := newEngine(t, `upstream: {url: "http://127.0.0.1:1/mcp"}
+tools:
+  search:
+    cache: {ttl: 10m, tags: ["product:{{args.id}}"]}
+  catalog:
+    cache: {ttl: 10m, shared: true, tags: ["product:{{args.id}}"]}
+  update_product: {invalidates: ["product:{{args.id}}"]}
+`, enforce.Options{Cache: c})
 	ctx := context.Background()
 	// read returns what a cached call of tool for product 42 gets, loading
 	// load on a miss.
