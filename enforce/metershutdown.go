@@ -75,9 +75,9 @@ func (m *meterer) shutdown(ctx context.Context, finish func() error) {
 // pending, journaled or tracked for the final flush.
 func (m *meterer) hasWork() bool {
 	m.mu.Lock()
-	journaled := len(m.journal) > 0
+	held := len(m.journal) > 0 || len(m.pending) > 0
 	m.mu.Unlock()
-	return journaled || m.pendingCount() > 0 || m.flusher.Pending() > 0
+	return held || m.flusher.Pending() > 0
 }
 
 // pendingCalls is how many calls the pending usage holds, and how many of
