@@ -272,9 +272,7 @@ func (s *Store) functions(ctx context.Context) (bool, uint64) {
 // nil where calls run the script anyway (NoFunctions, or a server that
 // refuses FUNCTION LOAD).
 func (s *Store) Load(ctx context.Context) error {
-	if s.lib.mode.Load() == modeScripts {
-		return nil
-	}
+	// reload answers errNoFunctions when calls run the script.
 	if err := s.reload(ctx, s.lib.loads.Load()); err != nil && !errors.Is(err, errNoFunctions) {
 		return fmt.Errorf("redisstore: loading the function library: %w", err)
 	}
