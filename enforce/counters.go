@@ -136,10 +136,7 @@ func (e *Engine) ResetCounters(ctx context.Context, tenant, subject, tool string
 		}
 	}
 	e.ForgetDenials()
-	if failed != nil {
-		return counters, cleared, failed
-	}
-	return counters, cleared, incomplete
+	return counters, cleared, cmp.Or(failed, incomplete)
 }
 
 // heldCounters lists the per-tool counters that store holds for the
