@@ -6,7 +6,6 @@ import (
 
 	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/enforce"
-	"github.com/mcpgate/mcpgate/policy"
 )
 
 // A cached tool's load may take as long as the call it stands for: the
@@ -25,11 +24,7 @@ func TestCacheLoadTimeout(t *testing.T) {
 		{"max_duration wins", "upstream: {url: http://127.0.0.1:1/mcp, timeout: 5m, max_duration: 90s}\n", 90 * time.Second},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cfg, err := policy.Parse("x.yaml", []byte("auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}\n"+c.yaml))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := enforce.CacheLoadTimeout(cfg); got != c.want {
+			if got := enforce.CacheLoadTimeout(parseConfig(t, c.yaml)); got != c.want {
 				t.Fatalf("CacheLoadTimeout = %v, want %v", got, c.want)
 			}
 		})
@@ -56,12 +51,7 @@ func TestCachePlanLoadTimeoutFollowsReload(t *testing.T) {
 	if got := loadTimeout(); got != cache.DefaultLockTTL {
 		t.Fatalf("upstream.timeout 5s: the load's bound is %v, want %v", got, cache.DefaultLockTTL)
 	}
-	next, err := policy.Parse("x.yaml", []byte("auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}\n"+
-		"upstream: {url: http://127.0.0.1:1/mcp, timeout: 30s}\n"+tools))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.SetConfig(next); err != nil {
+	if err := e.SetConfig(parseConfig(t, "upstream: {url: http://127.0.0.1:1/mcp, timeout: 30s}\n"+tools)); err != nil {
 		t.Fatal(err)
 	}
 	if got := loadTimeout(); got != 30*time.Second {

@@ -254,15 +254,21 @@ breaker:
 	}
 }
 
-// newEngine starts an engine on o with the config yaml (auth added), closed
-// when the test ends.
-func newEngine(t *testing.T, yaml string, o enforce.Options) *enforce.Engine {
+// parseConfig parses the config yaml with auth added.
+func parseConfig(t *testing.T, yaml string) *policy.Config {
 	t.Helper()
 	cfg, err := policy.Parse("x.yaml", []byte("auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}\n"+yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
-	o.Config = cfg
+	return cfg
+}
+
+// newEngine starts an engine on o with the config yaml (auth added), closed
+// when the test ends.
+func newEngine(t *testing.T, yaml string, o enforce.Options) *enforce.Engine {
+	t.Helper()
+	o.Config = parseConfig(t, yaml)
 	e, err := enforce.New(o)
 	if err != nil {
 		t.Fatal(err)

@@ -14,7 +14,6 @@ import (
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/limit/redisstore"
 	"github.com/mcpgate/mcpgate/metrics"
-	"github.com/mcpgate/mcpgate/policy"
 	"github.com/mcpgate/mcpgate/usage"
 	"github.com/mcpgate/mcpgate/usage/sqlite"
 )
@@ -48,16 +47,12 @@ func (h *heldPut) Put(ctx context.Context, recs []usage.Record) error {
 // the new counter's own calls, and what instance 1 charged in the lost
 // counter must be placed again: the durable total ends at every call made.
 func TestMeterReplacedWhileFlushing(t *testing.T) {
-	cfg, err := policy.Parse("x.yaml", []byte(`upstream: {url: "http://127.0.0.1:1/mcp"}
-auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
+	cfg := parseConfig(t, `upstream: {url: "http://127.0.0.1:1/mcp"}
 store: {timeout: 2s, on_error: open}
 usage: {flush_interval: 1h}
 tools:
   llm: {cost: 1}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	sq, err := sqlite.Open(filepath.Join(t.TempDir(), "usage.db"))
 	if err != nil {
 		t.Fatal(err)
