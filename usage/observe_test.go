@@ -2,6 +2,7 @@ package usage_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -87,11 +88,8 @@ func TestFlushObservesMeterLostWhileWritten(t *testing.T) {
 			if len(got) != len(tc.want) {
 				t.Fatalf("told %+v, want %+v", got, tc.want)
 			}
-			for i := range got {
-				if got[i] != tc.want[i] {
-					t.Errorf("told %+v, want %+v", got, tc.want)
-					break
-				}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("told %+v, want %+v", got, tc.want)
 			}
 			if p := f.Pending(); p != tc.wantPending {
 				t.Errorf("Pending = %d, want %d", p, tc.wantPending)
