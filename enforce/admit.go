@@ -172,8 +172,12 @@ var ErrInvalidTenant = errors.New("enforce: invalid tenant")
 // CheckTenant returns nil when tenant can be admitted, else an error
 // wrapping ErrInvalidTenant that says why (without quoting the tenant).
 func CheckTenant(tenant string) error {
-	err := usage.CheckTenant(tenant)
-	if err == nil {
+	// usage.CheckTenant is "not empty" and ident.Check, which
+	// ident.CheckAdmitted runs with U+FFFD refused: each is run once.
+	var err error
+	if tenant == "" {
+		err = usage.CheckTenant(tenant)
+	} else {
 		err = ident.CheckAdmitted(tenant, usage.MaxTenantBytes)
 	}
 	if err != nil {
