@@ -39,13 +39,12 @@ func (m *meterer) shutdown(ctx context.Context, finish func() error) {
 	err := finish()
 	for retries := 0; g != nil; retries++ {
 		refused := g.refused()
-		placed := false
-		if m.pendingCount() > 0 {
-			// What the final flush found lost (its journal went pending),
-			// or what the breaker refused: placed on the shared store, then
-			// flushed (or else written by another instance's sweep).
+		// What the final flush found lost (its journal went pending), or
+		// what the breaker refused: placed on the shared store, then
+		// flushed (or else written by another instance's sweep).
+		placed := m.pendingCount() > 0
+		if placed {
 			m.bounded(ctx, m.placePending)
-			placed = true
 		}
 		if err != nil || placed {
 			m.bounded(ctx, func(ctx context.Context) { err = m.flusher.Flush(ctx) })
