@@ -83,6 +83,21 @@ func scenarios() []scenario {
 		{"shadow", []limit.Rule{rule("fw", limit.FixedWindow, 3, 10*s), shadow}, []step{
 			take(1, 0), take(1, 0), take(1, 0), take(1, 0), take(5, 0), take(1, 10*s),
 		}, true},
+		// the server clock steps back 3 s into the window before (a
+		// failover to a lagging replica), then runs on: decisions stay on
+		// the counter's time, retry and reset count the gap
+		{"fixed_window_step_back", []limit.Rule{rule("fw", limit.FixedWindow, 3, 10*s)}, []step{
+			take(2, 0), take(1, -3*s), take(1, 0), take(2, 3*s), take(1, 9999*time.Millisecond),
+			take(1, -500*time.Millisecond), take(2, 0), take(1, 600*time.Millisecond), take(1, 0), take(1, 10*s),
+		}, true},
+		{"sliding_window_counter_step_back", []limit.Rule{rule("swc", limit.SlidingWindowCounter, 5, 10*s)}, []step{
+			take(3, 0), take(2, -3*s), take(1, 0), take(1, 7*s), take(1, 5*s),
+			take(1, -3*s), take(2, 4*s), take(1, 0), take(1, 2*s), take(4, 20*s),
+		}, true},
+		{"token_bucket_step_back", []limit.Rule{tb}, []step{
+			take(8, 0), take(2, -3*s), take(1, 0), take(1, 4*s), take(1, 1500*time.Millisecond),
+			take(1, -2*s), refund(1), take(1, 0), take(11, 0), take(2, 6*s), take(10, 20*s),
+		}, true},
 		{"cost_above_capacity", []limit.Rule{tb, gc, rule("sw", limit.SlidingWindow, 4, 10*s), rule("fw", limit.FixedWindow, 20, 10*s)}, []step{
 			take(11, 0), take(4, 0), take(3, 0),
 		}, true},

@@ -89,3 +89,50 @@ func TestClockSteppingBackRefillsNoBucketTwice(t *testing.T) {
 		t.Errorf("admitted %d > burst + refill = %d", admitted, bound)
 	}
 }
+
+// After the same clock step back (300 ms), a denial's RetryAfter counts the
+// gap between the counter's time and the server's clock: a client that
+// waits exactly RetryAfter, with nobody else calling, is admitted. Before,
+// the windows and the bucket counted it from the counter's (later) time,
+// so the retry came early by the size of the step and was denied again;
+// GCRA, which keeps the server's clock, is here as the reference.
+func TestClockSteppingBackRetryAfterFits(t *testing.T) {
+	const p = time.Second
+	for _, alg := range []limit.Algorithm{limit.FixedWindow, limit.SlidingWindowCounter, limit.TokenBucket, limit.GCRA} {
+		t.Run(string(alg), func(t *testing.T) {
+			_, c, s := startStore(t)
+			r := limit.Rule{Name: "w", Algorithm: alg, Limit: 5, Period: p}
+			checks := tenantChecks("retry-stepback-"+string(alg), r)
+			align(t, c, s, p) // 1 ms past a window start
+			ctx := t.Context()
+			if _, err := s.Take(ctx, checks, 1); err != nil {
+				t.Fatal(err)
+			}
+			s.offset.Add(-(300 * time.Millisecond).Microseconds()) // the server clock steps back
+			var d limit.Decision
+			for range 10 {
+				var err error
+				if d, err = s.Take(ctx, checks, 1); err != nil {
+					t.Fatal(err)
+				}
+				if !d.Allowed {
+					break
+				}
+			}
+			if d.Allowed || d.RetryAfter <= 0 {
+				t.Fatalf("want a denial with a retry time, got %+v", d)
+			}
+			// the client waits what it was told (plus 1 ms for the calls'
+			// own time), nobody else calls
+			s.offset.Add((d.RetryAfter + time.Millisecond).Microseconds())
+			again, err := s.Take(ctx, checks, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !again.Allowed {
+				t.Errorf("%s: denied with RetryAfter %v; retried %v later and denied again (RetryAfter now %v)",
+					alg, d.RetryAfter, d.RetryAfter+time.Millisecond, again.RetryAfter)
+			}
+		})
+	}
+}

@@ -432,9 +432,10 @@ local function take()
       local tokens = full
       local a, b = fields(get(key))
       -- the server clock went back (a step, a failover to a lagging
-      -- replica): the counter's time does not
-      local now = now
-      if a and b > now then now = b end
+      -- replica): the counter's time does not, and the waits below,
+      -- counted from it, are gap longer on the server's clock
+      local now, gap = now, 0
+      if a and b > now then gap, now = b - now, b end
       if a then
         local elapsed = min(now - b, ceildiv(full, limit))
         tokens = min(full, a + max(0, elapsed) * limit)
@@ -446,12 +447,14 @@ local function take()
       rem = idiv(tokens, p)
       reset = ceildiv(full - tokens, limit)
       if allowed then s1[i], s2[i], ex[i] = tokens, now, now + reset end
-      if not allowed then retry = ceildiv(cost * p - tokens, limit) end
+      -- a full bucket has nothing to wait for, gap or not
+      if reset > 0 then reset = reset + gap end
+      if not allowed then retry = ceildiv(cost * p - tokens, limit) + gap end
 
     elseif alg == 'f' then
       local a, b = fields(get(key))
-      local now = now
-      if a and a > now then now = a end -- the clock went back: see 't'
+      local now, gap = now, 0
+      if a and a > now then gap, now = a - now, a end -- the clock went back: see 't'
       local ws = idiv(now, p) * p
       local cnt = 0
       if a == ws then cnt = b end
@@ -461,13 +464,13 @@ local function take()
         s1[i], s2[i], ex[i] = ws, cnt, ws + p
       end
       rem = limit - cnt
-      reset = ws + p - now
-      if not allowed then retry = ws + p - now end
+      reset = ws + p - now + gap
+      if not allowed then retry = ws + p - now + gap end
 
     elseif alg == 'c' then
       local a, b, c = fields(get(key))
-      local now = now
-      if a and a > now then now = a end -- the clock went back: see 't'
+      local now, gap = now, 0
+      if a and a > now then gap, now = a - now, a end -- the clock went back: see 't'
       local ws = idiv(now, p) * p
       local cur, prev = 0, 0
       if a == ws then
@@ -484,16 +487,16 @@ local function take()
       end
       rem = limit - cur - ceildiv(prev * (p - e), p)
       if cur > 0 then
-        reset = ws + 2 * p - now
+        reset = ws + 2 * p - now + gap
       elseif prev > 0 then
-        reset = ws + p - now
+        reset = ws + p - now + gap
       end
       if not allowed and not never then
         if cur + cost > limit then
           -- wait for the next window, where cur becomes the weighted prev
-          retry = ws + p + p - idiv((limit - cost) * p, cur) - now
+          retry = ws + p + p - idiv((limit - cost) * p, cur) - now + gap
         else
-          retry = ws + p - idiv((limit - cur - cost) * p, prev) - now
+          retry = ws + p - idiv((limit - cur - cost) * p, prev) - now + gap
         end
       end
 

@@ -121,8 +121,11 @@ func Eval(r limit.Rule, s *State, now, cost int64, lease string, commit bool) li
 // fixedWindow is Eval for limit.FixedWindow: units counted per window of
 // one period, windows aligned to the epoch.
 func fixedWindow(r limit.Rule, s *State, now, p, cost int64, commit bool) (res limit.Result) {
+	gap := int64(0)
 	if s.Used && s.A > now {
-		now = s.A // the clock went back: the counter's time does not
+		// the clock went back: the counter's time does not, and the
+		// waits below, counted from it, are gap longer on the clock
+		gap, now = s.A-now, s.A
 	}
 	ws := now - now%p
 	n := int64(0)
@@ -137,9 +140,9 @@ func fixedWindow(r limit.Rule, s *State, now, p, cost int64, commit bool) (res l
 		}
 	}
 	res.Remaining = r.Limit - n
-	res.ResetAfter = dur(ws + p - now)
+	res.ResetAfter = dur(ws + p - now + gap)
 	if !res.Allowed {
-		res.RetryAfter = dur(ws + p - now)
+		res.RetryAfter = dur(ws + p - now + gap)
 	}
 	return res
 }
@@ -147,8 +150,9 @@ func fixedWindow(r limit.Rule, s *State, now, p, cost int64, commit bool) (res l
 // slidingWindowCounter is Eval for limit.SlidingWindowCounter: the
 // previous window weighted by the part of it still inside the period.
 func slidingWindowCounter(r limit.Rule, s *State, now, p, cost int64, never, commit bool) (res limit.Result) {
+	gap := int64(0)
 	if s.Used && s.A > now {
-		now = s.A // the clock went back: the counter's time does not
+		gap, now = s.A-now, s.A // the clock went back: see fixedWindow
 	}
 	ws := now - now%p
 	cur, prev := int64(0), int64(0)
@@ -169,16 +173,16 @@ func slidingWindowCounter(r limit.Rule, s *State, now, p, cost int64, never, com
 	res.Remaining = max(0, r.Limit-cur-ceilDiv(prev*(p-e), p))
 	switch {
 	case cur > 0:
-		res.ResetAfter = dur(ws + 2*p - now)
+		res.ResetAfter = dur(ws + 2*p - now + gap)
 	case prev > 0:
-		res.ResetAfter = dur(ws + p - now)
+		res.ResetAfter = dur(ws + p - now + gap)
 	}
 	if !res.Allowed && !never {
 		if cur+cost > r.Limit {
 			// wait for the next window, where cur becomes the weighted prev
-			res.RetryAfter = dur(ws + p + p - (r.Limit-cost)*p/cur - now)
+			res.RetryAfter = dur(ws + p + p - (r.Limit-cost)*p/cur - now + gap)
 		} else {
-			res.RetryAfter = dur(ws + p - (r.Limit-cur-cost)*p/prev - now)
+			res.RetryAfter = dur(ws + p - (r.Limit-cur-cost)*p/prev - now + gap)
 		}
 	}
 	return res
@@ -187,8 +191,9 @@ func slidingWindowCounter(r limit.Rule, s *State, now, p, cost int64, never, com
 // tokenBucket is Eval for limit.TokenBucket: tokens scaled by the period
 // (token-microseconds), so refills stay integers.
 func tokenBucket(r limit.Rule, s *State, now, p, capacity, cost int64, commit bool) (res limit.Result) {
+	gap := int64(0)
 	if s.Used && s.B > now {
-		now = s.B // the clock went back: the counter's time does not
+		gap, now = s.B-now, s.B // the clock went back: see fixedWindow
 	}
 	full := capacity * p
 	tokens := full
@@ -205,9 +210,12 @@ func tokenBucket(r limit.Rule, s *State, now, p, capacity, cost int64, commit bo
 		s.Assign(State{Used: true, A: tokens, B: now, ExpiresAt: now + refill})
 	}
 	res.Remaining = tokens / p
-	res.ResetAfter = dur(refill)
+	if refill > 0 {
+		// a full bucket has nothing to wait for, gap or not
+		res.ResetAfter = dur(refill + gap)
+	}
 	if !res.Allowed {
-		res.RetryAfter = dur(ceilDiv(cost*p-tokens, r.Limit))
+		res.RetryAfter = dur(ceilDiv(cost*p-tokens, r.Limit) + gap)
 	}
 	return res
 }

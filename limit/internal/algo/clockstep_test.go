@@ -1,0 +1,56 @@
+package algo
+
+import (
+	"testing"
+	"time"
+
+	"github.com/mcpgate/mcpgate/limit"
+)
+
+// After the store's clock steps back 300 ms, the windows and the bucket
+// decide on the counter's (later) time, but RetryAfter and ResetAfter are
+// waits on the store's clock: they count the gap. Evaluated at now plus
+// RetryAfter the same request is admitted, a microsecond earlier it is not;
+// at now plus ResetAfter the counter is at full capacity, a microsecond
+// earlier it is not. Before, both came early by the size of the step.
+func TestWaitsCountClockStepBack(t *testing.T) {
+	for _, r := range []limit.Rule{
+		rule(limit.FixedWindow, 5, time.Second, 0),
+		rule(limit.SlidingWindowCounter, 5, time.Second, 0),
+		rule(limit.TokenBucket, 5, time.Second, 0),
+		rule(limit.TokenBucket, 3, time.Second, 7),
+		rule(limit.GCRA, 5, time.Second, 0),
+	} {
+		t.Run(string(r.Algorithm), func(t *testing.T) {
+			var s State
+			now := t0 + ms
+			Eval(r, &s, now, 1, "", true)
+			now -= 300 * ms // the clock steps back
+			var res limit.Result
+			for range 20 {
+				if res = Eval(r, &s, now, 1, "", true); !res.Allowed {
+					break
+				}
+			}
+			if res.Allowed || res.RetryAfter <= 0 || res.RetryAfter == limit.Never {
+				t.Fatalf("want a denial with a retry time, got %+v", res)
+			}
+			retry := now + us(res.RetryAfter)
+			if got := Eval(r, &s, retry-1, 1, "", false); got.Allowed {
+				t.Errorf("admitted 1µs before RetryAfter %v: %+v", res.RetryAfter, got)
+			}
+			if got := Eval(r, &s, retry, 1, "", false); !got.Allowed {
+				t.Errorf("denied with RetryAfter %v; retried that much later and denied again (RetryAfter now %v)",
+					res.RetryAfter, got.RetryAfter)
+			}
+			full := r.Capacity() - 1 // Remaining after a take of 1 from a full counter
+			reset := now + us(res.ResetAfter)
+			if got := Eval(r, &s, reset-1, 1, "", false); got.Remaining == full {
+				t.Errorf("full 1µs before ResetAfter %v: %+v", res.ResetAfter, got)
+			}
+			if got := Eval(r, &s, reset, 1, "", false); got.Remaining != full {
+				t.Errorf("ResetAfter %v; that much later %d remain after a take of 1, want %d", res.ResetAfter, got.Remaining, full)
+			}
+		})
+	}
+}
