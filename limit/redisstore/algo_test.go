@@ -98,6 +98,10 @@ func scenarios() []scenario {
 			take(8, 0), take(2, -3*s), take(1, 0), take(1, 4*s), take(1, 1500*time.Millisecond),
 			take(1, -2*s), refund(1), take(1, 0), take(11, 0), take(2, 6*s), take(10, 20*s),
 		}, true},
+		{"sliding_window_step_back", []limit.Rule{rule("sw", limit.SlidingWindow, 4, 10*s)}, []step{
+			take(2, 0), take(1, -1*s), take(1, 0), take(1, 0), take(1, 2*s),
+			take(1, -3*s), take(2, 9*s), take(1, 0), take(1, 1500*time.Millisecond), take(3, 20*s),
+		}, true},
 		{"cost_above_capacity", []limit.Rule{tb, gc, rule("sw", limit.SlidingWindow, 4, 10*s), rule("fw", limit.FixedWindow, 20, 10*s)}, []step{
 			take(11, 0), take(4, 0), take(3, 0),
 		}, true},

@@ -262,8 +262,21 @@ func slidingWindow(r limit.Rule, s *State, now, p, cost int64, never, commit boo
 			// Appended in place after the live units: the expired ones
 			// before them stay in the array until append outgrows it,
 			// which then copies the live units alone (amortised O(cost)).
+			// After the clock stepped back (a Redis failover; the memory
+			// store's clock never does), the units go in at their time,
+			// before later ones, keeping the log sorted as Redis's is.
+			at := len(log)
+			if at > 0 && log[at-1] > now {
+				at = sort.Search(len(log), func(i int) bool { return log[i] > now })
+			}
 			for range cost {
 				log = append(log, now)
+			}
+			if at < len(log)-int(cost) {
+				copy(log[at+int(cost):], log[at:len(log)-int(cost)])
+				for j := at; j < at+int(cost); j++ {
+					log[j] = now
+				}
 			}
 			s.Used, s.A, s.B, s.C, s.Log, s.Leases, s.ExpiresAt = true, 0, 0, 0, log, nil, now+p
 		}
