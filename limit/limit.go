@@ -88,6 +88,10 @@ const (
 	MaxCapacityTimesPeriod = 1 << 53
 	// MaxSlidingWindowLimit bounds the Limit of a SlidingWindow rule, which
 	// keeps one entry per unit: larger limits belong to SlidingWindowCounter.
+	// A take writes one entry per unit of its cost too: on Redis a cost in
+	// the thousands holds the server for milliseconds (10 000 units, about
+	// 50 ms), past redisstore.DefaultTimeout, so the caller sees a timeout for
+	// a take that may have landed. Large costs belong to the counter too.
 	MaxSlidingWindowLimit = 100_000
 )
 
