@@ -317,22 +317,81 @@ func (p *process) stop() error {
 	return errors.New("federate: the stdio server does not exit")
 }
 
+// Bounds of the logging of a process's stderr (see logStderr).
+const (
+	// stderrLineMax is the most of one stderr line logged and kept for
+	// errors: the rest of a longer line (a dumped request) is dropped.
+	stderrLineMax = 64 << 10
+	// stderrPerSecond is how many stderr lines of a process are logged
+	// per second at most, so that a server logging in a loop cannot flood
+	// the log (and, as logging is synchronous, slow every other upstream's
+	// logging): enough for a crash's stack traces.
+	stderrPerSecond = 1000
+)
+
 // logStderr logs the process's stderr line by line and keeps the last
-// lines for errors.
+// lines for errors. It reads stderr to its end whatever it holds: a
+// reader that stopped (at a line too long, say) would leave the pipe
+// full, and the server blocked writing its logs would answer nothing.
 func (up *upstream) logStderr(p *process) {
 	defer close(p.errEnd)
-	sc := bufio.NewScanner(p.stderr)
-	sc.Buffer(make([]byte, 0, 4096), 64<<10)
-	for sc.Scan() {
-		line := sc.Text()
-		up.f.log.Info("upstream stderr", "upstream", up.cfg.Name, "line", line)
-		p.mu.Lock()
-		p.tail = append(p.tail, line)
-		if len(p.tail) > stderrTail {
-			p.tail = p.tail[1:]
+	br := bufio.NewReaderSize(p.stderr, stderrLineMax)
+	var budget lineBudget
+	inLine := false // the last chunk did not end its line: the rest is dropped
+	for {
+		chunk, err := br.ReadSlice('\n')
+		full := errors.Is(err, bufio.ErrBufferFull)
+		if len(chunk) > 0 && !inLine {
+			line := strings.TrimSuffix(strings.TrimSuffix(string(chunk), "\n"), "\r")
+			if ok, dropped := budget.take(time.Now()); ok {
+				attrs := []any{"upstream", up.cfg.Name, "line", line}
+				if full {
+					attrs = append(attrs, "cut_at", stderrLineMax)
+				}
+				if dropped > 0 {
+					attrs = append(attrs, "dropped_before", dropped)
+				}
+				up.f.log.Info("upstream stderr", attrs...)
+			}
+			p.mu.Lock()
+			p.tail = append(p.tail, line)
+			if len(p.tail) > stderrTail {
+				p.tail = p.tail[1:]
+			}
+			p.mu.Unlock()
 		}
-		p.mu.Unlock()
+		inLine = full
+		if err != nil && !full {
+			if budget.dropped > 0 {
+				up.f.log.Info("upstream stderr ended", "upstream", up.cfg.Name, "dropped_before", budget.dropped)
+			}
+			return
+		}
 	}
+}
+
+// lineBudget allows stderrPerSecond lines per second (a window opened by
+// the first line past the last window) and counts the lines it refused
+// since the last one it allowed.
+type lineBudget struct {
+	window  time.Time
+	n       int // lines allowed in the window
+	dropped int
+}
+
+// take reports whether a line at now may be logged and, if so, how many
+// were refused before it.
+func (b *lineBudget) take(now time.Time) (ok bool, dropped int) {
+	if now.Sub(b.window) >= time.Second {
+		b.window, b.n = now, 0
+	}
+	if b.n >= stderrPerSecond {
+		b.dropped++
+		return false, 0
+	}
+	b.n++
+	dropped, b.dropped = b.dropped, 0
+	return true, dropped
 }
 
 // supervise restarts the process whenever it exits (or its session ends),
