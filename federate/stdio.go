@@ -17,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpgate/mcpgate/internal/clip"
+	gwmcp "github.com/mcpgate/mcpgate/mcp"
 )
 
 // stderrTail is how many of a process's last stderr lines an error at
@@ -117,8 +118,12 @@ func (up *upstream) startProcess(ctx context.Context) (*mcp.ClientSession, *stdi
 	pipe := &stdioPipe{up: up, p: p, stall: up.writeStall()}
 	t := &mcp.IOTransport{
 		// the connection closes by closing stdin
-		Reader: io.NopCloser(&counted{r: newJSONLines(stdoutReader{p}, up.skippedLine()), w: w}),
+		Reader: io.NopCloser(&counted{r: newJSONLines(stdoutReader{p}, gwmcp.DefaultMaxResponseBytes, up.skippedLine()), w: w}),
 		Writer: pipe,
+		// jsonLines bounds each line; the SDK's bound, past which it ends
+		// the session, counts what its decoder reads ahead too, so it is
+		// set well past that, never to be the one reached.
+		MaxLineLength: 2 * gwmcp.DefaultMaxResponseBytes,
 	}
 	cs, err := up.f.newClient(up, nil, w).Connect(ctx, t, &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
 	if err != nil {
