@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpgate/mcpgate/internal/clip"
@@ -118,7 +119,7 @@ func (up *upstream) startProcess(ctx context.Context) (*mcp.ClientSession, *stdi
 	pipe := &stdioPipe{up: up, p: p, stall: up.writeStall()}
 	t := &mcp.IOTransport{
 		// the connection closes by closing stdin
-		Reader: io.NopCloser(&counted{r: newJSONLines(stdoutReader{p}, gwmcp.DefaultMaxResponseBytes, up.skippedLine()), w: w}),
+		Reader: io.NopCloser(&counted{r: newJSONLines(stdoutReader{p}, gwmcp.DefaultMaxResponseBytes, up.skippedLine(), up.oversizeAnswer), w: w}),
 		Writer: pipe,
 		// jsonLines bounds each line; the SDK's bound, past which it ends
 		// the session, counts what its decoder reads ahead too, so it is
@@ -150,6 +151,13 @@ func (up *upstream) skippedLine() func([]byte) {
 				"upstream", up.cfg.Name, "line", clip.String(strings.TrimRight(string(line), "\r\n"), 200), "skipped", n)
 		}
 	}
+}
+
+// oversizeAnswer logs an answer of the process's dropped for its size
+// (see jsonLines): its call fails, the session goes on.
+func (up *upstream) oversizeAnswer(head []byte, id jsonrpc.ID) {
+	up.f.log.Warn("upstream answer over the answer bound: dropped, its call failed",
+		"upstream", up.cfg.Name, "id", id.Raw(), "bound", gwmcp.DefaultMaxResponseBytes, "start", clip.String(string(head), 200))
 }
 
 func closeFiles(fs ...*os.File) {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -22,21 +23,26 @@ const lineKeep = 1 << 20
 // in flight of every tenant sharing the process), where the TypeScript
 // SDK's skips it. A line is judged whole (the SDK's own decoding decides),
 // so one that can hold a message ('{' or '[' first) is held until its end,
-// up to max bytes; a longer one is dropped. skipped is told each dropped
-// line's first chunk (up to the buffer's size).
+// up to max bytes; a longer one is dropped, and if it is an answer it is
+// answered with an error for its id (see tooLarge). skipped is told each
+// dropped line's first chunk (up to the buffer's size), oversize each
+// answer dropped for its size.
 type jsonLines struct {
-	br      *bufio.Reader
-	max     int // the most bytes of a line, its "\n" not counted
-	skipped func(line []byte)
+	br       *bufio.Reader
+	max      int // the most bytes of a line, its "\n" not counted
+	skipped  func(line []byte)
+	oversize func(head []byte, id jsonrpc.ID)
 
 	line []byte // the current line, when longer than br's buffer
 	rest []byte // of the current message, not yet read
 	err  error  // the read error, returned once rest is empty
 }
 
-func newJSONLines(r io.Reader, max int, skipped func([]byte)) *jsonLines {
-	return &jsonLines{br: bufio.NewReaderSize(r, 64<<10), max: max, skipped: skipped}
+func newJSONLines(r io.Reader, max int, skipped func([]byte), oversize func([]byte, jsonrpc.ID)) *jsonLines {
+	return &jsonLines{br: bufio.NewReaderSize(r, 64<<10), max: max, skipped: skipped, oversize: oversize}
 }
+
+var newline = []byte("\n")
 
 func (j *jsonLines) Read(p []byte) (int, error) {
 	for len(j.rest) == 0 {
@@ -74,6 +80,7 @@ func (j *jsonLines) next() []byte {
 		return nil
 	}
 	line := chunk
+	var past *skeleton // the line is past max: its top level, for its id
 	if more {
 		if cap(j.line) > lineKeep {
 			j.line = nil
@@ -82,15 +89,30 @@ func (j *jsonLines) next() []byte {
 		for more {
 			chunk, err = j.br.ReadSlice('\n')
 			more = errors.Is(err, bufio.ErrBufferFull)
-			if len(j.line) <= j.max { // past it, the rest is dropped
-				j.line = append(j.line, chunk...)
+			if past != nil {
+				past.feed(chunk)
+				continue
+			}
+			j.line = append(j.line, chunk...)
+			if len(bytes.TrimSuffix(j.line, newline)) > j.max {
+				past = new(skeleton)
+				past.feed(j.line)
 			}
 		}
 		j.setErr(err)
 		line = j.line
 	}
-	if len(bytes.TrimSuffix(line, []byte("\n"))) > j.max {
-		j.skipped(line[:min(len(line), j.br.Size())])
+	if past == nil && len(bytes.TrimSuffix(line, newline)) > j.max {
+		past = new(skeleton)
+		past.feed(line)
+	}
+	if past != nil {
+		head := line[:min(len(line), j.br.Size())]
+		if id, ok := past.responseID(); ok {
+			j.oversize(head, id)
+			return j.tooLarge(id)
+		}
+		j.skipped(head)
 		return nil
 	}
 	if !holdsMessage(line) {
@@ -98,6 +120,22 @@ func (j *jsonLines) next() []byte {
 		return nil
 	}
 	return line
+}
+
+// tooLarge is the line the session reads in place of an answer past max:
+// an error for the call it answers, as an HTTP upstream's answer past the
+// bound fails its call alone. The line itself reaching the SDK would end
+// the session, failing every call in flight on the process, whichever
+// tenant's.
+func (j *jsonLines) tooLarge(id jsonrpc.ID) []byte {
+	b, err := jsonrpc.EncodeMessage(&jsonrpc.Response{ID: id, Error: &jsonrpc.Error{
+		Code:    jsonrpc.CodeInternalError,
+		Message: fmt.Sprintf("federate: upstream answer over %d bytes", j.max),
+	}})
+	if err != nil { // an id the SDK decoded encodes
+		return nil
+	}
+	return append(b, '\n')
 }
 
 func (j *jsonLines) setErr(err error) {
@@ -133,4 +171,118 @@ func holdsMessage(line []byte) bool {
 		return true
 	}
 	return false
+}
+
+// Bounds of a skeleton.
+const (
+	// skeletonMax is the most bytes of a line's top level a skeleton keeps:
+	// a message's has a few members.
+	skeletonMax = 4 << 10
+	// skeletonString is the longest string of the top level a skeleton
+	// keeps: a longer one (no id, version or method) becomes "".
+	skeletonString = 1 << 10
+)
+
+// skeleton is the top level of one JSON line, fed in chunks, kept in
+// bounded memory: what is nested deeper is left out ("result":{...}
+// becomes "result":{}), and so is a long string. It is what decides
+// whether a line too long to be held is an answer, and to which request:
+// its id may come last (the TypeScript SDK writes {"result":...,
+// "jsonrpc":"2.0","id":1}). Its bytes are judged by the SDK's decoding: a
+// line that is not one JSON value may leave a skeleton that is one, but
+// such a line is dropped either way, and only an answer's id is taken from
+// it.
+type skeleton struct {
+	out   []byte
+	depth int
+	inStr bool
+	esc   bool
+	str   []byte // the current top-level string, while short
+	long  bool   // the current string is past skeletonString
+	full  bool   // out reached skeletonMax: the line is not judged
+}
+
+func (s *skeleton) feed(b []byte) {
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if s.inStr {
+			switch {
+			case s.esc:
+				s.esc = false
+				s.strBytes(b[i : i+1])
+			case c == '\\':
+				s.esc = true
+				s.strBytes(b[i : i+1])
+			case c == '"':
+				s.inStr = false
+				if s.depth <= 1 {
+					s.emit('"')
+					if !s.long {
+						s.emit(s.str...)
+					}
+					s.emit('"')
+				}
+			default: // up to the next quote or escape at once
+				k := bytes.IndexAny(b[i:], `"\`)
+				if k < 0 {
+					k = len(b) - i
+				}
+				s.strBytes(b[i : i+k])
+				i += k - 1
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			s.inStr, s.str, s.long = true, s.str[:0], false
+		case '{', '[':
+			s.depth++
+			if s.depth <= 2 {
+				s.emit(c)
+			}
+		case '}', ']':
+			if s.depth <= 2 {
+				s.emit(c)
+			}
+			s.depth--
+		default:
+			if s.depth <= 1 {
+				s.emit(c)
+			}
+		}
+	}
+}
+
+func (s *skeleton) strBytes(p []byte) {
+	if s.depth > 1 || s.long {
+		return
+	}
+	if len(s.str)+len(p) > skeletonString {
+		s.long = true
+		return
+	}
+	s.str = append(s.str, p...)
+}
+
+func (s *skeleton) emit(p ...byte) {
+	if len(s.out)+len(p) > skeletonMax {
+		s.full = true
+		return
+	}
+	s.out = append(s.out, p...)
+}
+
+// responseID returns the id of the answer the line is, if it is one.
+func (s *skeleton) responseID() (jsonrpc.ID, bool) {
+	if s.full {
+		return jsonrpc.ID{}, false
+	}
+	msg, err := jsonrpc.DecodeMessage(s.out)
+	if err != nil {
+		return jsonrpc.ID{}, false
+	}
+	if resp, ok := msg.(*jsonrpc.Response); ok {
+		return resp.ID, true
+	}
+	return jsonrpc.ID{}, false // a request of the server's: dropped
 }
