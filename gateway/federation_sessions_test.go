@@ -141,7 +141,7 @@ func TestSweepTouchesKeptSessionsInTheFederation(t *testing.T) {
 	tr.now = func() time.Time { return now }
 	p := auth.Principal{Tenant: "acme", Subject: "alice"}
 	tr.add("listening", p, enforce.SessionSlots{}, "2025-11-25", false)
-	tr.use("listening", p, enforce.SessionSlots{}, "2025-11-25") // its GET stream, open throughout
+	tr.use("listening", p, enforce.SessionSlots{}) // its GET stream, open throughout
 	tr.add("idle", p, enforce.SessionSlots{}, "2025-11-25", false)
 
 	if every := tr.sweepEvery(48 * time.Hour); every != backstop/8 {

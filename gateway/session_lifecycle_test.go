@@ -194,3 +194,44 @@ func TestShutdownEndsNotificationStreams(t *testing.T) {
 		})
 	}
 }
+
+// A session whose last request named an MCP-Protocol-Version nobody speaks
+// is still ended by the idle sweep: the sweep's DELETE carries the version
+// the session negotiated, not the client's last header, which the go-sdk
+// refuses (400). It carried that header, and freed the slot whatever the
+// answer: a subject capped at one session piled up an upstream session,
+// never closed, every idle_timeout.
+func TestIdleSweepEndsSessionsInTheirNegotiatedVersion(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{
+		Upstream: upstream.Options{SessionTimeout: -1},
+		Config:   "sessions: {max_per_subject: 1, idle_timeout: 1s}\n",
+	})
+	alice := token(t, "acme", "alice")
+	const bogus = "2000-01-01"
+	for i := range 4 {
+		var sid string
+		eventually(t, 20*time.Second, "the slot of the session before freed", func() bool {
+			r := initialize(t, e, 0, alice)
+			if r.Status != http.StatusOK && r.Status != http.StatusTooManyRequests {
+				t.Fatalf("round %d: initialize: %d %s", i, r.Status, r.Body)
+			}
+			sid = r.Header.Get("Mcp-Session-Id")
+			return r.Status == http.StatusOK
+		})
+		hdr := http.Header{"Mcp-Session-Id": {sid}}
+		if r := post(t, e.mcpURL(0), alice, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, hdr); r.Status != http.StatusAccepted {
+			t.Fatalf("initialized: %d %s", r.Status, r.Body)
+		}
+		hdr.Set("Mcp-Protocol-Version", bogus) // the session's last request
+		if r := post(t, e.mcpURL(0), alice, methodBody(2, "tools/list", `{}`), hdr); r.Status/100 == 2 {
+			t.Fatalf("round %d: a request naming MCP-Protocol-Version %s: %d, want the upstream's refusal", i, bogus, r.Status)
+		}
+	}
+	eventually(t, 20*time.Second, "every idle session ended upstream", func() bool { return openSessions(e) == 0 })
+	for _, r := range e.requests() {
+		if r.Method == http.MethodDelete && r.Header.Get("Mcp-Protocol-Version") == bogus {
+			t.Fatalf("the sweep's DELETE carried the client's MCP-Protocol-Version %s", bogus)
+		}
+	}
+}

@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"net/http"
 	"sync"
 	"time"
@@ -64,6 +66,17 @@ func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtim
 		up = &upstream
 		return g.sessions.wrapLease(p, upstream, inID)
 	}
+	// The version the session speaks is the one the upstream answered, not
+	// the one the client asked for: the gateway's own requests in the
+	// session (the DELETE that ends it) carry it.
+	var protocol string // answered runs on this goroutine too
+	report := fwd.answered
+	fwd.answered = func(result, rpcErr json.RawMessage) {
+		protocol = negotiated(result)
+		if report != nil {
+			report(result, rpcErr)
+		}
+	}
 	// The upstream may open the session whatever the client does meanwhile:
 	// the request goes on when the client hangs up (bounded by the proxy's
 	// timeouts), so that the session it opened is known and ended.
@@ -73,11 +86,23 @@ func (g *Gateway) openSession(w http.ResponseWriter, r *http.Request, rt *runtim
 		slots.Release(ctx)
 		cancel()
 		if up != nil { // opened upstream, but the client never got it
-			g.tracker.endUpstream(context.WithoutCancel(r.Context()), sweepJob{upstream: *up, tenant: p.Tenant, subject: p.Subject, protocol: r.Header.Get(mcp.HeaderProtocolVersion)})
+			g.tracker.endGone(context.WithoutCancel(r.Context()), sweepJob{upstream: *up, tenant: p.Tenant, subject: p.Subject, protocol: protocol})
 		}
 		return
 	}
-	g.tracker.add(*up, p, slots, r.Header.Get(mcp.HeaderProtocolVersion), true)
+	g.tracker.add(*up, p, slots, protocol, true)
+}
+
+// negotiated is the protocolVersion of an initialize's result, "" when it
+// names none.
+func negotiated(result json.RawMessage) string {
+	var r struct {
+		ProtocolVersion string `json:"protocolVersion"`
+	}
+	if json.Unmarshal(result, &r) != nil {
+		return ""
+	}
+	return r.ProtocolVersion
 }
 
 // useSession runs for every request naming a session the caller owns,
@@ -101,7 +126,7 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, p auth.Prin
 			}
 		}, true
 	}
-	e, live := g.tracker.use(upstream, p, g.eng.SessionSlotsOf(p.Tenant, p.Subject, lease), r.Header.Get(mcp.HeaderProtocolVersion))
+	e, live := g.tracker.use(upstream, p, g.eng.SessionSlotsOf(p.Tenant, p.Subject, lease))
 	if !live {
 		g.metrics.Requests.WithLabelValues("any", "bad_session").Inc()
 		mcp.WriteError(w, http.StatusNotFound, nil, mcp.CodeInvalidRequest, "session ended: start a new one", nil)
@@ -113,6 +138,11 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, p auth.Prin
 	sw := &sessionWriter{statusWriter: statusWriter{ResponseWriter: w}}
 	return sw, func(msg *mcp.Message) {
 		g.tracker.done(e)
+		if sw.status/100 == 2 {
+			// A version the upstream took (unless the gateway answered
+			// itself: learn says what comes of one it did not).
+			g.tracker.learn(e, r.Header.Get(mcp.HeaderProtocolVersion))
+		}
 		if sw.endsSession(msg) {
 			g.endLost(r, p, upstream, lease)
 		}
@@ -142,38 +172,43 @@ func (g *Gateway) freeSession(ctx context.Context, p auth.Principal, upstream, l
 // (awaitEnds), and Close for the DELETE itself.
 func (g *Gateway) endLost(r *http.Request, p auth.Principal, upstream, lease string) {
 	ctx := context.WithoutCancel(r.Context())
-	j := sweepJob{upstream: upstream, tenant: p.Tenant, subject: p.Subject, protocol: r.Header.Get(mcp.HeaderProtocolVersion)}
+	// The request's version was sent upstream and answered 404, not
+	// refused; the session's own is surer.
+	protocol := cmp.Or(g.tracker.protocolOf(upstream), r.Header.Get(mcp.HeaderProtocolVersion))
+	j := sweepJob{upstream: upstream, tenant: p.Tenant, subject: p.Subject, protocol: protocol}
 	done, ok := g.tracker.ending(p, upstream)
 	if !ok {
 		return // already being ended: its outcome frees the slots or keeps them
 	}
 	go func() {
 		defer done()
-		if g.tracker.endGone(ctx, j) {
+		if gone, _ := g.tracker.endGone(ctx, j); gone {
 			g.freeSession(ctx, p, upstream, lease)
 		}
 	}()
 }
 
-// endGone ends a session upstream (DELETE, as endUpstream) and reports
-// whether it is gone there: ended (2xx) or unknown (404). Any other answer
-// leaves it open: MCP lets a server refuse a DELETE (405).
-func (t *sessionTracker) endGone(ctx context.Context, j sweepJob) bool {
+// endGone ends a session upstream (DELETE, in the version it negotiated
+// when known) and reports whether it is gone there: ended (2xx) or
+// unknown (404); status is the upstream's answer, 0 when it failed. Any
+// other answer leaves it open: MCP lets a server refuse a DELETE (405).
+// Only a session it ended counts in mcpgate_upstream_sessions_ended_total.
+func (t *sessionTracker) endGone(ctx context.Context, j sweepJob) (gone bool, status int) {
 	ctx, cancel := context.WithTimeout(ctx, endTimeout)
 	defer cancel()
 	status, err := t.g.askUpstream(ctx, t.hc, http.MethodDelete, j.tenant, j.subject, j.upstream, j.protocol, nil)
 	switch {
 	case err != nil:
-		t.g.log.Warn("ending a session upstream failed: its slots stay held until it is idle", "tenant", j.tenant, "err", err)
-		return false
+		t.g.log.Warn("ending a session upstream failed", "tenant", j.tenant, "err", err)
+		return false, 0
 	case status/100 == 2:
 		t.g.metrics.SessionsEnded.Inc()
-		return true
+		return true, status
 	case status == http.StatusNotFound:
-		return true
+		return true, status
 	}
-	t.g.log.Warn("the upstream did not end a session: its slots stay held until it is idle", "tenant", j.tenant, "status", status)
-	return false
+	t.g.log.Warn("the upstream did not end a session", "tenant", j.tenant, "status", status)
+	return false, status
 }
 
 // maxEndBody bounds the part of a 404's body a sessionWriter keeps: an
@@ -224,7 +259,7 @@ type sessionEntry struct {
 	upstream         string // the upstream's session id
 	tenant, subject  string
 	slots            enforce.SessionSlots // none when the session holds no slot
-	protocol         string               // MCP-Protocol-Version last seen, for the DELETE
+	protocol         string               // the version of the gateway's DELETE (see negotiated)
 	active           int                  // requests in progress
 	lastUse          time.Time            // when the last request began or ended
 	renewed          time.Time            // when this instance last took or renewed the lease
@@ -233,6 +268,18 @@ type sessionEntry struct {
 	dead             bool      // its slots are gone: the next request gets 404
 	touched          time.Time // when the sweep last pinged it in the federation (or first met it)
 	asks             uint64    // questions relayed on its GET stream and answers its clients POSTed (askedClient)
+	// negotiated: protocol is the version the session negotiated (its
+	// initialize's answer); else, for a session opened elsewhere, it is
+	// the first one of its requests answered 2xx (learn). Never a client's
+	// header the upstream did not take: it would refuse the DELETE (the
+	// go-sdk answers 400) and the session would live on.
+	negotiated bool
+	// ending: the sweep is ending it (endIdle); a DELETE that did not end
+	// it is sent again one idle_timeout later (nextEnd), maxEndTries
+	// times in all.
+	ending   bool
+	endTries int
+	nextEnd  time.Time
 }
 
 // sessionTracker is an instance's view of the sessions it serves. It is
@@ -274,7 +321,8 @@ func newSessionTracker(g *Gateway, size int) *sessionTracker {
 		hc: &http.Client{Transport: g.fed.transport(), Timeout: endTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
 
-// add records a session that was just opened (opened) or first seen here.
+// add records a session that was just opened (opened) or first seen here;
+// protocol is the version it negotiated, "" when unknown.
 func (t *sessionTracker) add(upstream string, p auth.Principal, slots enforce.SessionSlots, protocol string, opened bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -304,14 +352,40 @@ func (t *sessionTracker) add(upstream string, p auth.Principal, slots enforce.Se
 		e.usedSinceRenewal = true
 	}
 	if protocol != "" {
+		e.protocol, e.negotiated = protocol, true
+	}
+}
+
+// learn records protocol, the MCP-Protocol-Version of a request of e
+// answered 2xx, as the version of a session whose negotiated one is
+// unknown here (opened through another instance), unless one was learnt
+// already. A 2xx the gateway answered itself (a cached result) proves
+// nothing: a DELETE the upstream refuses 400 forgets it (endRefused).
+func (t *sessionTracker) learn(e *sessionEntry, protocol string) {
+	if e == nil || protocol == "" {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e.protocol == "" {
 		e.protocol = protocol
 	}
 }
 
+// protocolOf is the version tracked for upstream, "" if none.
+func (t *sessionTracker) protocolOf(upstream string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e := t.m[upstream]; e != nil {
+		return e.protocol
+	}
+	return ""
+}
+
 // use marks upstream in use by one request; live is false when the session
 // has ended.
-func (t *sessionTracker) use(upstream string, p auth.Principal, slots enforce.SessionSlots, protocol string) (e *sessionEntry, live bool) {
-	t.add(upstream, p, slots, protocol, false)
+func (t *sessionTracker) use(upstream string, p auth.Principal, slots enforce.SessionSlots) (e *sessionEntry, live bool) {
+	t.add(upstream, p, slots, "", false)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e = t.m[upstream]
@@ -319,7 +393,9 @@ func (t *sessionTracker) use(upstream string, p auth.Principal, slots enforce.Se
 		return nil, true // not tracked (the tracker is full)
 	}
 	if e.dead {
-		t.dropLocked(upstream)
+		if !e.ending { // else the sweep still has to end it upstream
+			t.dropLocked(upstream)
+		}
 		return nil, false
 	}
 	e.active++

@@ -107,7 +107,9 @@ const endParallel = 8
 // A lease that runs out before its session would be idle (one taken before
 // a reload raised idle_timeout) is renewed even though the session is
 // unused: else its slot would be free while the session lives on, and
-// another session would take it over the caps.
+// another session would take it over the caps. An idle session is ending
+// from then on: tracked until the upstream has ended it or maxEndTries
+// DELETEs did not (endIdle).
 func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -116,6 +118,8 @@ func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
 	for up, e := range t.m {
 		j := sweepJob{e: e, upstream: up, tenant: e.tenant, subject: e.subject, protocol: e.protocol, slots: e.slots}
 		switch {
+		case e.ending:
+			j.end = !now.Before(e.nextEnd) // a DELETE that did not end it, again
 		case e.dead:
 			if now.Sub(e.lastUse) >= idle {
 				t.dropLocked(up) // never asked for again
@@ -128,10 +132,10 @@ func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
 		case now.Sub(e.lastUse) >= idle && (!e.slots.Held() || now.Sub(e.renewed) >= idle && !now.Before(e.ownUntil)):
 			// (a lease taken under a longer idle_timeout, before a reload,
 			// is this instance's until ownUntil: kept tracked till then)
-			t.dropLocked(up)
-			j.end = true
+			// Tracked until the upstream has ended it (endIdle).
+			e.ending, j.end = true, true
 		}
-		if !e.dead && !j.end && t.g.fed != nil {
+		if !e.dead && !e.ending && t.g.fed != nil {
 			// Kept: the federation must keep it too. A session first met
 			// here started at most a sweep ago.
 			if e.touched.IsZero() {
@@ -191,15 +195,25 @@ func (t *sessionTracker) renew(ctx context.Context, j sweepJob) {
 	}
 	if !held {
 		t.g.log.Info("session lost its slot: ending it upstream", "tenant", j.tenant, "subject", j.subject)
-		t.endUpstream(ctx, j)
+		t.endGone(ctx, j)
 	}
 }
+
+// maxEndTries bounds the DELETEs the sweep sends to end one idle session:
+// an upstream that keeps refusing them (MCP lets it: 405) or failing ends
+// the session by its own timeout, and the tracker does not keep it for
+// ever.
+const maxEndTries = 4
 
 // endIdle ends an idle session, unless its lease is still held: then
 // another instance renewed it (the session is in use there, and that
 // instance tracks it), and this one just forgets it. The check cannot
 // extend the lease: a renewal never shortens one, and it asks for the
-// shortest period.
+// shortest period. Its slots are freed, and the session forgotten, only
+// once the upstream has ended it (2xx) or does not know it (404), as for
+// a client's DELETE: a freed slot is a session gone upstream. Until then
+// its next request here gets 404, and a DELETE that did not end it is sent
+// again one idle_timeout later (endRefused).
 func (t *sessionTracker) endIdle(ctx context.Context, j sweepJob) {
 	if j.slots.Held() {
 		rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
@@ -208,24 +222,56 @@ func (t *sessionTracker) endIdle(ctx context.Context, j sweepJob) {
 		if err != nil {
 			t.g.log.Warn("checking an idle session's slot failed: ending the session", "tenant", j.tenant, "err", err)
 		} else if held {
+			t.forget(j.e)
 			return
 		}
-		rctx, cancel = context.WithTimeout(ctx, releaseTimeout)
-		j.slots.Release(rctx)
-		cancel()
 	}
-	t.endUpstream(ctx, j)
-}
-
-// endUpstream sends the upstream the DELETE that ends a session, with the
-// configured upstream and identity headers.
-func (t *sessionTracker) endUpstream(ctx context.Context, j sweepJob) {
-	ctx, cancel := context.WithTimeout(ctx, endTimeout)
-	defer cancel()
-	err := t.g.sendUpstream(ctx, t.hc, http.MethodDelete, j.tenant, j.subject, j.upstream, j.protocol, nil)
-	if err != nil {
-		t.g.log.Warn("ending an idle session upstream failed", "err", err)
+	t.mu.Lock()
+	j.e.dead = true // no request of it goes upstream any more
+	t.mu.Unlock()
+	gone, status := t.endGone(ctx, j)
+	if !gone {
+		t.endRefused(j, status)
 		return
 	}
-	t.g.metrics.SessionsEnded.Inc()
+	t.forget(j.e)
+	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	j.slots.Release(rctx)
+	cancel()
+}
+
+// endRefused schedules the next DELETE of an idle session the last one
+// (answered status, 0 for none) did not end, or forgets it after
+// maxEndTries. A version learnt from a request (learn) that the upstream
+// refused (400) is dropped: the next DELETE goes without one, in the
+// upstream's default version, rather than in a version it refuses every
+// time.
+func (t *sessionTracker) endRefused(j sweepJob, status int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := j.e
+	if t.m[j.upstream] != e {
+		return // forgotten meanwhile: a client's DELETE freed it
+	}
+	e.endTries++
+	if e.endTries >= maxEndTries {
+		t.dropLocked(j.upstream)
+		t.g.log.Warn("an idle session was not ended upstream: forgotten, left to the upstream's own timeout",
+			"tenant", j.tenant, "subject", j.subject, "tries", e.endTries)
+		return
+	}
+	e.nextEnd = t.leaseEnd(t.now())
+	if status == http.StatusBadRequest && !e.negotiated {
+		e.protocol = ""
+	}
+}
+
+// forget stops tracking e, unless it is no longer what the tracker holds
+// for its session (a client's DELETE forgot it, a request tracked it anew).
+func (t *sessionTracker) forget(e *sessionEntry) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m[e.upstream] == e {
+		t.dropLocked(e.upstream)
+	}
 }
