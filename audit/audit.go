@@ -151,6 +151,12 @@ type Logger struct {
 
 	mu     sync.RWMutex // held for reading while sending to queue, for writing to close it
 	closed bool
+	// stop is closed when Close starts, before it waits for mu: a request
+	// waiting for room in the queue holds mu for reading and gives up
+	// then, so that Close, and every Log behind Close's wait (a waiting
+	// writer lets no new reader in), wait for no stalled write.
+	stop     chan struct{}
+	stopOnce sync.Once
 
 	dropped atomic.Int64
 	done    chan struct{} // closed when the writer has finished
@@ -213,7 +219,7 @@ func newLogger(w io.Writer, opts *Options) *Logger {
 		o.Logger = slog.Default()
 	}
 	l := &Logger{queue: make(chan item, o.Buffer), onDrop: o.OnDrop, log: o.Logger,
-		done: make(chan struct{}), base: w}
+		done: make(chan struct{}), stop: make(chan struct{}), base: w}
 	l.buf.Grow(bufSize + 4<<10)
 	return l
 }
@@ -315,7 +321,9 @@ func (l *Logger) Reopen(ctx context.Context) error {
 }
 
 // request hands it to the writer and waits for its answer. The send may
-// wait for room in the buffer: it is not on a request path.
+// wait for room in the buffer (it is not on a request path), holding the
+// read lock, which keeps the queue open; a Close ends that wait (stop), as
+// Close, and every Log behind it, would otherwise wait for it.
 func (l *Logger) request(ctx context.Context, it item) error {
 	if l == nil {
 		return nil
@@ -331,6 +339,9 @@ func (l *Logger) request(ctx context.Context, it item) error {
 	case <-ctx.Done():
 		l.mu.RUnlock()
 		return ctx.Err()
+	case <-l.stop:
+		l.mu.RUnlock()
+		return ErrClosed
 	}
 	l.mu.RUnlock()
 	select {
@@ -348,6 +359,7 @@ func (l *Logger) Close() error {
 	if l == nil {
 		return nil
 	}
+	l.stopOnce.Do(func() { close(l.stop) })
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()

@@ -239,6 +239,37 @@ func TestFullBufferDrops(t *testing.T) {
 	}
 }
 
+// Log never blocks, even while a Flush (or a Reopen, on SIGHUP) waits for
+// room in a queue a stalled write keeps full and a Close (SIGTERM) comes:
+// the Flush used to hold the read lock for its whole wait, Close waited for
+// the write lock, and from then on every Log waited too (a waiting writer
+// lets no new reader in) until the Flush gave up. Now Close ends the
+// Flush's wait (ErrClosed), and Log drops the record, the queue being
+// full, without waiting for either.
+func TestLogDoesNotWaitBehindFlushAndClose(t *testing.T) {
+	w := &blockingWriter{entered: make(chan struct{}), release: make(chan struct{})}
+	defer close(w.release)
+	l := New(w, &Options{Buffer: 2, Logger: quiet()})
+	l.Log(Record{RequestID: "1"})
+	<-w.entered // the writer is stuck on record 1
+	l.Log(Record{RequestID: "2"})
+	l.Log(Record{RequestID: "3"}) // the queue is full
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	flushed := make(chan error, 1)
+	go func() { flushed <- l.Flush(ctx) }() // as ReopenAudit does, bounded by reopenWait
+	time.Sleep(50 * time.Millisecond)       // the Flush waits for room
+	go l.Close()                            // the shutdown
+	time.Sleep(50 * time.Millisecond)       // Close waits for the Flush
+	l.Log(Record{RequestID: "request path"})
+	if ctx.Err() != nil {
+		t.Fatal("Log returned only once the waiting Flush gave up: it waited behind the Flush and Close")
+	}
+	if err := <-flushed; !errors.Is(err, ErrClosed) {
+		t.Errorf("Flush waiting for room when Close came = %v, want ErrClosed", err)
+	}
+}
+
 // Close writes every queued record; Log after Close drops; a nil Logger
 // does nothing.
 func TestCloseFlushes(t *testing.T) {
