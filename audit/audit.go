@@ -6,7 +6,8 @@
 // the record is dropped and counted (Options.OnDrop, Dropped). Rotation is
 // left to the platform (logrotate, a container runtime): after the file was
 // renamed, Reopen makes new lines go to a new file at the same path. Close
-// writes what is buffered and closes the file.
+// writes what is buffered and closes the file; behind a stalled write it
+// gives up after a few seconds, dropping what is still queued (ErrStalled).
 package audit
 
 import (
@@ -35,6 +36,13 @@ const DefaultBuffer = 4096
 // ErrClosed means the Logger was closed: Flush and Reopen have nothing to
 // write to.
 var ErrClosed = errors.New("audit: logger closed")
+
+// ErrStalled means Close gave up waiting for the writer, stuck on a write
+// (a stalled disk): the records still queued were dropped.
+var ErrStalled = errors.New("audit: writer stalled on a write")
+
+// closeWait bounds how long Close waits for the writer.
+var closeWait = 5 * time.Second
 
 // Record is one line of the audit log. Strings are written as JSON strings:
 // a tenant or tool name holding newlines, quotes or invalid UTF-8 (replaced
@@ -158,15 +166,17 @@ type Logger struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 
-	dropped atomic.Int64
-	done    chan struct{} // closed when the writer has finished
+	dropped   atomic.Int64
+	done      chan struct{} // closed when the writer has finished
+	final     error         // what Close returns, set by the writer before done
+	abandoned atomic.Bool   // Close gave up waiting for the writer
 
 	// owned by the writer goroutine
 	file    *os.File     // nil unless the Logger opened it
 	base    io.Writer    // what lines are written to: file, or the writer given
 	buf     bytes.Buffer // whole lines, after a newline ending a torn line in base (see restart)
 	torn    bool         // the last byte written to base is not a newline
-	last    error        // the outcome of the last write, for Close
+	last    error        // the outcome of the last write, for finish
 	failing bool         // the last write failed: the next success is logged
 }
 
@@ -355,6 +365,14 @@ func (l *Logger) request(ctx context.Context, it item) error {
 // Close stops accepting records, writes those queued, and closes the file
 // the Logger opened. It returns the error of that final write (its records
 // were lost and counted) or of the close. Later calls return nil.
+//
+// Close waits for the writer at most closeWait: the gateway's shutdown
+// waits for it, and a write on a stalled disk (a hung network mount) may
+// never return. Past that, it logs, drops and counts the records still
+// queued, answers the requests among them ErrClosed, and returns
+// ErrStalled. The writer then writes no record it takes from the queue,
+// and closes the file itself once its write returns: closing it here,
+// under a write or a Reopen in progress, would race with them.
 func (l *Logger) Close() error {
 	if l == nil {
 		return nil
@@ -368,28 +386,46 @@ func (l *Logger) Close() error {
 	l.closed = true
 	close(l.queue)
 	l.mu.Unlock()
-	<-l.done
-	err := l.last
-	if l.buf.Len() > 0 {
-		// only the newline ending a torn line (run wrote every record):
-		// leave the file ending in a whole line
-		if ferr := l.flush(); err == nil {
-			err = ferr
-		}
+	wait := time.NewTimer(closeWait)
+	defer wait.Stop()
+	select {
+	case <-l.done:
+		return l.final
+	case <-wait.C:
 	}
-	if l.file != nil {
-		err = errors.Join(err, l.file.Close())
+	l.abandoned.Store(true)
+	n := 0
+	for it := range l.queue { // the writer may take some too: each is discarded once
+		n += l.discard(it)
 	}
-	return err
+	l.log.Error("audit log not closed: its writer is stuck on a write (a stalled disk?); the records still queued are dropped",
+		"path", l.path, "waited", closeWait, "dropped", n)
+	return fmt.Errorf("%w: Close gave up after %v, %d queued records dropped", ErrStalled, closeWait, n)
+}
+
+// discard drops it unwritten: a record is counted (and returns 1), a
+// request is answered ErrClosed.
+func (l *Logger) discard(it item) int {
+	if it.ack != nil {
+		it.ack <- ErrClosed
+		return 0
+	}
+	l.drop()
+	return 1
 }
 
 // run is the writer: it encodes records into its buffer and writes it
 // whenever the queue is empty or the buffer full, so lines reach the file
-// promptly under light load and in batches under heavy load.
+// promptly under light load and in batches under heavy load. Once Close
+// gave up waiting for it (abandoned), it discards what it takes. When the
+// queue is closed and empty it finishes: see finish.
 func (l *Logger) run() {
 	defer close(l.done)
 	for it := range l.queue {
 		switch {
+		case l.abandoned.Load():
+			l.discard(it)
+			continue
 		case it.ack != nil && it.reopen:
 			it.ack <- l.reopen()
 			continue
@@ -406,6 +442,26 @@ func (l *Logger) run() {
 			l.flush()
 		}
 	}
+	l.final = l.finish()
+}
+
+// finish ends the writer's work once the queue is closed and empty: it
+// writes what the buffer still holds (only the newline ending a torn line,
+// unless Close gave up while records taken before were buffered), so that
+// the file ends in a whole line, and closes the file the Logger opened. It
+// returns the last write's error (its records were lost and counted) or
+// the close's.
+func (l *Logger) finish() error {
+	err := l.last
+	if l.buf.Len() > 0 {
+		if ferr := l.flush(); err == nil {
+			err = ferr
+		}
+	}
+	if l.file != nil {
+		err = errors.Join(err, l.file.Close())
+	}
+	return err
 }
 
 // restart empties the buffer after a write. When the last byte written is

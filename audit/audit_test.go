@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -248,8 +249,9 @@ func TestFullBufferDrops(t *testing.T) {
 // full, without waiting for either.
 func TestLogDoesNotWaitBehindFlushAndClose(t *testing.T) {
 	w := &blockingWriter{entered: make(chan struct{}), release: make(chan struct{})}
-	defer close(w.release)
 	l := New(w, &Options{Buffer: 2, Logger: quiet()})
+	closed := make(chan error, 1)
+	defer func() { close(w.release); <-closed }()
 	l.Log(Record{RequestID: "1"})
 	<-w.entered // the writer is stuck on record 1
 	l.Log(Record{RequestID: "2"})
@@ -259,7 +261,7 @@ func TestLogDoesNotWaitBehindFlushAndClose(t *testing.T) {
 	flushed := make(chan error, 1)
 	go func() { flushed <- l.Flush(ctx) }() // as ReopenAudit does, bounded by reopenWait
 	time.Sleep(50 * time.Millisecond)       // the Flush waits for room
-	go l.Close()                            // the shutdown
+	go func() { closed <- l.Close() }()     // the shutdown
 	time.Sleep(50 * time.Millisecond)       // Close waits for the Flush
 	l.Log(Record{RequestID: "request path"})
 	if ctx.Err() != nil {
@@ -267,6 +269,46 @@ func TestLogDoesNotWaitBehindFlushAndClose(t *testing.T) {
 	}
 	if err := <-flushed; !errors.Is(err, ErrClosed) {
 		t.Errorf("Flush waiting for room when Close came = %v, want ErrClosed", err)
+	}
+}
+
+// Close is bounded: behind a write that never returns (a hung network
+// mount) it gives up after closeWait, counts the records still queued as
+// dropped, answers a Flush waiting in the queue, and says so (ErrStalled),
+// so that the gateway's shutdown ends. The writer, once its write returns,
+// writes nothing more and counts nothing twice.
+func TestCloseBehindAStalledWrite(t *testing.T) {
+	defer func(d time.Duration) { closeWait = d }(closeWait)
+	closeWait = time.Millisecond
+	w := &blockingWriter{entered: make(chan struct{}), release: make(chan struct{})}
+	l := New(w, &Options{Logger: quiet()})
+	l.Log(Record{RequestID: "1"})
+	<-w.entered // the writer is stuck on record 1
+	l.Log(Record{RequestID: "2"})
+	l.Log(Record{RequestID: "3"})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	flushed := make(chan error, 1)
+	go func() { flushed <- l.Flush(ctx) }()
+	for len(l.queue) < 3 { // the Flush is queued behind 2 and 3
+		runtime.Gosched()
+	}
+	if err := l.Close(); !errors.Is(err, ErrStalled) {
+		t.Fatalf("Close behind a stalled write = %v, want ErrStalled", err)
+	}
+	if err := <-flushed; !errors.Is(err, ErrClosed) {
+		t.Errorf("Flush queued when Close gave up = %v, want ErrClosed", err)
+	}
+	if l.Dropped() != 2 {
+		t.Errorf("dropped %d, want the 2 records still queued", l.Dropped())
+	}
+	close(w.release)
+	<-l.done
+	if got := lines(t, w.buf.Bytes()); len(got) != 1 || got[0]["request_id"] != "1" {
+		t.Errorf("written after the stalled write returned: %v, want record 1 alone", got)
+	}
+	if l.Dropped() != 2 {
+		t.Errorf("dropped %d once the writer went on, want 2 still", l.Dropped())
 	}
 }
 
