@@ -376,3 +376,49 @@ func TestServeNamesUsageInitForAMissingDynamoDBTable(t *testing.T) {
 	}
 	startMain(t, io.Discard, "serve", "--config", path)
 }
+
+// check fails, naming the field, on an audit.file serve could not open
+// (serve stops at once on it: TestAuditFileUnopenable), and creates none:
+// the file is serve's to create.
+func TestCheckRefusesAnUnopenableAuditFile(t *testing.T) {
+	dir := t.TempDir()
+	aFile := filepath.Join(dir, "a-file")
+	existing := filepath.Join(dir, "existing.jsonl")
+	for _, p := range []string{aFile, existing} {
+		if err := os.WriteFile(p, []byte("{}\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("E2E_SECRET", e2eSecret)
+	for _, c := range []struct {
+		name, file string
+		ok         bool
+	}{
+		{"missing directory", filepath.Join(dir, "missing", "audit.jsonl"), false},
+		{"parent is a file", filepath.Join(aFile, "audit.jsonl"), false},
+		{"a directory", dir, false},
+		{"new file", filepath.Join(dir, "new.jsonl"), true},
+		{"existing file", existing, true},
+		{"stdout", "-", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := filepath.Join(t.TempDir(), "mcpgate.yaml")
+			yaml := fmt.Sprintf("listen: 127.0.0.1:0\nupstream: {url: http://127.0.0.1:1/mcp}\n"+
+				"auth: {jwt: {hs256_secret_env: E2E_SECRET}}\naudit: {file: %q}\n", c.file)
+			if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := os.ReadDir(dir)
+			code, out, stderr := run(t, "check", "--config", cfg)
+			switch {
+			case c.ok && (code != 0 || !strings.Contains(out, ": ok")):
+				t.Fatalf("exit %d, stdout %q, stderr %q; want ok", code, out, stderr)
+			case !c.ok && (code != 1 || !strings.Contains(stderr, cfg+": audit.file: ") || !strings.Contains(stderr, c.file)):
+				t.Fatalf("check exit %d, stdout %q, stderr %q; want exit 1 naming audit.file %s, which serve cannot open", code, out, stderr, c.file)
+			}
+			if after, _ := os.ReadDir(dir); len(after) != len(before) {
+				t.Errorf("check left %d entries in the directory, %d before", len(after), len(before))
+			}
+		})
+	}
+}
