@@ -38,6 +38,7 @@ const (
 	attrUpstreamStatus = attribute.Key("mcpgate.upstream.status")
 	attrHTTPStatus     = attribute.Key("http.response.status_code")
 	attrHTTPMethod     = attribute.Key("http.request.method")
+	attrHTTPMethodOrig = attribute.Key("http.request.method_original")
 )
 
 // tracing makes the gateway's spans: one server span per MCP request
@@ -50,24 +51,40 @@ type tracing struct {
 	prop   propagation.TraceContext
 }
 
-// Span names of the methods MCP defines (and the HTTP methods and
-// "response"), made once: the name of nearly every span is one of these.
-// A method not listed (the client chooses it) is named per request, never
-// added, so the maps' size stays fixed.
+// Span names are bounded: span metrics (Tempo's metrics-generator, the
+// collector's spanmetrics connector) make each distinct name a Prometheus
+// series, and the client chooses both the HTTP method of a request (before
+// it is authenticated) and the JSON-RPC method of a message. So, as the
+// OpenTelemetry semantic conventions ask, an HTTP method outside
+// httpMethods is named "_OTHER" (its original in
+// http.request.method_original), and a JSON-RPC method MCP does not define
+// is named "other" (its original in mcp.method.name). The names are made
+// once, and these maps never grow.
 var (
 	serverSpanNames   = spanNames("mcp ")
 	upstreamSpanNames = spanNames("upstream ")
 )
 
+// httpMethods are the HTTP methods the semantic conventions know (RFC 9110
+// and PATCH); any other is httpOther.
+var httpMethods = []string{
+	http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodDelete,
+	http.MethodConnect, http.MethodOptions, http.MethodTrace, http.MethodPatch,
+}
+
+const (
+	// httpOther stands for an HTTP method not in httpMethods.
+	httpOther = "_OTHER"
+	// methodOther names the span of a JSON-RPC method MCP does not define.
+	methodOther = "other"
+	// methodResponse names the span of a message without a method (a
+	// client's answer to a server's request).
+	methodResponse = "response"
+)
+
 func spanNames(prefix string) map[string]string {
-	methods := []string{
-		http.MethodGet, http.MethodPost, http.MethodDelete, "response", "ping",
-		mcp.MethodInitialize, mcp.MethodInitialized, mcp.MethodToolsList, mcp.MethodToolsCall,
-		mcp.MethodPromptsList, mcp.MethodPromptsGet, mcp.MethodResourcesList, mcp.MethodResourcesRead,
-		mcp.MethodResourceTemplatesList, mcp.MethodResourcesSubscribe, mcp.MethodResourcesUnsubscribe,
-		mcp.MethodSubscriptionsListen, "notifications/cancelled", "notifications/progress",
-		"notifications/roots/list_changed", "completion/complete", "logging/setLevel",
-	}
+	methods := append(mcp.KnownMethods(), httpMethods...)
+	methods = append(methods, httpOther, methodOther, methodResponse)
 	m := make(map[string]string, len(methods))
 	for _, v := range methods {
 		m[v] = prefix + v
@@ -75,17 +92,29 @@ func spanNames(prefix string) map[string]string {
 	return m
 }
 
-// spanName is prefix+method, from names when listed there.
-func spanName(names map[string]string, prefix, method string) string {
+// spanName is the name in names of method, a known HTTP method (or
+// httpOther) or MCP method: a method MCP does not define is methodOther.
+func spanName(names map[string]string, method string) string {
 	if n, ok := names[method]; ok {
 		return n
 	}
-	return prefix + clip.String(method, maxSpanString)
+	return names[methodOther]
 }
 
-// maxSpanString bounds the names the client chooses (method, tool) on a
-// span: they can be as long as the request body, and every span waits in
-// the exporter's queue.
+// httpMethod is method when the semantic conventions know it, else
+// httpOther.
+func httpMethod(method string) string {
+	for _, m := range httpMethods {
+		if m == method {
+			return m
+		}
+	}
+	return httpOther
+}
+
+// maxSpanString bounds the names the client chooses (method, tool) in a
+// span's attributes: they can be as long as the request body, and every
+// span waits in the exporter's queue.
 const maxSpanString = 256
 
 // Start options of the two span kinds, made once: an option built per call
@@ -124,7 +153,8 @@ type requestSpan struct {
 
 // maxRequestAttrs is how many attributes a request's stages add at most
 // (method, tenant, tier, tool, decision, rule, scope, degraded, denial
-// cache, cache, upstream status, HTTP status); more only costs a grow.
+// cache, cache, upstream status, HTTP status); more (an unknown HTTP
+// method's original) only costs a grow.
 const maxRequestAttrs = 12
 
 // add records attributes for the span's end.
@@ -155,7 +185,8 @@ func (t *tracing) wrap(next http.HandlerFunc) http.HandlerFunc {
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := t.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		ctx, span := t.tracer.Start(ctx, spanName(serverSpanNames, "mcp ", r.Method), serverSpan...)
+		method := httpMethod(r.Method)
+		ctx, span := t.tracer.Start(ctx, serverSpanNames[method], serverSpan...)
 		if !span.IsRecording() {
 			// Sampled out: the context still carries the span, whose
 			// (unsampled) traceparent goes upstream; nothing is recorded.
@@ -165,10 +196,13 @@ func (t *tracing) wrap(next http.HandlerFunc) http.HandlerFunc {
 		}
 		rs := &requestSpan{span: span, recording: true}
 		rs.attrs = rs.buf[:0]
-		if r.Method != http.MethodPost {
+		if method != http.MethodPost {
 			// Every MCP message is a POST, so the method is recorded only
 			// for the others (a GET stream, a DELETE of a session).
-			rs.attrs = append(rs.attrs, attrHTTPMethod.String(r.Method))
+			rs.attrs = append(rs.attrs, attrHTTPMethod.String(method))
+		}
+		if method == httpOther {
+			rs.attrs = append(rs.attrs, attrHTTPMethodOrig.String(clip.String(r.Method, maxSpanString)))
 		}
 		sw := &statusWriter{ResponseWriter: w}
 		next(sw, r.WithContext(context.WithValue(ctx, requestSpanKey{}, rs)))
@@ -230,7 +264,7 @@ func (t *tracing) message(ctx context.Context, p auth.Principal, msg *mcp.Messag
 	}
 	name := msg.Method
 	if name == "" {
-		name = "response"
+		name = methodResponse
 	}
 	attrs := [4]attribute.KeyValue{attrMethod.String(clip.String(name, maxSpanString)), attrTenant.String(p.Tenant), attrTier.String(p.Tier)}
 	n := 3
@@ -239,7 +273,7 @@ func (t *tracing) message(ctx context.Context, p auth.Principal, msg *mcp.Messag
 		n++
 	}
 	rs.mu.Lock()
-	rs.name = spanName(serverSpanNames, "mcp ", name)
+	rs.name = spanName(serverSpanNames, name)
 	rs.mu.Unlock()
 	rs.add(attrs[:n]...)
 }
@@ -262,9 +296,9 @@ func (g *Gateway) serveUpstream(w http.ResponseWriter, r *http.Request, rt *runt
 	if t == nil {
 		return relayUpstream(w, r, rt.proxy, fwd)
 	}
-	name := spanName(upstreamSpanNames, "upstream ", r.Method)
+	name := upstreamSpanNames[httpMethod(r.Method)]
 	if fwd.Msg != nil && fwd.Msg.Method != "" {
-		name = spanName(upstreamSpanNames, "upstream ", fwd.Msg.Method)
+		name = spanName(upstreamSpanNames, fwd.Msg.Method)
 	}
 	ctx, span := t.tracer.Start(r.Context(), name, clientSpan...)
 	// fwd.Header is this request's own (identityHeaders makes it per

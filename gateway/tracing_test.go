@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"maps"
 	"net"
@@ -499,5 +500,80 @@ func searchTwice(t *testing.T, e *env, shutdown func(context.Context) error) {
 	}
 	if err := shutdown(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A client choosing the HTTP method of its requests, without any token,
+// must not choose the names of the gateway's spans: span names feed span
+// metrics (Tempo's metrics-generator, the collector's spanmetrics
+// connector), where each distinct name becomes a Prometheus series. A
+// method HTTP does not define is "_OTHER", its original an attribute.
+func TestTracingUnknownHTTPMethods(t *testing.T) {
+	rc, shutdown := traceToReceiver(t)
+	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}, TracerProvider: metrics.TracerProvider()})
+	const n = 40
+	for i := range n {
+		req, err := http.NewRequest(fmt.Sprintf("X%06d", i), e.mcpURL(0), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := do(req); err != nil { // no token at all
+			t.Fatal(err)
+		}
+	}
+	if err := shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	originals := map[string]bool{}
+	for _, s := range rc.all() {
+		names[s.GetName()] = true
+		a := attrs(s)
+		if a["http.request.method"] != "_OTHER" {
+			t.Errorf("span %q: http.request.method %q, want _OTHER", s.GetName(), a["http.request.method"])
+		}
+		originals[a["http.request.method_original"]] = true
+	}
+	if want := map[string]bool{"mcp _OTHER": true}; !maps.Equal(names, want) {
+		t.Fatalf("%d unauthenticated requests with made-up HTTP methods produced span names %v, want %v", n, slices.Sorted(maps.Keys(names)), slices.Sorted(maps.Keys(want)))
+	}
+	if len(originals) != n {
+		t.Errorf("%d distinct http.request.method_original, want %d", len(originals), n)
+	}
+}
+
+// Methods MCP does not define (an authenticated client chooses them) share
+// one span name, on the server span and on the upstream's; the method
+// itself is an attribute.
+func TestTracingUnknownMCPMethods(t *testing.T) {
+	rc, shutdown := traceToReceiver(t)
+	e := newEnv(t, setup{Upstream: upstream.Options{Stateless: true, JSONResponse: true}, TracerProvider: metrics.TracerProvider()})
+	tok := sign(t, claims("acme", "alice", "tools:echo"))
+	const n = 20
+	for i := range n {
+		body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"made/up%d","params":{}}`, i, i)
+		post(t, e.mcpURL(0), tok, body, nil)
+	}
+	if err := shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	methods := map[string]bool{}
+	for _, s := range rc.all() {
+		names[s.GetName()] = true
+		if m, ok := attrs(s)["mcp.method.name"]; ok {
+			methods[m] = true
+		}
+	}
+	for name := range names {
+		if name != "mcp other" && name != "upstream other" {
+			t.Errorf("span %q: want mcp other or upstream other", name)
+		}
+	}
+	if !names["mcp other"] {
+		t.Errorf("no span named mcp other among %v", slices.Sorted(maps.Keys(names)))
+	}
+	if len(methods) != n {
+		t.Errorf("%d distinct mcp.method.name, want %d", len(methods), n)
 	}
 }
