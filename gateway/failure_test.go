@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 	"github.com/mcpgate/mcpgate/internal/testenv"
@@ -48,8 +49,9 @@ var failureArgs = map[string]any{"text": "x", "query": "q", "prompt": "p"}
 // open admits, closed answers 503 with Retry-After, local decides with the
 // in-process store and the same rules (exactly its limit, under
 // concurrency). The store breaker then answers without touching Redis, and
-// /readyz says 503. After Redis restarts, the gateway (not restarted) goes
-// back to deciding in Redis.
+// /readyz stays 200 (store.on_error is open: the instance serves calls)
+// with a line saying the store is down. After Redis restarts, the gateway
+// (not restarted) goes back to deciding in Redis.
 func TestStoreFailurePolicies(t *testing.T) {
 	t.Parallel()
 	redis := testenv.StartRedis(t, nil)
@@ -73,8 +75,9 @@ func TestStoreFailurePolicies(t *testing.T) {
 
 	redis.Kill()
 
-	if r := get(t, e.base[0]+"/readyz", ""); r.Status != http.StatusServiceUnavailable {
-		t.Fatalf("/readyz with Redis down: %d %s", r.Status, r.Body)
+	if r := get(t, e.base[0]+"/readyz", ""); r.Status != http.StatusOK || !strings.Contains(string(r.Body), "limit store unreachable") ||
+		!strings.Contains(string(r.Body), "decisions follow on_error=open") {
+		t.Fatalf("/readyz with Redis down under store.on_error open: %d %s, want 200 saying the store is down", r.Status, r.Body)
 	}
 	// open: admitted past the limit of 3 (nothing can count them).
 	for i := range 6 {
@@ -159,7 +162,8 @@ func TestStoreFailurePolicies(t *testing.T) {
 	// Recovery without restarting the gateway.
 	redis.Restart(t)
 	eventually(t, 10*time.Second, "/readyz to recover", func() bool {
-		return get(t, e.base[0]+"/readyz", "").Status == http.StatusOK
+		r := get(t, e.base[0]+"/readyz", "")
+		return r.Status == http.StatusOK && !strings.Contains(string(r.Body), "limit store")
 	})
 	// rueidis spreads commands over several connections: each one still
 	// open to the dead server fails once (EOF) before it is replaced, and
@@ -228,6 +232,79 @@ func TestStoreFailurePolicies(t *testing.T) {
 	if m := scrape(t, e.base[0]); m[`mcpgate_limit_store_up`] != 1 {
 		t.Errorf("mcpgate_limit_store_up = %v after recovery, want 1", m[`mcpgate_limit_store_up`])
 	}
+}
+
+// /readyz follows store.on_error when the limit store is down: under open
+// and local the instance still serves calls, so it stays ready (taking
+// every instance out of the load balancer would turn the degraded mode
+// chosen into an outage) and says the store is down; under closed every
+// call it governs is refused, so it is not ready.
+func TestReadyzFollowsStoreOnError(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		onError string
+		status  int
+		line    string
+	}{
+		{"open", http.StatusOK, "decisions follow on_error=open"},
+		{"local", http.StatusOK, "decisions follow on_error=local"},
+		{"closed", http.StatusServiceUnavailable, "store.on_error=closed refuses calls"},
+	} {
+		t.Run(c.onError, func(t *testing.T) {
+			t.Parallel()
+			redis := testenv.StartRedis(t, nil)
+			e := newEnv(t, setup{Redis: redis, Upstream: upstream.Options{Stateless: true, JSONResponse: true}, Config: `
+store:
+  redis: "@@REDIS@@"
+  timeout: 250ms
+  on_error: ` + c.onError + `
+tools:
+  echo:
+    limits:
+      - {name: echo_cap, per: tenant_tool, algorithm: fixed_window, limit: 100, period: 1h}
+`})
+			if r := get(t, e.base[0]+"/readyz", ""); r.Status != http.StatusOK || strings.Contains(string(r.Body), "limit store") {
+				t.Fatalf("/readyz with Redis up: %d %s", r.Status, r.Body)
+			}
+			redis.Kill()
+			r := get(t, e.base[0]+"/readyz", "")
+			if r.Status != c.status || !strings.Contains(string(r.Body), "limit store unreachable") || !strings.Contains(string(r.Body), c.line) {
+				t.Fatalf("/readyz with Redis down under on_error %s: %d %q, want %d with %q", c.onError, r.Status, r.Body, c.status, c.line)
+			}
+			want := http.StatusOK
+			if c.onError == "closed" {
+				want = http.StatusServiceUnavailable
+			}
+			if r := e.callRaw(0, token(t, "acme", "alice"), 1, "echo", failureArgs); r.Status != want {
+				t.Fatalf("a call with Redis down under on_error %s: %d %s, want %d", c.onError, r.Status, r.Body, want)
+			}
+		})
+	}
+}
+
+// A result cache whose own Redis (cache.redis) is down does not make the
+// instance unready: its calls are served uncached. /readyz says so once
+// the cache's breaker has opened.
+func TestReadyzWithTheCacheStoreDown(t *testing.T) {
+	t.Parallel()
+	redis := testenv.StartRedis(t, nil)
+	e := newEnv(t, setup{Config: cacheConfig, Upstream: jsonUpstream, CacheRedis: redis})
+	c := e.gws[0].Engine().Cache()
+	tok := token(t, "acme", "alice")
+	q := map[string]any{"query": "down"}
+	expectResult(t, "up", e.callRaw(0, tok, 1, "search", q), "miss")
+	redis.Kill()
+	for i := 0; c.StoreAvailable(); i++ {
+		if i == cache.DefaultBreakerFailures {
+			t.Fatalf("cache breaker still closed after %d calls with its Redis down", i)
+		}
+		expectResult(t, "cache Redis down", e.callRaw(0, tok, 10+i, "search", q), "miss")
+	}
+	r := get(t, e.base[0]+"/readyz", "")
+	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), "result cache store unavailable") {
+		t.Fatalf("/readyz with the cache's Redis down: %d %q, want 200 saying calls are served uncached", r.Status, r.Body)
+	}
+	expectResult(t, "breaker open", e.callRaw(0, tok, 100, "search", q), "miss")
 }
 
 // storeCalls counts the decisions that reach the Redis store (Take,

@@ -422,16 +422,32 @@ func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "warming the cache")
 		return
 	}
+	// A limit store that does not answer makes the instance unready only
+	// under store.on_error closed, where the calls it governs are refused.
+	// Under open and local it still serves them: every instance leaving
+	// the load balancer at once would turn the degraded mode chosen into
+	// an outage. The page says so either way.
+	var storeDown error
 	if g.probe != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
 		defer cancel()
-		if err := g.probe(ctx); err != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "limit store unreachable: %v\n", err)
-			return
-		}
+		storeDown = g.probe(ctx)
+	}
+	onError := g.rt.Load().cfg.Store.OnError
+	if storeDown != nil && onError == policy.FailClosed {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "limit store unreachable: %v; store.on_error=closed refuses calls\n", storeDown)
+		return
 	}
 	fmt.Fprintln(w, "ready")
+	if storeDown != nil {
+		fmt.Fprintf(w, "limit store unreachable: %v; decisions follow on_error=%s (or a tool's own on_error)\n", storeDown, onError)
+	}
+	// Neither does a result cache whose store is down: calls are served
+	// uncached while its breaker is open.
+	if c := g.eng.Cache(); c != nil && !c.StoreAvailable() {
+		fmt.Fprintln(w, "result cache store unavailable: calls are served uncached")
+	}
 	g.writeUpstreamHealth(w)
 	// A failing usage store does not stop calls (their usage waits in the
 	// live counters), so the instance stays ready; the page says so.
