@@ -336,3 +336,50 @@ func TestPlacedAgainChargeIsJournaled(t *testing.T) {
 	us.down.Store(false)
 	billed(t, e, sq, n)
 }
+
+// A call admitted on a meter re-created after a data loss ends after the
+// store lost the meter again, usage flushed in between: its cost
+// correction must re-create the meter from the durable total as it is now,
+// not from the seed read at the call's admission. Seeded with that older
+// total, the meter would count the usage flushed since as not yet charged,
+// and the durable store (which only ever raises a total) would absorb
+// every later call up to it: never billed.
+func TestCorrectionAfterASecondLossReseedsFromTheDurableTotal(t *testing.T) {
+	mem := newSwappable(t)
+	shared := newFaultyStore(mem)
+	us := openSQLite(t)
+	e := billingEngine(t, shared, "", us, time.Hour)
+	ctx := context.Background()
+
+	admitN(t, e, 1, nil) // 1 call, 3 units
+	if err := e.Flusher().Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mem.restartEmpty() // Redis restarted empty (or evicted the meter)
+
+	// Call B is admitted on the re-seeded meter; it is still running.
+	tkB, d := e.Admit(ctx, acmeCall)
+	if !d.Allowed {
+		t.Fatalf("B refused: %+v", d)
+	}
+	admitN(t, e, 5, nil) // 5 more calls, flushed
+	if err := e.Flusher().Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mem.restartEmpty() // the meter is lost again
+
+	// B ends and reports a cost of 5 (estimate 3): +2 units.
+	tkB.Done(ctx, enforce.Outcome{Cost: 5})
+	admitN(t, e, 3, nil) // 3 more calls
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rec, _, err := us.Get(ctx, "acme", usage.Period(time.Now()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const calls = 1 + 1 + 5 + 3
+	if rec.Calls != calls || rec.Used() != 3*calls+2 {
+		t.Errorf("durable usage %+v: %d calls, %d units; want %d calls, %d units", rec.Usage, rec.Calls, rec.Used(), calls, 3*calls+2)
+	}
+}

@@ -271,9 +271,13 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 		} else {
 			// The store lost the meter: what this instance wrote to it and
 			// the durable store may not hold goes back first, so that the
-			// quota is decided on it. The call's meter is the seeded one
-			// from now on (its settling may need to re-create it too).
-			*meter = seeded
+			// quota is decided on it. The seed goes on this request only:
+			// the call's own meter (its ticket's) stays unseeded, for a
+			// correction at its end may find the meter lost again, and must
+			// then read the durable total as it is by then (NeedSeed), not
+			// re-create the meter from this one, which the usage flushed
+			// meanwhile has outgrown.
+			req.Meter = &seeded
 			l.meters.replayLost(ctx, seeded)
 			b, err = l.evaluate(ctx, store, req)
 		}

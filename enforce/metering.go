@@ -342,9 +342,11 @@ func (m *meterer) observe(key string, found bool, gen limit.Generation, durable 
 }
 
 // adjust adds delta to meter as a new op, keeping it pending when it
-// cannot be placed.
+// cannot be placed. Any seed meter carries is dropped: it was read at the
+// call's admission, and a meter lost since must be re-created from the
+// durable total as it is now (tryAdjust seeds it on NeedSeed).
 func (m *meterer) adjust(ctx context.Context, meter limit.Meter, delta limit.Usage) {
-	meter.Op, meter.Replay = limit.NewOp(), nil
+	meter.Op, meter.Replay, meter.Seed, meter.Seeded = limit.NewOp(), nil, limit.Usage{}, false
 	if _, err := m.tryAdjust(ctx, meter, delta); err != nil {
 		m.addOp(meter, pendingOp{op: meter.Op, delta: delta, sent: sentAt(err)}, err)
 	}
