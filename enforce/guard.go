@@ -120,6 +120,10 @@ func (g *guardedStore) observe(ctx context.Context, err error) {
 	case errors.Is(err, limit.ErrStoreRefused):
 		// the store answered: one key or command is wrong, not the store
 		// (counted, one tenant's bad key would take it down for all)
+	case neverPlaced(err):
+		// the store answered: one meter is full (MaxUsage), past its
+		// expiry, or given an invalid write; counted, one tenant's meter
+		// would take the store down for all
 	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
 		// the caller went away; says nothing about the store
 	default:

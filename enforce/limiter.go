@@ -296,6 +296,13 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 		return b, nil
 	case err == nil: // nothing charged
 		return l.degrade(ctx, store, tenant, global, cost, onErr, errors.New("usage meter still missing after seeding"))
+	case req.Meter != nil && meterFull(err):
+		// The store answered and charged nothing: this tenant's meter can
+		// take no more this period. No failure policy applies (the store
+		// is up; on_error: open would admit calls no meter can count): the
+		// call is refused, and nothing was sent that could have landed.
+		l.log.Error("usage meter cannot be charged: the call is refused", "tenant", meter.Tenant, "period", meter.Period, "err", err)
+		return batch{unavailable: true}, nil
 	}
 	// Whatever the failure, the charge is placed again with the same op:
 	// the store applies it only if this attempt did not land, so the

@@ -347,7 +347,14 @@ func (m *meterer) observe(key string, found bool, gen limit.Generation, durable 
 // durable total as it is now (tryAdjust seeds it on NeedSeed).
 func (m *meterer) adjust(ctx context.Context, meter limit.Meter, delta limit.Usage) {
 	meter.Op, meter.Replay, meter.Seed, meter.Seeded = limit.NewOp(), nil, limit.Usage{}, false
-	if _, err := m.tryAdjust(ctx, meter, delta); err != nil {
+	_, err := m.tryAdjust(ctx, meter, delta)
+	switch {
+	case err == nil:
+	case neverPlaced(err):
+		// The store answered and applied nothing (the meter is full): no
+		// answer was lost, and placing it again would fail the same way.
+		m.dropUnplaceable(meter, delta, err)
+	default:
 		m.addOp(meter, pendingOp{op: meter.Op, delta: delta, sent: sentAt(err)}, err)
 	}
 }
@@ -459,7 +466,24 @@ const opHorizon = limit.OpTTL - 30*time.Second
 // store accepts (ErrInvalidMeter, such as a replay of replays whose id
 // grew past MaxOpLen).
 func neverPlaced(err error) bool {
-	return errors.Is(err, limit.ErrMeterExpired) || errors.Is(err, limit.ErrUsageOverflow) || errors.Is(err, limit.ErrInvalidMeter)
+	return meterFull(err) || errors.Is(err, limit.ErrInvalidMeter)
+}
+
+// meterFull reports whether a meter could take no write for its own sake:
+// a field would pass MaxUsage (ErrUsageOverflow) or its period ended
+// longer than its grace ago (ErrMeterExpired). The store answered and
+// changed nothing; it says nothing of the store's health.
+func meterFull(err error) bool {
+	return errors.Is(err, limit.ErrMeterExpired) || errors.Is(err, limit.ErrUsageOverflow)
+}
+
+// dropUnplaceable drops usage that failed to be placed on meter for a
+// reason no retry changes (neverPlaced): tried again it would fail again,
+// for ever, and the process would hold it. It is counted and said.
+func (m *meterer) dropUnplaceable(meter limit.Meter, delta limit.Usage, err error) {
+	m.stats.Unmetered.Add(float64(delta.Calls))
+	m.log.Error("usage that can never be placed on its meter is dropped; its calls are counted in mcpgate_unmetered_calls_total",
+		"tenant", meter.Tenant, "period", meter.Period, "op", meter.Op, "usage", delta, "err", err)
 }
 
 // placePending moves pending usage onto its meters.
@@ -503,11 +527,7 @@ func (m *meterer) placeKey(ctx context.Context, key string, seed *limit.Usage) {
 		}
 		covered, err := m.tryAdjust(ctx, meter, op.delta)
 		if err != nil && neverPlaced(err) {
-			// Tried again it would fail again, for ever, and the process
-			// would hold it: dropped, counted and said.
-			m.stats.Unmetered.Add(float64(op.delta.Calls))
-			m.log.Error("usage that can never be placed on its meter is dropped; its calls are counted in mcpgate_unmetered_calls_total",
-				"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "usage", op.delta, "err", err)
+			m.dropUnplaceable(meter, op.delta, err)
 			continue
 		}
 		if err != nil {
