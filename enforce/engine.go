@@ -231,7 +231,10 @@ func (e *Engine) Config() *policy.Config { return e.cfg.Load().cfg }
 // Close flushes usage a last time and releases what the Engine owns (its
 // memory store and cache, the store breaker's probe). It does not close
 // the stores passed in Options. Stop admitting calls first, so that none
-// is admitted after the final flush.
+// is admitted after the final flush. A call admitted before and settled
+// after (Ticket.Done) writes its cost correction to the usage store at
+// once, no flush being left to do it; what cannot be written is counted
+// in mcpgate_unmetered_calls_total.
 func (e *Engine) Close() error {
 	var err error
 	e.closeOnce.Do(func() {

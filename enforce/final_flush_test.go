@@ -169,3 +169,44 @@ breaker: {consecutive_failures: 100, cooldown: 1m}
 		t.Fatalf("Close took %v with nothing to write: it waited for the store", d.Round(time.Millisecond))
 	}
 }
+
+// A call admitted before Close whose Done runs after it (a call still in
+// flight past the server's shutdown grace, a cached load the gateway
+// stopped waiting for) corrects its charge after the final flush: the
+// correction is written to the usage store at once, or, when that fails,
+// its call is counted in mcpgate_unmetered_calls_total (it used to be put
+// on the in-process meter, never flushed, counted nowhere).
+func TestCorrectionAfterCloseIsWrittenOrCounted(t *testing.T) {
+	for _, down := range []bool{false, true} {
+		t.Run(map[bool]string{false: "usage store up", true: "usage store down"}[down], func(t *testing.T) {
+			sq := openSQLite(t)
+			us := &putFailing{Store: sq}
+			m := metrics.New()
+			e := newEngine(t, `upstream: {url: "http://127.0.0.1:1/mcp"}
+usage: {flush_interval: 1h}
+tools:
+  llm: {cost: 3}
+`, enforce.Options{Usage: us, Metrics: m})
+			ctx := context.Background()
+			tk := mustAdmit(t, e, acmeCall)
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			us.down.Store(down)
+			charged := tk.Done(ctx, enforce.Outcome{Cost: 10})
+			rec, _, err := sq.Get(ctx, "acme", usage.Period(time.Now()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lost := testutil.ToFloat64(m.Unmetered)
+			switch {
+			case !down && (rec.Used() != charged || lost != 0):
+				t.Errorf("Done reported %d units charged, the usage store holds %d, unmetered calls %v: want the correction written",
+					charged, rec.Used(), lost)
+			case down && lost != 1:
+				t.Errorf("usage store down: Done reported %d units charged, the usage store holds %d, unmetered calls %v: want the call counted",
+					charged, rec.Used(), lost)
+			}
+		})
+	}
+}

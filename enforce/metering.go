@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mcpgate/mcpgate/keyspace"
@@ -50,6 +51,11 @@ type meterer struct {
 	log     *slog.Logger
 	stats   *metrics.Metrics
 	every   time.Duration
+
+	// closed is set when the shutdown's final flush starts: usage recorded
+	// from then on (a call settled after Engine.Close) is written at once
+	// (settleClosed), for no flush is coming.
+	closed atomic.Bool
 
 	mu      sync.Mutex
 	pending map[string]*pendingUsage
@@ -350,6 +356,9 @@ func (m *meterer) adjust(ctx context.Context, meter limit.Meter, delta limit.Usa
 	_, err := m.tryAdjust(ctx, meter, delta)
 	switch {
 	case err == nil:
+		if m.closed.Load() {
+			m.settleClosed(ctx, meter, delta)
+		}
 	case neverPlaced(err):
 		// The store answered and applied nothing (the meter is full): no
 		// answer was lost, and placing it again would fail the same way.
@@ -406,6 +415,10 @@ func (m *meterer) addPending(meter limit.Meter, delta limit.Usage, cause error) 
 	n := len(m.pending)
 	m.mu.Unlock()
 	m.stats.UsagePending.Set(float64(n))
+	if m.closed.Load() {
+		m.settleClosed(context.Background(), meter, delta)
+		return
+	}
 	if fresh {
 		m.log.Warn("usage kept in process until its meter can be reached", "tenant", meter.Tenant, "period", meter.Period, "err", cause)
 	}
@@ -430,6 +443,72 @@ func (m *meterer) addOp(meter limit.Meter, op pendingOp, cause error) {
 	m.stats.UsagePending.Set(float64(n))
 	m.log.Warn("a usage write got no answer: it is kept and placed again with the same op (applied once)",
 		"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "err", cause)
+	if m.closed.Load() {
+		m.settleClosed(context.Background(), meter, op.delta)
+	}
+}
+
+// settleClosed writes, after the shutdown's final flush began, the usage
+// of meter's key just recorded (delta, on the meter or pending): its
+// pending usage is placed and the meter flushed at once, each step bounded
+// by releaseTimeout, for nothing would place or flush it later. What is
+// still pending then, and on the in-process store what the flush could
+// not write, is lost with the process: its calls are counted in
+// mcpgate_unmetered_calls_total (a correction, which adds no call, as its
+// call) and logged. On the shared store a failed flush loses nothing: the
+// live counter keeps it for another instance's sweep.
+func (m *meterer) settleClosed(ctx context.Context, meter limit.Meter, delta limit.Usage) {
+	ctx = context.WithoutCancel(ctx)
+	step := func(f func(context.Context)) {
+		sctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+		defer cancel()
+		f(sctx)
+	}
+	step(func(ctx context.Context) { m.placeKey(ctx, meter.Key, nil) })
+	var err error
+	step(func(ctx context.Context) { err = m.flusher.Flush(ctx) })
+	left := m.takePending(meter.Key)
+	switch {
+	case left != nil:
+		calls := lostCalls(left.delta)
+		for _, op := range left.ops {
+			calls += lostCalls(op.delta)
+		}
+		m.stats.Unmetered.Add(float64(calls))
+		m.log.Error("usage recorded after the engine closed could not be placed on its meter: lost with this process; its calls are counted in mcpgate_unmetered_calls_total",
+			"tenant", meter.Tenant, "period", meter.Period, "calls", calls)
+	case err != nil && m.guard == nil:
+		calls := lostCalls(delta)
+		m.stats.Unmetered.Add(float64(calls))
+		m.log.Error("usage recorded after the engine closed could not be flushed: the in-process counter's usage is lost with this process; its calls are counted in mcpgate_unmetered_calls_total",
+			"tenant", meter.Tenant, "period", meter.Period, "calls", calls, "err", err)
+	case err != nil:
+		m.log.Error("usage recorded after the engine closed could not be flushed: the shared store's live counter keeps it for another instance's sweep",
+			"tenant", meter.Tenant, "period", meter.Period, "err", err)
+	default:
+		m.log.Info("usage recorded after the engine closed written at once", "tenant", meter.Tenant, "period", meter.Period, "usage", delta)
+	}
+}
+
+// lostCalls is how many calls usage u lost stands for: its calls, or the
+// one call of a correction (which adds none); 0 for no usage.
+func lostCalls(u limit.Usage) int64 {
+	if u.Calls > 0 || u == (limit.Usage{}) {
+		return u.Calls
+	}
+	return 1
+}
+
+// takePending removes and returns the pending usage of key (nil if none):
+// whoever takes it accounts for it.
+func (m *meterer) takePending(key string) *pendingUsage {
+	m.mu.Lock()
+	p := m.pending[key]
+	delete(m.pending, key)
+	n := len(m.pending)
+	m.mu.Unlock()
+	m.stats.UsagePending.Set(float64(n))
+	return p
 }
 
 // pendingLocked returns the pending usage of meter's key, made if needed.

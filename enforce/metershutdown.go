@@ -36,6 +36,10 @@ func (m *meterer) shutdown(ctx context.Context, finish func() error) {
 	// First what a store that lost its meters lost of this instance's.
 	m.bounded(ctx, m.checkJournal)
 	m.bounded(ctx, m.placePending) // a budget of its own: many journals must not use it up
+	// From here on a call settled late writes its own usage (settleClosed):
+	// what it records before this is tracked or pending, and so written
+	// by the final flush and the placements below, or counted.
+	m.closed.Store(true)
 	err := finish()
 	for retries := 0; g != nil; retries++ {
 		refused := g.refused()
@@ -62,8 +66,8 @@ func (m *meterer) shutdown(ctx context.Context, finish func() error) {
 	if err != nil {
 		m.finalFlushFailed(err)
 	}
-	if n := m.pendingCount(); n > 0 {
-		calls, sent := m.pendingCalls()
+	if n, calls, sent := m.dropPending(); n > 0 {
+		m.stats.UsagePending.Set(0)
 		m.stats.Unmetered.Add(float64(calls))
 		m.log.Error("usage could not be recorded before shutdown: lost with this process; its calls are counted in mcpgate_unmetered_calls_total",
 			"meters", n, "calls", calls, "calls_maybe_recorded", sent)
@@ -79,13 +83,17 @@ func (m *meterer) hasWork() bool {
 	return held || m.flusher.Pending() > 0
 }
 
-// pendingCalls is how many calls the pending usage holds, and how many of
-// them are in ops that were sent with no answer: those may have landed on
-// the shared store (where a sweep bills them), and are counted as lost all
-// the same since nothing can tell.
-func (m *meterer) pendingCalls() (calls, sent int64) {
+// dropPending drops the pending usage of n meters and returns how many
+// calls it held, and how many of them are in ops that were sent with no
+// answer: those may have landed on the shared store (where a sweep bills
+// them), and are counted as lost all the same since nothing can tell.
+// Dropped, they are not counted again by a call settled meanwhile
+// (settleClosed), which accounts for what it takes itself.
+func (m *meterer) dropPending() (n int, calls, sent int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	defer clear(m.pending)
+	n = len(m.pending)
 	for _, p := range m.pending {
 		calls += p.delta.Calls
 		for _, op := range p.ops {
@@ -95,7 +103,7 @@ func (m *meterer) pendingCalls() (calls, sent int64) {
 			}
 		}
 	}
-	return calls, sent
+	return n, calls, sent
 }
 
 // finalFlushFailed reports a final flush that failed. The shared store
