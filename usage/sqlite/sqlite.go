@@ -71,6 +71,13 @@ type Migration struct {
 	Created  bool // the file had no usage table: Open created it (From is 0)
 }
 
+// ErrInMemory means Open was given an in-memory database (":memory:",
+// "file::memory:"). database/sql pools connections, and each connection to
+// an in-memory database is a database of its own: the schema would exist on
+// one connection only, and what was Put would vanish with the connection
+// that held it. Usage needs a file path.
+var ErrInMemory = errors.New("usage/sqlite: an in-memory database cannot hold usage (each pooled connection is a database of its own); use a file path")
+
 // openTimeout bounds Open: connecting, and migrations that may each wait
 // BusyTimeout for another process's write lock.
 const openTimeout = 2*BusyTimeout + time.Second
@@ -89,14 +96,18 @@ func Open(path string) (*Store, error) {
 // that lock until ctx ends. It fails, leaving the file unchanged, with an
 // error wrapping
 // ErrSchemaTooNew for a file of a newer schema and ErrUnexpectedSchema for a
-// usage table mcpgate did not create. path must not contain '?'.
+// usage table mcpgate did not create, and ErrInMemory for an in-memory
+// database. path must not contain '?'.
 func OpenContext(ctx context.Context, path string) (*Store, error) {
 	switch {
 	case path == "":
 		return nil, errors.New("usage/sqlite: empty path")
 	case strings.ContainsRune(path, '?'):
-		// The driver would read what follows as connection options.
+		// The driver would read what follows as connection options (and
+		// so a URI's mode=memory never gets here).
 		return nil, fmt.Errorf("usage/sqlite: path %q must not contain '?'", path)
+	case inMemory(path):
+		return nil, fmt.Errorf("%w: %q", ErrInMemory, path)
 	}
 	// _txlock=immediate takes the write lock at BEGIN: a transaction that
 	// would otherwise upgrade a read lock could fail at once with
@@ -119,6 +130,12 @@ func OpenContext(ctx context.Context, path string) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// inMemory reports whether path names an in-memory database: ":memory:",
+// as a name or as the file name of a "file:" URI.
+func inMemory(path string) bool {
+	return strings.TrimPrefix(path, "file:") == ":memory:"
 }
 
 func (s *Store) migrateOnOpen(ctx context.Context) error {

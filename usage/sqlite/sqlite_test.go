@@ -200,6 +200,22 @@ func TestOpenErrors(t *testing.T) {
 	}
 }
 
+// An in-memory database is a database of each pooled connection's own: the
+// schema Open made would be on one connection only (another answers "no
+// such table"), and what was Put would vanish when database/sql closes
+// that connection. Open refuses it, saying to use a file path.
+func TestOpenRefusesInMemoryDatabases(t *testing.T) {
+	for _, path := range []string{":memory:", "file::memory:"} {
+		s, err := sqlite.Open(path)
+		if err == nil {
+			s.Close()
+		}
+		if !errors.Is(err, sqlite.ErrInMemory) || !strings.Contains(err.Error(), "file path") {
+			t.Errorf("Open(%q) = %v, want an error wrapping ErrInMemory that says to use a file path", path, err)
+		}
+	}
+}
+
 // The gateway and the mcpgate usage command share the file: both processes'
 // writes land, in WAL mode, without SQLITE_BUSY failures.
 func TestTwoHandlesShareTheFile(t *testing.T) {
