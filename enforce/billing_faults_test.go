@@ -277,6 +277,45 @@ func TestRefusedCallIsNotBilled(t *testing.T) {
 	}
 }
 
+// A call whose caller is gone before Admit is refused before the store did
+// anything (a store checks ctx before any work, and the in-process store
+// never loses an answer): there is no charge to take back, and the usage
+// store must not show it admitted and refunded (calls_admitted 1,
+// refunded_calls 1, for a call never admitted).
+func TestCallerGoneBeforeAdmitIsNotCounted(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(map[bool]string{false: "in process", true: "shared"}[shared], func(t *testing.T) {
+			us := openSQLite(t)
+			o := enforce.Options{Usage: us}
+			if shared {
+				o.Shared, o.Probe = newSwappable(t), func(context.Context) error { return nil }
+			}
+			e := newEngine(t, `upstream: {url: "http://127.0.0.1:1/mcp"}
+usage: {flush_interval: 1h}
+tools:
+  llm: {cost: 3}
+`, o)
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			tk, d := e.Admit(ctx, acmeCall)
+			tk.Done(context.Background(), enforce.Outcome{})
+			if d.Allowed {
+				t.Fatal("admitted with its caller gone")
+			}
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			rec, found, err := us.Get(context.Background(), "acme", usage.Period(time.Now()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if found && (rec.Calls != 0 || rec.RefundedCalls != 0) {
+				t.Errorf("usage store holds %+v for a call never admitted", rec.Usage)
+			}
+		})
+	}
+}
+
 // redisFaultyStore is the Redis store on a redis-server of its own, and a
 // function that loses all its data (FLUSHALL: Redis restarted empty).
 func redisFaultyStore(t *testing.T) (*faultyStore, func()) {

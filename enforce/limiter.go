@@ -258,7 +258,18 @@ func slots(checks []limit.Check) []limit.Check {
 func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore, tenant, global ruleSet, meter *limit.Meter, br *limit.BreakerSpec, cost int64, onErr policy.FailurePolicy) (batch, error) {
 	start := time.Now()
 	req := limit.Request{Checks: tenant.checks, Global: global.checks, Meter: meter, Breaker: br, Cost: cost}
-	b, err := l.evaluate(ctx, store, req)
+	var (
+		b   batch
+		err error
+		// gone: the caller had left before the store was last asked, so
+		// the request never left (a store checks ctx before any work).
+		gone bool
+	)
+	eval := func() {
+		gone = ctx.Err() != nil
+		b, err = l.evaluate(ctx, store, req)
+	}
+	eval()
 	if err == nil && b.mr.NeedSeed && !b.breakerOpen && meter != nil {
 		seeded, serr := l.meters.seed(ctx, *meter)
 		if serr != nil {
@@ -267,7 +278,7 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 				return batch{unavailable: true}, nil
 			}
 			req.Meter = nil
-			b, err = l.evaluate(ctx, store, req)
+			eval()
 		} else {
 			// The store lost the meter: what this instance wrote to it and
 			// the durable store may not hold goes back first, so that the
@@ -279,7 +290,7 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 			// meanwhile has outgrown.
 			req.Meter = &seeded
 			l.meters.replayLost(ctx, seeded)
-			b, err = l.evaluate(ctx, store, req)
+			eval()
 		}
 	}
 	l.stats.DecisionSeconds.Observe(time.Since(start).Seconds())
@@ -304,10 +315,15 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 		l.log.Error("usage meter cannot be charged: the call is refused", "tenant", meter.Tenant, "period", meter.Period, "err", err)
 		return batch{unavailable: true}, nil
 	}
-	// Whatever the failure, the charge is placed again with the same op:
-	// the store applies it only if this attempt did not land, so the
-	// engine need not guess which failures may have landed.
-	sent := req.Meter != nil && !errors.Is(err, ErrStoreDown)
+	// Whatever the failure, a charge that may have reached the shared store
+	// is placed again with the same op: the store applies it only if this
+	// attempt did not land, so the engine need not guess which failures
+	// may have landed. One that cannot have reached it is not: the breaker
+	// refused it (ErrStoreDown), the caller was gone before it was sent,
+	// or it went to the in-process store, whose answer is never lost.
+	// Placed again and taken back, such a charge would show, in the usage
+	// store, a call admitted (and refunded) that never was.
+	sent := req.Meter != nil && store != l.local && !gone && !errors.Is(err, ErrStoreDown)
 	d, err := l.degrade(ctx, store, tenant, global, cost, onErr, err)
 	d.opSent = sent
 	return d, err
@@ -317,6 +333,11 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 // An error return means the call cannot be decided (a bug, or the client
 // went away).
 func (l *limiter) degrade(ctx context.Context, store limit.GuardedStore, tenant, global ruleSet, cost int64, onErr policy.FailurePolicy, err error) (batch, error) {
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		// The client went away (the in-process store checks ctx too, which
+		// is no bug); whatever we answer, nobody reads it.
+		return batch{unavailable: true}, ctx.Err()
+	}
 	if store == l.local || errors.Is(err, limit.ErrInvalidRule) || errors.Is(err, limit.ErrInvalidCost) || errors.Is(err, limit.ErrInvalidMeter) {
 		// The in-process store does not fail for outside reasons: a bug.
 		l.log.Error("limit decision failed", "err", err)
