@@ -231,7 +231,9 @@ func (e *Engine) admitTool(ctx context.Context, cp *compiled, call Call) (*Ticke
 	d := e.decision(v, meter, br, now)
 	d.Cost = cost
 	t := &Ticket{e: e, cp: cp, call: call, v: v, meter: meter, br: br, cost: cost}
-	if !d.Allowed {
+	if d.Allowed {
+		t.charged = cost
+	} else {
 		d.DenyAs = cfg.DenyAs(call.Tier, call.Name)
 		t.done = true
 		return t, d
@@ -355,6 +357,9 @@ type Ticket struct {
 	reported    bool // the breaker was told the outcome
 	invalidated bool
 	result      json.RawMessage
+	// charged is what the call is charged: its cost once admitted (0 when
+	// denied), the cost Done settled it at once Done has run.
+	charged int64
 }
 
 // WantsAnswer reports whether settling the call needs its answer, given
@@ -413,14 +418,17 @@ func (t *Ticket) Answered(ctx context.Context, result json.RawMessage, failed bo
 // corrects its charge from the cost the tool reported, tells the loop
 // breaker how it ended (a cancelled or abandoned call gives back a probe
 // instead of reporting), and drops the entries a mutating call may have
-// made stale (unless it ended in a tool error). It returns the cost the call was charged in the end. Done
-// does not honour ctx's cancellation: it always settles, each store call
-// bounded by a second.
+// made stale (unless it ended in a tool error). It returns the cost the
+// call was charged in the end: 0 for a denied call, and, called again, what
+// the first Done returned (the estimate while that one is still running).
+// Done does not honour ctx's cancellation: it always settles, each store
+// call bounded by a second.
 func (t *Ticket) Done(ctx context.Context, o Outcome) (charged int64) {
 	t.mu.Lock()
 	if t.done {
+		charged = t.charged
 		t.mu.Unlock()
-		return t.cost
+		return charged
 	}
 	t.done = true
 	if o.Result != nil {
@@ -440,6 +448,9 @@ func (t *Ticket) Done(ctx context.Context, o Outcome) (charged int64) {
 	case t.costPath != "" && result != nil:
 		charged = t.e.correctCost(ctx, t.meter, t.v.metered, t.cost, t.costPath, result)
 	}
+	t.mu.Lock()
+	t.charged = charged
+	t.mu.Unlock()
 	abandoned := o.Status == Cancelled || o.Status == Abandoned
 	switch {
 	case t.br == nil || reported:

@@ -417,6 +417,40 @@ tiers:
 	third.Done(t.Context(), enforce.Outcome{})
 }
 
+// Done returns the cost the call was charged in the end, however often it
+// is called: nothing for a call the quota denied (it used to return the
+// tool's cost), and the corrected cost, not the estimate, for a Done
+// repeated after a correction.
+func TestDoneReturnsTheCostCharged(t *testing.T) {
+	e := newEngine(t, `upstream: {url: "http://127.0.0.1:1/mcp"}
+usage: {flush_interval: 1h}
+tiers:
+  free: {monthly_quota: 8}
+default_tier: free
+tools:
+  llm: {cost: 3}
+`, enforce.Options{Usage: openSQLite(t)})
+	ctx := t.Context()
+	tk := mustAdmit(t, e, acmeCall)
+	if got := tk.Done(ctx, enforce.Outcome{Cost: 5}); got != 5 {
+		t.Errorf("Done of a call corrected to 5 returned %d", got)
+	}
+	if got := tk.Done(ctx, enforce.Outcome{}); got != 5 {
+		t.Errorf("Done repeated after a correction to 5 returned %d, want 5", got)
+	}
+	tk = mustAdmit(t, e, acmeCall)
+	if got := tk.Done(ctx, enforce.Outcome{}); got != 3 {
+		t.Errorf("Done of a call charged its cost of 3 returned %d", got)
+	}
+	tk, d := e.Admit(ctx, acmeCall) // 8 used: the quota denies
+	if d.Allowed {
+		t.Fatal("a call admitted past the quota")
+	}
+	if got := tk.Done(ctx, enforce.Outcome{}); got != 0 {
+		t.Errorf("Done of a call the quota denied returned %d charged, want 0", got)
+	}
+}
+
 // Every method other than tools/call is counted by the rules that name it,
 // and an initialize takes the session slots (kept past the call).
 func TestMethodsAndSessionSlots(t *testing.T) {
