@@ -11,6 +11,7 @@ import (
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/limit/memstore"
 	"github.com/mcpgate/mcpgate/metrics"
+	"github.com/mcpgate/mcpgate/usage"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -238,4 +239,51 @@ func TestPendingThatCanNeverBePlaced(t *testing.T) {
 	if n := m.pendingCount(); n != 1 {
 		t.Fatalf("%d meters pending after a placement that failed for a passing reason, want 1", n)
 	}
+}
+
+// unreadableUsage is a usage store that cannot be reached.
+type unreadableUsage struct{}
+
+func (unreadableUsage) Init(context.Context) error                { return usage.ErrUnavailable }
+func (unreadableUsage) Check(context.Context) error               { return usage.ErrUnavailable }
+func (unreadableUsage) Put(context.Context, []usage.Record) error { return usage.ErrUnavailable }
+func (unreadableUsage) Get(context.Context, string, string) (usage.Record, bool, error) {
+	return usage.Record{}, false, usage.ErrUnavailable
+}
+func (unreadableUsage) Close() error { return nil }
+
+// A correction, or pending usage, whose meter the store lost while the
+// usage store cannot be read was never applied: the store answered
+// NeedSeed, and the seeded write never went out. It is kept as never sent,
+// so that however long the usage store stays down it is not flagged as a
+// write that may count twice (and counted in
+// mcpgate_unmetered_calls_total) once the op horizon has passed.
+func TestUnseededWriteIsNotSent(t *testing.T) {
+	ms, err := memstore.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Close()
+	m := newMeterer(ms, unreadableUsage{}, time.Hour, slog.New(slog.DiscardHandler), metrics.New())
+	meter := limit.Meter{Key: "k", Tenant: "t", Period: "2026-10", ExpireAt: time.Now().Add(time.Hour)}
+	sent := func(when string) {
+		t.Helper()
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		p := m.pending["k"]
+		if p == nil || len(p.ops) != 1 {
+			t.Fatalf("%s: pending %+v, want one op", when, p)
+		}
+		if !p.ops[0].sent.IsZero() {
+			t.Errorf("%s: the op is kept as sent at %v, though the store applied nothing", when, p.ops[0].sent)
+		}
+	}
+	m.adjust(context.Background(), meter, limit.Usage{Charged: 2})
+	sent("a correction")
+	m.mu.Lock()
+	clear(m.pending)
+	m.mu.Unlock()
+	m.addPending(meter, limit.Usage{Charged: 3, Calls: 1}, errors.New("test"))
+	m.placePending(context.Background())
+	sent("pending usage placed")
 }

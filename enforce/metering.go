@@ -369,13 +369,21 @@ func (m *meterer) adjust(ctx context.Context, meter limit.Meter, delta limit.Usa
 }
 
 // sentAt is the time an op that failed with err was sent: now, unless err
-// says it never left (the store breaker was open).
+// says it never left (the store breaker was open) or the store applied
+// nothing (errNotApplied).
 func sentAt(err error) time.Time {
-	if errors.Is(err, ErrStoreDown) {
+	if errors.Is(err, ErrStoreDown) || errors.Is(err, errNotApplied) {
 		return time.Time{}
 	}
 	return time.Now()
 }
+
+// errNotApplied wraps the failure of a meter write whose store answered
+// that it lacks the meter (NeedSeed: nothing applied, no op marker left)
+// and whose seeded write never went out, its durable total unreadable. It
+// is kept as never sent: placed again however much later, it cannot count
+// twice, and must not be flagged as if it could.
+var errNotApplied = errors.New("enforce: usage write not applied: the meter is missing and could not be re-created")
 
 // tryAdjust places delta on meter (with its op), seeding the meter when the
 // store lost it. A placed op is journaled; covered reports a replay that
@@ -384,11 +392,11 @@ func (m *meterer) tryAdjust(ctx context.Context, meter limit.Meter, delta limit.
 	r, err := m.store.Adjust(ctx, meter, delta)
 	if err == nil && r.NeedSeed {
 		if meter, err = m.seed(ctx, meter); err != nil {
-			return false, err
+			return false, fmt.Errorf("%w: durable total unreadable: %w", errNotApplied, err)
 		}
 		r, err = m.store.Adjust(ctx, meter, delta)
 		if err == nil && r.NeedSeed {
-			return false, errors.New("meter still missing after seeding")
+			return false, fmt.Errorf("%w: still missing after seeding", errNotApplied)
 		}
 	}
 	if err != nil {
