@@ -147,13 +147,16 @@ func (c *call) verdict(ctx context.Context, err error) verdict {
 		return verdict{refusal: c.up.failure(c.up.callerOf(c.parent), "it answered 429"), outcome: OutcomeRefused}
 	case status >= 400 && status < 500:
 		// It answered: this request is refused, the upstream works (one
-		// client's bad request must not open the breaker for all). The SDK
-		// client ends a session on such an answer: the next call opens
-		// another, and the calls that were in flight on it are sent again
-		// (the ErrConnectionClosed case above).
+		// client's bad request must not open the breaker for all). A plain
+		// 4xx to a request comes as its JSON-RPC error (refusedErr, see
+		// headerTransport.refusedAnswer: the case above) and leaves the
+		// session to the other calls; one that did not (the SDK ended the
+		// session on it) has the next call open another, and the calls
+		// that were in flight on it are sent again (the
+		// ErrConnectionClosed case above).
 		c.up.report(c.probe, answered)
 		c.drop()
-		return verdict{err: c.up.rpcErr(fmt.Sprintf("refused the request: HTTP %d", status)), outcome: OutcomeError}
+		return verdict{err: c.up.refusedErr(status), outcome: OutcomeError}
 	case errors.As(err, &je) && je.Code == -32005 && status == 0:
 		// Rejected by the transport before anything was sent (no
 		// connection): not served, so a refusal, as when the breaker is open.
@@ -185,6 +188,13 @@ func (c *call) drop() {
 // sent, as the gateway answers for its single upstream (-32603).
 func (up *upstream) rpcErr(what string) error {
 	return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("upstream %q %s", up.cfg.Name, what)}
+}
+
+// refusedErr is the JSON-RPC error of a request the upstream refused
+// with an HTTP 4xx status, naming it.
+func (up *upstream) refusedErr(status int) *jsonrpc.Error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
+		Message: fmt.Sprintf("upstream %q refused the request: HTTP %d %s", up.cfg.Name, status, http.StatusText(status))}
 }
 
 // transportCode reports whether a JSON-RPC error code is one the SDK's

@@ -1,6 +1,7 @@
 package federate
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpgate/mcpgate/internal/redact"
@@ -53,7 +55,8 @@ func newUpstream(f *Federator, cfg Upstream) *upstream {
 
 // headerTransport sets an HTTP upstream's headers (its own, and those
 // forwarded from the client's request), notes its 429s, records the status
-// of a call's POST, and counts the notifications of its event streams.
+// of a call's POST, answers a request's plain 4xx as its JSON-RPC error
+// (see refusedAnswer), and counts the notifications of its event streams.
 type headerTransport struct {
 	base http.RoundTripper
 	up   *upstream
@@ -85,6 +88,9 @@ func (t *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if st, ok := r.Context().Value(statusKey{}).(*atomic.Int32); ok && r.Method == http.MethodPost {
 		st.Store(int32(resp.StatusCode))
 	}
+	if answer, ok := t.refusedAnswer(r, resp); ok {
+		return answer, nil
+	}
 	if gwmcp.IsEventStream(resp.Header.Get("Content-Type")) {
 		resp.Body = &countedBody{counted: counted{r: resp.Body, w: t.wire}, Closer: resp.Body}
 	} else {
@@ -93,6 +99,66 @@ func (t *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		resp.Body = &boundedBody{ReadCloser: resp.Body, left: gwmcp.DefaultMaxResponseBytes}
 	}
 	return resp, nil
+}
+
+// refusedAnswer returns the answer the go-sdk client is given instead of
+// resp, the upstream's answer to r, and true; or false, leaving resp (its
+// body possibly read, and put back) to the SDK. An HTTP 4xx (but 404, a
+// lost session, and 429, on which the SDK keeps the session) to a POST of
+// a JSON-RPC request, whose body is no JSON-RPC error, answers that one
+// request: yet the SDK client ends its whole connection on it, and on a
+// shared session (every client without a session, every stateless one)
+// the other clients' calls in flight would fail with this one's refusal,
+// counted against the upstream. So it becomes a 200 JSON-RPC error
+// answering the request's id and naming the status, which the SDK hands
+// to that call alone (which counts as answered: see call.verdict).
+func (t *headerTransport) refusedAnswer(r *http.Request, resp *http.Response) (*http.Response, bool) {
+	code := resp.StatusCode
+	if r.Method != http.MethodPost || code < 400 || code >= 500 || code == http.StatusNotFound || code == http.StatusTooManyRequests || r.GetBody == nil {
+		return resp, false
+	}
+	rb, err := r.GetBody()
+	if err != nil {
+		return resp, false
+	}
+	sent, err := io.ReadAll(io.LimitReader(rb, gwmcp.DefaultMaxResponseBytes))
+	_ = rb.Close()
+	if err != nil {
+		return resp, false
+	}
+	msg, err := jsonrpc.DecodeMessage(sent)
+	req, ok := msg.(*jsonrpc.Request)
+	if err != nil || !ok || !req.IsCall() {
+		return resp, false // a notification or a response: the SDK has no call to answer
+	}
+	// The SDK reads a 4xx body whole, and takes a JSON-RPC error in it as
+	// the answer to that call alone: such a body is left to it.
+	body, err := io.ReadAll(&boundedBody{ReadCloser: resp.Body, left: gwmcp.DefaultMaxResponseBytes})
+	_ = resp.Body.Close()
+	if err == nil {
+		if m, _ := jsonrpc.DecodeMessage(body); m != nil {
+			if a, ok := m.(*jsonrpc.Response); ok && a.Error != nil {
+				resp.Body = io.NopCloser(bytes.NewReader(body))
+				return resp, false
+			}
+		}
+	}
+	answer, err := jsonrpc.EncodeMessage(&jsonrpc.Response{ID: req.ID, Error: t.up.refusedErr(code)})
+	if err != nil {
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		return resp, false
+	}
+	return &http.Response{
+		Status:        "200 OK",
+		StatusCode:    http.StatusOK,
+		Proto:         resp.Proto,
+		ProtoMajor:    resp.ProtoMajor,
+		ProtoMinor:    resp.ProtoMinor,
+		Header:        http.Header{"Content-Type": {"application/json"}},
+		Body:          io.NopCloser(bytes.NewReader(answer)),
+		ContentLength: int64(len(answer)),
+		Request:       r,
+	}, true
 }
 
 // errAnswerTooLarge ends the read of a non-SSE answer past its bound.
