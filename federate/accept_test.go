@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
@@ -54,5 +55,38 @@ func TestAcceptTool(t *testing.T) {
 		Upstreams: []federate.Upstream{{Name: "u", URL: url, Prefix: "u__"}}})
 	if err == nil || !strings.Contains(err.Error(), "refused by the test") {
 		t.Errorf("New with an upstream exposing a refused tool: %v", err)
+	}
+}
+
+// A prompt whose exposed name reads as another upstream's (a bare
+// upstream's a__x, upstream a having prefix a__) is refused, as a scope
+// naming a's prompts would reach it: at start it fails New, naming both
+// upstreams; the others are exposed.
+func TestPromptReadingAsAnotherUpstreamsIsRefused(t *testing.T) {
+	prompt := func(context.Context, *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+		return &mcp.GetPromptResult{}, nil
+	}
+	a := mcp.NewServer(&mcp.Implementation{Name: "a", Version: "1"}, nil)
+	a.AddPrompt(&mcp.Prompt{Name: "greet"}, prompt)
+	b := mcp.NewServer(&mcp.Implementation{Name: "b", Version: "1"}, nil)
+	b.AddPrompt(&mcp.Prompt{Name: "a__x"}, prompt)
+	ups := []federate.Upstream{{Name: "a", URL: serveSDK(t, a), Prefix: "a__"}, {Name: "b", URL: serveSDK(t, b)}}
+	_, err := federate.New(context.Background(), federate.Options{Logger: slog.New(slog.DiscardHandler), Upstreams: ups})
+	if !errors.Is(err, federate.ErrMisattributed) || !strings.Contains(err.Error(), `"a__x" reads as upstream "a"'s`) || !strings.Contains(err.Error(), `upstream "b"`) {
+		t.Fatalf("New with a bare upstream exposing prompt a__x: %v, want ErrMisattributed", err)
+	}
+	// b__a__x, with a prefix of its own, reads as b's.
+	ups[1].Prefix = "b__"
+	_, cs := start(t, federate.Options{Upstreams: ups}, nil)
+	var names []string
+	for p, err := range cs.Prompts(context.Background(), nil) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, p.Name)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"a__greet", "b__a__x"}) {
+		t.Errorf("prompts/list = %v", names)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"sync"
 
 	"github.com/mcpgate/mcpgate/internal/redact"
@@ -273,12 +274,57 @@ func (c *catalog) exposeLocked(up *upstream, l *listing) (errs []error) {
 			return accept(up.cfg.Name, up.cfg.Prefix+t.Name)
 		}
 	}
+	checkPrompt := func(p *mcp.Prompt) error { return up.f.attributed(up, up.cfg.Prefix+p.Name) }
 	c.byUp[up] = &listing{
 		tools:   exposeNamed(c.tools, up, l.tools, "tool", func(t *mcp.Tool) string { return t.Name }, checkTool, &errs),
-		prompts: exposeNamed(c.prompts, up, l.prompts, "prompt", func(p *mcp.Prompt) string { return p.Name }, nil, &errs),
+		prompts: exposeNamed(c.prompts, up, l.prompts, "prompt", func(p *mcp.Prompt) string { return p.Name }, checkPrompt, &errs),
 	}
 	c.listed[up] = &listing{resources: l.resources, templates: l.templates}
 	return errs
+}
+
+// ErrMisattributed refuses a prompt whose exposed name reads as another
+// upstream's than the one serving it (see Federator.attributed).
+var ErrMisattributed = errors.New("federate: the name reads as another upstream's")
+
+// attributed refuses name, a prompt up exposes, when the federation's
+// prefixes read it as another upstream's: scopes name prompts by their
+// exposed names (prompts:a__* grants upstream a's), so a bare upstream
+// exposing a__x would give it to the tokens scoped to a's prompts. Tools
+// go through Options.AcceptTool instead, whose check (the gateway's) also
+// weighs the upstreams' limits, which a reload changes; a prompt's
+// attribution is the prefixes' alone, and those are the federation's for
+// its life, so the check of every listing is the whole check.
+func (f *Federator) attributed(up *upstream, name string) error {
+	if named := f.upstreamNamed(name); named != nil && named != up {
+		return fmt.Errorf("%w: %q reads as upstream %q's (give upstream %q a prefix)", ErrMisattributed, name, named.cfg.Name, up.cfg.Name)
+	}
+	return nil
+}
+
+// upstreamNamed is the upstream a name reads as, as policy.Config.UpstreamOf
+// reads it: the one with the longest non-empty prefix of name, name being
+// longer than it; failing that, the one upstream with prefix "" when
+// exactly one has it. nil: none.
+func (f *Federator) upstreamNamed(name string) *upstream {
+	var best, bare *upstream
+	bares := 0
+	for _, u := range f.ups {
+		p := u.cfg.Prefix
+		switch {
+		case p == "":
+			bare, bares = u, bares+1
+		case len(name) > len(p) && strings.HasPrefix(name, p) && (best == nil || len(p) > len(best.cfg.Prefix)):
+			best = u
+		}
+	}
+	switch {
+	case best != nil:
+		return best
+	case bares == 1 && name != "":
+		return bare
+	}
+	return nil
 }
 
 // resourceDiff is what a listing changed of the resources and templates
@@ -372,7 +418,7 @@ func exposeNamed[T any](routes map[string]route, up *upstream, items []T, kind s
 		}
 		if check != nil {
 			if err := check(x); err != nil {
-				*errs = append(*errs, fmt.Errorf("upstream %q: %s %q: %v (not exposed)", up.cfg.Name, kind, own, err))
+				*errs = append(*errs, fmt.Errorf("upstream %q: %s %q: %w (not exposed)", up.cfg.Name, kind, own, err))
 				continue
 			}
 		}

@@ -133,3 +133,78 @@ func addServedBy(s *sdk.Server, upstream, tool string) {
 		return textResult("served by " + upstream), nil
 	})
 }
+
+// The prompt twin of TestAttributionKeepsScopesToTheirUpstream: prompts
+// are exposed as <prefix><name> too, and scoped by name (prompts:a__*
+// grants upstream a's prompts), so a bare upstream that starts listing a
+// prompt a__evil does not get it exposed: a token scoped to a's prompts
+// would see it and get it from the bare upstream.
+func TestPromptAttributionKeepsScopesToTheirUpstream(t *testing.T) {
+	t.Parallel()
+	servers := map[string]*sdk.Server{}
+	serve := func(name string) string {
+		s := sdk.NewServer(&sdk.Implementation{Name: name, Version: "1"}, nil)
+		servers[name] = s
+		addServedBy(s, name, "echo")
+		addPromptServedBy(s, name, "greet")
+		ts := httptest.NewServer(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return s }, nil))
+		t.Cleanup(func() {
+			ts.CloseClientConnections()
+			ts.Close()
+			for ss := range s.Sessions() {
+				_ = ss.Close()
+			}
+		})
+		return ts.URL + "/mcp"
+	}
+	y := fmt.Sprintf("upstreams:\n  - {name: a, url: %q}\n  - {name: b, url: %q, prefix: \"\"}\n"+
+		"auth:\n  jwt: {hs256_secret_env: MCPGATE_GATEWAY_TEST_SECRET, issuer: %s, audience: %s}\n",
+		serve("a"), serve("b"), testIssuer, testAudience)
+	cfg, err := policy.Parse("attribution.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := (&env{t: t}).newGateway(cfg, setup{Logger: quietLogger()})
+	srv := httptest.NewServer(g)
+	t.Cleanup(srv.Close)
+
+	promptNames := func(cs *sdk.ClientSession) []string {
+		var names []string
+		for p, err := range cs.Prompts(context.Background(), nil) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			names = append(names, p.Name)
+		}
+		return names
+	}
+	all := fedConnect(t, srv.URL+"/mcp", token(t, "acme", "alice"), "2025-11-25", nil)
+	addPromptServedBy(servers["b"], "b", "a__evil")
+	addPromptServedBy(servers["b"], "b", "later") // listed with a__evil, or after it
+	testenv.Eventually(t, 10*time.Second, "b's listing with a__evil", func() bool {
+		return slices.Contains(promptNames(all), "later")
+	})
+	if names := promptNames(all); slices.Contains(names, "a__evil") || !slices.Contains(names, "a__greet") {
+		t.Fatalf("prompts/list = %v: b's a__evil, which reads as a's, is exposed (or a's a__greet is not)", names)
+	}
+	scoped := fedConnect(t, srv.URL+"/mcp", sign(t, claims("acme", "bob", "prompts:a__*")), "2025-11-25", nil)
+	names := promptNames(scoped)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := scoped.GetPrompt(ctx, &sdk.GetPromptParams{Name: "a__evil"})
+	if slices.Contains(names, "a__evil") || err == nil {
+		got := ""
+		if res != nil && len(res.Messages) > 0 {
+			got = res.Messages[0].Content.(*sdk.TextContent).Text
+		}
+		t.Fatalf("with prompts:a__* (a's prompts): prompts/list = %v, and a__evil = %q: a prompt of upstream b", names, got)
+	}
+}
+
+// addPromptServedBy adds to s a prompt whose message is "served by " +
+// upstream.
+func addPromptServedBy(s *sdk.Server, upstream, prompt string) {
+	s.AddPrompt(&sdk.Prompt{Name: prompt}, func(context.Context, *sdk.GetPromptRequest) (*sdk.GetPromptResult, error) {
+		return &sdk.GetPromptResult{Messages: []*sdk.PromptMessage{{Role: "user", Content: &sdk.TextContent{Text: "served by " + upstream}}}}, nil
+	})
+}

@@ -131,7 +131,10 @@ type catalog interface {
 // called by a token scoped to search's tools. It runs on every reload,
 // whose upstreams may differ (at start and at every listing, the
 // federation asks attribution of each name itself:
-// federate.Options.AcceptTool).
+// federate.Options.AcceptTool). Prompts, scoped by name too
+// ("prompts:search__*") but counted by no upstream's limits, are the
+// federation's own check (federate.ErrMisattributed): it reads their names
+// by the prefixes it started with, which a reload keeps.
 func checkAttribution(cfg *policy.Config, fed catalog) error {
 	for _, tool := range fed.Tools() {
 		serving, _ := fed.UpstreamOf(tool)
