@@ -59,7 +59,7 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount)
 		}
 		if p := ss.InitializeParams(); p != nil && p.Capabilities != nil {
 			caps = &mcp.ClientCapabilities{
-				RootsV2:     &mcp.RootCapabilities{ListChanged: p.Capabilities.Roots.ListChanged},
+				RootsV2:     rootsOf(p.Capabilities),
 				Sampling:    p.Capabilities.Sampling,
 				Elicitation: p.Capabilities.Elicitation,
 			}
@@ -100,6 +100,20 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount)
 	})
 	c.AddReceivingMiddleware(relayRequests(target), countRelayed(w))
 	return c
+}
+
+// rootsOf is the roots capability a client declared, to declare to its
+// upstreams: none if it declared none (an upstream told otherwise would
+// ask it for roots it does not have, and wait for changes it never tells).
+func rootsOf(caps *mcp.ClientCapabilities) *mcp.RootCapabilities {
+	if caps.RootsV2 != nil {
+		r := *caps.RootsV2
+		return &r
+	}
+	if caps.Roots.ListChanged { // the SDK fills both; this one alone, to be sure
+		return &mcp.RootCapabilities{ListChanged: true}
+	}
+	return nil
 }
 
 // relayRequests sends the upstream's sampling, elicitation and roots
@@ -319,6 +333,9 @@ type clientSet struct {
 type sessionSlot struct {
 	mu sync.Mutex
 	cs atomic.Pointer[mcp.ClientSession]
+	// client is cs's SDK client (set with cs, left after a drop): the
+	// one way to send cs a notifications/roots/list_changed.
+	client atomic.Pointer[mcp.Client]
 }
 
 func (t *sessionTable) init() { t.m = map[*mcp.ServerSession]*clientSet{} }
@@ -422,15 +439,50 @@ func (f *Federator) session(ctx context.Context, up *upstream, ss *mcp.ServerSes
 	if cs := sl.cs.Load(); cs != nil {
 		return cs, sl, nil
 	}
-	cs, err := up.connect(ctx, ss)
+	cs, client, err := up.connect(ctx, ss)
 	if err != nil {
 		return nil, nil, err
 	}
 	if level != "" && hasLogging(cs) {
 		_ = cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: level})
 	}
+	sl.client.Store(client)
 	sl.cs.Store(cs)
 	return cs, sl, nil
+}
+
+// rootsChangedMarker is the root Federator.rootsChanged adds to an
+// upstream session's SDK client to make it send
+// notifications/roots/list_changed (the SDK sends it on AddRoots, even of
+// a root it has, and offers no other way). The client's own list is never
+// read: the upstream's roots/list is relayed to the client (see
+// relayRequests).
+var rootsChangedMarker = &mcp.Root{URI: "urn:mcpgate:roots-changed", Name: "unused"}
+
+// rootsChanged passes a client's notifications/roots/list_changed on to
+// its own upstream sessions, which told their upstreams it sends them (its
+// roots capability, see newClient): an upstream that keeps the client's
+// roots lists them again (roots/list, relayed to the client). The shared
+// sessions declare no roots. In the background: notifying an upstream
+// must not hold up the client's session.
+func (f *Federator) rootsChanged(_ context.Context, r *mcp.RootsListChangedRequest) {
+	f.sessions.mu.Lock()
+	set := f.sessions.m[r.Session]
+	f.sessions.mu.Unlock()
+	if set == nil {
+		return // no upstream session yet: one opened later asks the roots anew
+	}
+	set.mu.Lock()
+	var clients []*mcp.Client
+	for _, sl := range set.byUp {
+		if c := sl.client.Load(); c != nil && sl.cs.Load() != nil {
+			clients = append(clients, c)
+		}
+	}
+	set.mu.Unlock()
+	for _, c := range clients {
+		f.spawn(func() { c.AddRoots(rootsChangedMarker) })
+	}
 }
 
 // setLevel passes a client's logging/setLevel on to its upstream sessions

@@ -55,6 +55,9 @@ func (f *Federator) newServer(stateless bool) *mcp.Server {
 		opts.SubscribeHandler = f.subscribe
 		opts.UnsubscribeHandler = f.unsubscribe
 	}
+	if !stateless { // a stateless client has no upstream session of its own
+		opts.RootsListChangedHandler = f.rootsChanged
+	}
 	srv := mcp.NewServer(&mcp.Implementation{Name: f.opts.Name, Version: "1"}, opts)
 	if stateless {
 		srv.AddReceivingMiddleware(endWithRequest)

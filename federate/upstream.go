@@ -469,8 +469,9 @@ func (up *upstream) httpTransport(w *wireCount) mcp.Transport {
 // shared session). The session keeps its connecting context's values for
 // its own requests (its event stream, its DELETE): it connects with none
 // of the call's (the caller's identity, the call's status recorder), only
-// its cancellation.
-func (up *upstream) connect(ctx context.Context, ss *mcp.ServerSession) (*mcp.ClientSession, error) {
+// its cancellation. It returns the session's SDK client too: one per
+// session (see Federator.rootsChanged).
+func (up *upstream) connect(ctx context.Context, ss *mcp.ServerSession) (*mcp.ClientSession, *mcp.Client, error) {
 	cctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	defer context.AfterFunc(ctx, cancel)()
@@ -480,12 +481,13 @@ func (up *upstream) connect(ctx context.Context, ss *mcp.ServerSession) (*mcp.Cl
 		defer cancelD()
 	}
 	w := new(wireCount)
-	cs, err := up.f.newClient(up, ss, w).Connect(cctx, up.httpTransport(w), &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
+	c := up.f.newClient(up, ss, w)
+	cs, err := c.Connect(cctx, up.httpTransport(w), &mcp.ClientSessionOptions{ProtocolVersion: upstreamProtocol})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	up.f.track(cs, w)
-	return cs, nil
+	return cs, c, nil
 }
 
 // connectShared opens the upstream's shared session (for a stdio upstream:
@@ -497,7 +499,7 @@ func (up *upstream) connectShared(ctx context.Context) error {
 	if up.cfg.stdio() {
 		cs, pipe, err = up.startProcess(ctx)
 	} else {
-		cs, err = up.connect(ctx, nil)
+		cs, _, err = up.connect(ctx, nil)
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrStart, describe(up.cfg), redact.URLError(err))
