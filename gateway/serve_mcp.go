@@ -34,6 +34,10 @@ type exchange struct {
 	p   auth.Principal // set by authenticate
 	fwd relay          // what forwarding it upstream needs; Body and Msg set by parse
 	msg *mcp.Message   // set by parse (POST only)
+	// ids is the writer binding the answer's event ids to the caller
+	// (bindEventIDs, rewriteEventIDs), kept here to spare each request an
+	// allocation.
+	ids eventIDWriter
 	// cleanups run when the exchange ends, last registered first.
 	cleanups []func()
 }
@@ -59,8 +63,9 @@ var stages = [...]stage{
 	(*Gateway).authenticate, // JWT → principal: 401
 	(*Gateway).capTenant,    // the tenant's requests in progress on this instance: 429
 	(*Gateway).bindSession,  // Mcp-Session-Id bound to its caller: 404
-	(*Gateway).serveStream,  // GET and DELETE go upstream as they are
-	(*Gateway).parse,        // one JSON-RPC message, headers agreeing: 400
+	(*Gateway).bindEventIDs, // Last-Event-ID bound to its caller and session: 400
+	(*Gateway).serveStream,  // GET and DELETE go upstream (a GET's event ids bound)
+	(*Gateway).parse,        // one JSON-RPC message, headers agreeing: 400; event ids bound
 	(*Gateway).authorize,    // scopes: 403
 }
 
@@ -156,6 +161,7 @@ func (g *Gateway) serveStream(x *exchange) bool {
 		defer cancel()
 		defer g.streams.add(cancel)()
 		x.r = x.r.WithContext(ctx)
+		x.rewriteEventIDs()
 		if session := x.r.Header.Get(mcp.HeaderSessionID); session != "" {
 			// a question out of band: a cached load of the session may
 			// get the client's answer (askedDuring)
@@ -197,6 +203,7 @@ func (g *Gateway) parse(x *exchange) bool {
 		return false
 	}
 	x.fwd.Body, x.fwd.Msg, x.msg = body, msg, msg
+	x.rewriteEventIDs()
 	g.trace.message(x.r.Context(), x.p, msg)
 	var audited func()
 	x.w, x.r, audited = g.auditCall(x.w, x.r, x.rt, x.p, msg)

@@ -30,6 +30,12 @@ const (
 // upstream. Everything else is dropped, notably Authorization and Cookie (MCP
 // forbids passing the caller's token through), Forwarded/X-Forwarded-* and
 // the identity headers, which only the gateway may set.
+//
+// Mcp-Session-Id and Last-Event-Id are copied as the request has them: both
+// name upstream state (a session, a stream an event store can replay), so a
+// caller serving several principals must put there only ids it bound to the
+// principal (the gateway unwraps its bound ids into the request first:
+// gateway/session.go, gateway/eventid.go).
 var forwardRequestHeaders = []string{
 	HeaderSessionID,
 	HeaderProtocolVersion,
