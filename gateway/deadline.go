@@ -45,7 +45,7 @@ func (g *Gateway) protect(next http.HandlerFunc) http.HandlerFunc {
 // stays on any failure, so that net/http's drain of the rest stays bounded.
 func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *mcp.Error) {
 	body, perr := mcp.ReadBody(r, max)
-	dw, _ := w.(*deadlineWriter)
+	dw := findDeadlineWriter(w)
 	if perr != nil {
 		if dw != nil && !dw.readBy.IsZero() && !time.Now().Before(dw.readBy) {
 			w.Header().Set("Connection", "close")
@@ -56,6 +56,22 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *mcp.E
 	}
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	return body, nil
+}
+
+// findDeadlineWriter returns the deadlineWriter protect put under w, through
+// the writers later stages wrap it in (a session's, the event-id rewriter),
+// or nil when there is none.
+func findDeadlineWriter(w http.ResponseWriter) *deadlineWriter {
+	for {
+		switch x := w.(type) {
+		case *deadlineWriter:
+			return x
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return nil
+		}
+	}
 }
 
 // deadlineWriter gives each write to the client a deadline of its own:

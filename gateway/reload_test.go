@@ -430,3 +430,27 @@ func TestReloadKeepsStreams(t *testing.T) {
 		return m.Method == "notifications/tools/list_changed"
 	})
 }
+
+// A stalled body in a session gets its 408 too: the session stage wraps the
+// client's writer, and readBody must still find the read deadline under it.
+func TestStalledBodyInASessionIs408(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{Config: "server: {read_timeout: 300ms, idle_timeout: 1m}\n"})
+	addr := serveReal(t, e)
+	alice, id := aliceSession(t, e)
+	c := dialRaw(t, addr)
+	head := fmt.Sprintf("POST /mcp HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nMcp-Session-Id: %s\r\nMcp-Protocol-Version: 2025-06-18\r\n"+
+		"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: 1000\r\n\r\n{", alice, id)
+	if _, err := io.WriteString(c, head); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(liveness))
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		t.Fatalf("stalled body in a session: no answer within %v: %v", liveness, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout {
+		t.Fatalf("stalled body in a session: status %d, want 408", resp.StatusCode)
+	}
+}
