@@ -87,6 +87,19 @@ func checkAuditFile(path string) error {
 	case !errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("%s cannot be opened: %w", path, err)
 	}
+	// A dangling symbolic link (to a volume not mounted, say): serve's
+	// open creates the file where the link points, so that is what must
+	// be creatable. A chain of links too long for the kernel fails there.
+	for range 40 {
+		target, err := os.Readlink(path)
+		if err != nil {
+			break
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(filepath.Dir(path), target)
+		}
+		path = target
+	}
 	dir := filepath.Dir(path)
 	if di, err := os.Stat(dir); err != nil {
 		return fmt.Errorf("%s cannot be created: %w", path, err)

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -420,5 +421,27 @@ func TestCheckRefusesAnUnopenableAuditFile(t *testing.T) {
 				t.Errorf("check left %d entries in the directory, %d before", len(after), len(before))
 			}
 		})
+	}
+}
+
+// A dangling symbolic link as audit.file (left by a volume not mounted):
+// serve's open follows it into a missing directory, so check must refuse it.
+func TestCheckAuditFileDanglingSymlink(t *testing.T) {
+	dir := t.TempDir()
+	link := filepath.Join(dir, "audit.log")
+	if err := os.Symlink(filepath.Join("missing", "audit.log"), link); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkAuditFile(link); err == nil {
+		t.Error("check passed a dangling link into a missing directory")
+	}
+	if err := os.Mkdir(filepath.Join(dir, "missing"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkAuditFile(link); err != nil {
+		t.Errorf("link into a directory that exists: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "missing", "audit.log")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("check created the file: %v", err)
 	}
 }
