@@ -437,7 +437,7 @@ func (d *decoder) checkEnvName(n *yaml.Node, path, s string) bool {
 func (d *decoder) checkUsageStore(n *yaml.Node, path, s string) bool {
 	kind, target, _ := strings.Cut(s, ":")
 	switch {
-	case kind == "sqlite" && strings.TrimPrefix(target, "file:") == ":memory:":
+	case kind == "sqlite" && (strings.TrimPrefix(target, "file:") == ":memory:" || target == "file:" || target == "file://"):
 		d.errf(n, path, "sqlite: an in-memory database cannot hold usage (each pooled connection is a database of its own): use a file path")
 	case kind == "sqlite" && strings.ContainsRune(target, '?'):
 		d.errf(n, path, "sqlite: the path must not contain '?' (connection options are not taken)")

@@ -147,6 +147,8 @@ var badConfigs = []struct {
 		[]string{`m.yaml:3: usage.store: unknown usage store "postgres://x" (want sqlite:PATH or dynamodb:TABLE)`}},
 	{"sqlite in memory", "usage: {store: \"sqlite::memory:\"}\n",
 		[]string{`m.yaml:3: usage.store: sqlite: an in-memory database cannot hold usage (each pooled connection is a database of its own): use a file path`}},
+	{"sqlite temporary", "usage: {store: \"sqlite:file:\"}\n",
+		[]string{`m.yaml:3: usage.store: sqlite: an in-memory database cannot hold usage (each pooled connection is a database of its own): use a file path`}},
 	{"sqlite connection options", "usage: {store: \"sqlite:u.db?mode=memory\"}\n",
 		[]string{`m.yaml:3: usage.store: sqlite: the path must not contain '?' (connection options are not taken)`}},
 	{"dynamodb table", "usage: {store: \"dynamodb:a\"}\n",

@@ -72,7 +72,7 @@ type Migration struct {
 }
 
 // ErrInMemory means Open was given an in-memory database (":memory:",
-// "file::memory:"). database/sql pools connections, and each connection to
+// "file::memory:") or a temporary one ("file:", no file name). database/sql pools connections, and each connection to
 // an in-memory database is a database of its own: the schema would exist on
 // one connection only, and what was Put would vanish with the connection
 // that held it. Usage needs a file path.
@@ -132,10 +132,13 @@ func OpenContext(ctx context.Context, path string) (*Store, error) {
 	return s, nil
 }
 
-// inMemory reports whether path names an in-memory database: ":memory:",
-// as a name or as the file name of a "file:" URI.
+// inMemory reports whether path names a database private to each
+// connection: ":memory:", as a name or as the file name of a "file:" URI,
+// or a "file:" URI with no file name, which SQLite opens as a temporary
+// database of the connection.
 func inMemory(path string) bool {
-	return strings.TrimPrefix(path, "file:") == ":memory:"
+	name, uri := strings.CutPrefix(path, "file:")
+	return name == ":memory:" || uri && (name == "" || name == "//")
 }
 
 func (s *Store) migrateOnOpen(ctx context.Context) error {

@@ -205,7 +205,7 @@ func TestOpenErrors(t *testing.T) {
 // such table"), and what was Put would vanish when database/sql closes
 // that connection. Open refuses it, saying to use a file path.
 func TestOpenRefusesInMemoryDatabases(t *testing.T) {
-	for _, path := range []string{":memory:", "file::memory:"} {
+	for _, path := range []string{":memory:", "file::memory:", "file:", "file://"} {
 		s, err := sqlite.Open(path)
 		if err == nil {
 			s.Close()
