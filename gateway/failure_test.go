@@ -246,6 +246,7 @@ func TestReadyzFollowsStoreOnError(t *testing.T) {
 		status  int
 		line    string
 	}{
+		{"", http.StatusOK, "decisions follow on_error=open"}, // the default
 		{"open", http.StatusOK, "decisions follow on_error=open"},
 		{"local", http.StatusOK, "decisions follow on_error=local"},
 		{"closed", http.StatusServiceUnavailable, "store.on_error=closed refuses calls"},
@@ -257,7 +258,7 @@ func TestReadyzFollowsStoreOnError(t *testing.T) {
 store:
   redis: "@@REDIS@@"
   timeout: 250ms
-  on_error: ` + c.onError + `
+  on_error: "` + c.onError + `"
 tools:
   echo:
     limits:

@@ -434,6 +434,9 @@ func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
 		storeDown = g.probe(ctx)
 	}
 	onError := g.rt.Load().cfg.Store.OnError
+	if onError == "" {
+		onError = policy.FailOpen // the default a tool without its own follows
+	}
 	if storeDown != nil && onError == policy.FailClosed {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintf(w, "limit store unreachable: %v; store.on_error=closed refuses calls\n", storeDown)
