@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -104,5 +105,130 @@ func TestRefusedRequestLeavesTheSharedSessionToTheOthers(t *testing.T) {
 	// The session goes on serving.
 	if got := postSessionless(t, url, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"a__echo","arguments":{"text":"after"}}}`); !strings.Contains(got, "after") {
 		t.Errorf("a call after the refused one: %s", strings.TrimSpace(got))
+	}
+}
+
+// restartingUpstream is an upstream that keeps its sessions in memory, as
+// the TypeScript and Python SDKs' streamable HTTP servers do: restart
+// forgets them all, and a request of a session it does not know gets
+// lost's answer (where the go-sdk server answers 404).
+func restartingUpstream(t *testing.T, lost func(w http.ResponseWriter)) (url string, restart func()) {
+	t.Helper()
+	var mu sync.Mutex
+	known := map[string]bool{}
+	var srvs []*mcp.Server
+	newHandler := func() http.Handler {
+		srv := mcp.NewServer(&mcp.Implementation{Name: "a", Version: "1"}, nil)
+		mu.Lock()
+		srvs = append(srvs, srv)
+		mu.Unlock()
+		mcp.AddTool(srv, &mcp.Tool{Name: "echo"}, func(_ context.Context, _ *mcp.CallToolRequest, a textArgs) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: a.Text}}}, nil, nil
+		})
+		return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+	}
+	var h atomic.Value
+	h.Store(newHandler())
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if sid := r.Header.Get("Mcp-Session-Id"); sid != "" {
+			mu.Lock()
+			ok := known[sid]
+			mu.Unlock()
+			if !ok {
+				lost(w)
+				return
+			}
+		}
+		h.Load().(http.Handler).ServeHTTP(&sessionRecorder{ResponseWriter: w, seen: func(sid string) {
+			mu.Lock()
+			known[sid] = true
+			mu.Unlock()
+		}}, r)
+	}))
+	t.Cleanup(func() {
+		ts.CloseClientConnections()
+		ts.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, srv := range srvs {
+			for ss := range srv.Sessions() {
+				_ = ss.Close()
+			}
+		}
+	})
+	return ts.URL, func() {
+		mu.Lock()
+		clear(known)
+		mu.Unlock()
+		h.Store(newHandler())
+	}
+}
+
+// sessionRecorder tells seen the session id an upstream's answer gives
+// as its header is written: the client may send the session's next
+// request as soon as it reads the answer, before the handler returns.
+type sessionRecorder struct {
+	http.ResponseWriter
+	seen  func(sid string)
+	noted bool
+}
+
+func (r *sessionRecorder) note() {
+	if !r.noted {
+		r.noted = true
+		if sid := r.Header().Get("Mcp-Session-Id"); sid != "" {
+			r.seen(sid)
+		}
+	}
+}
+
+func (r *sessionRecorder) WriteHeader(code int) {
+	r.note()
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *sessionRecorder) Write(b []byte) (int, error) {
+	r.note()
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *sessionRecorder) Flush() {
+	r.note()
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// echoSessionless calls a__echo as a client without a session does (on the
+// shared session) and reports whether text came back, with the answer.
+func echoSessionless(t *testing.T, url string, id int, text string) (bool, string) {
+	t.Helper()
+	got := postSessionless(t, url, `{"jsonrpc":"2.0","id":`+strconv.Itoa(id)+`,"method":"tools/call","params":{"name":"a__echo","arguments":{"text":"`+text+`"}}}`)
+	return strings.Contains(got, text), strings.TrimSpace(got)
+}
+
+// The TypeScript SDK's server, restarted, answers a request of a session
+// it lost 400 with a JSON-RPC error whose id is null ("Bad Request: No
+// valid session ID provided", or "Server not initialized"). That body is
+// the SDK's to judge: the go-sdk client ends the session on it, and the
+// next call opens a new one. Turned into that one call's JSON-RPC error
+// (as a plain 4xx is, see TestRefusedRequestLeavesTheSharedSessionToTheOthers),
+// the dead session was kept for ever and every later call on it failed.
+func TestSessionLostWithJSONRPC400GetsANewSession(t *testing.T) {
+	url, restart := restartingUpstream(t, func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(`{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: No valid session ID provided"},"id":null}`))
+	})
+	_, gw := serve(t, federate.Options{Upstreams: []federate.Upstream{{Name: "a", URL: url, Prefix: "a__"}}})
+	if ok, got := echoSessionless(t, gw, 1, "before"); !ok {
+		t.Fatalf("before the restart: %s", got)
+	}
+	restart()
+	_, _ = echoSessionless(t, gw, 2, "first-after") // may fail: it met the lost session
+	for i := 3; i < 6; i++ {
+		if ok, got := echoSessionless(t, gw, i, "after"); !ok {
+			t.Fatalf("call %d after the upstream restarted: %s", i, got)
+		}
 	}
 }

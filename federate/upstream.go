@@ -3,6 +3,7 @@ package federate
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -105,13 +106,15 @@ func (t *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // resp, the upstream's answer to r, and true; or false, leaving resp (its
 // body possibly read, and put back) to the SDK. An HTTP 4xx (but 404, a
 // lost session, and 429, on which the SDK keeps the session) to a POST of
-// a JSON-RPC request, whose body is no JSON-RPC error, answers that one
-// request: yet the SDK client ends its whole connection on it, and on a
-// shared session (every client without a session, every stateless one)
-// the other clients' calls in flight would fail with this one's refusal,
-// counted against the upstream. So it becomes a 200 JSON-RPC error
-// answering the request's id and naming the status, which the SDK hands
-// to that call alone (which counts as answered: see call.verdict).
+// a JSON-RPC request, whose body is not JSON-RPC at all (a proxy's text
+// or HTML, nothing), answers that one request: yet the SDK client ends
+// its whole connection on it, and on a shared session (every client
+// without a session, every stateless one) the other clients' calls in
+// flight would fail with this one's refusal, counted against the
+// upstream. So it becomes a 200 JSON-RPC error answering the request's id
+// and naming the status, which the SDK hands to that call alone (which
+// counts as answered: see call.verdict). A body that is a JSON-RPC error
+// is the upstream's own answer, left to the SDK (see isJSONRPCError).
 func (t *headerTransport) refusedAnswer(r *http.Request, resp *http.Response) (*http.Response, bool) {
 	code := resp.StatusCode
 	if r.Method != http.MethodPost || code < 400 || code >= 500 || code == http.StatusNotFound || code == http.StatusTooManyRequests || r.GetBody == nil {
@@ -131,17 +134,18 @@ func (t *headerTransport) refusedAnswer(r *http.Request, resp *http.Response) (*
 	if err != nil || !ok || !req.IsCall() {
 		return resp, false // a notification or a response: the SDK has no call to answer
 	}
-	// The SDK reads a 4xx body whole, and takes a JSON-RPC error in it as
-	// the answer to that call alone: such a body is left to it.
+	// A body that is a JSON-RPC error is the upstream's word, left to the
+	// SDK, which reads it whole: one answering the call's id fails that
+	// call alone; one it cannot take as that answer (id null or absent: a
+	// TypeScript SDK server that restarted and lost the session answers
+	// 400 "No valid session ID provided" so) ends the session, and the
+	// next call opens a new one. Rewritten, it would keep a dead session
+	// whose every call fails.
 	body, err := io.ReadAll(&boundedBody{ReadCloser: resp.Body, left: gwmcp.DefaultMaxResponseBytes})
 	_ = resp.Body.Close()
-	if err == nil {
-		if m, _ := jsonrpc.DecodeMessage(body); m != nil {
-			if a, ok := m.(*jsonrpc.Response); ok && a.Error != nil {
-				resp.Body = io.NopCloser(bytes.NewReader(body))
-				return resp, false
-			}
-		}
+	if err == nil && isJSONRPCError(body) {
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		return resp, false
 	}
 	answer, err := jsonrpc.EncodeMessage(&jsonrpc.Response{ID: req.ID, Error: t.up.refusedErr(code)})
 	if err != nil {
@@ -159,6 +163,22 @@ func (t *headerTransport) refusedAnswer(r *http.Request, resp *http.Response) (*
 		ContentLength: int64(len(answer)),
 		Request:       r,
 	}, true
+}
+
+// isJSONRPCError reports whether an HTTP answer's body is a JSON-RPC
+// error: a "2.0" object with an error object, whatever its id (null,
+// absent, or one the SDK does not decode). A proxy's text or HTML, an
+// empty body, or other JSON is not.
+func isJSONRPCError(body []byte) bool {
+	var m struct {
+		Version string          `json:"jsonrpc"`
+		Error   json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(body, &m) != nil || m.Version != "2.0" {
+		return false
+	}
+	e := bytes.TrimSpace(m.Error)
+	return len(e) > 0 && e[0] == '{'
 }
 
 // errAnswerTooLarge ends the read of a non-SSE answer past its bound.
