@@ -232,3 +232,30 @@ func TestSessionLostWithJSONRPC400GetsANewSession(t *testing.T) {
 		}
 	}
 }
+
+// The Python SDK's server, restarted, answered a request of a session it
+// lost with a plain-text 400 ("Bad Request: No valid session ID
+// provided"): as plain as a proxy's refusal of one request, so it reaches
+// the go-sdk client as that call's error and leaves the session to the
+// others. But the session is gone: a ping in it is refused too, and then
+// the 400 reaches the SDK, which ends the session, and the next call opens
+// a new one instead of failing on the dead session for ever.
+func TestSessionLostWithPlain400GetsANewSession(t *testing.T) {
+	url, restart := restartingUpstream(t, func(w http.ResponseWriter) {
+		http.Error(w, "Bad Request: No valid session ID provided", http.StatusBadRequest)
+	})
+	f, gw := serve(t, federate.Options{Upstreams: []federate.Upstream{{Name: "a", URL: url, Prefix: "a__"}}})
+	if ok, got := echoSessionless(t, gw, 1, "before"); !ok {
+		t.Fatalf("before the restart: %s", got)
+	}
+	restart()
+	_, _ = echoSessionless(t, gw, 2, "first-after") // may fail: it met the lost session
+	for i := 3; i < 6; i++ {
+		if ok, got := echoSessionless(t, gw, i, "after"); !ok {
+			t.Fatalf("call %d after the upstream restarted: %s", i, got)
+		}
+	}
+	if h := f.Health()[0]; h.Failures != 0 || h.State != federate.StateUp {
+		t.Errorf("health = %+v: a lost session counted as an upstream failure", h)
+	}
+}

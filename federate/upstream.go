@@ -114,7 +114,11 @@ func (t *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // upstream. So it becomes a 200 JSON-RPC error answering the request's id
 // and naming the status, which the SDK hands to that call alone (which
 // counts as answered: see call.verdict). A body that is a JSON-RPC error
-// is the upstream's own answer, left to the SDK (see isJSONRPCError).
+// is the upstream's own answer, left to the SDK (see isJSONRPCError), and
+// so is the 4xx of a session the upstream no longer has (see
+// sessionGone): on it the SDK ends the session, and the next call opens a
+// new one, where a rewritten answer would keep a dead session whose every
+// call fails.
 func (t *headerTransport) refusedAnswer(r *http.Request, resp *http.Response) (*http.Response, bool) {
 	code := resp.StatusCode
 	if r.Method != http.MethodPost || code < 400 || code >= 500 || code == http.StatusNotFound || code == http.StatusTooManyRequests || r.GetBody == nil {
@@ -143,7 +147,7 @@ func (t *headerTransport) refusedAnswer(r *http.Request, resp *http.Response) (*
 	// whose every call fails.
 	body, err := io.ReadAll(&boundedBody{ReadCloser: resp.Body, left: gwmcp.DefaultMaxResponseBytes})
 	_ = resp.Body.Close()
-	if err == nil && isJSONRPCError(body) {
+	if err == nil && isJSONRPCError(body) || t.sessionGone(r) {
 		resp.Body = io.NopCloser(bytes.NewReader(body))
 		return resp, false
 	}
@@ -163,6 +167,46 @@ func (t *headerTransport) refusedAnswer(r *http.Request, resp *http.Response) (*
 		ContentLength: int64(len(answer)),
 		Request:       r,
 	}, true
+}
+
+// probeBody is the ping sessionGone sends. Its answer is read by no one:
+// its id is the gateway's own, never one of the SDK's (numbers).
+const probeBody = `{"jsonrpc":"2.0","id":"mcpgate-session-probe","method":"ping"}`
+
+// sessionGone reports whether the upstream no longer has the session of
+// r, a request it refused with a plain 4xx: a ping in that session is
+// refused with a 4xx too (but 429). A server that lost its sessions in a
+// restart may answer their requests 400 in plain text (the Python SDK's
+// "Bad Request: No valid session ID provided") rather than the 404 the
+// SDK ends a session on; a refusal of the request itself (a proxy's 413,
+// a client's bad request) leaves the ping answered. The ping goes as the
+// session's own requests do, without the caller's forwarded headers: a
+// caller the upstream refuses must not end the session of every client.
+// A request of no session (a stateless upstream) has none to lose.
+func (t *headerTransport) sessionGone(r *http.Request) bool {
+	if r.Header.Get(gwmcp.HeaderSessionID) == "" {
+		return false
+	}
+	p := r.Clone(r.Context())
+	for _, k := range ForwardHeaders {
+		p.Header.Del(k)
+	}
+	for k, v := range t.up.cfg.Headers {
+		p.Header.Set(k, v)
+	}
+	p.Body = io.NopCloser(strings.NewReader(probeBody))
+	p.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(probeBody)), nil }
+	p.ContentLength = int64(len(probeBody))
+	base := t.base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	resp, err := base.RoundTrip(p)
+	if err != nil {
+		return false // nothing learnt: the refused request keeps its answer
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests
 }
 
 // isJSONRPCError reports whether an HTTP answer's body is a JSON-RPC
