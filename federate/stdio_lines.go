@@ -21,7 +21,9 @@ const lineKeep = 1 << 20
 // yet servers print banners, debug output and JSON logs there; the Go
 // SDK's client ends the session at the first such line (failing the calls
 // in flight of every tenant sharing the process), where the TypeScript
-// SDK's skips it. A line is judged whole (the SDK's own decoding decides),
+// SDK's skips it. A line is judged whole (one JSON value, which the SDK's
+// own decoding takes as a message: see holdsMessage), and passed on
+// without the spaces and tabs before its newline, which the SDK refuses;
 // so one that can hold a message ('{' or '[' first) is held until its end,
 // up to max bytes; a longer one is dropped, and if it is an answer it is
 // answered with an error for its id (see tooLarge). skipped is told each
@@ -80,6 +82,7 @@ func (j *jsonLines) next() []byte {
 		return nil
 	}
 	line := chunk
+	held := more       // line is j.line, not br's buffer
 	var past *skeleton // the line is past max: its top level, for its id
 	if more {
 		if cap(j.line) > lineKeep {
@@ -115,11 +118,35 @@ func (j *jsonLines) next() []byte {
 		j.skipped(head)
 		return nil
 	}
-	if !holdsMessage(line) {
+	text, eol := splitEnd(line)
+	if !holdsMessage(text) {
 		j.skipped(line[:min(len(line), j.br.Size())])
 		return nil
 	}
-	return line
+	if len(text)+len(eol) == len(line) {
+		return line
+	}
+	// Spaces or tabs before the newline: the SDK refuses a message
+	// followed by anything but its newline, ending the session.
+	if !held && cap(j.line) > lineKeep {
+		j.line = nil
+	}
+	j.line = append(append(j.line[:0], text...), eol...) // text may be j.line's start: copied onto itself
+	return j.line
+}
+
+// splitEnd splits a line into its text and its newline ("\r\n", "\n", or
+// none: the last line, unterminated), leaving out the spaces, tabs and
+// carriage returns between them.
+func splitEnd(line []byte) (text []byte, eol string) {
+	text = bytes.TrimRight(line, " \t\r\n")
+	switch {
+	case bytes.HasSuffix(line, []byte("\r\n")):
+		eol = "\r\n"
+	case bytes.HasSuffix(line, newline):
+		eol = "\n"
+	}
+	return text, eol
 }
 
 // tooLarge is the line the session reads in place of an answer past max:
@@ -144,18 +171,24 @@ func (j *jsonLines) setErr(err error) {
 	}
 }
 
-// holdsMessage reports whether a whole line is one JSON-RPC message, or a
-// batch of them (which the SDK's client accepts, and servers of protocol
-// versions before 2025-06-18 may send), as the SDK decodes them: "[INFO]
-// ...", a JSON logger's {"level":30,...} or an array printed to stdout are
-// output, not messages.
-func holdsMessage(line []byte) bool {
-	t := bytes.TrimLeft(line, " \t\r")
+// holdsMessage reports whether the text of a line (see splitEnd) is one
+// JSON-RPC message, or a batch of them (which the SDK's client accepts,
+// and servers of protocol versions before 2025-06-18 may send), as the SDK
+// decodes them: "[INFO] ...", a JSON logger's {"level":30,...} or an array
+// printed to stdout are output, not messages. It must be exactly one JSON
+// value: jsonrpc.DecodeMessage reads the first and ignores what follows
+// ("{...} <- sent", "{...}{...}"), but the SDK's stdio connection refuses
+// a value followed by anything but its newline, ending the session.
+func holdsMessage(text []byte) bool {
+	t := bytes.TrimLeft(text, " \t\r")
 	if len(t) == 0 {
 		return false
 	}
 	switch t[0] {
 	case '{':
+		if !json.Valid(t) {
+			return false
+		}
 		_, err := jsonrpc.DecodeMessage(t)
 		return err == nil
 	case '[':

@@ -2,6 +2,8 @@ package federate
 
 import (
 	"cmp"
+	"context"
+	"errors"
 	"io"
 	"strconv"
 	"strings"
@@ -9,6 +11,7 @@ import (
 	"testing/iotest"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpgate/mcpgate/internal/clip"
 )
@@ -36,6 +39,10 @@ func TestJSONLines(t *testing.T) {
 		{"arrays that are no batch", `["server ready"]` + "\n[]\n[" + msg + `,"x"]` + "\n" + msg + "\n", msg + "\n", 3, 0, 0},
 		{"objects that are no message", `{"jsonrpc":"2.0"}` + "\n" + `{"jsonrpc":"1.0","id":1}` + "\n" + msg + "\n", msg + "\n", 2, 0, 0},
 		{"indented message", "  \t" + msg + "\n", "  \t" + msg + "\n", 0, 0, 0},
+		{"message and text after it", msg + " <- sent\n" + msg + `{"level":30}` + "\n" + msg + "\n", msg + "\n", 2, 0, 0},
+		{"message and spaces after it", msg + " \n" + msg + "\t\r\n" + msg + " \r \r\n" + msg + " ", msg + "\n" + msg + "\r\n" + msg + "\r\n" + msg, 0, 0, 0},
+		{"batch and spaces after it", "[" + msg + "] \n", "[" + msg + "]\n", 0, 0, 0},
+		{"message longer than the buffer and spaces after it", long + " \t\n", long + "\n", 0, 0, 0},
 		{"message longer than the buffer", long + "\nnoise\n" + long + "\n", long + "\n" + long + "\n", 1, 0, 0},
 		{"JSON log longer than the buffer", bigLog + "\n" + msg + "\n", msg + "\n", 1, 0, 0},
 		{"noise longer than the buffer", strings.Repeat("n", 200<<10) + "\n" + msg + "\n", msg + "\n", 1, 0, 0},
@@ -59,4 +66,58 @@ func TestJSONLines(t *testing.T) {
 				c.name, clip.String(string(got), 200), clip.String(c.want, 200), skipped, c.skipped, oversize, c.oversize)
 		}
 	}
+}
+
+// sdkReads feeds each line, then an answer, through jsonLines into the
+// SDK's own stdio connection (mcp.IOTransport, as startProcess reads a
+// process): the SDK must read want messages of it (the line's, if it
+// passes, and the answer), then the end. A read that fails otherwise ends
+// the session every tenant of the process shares.
+func sdkReads(t *testing.T, want int, lines ...string) {
+	t.Helper()
+	for _, line := range lines {
+		in := line + `{"jsonrpc":"2.0","id":1,"result":{}}` + "\n"
+		jl := newJSONLines(strings.NewReader(in), 1<<20, func([]byte) {}, func([]byte, jsonrpc.ID) {})
+		conn, err := (&mcp.IOTransport{Reader: io.NopCloser(jl), Writer: nopWriteCloser{}}).Connect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; ; i++ {
+			_, err := conn.Read(context.Background())
+			if i == want {
+				if !errors.Is(err, io.EOF) {
+					t.Errorf("line %q: the SDK's read %d: %v, want the end", line, i, err)
+				}
+				break
+			}
+			if err != nil {
+				t.Errorf("line %q: the SDK's read %d failed: %v", line, i, err)
+				break
+			}
+		}
+		_ = conn.Close()
+	}
+}
+
+type nopWriteCloser struct{}
+
+func (nopWriteCloser) Write(p []byte) (int, error) { return len(p), nil }
+func (nopWriteCloser) Close() error                { return nil }
+
+const logMessage = `{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"x"}}`
+
+// A message followed by text on its line ("{...} <- sent", a JSON log
+// line after it) is no message: the SDK's stdio connection refuses a
+// value followed by anything but a newline ("invalid trailing data") and
+// ends the session. Judged by jsonrpc.DecodeMessage alone, which reads the
+// first value and ignores the rest, it reached the SDK.
+func TestJSONLinesMessageWithTextAfterItIsSkipped(t *testing.T) {
+	sdkReads(t, 1, logMessage+" <- sent\n", logMessage+`{"level":30}`+"\n", logMessage+"\r<- sent\n")
+}
+
+// A message with spaces or tabs before its newline is a message, but the
+// SDK refuses it as it refuses text after one: it reaches the SDK without
+// them.
+func TestJSONLinesMessageWithSpacesAfterItReachesTheSDK(t *testing.T) {
+	sdkReads(t, 2, logMessage+" \n", logMessage+"\t\n", logMessage+" \r\n", "["+logMessage+"]\t\n")
 }
