@@ -110,10 +110,14 @@ type Options struct {
 	// verified by the key with that kid; a token without kid only when the set
 	// holds a single usable key. Symmetric keys and keys with use "enc" are
 	// ignored; a key's "alg", when present, is the only algorithm it accepts.
+	// A private key (a JWK with "d", or an RSA JWK with its primes) fails
+	// New: a key set is public material, and the private half is a leak.
 	JWKSFile string
 	// JWKSURL is a JSON Web Key Set fetched by New (New fails if it cannot be
 	// fetched) and refreshed in the background; key selection is as for
-	// JWKSFile. Keys the library cannot parse are skipped, not fatal.
+	// JWKSFile. Keys the library cannot parse are skipped, not fatal; so are
+	// private keys, which are logged as an error since anyone who fetched
+	// the set can sign tokens with them.
 	JWKSURL string
 
 	// Issuer, when not empty, must equal the iss claim.

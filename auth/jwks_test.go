@@ -3,6 +3,7 @@ package auth
 import (
 	"context"
 	"crypto/elliptic"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -445,3 +446,83 @@ func TestJWKSURLCustomClient(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// privateJWKs are JWKs that carry private key material, each with the
+// private key that signs for it: what a JWKS must never publish.
+func privateJWKs(t *testing.T) map[string]struct {
+	jwk  string
+	alg  jwa.SignatureAlgorithm
+	sign any
+} {
+	rsaA, _ := rsaKeys(t)
+	ec, ed := ecKey(t, elliptic.P256()), edKey(t)
+	member := func(priv any) string {
+		set := string(jwksJSON(t, []any{priv}, []string{"leaked"}, nil))
+		return strings.TrimSuffix(strings.TrimPrefix(set, `{"keys":[`), `]}`)
+	}
+	// An RSA JWK without "d" but with its primes is private all the same:
+	// p and q give d.
+	var primes map[string]any
+	if err := json.Unmarshal([]byte(member(rsaA)), &primes); err != nil {
+		t.Fatal(err)
+	}
+	delete(primes, "d")
+	noD, err := json.Marshal(primes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]struct {
+		jwk  string
+		alg  jwa.SignatureAlgorithm
+		sign any
+	}{
+		"RSA":         {member(rsaA), jwa.RS256(), rsaA},
+		"RSA primes":  {string(noD), jwa.RS256(), rsaA},
+		"EC":          {member(ec), jwa.ES256(), ec},
+		"Ed25519 OKP": {member(ed), jwa.EdDSA(), ed},
+	}
+}
+
+// A JWKS URL is public: a private key published there lets anyone who
+// fetches it sign tokens for any tenant. The key is skipped, loudly (an
+// error, not a warning), and the set's other keys keep working; a set
+// whose only key is private fails New.
+func TestJWKSURLPrivateKeySkipped(t *testing.T) {
+	pub := ecKey(t, elliptic.P256())
+	pubMember := strings.TrimSuffix(strings.TrimPrefix(string(jwksJSON(t, []any{&pub.PublicKey}, []string{"pub"}, nil)), `{"keys":[`), `]}`)
+	for name, k := range privateJWKs(t) {
+		t.Run(name, func(t *testing.T) {
+			var log testenv.SyncBuffer
+			srv := newJWKSServer(t, []byte(`{"keys":[`+k.jwk+`,`+pubMember+`]}`))
+			a := newAuth(t, Options{JWKSURL: srv.URL, Now: newClock().Now, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+			mustRefuse(t, a, sign(t, k.alg, k.sign, "leaked", claims(map[string]any{"tenant_id": "victim"})), `unknown kid "leaked"`)
+			mustVerify(t, a, sign(t, jwa.ES256(), pub, "pub", claims(nil)))
+			if l := log.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "private key") || !strings.Contains(l, `leaked`) {
+				t.Fatalf("no error logged for the published private key:\n%s", l)
+			}
+
+			only := newJWKSServer(t, []byte(`{"keys":[`+k.jwk+`]}`))
+			assertNewFails(t, only.URL, "private key")
+		})
+	}
+}
+
+// A JWKS file holding a private key is the operator's mistake to fix: New
+// fails, naming the key, rather than skip it.
+func TestJWKSFilePrivateKeyRefused(t *testing.T) {
+	pub := ecKey(t, elliptic.P256())
+	pubMember := strings.TrimSuffix(strings.TrimPrefix(string(jwksJSON(t, []any{&pub.PublicKey}, []string{"pub"}, nil)), `{"keys":[`), `]}`)
+	for name, k := range privateJWKs(t) {
+		t.Run(name, func(t *testing.T) {
+			path := writeFile(t, "jwks.json", []byte(`{"keys":[`+pubMember+`,`+k.jwk+`]}`))
+			a, err := New(context.Background(), Options{JWKSFile: path, Now: newClock().Now})
+			if err == nil {
+				_ = a.Close()
+				t.Fatal("New accepted a JWKS file holding a private key")
+			}
+			if !errors.Is(err, errPrivateJWK) || !strings.Contains(err.Error(), `"leaked"`) {
+				t.Fatalf("New error %q: want errPrivateJWK naming the key", err)
+			}
+		})
+	}
+}

@@ -194,7 +194,7 @@ func (r *remoteKeys) load(ctx context.Context) error {
 	r.res = res
 	ix := r.index()
 	if len(ix.all) == 0 {
-		return fmt.Errorf("auth: JWKS %s holds no usable signing key (%s)", r.logURL, strings.Join(ix.skipped, "; "))
+		return fmt.Errorf("auth: JWKS %s holds no usable signing key (%s)", r.logURL, ix.reasons())
 	}
 	return nil
 }
@@ -241,9 +241,12 @@ func (r *remoteKeys) index() *keyIndex {
 		// of every key: rejecting every token until the next good set
 		// would take the gateway down with it. The keys in use stay,
 		// against this set (so it is looked at once).
-		ix = &keyIndex{set: set, all: cur.all, byKID: cur.byKID, skipped: ix.skipped}
+		ix = &keyIndex{set: set, all: cur.all, byKID: cur.byKID, skipped: ix.skipped, private: ix.private}
 	}
 	if r.ix.CompareAndSwap(cur, ix) {
+		for _, err := range ix.private {
+			r.log.Error("auth: JWKS URL publishes a private key; it is skipped, but anyone who fetched the set can sign tokens with it: have the identity provider rotate it", "url", r.logURL, "reason", err.Error())
+		}
 		for _, s := range ix.skipped {
 			r.log.Warn("auth: JWKS key skipped", "url", r.logURL, "reason", s)
 		}

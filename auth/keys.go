@@ -161,18 +161,42 @@ func parsePEMBlock(b *pem.Block) (any, error) {
 	return nil, fmt.Errorf("unsupported PEM type %q (want PUBLIC KEY, RSA PUBLIC KEY or CERTIFICATE)", b.Type)
 }
 
+// errPrivateJWK means a JWK carries private key material. A JWKS publishes
+// public keys: a private key in one is a key anybody who reads the set can
+// sign tokens with, for any tenant.
+var errPrivateJWK = errors.New("private key: a JWKS may only hold public keys, and whoever reads this one can sign tokens with it")
+
+// privateJWKParams are the JWK members that carry private key material
+// (RFC 7518 §6.2.2 and §6.3.2, RFC 8037 §2): "d", and an RSA key's primes
+// and CRT values, any of which gives d.
+var privateJWKParams = map[string]bool{"d": true, "p": true, "q": true, "dp": true, "dq": true, "qi": true, "oth": true}
+
 // keyIndex is a JWKS turned into verification keys, looked up by kid.
 type keyIndex struct {
 	set     jwk.Set // the set it was built from (identity, for the URL cache)
 	all     []keyEntry
 	byKID   map[string][]keyEntry
-	skipped []string // why keys were left out, for the log
+	skipped []string // why keys were left out, for the log (private keys aside)
+	// private are the keys left out because they carry private key
+	// material, each error wrapping errPrivateJWK: a leak, which a JWKS
+	// file refuses and a JWKS URL logs as an error, not a warning.
+	private []error
+}
+
+// reasons returns why keys were left out, private keys included.
+func (ix *keyIndex) reasons() string {
+	rs := append([]string(nil), ix.skipped...)
+	for _, err := range ix.private {
+		rs = append(rs, err.Error())
+	}
+	return strings.Join(rs, "; ")
 }
 
 // newKeyIndex converts the usable signing keys of set. A key is left out (and
-// the reason kept in skipped) when it is marked for encryption, is symmetric
-// (a JWKS publishes public keys; a shared secret there is a leak or a
-// mistake), is weak, or names an "alg" its type cannot verify.
+// the reason kept in skipped, or private) when it carries private key
+// material, is marked for encryption, is symmetric (a JWKS publishes public
+// keys; a shared secret there is a leak or a mistake), is weak, or names an
+// "alg" its type cannot verify.
 func newKeyIndex(set jwk.Set) *keyIndex {
 	ix := &keyIndex{set: set, byKID: make(map[string][]keyEntry)}
 	for i := range set.Len() {
@@ -183,7 +207,12 @@ func newKeyIndex(set jwk.Set) *keyIndex {
 		e, err := jwkEntry(k)
 		if err != nil {
 			kid, _ := k.KeyID()
-			ix.skipped = append(ix.skipped, fmt.Sprintf("key #%d (kid %q): %v", i, kid, err))
+			err = fmt.Errorf("key #%d (kid %q): %w", i, kid, err)
+			if errors.Is(err, errPrivateJWK) {
+				ix.private = append(ix.private, err)
+			} else {
+				ix.skipped = append(ix.skipped, err.Error())
+			}
 			continue
 		}
 		ix.all = append(ix.all, e)
@@ -196,6 +225,10 @@ func jwkEntry(k jwk.Key) (keyEntry, error) {
 	if jwk.IsUnsupportedKey(k) {
 		return keyEntry{}, fmt.Errorf("unsupported key type %q", k.KeyType())
 	}
+	if hasPrivateParams(k) {
+		// Not downgraded to its public half: the key is compromised.
+		return keyEntry{}, errPrivateJWK
+	}
 	if use, ok := k.KeyUsage(); ok && use != "" && use != jwk.ForSignature.String() {
 		return keyEntry{}, fmt.Errorf("use is %q, not %q", use, jwk.ForSignature)
 	}
@@ -205,16 +238,6 @@ func jwkEntry(k jwk.Key) (keyEntry, error) {
 	var raw any
 	if err := jwk.Export(k, &raw); err != nil {
 		return keyEntry{}, err
-	}
-	// A JWKS must hold public keys; verify with the public half if a private
-	// key slipped in rather than fail, but never use it to sign.
-	switch p := raw.(type) {
-	case *rsa.PrivateKey:
-		raw = &p.PublicKey
-	case *ecdsa.PrivateKey:
-		raw = &p.PublicKey
-	case ed25519.PrivateKey:
-		raw = p.Public()
 	}
 	algs, err := algsForPublicKey(raw)
 	if err != nil {
@@ -234,6 +257,21 @@ func jwkEntry(k jwk.Key) (keyEntry, error) {
 	}
 	kid, _ := k.KeyID()
 	return keyEntry{kid: kid, algs: algs, key: raw}, nil
+}
+
+// hasPrivateParams reports whether k carries private key material: a
+// private key type (the JWK has "d"), or an RSA prime or CRT member
+// without "d", which the parser keeps on a public key.
+func hasPrivateParams(k jwk.Key) bool {
+	if a, ok := k.(jwk.AsymmetricKey); ok && a.IsPrivate() {
+		return true
+	}
+	for _, name := range k.Keys() {
+		if privateJWKParams[name] {
+			return true
+		}
+	}
+	return false
 }
 
 // find returns the keys for a token's kid. A token without kid is accepted
@@ -272,8 +310,17 @@ func loadJWKSFile(path string) (*fileKeys, []string, error) {
 		return nil, nil, fmt.Errorf("auth: JWKS file %s: %w", path, err)
 	}
 	ix := newKeyIndex(set)
+	if len(ix.private) > 0 {
+		// The operator owns this file: fail rather than skip, so the leak
+		// is seen, and the key rotated, before anything runs with it.
+		more := ""
+		if n := len(ix.private); n > 1 {
+			more = fmt.Sprintf(" (and %d more private keys)", n-1)
+		}
+		return nil, nil, fmt.Errorf("auth: JWKS file %s: %w%s; keep only the public keys there, and rotate the key: whoever read the file can sign tokens", path, ix.private[0], more)
+	}
 	if len(ix.all) == 0 {
-		return nil, nil, fmt.Errorf("auth: JWKS file %s holds no usable signing key (%s)", path, strings.Join(ix.skipped, "; "))
+		return nil, nil, fmt.Errorf("auth: JWKS file %s holds no usable signing key (%s)", path, ix.reasons())
 	}
 	return &fileKeys{ix: ix}, ix.skipped, nil
 }
