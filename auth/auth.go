@@ -160,6 +160,9 @@ type Options struct {
 	Leeway time.Duration
 
 	// HTTPClient fetches JWKSURL; nil means a client with a 10s timeout.
+	// Unless the client has a CheckRedirect of its own, a redirect from
+	// https to plain http is refused (the fetch fails, naming both URLs)
+	// and one to another host is logged as a warning.
 	HTTPClient *http.Client
 	// JWKSRefresh is the minimum interval between background refreshes of
 	// JWKSURL; 0 means DefaultJWKSRefresh (15m). A longer Cache-Control

@@ -4,11 +4,14 @@ import (
 	"context"
 	"crypto/elliptic"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"os/exec"
 	"runtime"
 	"strings"
 	"sync"
@@ -441,6 +444,10 @@ func TestJWKSURLCustomClient(t *testing.T) {
 	if seen.Load() != 1 {
 		t.Fatalf("custom client used %d times, want 1", seen.Load())
 	}
+	// The redirect policy goes on a copy, not on the caller's client.
+	if hc.CheckRedirect != nil {
+		t.Fatal("New changed the caller's http.Client")
+	}
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
@@ -524,5 +531,79 @@ func TestJWKSFilePrivateKeyRefused(t *testing.T) {
 				t.Fatalf("New error %q: want errPrivateJWK naming the key", err)
 			}
 		})
+	}
+}
+
+// An https JWKS URL whose server redirects to plain http would have its
+// keys fetched in cleartext, where anyone on the path can swap them: the
+// default client (the one setup.AuthOptions leaves Options.HTTPClient nil
+// for) refuses the redirect, and New's error names both URLs without the
+// configured URL's credentials. It runs in a child process, because
+// SSL_CERT_FILE (which makes the default client trust the httptest
+// certificate) is read once per process.
+func TestJWKSURLRedirectToHTTPRefused(t *testing.T) {
+	const child = "MCPGATE_AUTH_TEST_REDIRECT_CHILD"
+	if os.Getenv(child) == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestJWKSURLRedirectToHTTPRefused$", "-test.v")
+		cmd.Env = append(os.Environ(), child+"=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestJWKSURLRedirectToHTTPRefused") {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		return
+	}
+	ec := ecKey(t, elliptic.P256())
+	plain := newJWKSServer(t, jwksJSON(t, []any{&ec.PublicKey}, []string{"ec-1"}, nil))
+	tlsSrv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, plain.URL+"/jwks.json?token=TARGETSECRET", http.StatusFound)
+	}))
+	defer tlsSrv.Close()
+	t.Setenv("SSL_CERT_FILE", writeFile(t, "ca.pem", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tlsSrv.Certificate().Raw})))
+	var log testenv.SyncBuffer
+	a, err := New(context.Background(), Options{
+		JWKSURL: strings.Replace(tlsSrv.URL, "//", "//user:SECRET@", 1) + "/jwks.json?key=SECRET",
+		Now:     newClock().Now, Logger: slog.New(slog.NewTextHandler(&log, nil)),
+	})
+	if err == nil {
+		defer a.Close()
+		_, verr := a.Verify(context.Background(), sign(t, jwa.ES256(), ec, "ec-1", claims(nil)))
+		t.Fatalf("https JWKS URL %s redirected to %s: New accepted the keys fetched over plain http (a token verifies: %v; log: %q)", tlsSrv.URL, plain.URL, verr == nil, log.String())
+	}
+	if !errors.Is(err, errRedirectToHTTP) {
+		t.Fatalf("New error %q does not wrap errRedirectToHTTP", err)
+	}
+	for _, want := range []string{tlsSrv.URL + "/jwks.json", plain.URL + "/jwks.json"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("New error %q does not name %s", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "SECRET") {
+		t.Errorf("New error %q holds a credential", err)
+	}
+	// The certificate really is trusted: without the redirect New succeeds.
+	tlsOK := httptest.NewUnstartedServer(plain.Config.Handler)
+	tlsOK.TLS = tlsSrv.TLS
+	tlsOK.StartTLS()
+	defer tlsOK.Close()
+	newAuth(t, Options{JWKSURL: tlsOK.URL + "/jwks.json", Now: newClock().Now})
+}
+
+// A redirect to another host is followed (identity providers move their
+// key sets) but logged: the keys now come from a server the operator did
+// not name.
+func TestJWKSURLRedirectToOtherHostWarns(t *testing.T) {
+	ec := ecKey(t, elliptic.P256())
+	keys := newJWKSServer(t, jwksJSON(t, []any{&ec.PublicKey}, []string{"ec-1"}, nil))
+	target := strings.Replace(keys.URL, "127.0.0.1", "localhost", 1) + "/keys.json"
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target, http.StatusFound)
+	}))
+	defer redirect.Close()
+	var log testenv.SyncBuffer
+	a := newAuth(t, Options{JWKSURL: redirect.URL + "/jwks.json", Now: newClock().Now, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	mustVerify(t, a, sign(t, jwa.ES256(), ec, "ec-1", claims(nil)))
+	l := log.String()
+	if !strings.Contains(l, "level=WARN") || !strings.Contains(l, "another host") || !strings.Contains(l, target) || !strings.Contains(l, redirect.URL+"/jwks.json") {
+		t.Fatalf("no warning naming both URLs of the redirect to another host:\n%s", l)
 	}
 }

@@ -42,6 +42,15 @@ const (
 	missRefreshTimeout = 30 * time.Second
 )
 
+// errRedirectToHTTP means the JWKS URL, or a redirect it led to, was https
+// and redirected to plain http: keys fetched in cleartext are keys anyone on
+// the path can swap, and the operator who wrote https did not ask for that.
+var errRedirectToHTTP = errors.New("JWKS redirect from https to plain http refused")
+
+// maxJWKSRedirects is how many redirects a fetch of the key set follows
+// (net/http's default policy, which checkRedirect replaces).
+const maxJWKSRedirects = 10
+
 // errRefreshLimited means an unknown kid was seen within MissRefreshInterval
 // of the previous refresh, so the key set was not fetched again.
 var errRefreshLimited = errors.New("key set refreshed less than " + MissRefreshInterval.String() + " ago")
@@ -88,7 +97,7 @@ func newRemoteKeys(ctx context.Context, opts *Options, log *slog.Logger, now fun
 		// url.Parse's error repeats the URL, credentials and all.
 		return nil, errors.New("auth: JWKS URL does not parse: want an absolute http(s) URL")
 	}
-	logURL := u.Scheme + "://" + u.Host + u.EscapedPath()
+	logURL := logForm(u)
 	if (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 		return nil, fmt.Errorf("auth: JWKS URL %q: want an absolute http(s) URL", logURL)
 	}
@@ -102,20 +111,33 @@ func newRemoteKeys(ctx context.Context, opts *Options, log *slog.Logger, now fun
 	if u.Scheme == "http" && !isLoopback(u.Hostname()) {
 		log.Warn("auth: JWKS URL is plain http; anyone on the path can swap the keys", "url", r.logURL)
 	}
-	if err := r.start(ctx, registerOptions(opts)); err != nil {
+	if err := r.start(ctx, r.registerOptions(opts)); err != nil {
 		return nil, err
 	}
 	return r, nil
 }
 
+// logForm is u as logs and errors may show it: scheme, host and path, no
+// userinfo or query (where credentials go).
+func logForm(u *url.URL) string {
+	return u.Scheme + "://" + u.Host + u.EscapedPath()
+}
+
 // registerOptions returns how the cache fetches the key set: with
 // opts.HTTPClient (else one with defaultHTTPTimeout), every opts.JWKSRefresh
 // (else DefaultJWKSRefresh) or, when Cache-Control allows, less often, up
-// to maxJWKSInterval.
-func registerOptions(opts *Options) []jwk.RegisterOption {
-	hc := opts.HTTPClient
-	if hc == nil {
+// to maxJWKSInterval. A client without a redirect policy of its own gets
+// checkRedirect's (on a copy: the caller's client is left as it is).
+func (r *remoteKeys) registerOptions(opts *Options) []jwk.RegisterOption {
+	var hc *http.Client
+	if opts.HTTPClient == nil {
 		hc = &http.Client{Timeout: defaultHTTPTimeout}
+	} else {
+		c := *opts.HTTPClient
+		hc = &c
+	}
+	if hc.CheckRedirect == nil {
+		hc.CheckRedirect = r.checkRedirect
 	}
 	refresh := opts.JWKSRefresh
 	if refresh <= 0 {
@@ -214,8 +236,39 @@ func (r *remoteKeys) abortStart(ctx context.Context, err error) error {
 // of httprc and net/http repeat the URL, and they reach the log of every
 // refused token, the refresh log and New's error: a credential in the URL
 // would go with them.
+//
+// A refused redirect's error (see checkRedirect) also repeats the Location
+// the server sent, which may carry a credential of its own: it is cut to
+// its logForm too.
 func (r *remoteKeys) redact(err error) error {
+	var ue *url.Error
+	if errors.Is(err, errRedirectToHTTP) && errors.As(err, &ue) {
+		if u, perr := url.Parse(ue.URL); perr == nil {
+			err = redact.Replace(err, redact.Forms(ue.URL, u), logForm(u))
+		}
+	}
 	return redact.Replace(err, r.urlForms, r.logURL)
+}
+
+// checkRedirect is the redirect policy of the client fetching the key set:
+// net/http's (at most maxJWKSRedirects redirects), except that a redirect
+// from https to plain http is refused, and one to another host is logged.
+// The identity provider chose https; a redirect that drops it would fetch
+// the keys in cleartext, which nothing else would warn about (the "plain
+// http" warning looks at the configured URL only).
+func (r *remoteKeys) checkRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) >= maxJWKSRedirects {
+		return fmt.Errorf("stopped after %d redirects", maxJWKSRedirects)
+	}
+	prev := via[len(via)-1].URL
+	if strings.EqualFold(prev.Scheme, "https") && !strings.EqualFold(req.URL.Scheme, "https") {
+		return fmt.Errorf("%w: from %s to %s", errRedirectToHTTP, logForm(prev), logForm(req.URL))
+	}
+	if !strings.EqualFold(prev.Hostname(), req.URL.Hostname()) {
+		r.log.Warn("auth: JWKS URL redirected to another host; the keys come from a server the configuration does not name",
+			"url", r.logURL, "from", logForm(prev), "to", logForm(req.URL))
+	}
+	return nil
 }
 
 func isLoopback(host string) bool {
