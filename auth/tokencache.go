@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"strings"
 	"sync"
 	"time"
 )
@@ -54,5 +55,10 @@ func (c *tokenCache) put(token string, p Principal, until time.Time) {
 			}
 		}
 	}
-	c.m[token] = cachedToken{p: p, until: until}
+	// A copy: token is often a substring of a larger string (FromRequest
+	// cuts it from the Authorization header, which may be padded up to
+	// net/http's 1 MB), and a key that shared its memory would keep all of
+	// it alive, breaking the cache's bound of TokenCacheSize tokens of at
+	// most MaxTokenBytes.
+	c.m[strings.Clone(token)] = cachedToken{p: p, until: until}
 }

@@ -2,8 +2,15 @@ package auth
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/lestrrat-go/jwx/v3/jwa"
 )
 
 // A cached token is never honoured past its exp (plus leeway), nor past
@@ -46,4 +53,34 @@ func TestTokenCacheBounds(t *testing.T) {
 	if n := len(c.m); n > TokenCacheSize {
 		t.Fatalf("cache holds %d tokens, bound %d", n, TokenCacheSize)
 	}
+}
+
+// The cache's memory bound is TokenCacheSize tokens of at most
+// MaxTokenBytes. FromRequest cuts the token out of the Authorization
+// header; a cache key that kept that substring would keep the whole header
+// (up to net/http's 1 MB, padded with spaces) for as long as the entry
+// lives, so the cache keeps copies of its tokens.
+func TestTokenCacheDoesNotPinAuthorizationHeader(t *testing.T) {
+	a := newAuth(t, Options{HS256Secret: testSecret, Now: newClock().Now})
+	const n, pad = 32, 256 << 10
+	toks := make([]string, n)
+	for i := range toks {
+		toks[i] = sign(t, jwa.HS256(), testSecret, "", claims(map[string]any{"jti": fmt.Sprint(i)}))
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for _, tok := range toks {
+		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+		r.Header.Set("Authorization", "Bearer "+strings.Repeat(" ", pad)+tok)
+		if _, err := a.FromRequest(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > int64(10*n*len(toks[0]))+(1<<20) {
+		t.Fatalf("caching %d tokens of %d bytes retains %d KB of heap: the cache keys pin the headers they were cut from", n, len(toks[0]), grew>>10)
+	}
+	runtime.KeepAlive(a)
 }
