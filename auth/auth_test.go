@@ -355,12 +355,12 @@ func TestGarbage(t *testing.T) {
 		"two parts":        {"a.b", "not a JWS compact token"},
 		"JWE (five parts)": {"a.b.c.d.e", "not a JWS compact token"},
 		"dots":             {"..", "no usable alg"},
-		"header not b64":   {"!!!.e30.sig", "no usable alg"},
+		"header not b64":   {"!!!.e30.sig", "not a JWS compact token"},
 		"header not JSON":  {enc([]byte("nope")) + ".e30.c2ln", "no usable alg"},
 		"header array":     {enc([]byte(`["alg"]`)) + ".e30.c2ln", "no usable alg"},
 		"unknown alg":      {enc([]byte(`{"alg":"XX999"}`)) + ".e30.c2ln", `alg "XX999" is not accepted`},
 		"bad signature b64": {
-			enc([]byte(`{"alg":"HS256"}`)) + ".e30.!!!", "bad signature"},
+			enc([]byte(`{"alg":"HS256"}`)) + ".e30.!!!", "not a JWS compact token"},
 	} {
 		t.Run(name, func(t *testing.T) { mustRefuse(t, a, c.tok, c.want) })
 	}
@@ -376,6 +376,56 @@ func TestGarbage(t *testing.T) {
 			tok := signRaw(t, testSecret, `{"alg":"HS256"}`, payload)
 			mustRefuse(t, a, tok, "payload is not a JSON object")
 		})
+	}
+}
+
+// A token is one string. Its signature written another way (padded, in
+// the standard alphabet, with the unused low bits of its last character
+// set) decodes to the same bytes under a lenient decoder, but it is not
+// base64url (RFC 7515 §2): accepting it would give one token several
+// accepted spellings, each cached as a token of its own, none of which a
+// denylist of the issued string would match, and which stricter verifiers
+// refuse. Only the canonical form verifies, and the cache holds it alone.
+func TestNonCanonicalEncodingRefused(t *testing.T) {
+	a := hsAuth(t, nil)
+	// A signature with '-' or '_', so that the standard alphabet differs.
+	var tok string
+	for i := 0; ; i++ {
+		tok = sign(t, jwa.HS256(), testSecret, "", claims(map[string]any{"jti": fmt.Sprint(i)}))
+		if strings.ContainsAny(tok[strings.LastIndexByte(tok, '.'):], "-_") {
+			break
+		}
+	}
+	mustVerify(t, a, tok)
+	dot := strings.LastIndexByte(tok, '.')
+	sig, err := base64.RawURLEncoding.Strict().DecodeString(tok[dot+1:])
+	if err != nil || len(sig) != 32 {
+		t.Fatalf("test signature: %d bytes, %v", len(sig), err)
+	}
+	variants := map[string]string{
+		"padded":                  tok + "=",
+		"std alphabet":            tok[:dot+1] + base64.RawStdEncoding.EncodeToString(sig),
+		"std alphabet and padded": tok[:dot+1] + base64.StdEncoding.EncodeToString(sig),
+		"newline inside":          tok[:dot+5] + "\n" + tok[dot+5:],
+		"space inside":            tok[:dot+5] + " " + tok[dot+5:],
+		"impossible length":       tok + "AA",
+		"header padded":           strings.Replace(tok, ".", "=.", 1),
+	}
+	// 32 bytes are 43 characters: the last one carries 4 bits of the
+	// signature and 2 unused ones, which base64url wants zero.
+	const alpha = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	last := strings.IndexByte(alpha, tok[len(tok)-1])
+	for bits := 1; bits < 4; bits++ {
+		variants[fmt.Sprintf("trailing bits %02b", bits)] = tok[:len(tok)-1] + string(alpha[last^bits])
+	}
+	for name, v := range variants {
+		t.Run(name, func(t *testing.T) { mustRefuse(t, a, v, "not a JWS compact token") })
+	}
+	a.cache.mu.Lock()
+	n := len(a.cache.m)
+	a.cache.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("the cache holds %d entries for one token", n)
 	}
 }
 
@@ -465,4 +515,41 @@ func TestSecretCopied(t *testing.T) {
 	tok, _ := SignHS256(testSecret, claims(nil))
 	secret[0] ^= 0xff
 	mustVerify(t, a, tok)
+}
+
+// BenchmarkVerify measures a token's first verification (no cache: what
+// every new token costs, the signature check aside for HS256) and a cached
+// one (what every later call with it costs).
+//
+//	go test -run '^$' -bench BenchmarkVerify -benchmem ./auth/
+func BenchmarkVerify(b *testing.B) {
+	ctx := context.Background()
+	ec := ecKey(b, elliptic.P256())
+	for _, c := range []struct {
+		name string
+		opts Options
+		tok  string
+	}{
+		{"HS256", Options{HS256Secret: testSecret}, sign(b, jwa.HS256(), testSecret, "", claims(nil))},
+		{"ES256", Options{PublicKeyFile: writePEM(b, &ec.PublicKey)}, sign(b, jwa.ES256(), ec, "", claims(nil))},
+	} {
+		c.opts.Now = newClock().Now
+		a := newAuth(b, c.opts)
+		b.Run(c.name+"/uncached", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := a.verifyToken(ctx, c.tok); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(c.name+"/cached", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := a.Verify(ctx, c.tok); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

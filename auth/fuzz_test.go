@@ -3,6 +3,7 @@ package auth
 import (
 	"context"
 	"crypto/elliptic"
+	"encoding/base64"
 	"errors"
 	"strings"
 	"testing"
@@ -42,6 +43,39 @@ func FuzzVerify(f *testing.F) {
 			if p.Tenant == "" {
 				t.Fatalf("accepted token without tenant: %q", tok)
 			}
+			if !canonicalCompact(tok) {
+				t.Fatalf("accepted a token not in canonical base64url: %q", tok)
+			}
+		}
+	})
+}
+
+// canonicalCompact is checkCompact's oracle: three segments, each what
+// base64url gives back for the bytes the strict decoder reads from it (the
+// decoder alone would skip line breaks).
+func canonicalCompact(tok string) bool {
+	segs := strings.Split(tok, ".")
+	if len(segs) != 3 {
+		return false
+	}
+	for _, seg := range segs {
+		b, err := base64.RawURLEncoding.Strict().DecodeString(seg)
+		if err != nil || base64.RawURLEncoding.EncodeToString(b) != seg {
+			return false
+		}
+	}
+	return true
+}
+
+// FuzzCheckCompact holds checkCompact to its oracle.
+func FuzzCheckCompact(f *testing.F) {
+	good, _ := SignHS256(testSecret, claims(nil))
+	for _, s := range []string{good, good + "=", good + "AA", "..", "a.b.c", "ab.cd.ef", "AB.AQ.Ag", "A.B.C", "Zg.Zh.Zm8", "Zm8=.e30.x", "+/..", "e30\n.e30.e30", "a.b.c.d"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, tok string) {
+		if got, want := checkCompact(tok) == nil, canonicalCompact(tok); got != want {
+			t.Fatalf("checkCompact(%q) accepts: %v, oracle: %v", tok, got, want)
 		}
 	})
 }
