@@ -110,8 +110,10 @@ type Options struct {
 	PublicKeyFile string
 	// JWKSFile is a JSON Web Key Set read once by New. A token with a kid is
 	// verified by the key with that kid; a token without kid only when the set
-	// holds a single usable key. Symmetric keys and keys with use "enc" are
-	// ignored; a key's "alg", when present, is the only algorithm it accepts.
+	// holds a single usable key. Symmetric keys, keys with use "enc" and
+	// keys whose key_ops lacks "verify" (or, with use "sig", names an
+	// operation other than sign and verify) are ignored; a key's "alg", when
+	// present, is the only algorithm it accepts.
 	// A private key (a JWK with "d", or an RSA JWK with its primes) fails
 	// New: a key set is public material, and the private half is a leak.
 	JWKSFile string

@@ -60,6 +60,41 @@ func TestJWKSFile(t *testing.T) {
 	})
 }
 
+// A JWK's key_ops (RFC 7517 §4.3) says what the key is for: one that
+// lists operations but not "verify" is no verification key, just as one
+// with use "enc" is not, and is skipped; with use "sig", key_ops must not
+// name anything but signing (§4.3: use and key_ops MUST agree).
+func TestJWKSKeyOps(t *testing.T) {
+	for name, c := range map[string]struct {
+		members string // added to the JWK
+		ok      bool
+	}{
+		"encrypt and wrapKey":            {`"key_ops":["encrypt","wrapKey"]`, false},
+		"empty":                          {`"key_ops":[]`, false},
+		"sign only":                      {`"key_ops":["sign"]`, false},
+		"verify":                         {`"key_ops":["verify"]`, true},
+		"sign and verify":                {`"key_ops":["sign","verify"]`, true},
+		"use sig, verify":                {`"use":"sig","key_ops":["verify"]`, true},
+		"use sig, verify and encrypt":    {`"use":"sig","key_ops":["verify","encrypt"]`, false},
+		"use sig, decrypt":               {`"use":"sig","key_ops":["decrypt"]`, false},
+		"use enc, verify (inconsistent)": {`"use":"enc","key_ops":["verify"]`, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ec, other := ecKey(t, elliptic.P256()), ecKey(t, elliptic.P256())
+			set := string(jwksJSON(t, []any{&ec.PublicKey, &other.PublicKey}, []string{"ops", "other"}, nil))
+			set = strings.Replace(set, `"kid":"ops"`, `"kid":"ops",`+c.members, 1)
+			a := newAuth(t, Options{JWKSFile: writeFile(t, "ops.json", []byte(set)), Now: newClock().Now, Logger: slog.New(slog.DiscardHandler)})
+			mustVerify(t, a, sign(t, jwa.ES256(), other, "other", claims(nil)))
+			tok := sign(t, jwa.ES256(), ec, "ops", claims(nil))
+			if c.ok {
+				mustVerify(t, a, tok)
+				return
+			}
+			mustRefuse(t, a, tok, `unknown kid "ops"`)
+		})
+	}
+}
+
 // jwksServer serves a JWKS that tests can replace, and counts requests.
 type jwksServer struct {
 	*httptest.Server

@@ -194,7 +194,8 @@ func (ix *keyIndex) reasons() string {
 
 // newKeyIndex converts the usable signing keys of set. A key is left out (and
 // the reason kept in skipped, or private) when it carries private key
-// material, is marked for encryption, is symmetric (a JWKS publishes public
+// material, is marked for encryption or for operations other than
+// verification (use, key_ops), is symmetric (a JWKS publishes public
 // keys; a shared secret there is a leak or a mistake), is weak, or names an
 // "alg" its type cannot verify.
 func newKeyIndex(set jwk.Set) *keyIndex {
@@ -229,8 +230,12 @@ func jwkEntry(k jwk.Key) (keyEntry, error) {
 		// Not downgraded to its public half: the key is compromised.
 		return keyEntry{}, errPrivateJWK
 	}
-	if use, ok := k.KeyUsage(); ok && use != "" && use != jwk.ForSignature.String() {
+	use, _ := k.KeyUsage()
+	if use != "" && use != jwk.ForSignature.String() {
 		return keyEntry{}, fmt.Errorf("use is %q, not %q", use, jwk.ForSignature)
+	}
+	if err := checkKeyOps(k, use); err != nil {
+		return keyEntry{}, err
 	}
 	if k.KeyType() == jwa.OctetSeq() {
 		return keyEntry{}, errors.New("symmetric key; a JWKS may only hold public keys")
@@ -257,6 +262,35 @@ func jwkEntry(k jwk.Key) (keyEntry, error) {
 	}
 	kid, _ := k.KeyID()
 	return keyEntry{kid: kid, algs: algs, key: raw}, nil
+}
+
+// checkKeyOps checks a JWK's key_ops (RFC 7517 §4.3), when it has one:
+// it must include "verify", or the key is not meant to verify anything,
+// whatever else it may be for (a key with key_ops ["encrypt","wrapKey"]
+// is an encryption key, like one with use "enc"). With use "sig" it may
+// hold nothing but "sign" and "verify": use and key_ops MUST agree (§4.3),
+// and a key that says both is one whose purpose nobody can tell.
+func checkKeyOps(k jwk.Key, use string) error {
+	ops, ok := k.KeyOps()
+	if !ok {
+		return nil
+	}
+	verify := false
+	for _, op := range ops {
+		switch op {
+		case jwk.KeyOpVerify:
+			verify = true
+		case jwk.KeyOpSign:
+		default:
+			if use == jwk.ForSignature.String() {
+				return fmt.Errorf("key_ops %q does not agree with use %q", ops, use)
+			}
+		}
+	}
+	if !verify {
+		return fmt.Errorf("key_ops %q does not include %q", ops, jwk.KeyOpVerify)
+	}
+	return nil
 }
 
 // hasPrivateParams reports whether k carries private key material: a
