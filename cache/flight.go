@@ -33,6 +33,15 @@ import (
 // of them may have begun after that invalidation returned. The flight's
 // own caller keeps its value: it began before the lock was taken, so
 // before the fence was bumped.
+//
+// A load without the store (the lock not had within WaitTimeout, or the
+// store failing) has no commit, so no fence can refuse it: such a flight
+// leaves the flights a Get joins before its load starts (unlist). The
+// callers that boarded before began before the load read anything; a
+// caller that comes later starts a flight of its own, so one that begins
+// after an invalidation through another instance never gets a value read
+// before it. The cost: while the store fails (a read failing starts a
+// load at once), the Gets of a key are not coalesced either.
 func (c *Cache) join(ctx context.Context, key Key, load Loader, pol Policy, storeErr error) (Entry, Source, error) {
 	for rejoined := 0; ; rejoined++ {
 		f, follower, err := c.board(ctx, key, load, pol, storeErr)
@@ -72,7 +81,9 @@ func (c *Cache) board(ctx context.Context, key Key, load Loader, pol Policy, sto
 		return f, true, nil
 	}
 	f = &flight{done: make(chan struct{}), gen: gen}
-	c.flights[key.entry] = f
+	if storeErr == nil { // else f loads without the store at once: see unlist
+		c.flights[key.entry] = f
+	}
 	c.wg.Add(1)
 	go c.fly(context.WithoutCancel(ctx), key, load, pol, f, storeErr)
 	return f, false, nil
@@ -117,10 +128,23 @@ func (c *Cache) fly(ctx context.Context, key Key, load Loader, pol Policy, f *fl
 	if storeErr != nil {
 		// The store just failed this key's read: asking it for the lock
 		// would most likely cost another timeout.
+		// board did not list f (see unlist).
 		f.entry, f.src, f.err = c.loadDegraded(ctx, load, c.bounds(&pol).load, storeErr)
 		return
 	}
-	f.entry, f.src, f.fenced, f.err = c.resolve(ctx, key, load, pol)
+	f.entry, f.src, f.fenced, f.err = c.resolve(ctx, key, load, pol, f)
+}
+
+// unlist takes f out of the flights later Gets of key join, before it
+// loads without the store: that load has no commit, so no fence tells its
+// callers that an invalidation through another instance came during it
+// (see join). The callers already on board began before the load did.
+func (c *Cache) unlist(key Key, f *flight) {
+	c.mu.Lock()
+	if c.flights[key.entry] == f {
+		delete(c.flights, key.entry)
+	}
+	c.mu.Unlock()
 }
 
 // maxResubscribe bounds how often one wait re-subscribes after the store
@@ -130,9 +154,9 @@ const maxResubscribe = 3
 // resolve finds or loads the value of key for one flight: it takes the
 // lock and loads, or waits for the lock holder's value (woken by the
 // store), and when waiting times out serves the stale copy or loads
-// without storing. fenced reports a load whose commit the fence refused
-// (see loadLocked).
-func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy) (_ Entry, _ Source, fenced bool, _ error) {
+// without storing (f is unlisted first). fenced reports a load whose
+// commit the fence refused (see loadLocked).
+func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy, f *flight) (_ Entry, _ Source, fenced bool, _ error) {
 	b := c.bounds(&pol)
 	deadline := time.Now().Add(b.wait)
 	var sub subscription
@@ -157,6 +181,7 @@ func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy) (
 		switch {
 		case res.err != nil:
 			c.storeError("lock", res.err)
+			c.unlist(key, f)
 			e, src, err := c.loadDegraded(ctx, load, b.load, res.err)
 			return e, src, false, err
 		case res.status == statusFresh:
@@ -194,8 +219,10 @@ func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy) (
 	var src Source
 	switch {
 	case err != nil:
+		c.unlist(key, f)
 		e, src, err = c.loadDegraded(ctx, load, b.load, err)
 	case !ok:
+		c.unlist(key, f)
 		e, src, err = c.loadUncached(ctx, load, b.load)
 	case rec.fresh() > 0:
 		e, src = rec.entry(), Coalesced

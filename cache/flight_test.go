@@ -3,10 +3,14 @@ package cache
 import (
 	"context"
 	"errors"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/mcpgate/mcpgate/internal/testenv"
 )
 
 // hang bounds the waits of these tests: long enough for -race on a loaded
@@ -293,5 +297,91 @@ func TestPolicyLoadTimeoutBoundsTheLoad(t *testing.T) {
 	}
 	if _, src, err := c2.Get(context.Background(), k, l.fixed("w", 0), pol); err != nil || src != Hit {
 		t.Fatalf("after the load: %v %v, want a hit on the stored value", src, err)
+	}
+}
+
+// joinSpy is a context that tells (waiting) when join first asks for Done:
+// the Get has boarded a flight and waits for it. Unlike waitSpy it works on
+// a RedisStore too, whose read asks for Done before join does.
+type joinSpy struct {
+	context.Context
+	once    sync.Once
+	waiting chan struct{}
+}
+
+func newJoinSpy() *joinSpy {
+	return &joinSpy{Context: context.Background(), waiting: make(chan struct{})}
+}
+
+func (s *joinSpy) Done() <-chan struct{} {
+	pcs := make([]uintptr, 8)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
+	for {
+		f, more := frames.Next()
+		if strings.HasSuffix(f.Function, ".(*Cache).join") {
+			s.once.Do(func() { close(s.waiting) })
+			break
+		}
+		if !more {
+			break
+		}
+	}
+	return s.Context.Done()
+}
+
+// A flight that could not get the lock in time (another instance holds
+// it) loads without the store, and that load has no commit for the fence
+// to refuse: a Get that begins after another instance's invalidation
+// returned must not join it, as the load may have read the data before the
+// write. It starts a flight of its own; the callers that boarded before the
+// load began still share it.
+func TestGetAfterRemoteInvalidateDoesNotJoinUncachedLoad(t *testing.T) {
+	r := testenv.StartRedis(t, nil)
+	for name, mk := range map[string]func() Store{
+		"memory": func() func() Store { s := mustMemoryStore(t); return func() Store { return s } }(),
+		"redis":  func() Store { return mustRedisStore(t, r.Client(t)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := newCache(t, mk(), nil)
+			b := newCache(t, mk(), &Options{WaitTimeout: 100 * time.Millisecond})
+			c := newCache(t, mk(), nil)
+			k := mustKey(t, scope(t), "get_product", `{"id":1}`)
+			pol := Policy{TTL: time.Minute, Tags: []string{"product:1"}}
+			var db atomic.Value
+			db.Store("price=10")
+			aStarted, aFinish, aRelease := gate(t)
+			holder := goGet(context.Background(), a, k, gated("a's", aStarted, aFinish), pol)
+			received(t, aStarted, "a's load")
+
+			// b's flight waits for a's lock, gives up and loads
+			// without the store.
+			bStarted, bFinish, bRelease := gate(t)
+			first := goGet(context.Background(), b, k, func(context.Context) ([]byte, bool, error) {
+				v := db.Load().(string)
+				close(bStarted)
+				<-bFinish
+				return []byte(v), false, nil
+			}, pol)
+			received(t, bStarted, "b's uncached load")
+
+			db.Store("price=20")
+			if _, err := c.Invalidate(context.Background(), scope(t), []string{"product:1"}); err != nil {
+				t.Fatal(err)
+			}
+			spy := newJoinSpy()
+			after := goGet(spy, b, k, func(context.Context) ([]byte, bool, error) {
+				return []byte(db.Load().(string)), false, nil
+			}, pol)
+			received(t, spy.waiting, "b's second Get boarding a flight")
+			bRelease()
+			if res := received(t, first, "b's first Get"); res.err != nil || res.v != "price=10" {
+				t.Fatalf("b's first Get: %+v, want its own load's value", res)
+			}
+			if res := received(t, after, "b's Get after the invalidation"); res.err != nil || res.v != "price=20" {
+				t.Fatalf("Get that began after the invalidation returned: %q %v %v, want price=20", res.v, res.src, res.err)
+			}
+			aRelease()
+			<-holder
+		})
 	}
 }
