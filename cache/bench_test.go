@@ -56,6 +56,15 @@ func BenchmarkGetHit(b *testing.B) {
 		}
 		benchHit(b, s)
 	})
+	// A tagged entry: a hit also checks that it was stored under the
+	// policy's tags.
+	b.Run("memory-tagged", func(b *testing.B) {
+		s, err := NewMemoryStore(nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchHit(b, s, "product:42", "region:eu")
+	})
 	b.Run("redis", func(b *testing.B) {
 		r := testenv.StartRedis(b, nil)
 		benchHit(b, mustRedisStore(b, r.Client(b)))

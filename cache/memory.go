@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -287,9 +288,12 @@ func (s *MemoryStore) shard(entry string) *memShard {
 	return &s.shards[maphash.String(s.seed, entry)%memShards]
 }
 
-// read needs no check of rec.tags: an index here loses a member only with
-// the member's slot (drop), or after its value (invalidate).
-func (s *MemoryStore) read(_ context.Context, key Key, _ []string) (record, bool, error) {
+// read needs not ask the indexes rec.tags names: an index here loses a
+// member only with the member's slot (drop), or after its value
+// (invalidate). But a value loaded under other tags than the caller's (a
+// config reload added one since) is absent to it: an invalidation of the
+// new tag could not find it. A policy without tags costs nothing more.
+func (s *MemoryStore) read(_ context.Context, key Key, tags []string) (record, bool, error) {
 	entry := key.entry
 	sh := s.shard(entry)
 	now := time.Now()
@@ -298,6 +302,11 @@ func (s *MemoryStore) read(_ context.Context, key Key, _ []string) (record, bool
 	sl := sh.m[entry]
 	if sl == nil || !sl.has || !now.Before(sl.until) {
 		return record{}, false, nil
+	}
+	for _, tag := range tags { // covers, without a slice of keys
+		if !slices.Contains(sl.rec.tags, keyspace.CacheTag(key.scope, tag)) {
+			return record{}, false, nil
+		}
 	}
 	rec := sl.rec
 	rec.life = sl.until.Sub(now)
@@ -381,6 +390,20 @@ func tagKeys(scope Scope, tags []string) []string {
 	return keys
 }
 
+// covers reports whether have, the tag index keys a record was stored
+// under, holds every one of want, those of the policy in force: a record
+// that lacks one was loaded under other tags (before a config reload added
+// one), and an invalidation of the new tag may have missed it, so it is
+// not served. A policy has a few tags: a linear search.
+func covers(have, want []string) bool {
+	for _, k := range want {
+		if !slices.Contains(have, k) {
+			return false
+		}
+	}
+	return true
+}
+
 // acquireOne registers r's entry in the tag indexes keys, then runs
 // get-or-lock, under the shard's lock: the slot that will hold the lock
 // carries the memberships, so they cannot be dropped before it.
@@ -393,7 +416,9 @@ func (s *MemoryStore) acquireOne(r *acquireReq, keys []string) acquireRes {
 	s.register(r, sl, keys, now)
 	live := sl.has && now.Before(sl.until)
 	switch {
-	case r.mode == modeMiss && live && sl.until.Sub(now) > sl.rec.stale:
+	// A value lacking one of keys is not returned (see read): it is
+	// loaded again under them.
+	case r.mode == modeMiss && live && sl.until.Sub(now) > sl.rec.stale && covers(sl.rec.tags, keys):
 		rec := sl.rec
 		rec.life = sl.until.Sub(now)
 		return acquireRes{status: statusFresh, rec: rec}
@@ -504,10 +529,31 @@ func (s *MemoryStore) put(sh *memShard, entry string, sl *memSlot, rec *record, 
 		}
 	}
 	sl.rec, sl.has, sl.until, sl.size = *rec, true, now.Add(rec.life), size
-	// The memory store does not check rec.tags (see read): not kept.
-	sl.rec.value, sl.rec.life, sl.rec.tags = bytes.Clone(rec.value), 0, nil
+	sl.rec.value, sl.rec.life, sl.rec.tags = bytes.Clone(rec.value), 0, sl.refKeys(rec.tags)
 	sh.bytes += size
 	return true
+}
+
+// refKeys returns keys (a record's tag index keys, which read and acquire
+// compare with the caller's: see covers), each sharing the string of sl's
+// ref of that index when it has one (the acquire of the load registered
+// it), so that a tag rendered from a client's arguments is held once per
+// slot, not twice. nil for none.
+func (sl *memSlot) refKeys(keys []string) []string {
+	if len(keys) == 0 {
+		return nil
+	}
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = k
+		for _, ref := range sl.tags {
+			if ref.tag == k {
+				out[i] = ref.tag
+				break
+			}
+		}
+	}
+	return out
 }
 
 func unlock(sl *memSlot, token string) {

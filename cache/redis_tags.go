@@ -14,7 +14,8 @@ import (
 // index of the caller's tags (the ones the entry most likely records)
 // whether it lists the entry; indexes the record names beyond those take
 // a second round trip. An entry that one of its indexes no longer lists
-// (see RedisStore) is deleted, if unchanged, and read as absent.
+// (see RedisStore), or that records none of an index of the caller's
+// (see checkListed), is deleted, if unchanged, and read as absent.
 func (r *RedisStore) read(ctx context.Context, key Key, tags []string) (record, bool, error) {
 	entry := key.entry
 	cmds := make(rueidis.Commands, 2, 2+len(tags))
@@ -41,7 +42,7 @@ func (r *RedisStore) read(ctx context.Context, key Key, tags []string) (record, 
 		return record{}, false, nil
 	}
 	rec, ok := decodeBlob(b, life)
-	if !ok || len(rec.tags) == 0 {
+	if !ok || len(rec.tags) == 0 && len(hint) == 0 {
 		return rec, ok, nil
 	}
 	listed, err := r.checkListed(ctx, entry, &rec, hint, func(j int) (bool, error) { return isListed(res[2+j]) })
@@ -68,12 +69,20 @@ func (r *RedisStore) dropUnlisted(ctx context.Context, entry string, fence uint6
 	return r.run(ctx, []scriptCall{{unlistedScript, []string{entry}, []string{fenceBytes(fence)}}})[0].Error()
 }
 
-// checkListed reports whether every tag index rec names lists entry:
-// known(j) answers for keys[j] (from a reply already in hand), and the
-// indexes rec names beyond keys are asked now, in one round trip. When one
-// does not list it, rec is deleted if unchanged (dropUnlisted); when an
-// answer is an error, that error is returned and nothing is deleted.
+// checkListed reports whether every tag index rec names lists entry, and
+// rec names every one of keys, the indexes of the caller's policy: known(j)
+// answers for keys[j] (from a reply already in hand), and the indexes rec
+// names beyond keys are asked now, in one round trip. When rec lacks one
+// of keys (it was loaded under other tags, before a config reload added
+// one) or an index does not list it, rec is deleted if unchanged
+// (dropUnlisted); when an answer is an error, that error is returned and
+// nothing is deleted. A record that lacks one of keys is not in that
+// index unless an acquire of the new policy put it there since, so an
+// invalidation of the tag may have missed it.
 func (r *RedisStore) checkListed(ctx context.Context, entry string, rec *record, keys []string, known func(j int) (bool, error)) (bool, error) {
+	if !covers(rec.tags, keys) {
+		return false, r.dropUnlisted(ctx, entry, rec.fence)
+	}
 	var rest []string
 	for _, k := range rec.tags {
 		j := slices.Index(keys, k)

@@ -68,9 +68,10 @@ func testUnlistedEntryNotServed(t *testing.T, e storeEnv) {
 		t.Fatalf("Invalidate after the reload = %d, %v; want 1", n, err)
 	}
 
-	// The entry records its indexes: a Get whose policy names other tags,
-	// or none, checks the entry's own.
-	for i, other := range []Policy{{TTL: time.Minute}, {TTL: time.Minute, Tags: []string{"unrelated"}}} {
+	// The entry records its indexes: a Get whose policy names fewer tags,
+	// or none, checks the entry's own. (One whose policy names a tag the
+	// entry lacks reloads it: TestEntryMissingAPolicyTagIsReloaded.)
+	for i, other := range []Policy{{TTL: time.Minute}, {TTL: time.Minute, Tags: []string{"product:1"}}} {
 		k := mustKey(t, sc, "lookup", fmt.Sprintf(`{"i":%d}`, i))
 		get(t, c, k, l.fixed("old", 0), pol)
 		if v, src := get(t, c, k, l.fixed("x", 0), other); v != "old" || src != Hit {
