@@ -25,10 +25,11 @@ type uncacheable struct {
 	status     int
 	member     string          // "error" or "result"; "" with value nil
 	value      json.RawMessage // nil: no JSON-RPC answer to relay
-	retryAfter string          // the upstream's Retry-After (429, 503)
-	// interim: a 2xx result that is not the call's final answer (MCP
-	// 2026-07-28 "input_required": the server asks the client for input
-	// and the client calls again with it).
+	retryAfter string          // the upstream's Retry-After (429, 503, a 2xx denial)
+	// interim: a 2xx result that is its caller's alone (finalResult): not
+	// the call's final answer (MCP 2026-07-28 "input_required": the
+	// server asks the client for input and the client calls again with
+	// it), or a refusal or denial of that caller.
 	interim bool
 }
 
@@ -39,18 +40,27 @@ func (u *uncacheable) Error() string {
 	return fmt.Sprintf("upstream answered HTTP %d", u.status)
 }
 
-// finalResult reports whether a tools/call result is the call's answer:
-// "resultType" absent or "complete", and not the federation's refusal
-// (federate.MetaRefusal: the upstream could not answer). Anything else
-// ("input_required") belongs to the caller it was sent to and to that
-// moment.
-func finalResult(result json.RawMessage) bool {
+// finalResult reports whether a tools/call result, which came with the
+// Retry-After retryAfter, is the call's answer: "resultType" absent or
+// "complete", not the federation's refusal (federate.MetaRefusal: the
+// upstream could not answer), and not a denial of the caller: mcpgate's
+// deny_as: result form (enforce.MetaDenial, from a chained gateway or a
+// gosdk middleware upstream), or any isError result with a Retry-After
+// (another limiter's). A denial is of its caller (its tenant's limit) and
+// ends with its Retry-After; as a negative entry it would reach every
+// caller of the key, another tenant's of a shared tool, until
+// negative_ttl. Anything else ("input_required") belongs to the caller it
+// was sent to and to that moment.
+func finalResult(result json.RawMessage, retryAfter string) bool {
 	var r struct {
 		ResultType string                     `json:"resultType"`
 		Meta       map[string]json.RawMessage `json:"_meta"`
 	}
-	return json.Unmarshal(result, &r) == nil && (r.ResultType == "" || r.ResultType == "complete") &&
-		string(r.Meta[federate.MetaRefusal]) != "true"
+	if json.Unmarshal(result, &r) != nil || (r.ResultType != "" && r.ResultType != "complete") {
+		return false
+	}
+	_, denied := r.Meta[enforce.MetaDenial]
+	return string(r.Meta[federate.MetaRefusal]) != "true" && !denied && (retryAfter == "" || !isErrorResult(result))
 }
 
 // keyedParams are the members of tools/call params a cache key covers
@@ -108,7 +118,7 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd re
 	}
 	u := &uncacheable{status: status, retryAfter: lw.Header().Get("Retry-After")}
 	switch {
-	case result != nil && status/100 == 2 && finalResult(result) && !asked.Load():
+	case result != nil && status/100 == 2 && finalResult(result, u.retryAfter) && !asked.Load():
 		return result, isErrorResult(result), nil
 	case result != nil:
 		u.member, u.value = "result", result

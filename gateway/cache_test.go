@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -454,5 +455,56 @@ func TestCacheNegativeAndUncacheable(t *testing.T) {
 	expectResult(t, "after the failures, again", e.callRaw(0, tok, 4, "search", q), "hit")
 	if got := e.up.Calls("search"); got != 1 {
 		t.Fatalf("upstream saw %d search calls, want 1", got)
+	}
+}
+
+// An upstream protected by mcpgate (a chained gateway, or the gosdk
+// middleware) with deny_as: result answers a rate-limited call with HTTP
+// 200, Retry-After and an isError result carrying _meta
+// "io.mcpgate/denial"; another upstream may answer its own refusal as an
+// isError result with Retry-After. Either is a transient refusal of the
+// caller, not the tool's answer: it must not become a negative entry,
+// served to every tenant of a shared tool (here) and past its Retry-After.
+func TestUpstreamDenialResultIsNotCached(t *testing.T) {
+	for name, denial := range map[string]string{
+		"mcpgate denial": `{"content":[{"type":"text","text":"rate limit per_tenant exceeded for tenant acme; retry in 30s"}],"isError":true,` +
+			`"_meta":{"io.mcpgate/denial":{"rule":"per_tenant","retryAfter":30}}}`,
+		"isError with Retry-After": `{"content":[{"type":"text","text":"rate limit exceeded for tenant acme; retry in 30s"}],"isError":true}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			var deny atomic.Bool
+			deny.Store(true)
+			var inner atomic.Pointer[http.Handler]
+			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				body, _ := io.ReadAll(r.Body)
+				r.Body = io.NopCloser(bytes.NewReader(body))
+				var msg struct {
+					ID     json.RawMessage `json:"id"`
+					Method string          `json:"method"`
+				}
+				_ = json.Unmarshal(body, &msg)
+				if msg.Method == "tools/call" && deny.CompareAndSwap(true, false) {
+					w.Header().Set("Retry-After", "30")
+					writeRPC(w, http.StatusOK, msg.ID, "result", json.RawMessage(denial))
+					return
+				}
+				(*inner.Load()).ServeHTTP(w, r)
+			}))
+			t.Cleanup(front.Close)
+			e := newEnv(t, setup{Config: "tools:\n  echo:\n    cache: {ttl: 10m, negative_ttl: 10m, shared: true}\n",
+				Upstream: jsonUpstream, UpstreamURL: front.URL + "/mcp"})
+			h := e.up.Handler()
+			inner.Store(&h)
+			args := map[string]any{"text": "hello"}
+			r1 := e.callRaw(0, token(t, "acme", "alice"), 1, "echo", args)
+			r2 := e.callRaw(0, token(t, "globex", "bob"), 2, "echo", args)
+			if r2.Msg.Result == nil || strings.Contains(string(r2.Body), "rate limit") {
+				t.Fatalf("globex got acme's upstream rate-limit denial from the cache (X-Mcp-Cache %q): %s", cacheSrc(r2), r2.Body)
+			}
+			// The denied caller gets the upstream's answer as it came.
+			if !strings.Contains(string(r1.Body), "rate limit") || r1.Header.Get("Retry-After") != "30" {
+				t.Fatalf("acme: %d %v %s, want the upstream's denial with its Retry-After", r1.Status, r1.Header, r1.Body)
+			}
+		})
 	}
 }

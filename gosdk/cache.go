@@ -20,8 +20,9 @@ import (
 
 // interim is a loader's answer that belongs to the caller whose load got
 // it, and is never cached: one asking the caller for input (MCP 2026-07-28
-// input_required), or one whose handler asked the caller's client
-// something. answer and failed settle the call (answer nil: the
+// input_required), one whose handler asked the caller's client
+// something, or a denial of the caller that the handler relays (see
+// relayedDenial). answer and failed settle the call (answer nil: the
 // estimate is charged).
 type interim struct {
 	res    mcp.Result
@@ -58,9 +59,9 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 			return nil, false, &interim{res: res}
 		}
 		b, err = json.Marshal(r)
-		if err == nil && asked.Load() {
+		if err == nil && (asked.Load() || relayedDenial(r)) {
 			// Its client's answers are in it: neither another tenant's
-			// nor another subject's to read.
+			// nor another subject's to read. Or it denies its caller.
 			own.end(b, r.IsError)
 			return nil, false, &interim{res: res, answer: b, failed: r.IsError}
 		}
@@ -81,8 +82,9 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 		case errors.As(err, &in) && ran.Load():
 			return in.res, in.answer, in.failed, nil
 		case errors.As(err, &in):
-			// Another caller's load asked for that caller's input: this
-			// caller gets its own answer.
+			// Another caller's load got that caller's own answer (its
+			// input asked for, its client's answers, its denial): this
+			// caller gets its own.
 			res, err := next(ctx, method, req)
 			answer, failed := settled(res, err)
 			return res, answer, failed, err
@@ -98,6 +100,18 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 		loaded = entry.Value // this caller's own load: its reported cost counts
 	}
 	return &r, loaded, entry.Negative, nil
+}
+
+// relayedDenial reports whether r is a denial in mcpgate's deny_as: result
+// form (enforce.MetaDenial), which a handler relaying an mcpgate-protected
+// upstream, or a Middleware inside this one, returns: it refuses its
+// caller (its tenant's limit) until its retryAfter, and as a negative
+// entry would reach every caller of the key, another tenant's of a shared
+// tool, until negative_ttl. The gateway keeps none either
+// (gateway/cache.go, finalResult).
+func relayedDenial(r *mcp.CallToolResult) bool {
+	_, ok := r.Meta[enforce.MetaDenial]
+	return ok
 }
 
 // askedKey is the context key of a load's flag that its handler asked the

@@ -162,6 +162,8 @@ func text(s string) *mcp.CallToolResult {
 //
 //	echo {text}  returns text
 //	fail {}      returns a tool error (isError)
+//	relay {text} returns, on its first call, the denial (deny_as: result) of
+//	             an mcpgate-protected upstream it relays; then text
 //	slow {key, ms} waits for s.release (or ms), then returns "slow <key>"
 //	llm {}       returns a result reporting _meta.usage.tokens 7
 //	lookup {text} returns {"found": text}, and declares that outputSchema
@@ -182,6 +184,16 @@ func (s *server) addTools(srv *mcp.Server) {
 	})
 	mcp.AddTool(srv, &mcp.Tool{Name: "echo"}, func(_ context.Context, _ *mcp.CallToolRequest, in textIn) (*mcp.CallToolResult, any, error) {
 		s.count("echo")
+		return text(in.Text), nil, nil
+	})
+	mcp.AddTool(srv, &mcp.Tool{Name: "relay"}, func(_ context.Context, _ *mcp.CallToolRequest, in textIn) (*mcp.CallToolResult, any, error) {
+		if s.counter("relay").Add(1) == 1 {
+			return &mcp.CallToolResult{
+				Content: []mcp.Content{&mcp.TextContent{Text: "rate limit per_tenant exceeded; retry in 30s"}},
+				IsError: true,
+				Meta:    mcp.Meta{enforce.MetaDenial: map[string]any{"rule": "per_tenant", "retryAfter": 30}},
+			}, nil, nil
+		}
 		return text(in.Text), nil, nil
 	})
 	mcp.AddTool(srv, &mcp.Tool{Name: "fail"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
