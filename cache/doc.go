@@ -64,7 +64,9 @@
 // command spans two Cluster slots. An entry records the indexes it was
 // registered in, and is served only while each of them still lists it:
 // Redis may evict an index (a cold key) before its entries (hot ones), and
-// an invalidation through an evicted index finds nothing to delete.
+// an invalidation through an evicted index finds nothing to delete. An entry
+// missing one of the tags its tool's policy now names (a reload added it) is
+// read as absent and reloaded under them.
 //
 // # Stores
 //

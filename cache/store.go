@@ -23,9 +23,11 @@ type Store interface {
 	// registered in (rec.tags) no longer lists: an invalidation could not
 	// find it, so it is never served (RedisStore deletes it, so that
 	// acquire, which registers it again, does not return it either).
-	// Stale copies are returned too. tags, the caller's policy's, are a
-	// hint: the indexes the record probably names, which a store may check
-	// along with the read; the record's own are what counts.
+	// Stale copies are returned too. tags are the caller's policy's: a
+	// record that does not name each of them (stored before a reload added
+	// a tag to its tool) is read as absent, since that tag's invalidation
+	// cannot find it; beyond them, the record's own tags are what is
+	// checked.
 	read(ctx context.Context, key Key, tags []string) (rec record, ok bool, err error)
 	// acquire runs get-or-lock for every request, and registers each
 	// request's entry in its tag indexes before the lock can be used, so an
