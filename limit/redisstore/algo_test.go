@@ -102,6 +102,11 @@ func scenarios() []scenario {
 			take(2, 0), take(1, -1*s), take(1, 0), take(1, 0), take(1, 2*s),
 			take(1, -3*s), take(2, 9*s), take(1, 0), take(1, 1500*time.Millisecond), take(3, 20*s),
 		}, true},
+		// units taken before a 5 s step back stay in the window 5 s longer
+		// than one period from the stepped-back clock: the key must too
+		{"sliding_window_step_back_keeps_later_units", []limit.Rule{rule("sw", limit.SlidingWindow, 4, 10*s)}, []step{
+			take(3, 0), take(1, -5*s), take(2, 11*s), take(1, 0), take(1, 5*s),
+		}, true},
 		{"cost_above_capacity", []limit.Rule{tb, gc, rule("sw", limit.SlidingWindow, 4, 10*s), rule("fw", limit.FixedWindow, 20, 10*s)}, []step{
 			take(11, 0), take(4, 0), take(3, 0),
 		}, true},

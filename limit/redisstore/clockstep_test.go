@@ -136,3 +136,33 @@ func TestClockSteppingBackRetryAfterFits(t *testing.T) {
 		})
 	}
 }
+
+// After the server clock steps back 500 ms, a sliding window's units
+// stamped before the step (500 ms later than the clock now reads) count
+// until their time plus a period on the stepped-back clock: the key must
+// live until then, 500 ms longer in real time than one period after the
+// take. Before, each take set the TTL to one period from the script's now,
+// the key vanished with those units still in the window, and the limit
+// admitted them a second time.
+func TestClockSteppingBackKeepsSlidingWindowKey(t *testing.T) {
+	_, c, s := startStore(t)
+	const p = time.Second
+	r := limit.Rule{Name: "sw", Algorithm: limit.SlidingWindow, Limit: 4, Period: p}
+	checks := tenantChecks("stepback-sw-ttl", r)
+	ctx := t.Context()
+	res, _, stamp, err := s.take(ctx, checks, 3)
+	if err != nil || !res[0].Allowed {
+		t.Fatalf("take 3: %+v %v", res, err)
+	}
+	s.offset.Add(-(500 * time.Millisecond).Microseconds()) // the server clock steps back
+	if res, _, _, err = s.take(ctx, checks, 1); err != nil || !res[0].Allowed {
+		t.Fatalf("take 1 after the step: %+v %v", res, err)
+	}
+	// the 3 units leave the window when the script's clock (server time
+	// plus the offset) reaches stamp+p: on the server's clock, in ms
+	// since 1970
+	leave := (stamp+p.Microseconds()-s.offset.Load())/1000 + 1577836800000
+	if exp := pexpiretime(t, c, checks[0].Key); exp < leave {
+		t.Errorf("key expires %d ms before the 3 units taken before the step leave the window", leave-exp)
+	}
+}

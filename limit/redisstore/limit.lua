@@ -526,7 +526,16 @@ local function take()
       end
       allowed = cnt + cost <= limit
       if allowed then
-        s1[i], s2[i], ex[i] = cnt, lo, now + p
+        -- units logged later than now (the clock went back) count until
+        -- their own time plus a period: the key lives until the newest
+        -- leaves, or it would take them along while they count. Counting
+        -- them, none but after a step back, costs a fraction of reading
+        -- the newest unit on every take.
+        local newest = now
+        if cnt > 0 and call('ZCOUNT', key, '(' .. int(now), '+inf') > 0 then
+          newest = tonumber(call('ZREVRANGE', key, 0, 0, 'WITHSCORES')[2])
+        end
+        s1[i], s2[i], ex[i] = cnt, lo, newest + p
         cnt = cnt + cost
         reset = p
       elseif cnt > 0 then

@@ -258,6 +258,14 @@ func slidingWindow(r limit.Rule, s *State, now, p, cost int64, never, commit boo
 	n := int64(len(log))
 	res.Allowed = n+cost <= r.Limit
 	if res.Allowed {
+		// After the clock stepped back, units logged later than now count
+		// until their own time plus a period: the counter lives until the
+		// newest of them leaves, or the memory store's sweep and the Redis
+		// key's TTL would forget them while they are in the window.
+		newest := now
+		if n > 0 {
+			newest = max(newest, log[n-1])
+		}
 		if commit {
 			// Appended in place after the live units: the expired ones
 			// before them stay in the array until append outgrows it,
@@ -278,7 +286,7 @@ func slidingWindow(r limit.Rule, s *State, now, p, cost int64, never, commit boo
 					log[j] = now
 				}
 			}
-			s.Used, s.A, s.B, s.C, s.Log, s.Leases, s.ExpiresAt = true, 0, 0, 0, log, nil, now+p
+			s.Used, s.A, s.B, s.C, s.Log, s.Leases, s.ExpiresAt = true, 0, 0, 0, log, nil, newest+p
 		}
 		n += cost
 		res.ResetAfter = dur(p)

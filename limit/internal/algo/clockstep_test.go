@@ -54,3 +54,21 @@ func TestWaitsCountClockStepBack(t *testing.T) {
 		})
 	}
 }
+
+// After the clock steps back 300 ms, a sliding window logs the new unit
+// before the 3 stamped earlier on the clock (later in time), which count
+// until their own time plus a period. The counter must not be dropped (the
+// memory store's sweep, the Redis key's TTL) before they leave: at
+// ExpiresAt it is fresh. Before, ExpiresAt was one period after the
+// stepped-back now, and the 3 units were forgotten 300 ms early.
+func TestSlidingWindowExpiresAfterLaterUnits(t *testing.T) {
+	r := rule(limit.SlidingWindow, 4, time.Second, 0)
+	var s State
+	Eval(r, &s, t0+500*ms, 3, "", true)
+	Eval(r, &s, t0+200*ms, 1, "", true) // the clock stepped back 300 ms
+	at := s.ExpiresAt
+	if got := Eval(r, &s, at, 1, "", false); got.Remaining != r.Capacity()-1 {
+		t.Errorf("ExpiresAt %d µs after t0, but then %d remain after a take of 1, want %d (fresh)",
+			at-t0, got.Remaining, r.Capacity()-1)
+	}
+}
