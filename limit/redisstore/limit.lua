@@ -527,17 +527,17 @@ local function take()
       allowed = cnt + cost <= limit
       if allowed then
         -- units logged later than now (the clock went back) count until
-        -- their own time plus a period: the key lives until the newest
-        -- leaves, or it would take them along while they count. Counting
-        -- them, none but after a step back, costs a fraction of reading
-        -- the newest unit on every take.
+        -- their own time plus a period: the counter is full again, and the
+        -- key lives, until the newest leaves (or it would take them along
+        -- while they count). Counting them, none but after a step back,
+        -- costs a fraction of reading the newest unit on every take.
         local newest = now
         if cnt > 0 and call('ZCOUNT', key, '(' .. int(now), '+inf') > 0 then
           newest = tonumber(call('ZREVRANGE', key, 0, 0, 'WITHSCORES')[2])
         end
         s1[i], s2[i], ex[i] = cnt, lo, newest + p
         cnt = cnt + cost
-        reset = p
+        reset = newest + p - now
       elseif cnt > 0 then
         reset = tonumber(call('ZREVRANGE', key, 0, 0, 'WITHSCORES')[2]) + p - now
       end

@@ -259,9 +259,10 @@ func slidingWindow(r limit.Rule, s *State, now, p, cost int64, never, commit boo
 	res.Allowed = n+cost <= r.Limit
 	if res.Allowed {
 		// After the clock stepped back, units logged later than now count
-		// until their own time plus a period: the counter lives until the
-		// newest of them leaves, or the memory store's sweep and the Redis
-		// key's TTL would forget them while they are in the window.
+		// until their own time plus a period: the counter is full again,
+		// and lives, until the newest of them leaves, or the memory store's
+		// sweep and the Redis key's TTL would forget them while they are in
+		// the window.
 		newest := now
 		if n > 0 {
 			newest = max(newest, log[n-1])
@@ -289,7 +290,7 @@ func slidingWindow(r limit.Rule, s *State, now, p, cost int64, never, commit boo
 			s.Used, s.A, s.B, s.C, s.Log, s.Leases, s.ExpiresAt = true, 0, 0, 0, log, nil, newest+p
 		}
 		n += cost
-		res.ResetAfter = dur(p)
+		res.ResetAfter = dur(newest + p - now)
 	} else if n > 0 {
 		res.ResetAfter = dur(log[n-1] + p - now)
 	}

@@ -12,9 +12,13 @@ import (
 // waits on the store's clock: they count the gap. Evaluated at now plus
 // RetryAfter the same request is admitted, a microsecond earlier it is not;
 // at now plus ResetAfter the counter is at full capacity, a microsecond
-// earlier it is not. Before, both came early by the size of the step.
+// earlier it is not, for the first admission after the step as for the
+// denial. Before, both came early by the size of the step; a sliding
+// window's admission said one period, though the unit taken before the
+// step stays in the window 300 ms past it.
 func TestWaitsCountClockStepBack(t *testing.T) {
 	for _, r := range []limit.Rule{
+		rule(limit.SlidingWindow, 5, time.Second, 0),
 		rule(limit.FixedWindow, 5, time.Second, 0),
 		rule(limit.SlidingWindowCounter, 5, time.Second, 0),
 		rule(limit.TokenBucket, 5, time.Second, 0),
@@ -25,7 +29,24 @@ func TestWaitsCountClockStepBack(t *testing.T) {
 			var s State
 			now := t0 + ms
 			Eval(r, &s, now, 1, "", true)
-			now -= 300 * ms // the clock steps back
+			now -= 300 * ms          // the clock steps back
+			full := r.Capacity() - 1 // Remaining after a take of 1 from a full counter
+			checkReset := func(what string, res limit.Result) {
+				t.Helper()
+				reset := now + us(res.ResetAfter)
+				if got := Eval(r, &s, reset-1, 1, "", false); got.Remaining == full {
+					t.Errorf("%s: full 1µs before ResetAfter %v: %+v", what, res.ResetAfter, got)
+				}
+				if got := Eval(r, &s, reset, 1, "", false); got.Remaining != full {
+					t.Errorf("%s: ResetAfter %v; that much later %d remain after a take of 1, want %d",
+						what, res.ResetAfter, got.Remaining, full)
+				}
+			}
+			if res := Eval(r, &s, now, 1, "", true); !res.Allowed {
+				t.Fatalf("want an admission after the step, got %+v", res)
+			} else {
+				checkReset("admission", res)
+			}
 			var res limit.Result
 			for range 20 {
 				if res = Eval(r, &s, now, 1, "", true); !res.Allowed {
@@ -43,14 +64,7 @@ func TestWaitsCountClockStepBack(t *testing.T) {
 				t.Errorf("denied with RetryAfter %v; retried that much later and denied again (RetryAfter now %v)",
 					res.RetryAfter, got.RetryAfter)
 			}
-			full := r.Capacity() - 1 // Remaining after a take of 1 from a full counter
-			reset := now + us(res.ResetAfter)
-			if got := Eval(r, &s, reset-1, 1, "", false); got.Remaining == full {
-				t.Errorf("full 1µs before ResetAfter %v: %+v", res.ResetAfter, got)
-			}
-			if got := Eval(r, &s, reset, 1, "", false); got.Remaining != full {
-				t.Errorf("ResetAfter %v; that much later %d remain after a take of 1, want %d", res.ResetAfter, got.Remaining, full)
-			}
+			checkReset("denial", res)
 		})
 	}
 }
