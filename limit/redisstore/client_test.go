@@ -223,7 +223,7 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("matches_algo", func(t *testing.T) {
-		matchRandom(t, c, s, 100)
+		matchRandom(t, c, s, 100, false)
 	})
 
 	t.Run("meters", func(t *testing.T) { testClusterMeters(t, c, s) })

@@ -92,7 +92,8 @@
 --   w  sorted set, one member per unit, scored by the unit's time
 --   k  sorted set, lease id -> lease expiry
 -- Every key written gets its TTL here (algo's ExpiresAt, in ms rounded up);
--- a key whose state is back to fresh is deleted instead.
+-- a key whose state is back to fresh is deleted instead (algo drops it),
+-- but for a bucket full at its own time, ahead of a clock that went back.
 --
 -- Reply: take    {now, then per check: allowed (1/0), remaining, reset, retry}
 --                (reset and retry in µs; a negative value means never)
@@ -719,14 +720,17 @@ local function refund()
     elseif alg == 't' then
       local a, b = fields(get(key))
       if a then
-        local now = max(now, b) -- the clock went back: see take's 't'
+        local t = max(now, b) -- the clock went back: see take's 't'
         local full = cap * p
-        local elapsed = min(now - b, ceildiv(full, limit))
+        local elapsed = min(t - b, ceildiv(full, limit))
         local tokens = min(full, a + max(0, elapsed) * limit + cost * p)
-        if tokens >= full then
+        if tokens >= full and t == now then
           call('DEL', key)
         else
-          call('SET', key, fmt(int2f, tokens, now), 'PX', px(now + ceildiv(full - tokens, limit)))
+          -- full at its own time ahead of now, the bucket keeps that time
+          -- until then, lest the interval the clock went back be refilled
+          -- a second time
+          call('SET', key, fmt(int2f, tokens, t), 'PX', px(t + ceildiv(full - tokens, limit)))
         end
       end
     elseif alg == 'g' then

@@ -369,6 +369,13 @@ func Refund(r limit.Rule, s *State, now, cost int64, lease string) {
 // longer counts (or is not the current one, for a fixed window). With at
 // unknown, the take is taken to be the counter's latest: the newest units
 // of a sliding window, the current window's count.
+//
+// A refund that leaves a window empty, a bucket full or a TAT not ahead of
+// now drops the counter (Used false), as the Redis store deletes the key
+// (idle counters cost nothing): a counter fresh at now is one whose time no
+// longer matters, as when it expires. A bucket full at its own time, ahead
+// of now after the clock went back, is kept until then instead: dropped,
+// it would refill the interval the clock went back a second time.
 func RefundAt(r limit.Rule, s *State, now, at, cost int64, lease string) {
 	if !s.Used {
 		return
@@ -387,6 +394,9 @@ func RefundAt(r limit.Rule, s *State, now, at, cost int64, lease string) {
 	case limit.FixedWindow:
 		if tw == ws && s.A == ws {
 			s.B = max(0, s.B-cost)
+			if s.B == 0 {
+				s.Assign(State{}) // the window is empty
+			}
 		}
 	case limit.SlidingWindowCounter:
 		switch {
@@ -396,17 +406,29 @@ func RefundAt(r limit.Rule, s *State, now, at, cost int64, lease string) {
 		case s.A == ws && tw == ws-p:
 			// the counter moved on to the next window: the previous count
 			s.C = max(0, s.C-cost)
+		default:
+			return
+		}
+		if s.B == 0 && s.C == 0 {
+			s.Assign(State{}) // both windows are empty
 		}
 	case limit.TokenBucket:
-		now := max(now, s.B) // the clock went back: the counter's time does not
+		at := max(now, s.B) // the clock went back: the counter's time does not
 		full := r.Capacity() * p
-		elapsed := min(now-s.B, refillTime(r, full, p))
+		elapsed := min(at-s.B, refillTime(r, full, p))
 		tokens := min(full, s.A+max(0, elapsed)*r.Limit+cost*p)
-		s.A, s.B = tokens, now
-		s.ExpiresAt = now + ceilDiv(full-tokens, r.Limit)
+		if tokens == full && at == now {
+			s.Assign(State{}) // full at now
+			return
+		}
+		s.A, s.B = tokens, at
+		s.ExpiresAt = at + ceilDiv(full-tokens, r.Limit)
 	case limit.GCRA:
 		s.A = max(now, s.A-cost*Interval(r))
 		s.ExpiresAt = s.A
+		if s.A == now {
+			s.Assign(State{}) // the TAT is not ahead of now
+		}
 	case limit.SlidingWindow:
 		// units [lo, hi) are removed: the newest ones, or the newest of
 		// the ones logged at at

@@ -86,3 +86,42 @@ func TestSlidingWindowExpiresAfterLaterUnits(t *testing.T) {
 			at-t0, got.Remaining, r.Capacity()-1)
 	}
 }
+
+// A refund that leaves a counter fresh (an empty window, a full bucket, a
+// TAT not ahead of now) drops it, as the Redis store deletes the key: its
+// time no longer matters, as it would not once the counter expired. But a
+// bucket refilled to full at its own time, ahead of a clock that stepped
+// back, keeps that time until the clock catches up, as the Redis key does
+// for the gap: dropped, the bucket would refill the stepped-back interval
+// a second time. Before, the counters were all kept with their time while
+// the Redis store deleted every one, and the two decided differently once
+// the clock went back.
+func TestRefundToFreshDropsCounter(t *testing.T) {
+	for _, r := range []limit.Rule{
+		rule(limit.FixedWindow, 5, time.Second, 0),
+		rule(limit.SlidingWindowCounter, 5, time.Second, 0),
+		rule(limit.TokenBucket, 5, time.Second, 0),
+		rule(limit.GCRA, 5, time.Second, 0),
+	} {
+		t.Run(string(r.Algorithm), func(t *testing.T) {
+			var s State
+			mustTake(t, r, &s, t0+ms, 2)
+			RefundAt(r, &s, t0+2*ms, t0+ms, 2, "")
+			if s.Used {
+				t.Errorf("fresh again after the refund, kept: %+v", s)
+			}
+		})
+	}
+	r := rule(limit.TokenBucket, 5, time.Second, 0)
+	var s State
+	mustTake(t, r, &s, t0+500*ms, 2)
+	RefundAt(r, &s, t0+200*ms, t0+500*ms, 2, "") // the clock stepped back 300 ms
+	if !s.Used || s.B != t0+500*ms || s.ExpiresAt != t0+500*ms {
+		t.Errorf("bucket full at its own time 300 ms ahead of the clock: want it kept until then, got %+v", s)
+	}
+	// 5 are left over the 300 ms the clock went back, not 5 plus its refill
+	mustTake(t, r, &s, t0+200*ms, 5)
+	if res := Eval(r, &s, t0+400*ms, 1, "", false); res.Allowed {
+		t.Errorf("the stepped-back interval refilled twice: %+v", res)
+	}
+}

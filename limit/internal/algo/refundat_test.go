@@ -87,10 +87,10 @@ func TestRefundAtWindows(t *testing.T) {
 		old   State // the state after Refund
 	}{
 		{"swc_same_window", swc, 0, a + 50*ms,
-			State{Used: true, A: t0, B: 0, ExpiresAt: t0 + 20*s1},
-			State{Used: true, A: t0, B: 0, ExpiresAt: t0 + 20*s1}},
+			State{}, // both windows empty: dropped
+			State{}},
 		{"swc_next_window", swc, 0, a + 200*ms,
-			State{Used: true, A: t0, B: 0, ExpiresAt: t0 + 20*s1},
+			State{},
 			State{Used: true, A: t0, B: 1, ExpiresAt: t0 + 20*s1}},
 		{"swc_next_window_moved_on", swc, t0 + 10*s1 + 50*ms, a + 200*ms,
 			State{Used: true, A: t0 + 10*s1, B: 1, C: 0, ExpiresAt: t0 + 30*s1},
@@ -99,11 +99,11 @@ func TestRefundAtWindows(t *testing.T) {
 			State{Used: true, A: t0 + 10*s1, B: 1, C: 1, ExpiresAt: t0 + 30*s1},
 			State{Used: true, A: t0 + 10*s1, B: 1, C: 1, ExpiresAt: t0 + 30*s1}},
 		{"fw_same_window", fw, 0, a + 50*ms,
-			State{Used: true, A: t0, B: 0, ExpiresAt: t0 + 10*s1},
-			State{Used: true, A: t0, B: 0, ExpiresAt: t0 + 10*s1}},
+			State{},
+			State{}},
 		{"fw_next_window", fw, t0 + 10*s1 + 50*ms, a + 200*ms,
 			State{Used: true, A: t0 + 10*s1, B: 1, ExpiresAt: t0 + 20*s1},
-			State{Used: true, A: t0 + 10*s1, B: 0, ExpiresAt: t0 + 20*s1}},
+			State{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var s State
