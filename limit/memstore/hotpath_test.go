@@ -129,10 +129,12 @@ func TestTakeAllocations(t *testing.T) {
 			}
 		}
 		runtime.ReadMemStats(&m1)
-		// a slab per slabSize results (one more for a partly used slab, and
-		// a little slack for the runtime's own)
-		if n := m1.Mallocs - m0.Mallocs; n > slabs+5 {
-			t.Errorf("%d checks: %d allocations in %d takes, want at most %d", len(checks), n, runs, slabs+5)
+		// a slab per slabSize results, and slack for what the runtime and
+		// other goroutines allocate meanwhile (MemStats counts the whole
+		// process; the race detector's runtime adds its own): an
+		// allocation per take would be runs, many times more
+		if n := m1.Mallocs - m0.Mallocs; n > 2*slabs {
+			t.Errorf("%d checks: %d allocations in %d takes, want at most %d", len(checks), n, runs, 2*slabs)
 		}
 	}
 }
