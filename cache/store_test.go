@@ -43,11 +43,13 @@ func tagSize(t testing.TB, s Store, sc Scope, tag string) int {
 // expired entries, so it does not grow with every entry ever tagged.
 func testTagIndexBounded(t *testing.T, e storeEnv) {
 	s := e.store(t)
-	// Memberships last LoadTimeout + Timeout + TTL + 100ms = 1.25s: far
+	// Memberships last LoadTimeout + Timeout + TTL + 100ms = 1.65s: far
 	// longer than a round of 50 writes takes even under -race on a loaded
 	// machine (with 300ms, the first ones ended before the last was added).
-	const life = 1250 * time.Millisecond
-	c := newCache(t, s, &Options{StaleWindow: -1, LoadTimeout: 50 * time.Millisecond, Timeout: 100 * time.Millisecond})
+	// A store timeout of 100ms let one registration of 50 time out there,
+	// and its entry load without the store.
+	const life = 1650 * time.Millisecond
+	c := newCache(t, s, &Options{StaleWindow: -1, LoadTimeout: 50 * time.Millisecond, Timeout: 500 * time.Millisecond})
 	sc := scope(t)
 	var l loads
 	pol := Policy{TTL: time.Second, Tags: []string{"hot"}}
