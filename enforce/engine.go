@@ -109,6 +109,10 @@ type Engine struct {
 	now            func() time.Time
 	opened         func(limit.BreakerSpec, limit.BreakerState)
 
+	// storeUp is told (without waiting) when the store breaker closes
+	// again; the meterer then places at once what it held back.
+	storeUp chan struct{}
+
 	stopMeter context.CancelFunc // nil without metering
 	meterDone chan struct{}
 	closeOnce sync.Once
@@ -148,10 +152,15 @@ func New(opts Options) (*Engine, error) {
 	e.lim.breakers = newBreakerCache(e.now, e.breakerOpened)
 	if opts.Shared != nil {
 		e.metrics.StoreUp.Set(1)
+		e.storeUp = make(chan struct{}, 1)
 		guard, err := newGuardedStore(opts.Shared, opts.Probe, opts.Config.Store.Timeout, e.log, func(up bool) {
 			v := 0.0
 			if up {
 				v = 1
+				select {
+				case e.storeUp <- struct{}{}:
+				default: // already told
+				}
 			}
 			e.metrics.StoreUp.Set(v)
 		})
@@ -202,6 +211,7 @@ func (e *Engine) startMetering(us usage.Store, every time.Duration) {
 	}
 	e.lim.meters = newMeterer(store, us, every, e.log, e.metrics)
 	e.lim.meters.guard = e.guard
+	e.lim.meters.storeUp = e.storeUp // nil without a shared store: never told
 	ctx, cancel := context.WithCancel(context.Background())
 	e.stopMeter, e.meterDone = cancel, make(chan struct{})
 	go func() {

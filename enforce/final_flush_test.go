@@ -45,8 +45,10 @@ tools:
 	}
 }
 
-// blipStore is a shared store whose Evaluate fails (before applying
-// anything) while it is down, as a store that times out.
+// blipStore is a shared store whose Evaluate and Adjust fail (before
+// applying anything) while it is down, as a store that times out. Adjust
+// too: the engine places a charge that got no answer again at once, and a
+// store answering that placement would not be down.
 type blipStore struct {
 	limit.GuardedStore
 	down atomic.Bool
@@ -57,6 +59,13 @@ func (s *blipStore) Evaluate(ctx context.Context, req limit.Request) (limit.Outc
 		return limit.Outcome{}, context.DeadlineExceeded
 	}
 	return s.GuardedStore.Evaluate(ctx, req)
+}
+
+func (s *blipStore) Adjust(ctx context.Context, m limit.Meter, d limit.Usage) (limit.MeterResult, error) {
+	if s.down.Load() {
+		return limit.MeterResult{}, context.DeadlineExceeded
+	}
+	return s.GuardedStore.Adjust(ctx, m, d)
 }
 
 // A short store outage opens the store breaker: calls are admitted open

@@ -157,6 +157,21 @@ func (g *guardedStore) Adjust(ctx context.Context, m limit.Meter, delta limit.Us
 	return r, err
 }
 
+// pastBreaker is g with Adjust sent to the store even while the breaker is
+// open: the meterer's placement of in-doubt ops, which must not wait for
+// the probe (see meterer's placing). The outcome is observed as any
+// other: an answer while open only resets the count of failures (the probe
+// alone closes the breaker), a failure while open changes nothing.
+type pastBreaker struct{ *guardedStore }
+
+func (p pastBreaker) Adjust(ctx context.Context, m limit.Meter, delta limit.Usage) (limit.MeterResult, error) {
+	sctx, span := p.storeSpan(ctx, "adjust")
+	r, err := p.GuardedStore.Adjust(sctx, m, delta)
+	endStoreSpan(span, err)
+	p.observe(ctx, err)
+	return r, err
+}
+
 func (g *guardedStore) ReadMeter(ctx context.Context, key string) (limit.MeterState, bool, error) {
 	if g.down() {
 		return limit.MeterState{}, false, ErrStoreDown

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mcpgate/mcpgate/internal/storeguard"
 	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
 	"github.com/mcpgate/mcpgate/metrics"
@@ -52,6 +53,15 @@ type meterer struct {
 	stats   *metrics.Metrics
 	every   time.Duration
 
+	// wake asks run to place pending usage now rather than at its next
+	// tick: an op just lost its answer (addOp). Buffered (1): wakes that
+	// come while a placement runs make one more.
+	wake chan struct{}
+	// storeUp, when not nil, is told when the store breaker closes again
+	// (its probe found the store answering): the ops the breaker held
+	// back are placed at once.
+	storeUp <-chan struct{}
+
 	// closed is set when the shutdown's final flush starts: usage recorded
 	// from then on (a call settled after Engine.Close) is written at once
 	// (settleClosed), for no flush is coming.
@@ -87,6 +97,16 @@ type pendingOp struct {
 	doubt bool
 }
 
+// inDoubt reports whether op was sent as a plain op (not a replay) and its
+// answer lost: it may have landed, and its marker is the only thing that
+// keeps it from counting twice. Should the store lose the meter (and the
+// marker with it) after a flush read the op into the durable total, the
+// op placed again on the meter re-created from that total counts twice
+// (docs/design.md, "Bounds" (2)): such an op must be placed again as soon
+// as the store answers. A replay needs no such haste: it is judged
+// against the new meter's seed.
+func (op pendingOp) inDoubt() bool { return !op.sent.IsZero() && op.replay == nil }
+
 // journal is what this instance wrote to one meter and the durable store
 // is not yet known to hold. Its entries are all of one generation of the
 // meter, gen: an answer of another generation sends them to be placed
@@ -114,6 +134,7 @@ func newMeterer(store limit.MeteredStore, us usage.Store, every time.Duration, l
 		log:     log,
 		stats:   stats,
 		every:   every,
+		wake:    make(chan struct{}, 1),
 		pending: make(map[string]*pendingUsage),
 		journal: make(map[string]*journal),
 	}
@@ -135,6 +156,9 @@ func (m *meterer) run(ctx context.Context) {
 	go func() { final <- m.flusher.Run(fctx) }()
 	t := time.NewTicker(m.every)
 	defer t.Stop()
+	// retry places in-doubt ops again sooner than the tick while any is
+	// pending (see pendingOp.inDoubt): nil when none is.
+	var retry <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -143,13 +167,45 @@ func (m *meterer) run(ctx context.Context) {
 				return <-final
 			})
 			return
+		case <-m.wake:
+		case <-retry:
+		case <-m.storeUp:
+			// The probe tells before the breaker lets calls through:
+			// wait for that (a moment) so that every kind of pending
+			// usage goes, not only the in-doubt ops placed past it.
+			m.guard.awaitUp(time.Now().Add(time.Second))
 		case <-t.C:
-			m.placePending(ctx)
 			if h := m.flusher.Health(); !h.LastSuccess.IsZero() {
 				m.stats.UsageLastFlush.Set(float64(h.LastSuccess.UnixMilli()) / 1000)
 			}
 		}
+		m.placePending(ctx)
+		retry = nil
+		if m.every > inDoubtRetry && m.hasInDoubt() {
+			retry = time.After(inDoubtRetry)
+		}
 	}
+}
+
+// inDoubtRetry is how often in-doubt ops still pending are placed again
+// (when the flush interval is longer): the store breaker's probe interval,
+// so that a store answering this instance again resolves them that soon,
+// whether or not the breaker had opened. A store still not answering costs
+// one write a round, in the background (see placing).
+const inDoubtRetry = storeguard.DefaultProbeInterval
+
+// hasInDoubt reports whether an in-doubt op is pending.
+func (m *meterer) hasInDoubt() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, p := range m.pending {
+		for _, op := range p.ops {
+			if op.inDoubt() {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // meterFor is the meter of tenant for the period containing now, with a
@@ -353,7 +409,7 @@ func (m *meterer) observe(key string, found bool, gen limit.Generation, durable 
 // durable total as it is now (tryAdjust seeds it on NeedSeed).
 func (m *meterer) adjust(ctx context.Context, meter limit.Meter, delta limit.Usage) {
 	meter.Op, meter.Replay, meter.Seed, meter.Seeded = limit.NewOp(), nil, limit.Usage{}, false
-	_, err := m.tryAdjust(ctx, meter, delta)
+	_, _, err := m.tryAdjust(ctx, m.store, meter, delta)
 	switch {
 	case err == nil:
 		if m.closed.Load() {
@@ -385,28 +441,30 @@ func sentAt(err error) time.Time {
 // twice, and must not be flagged as if it could.
 var errNotApplied = errors.New("enforce: usage write not applied: the meter is missing and could not be re-created")
 
-// tryAdjust places delta on meter (with its op), seeding the meter when the
-// store lost it. A placed op is journaled; covered reports a replay that
-// found its usage already counted.
-func (m *meterer) tryAdjust(ctx context.Context, meter limit.Meter, delta limit.Usage) (covered bool, err error) {
-	r, err := m.store.Adjust(ctx, meter, delta)
+// tryAdjust places delta on meter (with its op) in store (m.store, or
+// past its breaker: see placeKey), seeding the meter when the store lost
+// it. A placed op is journaled; covered reports a replay that found its
+// usage already counted, reseeded that the meter had to be re-created.
+func (m *meterer) tryAdjust(ctx context.Context, store limit.MeteredStore, meter limit.Meter, delta limit.Usage) (covered, reseeded bool, err error) {
+	r, err := store.Adjust(ctx, meter, delta)
 	if err == nil && r.NeedSeed {
+		reseeded = true
 		if meter, err = m.seed(ctx, meter); err != nil {
-			return false, fmt.Errorf("%w: durable total unreadable: %w", errNotApplied, err)
+			return false, reseeded, fmt.Errorf("%w: durable total unreadable: %w", errNotApplied, err)
 		}
-		r, err = m.store.Adjust(ctx, meter, delta)
+		r, err = store.Adjust(ctx, meter, delta)
 		if err == nil && r.NeedSeed {
-			return false, fmt.Errorf("%w: still missing after seeding", errNotApplied)
+			return false, reseeded, fmt.Errorf("%w: still missing after seeding", errNotApplied)
 		}
 	}
 	if err != nil {
-		return false, err
+		return false, reseeded, err
 	}
 	if r.Covered {
-		return true, nil
+		return true, reseeded, nil
 	}
 	m.charged(meter, delta, r)
-	return false, nil
+	return false, reseeded, nil
 }
 
 // addPending keeps usage that never reached its meter (the store breaker
@@ -453,6 +511,21 @@ func (m *meterer) addOp(meter limit.Meter, op pendingOp, cause error) {
 		"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "err", cause)
 	if m.closed.Load() {
 		m.settleClosed(context.Background(), meter, op.delta)
+		return
+	}
+	// At once, not at the next tick: until it is placed again, a flush
+	// reading the op into the durable total followed by the store losing
+	// the meter makes it count twice (see pendingOp.inDoubt).
+	m.placeSoon()
+}
+
+// placeSoon has run place the pending usage now (without waiting, on the
+// meterer's goroutine: the caller is a request, which must not wait for a
+// store that just failed to answer it).
+func (m *meterer) placeSoon() {
+	select {
+	case m.wake <- struct{}{}:
+	default: // a placement is already due
 	}
 }
 
@@ -472,7 +545,7 @@ func (m *meterer) settleClosed(ctx context.Context, meter limit.Meter, delta lim
 		defer cancel()
 		f(sctx)
 	}
-	step(func(ctx context.Context) { m.placeKey(ctx, meter.Key, nil) })
+	step(func(ctx context.Context) { m.placeKey(ctx, meter.Key, nil, nil) })
 	var err error
 	step(func(ctx context.Context) { err = m.flusher.Flush(ctx) })
 	left := m.takePending(meter.Key)
@@ -573,20 +646,42 @@ func (m *meterer) dropUnplaceable(meter limit.Meter, delta limit.Usage, err erro
 		"tenant", meter.Tenant, "period", meter.Period, "op", meter.Op, "usage", delta, "err", err)
 }
 
-// placePending moves pending usage onto its meters.
+// placePending moves pending usage onto its meters. It runs in the
+// background (run's tick or wake, the shutdown), so in-doubt ops may go
+// past an open store breaker (see placeKey).
 func (m *meterer) placePending(ctx context.Context) {
 	m.mu.Lock()
 	keys := slices.Collect(maps.Keys(m.pending))
 	m.mu.Unlock()
+	pass := &placing{pastBreaker: m.guard != nil}
 	for _, k := range keys {
-		m.placeKey(ctx, k, nil)
+		m.placeKey(ctx, k, nil, pass)
 	}
 	m.stats.UsagePending.Set(float64(m.pendingCount()))
 }
 
+// placing is the state of one round of placements.
+//
+// pastBreaker: an in-doubt op (pendingOp.inDoubt) the open store breaker
+// would refuse is sent to the store all the same. The breaker keeps
+// requests from waiting on a store that does not answer; this placement
+// is no request, and what it resolves cannot wait: while the breaker of
+// this instance stays open (until its probe answers, which under load can
+// be many flush intervals), another instance whose breaker is closed
+// keeps flushing the meter holding the op, and a data loss then makes the
+// op count twice. The store's answer is what it would be with the breaker
+// closed (the op applies once), so going past the breaker changes no
+// count, only how soon the doubt ends. The cost stays small: the first
+// op that gets no answer past the breaker ends it for the round, so a
+// store really down costs one store.timeout a round, in the background.
+type placing struct {
+	pastBreaker bool
+}
+
 // placeKey places the pending usage of key, with seed (when not nil) as
-// the meter's seed; what cannot be placed stays pending.
-func (m *meterer) placeKey(ctx context.Context, key string, seed *limit.Usage) {
+// the meter's seed; what cannot be placed stays pending. pass, when not
+// nil, lets in-doubt ops go past an open store breaker (see placing).
+func (m *meterer) placeKey(ctx context.Context, key string, seed *limit.Usage, pass *placing) {
 	m.mu.Lock()
 	p := m.pending[key]
 	delete(m.pending, key)
@@ -612,7 +707,21 @@ func (m *meterer) placeKey(ctx context.Context, key string, seed *limit.Usage) {
 			m.log.Error("a usage write left unanswered longer than its op is remembered is placed again: it may count twice",
 				"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "sent", op.sent)
 		}
-		covered, err := m.tryAdjust(ctx, meter, op.delta)
+		store, past := m.store, false
+		if pass != nil && pass.pastBreaker && op.inDoubt() && !m.guard.Available() {
+			store, past = pastBreaker{m.guard}, true
+		}
+		covered, reseeded, err := m.tryAdjust(ctx, store, meter, op.delta)
+		if past && err != nil && !neverPlaced(err) && !errors.Is(err, errNotApplied) {
+			pass.pastBreaker = false // the store does not answer: the probe will tell
+		}
+		if err == nil && op.inDoubt() && (seed != nil || reseeded) {
+			// Its marker went with the lost meter: had it landed there and
+			// been flushed before the loss, it now counts twice (docs/design.md,
+			// "Bounds" (2)).
+			m.log.Warn("a usage write that got no answer was placed on its meter re-created after a loss: it counts twice if it had landed and been flushed before the loss",
+				"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "sent", op.sent)
+		}
 		if err != nil && neverPlaced(err) {
 			m.dropUnplaceable(meter, op.delta, err)
 			continue
@@ -643,7 +752,7 @@ func (m *meterer) replayLost(ctx context.Context, meter limit.Meter) {
 	}
 	m.mu.Unlock()
 	seed := meter.Seed
-	m.placeKey(ctx, meter.Key, &seed)
+	m.placeKey(ctx, meter.Key, &seed, nil)
 }
 
 // correction is the usage delta that turns an estimated charge into the
@@ -724,7 +833,9 @@ func (e *Engine) Flusher() *usage.Flusher {
 
 // PendingUsage is how many meters have usage waiting in process because
 // their store could not be reached (0 without metering). It is placed on
-// the next flush tick that reaches the store.
+// the next flush tick that reaches the store, or sooner: a write whose
+// answer was lost is placed again at once, and everything pending when
+// the store breaker closes again.
 func (e *Engine) PendingUsage() int {
 	if e.lim.meters == nil {
 		return 0
