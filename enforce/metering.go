@@ -248,8 +248,8 @@ func (m *meterer) charged(meter limit.Meter, delta limit.Usage, mr limit.MeterRe
 
 // record journals an op that landed, and has every entry of another
 // generation of the meter placed again: the store lost it (or, when mr
-// is the older answer, the replays find their op counted and apply
-// nothing).
+// is the older answer, the replays find their generation live, apply
+// nothing and are journaled again in it: see tryAdjust).
 func (m *meterer) record(meter limit.Meter, op string, delta limit.Usage, mr limit.MeterResult) {
 	if mr.Gen.ID == "" {
 		return // a meter without generation (written by an older version): nothing to compare
@@ -443,8 +443,9 @@ var errNotApplied = errors.New("enforce: usage write not applied: the meter is m
 
 // tryAdjust places delta on meter (with its op) in store (m.store, or
 // past its breaker: see placeKey), seeding the meter when the store lost
-// it. A placed op is journaled; covered reports a replay that found its
-// usage already counted, reseeded that the meter had to be re-created.
+// it. A placed op is journaled, and so is a replay the live generation
+// already counts (its own: see below); covered reports a replay that found
+// its usage already counted, reseeded that the meter had to be re-created.
 func (m *meterer) tryAdjust(ctx context.Context, store limit.MeteredStore, meter limit.Meter, delta limit.Usage) (covered, reseeded bool, err error) {
 	r, err := store.Adjust(ctx, meter, delta)
 	if err == nil && r.NeedSeed {
@@ -461,6 +462,15 @@ func (m *meterer) tryAdjust(ctx context.Context, store limit.MeteredStore, meter
 		return false, reseeded, err
 	}
 	if r.Covered {
+		if meter.Replay != nil && r.Gen.ID != "" && r.Gen.ID == meter.Replay.Gen {
+			// Covered because its generation is the live one: that meter
+			// is all that holds it, so it stays journaled there (at its
+			// after in that generation) until a flush shows the durable
+			// store holding it; dropped, it would be placed again by no
+			// one should the store lose the meter. Only a replay the new
+			// generation's seed holds is done with.
+			m.charged(meter, delta, limit.MeterResult{Usage: meter.Replay.After, Gen: r.Gen})
+		}
 		return true, reseeded, nil
 	}
 	m.charged(meter, delta, r)
@@ -744,6 +754,9 @@ func (m *meterer) placeKey(ctx context.Context, key string, seed *limit.Usage, p
 // replayLost places, before a call is decided on a meter its store lost
 // (NeedSeed), every write of this instance the durable store may not hold
 // and every pending op of that meter, on the meter re-created from seed.
+// Another instance may have re-created the meter since the NeedSeed, and
+// this one charged it: those entries, replays of the live generation, stay
+// journaled (see tryAdjust).
 func (m *meterer) replayLost(ctx context.Context, meter limit.Meter) {
 	m.mu.Lock()
 	if j := m.journal[meter.Key]; j != nil {
