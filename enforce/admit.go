@@ -510,7 +510,10 @@ func (e *Engine) correctCost(ctx context.Context, meter *limit.Meter, metered bo
 }
 
 // correctTo turns the charge of a metered call into actual (an extra
-// charge or a refund) and returns the cost charged in the end.
+// charge or a refund) and returns the cost charged in the end: charged
+// when the meter could never take the correction (it would pass
+// limit.MaxUsage, or its period is over), which is dropped, for the usage
+// store then bills the estimate.
 func (e *Engine) correctTo(ctx context.Context, meter *limit.Meter, metered bool, charged, actual int64) int64 {
 	delta, ok := correction(charged, actual)
 	if !ok {
@@ -519,7 +522,9 @@ func (e *Engine) correctTo(ctx context.Context, meter *limit.Meter, metered bool
 	}
 	e.metrics.CostCorrections.WithLabelValues("applied").Inc()
 	if metered {
-		e.lim.meters.adjust(ctx, *meter, delta)
+		if !e.lim.meters.adjust(ctx, *meter, delta) {
+			return charged
+		}
 	} else {
 		e.lim.meters.addPending(*meter, delta, errors.New("correction of a call admitted while the meter was unreachable"))
 	}

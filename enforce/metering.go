@@ -406,8 +406,10 @@ func (m *meterer) observe(key string, found bool, gen limit.Generation, durable 
 // adjust adds delta to meter as a new op, keeping it pending when it
 // cannot be placed. Any seed meter carries is dropped: it was read at the
 // call's admission, and a meter lost since must be re-created from the
-// durable total as it is now (tryAdjust seeds it on NeedSeed).
-func (m *meterer) adjust(ctx context.Context, meter limit.Meter, delta limit.Usage) {
+// durable total as it is now (tryAdjust seeds it on NeedSeed). It reports
+// false when delta was dropped, never to be placed (the meter is full):
+// the caller must not report it charged.
+func (m *meterer) adjust(ctx context.Context, meter limit.Meter, delta limit.Usage) (kept bool) {
 	meter.Op, meter.Replay, meter.Seed, meter.Seeded = limit.NewOp(), nil, limit.Usage{}, false
 	_, _, err := m.tryAdjust(ctx, m.store, meter, delta)
 	switch {
@@ -419,9 +421,11 @@ func (m *meterer) adjust(ctx context.Context, meter limit.Meter, delta limit.Usa
 		// The store answered and applied nothing (the meter is full): no
 		// answer was lost, and placing it again would fail the same way.
 		m.dropUnplaceable(meter, delta, err)
+		return false
 	default:
 		m.addOp(meter, pendingOp{op: meter.Op, delta: delta, sent: sentAt(err)}, err)
 	}
+	return true
 }
 
 // sentAt is the time an op that failed with err was sent: now, unless err
@@ -649,11 +653,14 @@ func meterFull(err error) bool {
 
 // dropUnplaceable drops usage that failed to be placed on meter for a
 // reason no retry changes (neverPlaced): tried again it would fail again,
-// for ever, and the process would hold it. It is counted and said.
+// for ever, and the process would hold it. It is counted and said: its
+// calls, or the one call of a correction, which adds none (lostCalls), so
+// that a dropped correction shows in mcpgate_unmetered_calls_total too.
 func (m *meterer) dropUnplaceable(meter limit.Meter, delta limit.Usage, err error) {
-	m.stats.Unmetered.Add(float64(delta.Calls))
+	calls := lostCalls(delta)
+	m.stats.Unmetered.Add(float64(calls))
 	m.log.Error("usage that can never be placed on its meter is dropped; its calls are counted in mcpgate_unmetered_calls_total",
-		"tenant", meter.Tenant, "period", meter.Period, "op", meter.Op, "usage", delta, "err", err)
+		"tenant", meter.Tenant, "period", meter.Period, "op", meter.Op, "usage", delta, "calls", calls, "err", err)
 }
 
 // placePending moves pending usage onto its meters. It runs in the
