@@ -52,7 +52,19 @@ import (
 //     lease's period, and a meter undo that applies once (the meter has an
 //     op) is sent again in the background until it gets an answer or the
 //     op's marker expires (undoLost), so the refused request is not
-//     billed.
+//     billed. When one half denies and the other fails (its node down or
+//     past the deadline), the request is denied, not failed: a node's
+//     denial is known whatever became of the other half, and an error
+//     would have the caller apply its failure policy, which admits the
+//     call when open (a tenant over its limit admitted whenever the global
+//     rules' master is down). The failed half may have run: its
+//     concurrency slots are released in the background (releaseLost), a
+//     tenant half's meter charge with the meter's op is undone in the
+//     background (undoLost, which gives nothing back when the take never
+//     ran), and its counters keep what it may have charged (a refund of a
+//     take that never ran would give back other callers' units); see
+//     deniedByGlobal for the outcome then. Only when no half denied is
+//     the request answered with an error.
 
 // layered is Evaluate for a request with global checks.
 func (s *Store) layered(ctx context.Context, req limit.Request) (limit.Outcome, error) {
@@ -157,10 +169,15 @@ func (s *Store) split(ctx context.Context, req limit.Request) (limit.Outcome, er
 	if gAdmit && !tAdmit {
 		s.refundCharged(bg, req.Global, gres, req.Cost, lease, gnow)
 	}
-	if terr != nil {
+	switch {
+	case terr != nil && gerr == nil && !gAdmit:
+		return s.deniedByGlobal(req, gres, terr), nil
+	case gerr != nil && terr == nil && !tAdmit:
+		s.log.Warn("split request denied by its tenant half; its global half failed: its global counters may keep this request", "err", gerr)
+		return limit.Outcome{Decision: t.Decision, Meter: t.Meter, Breaker: t.Breaker}, nil
+	case terr != nil:
 		return limit.Outcome{}, wrap(terr)
-	}
-	if gerr != nil {
+	case gerr != nil:
 		return limit.Outcome{}, wrap(gerr)
 	}
 	n := len(req.Checks)
@@ -177,6 +194,31 @@ func (s *Store) split(ctx context.Context, req limit.Request) (limit.Outcome, er
 		d, g, byGlobal = limit.CombineRequest(req, results, lease, t.Meter.Allowed)
 	}
 	return limit.Outcome{Decision: d, Global: g, GlobalDecides: byGlobal, Meter: t.Meter, Breaker: t.Breaker}, nil
+}
+
+// deniedByGlobal is the outcome of split request req whose global half
+// denied (its results gres) while its tenant half failed (terr): a denial
+// a node gave, which stands whatever became of the other half; answered
+// with terr, the request would be decided by the caller's failure policy,
+// which admits it when open. Nothing is known of the tenant half: the
+// outcome's Decision is the global checks' with no tenant Results, and its
+// Meter and Breaker are zero. What the tenant half may have taken is given
+// back where that can be done safely: its concurrency slots are released
+// (split did, releaseLost), and its meter charge, with the meter's op, is
+// undone in the background (undoLost: the undo applies once, and nothing
+// when the take never ran). Its counters keep what it may have charged: a
+// refund of a take that never ran would give back other callers' units.
+func (s *Store) deniedByGlobal(req limit.Request, gres []limit.Result, terr error) limit.Outcome {
+	g := limit.Combine(req.Global, gres, "")
+	d := g
+	d.Results = nil
+	if m := req.Meter; m != nil && m.Op != "" {
+		s.log.Warn("split request denied by its global half; its tenant half failed: its meter charge, if it landed, is undone in the background", "tenant", m.Tenant, "op", m.Op, "err", terr)
+		s.undoLost(*m, req.Cost)
+	} else {
+		s.log.Warn("split request denied by its global half; its tenant half failed: its tenant counters (and meter) may keep this request", "err", terr)
+	}
+	return limit.Outcome{Decision: d, Global: g, GlobalDecides: true}
 }
 
 // refundCharged gives back what an admitted half, taken at taken (its
@@ -222,7 +264,8 @@ func (s *Store) undoTenant(ctx context.Context, req limit.Request, t *limit.Outc
 			case i == at.refund:
 				s.releaseLost(lease, req.Checks)
 			case i == at.adjust && req.Meter.Op != "":
-				s.undoLost(*req.Meter, req.Cost, err)
+				s.log.Warn("undoing the meter charge of an admitted tenant half failed: it is sent again", "tenant", req.Meter.Tenant, "op", req.Meter.Op, "err", err)
+				s.undoLost(*req.Meter, req.Cost)
 				continue
 			}
 			s.log.Warn("undoing an admitted tenant half failed: it keeps this request", "err", err)
@@ -321,21 +364,22 @@ func (s *Store) undoMeter(b *batch, m *limit.Meter, cost int64) {
 	b.opTail(&bare)
 }
 
-// undoLost sends again, in the background, the undo of m's take (cost)
-// whose send failed or whose reply was lost (cause): the undo applies
-// once, so the denied request is not billed. It tries until the op's
+// undoLost sends, in the background, the undo of the take of m for cost
+// by a denied split request: the take landed and its undo's send failed
+// or its reply was lost, or the take's own reply was lost (it may have
+// landed). The undo applies once, and nothing where the take left no
+// marker, so the denied request is not billed. It tries until the op's
 // marker has expired (limit.OpTTL), after which there is nothing left to
 // undo, waiting twice as long after each failure, and stops when the store
-// closes.
-func (s *Store) undoLost(m limit.Meter, cost int64, cause error) {
-	s.log.Warn("undoing the meter charge of an admitted tenant half failed: it is sent again", "tenant", m.Tenant, "op", m.Op, "err", cause)
+// closes. The caller logs why.
+func (s *Store) undoLost(m limit.Meter, cost int64) {
 	horizon := time.Now().Add(limit.OpTTL)
 	s.retryLost(s.timeout, func(wait time.Duration, err error) (time.Duration, bool) {
 		if err == nil {
 			return 0, false
 		}
 		if time.Now().Add(2 * wait).After(horizon) {
-			s.log.Warn("undoing the meter charge of an admitted tenant half failed again: the denied request stays billed", "tenant", m.Tenant, "op", m.Op, "err", err)
+			s.log.Warn("undoing the meter charge of a denied split request failed again: a charge it made stays billed", "tenant", m.Tenant, "op", m.Op, "err", err)
 			return 0, false
 		}
 		return 2 * wait, true
