@@ -86,8 +86,10 @@ func unhealthy(rerr *rueidis.RedisError) bool {
 //   - for want of the library (see retryable): at most FCALL after a load,
 //     then EVALSHA, then EVAL (when flushes keep coming);
 //   - because its slot is moving or the cluster is not serving (TRYAGAIN
-//     while a slot's keys are split between two nodes, CLUSTERDOWN,
-//     LOADING): again after a short pause, until the store's deadline.
+//     while a slot is migrated and the call names keys missing on the node
+//     it reached: a metered call's op marker always is, so it meets it for
+//     the whole migration, see docs/reliability.md; CLUSTERDOWN, LOADING):
+//     again after a short pause, until the store's deadline.
 //
 // Either way the call never ran, so sending it again cannot apply it twice
 // (a call whose answer is lost is never resent).
@@ -122,7 +124,7 @@ const notServingPause = 2 * time.Millisecond
 
 // notServing reports whether r says the server did not run the call because
 // it cannot serve it now: TRYAGAIN (a multi-key call on a slot being
-// migrated, its keys split), CLUSTERDOWN or LOADING.
+// migrated, naming keys the node does not hold), CLUSTERDOWN or LOADING.
 func notServing(r rueidis.RedisResult) bool {
 	rerr, ok := rueidis.IsRedisErr(r.Error())
 	return ok && cannotServe(rerr)
