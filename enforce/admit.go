@@ -520,13 +520,14 @@ func (e *Engine) correctTo(ctx context.Context, meter *limit.Meter, metered bool
 		e.metrics.CostCorrections.WithLabelValues("unchanged").Inc()
 		return charged
 	}
-	e.metrics.CostCorrections.WithLabelValues("applied").Inc()
 	if metered {
 		if !e.lim.meters.adjust(ctx, *meter, delta) {
+			e.metrics.CostCorrections.WithLabelValues("dropped").Inc()
 			return charged
 		}
 	} else {
 		e.lim.meters.addPending(*meter, delta, errors.New("correction of a call admitted while the meter was unreachable"))
 	}
+	e.metrics.CostCorrections.WithLabelValues("applied").Inc()
 	return actual
 }

@@ -97,4 +97,7 @@ tools:
 	if lost := testutil.ToFloat64(m.Unmetered); lost != 1 {
 		t.Errorf("unmetered calls = %v, want 1: the dropped correction counts as its call", lost)
 	}
+	if applied, dropped := testutil.ToFloat64(m.CostCorrections.WithLabelValues("applied")), testutil.ToFloat64(m.CostCorrections.WithLabelValues("dropped")); applied != 0 || dropped != 1 {
+		t.Errorf("cost corrections applied %v, dropped %v; want 0 and 1", applied, dropped)
+	}
 }

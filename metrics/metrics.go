@@ -37,7 +37,8 @@ type Metrics struct {
 	// on the meter (the store or the usage store was down).
 	UsagePending prometheus.Gauge
 	// CostCorrections counts cost corrections from tool results, by outcome
-	// (applied, unchanged, invalid).
+	// (applied, unchanged, invalid, dropped: the meter could never take it,
+	// see Unmetered).
 	CostCorrections *prometheus.CounterVec
 	// Unmetered counts admitted calls whose usage cannot be proved recorded
 	// exactly once: a write left unanswered longer than the store remembers
