@@ -720,7 +720,7 @@ func (m *meterer) placeKey(ctx context.Context, key string, seed *limit.Usage, p
 			// Its marker may be gone: placed all the same (the call ran),
 			// it may count twice.
 			op.doubt = true
-			m.stats.Unmetered.Add(float64(op.delta.Calls))
+			m.stats.Unmetered.Add(float64(lostCalls(op.delta)))
 			m.log.Error("a usage write left unanswered longer than its op is remembered is placed again: it may count twice",
 				"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "sent", op.sent)
 		}
