@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"strings"
 
 	"github.com/lestrrat-go/jwx/v3/jwa"
@@ -272,7 +273,9 @@ func jwkEntry(k jwk.Key) (keyEntry, error) {
 // and a key that says both is one whose purpose nobody can tell.
 func checkKeyOps(k jwk.Key, use string) error {
 	ops, ok := k.KeyOps()
-	if !ok {
+	if !ok || len(ops) == 0 {
+		// "key_ops": null (serializers that write every member) reads
+		// as an empty list: nothing said, as when it is absent.
 		return nil
 	}
 	verify := false
@@ -301,9 +304,24 @@ func hasPrivateParams(k jwk.Key) bool {
 		return true
 	}
 	for _, name := range k.Keys() {
-		if privateJWKParams[name] {
+		if privateJWKParams[name] && !emptyMember(k, name) {
 			return true
 		}
+	}
+	return false
+}
+
+// emptyMember reports whether k's member name holds nothing: "" or [] (a
+// public key serialized with every member, such as older .NET JsonWebKey
+// output's "oth": []), which carries no key material.
+func emptyMember(k jwk.Key, name string) bool {
+	var v any
+	if err := k.Get(name, &v); err != nil || v == nil {
+		return err == nil
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.String, reflect.Slice, reflect.Array, reflect.Map:
+		return rv.Len() == 0
 	}
 	return false
 }
