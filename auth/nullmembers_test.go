@@ -9,7 +9,7 @@ import (
 	"github.com/lestrrat-go/jwx/v3/jwa"
 )
 
-// day2: a public RSA signing key as serializers that write every member
+// A public RSA signing key as serializers that write every member
 // emit it: "key_ops": null (a Go struct's nil slice without omitempty,
 // System.Text.Json / Jackson defaults) means no key_ops, and "oth": [] (the
 // .NET JsonWebKey before its 2017 fix, AzureAD identitymodel #579) holds no
