@@ -31,6 +31,10 @@ type uncacheable struct {
 	// server asks the client for input and the client calls again with
 	// it), or a refusal or denial of that caller.
 	interim bool
+	// denial: a 429, or another 4xx with Retry-After: the upstream
+	// limiting the loader's caller, whose quota is not another caller's
+	// (another tenant's, with a shared tool) to be refused by.
+	denial bool
 }
 
 func (u *uncacheable) Error() string {
@@ -128,6 +132,7 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd re
 	case status/100 == 2:
 		u.status = http.StatusBadGateway // a 2xx without the call's response
 	}
+	u.denial = u.status == http.StatusTooManyRequests || u.status/100 == 4 && u.retryAfter != ""
 	return nil, false, u
 }
 
@@ -280,10 +285,10 @@ func (g *Gateway) streamedAnswer(r *http.Request, lw *leaderWriter, answered res
 func (g *Gateway) failedFlightAnswer(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, call *liveCall, err error, ran bool) (failed bool, loaded json.RawMessage, status int) {
 	var u *uncacheable
 	switch {
-	case errors.As(err, &u) && u.interim && !ran:
-		// Another caller's load got an interim answer: it is that
-		// caller's (its request state, its input to give). Ask for
-		// this caller's own.
+	case errors.As(err, &u) && (u.interim || u.denial) && !ran:
+		// Another caller's load got an interim answer or a denial: it
+		// is that caller's (its request state, its input to give, its
+		// limit). Ask for this caller's own.
 		return g.bypassCache(w, r, rt, fwd, call)
 	case errors.As(err, &u):
 		return g.uncacheableAnswer(w, fwd.Msg, u)
