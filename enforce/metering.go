@@ -740,6 +740,12 @@ func (m *meterer) placeKey(ctx context.Context, key string, seed *limit.Usage, p
 				"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "sent", op.sent)
 		}
 		if err != nil && neverPlaced(err) {
+			if op.doubt {
+				// counted unmetered when it passed its op's horizon
+				m.log.Error("usage that can never be placed on its meter is dropped (already counted in mcpgate_unmetered_calls_total)",
+					"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "usage", op.delta, "err", err)
+				continue
+			}
 			m.dropUnplaceable(meter, op.delta, err)
 			continue
 		}
