@@ -24,7 +24,9 @@ import (
 // share its hash tag (package keyspace), so each script touches one slot. A
 // tag index is a sorted set in its own slot, of entry keys scored by when
 // the membership ends; expired members are pruned on every write to it and
-// on every invalidation. No command spans two slots.
+// on every invalidation, which first moves it aside whole (one command
+// whatever its size) and then drops its entries a page at a time. No
+// command spans two slots.
 //
 // An invalidation finds entries only through their indexes, and Redis may
 // evict an index before its entries: under allkeys-lfu or volatile-lru a
@@ -36,9 +38,10 @@ import (
 // those, after a policy change, take a second one), and an entry one of
 // them no longer lists is deleted, if unchanged, and read as a miss. The
 // check is not atomic with the GET (the keys are in different slots, so no
-// script can read both on a cluster), and needs little: an invalidation
-// leaves memberships in place, so a membership is only lost for good
-// (evicted with its index, or ended), and the reader that finds it lost
+// script can read both on a cluster), and needs little: a membership is
+// only lost for good (evicted with its index, ended, or moved aside by an
+// invalidation, which is to readers the index's eviction: see invalidate),
+// and the reader that finds it lost
 // deletes the entry before its own load registers the entry again; an
 // acquire (which registers it again, and returns a fresh value; Warm
 // acquires without a read) checks the value with what each registration
@@ -427,8 +430,12 @@ func (r *RedisStore) releaseNow(ctx context.Context, reqs []releaseReq) []error 
 	return out
 }
 
-// invalidateBatch bounds one pipeline of entry deletions.
-const invalidateBatch = 512
+// invalidatePage is how many entries of a drained tag index one round
+// trip drops: one tenant's index can list as many entries as its loads
+// made, and read whole it could take longer than the store's timeout (the
+// failed invalidation then holding the store's breaker open for every
+// tenant until its replay, which would fail the same way).
+const invalidatePage = 512
 
 // runStep is run bounded by step (0: by ctx alone).
 func (r *RedisStore) runStep(ctx context.Context, step time.Duration, calls []scriptCall) []rueidis.RedisResult {
@@ -440,35 +447,36 @@ func (r *RedisStore) runStep(ctx context.Context, step time.Duration, calls []sc
 	return r.run(ctx, calls)
 }
 
+// invalidate moves each tag's index aside (drainSrc), then drops the
+// entries it listed a page at a time, bumping their fences (so that a load
+// in flight stores nothing), and removes a page's memberships only once
+// its entries are dropped (pageSrc): a failure leaves them in the drain,
+// which the next invalidation of the tag (the replay) empties with it.
+// Each round trip is bounded by step.
 func (r *RedisStore) invalidate(ctx context.Context, scope Scope, tags []string, step time.Duration) (int, error) {
+	page := strconv.Itoa(invalidatePage)
+	drains := make([]string, len(tags))
 	calls := make([]scriptCall, len(tags))
 	for i, tag := range tags {
-		calls[i] = scriptCall{membersScript, []string{keyspace.CacheTag(scope, tag)}, nil}
+		index := keyspace.CacheTag(scope, tag)
+		drains[i] = keyspace.CacheTagDrain(index)
+		calls[i] = scriptCall{drainScript, []string{index, drains[i]}, []string{page}}
 	}
-	seen := make(map[string]bool)
-	var members []string
-	for _, res := range r.runStep(ctx, step, calls) {
-		ms, err := res.AsStrSlice()
-		if err != nil {
-			return 0, err
-		}
-		for _, m := range ms {
-			if !seen[m] {
-				seen[m] = true
-				members = append(members, m)
+	pages, err := pagesOf(r.runStep(ctx, step, calls))
+	n := 0
+	for err == nil {
+		calls = calls[:0]
+		seen := make(map[string]bool) // an entry of two tags is dropped once
+		for _, members := range pages {
+			for _, m := range members {
+				if !seen[m] {
+					seen[m] = true
+					calls = append(calls, scriptCall{dropScript, []string{m, keyspace.CacheFence(m)}, []string{droppedFenceTTL}})
+				}
 			}
 		}
-	}
-	// The fence must outlive any load in flight; a day is far beyond any
-	// LoadTimeout, and the key only exists where a load recently ran.
-	fenceTTL := strconv.FormatInt((24 * time.Hour).Milliseconds(), 10)
-	n := 0
-	for len(members) > 0 {
-		batch := members[:min(len(members), invalidateBatch)]
-		members = members[len(batch):]
-		calls = calls[:0]
-		for _, m := range batch {
-			calls = append(calls, scriptCall{dropScript, []string{m, keyspace.CacheFence(m)}, []string{fenceTTL}})
+		if len(calls) == 0 {
+			return n, nil
 		}
 		for _, res := range r.runStep(ctx, step, calls) {
 			d, err := res.AsInt64()
@@ -477,8 +485,36 @@ func (r *RedisStore) invalidate(ctx context.Context, scope Scope, tags []string,
 			}
 			n += int(d)
 		}
+		calls = calls[:0]
+		var next []string
+		for i, members := range pages {
+			if len(members) > 0 {
+				next = append(next, drains[i])
+				calls = append(calls, scriptCall{pageScript, []string{drains[i]}, append([]string{page}, members...)})
+			}
+		}
+		drains = next
+		pages, err = pagesOf(r.runStep(ctx, step, calls))
 	}
-	return n, nil
+	return n, err
+}
+
+// droppedFenceTTL is the life of a fence an invalidation bumps: it must outlive
+// any load in flight; a day is far beyond any LoadTimeout, and the key only
+// exists where a load recently ran.
+var droppedFenceTTL = strconv.FormatInt((24 * time.Hour).Milliseconds(), 10)
+
+// pagesOf reads the pages drainSrc and pageSrc reply.
+func pagesOf(res []rueidis.RedisResult) ([][]string, error) {
+	pages := make([][]string, len(res))
+	for i, x := range res {
+		ms, err := x.AsStrSlice()
+		if err != nil {
+			return nil, err
+		}
+		pages[i] = ms
+	}
+	return pages, nil
 }
 
 func (r *RedisStore) subscribe(ctx context.Context, entry string) (subscription, error) {

@@ -172,13 +172,44 @@ redis.call('PEXPIRE', KEYS[1], string.format('%d', tonumber(top[2]) - now + 1))
 return cur and 1 or 0
 `
 
-// membersSrc prunes ended memberships and returns the live members.
+// drainSrc moves a tag index aside whole, into its drain key (merged with
+// what an earlier invalidation left there), prunes ended memberships, and
+// returns the drain's first page. One command whatever the index's size:
+// from then on no read serves the index's entries (they are unlisted, as
+// after the index's eviction), and the drain is emptied a page at a time
+// (pageSrc), each page's entries dropped before their memberships go.
 //
-//	KEYS: tag index
-const membersSrc = luaLib + `
-local now = math.floor(now_us() / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
-return redis.call('ZRANGE', KEYS[1], 0, -1)
+//	KEYS: tag index, its drain
+//	ARGV: page length
+const drainSrc = luaLib + `
+local now = string.format('%d', math.floor(now_us() / 1000))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    redis.call('ZUNIONSTORE', KEYS[2], 2, KEYS[2], KEYS[1], 'AGGREGATE', 'MAX')
+    redis.call('DEL', KEYS[1])
+  else
+    redis.call('RENAME', KEYS[1], KEYS[2])
+  end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local top = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+if top[2] then
+  redis.call('PEXPIRE', KEYS[2], string.format('%d', tonumber(top[2]) - tonumber(now) + 1))
+end
+return redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[1]) - 1)
+`
+
+// pageSrc removes the memberships of entries dropped from a drain and
+// returns its next page (empty once drained).
+//
+//	KEYS: drain
+//	ARGV: page length, entry keys dropped...
+const pageSrc = `
+if #ARGV > 1 then
+  redis.call('ZREM', KEYS[1], unpack(ARGV, 2))
+end
+return redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
 `
 
 // script is a Lua script run by EVALSHA, and by EVAL after NOSCRIPT.
@@ -198,5 +229,6 @@ var (
 	dropScript     = newScript(dropSrc)
 	tagScript      = newScript(tagSrc)
 	unlistedScript = newScript(dropUnlistedSrc)
-	membersScript  = newScript(membersSrc)
+	drainScript    = newScript(drainSrc)
+	pageScript     = newScript(pageSrc)
 )

@@ -17,6 +17,9 @@ func TestCacheEntryLayout(t *testing.T) {
 	if got := CacheTag(TenantCache("acme"), "product:42"); got != "mcpgate:ctag:{acme:product%3A42}" {
 		t.Fatalf("CacheTag = %q", got)
 	}
+	if tk := CacheTag(TenantCache("acme"), "t"); Slot(CacheTagDrain(tk)) != Slot(tk) || CacheTagDrain(tk) == tk {
+		t.Errorf("CacheTagDrain(%q) = %q: not another key in the index's slot", tk, CacheTagDrain(tk))
+	}
 	for _, k := range []string{CacheLock(e), CacheFence(e), CacheChannel(e)} {
 		if Slot(k) != Slot(e) || HashTag(k) != HashTag(e) {
 			t.Errorf("%q is not in the slot of its entry %q", k, e)

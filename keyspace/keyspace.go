@@ -336,6 +336,7 @@ func crc16(s string) uint16 {
 //	mcpgate:cache:{<scope>:<tool>:<args hash>}:fence    fence counter
 //	mcpgate:cache:{<scope>:<tool>:<args hash>}:ch       shard channel waking waiters
 //	mcpgate:ctag:{<scope>:<tag>}                        tag index (sorted set of entry keys)
+//	mcpgate:ctag:{<scope>:<tag>}:drain                  an invalidated index, being emptied
 //
 // <scope> is the escaped tenant, or "~shared" for entries every tenant sees:
 // Escape never yields "~shared", so no tenant name reaches shared entries.
@@ -412,6 +413,11 @@ func CacheChannel(entry string) string { return entry + ":ch" }
 func CacheTag(scope CacheScope, tag string) string {
 	return Prefix + "ctag:{" + scope.String() + ":" + Escape(tag) + "}"
 }
+
+// CacheTagDrain returns the key an invalidation moves the tag index whose
+// key is index (from CacheTag) to while it drops the index's entries; it is
+// in the index's slot.
+func CacheTagDrain(index string) string { return index + ":drain" }
 
 // CachePattern matches every cache entry, lock, fence and channel (for SCAN).
 const CachePattern = Prefix + "cache:*"
