@@ -518,7 +518,7 @@ func (c *Cache) read(ctx context.Context, key Key, tags []string) (record, bool,
 	rctx := ctx
 	if c.remote {
 		var cancel context.CancelFunc
-		rctx, cancel = context.WithTimeout(ctx, c.timeout)
+		rctx, cancel = withOpTimeout(ctx, c.timeout)
 		defer cancel()
 	}
 	rctx, span := c.storeSpan(rctx, "read")

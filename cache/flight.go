@@ -201,7 +201,7 @@ func (c *Cache) resolve(ctx context.Context, key Key, load Loader, pol Policy, f
 				sub = nil
 			}
 			subscribes++
-			sctx, cancel := context.WithTimeout(ctx, c.timeout)
+			sctx, cancel := withOpTimeout(ctx, c.timeout)
 			s, err := c.store.subscribe(sctx, key.entry)
 			cancel()
 			if err == nil {
@@ -257,7 +257,7 @@ func (c *Cache) pause(sub subscription, lockWait, left time.Duration, down <-cha
 }
 
 func (c *Cache) acquireOne(ctx context.Context, key Key, pol Policy, mode acquireMode, seen uint64, token string) acquireRes {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	ctx, cancel := withOpTimeout(ctx, c.timeout)
 	defer cancel()
 	ctx, span := c.storeSpan(ctx, "lock")
 	res := c.store.acquire(ctx, []acquireReq{c.acquireReq(key, pol, mode, seen, token)})[0]
@@ -365,7 +365,7 @@ func (c *Cache) loadLocked(ctx context.Context, key Key, load Loader, pol Policy
 		return Entry{Value: v, Negative: neg}, Miss, false, nil
 	}
 	rec := c.newRecord(v, neg, fence, delta, key, pol)
-	cctx, cancel := context.WithTimeout(ctx, c.timeout)
+	cctx, cancel := withOpTimeout(ctx, c.timeout)
 	res := c.commit(cctx, []commitReq{{entry: key.entry, token: token, rec: rec, lockTTL: b.lock}})
 	cancel()
 	return Entry{Value: v, Negative: neg, TTL: rec.fresh()}, Miss, res[0].fenced, nil
@@ -423,7 +423,7 @@ func (c *Cache) release(ctx context.Context, reqs []releaseReq) {
 	for i := range reqs {
 		reqs[i].lockTTL = or(reqs[i].lockTTL, c.lockTTL)
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	ctx, cancel := withOpTimeout(ctx, c.timeout)
 	defer cancel()
 	ctx, span := c.storeSpan(ctx, "unlock")
 	errs := c.store.release(ctx, reqs)

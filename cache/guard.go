@@ -241,15 +241,30 @@ func (g *guardedStore) observe(ctx context.Context, errs ...error) {
 	g.br.Observe(nil)
 }
 
-// failed tells whether err says the store did not answer.
+// errOpTimeout is the cause of a store operation's own deadline
+// (Options.Timeout, see withOpTimeout).
+var errOpTimeout = errors.New("cache: store operation timed out")
+
+// withOpTimeout bounds a store operation by d, marking the deadline as the
+// operation's own: when the caller's ends first (its deadline, or it went
+// away), the store was not too slow for anyone else (see failed).
+func withOpTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, d, errOpTimeout)
+}
+
+// failed tells whether err says the store did not answer. ctx is the
+// operation's: a timeout counts only when it is the operation's own
+// (withOpTimeout) or the store's inside it, not when the caller's context
+// ended first (it went away, or its deadline was shorter): a caller with
+// short deadlines would otherwise open the breaker, and serve every
+// tenant's cached tools uncached, while the store answers everyone else.
 func failed(ctx context.Context, err error) bool {
 	var reply *rueidis.RedisError
 	switch {
 	case err == nil, errors.Is(err, errNoPubSub), errors.Is(err, errReply), errors.As(err, &reply):
 		// No I/O, or the server answered.
 		return false
-	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
-		// The caller went away; that says nothing about the store.
+	case ctx.Err() != nil && !errors.Is(context.Cause(ctx), errOpTimeout):
 		return false
 	}
 	return true

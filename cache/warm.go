@@ -80,7 +80,7 @@ func (c *Cache) warmBatch(ctx context.Context, items []WarmItem) (WarmResult, []
 	// starts with it (acquireReq); the batch's loads wait for their turn
 	// (WarmConcurrency), so each is measured from here.
 	acquired := time.Now()
-	actx, cancel := context.WithTimeout(ctx, max(c.timeout, time.Second))
+	actx, cancel := withOpTimeout(ctx, max(c.timeout, time.Second))
 	acq := c.store.acquire(actx, reqs)
 	cancel()
 	return c.warmLoads(ctx, items, reqs, acq, acquired)
