@@ -15,6 +15,13 @@ import (
 // long the shutdown waits for an open store breaker to close.
 const shutdownStep = 5 * time.Second
 
+// shutdownRetries bounds the shutdown's placements tried again after a
+// failure the store breaker did not cause, shutdownRetryPause apart.
+const (
+	shutdownRetries    = 8
+	shutdownRetryPause = 100 * time.Millisecond
+)
+
 // shutdown is run's last step, once its context ended: one last try,
 // bounded, so that a clean shutdown places what it can. finish stops the
 // flusher and returns the error of its final flush.
@@ -24,9 +31,10 @@ const shutdownStep = 5 * time.Second
 // at once and the pending usage dropped as unmetered for nothing. So the
 // shutdown waits for the breaker to close, and tries again what the breaker
 // refused, for shutdownStep at most; a store still down then is given up
-// on as before, the shutdown having waited that long. A failure the breaker
-// did not cause (the usage store down, a store that answers with errors)
-// is not waited for.
+// on as before, the shutdown having waited that long. A placement that
+// fails otherwise (a connection the store's restart broke) is tried again
+// a few times (shutdownRetries); a failed final flush alone (the usage
+// store down) is not waited for.
 func (m *meterer) shutdown(ctx context.Context, finish func() error) {
 	g := m.guard
 	until := time.Now().Add(shutdownStep)
@@ -41,6 +49,7 @@ func (m *meterer) shutdown(ctx context.Context, finish func() error) {
 	// by the final flush and the placements below, or counted.
 	m.closed.Store(true)
 	err := finish()
+	failedRetries := 0
 	for retries := 0; g != nil; retries++ {
 		refused := g.refused()
 		// What the final flush found lost (its journal went pending), or
@@ -59,8 +68,21 @@ func (m *meterer) shutdown(ctx context.Context, finish func() error) {
 			}
 			break
 		}
-		if g.refused() == refused && g.Available() || !g.awaitUp(until) {
-			break // not the breaker's doing, or no time left
+		if g.refused() == refused && g.Available() {
+			// Not the breaker's doing. A store that restarted just before
+			// leaves each connection of the client broken until its next
+			// use (an EOF, and the connection is dialled again): retried
+			// a few times, the usage is placed. Placing again is safe (an
+			// op applies once).
+			if m.pendingCount() == 0 || failedRetries >= shutdownRetries || time.Now().After(until) {
+				break
+			}
+			failedRetries++
+			time.Sleep(shutdownRetryPause)
+			continue
+		}
+		if !g.awaitUp(until) {
+			break // no time left
 		}
 	}
 	if err != nil {
