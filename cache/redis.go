@@ -311,7 +311,9 @@ func (r *RedisStore) acquireChecked(ctx context.Context, reqs []acquireReq, chec
 			}
 			out[k] = acquireRes{err: tagErr}
 		}
-		if check && out[k].err == nil && out[k].status == statusFresh && len(out[k].rec.tags) > 0 {
+		// A value lacking one of the policy's indexes is checked too (and
+		// so deleted): it was loaded under other tags (see checkListed).
+		if check && out[k].err == nil && out[k].status == statusFresh && len(out[k].rec.tags)+len(keys[k]) > 0 {
 			listedBefore := func(j int) (bool, error) { n, _ := tagRes[j].AsInt64(); return n == 1, nil }
 			switch ok, err := r.checkListed(ctx, q.entry, &out[k].rec, keys[k], listedBefore); {
 			case err != nil:

@@ -55,6 +55,16 @@ func TestEntryMissingAPolicyTagIsReloaded(t *testing.T) {
 				if v, src := get(t, c, k, l.fixed("x", 0), Policy{TTL: time.Hour}); v != "new" || src != Hit {
 					t.Fatalf("before %v: Get under no tags: %q %v, want a hit", before.Tags, v, src)
 				}
+
+				// A lock attempt (a miss whose read came before another
+				// instance, on the old policy, stored the entry; Warm) does
+				// not return the entry lacking the tag as fresh either.
+				k = mustKey(t, sc, "fetch", fmt.Sprintf(`{"id":1,"i":%d}`, i))
+				get(t, c, k, l.fixed("old", 0), before)
+				acq := s.acquire(ctx, []acquireReq{c.acquireReq(k, tagged, modeMiss, 0, c.token())})[0]
+				if acq.err != nil || acq.status == statusFresh {
+					t.Fatalf("before %v: a lock attempt under the new tags: %+v, want the lock, not the entry lacking the tag", before.Tags, acq)
+				}
 			}
 		})
 	}
