@@ -36,7 +36,9 @@ import (
 // (ZSCORE): the caller's policy's indexes are asked in the read's pipeline
 // (one round trip, one command per tag; the indexes a record names beyond
 // those, after a policy change, take a second one), and an entry one of
-// them no longer lists is deleted, if unchanged, and read as a miss. The
+// them no longer lists is deleted, if unchanged, and read as a miss, as is
+// one that does not record an index of the caller's policy (loaded before
+// a config change added the tag: that tag's invalidation cannot find it). The
 // check is not atomic with the GET (the keys are in different slots, so no
 // script can read both on a cluster), and needs little: a membership is
 // only lost for good (evicted with its index, ended, or moved aside by an
