@@ -337,6 +337,14 @@ type Outcome struct {
 	// of 0 can be reported through cost.from_result only). Without
 	// metering it changes nothing.
 	Cost int64
+	// Running: the server may still be running the call: its request was
+	// cut (a timeout of the caller's) and nothing could stop it (no
+	// session to send a notifications/cancelled in). Done then keeps the
+	// call's concurrency slots held until their lease lapses by itself
+	// (the rule's Period) instead of releasing them, so that cutting a
+	// call and calling again never runs more calls at once than the rule
+	// allows. Everything else Done does is unchanged.
+	Running bool
 }
 
 // Ticket is an admitted call's claim on the engine: what Done settles.
@@ -414,8 +422,8 @@ func (t *Ticket) Answered(ctx context.Context, result json.RawMessage, failed bo
 	}
 }
 
-// Done settles an admitted call: it releases the call's concurrency slots,
-// corrects its charge from the cost the tool reported, tells the loop
+// Done settles an admitted call: it releases the call's concurrency slots
+// (unless Outcome.Running: they lapse with their lease), corrects its charge from the cost the tool reported, tells the loop
 // breaker how it ended (a cancelled or abandoned call gives back a probe
 // instead of reporting), and drops the entries a mutating call may have
 // made stale (unless it ended in a tool error). It returns the cost the
@@ -438,9 +446,11 @@ func (t *Ticket) Done(ctx context.Context, o Outcome) (charged int64) {
 	t.mu.Unlock()
 
 	ctx = context.WithoutCancel(ctx)
-	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
-	t.v.release(rctx)
-	cancel()
+	if !o.Running {
+		rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+		t.v.release(rctx)
+		cancel()
+	}
 	charged = t.cost
 	switch {
 	case o.Cost > 0 && t.meter != nil:

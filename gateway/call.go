@@ -53,7 +53,7 @@ func (g *Gateway) serveCall(x *exchange) {
 			})
 			return
 		}
-		if charged := t.Done(ctx, enforce.Outcome{Status: a.status(x.r), Result: a.result}); charged != d.Cost {
+		if charged := t.Done(ctx, enforce.Outcome{Status: a.status(x.r), Result: a.result, Running: a.running}); charged != d.Cost {
 			noteCost(ctx, charged)
 		}
 	})
@@ -80,21 +80,29 @@ func (g *Gateway) serveCall(x *exchange) {
 		// answers reach the ticket through answered only: a load may
 		// outlive this call (an early refresh), and must not touch a.
 		a.failed, a.result, a.code, orphan = g.cachedCall(x.w, x.r, x.rt, x.fwd, plan, call, answered)
+		if call.cut.Load() {
+			// Its own request (a bypass, after another caller's interim
+			// answer) was cut; a flight's load is not the call's to stop.
+			a.running = g.stopUpstream(x.r, x.p, msg.ID, true)
+		}
 		return
 	case cached:
 		a.failed, a.result, a.code = g.bypassCache(x.w, x.r, x.rt, x.fwd, call)
 	default:
 		a.code = g.forwardCall(x.w, x.r, x.rt, x.fwd, call)
 	}
-	g.cancelAbandoned(x.r, x.p, msg.ID) // before the call is settled and its slot freed
+	// Before the call is settled and its slot freed.
+	a.running = g.stopUpstream(x.r, x.p, msg.ID, call.cut.Load())
 }
 
 // answer is what a tools/call got: its result (nil without one), whether
-// that was an error, and the HTTP status written to the caller.
+// that was an error, the HTTP status written to the caller, and whether
+// the upstream may still be running it (enforce.Outcome.Running).
 type answer struct {
-	result json.RawMessage
-	failed bool
-	code   int
+	result  json.RawMessage
+	failed  bool
+	code    int
+	running bool
 }
 
 // status is how the call ended, for the engine.

@@ -326,8 +326,9 @@ func TestSessionlessCallKeepsItsSlotWhateverItsProtocol(t *testing.T) {
 
 // A shutdown does not wait for the upstream answer of a session-less call
 // whose client has left (nobody reads it): when the shutdown starts
-// (EndStreams), the call ends and its slot is free, long before its tool
-// would have answered.
+// (EndStreams), the call ends at once, long before its tool would have
+// answered. Its slot stays held (until its lease lapses): the tool still
+// runs upstream, and nothing can stop it.
 func TestShutdownEndsCallsWhoseClientLeft(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, setup{Config: cancelConfig, Upstream: upstream.Options{Stateless: true}})
@@ -339,11 +340,15 @@ func TestShutdownEndsCallsWhoseClientLeft(t *testing.T) {
 	if r := post(t, e.mcpURL(0), tok, callBody(8, "slow", map[string]any{"ms": 1}), nil); r.Status != http.StatusTooManyRequests {
 		t.Fatalf("a call while the first still runs upstream: %d %s, want 429", r.Status, r.Body)
 	}
-	// The tool answers after 15 s; the shutdown frees the slot at once.
+	// The tool answers after 15 s; the shutdown ends the call at once.
 	e.gws[0].EndStreams()
-	eventually(t, 8*time.Second, "the slot to come free once the shutdown started", func() bool {
-		return post(t, e.mcpURL(0), tok, callBody(9, "slow", map[string]any{"ms": 1}), nil).Status == http.StatusOK
-	})
+	eventually(t, 8*time.Second, "the call to end once the shutdown started", func() bool { return e.gws[0].inflight.size() == 0 })
+	if e.up.Calls("slow") != 1 {
+		t.Fatalf("%d calls reached the upstream, want 1", e.up.Calls("slow"))
+	}
+	if r := post(t, e.mcpURL(0), tok, callBody(9, "slow", map[string]any{"ms": 1}), nil); r.Status != http.StatusTooManyRequests {
+		t.Fatalf("a call while the ended one still runs upstream: %d %s, want 429", r.Status, r.Body)
+	}
 }
 
 // The answer of a session-less call whose client hung up still comes (the

@@ -53,6 +53,9 @@ type liveCall struct {
 	// outlivesClient): a cancellation can reach it only through its client's
 	// request, which it ends.
 	outlives bool
+	// cut: the gateway cut the call's upstream request before its answer
+	// (cutUpstream): the upstream may still be running it.
+	cut atomic.Bool
 }
 
 // ended reports whether the call's request has ended (release ran): a

@@ -25,32 +25,57 @@ func outlivesClient(r *http.Request) bool {
 }
 
 // errDrained ends the upstream request of a call whose client left more
-// than its bound ago, or when the gateway shuts down (see detach).
+// than its bound ago, or when the gateway shuts down (see detach). The
+// upstream may still be running the call then (cutUpstream).
 var errDrained = errors.New("gateway: the client of this call left and its upstream answer took too long")
 
+// cutUpstream reports whether the gateway itself cut the upstream request
+// r (forwarded, it returned err) before its answer: the idle timeout
+// (upstream.timeout), upstream.max_duration, or the bound on a detached
+// call's answer (errDrained). The upstream may still be running the call:
+// it is to be cancelled in its session, and without one its slot must stay
+// held (stopUpstream).
+func cutUpstream(r *http.Request, err error) bool {
+	return errors.Is(err, mcp.ErrUpstreamTimeout) || errors.Is(context.Cause(r.Context()), errDrained)
+}
+
 // forwardCall forwards call, a tools/call (not through the cache), and
-// returns the HTTP status written to the client. A call that must outlive
-// its client (outlivesClient) is forwarded detached: it returns when the
-// upstream has answered, with mcp.StatusClientClosedRequest when the
-// client left before.
+// returns the HTTP status written to the client (see forwardHeld). A call
+// whose upstream request the gateway cut is marked so (liveCall.cut).
 func (g *Gateway) forwardCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, call *liveCall) int {
-	if !call.outlives {
-		return g.forward(w, r, rt, fwd, "tools/call")
+	status, cut := g.forwardHeld(w, r, rt, fwd, "tools/call", call.outlives)
+	if cut {
+		call.cut.Store(true)
+	}
+	return status
+}
+
+// forwardHeld forwards a request whose ticket holds concurrency slots
+// until it is settled (a tools/call, or another request under its
+// method's rules), and returns the HTTP status written to the client and
+// whether the gateway cut the upstream request (cutUpstream). A request
+// that must outlive its client (outlives, see outlivesClient) is forwarded
+// detached: it returns when the upstream has answered, with
+// mcp.StatusClientClosedRequest when the client left before. Settle it
+// after stopUpstream.
+func (g *Gateway) forwardHeld(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, class string, outlives bool) (status int, cut bool) {
+	if !outlives {
+		return g.forwardCut(w, r, rt, fwd, class)
 	}
 	if r.Context().Err() != nil {
 		// Gone before anything was sent: nothing runs upstream to hold
 		// the slot for.
 		noteLeft(r.Context())
 		writeNothing(w)
-		return mcp.StatusClientClosedRequest
+		return mcp.StatusClientClosedRequest, false
 	}
 	gw, dr := g.detach(w, r, rt.cfg.Upstream.Timeout)
-	status := g.forward(gw, dr, rt, fwd, "tools/call")
+	status, cut = g.forwardCut(gw, dr, rt, fwd, class)
 	if gw.end() {
 		status = mcp.StatusClientClosedRequest // not the upstream's failure
 		noteLeft(r.Context())
 	}
-	return status
+	return status, cut
 }
 
 // detach returns the writer and request to forward a call that must outlive
@@ -61,7 +86,9 @@ func (g *Gateway) forwardCall(w http.ResponseWriter, r *http.Request, rt *runtim
 // left, the upstream has bound to answer (a silent tool is cut sooner by
 // the proxy's idle timeout; a streaming one would otherwise be read for
 // ever), and a shutdown ends the wait at once (nobody is waiting for the
-// answer, and the shutdown would wait for it). Then the request is closed.
+// answer, and the shutdown would wait for it). Then the request is closed,
+// and the call's slot stays held until its lease lapses (the upstream may
+// still be running it: cutUpstream, stopUpstream).
 // The writer's end must be called once the call has been forwarded.
 func (g *Gateway) detach(w http.ResponseWriter, r *http.Request, bound time.Duration) (*goneWriter, *http.Request) {
 	client := r.Context()

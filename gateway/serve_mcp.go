@@ -233,6 +233,14 @@ func (g *Gateway) route(x *exchange) {
 }
 
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, class string) int {
+	status, _ := g.forwardCut(w, r, rt, fwd, class)
+	return status
+}
+
+// forwardCut is forward that also reports whether the gateway cut the
+// upstream request before its answer (cutUpstream): the upstream may
+// still be working on it.
+func (g *Gateway) forwardCut(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, class string) (int, bool) {
 	start := time.Now()
 	fwd, forwarded := noteForward(r.Context(), fwd)
 	status, err := g.serveOrdered(w, r, rt, fwd)
@@ -252,7 +260,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, rt *runtime, f
 	if err != nil && status < 500 && !errors.Is(err, mcp.ErrClientGone) && !errors.Is(err, mcp.ErrCancelled) {
 		status = http.StatusBadGateway
 	}
-	return status
+	return status, cutUpstream(r, err)
 }
 
 // identityHeaders are X-Mcp-Tenant / X-Mcp-Subject when the config asks for

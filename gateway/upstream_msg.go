@@ -59,33 +59,52 @@ func (g *Gateway) askUpstream(ctx context.Context, hc *http.Client, method, tena
 	return resp.StatusCode, resp.Body.Close()
 }
 
-// cancelTimeout bounds the cancellation the gateway sends for a call whose
-// client went away.
+// cancelTimeout bounds the cancellation the gateway sends for a call the
+// upstream may still be running.
 const cancelTimeout = 2 * time.Second
 
-// cancelAbandoned tells the upstream to stop a call whose client went away
-// before its answer (a notifications/cancelled in the call's session), so
-// that the call's concurrency slot, freed right after, is not freed while
-// the upstream still works on it: an upstream on MCP 2025 sessions (the Go
-// SDK's) goes on running a tool whose HTTP request was closed. A call the
-// client cancelled itself needs nothing (its own notification went
-// upstream), nor one without a session (nothing can cancel it upstream:
-// its answer is read to its end, see outlivesClient).
-func (g *Gateway) cancelAbandoned(r *http.Request, p auth.Principal, id json.RawMessage) {
+// stopUpstream is called before a request whose ticket holds concurrency
+// slots is settled (its slots freed), for a request the upstream may still
+// be working on: its client went away before the answer, or the gateway
+// cut its upstream request (cut, see cutUpstream: a timeout, or the bound
+// on a detached call's answer). In the request's session it tells the
+// upstream to stop it (a notifications/cancelled naming id): an upstream
+// on MCP 2025 sessions (the Go SDK's) goes on running a tool whose HTTP
+// request was closed, and the freed slot would let another call run beside
+// it ("call, hang up, call again" under a limit of one). A request the
+// client cancelled itself needs nothing more (its own notification went
+// upstream), nor one without a session whose client left (its answer was
+// read to its end, see outlivesClient).
+//
+// It reports whether the upstream may still be running the request all
+// the same (enforce.Outcome.Running: its slots stay held until their lease
+// lapses): cut without a session (nothing can stop it), or cut or left
+// and its cancellation could not be sent.
+func (g *Gateway) stopUpstream(r *http.Request, p auth.Principal, id json.RawMessage, cut bool) (running bool) {
 	session := r.Header.Get(mcp.HeaderSessionID)
-	if r.Context().Err() == nil || errors.Is(context.Cause(r.Context()), mcp.ErrCancelled) || session == "" || len(id) == 0 {
-		return
+	abandoned := r.Context().Err() != nil && !errors.Is(context.Cause(r.Context()), mcp.ErrCancelled)
+	if !cut && (!abandoned || session == "") {
+		return false
+	}
+	if session == "" || len(id) == 0 {
+		return cut
+	}
+	reason := "the client went away"
+	if cut {
+		reason = "the gateway's upstream timeout"
 	}
 	body, err := json.Marshal(map[string]any{
 		"jsonrpc": "2.0", "method": "notifications/cancelled",
-		"params": map[string]any{"requestId": id, "reason": "the client went away"},
+		"params": map[string]any{"requestId": id, "reason": reason},
 	})
 	if err != nil {
-		return
+		return true
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cancelTimeout)
 	defer cancel()
 	if err := g.sendUpstream(ctx, g.tracker.hc, http.MethodPost, p.Tenant, p.Subject, session, r.Header.Get(mcp.HeaderProtocolVersion), body); err != nil {
-		g.log.Warn("cancelling an abandoned call upstream failed", "tenant", p.Tenant, "err", err)
+		g.log.Warn("cancelling a call upstream failed: its slots stay held until their lease lapses", "tenant", p.Tenant, "err", err)
+		return true
 	}
+	return false
 }

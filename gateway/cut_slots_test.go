@@ -1,0 +1,164 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// overlapUpstream is a Go SDK server whose tool "block", prompt "block"
+// and resource "block://slow" run until released (or cancelled in their
+// session), and which counts how many of them run at once: overlaps is how
+// many started while another still ran (a concurrency limit of one must
+// keep it at 0). "block" with block: false, prompt "block" with block
+// "false" and resource "block://fast" answer at once, counted all the same.
+// A notifications/cancelled is answered only once the run it stops has
+// ended (the SDK ends it in the background), so that a cancellation the
+// gateway sends is over, upstream too, when it returns.
+type overlapUpstream struct {
+	url      string
+	running  atomic.Int64
+	started  atomic.Int64
+	overlaps atomic.Int64
+	release  func()
+}
+
+func newOverlapUpstream(t *testing.T, stateless bool) *overlapUpstream {
+	t.Helper()
+	o := &overlapUpstream{}
+	released := make(chan struct{})
+	o.release = sync.OnceFunc(func() { close(released) })
+	run := func(ctx context.Context, block bool) {
+		o.started.Add(1)
+		if o.running.Add(1) > 1 {
+			o.overlaps.Add(1)
+		}
+		defer o.running.Add(-1)
+		if block {
+			select {
+			case <-released:
+			case <-ctx.Done(): // a notifications/cancelled in its session
+			}
+		}
+	}
+	srv := sdk.NewServer(&sdk.Implementation{Name: "overlap", Version: "1"}, nil)
+	sdk.AddTool(srv, &sdk.Tool{Name: "block"}, func(ctx context.Context, _ *sdk.CallToolRequest, in struct {
+		Block bool `json:"block"`
+	}) (*sdk.CallToolResult, any, error) {
+		run(ctx, in.Block)
+		return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: "done"}}}, nil, nil
+	})
+	srv.AddPrompt(&sdk.Prompt{Name: "block", Arguments: []*sdk.PromptArgument{{Name: "block"}}}, func(ctx context.Context, req *sdk.GetPromptRequest) (*sdk.GetPromptResult, error) {
+		run(ctx, req.Params.Arguments["block"] == "true")
+		return &sdk.GetPromptResult{Messages: []*sdk.PromptMessage{{Role: "user", Content: &sdk.TextContent{Text: "done"}}}}, nil
+	})
+	for _, uri := range []string{"block://slow", "block://fast"} {
+		srv.AddResource(&sdk.Resource{URI: uri, Name: uri}, func(ctx context.Context, req *sdk.ReadResourceRequest) (*sdk.ReadResourceResult, error) {
+			run(ctx, req.Params.URI == "block://slow")
+			return &sdk.ReadResourceResult{Contents: []*sdk.ResourceContents{{URI: req.Params.URI, Text: "done"}}}, nil
+		})
+	}
+	h := sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return srv }, &sdk.StreamableHTTPOptions{Stateless: stateless})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var msg struct {
+			Method string `json:"method"`
+		}
+		if r.Method == http.MethodPost {
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			_ = json.Unmarshal(body, &msg)
+		}
+		if msg.Method != "notifications/cancelled" {
+			h.ServeHTTP(w, r)
+			return
+		}
+		n := o.running.Load()
+		h.ServeHTTP(w, r)
+		for end := time.Now().Add(time.Second); n > 0 && o.running.Load() >= n && time.Now().Before(end); {
+			time.Sleep(2 * time.Millisecond)
+		}
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(o.release) // before up.Close
+	o.url = up.URL
+	return o
+}
+
+// cutConfig: one "block" call at a time per tenant.
+const cutConfig = `
+tools:
+  block:
+    limits:
+      - {name: block_one, per: tenant_tool, algorithm: concurrency, limit: 1, period: 1m}
+`
+
+// A call whose upstream request the gateway cut (upstream.timeout,
+// upstream.max_duration, or the end of a detached call's wait at shutdown)
+// may still run upstream: the Go SDK's server goes on with a tool whose
+// request was closed. In a session the gateway cancels it there before
+// its slot is freed; without one nothing can stop it, and its slot stays
+// held (until its lease lapses). Calling again at once never runs two
+// calls under a concurrency limit of one. The slot was freed as soon as
+// the 504 was written, and the next call ran beside the first.
+func TestCutCallNeverRunsBesideTheNext(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, upstreamYAML string
+		session, drain     bool
+	}{
+		{"timeout, session", "  timeout: 300ms\n", true, false},
+		{"timeout, sessionless", "  timeout: 300ms\n", false, false},
+		{"max_duration, session", "  timeout: 30s\n  max_duration: 300ms\n", true, false},
+		{"max_duration, sessionless", "  timeout: 30s\n  max_duration: 300ms\n", false, false},
+		{"drained at shutdown, sessionless", "  timeout: 30s\n", false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			up := newOverlapUpstream(t, !c.session)
+			e := newEnv(t, setup{UpstreamURL: up.url, UpstreamYAML: c.upstreamYAML, Config: cutConfig})
+			tok := token(t, "acme", "alice")
+			var hdr http.Header
+			if c.session {
+				hdr = openRawSession(t, e, tok)
+			}
+			if c.drain {
+				ctx, hangUp := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					_, _ = postCtx(ctx, e.mcpURL(0), tok, callBody(7, "block", map[string]any{"block": true}), hdr)
+				}()
+				eventually(t, 10*time.Second, "the call to reach the upstream", func() bool { return up.started.Load() == 1 })
+				hangUp()
+				<-done
+				e.gws[0].EndStreams() // ends the detached wait for the answer
+				eventually(t, 10*time.Second, "the drained call to be settled", func() bool { return e.gws[0].inflight.size() == 0 })
+			} else if r := post(t, e.mcpURL(0), tok, callBody(7, "block", map[string]any{"block": true}), hdr); r.Status != http.StatusGatewayTimeout {
+				t.Fatalf("the blocked call: %d %s, want 504", r.Status, r.Body)
+			}
+			r := post(t, e.mcpURL(0), tok, callBody(8, "block", map[string]any{"block": false}), hdr)
+			if n := up.overlaps.Load(); n != 0 {
+				t.Fatalf("the next call ran upstream beside the cut one (%d overlaps; answered %d)", n, r.Status)
+			}
+			want := http.StatusOK // the cut call was cancelled in its session
+			if !c.session {
+				want = http.StatusTooManyRequests // it may still run: its slot is held
+			}
+			if r.Status != want {
+				t.Fatalf("the call after the cut one: %d %s, want %d", r.Status, r.Body, want)
+			}
+			if c.session && up.running.Load() != 0 {
+				t.Fatalf("%d runs left upstream: the cut call was not cancelled", up.running.Load())
+			}
+		})
+	}
+}
