@@ -162,3 +162,108 @@ func TestCutCallNeverRunsBesideTheNext(t *testing.T) {
 		})
 	}
 }
+
+// methodsConfig: one prompts/get or resources/read at a time per tenant.
+const methodsConfig = `
+tiers:
+  free:
+    limits:
+      - {name: reads_one, per: tenant, methods: [prompts/get, resources/read], algorithm: concurrency, limit: 1, period: 1m}
+`
+
+// A request other than tools/call passes its method's rules, which may
+// hold a concurrency slot, and is held as a tools/call is: when its client
+// hangs up, or the gateway cuts its upstream request, it is cancelled
+// upstream in its session before its slot is freed, and without one the
+// slot stays held while the upstream still works on it. Hanging up and
+// asking again never runs two under a limit of one. The slot was freed as
+// soon as the exchange ended, and the next request ran beside the first.
+func TestHeldMethodNeverRunsBesideTheNext(t *testing.T) {
+	t.Parallel()
+	requests := map[string][2]string{ // blocking, then answering at once
+		"prompts/get": {
+			`{"jsonrpc":"2.0","id":7,"method":"prompts/get","params":{"name":"block","arguments":{"block":"true"}}}`,
+			`{"jsonrpc":"2.0","id":8,"method":"prompts/get","params":{"name":"block","arguments":{"block":"false"}}}`,
+		},
+		"resources/read": {
+			`{"jsonrpc":"2.0","id":7,"method":"resources/read","params":{"uri":"block://slow"}}`,
+			`{"jsonrpc":"2.0","id":8,"method":"resources/read","params":{"uri":"block://fast"}}`,
+		},
+	}
+	for method, bodies := range requests {
+		for _, c := range []struct {
+			name    string
+			session bool
+			cut     bool // by upstream.timeout; else the client hangs up
+		}{
+			{"hang up, session", true, false},
+			{"hang up, sessionless", false, false},
+			{"timeout, session", true, true},
+			{"timeout, sessionless", false, true},
+		} {
+			t.Run(method+", "+c.name, func(t *testing.T) {
+				t.Parallel()
+				up := newOverlapUpstream(t, !c.session)
+				yaml := "  timeout: 30s\n"
+				if c.cut {
+					yaml = "  timeout: 300ms\n"
+				}
+				e := newEnv(t, setup{UpstreamURL: up.url, UpstreamYAML: yaml, Config: methodsConfig})
+				tok := token(t, "acme", "alice")
+				var hdr http.Header
+				if c.session {
+					hdr = openRawSession(t, e, tok)
+				}
+				if c.cut {
+					if r := post(t, e.mcpURL(0), tok, bodies[0], hdr); r.Status != http.StatusGatewayTimeout {
+						t.Fatalf("the blocked request: %d %s, want 504", r.Status, r.Body)
+					}
+				} else {
+					ctx, hangUp := context.WithCancel(context.Background())
+					done := make(chan struct{})
+					go func() {
+						defer close(done)
+						_, _ = postCtx(ctx, e.mcpURL(0), tok, bodies[0], hdr)
+					}()
+					eventually(t, 10*time.Second, "the request to reach the upstream", func() bool { return up.started.Load() == 1 })
+					hangUp()
+					<-done
+				}
+				switch {
+				case c.session:
+					// Admitted once the first is settled (a hang-up is
+					// noticed a little later), never beside it.
+					eventually(t, 10*time.Second, "the next request to be admitted", func() bool {
+						r := post(t, e.mcpURL(0), tok, bodies[1], hdr)
+						return r.Status == http.StatusOK
+					})
+				case c.cut:
+					if r := post(t, e.mcpURL(0), tok, bodies[1], hdr); r.Status != http.StatusTooManyRequests {
+						t.Fatalf("the next request while the first may still run: %d %s, want 429", r.Status, r.Body)
+					}
+				default:
+					// For the next second (the gateway notices the hang-up
+					// within it) the first still runs and holds its slot.
+					for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+						if r := post(t, e.mcpURL(0), tok, bodies[1], hdr); r.Status != http.StatusTooManyRequests {
+							t.Fatalf("the next request while the first still runs upstream: %d %s, want 429", r.Status, r.Body)
+						}
+					}
+				}
+				if n := up.overlaps.Load(); n != 0 {
+					t.Fatalf("the next request ran upstream beside the first (%d overlaps)", n)
+				}
+				if c.session && up.running.Load() != 0 {
+					t.Fatalf("%d runs left upstream: the first was not cancelled", up.running.Load())
+				}
+				if !c.session && !c.cut {
+					// Once the upstream has answered, the slot is free.
+					up.release()
+					eventually(t, 10*time.Second, "the slot to come free when the upstream answers", func() bool {
+						return post(t, e.mcpURL(0), tok, bodies[1], hdr).Status == http.StatusOK
+					})
+				}
+			})
+		}
+	}
+}

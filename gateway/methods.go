@@ -19,17 +19,27 @@ import (
 // session is refused (400) before anything is counted. Notifications and responses
 // pass the rules of policy.MethodNotifications: each reaches the upstream,
 // and unbounded they would let a tenant flood it for free.
+//
+// A request's rules may hold concurrency slots, which must not be free
+// while the upstream still works on it: it is forwarded as a tools/call is
+// (forwardHeld, stopUpstream), detached without a session and cancelled
+// upstream in one when its client left or the gateway cut it. Not a
+// subscriptions/listen (a stream, not a call), nor a notification or
+// response (no answer is awaited).
 func (g *Gateway) serveMethod(x *exchange) {
 	class := methodClass(x.msg)
 	if x.msg.IsCall() && x.msg.Method == policy.MethodInitialize {
 		g.serveInitialize(x, class)
 		return
 	}
-	if _, ok := g.admitMethod(x, class); !ok {
+	_, outcome, ok := g.admitMethod(x, class)
+	if !ok {
 		return
 	}
+	held := x.msg.IsCall()
 	if x.msg.Method == mcp.MethodSubscriptionsListen {
 		// a notification stream like the GET's: ended on shutdown
+		held = false
 		ctx, cancel := context.WithCancel(x.r.Context())
 		defer cancel()
 		defer g.streams.add(cancel)()
@@ -43,7 +53,12 @@ func (g *Gateway) serveMethod(x *exchange) {
 	if x.rt.outputs != nil && x.msg.IsCall() && x.msg.Method == mcp.MethodToolsList {
 		x.fwd.answered = x.rt.outputs.onToolsList // which tools declare an outputSchema
 	}
-	g.forward(x.w, x.r, x.rt, x.fwd, class)
+	if !held {
+		g.forward(x.w, x.r, x.rt, x.fwd, class)
+		return
+	}
+	_, cut := g.forwardHeld(x.w, x.r, x.rt, x.fwd, class, outlivesClient(x.r))
+	outcome.Running = g.stopUpstream(x.r, x.p, x.msg.ID, cut) // before the request is settled
 }
 
 // serveInitialize serves an initialize (see serveMethod).
@@ -59,15 +74,16 @@ func (g *Gateway) serveInitialize(x *exchange, class string) {
 		return
 	}
 	g.tracker.awaitEnds(x.r.Context(), x.p) // a session the caller just lost frees its slot first
-	if t, ok := g.admitMethod(x, class); ok {
+	if t, _, ok := g.admitMethod(x, class); ok {
 		g.openSession(x.w, x.r, x.rt, x.fwd, x.p, t, class)
 	}
 }
 
 // admitMethod puts a message that is not a tools/call through the engine
 // (see serveMethod). Refused, it has been answered; admitted, its rate-limit
-// headers are set, and its ticket is settled when the exchange ends.
-func (g *Gateway) admitMethod(x *exchange, class string) (*enforce.Ticket, bool) {
+// headers are set, and its ticket is settled when the exchange ends, with
+// the outcome returned (filled in by the caller until then).
+func (g *Gateway) admitMethod(x *exchange, class string) (*enforce.Ticket, *enforce.Outcome, bool) {
 	msg := x.msg
 	method, target := msg.Method, enforce.MethodTarget(msg.Method, msg.Name)
 	if !msg.IsCall() {
@@ -75,13 +91,14 @@ func (g *Gateway) admitMethod(x *exchange, class string) (*enforce.Ticket, bool)
 	}
 	t, d := g.eng.Admit(x.r.Context(), enforce.Call{Tenant: x.p.Tenant, Tier: x.p.Tier, Subject: x.p.Subject,
 		Method: method, Name: target})
-	x.after(func() { t.Done(context.WithoutCancel(x.r.Context()), enforce.Outcome{}) })
+	outcome := new(enforce.Outcome)
+	x.after(func() { t.Done(context.WithoutCancel(x.r.Context()), *outcome) })
 	noteDecision(x.r.Context(), d)
 	if !g.admitted(x, class, d) {
-		return t, false
+		return t, outcome, false
 	}
 	setRateHeaders(x.w.Header(), d.Limit, g.now())
-	return t, true
+	return t, outcome, true
 }
 
 // admitted answers a request the engine refused (503, or a denial in the
