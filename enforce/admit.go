@@ -396,6 +396,45 @@ func (t *Ticket) SessionSlots() SessionSlots {
 	return SessionSlots{e: t.e, store: t.v.leaseStore, lease: t.v.lease, tenant: t.call.Tenant, subject: t.call.Subject}
 }
 
+// HoldSlots takes the concurrency slots of the call's rules (its tenant's
+// and the global ones that are enforced, as Admit takes them) again, for
+// upstream work the call started that outlives it: an early refresh of the
+// cache entry its hit read (cache.Refreshing), which would otherwise run
+// outside every slot, so that a tenant at its concurrency limit could
+// drive any number of loads at once through refreshes. No other rule is
+// counted, no meter charged, no breaker asked: the work is the cache's,
+// not a call. ok is false when a slot is not free, or the store failed
+// under the tool's closed on_error policy: the work must not start. Else
+// release frees the slots; call it once the work has ended (each store
+// call bounded by a second). Without a concurrency rule nothing is taken.
+func (t *Ticket) HoldSlots(ctx context.Context) (release func(context.Context), ok bool) {
+	cfg := t.cp.cfg
+	owner := keyspace.Owner{Tenant: t.call.Tenant, Subject: t.call.Subject, Tool: t.call.Name}
+	tenantRules, globalRules := cfg.RulesFor(t.call.Tier, t.call.Name)
+	v := t.e.lim.admit(ctx, buildRuleSet(enforcedSlots(tenantRules), owner), buildRuleSet(enforcedSlots(globalRules), owner),
+		nil, nil, 1, cfg.ToolOnError(t.call.Name))
+	if !v.allowed || v.unavailable {
+		return noRelease, false
+	}
+	return func(ctx context.Context) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		v.release(rctx)
+	}, true
+}
+
+// enforcedSlots are the concurrency rules of rules that are not shadow
+// rules: the ones whose slots HoldSlots takes.
+func enforcedSlots(rules []policy.Rule) []policy.Rule {
+	var out []policy.Rule
+	for _, r := range rules {
+		if r.Algorithm == limit.Concurrency && !r.Shadow {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // Answered records a tools/call's answer as soon as it is known, before it
 // is relayed to the caller: the loop breaker learns the outcome, and a
 // mutating tool's invalidations run, so that the caller's next call meets

@@ -49,3 +49,41 @@ tiers:
 		})
 	}
 }
+
+// HoldSlots takes the call's concurrency slots again, and nothing else: it
+// is refused while the slot is taken, frees it on release, and counts no
+// rate rule (a fixed window of one call stays unspent).
+func TestHoldSlotsTakesOnlyTheConcurrencySlots(t *testing.T) {
+	t.Parallel()
+	e := engines(t, "memory", 1, `
+tiers:
+  free:
+    limits:
+      - {name: one, per: tenant, algorithm: concurrency, limit: 1, period: 1m}
+      - {name: once, per: tenant, algorithm: fixed_window, limit: 2, period: 1h}
+`, "")[0]
+	call := enforce.Call{Tenant: "acme", Subject: "a", Name: "slow"}
+	first := mustAdmit(t, e, call)
+	if _, ok := first.HoldSlots(t.Context()); ok {
+		t.Fatal("HoldSlots took a slot the call itself holds under a limit of one")
+	}
+	first.Done(t.Context(), enforce.Outcome{})
+	release, ok := first.HoldSlots(t.Context())
+	if !ok {
+		t.Fatal("HoldSlots was refused a free slot")
+	}
+	if _, d := e.Admit(t.Context(), call); d.Allowed {
+		t.Fatal("a call was admitted beside the held slot")
+	}
+	release(t.Context())
+	for range 3 {
+		release, ok := first.HoldSlots(t.Context())
+		if !ok {
+			t.Fatal("HoldSlots was refused after the release")
+		}
+		release(t.Context())
+	}
+	// The window of two holds the first call and this one: the holds
+	// counted nothing.
+	mustAdmit(t, e, call).Done(t.Context(), enforce.Outcome{})
+}

@@ -148,24 +148,34 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd re
 // when that load ends (orphan.done), on its result (orphan.outcome). A
 // load that outlives the call without being its own (an early refresh its
 // hit started, or a load starting after it left) is detached
-// (loadDetached).
+// (loadDetached). An early refresh its hit started is not run outside the
+// tenant's concurrency slots: refresh is nil unless it started before
+// cachedCall was done, and then the call is settled (its slots freed) only
+// when it ends (refresh.done), on the call's own answer; one that starts
+// later takes slots of its own (loadRefresh).
 //
 // A call whose params the key does not cover (cacheableParams) goes to
 // bypassCache instead.
-func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int, orphan *leaderWriter) {
+func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, t *enforce.Ticket, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int, orphan, refresh *leaderWriter) {
 	// The loader may also run after this call returned (an early refresh
 	// started by a hit, or the flight's load starting after its caller
-	// left): it must not touch this call's variables but claim and lw,
-	// which are made for it. It runs as this call's own (its id, its
+	// left): it must not touch this call's variables but claim, lw and
+	// rw, which are made for it. It runs as this call's own (its id, its
 	// answer streamed to it, the call settled when it ends) only when it
-	// claims the call before cachedCall is done with it.
+	// claims the call before cachedCall is done with it; an early refresh
+	// that claims it runs detached under the call's slots.
 	var claim atomic.Int32
-	lw := newLeaderWriter(w)
+	lw, rw := newLeaderWriter(w), newLeaderWriter(nil)
 	call.cached.Store(true)
 	entry, src, err := g.eng.Cache().Get(r.Context(), plan.Key, func(ctx context.Context) ([]byte, bool, error) {
 		start := time.Now()
 		defer func() { g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds()) }()
-		if cache.Refreshing(ctx) || !claim.CompareAndSwap(loadPending, loadOwn) {
+		switch {
+		case cache.Refreshing(ctx) && claim.CompareAndSwap(loadPending, loadRefresh):
+			return g.loadDetachedTo(ctx, r, rt, fwd, rw)
+		case cache.Refreshing(ctx):
+			return g.loadRefresh(ctx, r, rt, fwd, t)
+		case !claim.CompareAndSwap(loadPending, loadOwn):
 			return g.loadDetached(ctx, r, rt, fwd)
 		}
 		return g.load(ctx, r, rt, fwd, lw)
@@ -181,7 +191,13 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 	default:
 		failed, loaded, status = g.entryAnswer(w, r, fwd.Msg, entry, src, answered)
 	}
-	if !claim.CompareAndSwap(loadPending, loadDone) && r.Context().Err() != nil {
+	switch {
+	case claim.CompareAndSwap(loadPending, loadDone):
+	case claim.Load() == loadRefresh:
+		// The early refresh this hit started runs upstream: the call
+		// keeps its slots until it ends.
+		refresh = rw
+	case r.Context().Err() != nil:
 		// A caller that left (cancelled, or gone) while its own load runs
 		// on for the flight: the call is settled only when that load ends,
 		// so that its concurrency slots stay held for the upstream work it
@@ -189,15 +205,35 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		// of loads at once under a concurrency rule).
 		orphan = lw
 	}
-	return failed, loaded, status, orphan
+	return failed, loaded, status, orphan, refresh
 }
 
 // The states of a cached call's claim on its loader (cachedCall).
 const (
 	loadPending int32 = iota // the loader has not run, cachedCall is not done
 	loadOwn                  // the loader runs as the call's own
+	loadRefresh              // an early refresh the call's hit started runs under its slots
 	loadDone                 // cachedCall is done: a load starting now is detached
 )
+
+// errNoRefreshSlot skips an early refresh that found no concurrency slot
+// free (loadRefresh).
+var errNoRefreshSlot = errors.New("gateway: early refresh skipped: no concurrency slot free")
+
+// loadRefresh is loadDetached for an early refresh that starts after the
+// hit that started it was settled: it runs under concurrency slots of its
+// own, taken as the hit's call took them (enforce.Ticket.HoldSlots), and
+// is skipped when none is free (the entry is served until it expires; the
+// next miss loads under its call's slots). Run outside them, a tenant at
+// its concurrency limit could drive extra loads upstream through hits.
+func (g *Gateway) loadRefresh(ctx context.Context, r *http.Request, rt *runtime, fwd relay, t *enforce.Ticket) ([]byte, bool, error) {
+	release, ok := t.HoldSlots(ctx)
+	if !ok {
+		return nil, false, errNoRefreshSlot
+	}
+	defer release(ctx)
+	return g.loadDetached(ctx, r, rt, fwd)
+}
 
 // loadIDPrefix begins the JSON-RPC id of a detached load's request.
 const loadIDPrefix = "mcpgate-load-"
@@ -213,13 +249,20 @@ const loadIDPrefix = "mcpgate-load-"
 // next request reusing the id, as JSON-RPC allows once it is answered, got
 // the upstream's 400 for a duplicate id in flight.
 func (g *Gateway) loadDetached(ctx context.Context, r *http.Request, rt *runtime, fwd relay) ([]byte, bool, error) {
+	return g.loadDetachedTo(ctx, r, rt, fwd, newLeaderWriter(nil))
+}
+
+// loadDetachedTo is loadDetached capturing into lw (a writer with no
+// caller), whose done tells when the load has ended.
+func (g *Gateway) loadDetachedTo(ctx context.Context, r *http.Request, rt *runtime, fwd relay, lw *leaderWriter) ([]byte, bool, error) {
 	id, _ := json.Marshal(loadIDPrefix + newRequestID())
 	body, msg, err := mcp.WithID(fwd.Body, id)
 	if err != nil {
+		lw.finish()
 		return nil, false, fmt.Errorf("a detached load's request: %w", err)
 	}
 	fwd.Body, fwd.Msg = body, msg
-	return g.load(ctx, r, rt, fwd, newLeaderWriter(nil))
+	return g.load(ctx, r, rt, fwd, lw)
 }
 
 // bypassCache forwards the call without the cache, reporting what its

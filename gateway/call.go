@@ -25,8 +25,9 @@ func (g *Gateway) serveCall(x *exchange) {
 	// From here on the call is the caller's to cancel (notifications/cancelled).
 	caller := ownerOf(x.p, x.r)
 	ctx, call := g.inflight.begin(x.r.Context(), caller, msg.ID, outlivesClient(x.r))
-	var orphan *leaderWriter // a cached call's own load that outlives it
-	x.after(func() {         // last: after the call is settled
+	var orphan *leaderWriter  // a cached call's own load that outlives it
+	var refresh *leaderWriter // an early refresh its hit started, under its slots
+	x.after(func() {          // last: after the call is settled
 		g.inflight.release(call)
 		if orphan == nil {
 			g.inflight.remove(caller, call)
@@ -50,6 +51,16 @@ func (g *Gateway) serveCall(x *exchange) {
 				_, result, _ := orphan.outcome()
 				t.Done(ctx, enforce.Outcome{Status: status, Result: result})
 				g.inflight.remove(caller, call)
+			})
+			return
+		}
+		if refresh != nil {
+			// Settled on its own answer once the refresh its hit started
+			// has ended: its slots stay held while it runs upstream.
+			o := enforce.Outcome{Status: a.status(x.r), Result: a.result, Running: a.running}
+			g.settling.Go(func() {
+				<-refresh.done
+				t.Done(ctx, o)
 			})
 			return
 		}
@@ -79,7 +90,7 @@ func (g *Gateway) serveCall(x *exchange) {
 		// reported cost corrects that one call's charge. The loads' own
 		// answers reach the ticket through answered only: a load may
 		// outlive this call (an early refresh), and must not touch a.
-		a.failed, a.result, a.code, orphan = g.cachedCall(x.w, x.r, x.rt, x.fwd, plan, call, answered)
+		a.failed, a.result, a.code, orphan, refresh = g.cachedCall(x.w, x.r, x.rt, x.fwd, t, plan, call, answered)
 		if call.cut.Load() {
 			// Its own request (a bypass, after another caller's interim
 			// answer) was cut; a flight's load is not the call's to stop.

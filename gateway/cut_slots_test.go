@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpgate/mcpgate/cache"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -19,7 +20,7 @@ import (
 // and resource "block://slow" run until released (or cancelled in their
 // session), and which counts how many of them run at once: overlaps is how
 // many started while another still ran (a concurrency limit of one must
-// keep it at 0). "block" with block: false, prompt "block" with block
+// keep it at 0). With blockAll set, every run blocks. "block" with block: false, prompt "block" with block
 // "false" and resource "block://fast" answer at once, counted all the same.
 // A notifications/cancelled is answered only once the run it stops has
 // ended (the SDK ends it in the background), so that a cancellation the
@@ -29,6 +30,7 @@ type overlapUpstream struct {
 	running  atomic.Int64
 	started  atomic.Int64
 	overlaps atomic.Int64
+	blockAll atomic.Bool // every run blocks, whatever its arguments
 	release  func()
 }
 
@@ -43,7 +45,7 @@ func newOverlapUpstream(t *testing.T, stateless bool) *overlapUpstream {
 			o.overlaps.Add(1)
 		}
 		defer o.running.Add(-1)
-		if block {
+		if block || o.blockAll.Load() {
 			select {
 			case <-released:
 			case <-ctx.Done(): // a notifications/cancelled in its session
@@ -52,7 +54,8 @@ func newOverlapUpstream(t *testing.T, stateless bool) *overlapUpstream {
 	}
 	srv := sdk.NewServer(&sdk.Implementation{Name: "overlap", Version: "1"}, nil)
 	sdk.AddTool(srv, &sdk.Tool{Name: "block"}, func(ctx context.Context, _ *sdk.CallToolRequest, in struct {
-		Block bool `json:"block"`
+		Block bool `json:"block,omitempty"`
+		K     int  `json:"k,omitempty"` // a cache key of its own
 	}) (*sdk.CallToolResult, any, error) {
 		run(ctx, in.Block)
 		return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: "done"}}}, nil, nil
@@ -265,5 +268,64 @@ func TestHeldMethodNeverRunsBesideTheNext(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// refreshConfig: a cached tool, one call at a time per tenant.
+const refreshConfig = `
+tools:
+  block:
+    cache: {ttl: 10m}
+    limits:
+      - {name: block_one, per: tenant_tool, algorithm: concurrency, limit: 1, period: 1m}
+`
+
+// An early refresh (XFetch) started by a hit runs upstream under the
+// tenant's concurrency slots: the hit's call keeps its slot until the
+// refresh ends, or the refresh takes one of its own. A call made while it
+// runs is refused under a limit of one, never run beside it. The hit was
+// settled at once, and the refresh ran outside every slot: a tenant at its
+// limit drove extra upstream work through hits.
+func TestEarlyRefreshRunsUnderTheTenantsSlot(t *testing.T) {
+	t.Parallel()
+	up := newOverlapUpstream(t, true)
+	defer up.release() // before the gateway's shutdown, which waits for the refresh
+	e := newEnv(t, setup{UpstreamURL: up.url, Config: refreshConfig, CacheOptions: &cache.Options{Beta: 1e9}})
+	tok := token(t, "acme", "alice")
+	if r := post(t, e.mcpURL(0), tok, callBody(1, "block", map[string]any{"k": 1}), nil); r.Status != http.StatusOK {
+		t.Fatalf("the loading call: %d %s", r.Status, r.Body)
+	}
+	up.blockAll.Store(true) // the refresh blocks upstream
+	// Every hit refreshes (Beta); until the refresh runs, the slot is free.
+	eventually(t, 10*time.Second, "a hit's refresh to reach the upstream", func() bool {
+		r := post(t, e.mcpURL(0), tok, callBody(2, "block", map[string]any{"k": 1}), nil)
+		if r.Status != http.StatusOK && r.Status != http.StatusTooManyRequests {
+			t.Fatalf("the hit: %d %s", r.Status, r.Body)
+		}
+		return up.started.Load() == 2
+	})
+	// The refresh runs upstream: a call of another key must not run beside it.
+	answer := make(chan *response, 1)
+	go func() {
+		r, _ := postCtx(context.Background(), e.mcpURL(0), tok, callBody(3, "block", map[string]any{"k": 2}), nil)
+		answer <- r
+	}()
+	var r *response
+	eventually(t, 10*time.Second, "the call beside the refresh to be answered", func() bool {
+		select {
+		case r = <-answer:
+			return true
+		default:
+		}
+		if n := up.overlaps.Load(); n != 0 {
+			t.Fatalf("a call ran upstream beside the refresh (%d overlaps)", n)
+		}
+		return false
+	})
+	if r == nil || r.Status != http.StatusTooManyRequests {
+		t.Fatalf("a call while the refresh runs upstream: %v, want 429", r)
+	}
+	if n := up.overlaps.Load(); n != 0 {
+		t.Fatalf("a call ran upstream beside the refresh (%d overlaps)", n)
 	}
 }
