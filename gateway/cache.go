@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mcpgate/mcpgate/auth"
 	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/federate"
 
@@ -97,7 +98,13 @@ func cacheableParams(params json.RawMessage) bool {
 // result may hold that client's answers, which are neither another
 // tenant's nor another subject's to read (see askedDuring). The caller
 // gets it, as an interim result.
-func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd relay, lw *leaderWriter) ([]byte, bool, error) {
+//
+// A load whose upstream request the gateway cut (upstream.timeout,
+// max_duration, or the load's own deadline) may still run upstream: it is
+// cancelled there in its session, under the id it went with, before the
+// load ends; without one, lw.running tells the call whose slots it runs
+// under to keep them until their lease lapses (see stopUpstream).
+func (g *Gateway) load(ctx context.Context, r *http.Request, p auth.Principal, rt *runtime, fwd relay, lw *leaderWriter) ([]byte, bool, error) {
 	defer lw.finish()
 	var result, rpcErr json.RawMessage
 	fwd.answered = func(res, e json.RawMessage) {
@@ -107,7 +114,11 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd re
 	var asked atomic.Bool
 	fwd.AskedClient = func() { asked.Store(true) }
 	askedElsewhere := g.tracker.askedDuring(r.Header.Get(mcp.HeaderSessionID))
-	_, err := g.serveOrdered(lw, r.Clone(ctx), rt, fwd)
+	req := r.Clone(ctx)
+	_, err := g.serveOrdered(lw, req, rt, fwd)
+	if cutUpstream(req, err) || ctx.Err() != nil {
+		lw.running.Store(g.stopUpstream(req, p, fwd.Msg.ID, true))
+	}
 	if askedElsewhere() {
 		asked.Store(true)
 	}
@@ -156,7 +167,7 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, rt *runtime, fwd re
 //
 // A call whose params the key does not cover (cacheableParams) goes to
 // bypassCache instead.
-func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime, fwd relay, t *enforce.Ticket, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int, orphan, refresh *leaderWriter) {
+func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, p auth.Principal, rt *runtime, fwd relay, t *enforce.Ticket, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int, own, orphan, refresh *leaderWriter) {
 	// The loader may also run after this call returned (an early refresh
 	// started by a hit, or the flight's load starting after its caller
 	// left): it must not touch this call's variables but claim, lw and
@@ -172,13 +183,13 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		defer func() { g.metrics.UpstreamSeconds.Observe(time.Since(start).Seconds()) }()
 		switch {
 		case cache.Refreshing(ctx) && claim.CompareAndSwap(loadPending, loadRefresh):
-			return g.loadDetachedTo(ctx, r, rt, fwd, rw)
+			return g.loadDetachedTo(ctx, r, p, rt, fwd, rw)
 		case cache.Refreshing(ctx):
-			return g.loadRefresh(ctx, r, rt, fwd, t)
+			return g.loadRefresh(ctx, r, p, rt, fwd, t)
 		case !claim.CompareAndSwap(loadPending, loadOwn):
-			return g.loadDetached(ctx, r, rt, fwd)
+			return g.loadDetached(ctx, r, p, rt, fwd)
 		}
-		return g.load(ctx, r, rt, fwd, lw)
+		return g.load(ctx, r, p, rt, fwd, lw)
 	}, plan.Policy)
 	g.countDegraded(entry)
 	switch {
@@ -190,6 +201,9 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		failed, loaded, status = g.failedFlightAnswer(w, r, rt, fwd, call, err, claim.Load() == loadOwn)
 	default:
 		failed, loaded, status = g.entryAnswer(w, r, fwd.Msg, entry, src, answered)
+	}
+	if claim.Load() == loadOwn {
+		own = lw
 	}
 	switch {
 	case claim.CompareAndSwap(loadPending, loadDone):
@@ -205,7 +219,7 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, rt *runtime
 		// of loads at once under a concurrency rule).
 		orphan = lw
 	}
-	return failed, loaded, status, orphan, refresh
+	return failed, loaded, status, own, orphan, refresh
 }
 
 // The states of a cached call's claim on its loader (cachedCall).
@@ -226,13 +240,18 @@ var errNoRefreshSlot = errors.New("gateway: early refresh skipped: no concurrenc
 // is skipped when none is free (the entry is served until it expires; the
 // next miss loads under its call's slots). Run outside them, a tenant at
 // its concurrency limit could drive extra loads upstream through hits.
-func (g *Gateway) loadRefresh(ctx context.Context, r *http.Request, rt *runtime, fwd relay, t *enforce.Ticket) ([]byte, bool, error) {
+func (g *Gateway) loadRefresh(ctx context.Context, r *http.Request, p auth.Principal, rt *runtime, fwd relay, t *enforce.Ticket) ([]byte, bool, error) {
 	release, ok := t.HoldSlots(ctx)
 	if !ok {
 		return nil, false, errNoRefreshSlot
 	}
-	defer release(ctx)
-	return g.loadDetached(ctx, r, rt, fwd)
+	lw := newLeaderWriter(nil)
+	defer func() {
+		if !lw.running.Load() { // else the slots lapse with their lease
+			release(ctx)
+		}
+	}()
+	return g.loadDetachedTo(ctx, r, p, rt, fwd, lw)
 }
 
 // loadIDPrefix begins the JSON-RPC id of a detached load's request.
@@ -248,13 +267,13 @@ const loadIDPrefix = "mcpgate-load-"
 // matches no call in the gateway and goes upstream, cancelled the load; a
 // next request reusing the id, as JSON-RPC allows once it is answered, got
 // the upstream's 400 for a duplicate id in flight.
-func (g *Gateway) loadDetached(ctx context.Context, r *http.Request, rt *runtime, fwd relay) ([]byte, bool, error) {
-	return g.loadDetachedTo(ctx, r, rt, fwd, newLeaderWriter(nil))
+func (g *Gateway) loadDetached(ctx context.Context, r *http.Request, p auth.Principal, rt *runtime, fwd relay) ([]byte, bool, error) {
+	return g.loadDetachedTo(ctx, r, p, rt, fwd, newLeaderWriter(nil))
 }
 
 // loadDetachedTo is loadDetached capturing into lw (a writer with no
 // caller), whose done tells when the load has ended.
-func (g *Gateway) loadDetachedTo(ctx context.Context, r *http.Request, rt *runtime, fwd relay, lw *leaderWriter) ([]byte, bool, error) {
+func (g *Gateway) loadDetachedTo(ctx context.Context, r *http.Request, p auth.Principal, rt *runtime, fwd relay, lw *leaderWriter) ([]byte, bool, error) {
 	id, _ := json.Marshal(loadIDPrefix + newRequestID())
 	body, msg, err := mcp.WithID(fwd.Body, id)
 	if err != nil {
@@ -262,7 +281,7 @@ func (g *Gateway) loadDetachedTo(ctx context.Context, r *http.Request, rt *runti
 		return nil, false, fmt.Errorf("a detached load's request: %w", err)
 	}
 	fwd.Body, fwd.Msg = body, msg
-	return g.load(ctx, r, rt, fwd, lw)
+	return g.load(ctx, r, p, rt, fwd, lw)
 }
 
 // bypassCache forwards the call without the cache, reporting what its

@@ -49,7 +49,7 @@ func (g *Gateway) serveCall(x *exchange) {
 			g.settling.Go(func() {
 				<-orphan.done
 				_, result, _ := orphan.outcome()
-				t.Done(ctx, enforce.Outcome{Status: status, Result: result})
+				t.Done(ctx, enforce.Outcome{Status: status, Result: result, Running: orphan.running.Load()})
 				g.inflight.remove(caller, call)
 			})
 			return
@@ -60,6 +60,7 @@ func (g *Gateway) serveCall(x *exchange) {
 			o := enforce.Outcome{Status: a.status(x.r), Result: a.result, Running: a.running}
 			g.settling.Go(func() {
 				<-refresh.done
+				o.Running = o.Running || refresh.running.Load()
 				t.Done(ctx, o)
 			})
 			return
@@ -90,11 +91,15 @@ func (g *Gateway) serveCall(x *exchange) {
 		// reported cost corrects that one call's charge. The loads' own
 		// answers reach the ticket through answered only: a load may
 		// outlive this call (an early refresh), and must not touch a.
-		a.failed, a.result, a.code, orphan, refresh = g.cachedCall(x.w, x.r, x.rt, x.fwd, t, plan, call, answered)
+		var own *leaderWriter
+		a.failed, a.result, a.code, own, orphan, refresh = g.cachedCall(x.w, x.r, x.p, x.rt, x.fwd, t, plan, call, answered)
+		if own != nil && orphan == nil {
+			a.running = own.running.Load() // its load has ended
+		}
 		if call.cut.Load() {
 			// Its own request (a bypass, after another caller's interim
 			// answer) was cut; a flight's load is not the call's to stop.
-			a.running = g.stopUpstream(x.r, x.p, msg.ID, true)
+			a.running = g.stopUpstream(x.r, x.p, msg.ID, true) || a.running
 		}
 		return
 	case cached:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"github.com/mcpgate/mcpgate/mcp"
 )
@@ -41,6 +42,10 @@ type leaderWriter struct {
 
 	done     chan struct{} // closed when the load's relay ended
 	doneOnce sync.Once
+
+	// running: the gateway cut the load's upstream request and nothing
+	// could stop it there (stopUpstream); set before done is closed.
+	running atomic.Bool
 }
 
 // newLeaderWriter relays to w; nil: a load with no caller, whose answer is
