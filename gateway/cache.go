@@ -32,7 +32,8 @@ type uncacheable struct {
 	// server asks the client for input and the client calls again with
 	// it), or a refusal or denial of that caller.
 	interim bool
-	// denial: a 429, or another 4xx with Retry-After: the upstream
+	// denial: a 429, another 4xx with Retry-After, or a JSON-RPC error
+	// with mcpgate's code -33029 (whatever the status): the upstream
 	// limiting the loader's caller, whose quota is not another caller's
 	// (another tenant's, with a shared tool) to be refused by.
 	denial bool
@@ -143,8 +144,19 @@ func (g *Gateway) load(ctx context.Context, r *http.Request, p auth.Principal, r
 	case status/100 == 2:
 		u.status = http.StatusBadGateway // a 2xx without the call's response
 	}
-	u.denial = u.status == http.StatusTooManyRequests || u.status/100 == 4 && u.retryAfter != ""
+	u.denial = u.status == http.StatusTooManyRequests || u.status/100 == 4 && u.retryAfter != "" ||
+		u.member == "error" && rateLimitedError(u.value)
 	return nil, false, u
+}
+
+// rateLimitedError reports whether a JSON-RPC error object has mcpgate's
+// rate-limit code: a chained mcpgate in front of the upstream, or a server
+// built with the gosdk middleware, which answers its denial in an HTTP 200.
+func rateLimitedError(e json.RawMessage) bool {
+	var v struct {
+		Code int `json:"code"`
+	}
+	return json.Unmarshal(e, &v) == nil && v.Code == mcp.CodeRateLimited
 }
 
 // cachedCall answers a tools/call of a cacheable tool from the cache, the
