@@ -141,6 +141,63 @@ func newServer(t *testing.T, redis bool, yaml string, o options) *server {
 	return s
 }
 
+// toolServer is a go-sdk server with the middleware (as in the README: scopes,
+// limits, sending middleware, CancelAbandoned, RequireBearerToken) whose
+// tools add registers.
+type toolServer struct {
+	url    string
+	engine *enforce.Engine
+	stores *setup.Stores
+}
+
+func newToolServer(t *testing.T, yaml string, add func(*mcp.Server)) *toolServer {
+	return newToolServerOpts(t, yaml, add, nil, nil)
+}
+
+func newToolServerOpts(t *testing.T, yaml string, add func(*mcp.Server), hopts *mcp.StreamableHTTPOptions, sopts *mcp.ServerOptions) *toolServer {
+	t.Helper()
+	text := "auth:\n  jwt:\n    hs256_secret_env: " + testSecretEnv + "\n" +
+		"usage:\n  store: sqlite:" + t.TempDir() + "/usage.db\n  flush_interval: 1h\n" + yaml
+	cfg, err := policy.ParseEmbedded("gosdk_test.yaml", []byte(text))
+	if err != nil {
+		t.Fatalf("config:\n%s\n%v", text, err)
+	}
+	ctx := context.Background()
+	a, err := setup.Auth(ctx, cfg, quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	st, err := setup.Open(ctx, cfg, quietLogger(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	eng, err := enforce.New(st.EngineOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close() })
+	srv := mcp.NewServer(&mcp.Implementation{Name: "gosdk-test", Version: "1"}, sopts)
+	add(srv)
+	srv.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.Middleware(eng, nil))
+	srv.AddSendingMiddleware(gosdk.SendingMiddleware())
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, hopts)
+	hs := httptest.NewServer(gosdk.RequireBearerToken(a, cfg)(gosdk.CancelAbandoned(h)))
+	t.Cleanup(hs.Close)
+	return &toolServer{url: hs.URL, engine: eng, stores: st}
+}
+
+func (s *toolServer) connect(t *testing.T, tok string) *mcp.ClientSession {
+	t.Helper()
+	cs, err := connectTo(s.url, tok)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	return cs
+}
+
 type textIn struct {
 	Text string `json:"text"`
 }

@@ -37,7 +37,8 @@ func TokenScopes(_ context.Context, req mcp.Request) (auth.Scopes, error) {
 // outside them, is refused with a *jsonrpc.Error of code CodeForbidden whose
 // data names what was refused ({"tool": name}, {"prompt": name} or
 // {"resource": uri}); tools/list, prompts/list, resources/list and
-// resources/templates/list answers are trimmed to what the scopes allow.
+// resources/templates/list answers are trimmed to what the scopes allow,
+// and say cacheScope "private" (see trim).
 // Other requests and notifications pass unchanged. scopes names the caller's
 // scopes (nil: TokenScopes); its error refuses the request like
 // Options.Identity's.
@@ -138,31 +139,39 @@ func allowed(kind string, ok bool, name string) error {
 	return &jsonrpc.Error{Code: CodeForbidden, Message: fmt.Sprintf("%s %q is not in the caller's scopes", kind, name), Data: data}
 }
 
-// trim returns a list answer without what the scopes do not allow; other
-// answers unchanged. The handler's result is not modified.
+// trim returns a list answer without what the scopes do not allow, and
+// with cacheScope "private" (MCP 2026-07-28 caching hints): the list is the
+// caller's, and a shared intermediary must not serve it to another caller
+// (the gateway marks the lists it filters so, mcp.Filter.Private); its
+// ttlMs is kept. Other answers are unchanged. The handler's result is not
+// modified.
 func trim(sc auth.Scopes, res mcp.Result) mcp.Result {
 	switch r := res.(type) {
 	case *mcp.ListToolsResult:
 		if r != nil {
 			out := *r
+			out.CacheScope = "private"
 			out.Tools = keep(r.Tools, func(t *mcp.Tool) bool { return t != nil && sc.AllowsTool(t.Name) })
 			return &out
 		}
 	case *mcp.ListPromptsResult:
 		if r != nil {
 			out := *r
+			out.CacheScope = "private"
 			out.Prompts = keep(r.Prompts, func(p *mcp.Prompt) bool { return p != nil && sc.AllowsPrompt(p.Name) })
 			return &out
 		}
 	case *mcp.ListResourcesResult:
 		if r != nil {
 			out := *r
+			out.CacheScope = "private"
 			out.Resources = keep(r.Resources, func(x *mcp.Resource) bool { return x != nil && sc.AllowsResource(x.URI) })
 			return &out
 		}
 	case *mcp.ListResourceTemplatesResult:
 		if r != nil {
 			out := *r
+			out.CacheScope = "private"
 			out.ResourceTemplates = keep(r.ResourceTemplates, func(x *mcp.ResourceTemplate) bool {
 				return x != nil && sc.AllowsResourceTemplate(x.URITemplate)
 			})

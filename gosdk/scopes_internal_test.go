@@ -64,3 +64,24 @@ func TestAuthorizeUnknownCompletionRef(t *testing.T) {
 		}
 	}
 }
+
+// Every list trim filters says cacheScope "private" (its ttlMs kept), the
+// handler's own result untouched: the end-to-end test sees tools/list only.
+func TestTrimmedListsArePrivate(t *testing.T) {
+	sc := auth.ParseScopes("tools:echo prompts:greet resources:file:///docs/*")
+	public := mcp.Cacheable{TTLMs: 60000, CacheScope: "public"}
+	for _, res := range []mcp.CacheableResult{
+		&mcp.ListToolsResult{Cacheable: public, Tools: []*mcp.Tool{{Name: "echo"}, {Name: "rm"}}},
+		&mcp.ListPromptsResult{Cacheable: public, Prompts: []*mcp.Prompt{{Name: "greet"}}},
+		&mcp.ListResourcesResult{Cacheable: public, Resources: []*mcp.Resource{{URI: "file:///etc/passwd"}}},
+		&mcp.ListResourceTemplatesResult{Cacheable: public, ResourceTemplates: []*mcp.ResourceTemplate{{URITemplate: "file:///docs/{x}"}}},
+	} {
+		out, ok := trim(sc, res).(mcp.CacheableResult)
+		if !ok || out.GetCacheScope() != "private" || out.GetTTLMs() != 60000 {
+			t.Errorf("%T trimmed: %+v, want cacheScope private and ttlMs 60000", res, out)
+		}
+		if res.GetCacheScope() != "public" {
+			t.Errorf("%T: the handler's result was modified", res)
+		}
+	}
+}
