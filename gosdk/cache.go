@@ -22,10 +22,11 @@ import (
 // it, and is never cached: one asking the caller for input (MCP 2026-07-28
 // input_required), one whose handler asked the caller's client
 // something, or a denial of the caller that the handler relays (see
-// relayedDenial). answer and failed settle the call (answer nil: the
-// estimate is charged).
+// relayedDenial), as a result or as an error (err). answer and failed
+// settle the call (answer nil: the estimate is charged).
 type interim struct {
 	res    mcp.Result
+	err    error
 	answer json.RawMessage
 	failed bool
 }
@@ -48,6 +49,9 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 		defer func() { own.end(b, negative || err != nil) }() // a no-op after the end below
 		asked, lctx := m.watchClient(lctx)
 		res, err := next(lctx, method, req)
+		if relayedDenialError(err) {
+			return nil, false, &interim{err: err, failed: true}
+		}
 		if err != nil {
 			return nil, false, err
 		}
@@ -80,7 +84,7 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 		var in *interim
 		switch {
 		case errors.As(err, &in) && ran.Load():
-			return in.res, in.answer, in.failed, nil
+			return in.res, in.answer, in.failed, in.err
 		case errors.As(err, &in):
 			// Another caller's load got that caller's own answer (its
 			// input asked for, its client's answers, its denial): this
@@ -112,6 +116,19 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 func relayedDenial(r *mcp.CallToolResult) bool {
 	_, ok := r.Meta[enforce.MetaDenial]
 	return ok
+}
+
+// relayedDenialError reports whether err, a handler's, is a denial in
+// mcpgate's error form: a JSON-RPC error with code CodeRateLimited, which
+// the handler got from an mcpgate-protected upstream it relays (or a
+// Middleware inside this one) for its caller. It is that caller's (its
+// tenant's limit), not the answer of the key: the flight's other callers,
+// another tenant's of a shared tool, make their own calls, as the gateway's
+// do when an upstream answers one caller's load with a 429
+// (gateway/cache.go, uncacheable.denial).
+func relayedDenialError(err error) bool {
+	var rpcErr *jsonrpc.Error
+	return errors.As(err, &rpcErr) && rpcErr.Code == CodeRateLimited
 }
 
 // askedKey is the context key of a load's flag that its handler asked the

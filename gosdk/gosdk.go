@@ -146,9 +146,11 @@ type Options struct {
 //     input responses or request state. Errors are never cached. Nor is a
 //     result whose handler asked its client something through the context
 //     it was given (SendingMiddleware sees it; without one installed no
-//     result is stored): it goes to the caller whose client answered, and
-//     every caller that joined that load runs its own call, as the gateway
-//     does.
+//     result is stored), nor a denial of the caller the handler relays
+//     from an mcpgate-protected upstream (a result with enforce.MetaDenial,
+//     or an error with code CodeRateLimited): it goes to the caller whose
+//     load got it, and every caller that joined that load runs its own
+//     call, as the gateway does.
 //   - Every admitted call is settled with Ticket.Answered and Ticket.Done
 //     before its answer is returned: the status is OK, ToolError (an isError
 //     result or an error), Cancelled (the request's context was cancelled,
