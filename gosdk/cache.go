@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -37,14 +36,18 @@ func (*interim) Error() string { return "gosdk: the tool result is its caller's 
 // handler running once per key for all concurrent callers. It returns the
 // answer, the result this caller's own load produced (nil on a hit, so
 // that a hit is charged the estimate), whether the answer is a failure,
-// and the error to return.
-func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request, plan enforce.CachePlan) (mcp.Result, json.RawMessage, bool, error) {
+// orphan, and the error to return. orphan is nil unless the call is answered while
+// the handler of its own load still runs (its caller left, or the cache
+// abandoned the load past its deadline). Such a call is settled only when
+// orphan.done is closed, on orphan.outcome, as the gateway settles its
+// orphans: its concurrency slot stays held for the work it started, and
+// the cost the tool reports is the one charged.
+func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request, plan enforce.CachePlan) (_ mcp.Result, _ json.RawMessage, _ bool, orphan *ownLoad, _ error) {
 	// The loader may also run after this call returned (an early refresh a
 	// hit started): it writes nothing of this call's but ran and own.
 	var ran atomic.Bool
 	own := &ownLoad{done: make(chan struct{})}
 	entry, _, err := m.e.Cache().Get(ctx, plan.Key, func(lctx context.Context) (b []byte, negative bool, err error) {
-		own.start(lctx)
 		ran.Store(true)
 		defer func() { own.end(b, negative || err != nil) }() // a no-op after the end below
 		asked, lctx := m.watchClient(lctx)
@@ -71,39 +74,44 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 		}
 		return b, r.IsError, err
 	}, plan.Policy)
-	if err != nil && ctx.Err() != nil && ran.Load() {
-		// The caller left while its own load runs on for the flight: as
-		// the gateway does, the call is settled when that load ends, on
-		// its result, so that its concurrency slot stays held for the
-		// work it started and the cost the tool reports is the one
-		// charged.
-		result, failed := own.wait()
-		return nil, result, failed, err
+	var in *interim
+	if err != nil && ran.Load() && !errors.As(err, &in) {
+		// This caller's own load failed, or the caller left while it runs
+		// on for the flight, or the cache abandoned it at its deadline
+		// (cache.ErrLoaderAbandoned) though its handler runs on. The call
+		// is settled on the load's result, as the gateway does: when its
+		// handler has returned, however late, so that its concurrency
+		// slot stays held for the work it started and the cost the tool
+		// reports is the one charged.
+		if !own.ended() {
+			return nil, nil, true, own, err
+		}
+		result, _ := own.outcome()
+		return nil, result, true, nil, err
 	}
 	if err != nil {
-		var in *interim
 		switch {
 		case errors.As(err, &in) && ran.Load():
-			return in.res, in.answer, in.failed, in.err
+			return in.res, in.answer, in.failed, nil, in.err
 		case errors.As(err, &in):
 			// Another caller's load got that caller's own answer (its
 			// input asked for, its client's answers, its denial): this
 			// caller gets its own.
 			res, err := next(ctx, method, req)
 			answer, failed := settled(res, err)
-			return res, answer, failed, err
+			return res, answer, failed, nil, err
 		}
-		return nil, nil, true, err
+		return nil, nil, true, nil, err
 	}
 	var r mcp.CallToolResult
 	if err := json.Unmarshal(entry.Value, &r); err != nil {
-		return nil, nil, true, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "gosdk: cached tool result cannot be decoded: " + err.Error()}
+		return nil, nil, true, nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "gosdk: cached tool result cannot be decoded: " + err.Error()}
 	}
 	var loaded json.RawMessage
 	if ran.Load() {
 		loaded = entry.Value // this caller's own load: its reported cost counts
 	}
-	return &r, loaded, entry.Negative, nil
+	return &r, loaded, entry.Negative, nil, nil
 }
 
 // relayedDenial reports whether r is a denial in mcpgate's deny_as: result
@@ -183,26 +191,14 @@ func SendingMiddleware() mcp.Middleware {
 }
 
 // ownLoad is the load a caller's own Get started, as the caller sees it
-// once it has left: the loader runs on for the flight's other callers.
+// once it has been answered: the loader may run on for the flight's other
+// callers, or abandoned by the cache.
 type ownLoad struct {
-	done chan struct{} // closed by end
+	done chan struct{} // closed by end: the handler has returned
 
 	mu     sync.Mutex
-	ctx    context.Context // the first loader's: ends at the cache's LoadTimeout
 	result json.RawMessage
 	failed bool
-}
-
-// loadGrace is how long after its context ended a load still counts as
-// running: the cache abandons a Loader 1 s after (cache.ErrLoaderAbandoned).
-const loadGrace = time.Second
-
-func (o *ownLoad) start(ctx context.Context) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.ctx == nil { // an early refresh of the same Get would be a second load
-		o.ctx = ctx
-	}
 }
 
 func (o *ownLoad) end(result json.RawMessage, failed bool) {
@@ -216,24 +212,18 @@ func (o *ownLoad) end(result json.RawMessage, failed bool) {
 	}
 }
 
-// wait returns the load's result once it ended, or (nil, true) once the
-// cache has abandoned it: a handler that ignores its context must not
-// keep the request, and its slot, for ever.
-func (o *ownLoad) wait() (json.RawMessage, bool) {
-	o.mu.Lock()
-	ctx := o.ctx
-	o.mu.Unlock()
+// ended reports whether the load's handler has returned.
+func (o *ownLoad) ended() bool {
 	select {
 	case <-o.done:
-	case <-ctx.Done():
-		t := time.NewTimer(loadGrace)
-		defer t.Stop()
-		select {
-		case <-o.done:
-		case <-t.C:
-			return nil, true
-		}
+		return true
+	default:
+		return false
 	}
+}
+
+// outcome is the load's result and whether it failed, once done is closed.
+func (o *ownLoad) outcome() (json.RawMessage, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.result, o.failed

@@ -2,8 +2,11 @@ package gosdk_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpgate/mcpgate/limit"
 )
@@ -94,6 +97,62 @@ tools:
 	// call 1: the load ran for it, reported 7; call 2: a hit, the estimate 100.
 	if rec := s.durable("bill-co"); rec.Used() != 107 || rec.NetCalls() != 2 {
 		t.Fatalf("durable record used=%d calls=%d (%+v); want 107 (7 reported by the load the cancelled call ran + 100 for the hit)", rec.Used(), rec.NetCalls(), rec.Usage)
+	}
+}
+
+// A cached tool's handler that does not return when its context ends (a
+// busy computation, a call without ctx) keeps running after the cache
+// abandons its load (load timeout + 1 s). The call is answered then, but
+// settled only when the handler returns: its concurrency slot stays held,
+// so a second call is refused under a concurrency limit of 1, as the same
+// tool uncached holds its slot until its handler returns.
+func TestCachedHandlerPastLoadTimeoutKeepsItsSlot(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	var running, peak atomic.Int64
+	started := make(chan struct{}, 8)
+	s := newToolServer(t, `
+upstream:
+  url: http://127.0.0.1:1/unused
+  timeout: 1s # the load deadline is then its floor, 10 s
+tools:
+  stuck:
+    cache: {ttl: 10m}
+    limits:
+      - {name: one_at_a_time, per: tenant_tool, algorithm: concurrency, limit: 1, period: 10m}
+`, func(srv *mcp.Server) {
+		mcp.AddTool(srv, &mcp.Tool{Name: "stuck"}, func(_ context.Context, _ *mcp.CallToolRequest, in textIn) (*mcp.CallToolResult, any, error) {
+			n := running.Add(1)
+			defer running.Add(-1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			started <- struct{}{}
+			<-release // ignores its context
+			return text(in.Text), nil, nil
+		})
+	})
+	cs := s.connect(t, token(t, "stuck-co", "alice"))
+	ctx := context.Background()
+	first := make(chan error, 1)
+	go func() {
+		_, err := call(ctx, cs, "stuck", map[string]any{"text": "a"})
+		first <- err
+	}()
+	<-started
+	err := <-first // the cache abandons the load (its deadline, never under 10 s, + 1 s); the handler still runs
+	t.Logf("first call answered: %v (its handler is still running: %d)", err, running.Load())
+	second := make(chan error, 1)
+	go func() {
+		_, err := call(ctx, cs, "stuck", map[string]any{"text": "b"})
+		second <- err
+	}()
+	select {
+	case <-started:
+		t.Fatalf("a second handler started while the first still runs (running=%d, peak=%d) under a concurrency limit of 1: the first call's slot was freed when the cache abandoned its load", running.Load(), peak.Load())
+	case err := <-second:
+		if d := denial(t, err); d.Rule != "one_at_a_time" {
+			t.Fatalf("denial %+v", d)
+		}
 	}
 }
 

@@ -152,12 +152,27 @@ type Options struct {
 //     load got it, and every caller that joined that load runs its own
 //     call, as the gateway does.
 //   - Every admitted call is settled with Ticket.Answered and Ticket.Done
-//     before its answer is returned: the status is OK, ToolError (an isError
-//     result or an error), Cancelled (the request's context was cancelled,
-//     notifications/cancelled) or Abandoned (its client went away, see
-//     CancelAbandoned, or it ended otherwise), and the marshalled result
-//     goes with it, so cost.from_result corrects the charge. A result
-//     served from the cache is charged the estimate.
+//     before its answer is returned (but for a cached call answered while
+//     the handler of its own load still runs, see below): the status is
+//     OK, ToolError (an isError result or an error), Cancelled (the
+//     request's context was cancelled, notifications/cancelled) or
+//     Abandoned (its client went away, see CancelAbandoned, or it ended
+//     otherwise), and the marshalled result goes with it, so
+//     cost.from_result corrects the charge. A result served from the cache
+//     is charged the estimate.
+//   - A cached tool's handler runs on the load's context, not the
+//     caller's: it runs on for the flight's other callers when its caller
+//     leaves, and it ends at the load deadline, which an uncached call
+//     does not have: enforce.CacheLoadTimeout, upstream.max_duration when
+//     set, else the longest of upstream.timeout (default 60s),
+//     upstreams[].timeout and tools.<name>.timeout, at least 10s. An
+//     embedded config without an upstream cannot set it: it is 60s. A
+//     handler still running 1s past it is abandoned by the cache: its
+//     callers get cache.ErrLoaderAbandoned and nothing is stored. A call
+//     answered while its own load's handler runs on (its caller left, or
+//     the load was abandoned) is settled when that handler returns,
+//     however late, on its result: its concurrency slot stays held for
+//     the work it started, as the gateway holds an orphan's.
 //
 // The middleware records nothing of its own: the engine meters, counts and
 // logs. Add it after any middleware that must see requests before they are
@@ -247,10 +262,16 @@ func (m *middleware) toolCall(ctx, post context.Context, next mcp.MethodHandler,
 		}
 		return nil, denialError(d)
 	}
-	// A handler that panics (behind a recovering middleware: the SDK
-	// recovers none) still settles its call, its concurrency slot freed
-	// and the failure counted; after the Done below this one is a no-op.
-	defer t.Done(context.WithoutCancel(ctx), enforce.Outcome{Status: enforce.Failed})
+	var orphan *ownLoad // the call's own load, running on: it settles the call
+	defer func() {
+		if orphan == nil {
+			// A handler that panics (behind a recovering middleware: the
+			// SDK recovers none) still settles its call, its concurrency
+			// slot freed and the failure counted; after the Done below
+			// this one is a no-op.
+			t.Done(context.WithoutCancel(ctx), enforce.Outcome{Status: enforce.Failed})
+		}
+	}()
 	var (
 		res    mcp.Result
 		err    error
@@ -258,7 +279,7 @@ func (m *middleware) toolCall(ctx, post context.Context, next mcp.MethodHandler,
 		failed bool
 	)
 	if plan, ok := t.CachePlan(); ok && cacheableParams(params) {
-		res, answer, failed, err = m.cachedCall(ctx, next, method, req, plan)
+		res, answer, failed, orphan, err = m.cachedCall(ctx, next, method, req, plan)
 	} else {
 		res, err = next(ctx, method, req)
 		answer, failed = settled(res, err)
@@ -270,6 +291,16 @@ func (m *middleware) toolCall(ctx, post context.Context, next mcp.MethodHandler,
 	sctx := context.WithoutCancel(ctx)
 	if st == enforce.OK || st == enforce.ToolError {
 		t.Answered(sctx, answer, failed)
+	}
+	if orphan != nil {
+		// Answered now, settled when the handler of its own load returns,
+		// on that load's result (see cachedCall).
+		go func() {
+			<-orphan.done
+			result, _ := orphan.outcome()
+			t.Done(sctx, enforce.Outcome{Status: st, Result: result})
+		}()
+		return res, err
 	}
 	t.Done(sctx, enforce.Outcome{Status: st, Result: answer})
 	return res, err
