@@ -8,6 +8,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcpgate/mcpgate/gosdk"
 	"github.com/mcpgate/mcpgate/limit"
 )
 
@@ -153,6 +154,52 @@ tools:
 		if d := denial(t, err); d.Rule != "one_at_a_time" {
 			t.Fatalf("denial %+v", d)
 		}
+	}
+}
+
+// Options.Settling counts a cached call whose caller left while its own
+// load runs on until that load ends and the call is settled: a shutdown
+// that waits for it before closing the engine bills the cost the load
+// reported, not the estimate.
+func TestSettlingWaitsForACallWhoseCallerLeft(t *testing.T) {
+	var settling gosdk.Settling
+	if err := settling.Wait(context.Background()); err != nil {
+		t.Fatalf("Wait with nothing admitted: %v", err)
+	}
+	s := newServer(t, false, `
+tools:
+  slowllm:
+    cache: {ttl: 10m}
+    cost: {estimate: 100, from_result: _meta.usage.tokens}
+`, options{usage: true, settling: &settling})
+	release := make(chan struct{})
+	s.setRelease(release)
+	cs := s.connect(token(t, "settle-co", "alice"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := call(ctx, cs, "slowllm", map[string]any{"key": "a"})
+		done <- err
+	}()
+	<-s.started
+	cancel()
+	<-done
+	// Whether or not the middleware has answered yet, the call is not
+	// settled: its load's handler waits for release.
+	gone, stop := context.WithCancel(context.Background())
+	stop()
+	if err := settling.Wait(gone); err == nil {
+		t.Fatal("Wait returned nil while a call's handler still runs")
+	}
+	close(release)
+	if err := settling.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.engine.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if rec := s.durable("settle-co"); rec.Used() != 7 || rec.NetCalls() != 1 {
+		t.Fatalf("durable record used=%d calls=%d; want 7, the cost the call's own load reported", rec.Used(), rec.NetCalls())
 	}
 }
 

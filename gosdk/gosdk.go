@@ -32,7 +32,10 @@
 //
 // CancelAbandoned lets Middleware cancel, and settle as abandoned, a call
 // whose client went away mid-call: the SDK's stateful handler would run it
-// to its end, its concurrency slot held.
+// to its end, its concurrency slot held. Options.Settling lets a server's
+// shutdown wait, before it closes the engine, for the calls Middleware has
+// answered but not yet settled (a cached call whose client left while its
+// load runs on for the flight).
 //
 // Middleware admits every request through Engine.Admit and answers a
 // denial the way the gateway does (a JSON-RPC error with code -33029 and
@@ -102,6 +105,78 @@ type Options struct {
 	// which reads the auth.TokenInfo that RequireBearerToken (or any
 	// verifier calling SetIdentity) put on the request.
 	Identity func(ctx context.Context, req mcp.Request) (Identity, error)
+	// Settling, when set, counts the requests Middleware admitted and has
+	// not yet settled, so that a server's shutdown can wait for them
+	// (Settling.Wait) before it closes the engine. Several Middlewares may
+	// share one.
+	Settling *Settling
+}
+
+// Settling counts the admitted requests of the Middlewares whose
+// Options.Settling it is that are not yet settled with Ticket.Done. A
+// server's http.Server.Shutdown waits for the requests whose client is
+// still there; it does not wait for a call answered before it was
+// settled: one whose client left (notifications/cancelled, or gone, see
+// CancelAbandoned) while its handler runs on, a cached call's own load
+// running on for the flight, or a load the cache abandoned at its
+// deadline. Closing the engine before those are settled would flush the
+// estimate instead of the cost they report, and free their slots in a
+// closed store. Wait for them:
+//
+//	_ = httpServer.Shutdown(ctx)
+//	_ = settling.Wait(ctx)
+//	_ = engine.Close()
+//
+// The zero value is ready to use.
+type Settling struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to 0; nil while no one waits
+}
+
+// add counts a request admitted. A nil *Settling counts nothing.
+func (s *Settling) add() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.n++
+	s.mu.Unlock()
+}
+
+// done counts a request settled.
+func (s *Settling) done() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n--; s.n == 0 && s.idle != nil {
+		close(s.idle)
+		s.idle = nil
+	}
+}
+
+// Wait returns nil once no admitted request is left to settle, or ctx's
+// error when it ends first. A request admitted while Wait waits is waited
+// for too; one admitted after it returned is not.
+func (s *Settling) Wait(ctx context.Context) error {
+	s.mu.Lock()
+	if s.n == 0 {
+		s.mu.Unlock()
+		return nil
+	}
+	if s.idle == nil {
+		s.idle = make(chan struct{})
+	}
+	idle := s.idle
+	s.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Middleware returns receiving middleware for an mcp.Server that governs
@@ -172,7 +247,8 @@ type Options struct {
 //     answered while its own load's handler runs on (its caller left, or
 //     the load was abandoned) is settled when that handler returns,
 //     however late, on its result: its concurrency slot stays held for
-//     the work it started, as the gateway holds an orphan's.
+//     the work it started, as the gateway holds an orphan's. Wait for such
+//     calls (Options.Settling) before closing the engine.
 //
 // The middleware records nothing of its own: the engine meters, counts and
 // logs. Add it after any middleware that must see requests before they are
@@ -185,6 +261,9 @@ func newMiddleware(e *enforce.Engine, opts *Options) *middleware {
 	m := &middleware{e: e, identity: TokenIdentity, sending: &sendingInstalled}
 	if opts != nil && opts.Identity != nil {
 		m.identity = opts.Identity
+	}
+	if opts != nil {
+		m.pending = opts.Settling
 	}
 	return m
 }
@@ -217,6 +296,7 @@ type middleware struct {
 	identity func(ctx context.Context, req mcp.Request) (Identity, error)
 	outputs  enforce.OutputSchemas // the tools this server listed with an outputSchema
 	sending  *atomic.Bool          // set once a SendingMiddleware is installed: sendingInstalled
+	pending  *Settling             // Options.Settling; nil: none
 
 	listMu sync.Mutex
 	listed atomic.Bool // listTools read the whole list: later denials skip listMu
@@ -228,6 +308,8 @@ type middleware struct {
 func (m *middleware) request(ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request, id Identity) (mcp.Result, error) {
 	t, d := m.e.Admit(ctx, enforce.Call{Tenant: id.Tenant, Tier: id.Tier, Subject: id.Subject,
 		Session: sessionID(req), Method: method, Name: methodTarget(method, req)})
+	m.pending.add()
+	defer m.pending.done() // after Done
 	defer t.Done(context.WithoutCancel(ctx), enforce.Outcome{})
 	// The session slots of an initialize: not held in process (see
 	// Middleware).
@@ -262,6 +344,7 @@ func (m *middleware) toolCall(ctx, post context.Context, next mcp.MethodHandler,
 		}
 		return nil, denialError(d)
 	}
+	m.pending.add()
 	var orphan *ownLoad // the call's own load, running on: it settles the call
 	defer func() {
 		if orphan == nil {
@@ -270,6 +353,7 @@ func (m *middleware) toolCall(ctx, post context.Context, next mcp.MethodHandler,
 			// slot freed and the failure counted; after the Done below
 			// this one is a no-op.
 			t.Done(context.WithoutCancel(ctx), enforce.Outcome{Status: enforce.Failed})
+			m.pending.done()
 		}
 	}()
 	var (
@@ -296,6 +380,7 @@ func (m *middleware) toolCall(ctx, post context.Context, next mcp.MethodHandler,
 		// Answered now, settled when the handler of its own load returns,
 		// on that load's result (see cachedCall).
 		go func() {
+			defer m.pending.done()
 			<-orphan.done
 			result, _ := orphan.outcome()
 			t.Done(sctx, enforce.Outcome{Status: st, Result: result})

@@ -81,6 +81,8 @@ type options struct {
 	stateless bool
 	// settled, when set, is told how each admitted tools/call ended.
 	settled func(tool string, st enforce.Status)
+	// settling, when set, is the middleware's Options.Settling.
+	settling *gosdk.Settling
 }
 
 // newServer starts a server whose config is an auth section, the store
@@ -131,7 +133,7 @@ func newServer(t *testing.T, redis bool, yaml string, o options) *server {
 		srv.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.MiddlewareSettling(eng, nil, o.settled))
 		srv.AddSendingMiddleware(gosdk.SendingMiddleware())
 	default:
-		srv.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.Middleware(eng, nil))
+		srv.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.Middleware(eng, &gosdk.Options{Settling: o.settling}))
 		srv.AddSendingMiddleware(gosdk.SendingMiddleware())
 	}
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{Stateless: o.stateless})

@@ -15,7 +15,8 @@
 // in-process store by default or on store.redis, whose counters it then
 // shares with gateways using the same Redis; usage is metered into
 // usage.store (an SQLite file gets its schema on first start). SIGINT or
-// SIGTERM stops it gracefully: calls in flight finish, then usage is
+// SIGTERM stops it gracefully: calls in flight finish (and calls whose
+// client left are settled when their handler returns), then usage is
 // flushed a last time.
 package main
 

@@ -77,6 +77,9 @@ type server struct {
 	stores *setup.Stores
 	engine *enforce.Engine
 	mcp    *mcp.Server
+	// settling counts the calls the middleware has not settled yet: a
+	// shutdown waits for them before the engine closes.
+	settling gosdk.Settling
 	// idle ends a session its client stopped using without a DELETE (it
 	// crashed, or exited): sessions.idle_timeout; an open GET stream is
 	// use (listenersKept), as the gateway counts it.
@@ -111,7 +114,7 @@ func newServer(ctx context.Context, cfg *policy.Config, log *slog.Logger) (_ *se
 	mcp.AddTool(s.mcp, &mcp.Tool{Name: "echo", Description: "Returns the text."}, s.echo)
 	mcp.AddTool(s.mcp, &mcp.Tool{Name: "count", Description: "Returns how many tool calls this process has served."}, s.count)
 	// Scopes first: a call outside them is refused before it is charged.
-	s.mcp.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.Middleware(s.engine, nil))
+	s.mcp.AddReceivingMiddleware(gosdk.ScopeMiddleware(nil), gosdk.Middleware(s.engine, &gosdk.Options{Settling: &s.settling}))
 	// A shared cache must see a handler ask its client something (none of
 	// these tools does, but a config may share their cache).
 	s.mcp.AddSendingMiddleware(gosdk.SendingMiddleware())
@@ -191,7 +194,9 @@ func (s *server) endingStreams(h http.Handler) http.Handler {
 }
 
 // serve serves on ln until ctx ends, then waits up to shutdownGrace for
-// the calls in flight.
+// the calls in flight, and for the calls answered but not yet settled (a
+// call whose client left while its handler, or its cached load, runs on):
+// they are settled, on the cost they report, before the engine closes.
 func (s *server) serve(ctx context.Context, ln net.Listener, ready func(addr string)) error {
 	srv := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
@@ -213,6 +218,9 @@ func (s *server) serve(ctx context.Context, ln net.Listener, ready func(addr str
 	if err := srv.Shutdown(sctx); err != nil {
 		s.log.Warn("calls still in flight after the shutdown grace: stopping without them", "err", err)
 		_ = srv.Close()
+	}
+	if err := s.settling.Wait(sctx); err != nil {
+		s.log.Warn("calls still running after the shutdown grace: their usage is flushed as estimated", "err", err)
 	}
 	return nil
 }
