@@ -495,11 +495,14 @@ func (c *Cache) Get(ctx context.Context, key Key, load Loader, pol Policy) (Entr
 		return Entry{}, 0, err
 	}
 	rec, ok, err := c.read(ctx, key, pol.Tags)
-	if err != nil && ctx.Err() != nil {
+	if err != nil && (ctx.Err() != nil || errors.Is(err, errCallersDeadline)) {
 		// The caller left (or its deadline passed) during the read: a
 		// flight started now would load without the store for nobody,
 		// and the callers joining it would get a value it does not keep.
-		return Entry{}, 0, ctx.Err()
+		if ctx.Err() != nil {
+			return Entry{}, 0, ctx.Err()
+		}
+		return Entry{}, 0, context.DeadlineExceeded
 	}
 	if ok && rec.fresh() > 0 {
 		c.stats.hits.Add(1)
@@ -525,13 +528,22 @@ func (c *Cache) read(ctx context.Context, key Key, tags []string) (record, bool,
 	rec, ok, err := c.store.read(rctx, key, tags)
 	endStoreSpan(span, err)
 	if err != nil {
-		if ctx.Err() == nil {
+		switch {
+		case errors.Is(err, context.DeadlineExceeded) && callersDeadline(rctx):
+			// rueidis may time the command out a moment before ctx is
+			// done: the caller's deadline all the same.
+			return record{}, false, errCallersDeadline
+		case ctx.Err() == nil:
 			c.storeError("read", err)
 		}
 		return record{}, false, err
 	}
 	return rec, ok, nil
 }
+
+// errCallersDeadline is read's error when the caller's own deadline, not
+// the operation's, ended it.
+var errCallersDeadline = fmt.Errorf("cache: the caller's deadline passed during the read: %w", context.DeadlineExceeded)
 
 // early is the XFetch condition: now - delta*beta*ln(U) >= expiry, that is
 // delta*beta*(-ln U) >= the remaining fresh life.

@@ -249,7 +249,27 @@ var errOpTimeout = errors.New("cache: store operation timed out")
 // operation's own: when the caller's ends first (its deadline, or it went
 // away), the store was not too slow for anyone else (see failed).
 func withOpTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeoutCause(ctx, d, errOpTimeout)
+	return withOpDeadline(ctx, time.Now().Add(d))
+}
+
+// withOpDeadline is withOpTimeout with the operation's deadline.
+func withOpDeadline(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithDeadlineCause(ctx, deadline, errOpTimeout)
+	return context.WithValue(ctx, opDeadlineKey{}, deadline), cancel
+}
+
+// opDeadlineKey is the context key of an operation's own deadline (see
+// withOpDeadline).
+type opDeadlineKey struct{}
+
+// callersDeadline reports whether ctx's deadline is its caller's, earlier
+// than the operation's own: rueidis times a command out by ctx's deadline
+// on a timer of its own, which can fire before ctx is done, so the cause
+// alone cannot tell.
+func callersDeadline(ctx context.Context) bool {
+	own, ok := ctx.Value(opDeadlineKey{}).(time.Time)
+	dl, has := ctx.Deadline()
+	return ok && has && dl.Before(own)
 }
 
 // failed tells whether err says the store did not answer. ctx is the
@@ -264,7 +284,7 @@ func failed(ctx context.Context, err error) bool {
 	case err == nil, errors.Is(err, errNoPubSub), errors.Is(err, errReply), errors.As(err, &reply):
 		// No I/O, or the server answered.
 		return false
-	case ctx.Err() != nil && !errors.Is(context.Cause(ctx), errOpTimeout):
+	case ctx.Err() != nil && !errors.Is(context.Cause(ctx), errOpTimeout), callersDeadline(ctx):
 		return false
 	}
 	return true
