@@ -157,7 +157,7 @@ func (c *Cache) warmOne(ctx context.Context, it WarmItem, q acquireReq, fence ui
 		return false, nil
 	}
 	rec := c.newRecord(v, neg, fence, delta, it.Key, it.Policy)
-	cctx, cancel := context.WithDeadlineCause(sctx, acquired.Add(b.load+c.timeout), errOpTimeout) // its own timeout (see failed)
+	cctx, cancel := withOpDeadline(sctx, acquired.Add(b.load+c.timeout))
 	defer cancel()
 	if r := c.commit(cctx, []commitReq{{entry: q.entry, token: q.token, rec: rec, lockTTL: b.lock}})[0]; r.err != nil {
 		return false, fmt.Errorf("cache: warm commit: %w", r.err)
