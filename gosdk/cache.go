@@ -14,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcpgate/mcpgate/cache"
 	"github.com/mcpgate/mcpgate/enforce"
 )
 
@@ -42,12 +43,24 @@ func (*interim) Error() string { return "gosdk: the tool result is its caller's 
 // orphan.done is closed, on orphan.outcome, as the gateway settles its
 // orphans: its concurrency slot stays held for the work it started, and
 // the cost the tool reports is the one charged.
-func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, method string, req mcp.Request, plan enforce.CachePlan) (_ mcp.Result, _ json.RawMessage, _ bool, orphan *ownLoad, _ error) {
+//
+// refresh is nil unless the call was a hit whose early refresh (XFetch)
+// started before the call was done: the refresh runs its handler under the
+// call's concurrency slots, and the call is settled, on its own answer,
+// once refresh.done is closed. A refresh starting later takes slots of its
+// own (refreshLoad).
+func (m *middleware) cachedCall(ctx context.Context, t *enforce.Ticket, next mcp.MethodHandler, method string, req mcp.Request, plan enforce.CachePlan) (_ mcp.Result, _ json.RawMessage, _ bool, orphan, refresh *ownLoad, _ error) {
 	// The loader may also run after this call returned (an early refresh a
-	// hit started): it writes nothing of this call's but ran and own.
+	// hit started): it writes nothing of this call's but ran, own, claim
+	// and hit.
 	var ran atomic.Bool
+	var claim atomic.Int32
 	own := &ownLoad{done: make(chan struct{})}
+	hit := &ownLoad{done: make(chan struct{})}
 	entry, _, err := m.e.Cache().Get(ctx, plan.Key, func(lctx context.Context) (b []byte, negative bool, err error) {
+		if cache.Refreshing(lctx) {
+			return m.refreshLoad(lctx, t, next, method, req, &claim, hit)
+		}
 		ran.Store(true)
 		defer func() { own.end(b, negative || err != nil) }() // a no-op after the end below
 		asked, lctx := m.watchClient(lctx)
@@ -84,34 +97,85 @@ func (m *middleware) cachedCall(ctx context.Context, next mcp.MethodHandler, met
 		// slot stays held for the work it started and the cost the tool
 		// reports is the one charged.
 		if !own.ended() {
-			return nil, nil, true, own, err
+			return nil, nil, true, own, nil, err
 		}
 		result, _ := own.outcome()
-		return nil, result, true, nil, err
+		return nil, result, true, nil, nil, err
 	}
 	if err != nil {
 		switch {
 		case errors.As(err, &in) && ran.Load():
-			return in.res, in.answer, in.failed, nil, in.err
+			return in.res, in.answer, in.failed, nil, nil, in.err
 		case errors.As(err, &in):
 			// Another caller's load got that caller's own answer (its
 			// input asked for, its client's answers, its denial): this
 			// caller gets its own.
 			res, err := next(ctx, method, req)
 			answer, failed := settled(res, err)
-			return res, answer, failed, nil, err
+			return res, answer, failed, nil, nil, err
 		}
-		return nil, nil, true, nil, err
+		return nil, nil, true, nil, nil, err
 	}
 	var r mcp.CallToolResult
 	if err := json.Unmarshal(entry.Value, &r); err != nil {
-		return nil, nil, true, nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "gosdk: cached tool result cannot be decoded: " + err.Error()}
+		return nil, nil, true, nil, nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "gosdk: cached tool result cannot be decoded: " + err.Error()}
 	}
 	var loaded json.RawMessage
 	if ran.Load() {
 		loaded = entry.Value // this caller's own load: its reported cost counts
 	}
-	return &r, loaded, entry.Negative, nil, nil
+	if !claim.CompareAndSwap(loadPending, loadDone) {
+		refresh = hit // the refresh this hit started runs under its slots
+	}
+	return &r, loaded, entry.Negative, nil, refresh, nil
+}
+
+// The states of a hit's claim on the early refresh it may start
+// (cachedCall).
+const (
+	loadPending int32 = iota // no refresh yet, cachedCall is not done
+	loadRefresh              // the refresh runs under the call's slots
+	loadDone                 // cachedCall is done: a refresh starting now takes its own
+)
+
+// errNoRefreshSlot skips an early refresh that found no concurrency slot
+// free.
+var errNoRefreshSlot = errors.New("gosdk: early refresh skipped: no concurrency slot free")
+
+// refreshLoad runs an early refresh's handler under concurrency slots:
+// those of the hit that started it, when it claims the hit before the hit's
+// call is done (the call is then settled once hit.done is closed), or else
+// slots of its own, taken as the hit's call took them
+// (enforce.Ticket.HoldSlots), the refresh skipped when none is free (the
+// entry is served until it expires). Outside them a tenant at its
+// concurrency limit could run extra handlers through hits. What it gets
+// is stored as a miss's load would be, but nothing of it is the hit's: its
+// reported cost is no call's (the cache's work), and a result that is its
+// caller's alone is not stored.
+func (m *middleware) refreshLoad(ctx context.Context, t *enforce.Ticket, next mcp.MethodHandler, method string, req mcp.Request, claim *atomic.Int32, hit *ownLoad) ([]byte, bool, error) {
+	if claim.CompareAndSwap(loadPending, loadRefresh) {
+		defer hit.end(nil, false)
+	} else {
+		release, ok := t.HoldSlots(ctx)
+		if !ok {
+			return nil, false, errNoRefreshSlot
+		}
+		defer release(ctx)
+	}
+	asked, lctx := m.watchClient(ctx)
+	res, err := next(lctx, method, req)
+	if err != nil {
+		return nil, false, err
+	}
+	r, ok := res.(*mcp.CallToolResult)
+	if !ok || r == nil {
+		return nil, false, errors.New("gosdk: the tool handler returned no *mcp.CallToolResult")
+	}
+	if r.NeedsInput() || r.InputRequests != nil || asked.Load() || relayedDenial(r) {
+		return nil, false, &interim{res: res}
+	}
+	b, err := json.Marshal(r)
+	return b, r.IsError, err
 }
 
 // relayedDenial reports whether r is a denial in mcpgate's deny_as: result

@@ -345,9 +345,10 @@ func (m *middleware) toolCall(ctx, post context.Context, next mcp.MethodHandler,
 		return nil, denialError(d)
 	}
 	m.pending.add()
-	var orphan *ownLoad // the call's own load, running on: it settles the call
+	var orphan *ownLoad  // the call's own load, running on: it settles the call
+	var refresh *ownLoad // the early refresh its hit started, running under its slots
 	defer func() {
-		if orphan == nil {
+		if orphan == nil && refresh == nil {
 			// A handler that panics (behind a recovering middleware: the
 			// SDK recovers none) still settles its call, its concurrency
 			// slot freed and the failure counted; after the Done below
@@ -363,7 +364,7 @@ func (m *middleware) toolCall(ctx, post context.Context, next mcp.MethodHandler,
 		failed bool
 	)
 	if plan, ok := t.CachePlan(); ok && cacheableParams(params) {
-		res, answer, failed, orphan, err = m.cachedCall(ctx, next, method, req, plan)
+		res, answer, failed, orphan, refresh, err = m.cachedCall(ctx, t, next, method, req, plan)
 	} else {
 		res, err = next(ctx, method, req)
 		answer, failed = settled(res, err)
@@ -384,6 +385,16 @@ func (m *middleware) toolCall(ctx, post context.Context, next mcp.MethodHandler,
 			<-orphan.done
 			result, _ := orphan.outcome()
 			t.Done(sctx, enforce.Outcome{Status: st, Result: result})
+		}()
+		return res, err
+	}
+	if refresh != nil {
+		// Answered now (a hit), settled when the refresh it started ends,
+		// its slots held for it (see cachedCall).
+		go func() {
+			defer m.pending.done()
+			<-refresh.done
+			t.Done(sctx, enforce.Outcome{Status: st, Result: answer})
 		}()
 		return res, err
 	}

@@ -158,6 +158,13 @@ func newToolServer(t *testing.T, yaml string, add func(*mcp.Server)) *toolServer
 
 func newToolServerOpts(t *testing.T, yaml string, add func(*mcp.Server), hopts *mcp.StreamableHTTPOptions, sopts *mcp.ServerOptions) *toolServer {
 	t.Helper()
+	return newToolServerWith(t, yaml, add, hopts, sopts, nil)
+}
+
+// newToolServerWith is newToolServerOpts whose engine options engine, when
+// not nil, adjusts.
+func newToolServerWith(t *testing.T, yaml string, add func(*mcp.Server), hopts *mcp.StreamableHTTPOptions, sopts *mcp.ServerOptions, engine func(*enforce.Options)) *toolServer {
+	t.Helper()
 	text := "auth:\n  jwt:\n    hs256_secret_env: " + testSecretEnv + "\n" +
 		"usage:\n  store: sqlite:" + t.TempDir() + "/usage.db\n  flush_interval: 1h\n" + yaml
 	cfg, err := policy.ParseEmbedded("gosdk_test.yaml", []byte(text))
@@ -175,7 +182,11 @@ func newToolServerOpts(t *testing.T, yaml string, add func(*mcp.Server), hopts *
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	eng, err := enforce.New(st.EngineOptions())
+	eopts := st.EngineOptions()
+	if engine != nil {
+		engine(&eopts)
+	}
+	eng, err := enforce.New(eopts)
 	if err != nil {
 		t.Fatal(err)
 	}
