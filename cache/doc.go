@@ -61,7 +61,9 @@
 // fence: the load in flight is not stored) or happened before the load read
 // anything. Invalidate deletes each tagged entry of one scope. An index is a
 // sorted set in its own slot, pruned of ended memberships on every write; no
-// command spans two Cluster slots. An entry records the indexes it was
+// command spans two Cluster slots. An invalidation moves the index aside in
+// one command, whatever its size, and deletes its entries a page per round
+// trip, so that one tenant's huge index cannot make it time out. An entry records the indexes it was
 // registered in, and is served only while each of them still lists it:
 // Redis may evict an index (a cold key) before its entries (hot ones), and
 // an invalidation through an evicted index finds nothing to delete. An entry
