@@ -14,10 +14,14 @@ import (
 // a foreign Origin is refused with 403 (checkOrigin) before it is
 // authenticated or forwarded. The settings are those of the config in force.
 //
-// The read deadline is armed before any answer so that it also bounds what
-// net/http reads after the handler returns early (a 401 or 403 to a POST
-// whose body still trickles in: the server drains up to 256 KiB of it to
-// reuse the connection).
+// A POST answered before its body was read (a 401, 403, 404 or 429 sent
+// early) gets a read deadline of now once the handler returns: net/http
+// then reads what is left of the body (up to 256 KiB, to reuse the
+// connection) before it writes the answer, and a client trickling the body
+// in would hold the connection for all of server.read_timeout, uncounted by
+// any tenant's cap. Past the deadline that read fails at once: what is
+// already buffered is still read, and otherwise the answer goes out and
+// the connection closes.
 func (g *Gateway) protect(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		s := g.rt.Load().cfg.Server
@@ -26,6 +30,11 @@ func (g *Gateway) protect(next http.HandlerFunc) http.HandlerFunc {
 			dw.readBy = time.Now().Add(s.ReadTimeout)
 			_ = dw.rc.SetReadDeadline(dw.readBy)
 		}
+		defer func() {
+			if !dw.readBy.IsZero() && !dw.bodyIn {
+				_ = dw.rc.SetReadDeadline(time.Now())
+			}
+		}()
 		if err := checkOrigin(r, s.AllowedOrigins); err != nil {
 			g.refuseOrigin(dw, r, err)
 			return
@@ -55,6 +64,9 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *mcp.E
 		return nil, perr
 	}
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	if dw != nil {
+		dw.bodyIn = true
+	}
 	return body, nil
 }
 
@@ -88,6 +100,7 @@ type deadlineWriter struct {
 	rc      *http.ResponseController // of the wrapped writer
 	timeout time.Duration
 	readBy  time.Time // the body's read deadline; zero: none
+	bodyIn  bool      // readBody read the whole body
 }
 
 func (d *deadlineWriter) arm() {
