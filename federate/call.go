@@ -23,6 +23,7 @@ type call struct {
 	slot  *sessionSlot // of cs, a client's own session; nil for a shared one
 	probe bool
 	idle  *idleTimer
+	heard uint64 // the upstream's heardCount when the call was sent (see upstream.alive)
 	// parent is the client's request context. The call's notifications
 	// arrive on other goroutines (the upstream session's handlers) and
 	// must be sent on the client's request stream, which the go-sdk picks
@@ -69,7 +70,7 @@ func (f *Federator) begin(ctx context.Context, up *upstream, ss *mcp.ServerSessi
 		f.log.Warn("federate: cannot open an upstream session", "upstream", up.cfg.Name, "err", err)
 		return nil, nil, up.failure(caller, fmt.Sprintf("it cannot be reached: %v", err))
 	}
-	c.cs, c.slot = cs, slot
+	c.cs, c.slot, c.heard = cs, slot, up.heardCount()
 	if !usesShared(up, ss, stateless) {
 		// Only a client's own session asks for its newest call (a shared
 		// session's messages go to no client: newClient's target).
@@ -121,7 +122,18 @@ func (c *call) verdict(ctx context.Context, err error) verdict {
 		c.up.report(c.probe, abandoned)
 		return verdict{err: c.up.rpcErr("was not waited for: the gateway is shutting down"), outcome: OutcomeCancelled}
 	case errors.Is(context.Cause(ctx), errIdle):
-		c.up.report(c.probe, failed)
+		// A failure of the upstream only if it answered nothing else
+		// since the call was sent and answers no ping now: an upstream
+		// that answers is not down, the silence is this call's (see
+		// upstream.alive).
+		switch {
+		case c.up.alive(c.parent, c.cs, c.heard, c.idle.d):
+			c.up.report(c.probe, abandoned)
+		case c.f.ctx.Err() != nil: // Close ended the ping
+			c.up.report(c.probe, abandoned)
+		default:
+			c.up.report(c.probe, failed)
+		}
 		return verdict{err: c.up.rpcErr(fmt.Sprintf("timed out: it sent nothing for %v", c.idle.d)), outcome: OutcomeFailed}
 	case status == http.StatusNotFound, status == 0 && sessionLost(err):
 		// The upstream lost the session (it restarted, or expired it), or

@@ -25,9 +25,11 @@
 // reaches the client whose call it is: its token names the call.
 //
 // Health: each upstream has its own circuit breaker. Consecutive transport
-// failures or timeouts open it; its tools then fail at once with a tool
-// error naming the upstream (the other upstreams are untouched); after the
-// cooldown one probe call is let through. An upstream that answers HTTP 429
+// failures or timeouts open it (a timeout only while the upstream answers
+// nothing, not even a ping: one caller's slow calls must not open it for
+// all); its tools then fail at once with a tool error naming the upstream
+// (the other upstreams are untouched); after the cooldown one probe call
+// is let through. An upstream that answers HTTP 429
 // with Retry-After is not called again before that time by the caller it
 // answered — the tenant and subject forwarded with the request (see
 // ForwardHeaders), which the upstream may limit on — or, for a request
@@ -135,8 +137,9 @@ type Options struct {
 	// concurrent use.
 	AcceptTool func(upstream, tool string) error
 	// Failures is how many consecutive failures (transport errors and
-	// timeouts; not tool errors or JSON-RPC errors) open an upstream's
-	// breaker. Zero means DefaultFailures.
+	// timeouts of an upstream that answers nothing else, not even a ping;
+	// not tool errors or JSON-RPC errors) open an upstream's breaker. Zero
+	// means DefaultFailures.
 	Failures int
 	// Cooldown is how long an open breaker refuses calls before a probe.
 	// Zero means DefaultCooldown.

@@ -41,6 +41,10 @@ type upstream struct {
 	limitedBy map[string]time.Time
 	restarts  int
 	state     State
+	// heard counts the upstream's answers (calls answered, liveness pings
+	// answered: see alive): a call that timed out compares it with its
+	// value when the call was sent.
+	heard uint64
 
 	refreshMu    sync.Mutex  // one refresh at a time
 	refreshAgain atomic.Bool // a refresh was asked for since the running one listed
@@ -451,8 +455,8 @@ type outcome int
 
 const (
 	answered  outcome = iota // a result or a JSON-RPC error: the upstream works
-	failed                   // a transport error or a timeout
-	abandoned                // the client cancelled: says nothing of the upstream
+	failed                   // a transport error, or a timeout of an upstream that answers nothing (see alive)
+	abandoned                // the client cancelled, or a call timed out on a live upstream: says nothing of the upstream
 )
 
 func (up *upstream) report(probe bool, o outcome) {
@@ -464,6 +468,7 @@ func (up *upstream) report(probe bool, o outcome) {
 	switch o {
 	case answered:
 		up.failures = 0
+		up.heard++
 	case failed:
 		up.failures++
 		if up.failures >= up.f.opts.Failures {
@@ -471,6 +476,62 @@ func (up *upstream) report(probe bool, o outcome) {
 		}
 	}
 	up.setStateLocked()
+}
+
+// heardCount is the number of answers the upstream gave so far (see
+// upstream.heard).
+func (up *upstream) heardCount() uint64 {
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	return up.heard
+}
+
+// maxLivenessWait bounds the wait for the ping of alive: the go-sdk (as
+// most servers) answers a ping in its protocol layer, running no tool, so
+// an upstream that is serving at all answers one at once.
+const maxLivenessWait = 5 * time.Second
+
+// alive reports whether the upstream showed it is alive since a call on
+// cs, sent when heardCount was heard, went silent for its idle timeout d:
+// it answered some other request meanwhile, or it answers a ping on cs
+// now, within d (at least a second, at most maxLivenessWait). That call's
+// timeout then is the call's own (a tool slow on its arguments, a caller
+// asking for much), not a failure of the upstream: counted as one, a
+// single caller's slow calls would open the upstream's breaker for every
+// caller, and keep it open. An upstream that is dead, or hung (it takes
+// requests and answers none), answers no ping, and its timeouts still
+// open the breaker. Keeping timeouts per caller instead (as 429 back-offs
+// are) would not do: callerKey is "" for every caller without
+// identity_headers, and a hung upstream would be refused to each caller
+// only after that caller's own timeouts. The cost: an upstream whose
+// tools all hang while its protocol layer answers pings keeps its breaker
+// closed, each call failing at its own timeout.
+//
+// The ping carries the caller's forwarded headers (ctx's), so that a 429
+// it meets is that caller's back-off, not the whole upstream's. A ping
+// refused with an HTTP 4xx was answered (see call.verdict); an error
+// with no status, or a 5xx (a proxy in front of a dead upstream), was
+// not. A ping answered counts as heard: the other calls that went silent
+// since heardCount was heard need not ping.
+func (up *upstream) alive(ctx context.Context, cs *mcp.ClientSession, heard uint64, d time.Duration) bool {
+	if up.heardCount() != heard {
+		return true
+	}
+	var status atomic.Int32
+	pctx := context.WithValue(up.f.ctx, statusKey{}, &status)
+	if fwd, ok := ctx.Value(forwardKey{}).(http.Header); ok {
+		pctx = context.WithValue(pctx, forwardKey{}, fwd)
+	}
+	pctx, cancel := context.WithTimeout(pctx, min(max(d, time.Second), maxLivenessWait))
+	defer cancel()
+	err := cs.Ping(pctx, nil)
+	if code := int(status.Load()); err != nil && (code < 400 || code >= 500) {
+		return false
+	}
+	up.mu.Lock()
+	up.heard++
+	up.mu.Unlock()
+	return true
 }
 
 // setStateLocked recomputes the state and tells Options.OnState of a
