@@ -20,6 +20,9 @@ type subscriptions struct {
 	by      map[subKey]*subState
 	watched map[*mcp.ServerSession]bool
 	n       map[*mcp.ServerSession]int // subscriptions held by each session
+	// size is the bytes of URIs each session's subscriptions hold (made
+	// on first use).
+	size map[*mcp.ServerSession]int
 }
 
 // subState is one URI of one upstream: its subscribed client sessions,
@@ -40,10 +43,19 @@ type subState struct {
 
 // Bounds of one client session's subscriptions: each is held here, in the
 // SDK and upstream for as long as the session lives, and a session kept in
-// use never ends.
+// use never ends. The gateway caps a tenant's sessions
+// (sessions.max_per_tenant, 100 by default), not what each holds: these
+// bounds keep what a tenant can pin this way small. Its 100 sessions hold
+// at most 12,800 subscriptions and 6.25 MiB of URIs, about 25 MiB of heap
+// in all with the SDK's copy and the tables' entries (measured: 250 KiB a
+// session at the worst), where 1,024 subscriptions of 8 KiB URIs a session
+// let one tenant pin about 1 GiB.
 const (
-	maxSubscriptions = 1024
-	maxSubscribeURI  = 8 << 10
+	maxSubscriptions = 128
+	maxSubscribeURI  = 2 << 10
+	// maxSubscribeBytes bounds the URIs of a session's subscriptions
+	// together: 128 URIs of 512 bytes on average, or 32 of the longest.
+	maxSubscribeBytes = 64 << 10
 )
 
 type subKey struct {
@@ -75,12 +87,20 @@ func (f *Federator) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 		f.subs.Unlock()
 		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("this session holds %d subscriptions, the most it may: unsubscribe first", maxSubscriptions)}
 	}
+	if held := f.subs.size[ss]; held+len(k.uri) > maxSubscribeBytes {
+		f.subs.Unlock()
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("this session's subscriptions hold %d bytes of URIs: %d more would pass the most it may, %d: unsubscribe first", held, len(k.uri), maxSubscribeBytes)}
+	}
 	if st == nil {
 		st = &subState{sessions: map[*mcp.ServerSession]bool{}, waiting: map[*mcp.ServerSession]chan error{}}
 		f.subs.by[k] = st
 	}
 	st.sessions[ss] = true
 	f.subs.n[ss]++
+	if f.subs.size == nil {
+		f.subs.size = map[*mcp.ServerSession]int{}
+	}
+	f.subs.size[ss] += len(k.uri)
 	if !f.subs.watched[ss] {
 		f.subs.watched[ss] = true
 		f.spawn(func() {
@@ -127,14 +147,14 @@ func (f *Federator) leave(k subKey, ss *mcp.ServerSession) {
 		f.subs.Unlock()
 		return
 	}
-	f.removeLocked(st, ss, nil)
+	f.removeLocked(k, st, ss, nil)
 	f.subs.Unlock()
 	f.settle(k, st)
 }
 
-// removeLocked removes ss from st's subscribers, answering err to its
-// subscribe if it still waits. f.subs is held.
-func (f *Federator) removeLocked(st *subState, ss *mcp.ServerSession, err error) {
+// removeLocked removes ss from st's (k's) subscribers, answering err to
+// its subscribe if it still waits. f.subs is held.
+func (f *Federator) removeLocked(k subKey, st *subState, ss *mcp.ServerSession, err error) {
 	delete(st.sessions, ss)
 	if done, ok := st.waiting[ss]; ok {
 		done <- err
@@ -142,6 +162,9 @@ func (f *Federator) removeLocked(st *subState, ss *mcp.ServerSession, err error)
 	}
 	if f.subs.n[ss]--; f.subs.n[ss] <= 0 {
 		delete(f.subs.n, ss)
+	}
+	if f.subs.size[ss] -= len(k.uri); f.subs.size[ss] <= 0 {
+		delete(f.subs.size, ss)
 	}
 }
 
@@ -181,7 +204,7 @@ func (f *Federator) settle(k subKey, st *subState) {
 			}
 		case want:
 			for ss := range st.sessions {
-				f.removeLocked(st, ss, err)
+				f.removeLocked(k, st, ss, err)
 			}
 		default:
 			// Failed or not, the next subscriber subscribes again.

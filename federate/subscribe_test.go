@@ -18,7 +18,7 @@ import (
 
 // A client session's subscriptions are bounded, each held in the
 // Federator, the SDK and upstream for as long as the session lives: a
-// resource URI over 8 KiB is refused, and so is a subscription past 1 024;
+// resource URI over 2 KiB is refused, and so is a subscription past 128;
 // an unsubscription makes room again. Every subscription admitted reaches
 // the upstream once.
 func TestSubscriptionsBounded(t *testing.T) {
@@ -32,10 +32,10 @@ func TestSubscriptionsBounded(t *testing.T) {
 	ctx := context.Background()
 	item := func(id string) *mcp.SubscribeParams { return &mcp.SubscribeParams{URI: "test://up/items/" + id} }
 
-	if err := cs.Subscribe(ctx, item(strings.Repeat("x", 9000))); err == nil || !strings.Contains(err.Error(), "at most") {
-		t.Fatalf("subscription to a 9 KB URI: %v, want refused", err)
+	if err := cs.Subscribe(ctx, item(strings.Repeat("x", 2100))); err == nil || !strings.Contains(err.Error(), "at most") {
+		t.Fatalf("subscription to a 2.1 KB URI: %v, want refused", err)
 	}
-	const most = 1024
+	const most = 128
 	for i := range most {
 		if err := cs.Subscribe(ctx, item(fmt.Sprint(i))); err != nil {
 			t.Fatalf("subscription %d: %v", i, err)
