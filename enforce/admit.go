@@ -530,7 +530,7 @@ func (e *Engine) reportOutcome(ctx context.Context, b *limit.BreakerSpec, st lim
 	if failed {
 		// Known before the store answers: a success reported meanwhile
 		// must reset the count this failure is about to raise.
-		e.lim.breakers.markFailing(b.Key)
+		e.lim.breakers.markFailing(b)
 	} else if !st.Probe && st.Failures == 0 && !e.lim.breakers.hasFailures(b.Key) {
 		return
 	}

@@ -1,6 +1,7 @@
 package enforce
 
 import (
+	"container/list"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -17,8 +18,14 @@ import (
 
 // Bounds of the in-process breaker cache.
 const (
-	// breakerCacheSize bounds the open breakers remembered in process.
+	// breakerCacheSize bounds the open breakers remembered in process, and
+	// so each of the breakers seen failing and the counts of denials.
 	breakerCacheSize = 100_000
+	// breakerTenantShare bounds one tenant's breakers seen failing, and
+	// its counts of denials: past it a tenant's new entry evicts its own
+	// oldest, so that it takes no other tenant's room (ten tenants full
+	// can).
+	breakerTenantShare = breakerCacheSize / 10
 	// BreakerCacheHold caps how long an open breaker is answered in process
 	// without asking the store, so that DELETE /admin/breakers/{key} on one
 	// instance reaches the others within this time.
@@ -41,17 +48,103 @@ type breakerCache struct {
 	mu   sync.Mutex
 	open map[string]openBreaker
 	// denials is the store's count of a breaker's consecutive denials as
-	// last seen, when not zero.
-	denials map[string]seenDenials
+	// last seen, when not zero, until BreakerCacheHold after it was seen
+	// (deniedLocally reads no older count).
+	denials aging[seenDenials]
 	// failing holds the breakers whose count of consecutive failures was
 	// last seen above zero: a success must then reset it even when the
 	// call saw none on admission (a call admitted alongside one that
-	// failed first), or fail, succeed, fail would open the breaker.
-	failing map[string]struct{}
-	// nFailing is len(failing), read without the lock: a healthy agent's
-	// success (none failing) costs hasFailures no lock.
+	// failed first), or fail, succeed, fail would open the breaker. Each
+	// is held until the store may have dropped the count (MaxCooldown past
+	// its last change, see algo.BreakerExpiry): one tenant's breakers
+	// failing once each (keyed by session, say) age out, past its share
+	// evict its own oldest, and a full record loses its oldest entries,
+	// not everyone's.
+	failing aging[struct{}]
+	// nFailing is failing's length, read without the lock: a healthy
+	// agent's success (none failing) costs hasFailures no lock.
 	nFailing atomic.Int64
 }
+
+// aging is a map of at most breakerCacheSize entries, at most
+// breakerTenantShare of them a tenant's, kept in the order they were last
+// set, each with the time it lapses. set drops the lapsed entries from the
+// front and, for room, the tenant's oldest entry when it holds its share,
+// else everyone's oldest: one tenant's breakers (keyed by session, say)
+// evict only its own, and a full record loses its oldest entries, not all.
+// Each call is O(1), amortized. Entries of one kind lapse a fixed time
+// after they are set (the configuration's, which a reload may change), so
+// the front is the first to lapse, or near enough: one behind it that
+// lapses earlier is dropped with it, and get ignores it meanwhile. The
+// zero aging is empty and ready. Its user locks it.
+type aging[V any] struct {
+	m       map[string]*agingEntry[V]
+	order   list.List             // of *agingEntry[V]; front: set longest ago
+	tenants map[string]*list.List // each tenant's entries, in the same order
+}
+
+type agingEntry[V any] struct {
+	key, tenant string
+	v           V
+	until       time.Time     // when it lapses
+	e, te       *list.Element // in order, in its tenant's list
+}
+
+// get returns key's value unless it lapsed by now.
+func (a *aging[V]) get(key string, now time.Time) (V, bool) {
+	if ae, ok := a.m[key]; ok && now.Before(ae.until) {
+		return ae.v, true
+	}
+	var zero V
+	return zero, false
+}
+
+// set holds key's v (a breaker of tenant) until until, as the newest
+// entry, after dropping the entries lapsed by now and making room.
+func (a *aging[V]) set(key, tenant string, v V, now, until time.Time) {
+	if a.m == nil {
+		a.m, a.tenants = make(map[string]*agingEntry[V]), make(map[string]*list.List)
+	}
+	for e := a.order.Front(); e != nil && !now.Before(e.Value.(*agingEntry[V]).until); e = a.order.Front() {
+		a.remove(e.Value.(*agingEntry[V]))
+	}
+	if ae, ok := a.m[key]; ok {
+		ae.v, ae.until = v, until
+		a.order.MoveToBack(ae.e)
+		a.tenants[ae.tenant].MoveToBack(ae.te)
+		return
+	}
+	if tl := a.tenants[tenant]; tl != nil && tl.Len() >= breakerTenantShare {
+		a.remove(tl.Front().Value.(*agingEntry[V]))
+	} else if len(a.m) >= breakerCacheSize {
+		a.remove(a.order.Front().Value.(*agingEntry[V]))
+	}
+	tl := a.tenants[tenant]
+	if tl == nil {
+		tl = list.New()
+		a.tenants[tenant] = tl
+	}
+	ae := &agingEntry[V]{key: key, tenant: tenant, v: v, until: until}
+	ae.e, ae.te = a.order.PushBack(ae), tl.PushBack(ae)
+	a.m[key] = ae
+}
+
+// delete drops key.
+func (a *aging[V]) delete(key string) {
+	if ae, ok := a.m[key]; ok {
+		a.remove(ae)
+	}
+}
+
+func (a *aging[V]) remove(ae *agingEntry[V]) {
+	a.order.Remove(ae.e)
+	if tl := a.tenants[ae.tenant]; tl.Remove(ae.te) != nil && tl.Len() == 0 {
+		delete(a.tenants, ae.tenant)
+	}
+	delete(a.m, ae.key)
+}
+
+func (a *aging[V]) len() int { return len(a.m) }
 
 type seenDenials struct {
 	n  int64
@@ -65,32 +158,37 @@ type openBreaker struct {
 }
 
 func newBreakerCache(now func() time.Time, alert func(limit.BreakerSpec, limit.BreakerState)) *breakerCache {
-	return &breakerCache{now: now, alert: alert, open: make(map[string]openBreaker), denials: make(map[string]seenDenials), failing: make(map[string]struct{})}
+	return &breakerCache{now: now, alert: alert, open: make(map[string]openBreaker)}
 }
 
-// markFailing records that a failure of key is being reported.
-func (c *breakerCache) markFailing(key string) {
-	if c == nil {
+// markFailing records that a failure of b is being reported.
+func (c *breakerCache) markFailing(b *limit.BreakerSpec) {
+	if c == nil || b == nil {
 		return
 	}
+	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.setFailingLocked(key, true)
+	c.setFailingLocked(b, true, now)
 }
 
-// setFailingLocked records whether key's count of failures is above zero.
-// c.mu is held.
-func (c *breakerCache) setFailingLocked(key string, on bool) {
-	switch {
-	case !on:
-		delete(c.failing, key)
-	case len(c.failing) >= breakerCacheSize:
-		clear(c.failing) // a success then goes unreported: what the store's count did before this map
-		fallthrough
-	default:
-		c.failing[key] = struct{}{}
+// setFailingLocked records whether b's count of failures is above zero, as
+// seen at now. c.mu is held.
+func (c *breakerCache) setFailingLocked(b *limit.BreakerSpec, on bool, now time.Time) {
+	if on {
+		// A closed breaker's counts live MaxCooldown past their last
+		// change (algo.BreakerExpiry): a success after that resets
+		// nothing. An entry evicted early (breakerCacheSize) leaves a
+		// success unreported: what the store's count did before this map.
+		hold := max(b.MaxCooldown, b.Cooldown)
+		if hold <= 0 {
+			hold = limit.MaxBreakerDuration
+		}
+		c.failing.set(b.Key, b.Tenant, struct{}{}, now, now.Add(hold))
+	} else {
+		c.failing.delete(b.Key)
 	}
-	c.nFailing.Store(int64(len(c.failing)))
+	c.nFailing.Store(int64(c.failing.len()))
 }
 
 // hasFailures reports whether key's count of consecutive failures was last
@@ -99,9 +197,10 @@ func (c *breakerCache) hasFailures(key string) bool {
 	if c == nil || c.nFailing.Load() == 0 {
 		return false
 	}
+	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, ok := c.failing[key]
+	_, ok := c.failing.get(key, now)
 	return ok
 }
 
@@ -143,14 +242,13 @@ func (c *breakerCache) observe(b *limit.BreakerSpec, st limit.BreakerState) {
 	defer c.mu.Unlock()
 	switch {
 	case st.Denials == 0:
-		delete(c.denials, b.Key)
+		c.denials.delete(b.Key)
 	default:
-		if len(c.denials) >= breakerCacheSize {
-			clear(c.denials) // only costs round trips: an unknown count is asked of the store
-		}
-		c.denials[b.Key] = seenDenials{n: st.Denials, at: now}
+		// One evicted early only costs a round trip: an unknown count is
+		// asked of the store.
+		c.denials.set(b.Key, b.Tenant, seenDenials{n: st.Denials, at: now}, now, now.Add(BreakerCacheHold))
 	}
-	c.setFailingLocked(b.Key, st.Failures > 0)
+	c.setFailingLocked(b, st.Failures > 0, now)
 	if !st.Open && !st.Opened {
 		// Closed, or half-open with no probe in flight: an entry held for
 		// it is stale (say, a refusal answered while a probe ran that has
@@ -190,8 +288,9 @@ func (c *breakerCache) forget(key string) {
 	}
 	c.mu.Lock()
 	delete(c.open, key)
-	delete(c.denials, key)
-	c.setFailingLocked(key, false)
+	c.denials.delete(key)
+	c.failing.delete(key)
+	c.nFailing.Store(int64(c.failing.len()))
 	c.mu.Unlock()
 }
 
@@ -212,7 +311,7 @@ func (c *breakerCache) deniedLocally(ctx context.Context, gs limit.GuardedStore,
 	}
 	now := c.now()
 	c.mu.Lock()
-	seen, ok := c.denials[b.Key]
+	seen, ok := c.denials.get(b.Key, now)
 	c.mu.Unlock()
 	if ok && seen.n >= b.ConsecutiveDenials && now.Sub(seen.at) < BreakerCacheHold {
 		return limit.BreakerState{}, false
