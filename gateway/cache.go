@@ -170,12 +170,12 @@ func rateLimitedError(e json.RawMessage) bool {
 // left while its own load runs on for the flight: the call is settled only
 // when that load ends (orphan.done), on its result (orphan.outcome). A
 // load that outlives the call without being its own (an early refresh its
-// hit started, or a load starting after it left) is detached
-// (loadDetached). An early refresh its hit started is not run outside the
+// hit started, or a load starting after it left) is detached, under
+// slots of its own (loadHeld). An early refresh its hit started is not run outside the
 // tenant's concurrency slots: refresh is nil unless it started before
 // cachedCall was done, and then the call is settled (its slots freed) only
 // when it ends (refresh.done), on the call's own answer; one that starts
-// later takes slots of its own (loadRefresh).
+// later takes slots of its own (loadHeld).
 //
 // A call whose params the key does not cover (cacheableParams) goes to
 // bypassCache instead.
@@ -197,9 +197,13 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, p auth.Prin
 		case cache.Refreshing(ctx) && claim.CompareAndSwap(loadPending, loadRefresh):
 			return g.loadDetachedTo(ctx, r, p, rt, fwd, rw)
 		case cache.Refreshing(ctx):
-			return g.loadRefresh(ctx, r, p, rt, fwd, t)
+			return g.loadHeld(ctx, r, p, rt, fwd, t, errNoRefreshSlot)
 		case !claim.CompareAndSwap(loadPending, loadOwn):
-			return g.loadDetached(ctx, r, p, rt, fwd)
+			// The flight's load starts after its caller left (it waited
+			// for a lock held elsewhere, whose load failed): it holds
+			// slots of its own, or the flight's other callers make their
+			// own calls under theirs.
+			return g.loadHeld(ctx, r, p, rt, fwd, t, errNoLoadSlot)
 		}
 		return g.load(ctx, r, p, rt, fwd, lw)
 	}, plan.Policy)
@@ -243,19 +247,28 @@ const (
 )
 
 // errNoRefreshSlot skips an early refresh that found no concurrency slot
-// free (loadRefresh).
+// free (loadHeld).
 var errNoRefreshSlot = errors.New("gateway: early refresh skipped: no concurrency slot free")
 
-// loadRefresh is loadDetached for an early refresh that starts after the
-// hit that started it was settled: it runs under concurrency slots of its
-// own, taken as the hit's call took them (enforce.Ticket.HoldSlots), and
-// is skipped when none is free (the entry is served until it expires; the
-// next miss loads under its call's slots). Run outside them, a tenant at
-// its concurrency limit could drive extra loads upstream through hits.
-func (g *Gateway) loadRefresh(ctx context.Context, r *http.Request, p auth.Principal, rt *runtime, fwd relay, t *enforce.Ticket) ([]byte, bool, error) {
+// errNoLoadSlot ends a flight's load whose caller left and that found no
+// concurrency slot free (loadHeld): a denial of that caller, so that the
+// flight's other callers make their own calls (failedFlightAnswer).
+var errNoLoadSlot = fmt.Errorf("gateway: a cache load whose caller left found no concurrency slot free: %w",
+	&uncacheable{status: http.StatusTooManyRequests, denial: true})
+
+// loadHeld is loadDetachedTo for a load that starts after the call it was
+// made for was settled: an early refresh whose hit was answered, or a
+// flight's load whose caller left while it waited for a lock held
+// elsewhere. It runs under concurrency slots of its own, taken as the
+// call took them (enforce.Ticket.HoldSlots), and when none is free it
+// does not run and returns noSlot (a refresh is skipped and the entry
+// served until it expires; a flight's other callers make their own calls).
+// Run outside them, a tenant at its concurrency limit could drive extra
+// loads upstream through hits, or by leaving calls that wait for a lock.
+func (g *Gateway) loadHeld(ctx context.Context, r *http.Request, p auth.Principal, rt *runtime, fwd relay, t *enforce.Ticket, noSlot error) ([]byte, bool, error) {
 	release, ok := t.HoldSlots(ctx)
 	if !ok {
-		return nil, false, errNoRefreshSlot
+		return nil, false, noSlot
 	}
 	lw := newLeaderWriter(nil)
 	defer func() {
@@ -269,22 +282,19 @@ func (g *Gateway) loadRefresh(ctx context.Context, r *http.Request, p auth.Princ
 // loadIDPrefix begins the JSON-RPC id of a detached load's request.
 const loadIDPrefix = "mcpgate-load-"
 
-// loadDetached is load for a load that outlives its call: an early refresh
-// (which a hit starts after it was answered), or a flight's load that
-// starts after its caller left. It goes upstream in the caller's session,
-// with its headers and params (_meta included), but under a JSON-RPC id of
-// the gateway's own, unique to the load, and relays to no one. Under the
-// caller's id it collided with the caller's requests after the call
-// ended: a late notifications/cancelled naming the answered call, which
-// matches no call in the gateway and goes upstream, cancelled the load; a
-// next request reusing the id, as JSON-RPC allows once it is answered, got
-// the upstream's 400 for a duplicate id in flight.
-func (g *Gateway) loadDetached(ctx context.Context, r *http.Request, p auth.Principal, rt *runtime, fwd relay) ([]byte, bool, error) {
-	return g.loadDetachedTo(ctx, r, p, rt, fwd, newLeaderWriter(nil))
-}
-
-// loadDetachedTo is loadDetached capturing into lw (a writer with no
-// caller), whose done tells when the load has ended.
+// loadDetachedTo is load for a load that outlives its call: an early
+// refresh (which a hit starts after it was answered), or a flight's load
+// that starts after its caller left. It goes upstream in the caller's
+// session, with its headers and params (_meta included), but under a
+// JSON-RPC id of the gateway's own, unique to the load, and relays to no
+// one. Under the caller's id it collided with the caller's requests after
+// the call ended: a late notifications/cancelled naming the answered call,
+// which matches no call in the gateway and goes upstream, cancelled the
+// load; a next request reusing the id, as JSON-RPC allows once it is
+// answered, got the upstream's 400 for a duplicate id in flight.
+//
+// It captures into lw (a writer with no caller), whose done tells when the
+// load has ended.
 func (g *Gateway) loadDetachedTo(ctx context.Context, r *http.Request, p auth.Principal, rt *runtime, fwd relay, lw *leaderWriter) ([]byte, bool, error) {
 	id, _ := json.Marshal(loadIDPrefix + newRequestID())
 	body, msg, err := mcp.WithID(fwd.Body, id)
