@@ -54,12 +54,16 @@ func (m *middleware) cachedCall(ctx context.Context, t *enforce.Ticket, next mcp
 	// hit started): it writes nothing of this call's but ran, own, claim
 	// and hit.
 	var ran atomic.Bool
+	var gate atomic.Int32 // 1: this caller's loader started; 2: the caller was settled first
 	var claim atomic.Int32
 	own := &ownLoad{done: make(chan struct{})}
 	hit := &ownLoad{done: make(chan struct{})}
 	entry, _, err := m.e.Cache().Get(ctx, plan.Key, func(lctx context.Context) (b []byte, negative bool, err error) {
 		if cache.Refreshing(lctx) {
 			return m.refreshLoad(lctx, t, next, method, req, &claim, hit)
+		}
+		if !gate.CompareAndSwap(0, 1) {
+			return nil, false, &interim{} // its caller was settled: the flight's others run their own
 		}
 		ran.Store(true)
 		defer func() { own.end(b, negative || err != nil) }() // a no-op after the end below
@@ -88,6 +92,9 @@ func (m *middleware) cachedCall(ctx context.Context, t *enforce.Ticket, next mcp
 		return b, r.IsError, err
 	}, plan.Policy)
 	var in *interim
+	if err != nil && !ran.Load() && !errors.As(err, &in) && !gate.CompareAndSwap(0, 2) {
+		ran.Store(true) // the loader started meanwhile: it settles the call
+	}
 	if err != nil && ran.Load() && !errors.As(err, &in) {
 		// This caller's own load failed, or the caller left while it runs
 		// on for the flight, or the cache abandoned it at its deadline
