@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"errors"
+	"io"
 	"net/http"
 	"time"
 
@@ -15,13 +17,13 @@ import (
 // authenticated or forwarded. The settings are those of the config in force.
 //
 // A POST answered before its body was read (a 401, 403, 404 or 429 sent
-// early) gets a read deadline of now once the handler returns: net/http
-// then reads what is left of the body (up to 256 KiB, to reuse the
-// connection) before it writes the answer, and a client trickling the body
-// in would hold the connection for all of server.read_timeout, uncounted by
-// any tenant's cap. Past the deadline that read fails at once: what is
-// already buffered is still read, and otherwise the answer goes out and
-// the connection closes.
+// early) has the rest of its body read within drainGrace (drainUnread):
+// net/http would read it (up to 256 KiB, to reuse the connection) before
+// writing the answer, under server.read_timeout, and a client trickling
+// the body in would hold the connection for all of it, uncounted by any
+// tenant's cap. A body that does not arrive within drainGrace leaves the
+// deadline passed: net/http's own read fails at once, the answer goes out
+// and the connection closes.
 func (g *Gateway) protect(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		s := g.rt.Load().cfg.Server
@@ -30,11 +32,7 @@ func (g *Gateway) protect(next http.HandlerFunc) http.HandlerFunc {
 			dw.readBy = time.Now().Add(s.ReadTimeout)
 			_ = dw.rc.SetReadDeadline(dw.readBy)
 		}
-		defer func() {
-			if !dw.readBy.IsZero() && !dw.bodyIn {
-				_ = dw.rc.SetReadDeadline(time.Now())
-			}
-		}()
+		defer drainUnread(dw, r)
 		if err := checkOrigin(r, s.AllowedOrigins); err != nil {
 			g.refuseOrigin(dw, r, err)
 			return
@@ -43,6 +41,32 @@ func (g *Gateway) protect(next http.HandlerFunc) http.HandlerFunc {
 		// net/http flushes what is still buffered after the handler
 		// returns: that write gets its own deadline as well.
 		dw.arm()
+	}
+}
+
+// drainGrace is how long a POST answered before its body was read has to
+// send the rest of it (see protect): what a client that sent its whole
+// request needs, far less than a trickling one would take.
+const drainGrace = 100 * time.Millisecond
+
+// maxDrain is how much of an unread body drainUnread reads: net/http's own
+// bound (it closes the connection rather than read more).
+const maxDrain = 256 << 10
+
+// drainUnread reads what is left of an early-answered POST's body within
+// drainGrace (see protect). Drained, the connection stays open for the
+// client's next request and its read deadline is lifted (net/http watches
+// the idle connection with a read of its own from then on, which a passed
+// deadline would fail, cancelling the next request); otherwise the passed
+// deadline makes net/http close it. A request without a body has nothing
+// to drain (and net/http's read already watches its connection).
+func drainUnread(dw *deadlineWriter, r *http.Request) {
+	if dw.readBy.IsZero() || dw.bodyIn || r.Body == nil || r.Body == http.NoBody {
+		return
+	}
+	_ = dw.rc.SetReadDeadline(time.Now().Add(drainGrace))
+	if _, err := io.CopyN(io.Discard, r.Body, maxDrain+1); errors.Is(err, io.EOF) {
+		_ = dw.rc.SetReadDeadline(time.Time{})
 	}
 }
 
