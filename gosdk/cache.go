@@ -123,16 +123,16 @@ func (m *middleware) cachedCall(ctx context.Context, t *enforce.Ticket, next mcp
 		}
 		return nil, nil, true, nil, nil, err
 	}
+	if !claim.CompareAndSwap(loadPending, loadDone) {
+		refresh = hit // the refresh this hit started runs under its slots
+	}
 	var r mcp.CallToolResult
 	if err := json.Unmarshal(entry.Value, &r); err != nil {
-		return nil, nil, true, nil, nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "gosdk: cached tool result cannot be decoded: " + err.Error()}
+		return nil, nil, true, nil, refresh, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "gosdk: cached tool result cannot be decoded: " + err.Error()}
 	}
 	var loaded json.RawMessage
 	if ran.Load() {
 		loaded = entry.Value // this caller's own load: its reported cost counts
-	}
-	if !claim.CompareAndSwap(loadPending, loadDone) {
-		refresh = hit // the refresh this hit started runs under its slots
 	}
 	return &r, loaded, entry.Negative, nil, refresh, nil
 }
