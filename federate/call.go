@@ -151,11 +151,21 @@ func (c *call) verdict(ctx context.Context, err error) verdict {
 		c.drop()
 		return verdict{retry: true, err: c.up.rpcErr("lost the session"), outcome: OutcomeRetried}
 	case errors.As(err, &je) && !transportCode(je.Code):
-		c.up.report(c.probe, answered)
+		// The upstream's JSON-RPC error (over a 2xx), or a 4xx's: a plain
+		// one rewritten (see headerTransport.refusedAnswer), or one whose
+		// body is a JSON-RPC error; a 4xx is no sign the upstream serves
+		// (see throughMCP).
+		if throughMCP(status) {
+			c.up.report(c.probe, answered)
+		} else {
+			c.up.report(c.probe, refused)
+		}
 		return verdict{err: je, outcome: OutcomeError}
 	case status == http.StatusTooManyRequests:
-		// The SDK keeps the session (a transient status): so do we.
-		c.up.report(c.probe, answered)
+		// The SDK keeps the session (a transient status): so do we. A
+		// proxy in front of a hung upstream may answer it: refused, not
+		// answered (see throughMCP).
+		c.up.report(c.probe, refused)
 		return verdict{refusal: c.up.failure(c.up.callerOf(c.parent), "it answered 429"), outcome: OutcomeRefused}
 	case status >= 400 && status < 500:
 		// It answered: this request is refused, the upstream works (one
@@ -166,7 +176,7 @@ func (c *call) verdict(ctx context.Context, err error) verdict {
 		// session on it) has the next call open another, and the calls
 		// that were in flight on it are sent again (the
 		// ErrConnectionClosed case above).
-		c.up.report(c.probe, answered)
+		c.up.report(c.probe, refused)
 		c.drop()
 		return verdict{err: c.up.refusedErr(status), outcome: OutcomeError}
 	case errors.As(err, &je) && je.Code == -32005 && status == 0:

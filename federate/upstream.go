@@ -41,9 +41,10 @@ type upstream struct {
 	limitedBy map[string]time.Time
 	restarts  int
 	state     State
-	// heard counts the upstream's answers (calls answered, liveness pings
-	// answered: see alive): a call that timed out compares it with its
-	// value when the call was sent.
+	// heard counts the upstream's answers through its MCP layer (calls
+	// answered, liveness pings answered: see alive and throughMCP; a 4xx
+	// is not one): a call that timed out compares it with its value when
+	// the call was sent.
 	heard uint64
 
 	refreshMu    sync.Mutex  // one refresh at a time
@@ -454,10 +455,23 @@ const reasonDown = "its process is not running (being restarted)"
 type outcome int
 
 const (
-	answered  outcome = iota // a result or a JSON-RPC error: the upstream works
+	answered  outcome = iota // a result or a JSON-RPC error through its MCP layer (see throughMCP): the upstream works
+	refused                  // an HTTP 4xx (429 too): not a failure, as answered, but no sign the upstream serves (see alive)
 	failed                   // a transport error, or a timeout of an upstream that answers nothing (see alive)
 	abandoned                // the client cancelled, or a call timed out on a live upstream: says nothing of the upstream
 )
+
+// throughMCP reports whether an answer that came with the HTTP status
+// (0: none, a stdio upstream) came through the upstream's MCP layer: an
+// HTTP 2xx. No 4xx does, not even one whose body is a JSON-RPC error: a
+// 4xx is written in front of that layer, by a proxy, an auth layer, or
+// the server's own HTTP handler before any session takes the request
+// (the go-sdk's 400 and 404 on a session id, the TypeScript SDK's 400,
+// 406 and 415), and an upstream that is hung behind them still gets it
+// answered. So a 4xx is not counted as heard (see alive).
+func throughMCP(status int) bool {
+	return status == 0 || status >= 200 && status < 300
+}
 
 func (up *upstream) report(probe bool, o outcome) {
 	up.mu.Lock()
@@ -469,6 +483,8 @@ func (up *upstream) report(probe bool, o outcome) {
 	case answered:
 		up.failures = 0
 		up.heard++
+	case refused:
+		up.failures = 0
 	case failed:
 		up.failures++
 		if up.failures >= up.f.opts.Failures {
@@ -508,11 +524,14 @@ const maxLivenessWait = 5 * time.Second
 // closed, each call failing at its own timeout.
 //
 // The ping carries the caller's forwarded headers (ctx's), so that a 429
-// it meets is that caller's back-off, not the whole upstream's. A ping
-// refused with an HTTP 4xx was answered (see call.verdict); an error
-// with no status, or a 5xx (a proxy in front of a dead upstream), was
-// not. A ping answered counts as heard: the other calls that went silent
-// since heardCount was heard need not ping.
+// it meets is that caller's back-off, not the whole upstream's. Only a
+// ping answered through the upstream's MCP layer shows it alive: one
+// refused with an HTTP 4xx (429 too: a proxy in front of a hung upstream
+// answers those, see throughMCP), failing with no status, or with a 5xx
+// (a proxy in front of a dead upstream) does not. Nor does an answer of
+// that kind to another call count as heard (see call.verdict). A ping
+// answered counts as heard: the other calls that went silent since
+// heardCount was heard need not ping.
 func (up *upstream) alive(ctx context.Context, cs *mcp.ClientSession, heard uint64, d time.Duration) bool {
 	if up.heardCount() != heard {
 		return true
@@ -524,8 +543,7 @@ func (up *upstream) alive(ctx context.Context, cs *mcp.ClientSession, heard uint
 	}
 	pctx, cancel := context.WithTimeout(pctx, min(max(d, time.Second), maxLivenessWait))
 	defer cancel()
-	err := cs.Ping(pctx, nil)
-	if code := int(status.Load()); err != nil && (code < 400 || code >= 500) {
+	if err := cs.Ping(pctx, nil); err != nil || !throughMCP(int(status.Load())) {
 		return false
 	}
 	up.mu.Lock()
