@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -525,13 +526,16 @@ const maxLivenessWait = 5 * time.Second
 //
 // The ping carries the caller's forwarded headers (ctx's), so that a 429
 // it meets is that caller's back-off, not the whole upstream's. Only a
-// ping answered through the upstream's MCP layer shows it alive: one
-// refused with an HTTP 4xx (429 too: a proxy in front of a hung upstream
-// answers those, see throughMCP), failing with no status, or with a 5xx
-// (a proxy in front of a dead upstream) does not. Nor does an answer of
-// that kind to another call count as heard (see call.verdict). A ping
-// answered counts as heard: the other calls that went silent since
-// heardCount was heard need not ping.
+// ping answered through the upstream's MCP layer shows it alive: with a
+// result, or with a JSON-RPC error (not one the SDK's transport makes,
+// see transportCode), as call.verdict counts a call's (a server that does
+// not implement ping answers it -32601, promptly). One refused with an
+// HTTP 4xx (429 too: a proxy in front of a hung upstream answers those,
+// see throughMCP), failing with no status, or with a 5xx (a proxy in
+// front of a dead upstream) does not. Nor does an answer of that kind to
+// another call count as heard (see call.verdict). A ping answered counts
+// as heard: the other calls that went silent since heardCount was heard
+// need not ping.
 func (up *upstream) alive(ctx context.Context, cs *mcp.ClientSession, heard uint64, d time.Duration) bool {
 	if up.heardCount() != heard {
 		return true
@@ -543,7 +547,9 @@ func (up *upstream) alive(ctx context.Context, cs *mcp.ClientSession, heard uint
 	}
 	pctx, cancel := context.WithTimeout(pctx, min(max(d, time.Second), maxLivenessWait))
 	defer cancel()
-	if err := cs.Ping(pctx, nil); err != nil || !throughMCP(int(status.Load())) {
+	err := cs.Ping(pctx, nil)
+	var je *jsonrpc.Error
+	if err != nil && (!errors.As(err, &je) || transportCode(je.Code)) || !throughMCP(int(status.Load())) {
 		return false
 	}
 	up.mu.Lock()
