@@ -485,7 +485,10 @@ func (up *upstream) report(probe bool, o outcome) {
 		up.failures = 0
 		up.heard++
 	case refused:
-		up.failures = 0
+		// Neither a failure nor a sign of life: it leaves the count
+		// (a front layer's refusals between a hung upstream's timeouts
+		// must not keep its breaker closed), and a probe refused leaves
+		// the breaker half-open, probed again.
 	case failed:
 		up.failures++
 		if up.failures >= up.f.opts.Failures {
