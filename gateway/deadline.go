@@ -22,8 +22,8 @@ import (
 // writing the answer, under server.read_timeout, and a client trickling
 // the body in would hold the connection for all of it, uncounted by any
 // tenant's cap. A body that does not arrive within drainGrace leaves the
-// deadline passed: net/http's own read fails at once, the answer goes out
-// and the connection closes.
+// deadline in place: net/http's own read of the rest fails by it, the
+// answer goes out and the connection closes.
 func (g *Gateway) protect(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		s := g.rt.Load().cfg.Server
@@ -57,8 +57,10 @@ const maxDrain = 256 << 10
 // drainGrace (see protect). Drained, the connection stays open for the
 // client's next request and its read deadline is lifted (net/http watches
 // the idle connection with a read of its own from then on, which a passed
-// deadline would fail, cancelling the next request); otherwise the passed
-// deadline makes net/http close it. A request without a body has nothing
+// deadline would fail, cancelling the next request); otherwise (the body
+// is late, or over maxDrain) the deadline stays, net/http's own read of the
+// rest ends by it at the latest, and the connection closes unless that read
+// reached the body's end. A request without a body has nothing
 // to drain (and net/http's read already watches its connection).
 func drainUnread(dw *deadlineWriter, r *http.Request) {
 	if dw.readBy.IsZero() || dw.bodyIn || r.Body == nil || r.Body == http.NoBody {
