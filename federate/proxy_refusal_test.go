@@ -28,48 +28,12 @@ func TestProxyRefusalsDoNotKeepHungUpstreamBreakerClosed(t *testing.T) {
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, "slow down", http.StatusTooManyRequests)
 	}
-	refuse403 := func(w http.ResponseWriter, body []byte) {
-		var m struct {
-			ID json.RawMessage `json:"id"`
-		}
-		_ = json.Unmarshal(body, &m)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusForbidden)
-		_, _ = w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(m.ID) + `,"error":{"code":-32001,"message":"forbidden by policy"}}`))
-	}
 	t.Run("429", func(t *testing.T) { testProxyRefusals(t, refuse429) })
 	t.Run("403 JSON-RPC", func(t *testing.T) { testProxyRefusals(t, refuse403) })
 }
 
 func testProxyRefusals(t *testing.T, refuse func(http.ResponseWriter, []byte)) {
-	var hang atomic.Bool
-	release := make(chan struct{})
-	t.Cleanup(func() { close(release) })
-	wrap := func(h http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Method == http.MethodPost && hang.Load() {
-				body, _ := io.ReadAll(r.Body)
-				r.Body = io.NopCloser(bytes.NewReader(body))
-				if strings.Contains(string(body), `"text":"forbidden"`) {
-					refuse(w, body) // the proxy's
-					return
-				}
-				select {
-				case <-r.Context().Done():
-				case <-release:
-				}
-				return
-			}
-			h.ServeHTTP(w, r)
-		})
-	}
-	a := startHTTPUpstream(t, "a", wrap)
-	f, cs := start(t, federate.Options{Failures: 2, Cooldown: time.Minute,
-		Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__", Timeout: 500 * time.Millisecond}}}, nil)
-	if got, _ := callText(t, cs, "a__echo", map[string]any{"text": "x"}); got != "a: x" {
-		t.Fatalf("a__echo = %q", got)
-	}
-	hang.Store(true)
+	f, cs := hungBehindProxy(t, refuse)
 	for i := range 4 {
 		time.Sleep(1100 * time.Millisecond) // the last 429's Retry-After passes
 		done := make(chan error, 2)
@@ -101,6 +65,55 @@ func testProxyRefusals(t *testing.T, refuse func(http.ResponseWriter, []byte)) {
 	if h := f.Health()[0]; h.State != federate.StateOpen {
 		t.Errorf("health of a, hung (2 calls timed out in each of 4 rounds, pings unanswered) behind a proxy refusing another request = %+v, want open", h)
 	}
+}
+
+// refuse403 is a proxy's refusal of the request body: a 403 whose body is
+// a JSON-RPC error answering it.
+func refuse403(w http.ResponseWriter, body []byte) {
+	var m struct {
+		ID json.RawMessage `json:"id"`
+	}
+	_ = json.Unmarshal(body, &m)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusForbidden)
+	_, _ = w.Write([]byte(`{"jsonrpc":"2.0","id":` + string(m.ID) + `,"error":{"code":-32001,"message":"forbidden by policy"}}`))
+}
+
+// hungBehindProxy federates upstream "a" (Failures 2, a 500ms timeout)
+// and, once a first call went through, hangs it: every POST then gets no
+// answer, pings included, except a call of a__echo with the text
+// "forbidden", which a proxy in front answers with refuse.
+func hungBehindProxy(t *testing.T, refuse func(http.ResponseWriter, []byte)) (*federate.Federator, *mcp.ClientSession) {
+	t.Helper()
+	var hang atomic.Bool
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	wrap := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost && hang.Load() {
+				body, _ := io.ReadAll(r.Body)
+				r.Body = io.NopCloser(bytes.NewReader(body))
+				if strings.Contains(string(body), `"text":"forbidden"`) {
+					refuse(w, body) // the proxy's
+					return
+				}
+				select {
+				case <-r.Context().Done():
+				case <-release:
+				}
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	}
+	a := startHTTPUpstream(t, "a", wrap)
+	f, cs := start(t, federate.Options{Failures: 2, Cooldown: time.Minute,
+		Upstreams: []federate.Upstream{{Name: "a", URL: a.URL(), Prefix: "a__", Timeout: 500 * time.Millisecond}}}, nil)
+	if got, _ := callText(t, cs, "a__echo", map[string]any{"text": "x"}); got != "a: x" {
+		t.Fatalf("a__echo = %q", got)
+	}
+	hang.Store(true)
+	return f, cs
 }
 
 func callResultText(res *mcp.CallToolResult) string {
