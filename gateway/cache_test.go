@@ -10,7 +10,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -476,16 +475,10 @@ func TestUpstreamDenialResultIsNotCached(t *testing.T) {
 			deny.Store(true)
 			var inner atomic.Pointer[http.Handler]
 			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				body, _ := io.ReadAll(r.Body)
-				r.Body = io.NopCloser(bytes.NewReader(body))
-				var msg struct {
-					ID     json.RawMessage `json:"id"`
-					Method string          `json:"method"`
-				}
-				_ = json.Unmarshal(body, &msg)
-				if msg.Method == "tools/call" && deny.CompareAndSwap(true, false) {
+				method, id := peekRPC(r)
+				if method == "tools/call" && deny.CompareAndSwap(true, false) {
 					w.Header().Set("Retry-After", "30")
-					writeRPC(w, http.StatusOK, msg.ID, "result", json.RawMessage(denial))
+					writeRPC(w, http.StatusOK, id, "result", json.RawMessage(denial))
 					return
 				}
 				(*inner.Load()).ServeHTTP(w, r)

@@ -1,10 +1,7 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -72,15 +69,7 @@ func newOverlapUpstream(t *testing.T, stateless bool) *overlapUpstream {
 	}
 	h := sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return srv }, &sdk.StreamableHTTPOptions{Stateless: stateless})
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var msg struct {
-			Method string `json:"method"`
-		}
-		if r.Method == http.MethodPost {
-			body, _ := io.ReadAll(r.Body)
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			_ = json.Unmarshal(body, &msg)
-		}
-		if msg.Method != "notifications/cancelled" {
+		if method, _ := peekRPC(r); method != "notifications/cancelled" {
 			h.ServeHTTP(w, r)
 			return
 		}

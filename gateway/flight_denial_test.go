@@ -1,10 +1,8 @@
 package gateway
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -37,19 +35,13 @@ func TestUpstreamDenialStatusIsNotServedToFlightFollowers(t *testing.T) {
 			var denied atomic.Bool
 			var inner atomic.Pointer[http.Handler]
 			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				body, _ := io.ReadAll(r.Body)
-				r.Body = io.NopCloser(bytes.NewReader(body))
-				var msg struct {
-					ID     json.RawMessage `json:"id"`
-					Method string          `json:"method"`
-				}
-				_ = json.Unmarshal(body, &msg)
-				if msg.Method == "tools/call" && denied.CompareAndSwap(false, true) {
+				method, id := peekRPC(r)
+				if method == "tools/call" && denied.CompareAndSwap(false, true) {
 					time.Sleep(500 * time.Millisecond) // the others join this flight
 					if tc.retryAfter != "" {
 						w.Header().Set("Retry-After", tc.retryAfter)
 					}
-					writeRPC(w, tc.status, msg.ID, "error",
+					writeRPC(w, tc.status, id, "error",
 						json.RawMessage(fmt.Sprintf(`{"code":%d,"message":"rate limit exceeded for tenant acme; retry in 30s"}`, tc.code)))
 					return
 				}

@@ -623,3 +623,20 @@ var (
 	eventually = testenv.Eventually
 	run        = testenv.Run
 )
+
+// peekRPC returns the method and id of the JSON-RPC message in a test
+// upstream's request r ("" and nil for a GET, a DELETE or a body that is
+// not one), leaving r's body to be read again.
+func peekRPC(r *http.Request) (method string, id json.RawMessage) {
+	if r.Body == nil {
+		return "", nil
+	}
+	body, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	var msg struct {
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
+	}
+	_ = json.Unmarshal(body, &msg)
+	return msg.Method, msg.ID
+}

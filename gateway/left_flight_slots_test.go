@@ -1,10 +1,7 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -36,15 +33,7 @@ func TestLeftFlightsLoadRunsUnderASlot(t *testing.T) {
 	})
 	h := sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return srv }, nil)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var msg struct {
-			Method string `json:"method"`
-		}
-		if r.Method == http.MethodPost {
-			body, _ := io.ReadAll(r.Body)
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			_ = json.Unmarshal(body, &msg)
-		}
-		if msg.Method != "tools/call" {
+		if method, _ := peekRPC(r); method != "tools/call" {
 			h.ServeHTTP(w, r)
 			return
 		}
