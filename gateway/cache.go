@@ -166,7 +166,8 @@ func rateLimitedError(e json.RawMessage) bool {
 // others get the final result as JSON with their own id. It reports whether
 // the answer was an error (for the breaker), the result this caller's own
 // load produced (for a cost correction; nil unless this caller's flight
-// loaded it) and the HTTP status written. orphan is nil unless the caller
+// loaded it), the HTTP status written, and whether its own load, ended, was
+// cut and may still run upstream (enforce.Outcome.Running). orphan is nil unless the caller
 // left while its own load runs on for the flight: the call is settled only
 // when that load ends (orphan.done), on its result (orphan.outcome). A
 // load that outlives the call without being its own (an early refresh its
@@ -179,7 +180,7 @@ func rateLimitedError(e json.RawMessage) bool {
 //
 // A call whose params the key does not cover (cacheableParams) goes to
 // bypassCache instead.
-func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, p auth.Principal, rt *runtime, fwd relay, t *enforce.Ticket, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int, own, orphan, refresh *leaderWriter) {
+func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, p auth.Principal, rt *runtime, fwd relay, t *enforce.Ticket, plan enforce.CachePlan, call *liveCall, answered resultHook) (failed bool, loaded json.RawMessage, status int, running bool, orphan, refresh *leaderWriter) {
 	// The loader may also run after this call returned (an early refresh
 	// started by a hit, or the flight's load starting after its caller
 	// left): it must not touch this call's variables but claim, lw and
@@ -218,9 +219,6 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, p auth.Prin
 	default:
 		failed, loaded, status = g.entryAnswer(w, r, fwd.Msg, entry, src, answered)
 	}
-	if claim.Load() == loadOwn {
-		own = lw
-	}
 	switch {
 	case claim.CompareAndSwap(loadPending, loadDone):
 	case claim.Load() == loadRefresh:
@@ -235,7 +233,10 @@ func (g *Gateway) cachedCall(w http.ResponseWriter, r *http.Request, p auth.Prin
 		// of loads at once under a concurrency rule).
 		orphan = lw
 	}
-	return failed, loaded, status, own, orphan, refresh
+	// The call's own load has ended (else it is an orphan): whether the
+	// gateway cut it and nothing could stop it upstream.
+	running = claim.Load() == loadOwn && orphan == nil && lw.running.Load()
+	return failed, loaded, status, running, orphan, refresh
 }
 
 // The states of a cached call's claim on its loader (cachedCall).

@@ -91,11 +91,7 @@ func (g *Gateway) serveCall(x *exchange) {
 		// reported cost corrects that one call's charge. The loads' own
 		// answers reach the ticket through answered only: a load may
 		// outlive this call (an early refresh), and must not touch a.
-		var own *leaderWriter
-		a.failed, a.result, a.code, own, orphan, refresh = g.cachedCall(x.w, x.r, x.p, x.rt, x.fwd, t, plan, call, answered)
-		if own != nil && orphan == nil {
-			a.running = own.running.Load() // its load has ended
-		}
+		a.failed, a.result, a.code, a.running, orphan, refresh = g.cachedCall(x.w, x.r, x.p, x.rt, x.fwd, t, plan, call, answered)
 		if call.cut.Load() {
 			// Its own request (a bypass, after another caller's interim
 			// answer) was cut; a flight's load is not the call's to stop.

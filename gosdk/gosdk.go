@@ -377,24 +377,20 @@ func (m *middleware) toolCall(ctx, post context.Context, next mcp.MethodHandler,
 	if st == enforce.OK || st == enforce.ToolError {
 		t.Answered(sctx, answer, failed)
 	}
-	if orphan != nil {
+	if orphan != nil || refresh != nil {
 		// Answered now, settled when the handler of its own load returns,
-		// on that load's result (see cachedCall).
+		// on that load's result, or, a hit, when the refresh it started
+		// ends: its slots stay held for that work (see cachedCall).
 		go func() {
 			defer m.pending.done()
-			<-orphan.done
-			result, _ := orphan.outcome()
+			result := answer
+			if orphan != nil {
+				<-orphan.done
+				result, _ = orphan.outcome()
+			} else {
+				<-refresh.done
+			}
 			t.Done(sctx, enforce.Outcome{Status: st, Result: result})
-		}()
-		return res, err
-	}
-	if refresh != nil {
-		// Answered now (a hit), settled when the refresh it started ends,
-		// its slots held for it (see cachedCall).
-		go func() {
-			defer m.pending.done()
-			<-refresh.done
-			t.Done(sctx, enforce.Outcome{Status: st, Result: answer})
 		}()
 		return res, err
 	}
