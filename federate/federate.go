@@ -255,7 +255,7 @@ func New(ctx context.Context, opts Options) (*Federator, error) {
 	f.ctx, f.stop = context.WithCancel(context.Background())
 	f.sessions.init()
 	f.progress.init()
-	f.subs.by, f.subs.watched, f.subs.n = map[subKey]*subState{}, map[*mcp.ServerSession]bool{}, map[*mcp.ServerSession]int{}
+	f.subs.by, f.subs.watched, f.subs.held = map[subKey]*subState{}, map[*mcp.ServerSession]bool{}, map[*mcp.ServerSession]subsHeld{}
 	for _, u := range opts.Upstreams {
 		f.ups = append(f.ups, newUpstream(f, u))
 	}

@@ -19,11 +19,12 @@ type subscriptions struct {
 	sync.Mutex
 	by      map[subKey]*subState
 	watched map[*mcp.ServerSession]bool
-	n       map[*mcp.ServerSession]int // subscriptions held by each session
-	// size is the bytes of URIs each session's subscriptions hold (made
-	// on first use).
-	size map[*mcp.ServerSession]int
+	held    map[*mcp.ServerSession]subsHeld // what each session's subscriptions hold
 }
+
+// subsHeld is what one session's subscriptions hold: how many, and their
+// URIs' bytes (see maxSubscriptions, maxSubscribeBytes).
+type subsHeld struct{ n, bytes int }
 
 // subState is one URI of one upstream: its subscribed client sessions,
 // and whether the upstream holds the subscription. Its upstream requests
@@ -83,24 +84,21 @@ func (f *Federator) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 		f.subs.Unlock()
 		return nil // already subscribed (or its first subscribe still waits)
 	}
-	if f.subs.n[ss] >= maxSubscriptions {
+	held := f.subs.held[ss]
+	if held.n >= maxSubscriptions {
 		f.subs.Unlock()
 		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("this session holds %d subscriptions, the most it may: unsubscribe first", maxSubscriptions)}
 	}
-	if held := f.subs.size[ss]; held+len(k.uri) > maxSubscribeBytes {
+	if held.bytes+len(k.uri) > maxSubscribeBytes {
 		f.subs.Unlock()
-		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("this session's subscriptions hold %d bytes of URIs: %d more would pass the most it may, %d: unsubscribe first", held, len(k.uri), maxSubscribeBytes)}
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("this session's subscriptions hold %d bytes of URIs: %d more would pass the most it may, %d: unsubscribe first", held.bytes, len(k.uri), maxSubscribeBytes)}
 	}
 	if st == nil {
 		st = &subState{sessions: map[*mcp.ServerSession]bool{}, waiting: map[*mcp.ServerSession]chan error{}}
 		f.subs.by[k] = st
 	}
 	st.sessions[ss] = true
-	f.subs.n[ss]++
-	if f.subs.size == nil {
-		f.subs.size = map[*mcp.ServerSession]int{}
-	}
-	f.subs.size[ss] += len(k.uri)
+	f.subs.held[ss] = subsHeld{n: held.n + 1, bytes: held.bytes + len(k.uri)}
 	if !f.subs.watched[ss] {
 		f.subs.watched[ss] = true
 		f.spawn(func() {
@@ -160,11 +158,10 @@ func (f *Federator) removeLocked(k subKey, st *subState, ss *mcp.ServerSession, 
 		done <- err
 		delete(st.waiting, ss)
 	}
-	if f.subs.n[ss]--; f.subs.n[ss] <= 0 {
-		delete(f.subs.n, ss)
-	}
-	if f.subs.size[ss] -= len(k.uri); f.subs.size[ss] <= 0 {
-		delete(f.subs.size, ss)
+	if held := f.subs.held[ss]; held.n <= 1 {
+		delete(f.subs.held, ss)
+	} else {
+		f.subs.held[ss] = subsHeld{n: held.n - 1, bytes: held.bytes - len(k.uri)}
 	}
 }
 
