@@ -469,25 +469,10 @@ func (r *RedisStore) invalidate(ctx context.Context, scope Scope, tags []string,
 	pages, err := pagesOf(r.runStep(ctx, step, calls))
 	n := 0
 	for err == nil {
-		calls = calls[:0]
-		seen := make(map[string]bool) // an entry of two tags is dropped once
-		for _, members := range pages {
-			for _, m := range members {
-				if !seen[m] {
-					seen[m] = true
-					calls = append(calls, scriptCall{dropScript, []string{m, keyspace.CacheFence(m)}, []string{droppedFenceTTL}})
-				}
-			}
-		}
-		if len(calls) == 0 {
-			return n, nil
-		}
-		for _, res := range r.runStep(ctx, step, calls) {
-			d, err := res.AsInt64()
-			if err != nil {
-				return n, err
-			}
-			n += int(d)
+		d, more, derr := r.dropPages(ctx, step, pages)
+		n += d
+		if derr != nil || !more {
+			return n, derr
 		}
 		calls = calls[:0]
 		var next []string
@@ -501,6 +486,33 @@ func (r *RedisStore) invalidate(ctx context.Context, scope Scope, tags []string,
 		pages, err = pagesOf(r.runStep(ctx, step, calls))
 	}
 	return n, err
+}
+
+// dropPages deletes the entries pages list, each once (an entry of two tags
+// is in two pages), bumping their fences, and reports how many it deleted
+// and whether there were any to delete.
+func (r *RedisStore) dropPages(ctx context.Context, step time.Duration, pages [][]string) (n int, any bool, err error) {
+	var calls []scriptCall
+	seen := make(map[string]bool)
+	for _, members := range pages {
+		for _, m := range members {
+			if !seen[m] {
+				seen[m] = true
+				calls = append(calls, scriptCall{dropScript, []string{m, keyspace.CacheFence(m)}, []string{droppedFenceTTL}})
+			}
+		}
+	}
+	if len(calls) == 0 {
+		return 0, false, nil
+	}
+	for _, res := range r.runStep(ctx, step, calls) {
+		d, err := res.AsInt64()
+		if err != nil {
+			return n, true, err
+		}
+		n += int(d)
+	}
+	return n, true, nil
 }
 
 // droppedFenceTTL is the life of a fence an invalidation bumps: it must outlive
