@@ -177,7 +177,7 @@ func (g *Gateway) serveCancellation(x *exchange) {
 	c, first := g.cancelCall(x.r, x.p, x.msg)
 	class := methodClass(x.msg)
 	if c == nil || !first {
-		if _, _, ok := g.admitMethod(x, class); !ok {
+		if _, ok := g.admitMethod(x, class); !ok {
 			return
 		}
 	}

@@ -32,7 +32,7 @@ func (g *Gateway) serveMethod(x *exchange) {
 		g.serveInitialize(x, class)
 		return
 	}
-	_, outcome, ok := g.admitMethod(x, class)
+	t, ok := g.admitMethod(x, class)
 	if !ok {
 		return
 	}
@@ -58,7 +58,8 @@ func (g *Gateway) serveMethod(x *exchange) {
 		return
 	}
 	_, cut := g.forwardHeld(x.w, x.r, x.rt, x.fwd, class, outlivesClient(x.r))
-	outcome.Running = g.stopUpstream(x.r, x.p, x.msg.ID, cut) // before the request is settled
+	running := g.stopUpstream(x.r, x.p, x.msg.ID, cut) // before the request is settled
+	t.Done(context.WithoutCancel(x.r.Context()), enforce.Outcome{Running: running})
 }
 
 // serveInitialize serves an initialize (see serveMethod).
@@ -74,16 +75,16 @@ func (g *Gateway) serveInitialize(x *exchange, class string) {
 		return
 	}
 	g.tracker.awaitEnds(x.r.Context(), x.p) // a session the caller just lost frees its slot first
-	if t, _, ok := g.admitMethod(x, class); ok {
+	if t, ok := g.admitMethod(x, class); ok {
 		g.openSession(x.w, x.r, x.rt, x.fwd, x.p, t, class)
 	}
 }
 
 // admitMethod puts a message that is not a tools/call through the engine
 // (see serveMethod). Refused, it has been answered; admitted, its rate-limit
-// headers are set, and its ticket is settled when the exchange ends, with
-// the outcome returned (filled in by the caller until then).
-func (g *Gateway) admitMethod(x *exchange, class string) (*enforce.Ticket, *enforce.Outcome, bool) {
+// headers are set, and its ticket is settled when the exchange ends, unless
+// the caller settled it before (Done acts once).
+func (g *Gateway) admitMethod(x *exchange, class string) (*enforce.Ticket, bool) {
 	msg := x.msg
 	method, target := msg.Method, enforce.MethodTarget(msg.Method, msg.Name)
 	if !msg.IsCall() {
@@ -91,14 +92,13 @@ func (g *Gateway) admitMethod(x *exchange, class string) (*enforce.Ticket, *enfo
 	}
 	t, d := g.eng.Admit(x.r.Context(), enforce.Call{Tenant: x.p.Tenant, Tier: x.p.Tier, Subject: x.p.Subject,
 		Method: method, Name: target})
-	outcome := new(enforce.Outcome)
-	x.after(func() { t.Done(context.WithoutCancel(x.r.Context()), *outcome) })
+	x.after(func() { t.Done(context.WithoutCancel(x.r.Context()), enforce.Outcome{}) })
 	noteDecision(x.r.Context(), d)
 	if !g.admitted(x, class, d) {
-		return t, outcome, false
+		return t, false
 	}
 	setRateHeaders(x.w.Header(), d.Limit, g.now())
-	return t, outcome, true
+	return t, true
 }
 
 // admitted answers a request the engine refused (503, or a denial in the
