@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/lestrrat-go/jwx/v3/jwt"
 	"github.com/mcpgate/mcpgate/internal/ident"
@@ -46,7 +45,9 @@ func (a *Authenticator) claims(payload []byte) (Principal, error) {
 	switch {
 	case err != nil:
 		return Principal{}, invalid("sub claim: %v", err)
-	case !ok && a.requireSub:
+	case (!ok || sub == "") && a.requireSub:
+		// "sub": null reads as "": no subject either, the shared bucket
+		// of sub-less tokens RequireSubject keeps them out of.
 		return Principal{}, invalid("missing sub claim")
 	}
 	if err := ident.CheckAdmitted(sub, MaxSubjectBytes); err != nil {
@@ -145,7 +146,7 @@ func scopeClaim(tok jwt.Token, name string) (Scopes, error) {
 			if !ok {
 				return Scopes{}, fmt.Errorf("array holds a %s, want strings", jsonKind(e))
 			}
-			list = append(list, strings.Fields(s)...)
+			list = append(list, splitScopes(s)...)
 		}
 		return parseScopeList(list), nil
 	}

@@ -3,6 +3,8 @@ package auth
 import (
 	"slices"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // The prefixes of the scopes that grant something. Any other scope is
@@ -109,8 +111,31 @@ func (n nameSet) sorted() []string {
 // that itself ends in '*' cannot be granted alone); elsewhere it is part of
 // the name. Any other scope, including a bare "tools:", "prompts:" or
 // "resources:", is ignored.
+//
+// Scopes are separated by ASCII white space (RFC 6749 §3.3 names a space;
+// tabs and line breaks are taken too). Any other space or control
+// character is part of a scope, which it makes invalid, and ignored: split
+// on U+00A0 or U+2028, as strings.Fields would, one scope value
+// "tools:echo\u00a0tools:*" that a conforming reader takes for a single
+// unknown scope would grant every tool here.
 func ParseScopes(s string) Scopes {
-	return parseScopeList(strings.Fields(s))
+	return parseScopeList(splitScopes(s))
+}
+
+// splitScopes splits a scope value on ASCII white space.
+func splitScopes(s string) []string {
+	return strings.FieldsFunc(s, func(r rune) bool {
+		return r == ' ' || r == '\t' || r == '\n' || r == '\r' || r == '\v' || r == '\f'
+	})
+}
+
+// validScope reports whether s holds no space or control character: such
+// a scope is invalid (RFC 6749 §3.3: printable characters), and grants
+// nothing.
+func validScope(s string) bool {
+	return !strings.ContainsFunc(s, func(r rune) bool {
+		return unicode.IsSpace(r) || unicode.IsControl(r) || r == utf8.RuneError
+	})
 }
 
 // parseScopeList builds Scopes from scopes already split, as in the JSON array
@@ -118,6 +143,9 @@ func ParseScopes(s string) Scopes {
 func parseScopeList(list []string) Scopes {
 	var sc Scopes
 	for _, s := range list {
+		if !validScope(s) {
+			continue
+		}
 		if name, ok := strings.CutPrefix(s, toolScopePrefix); ok && name != "" {
 			sc.tools.add(name)
 		} else if name, ok := strings.CutPrefix(s, promptScopePrefix); ok && name != "" {
