@@ -243,11 +243,17 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 	if err := g.sameUpstreamKind(cfg); err != nil {
 		return err
 	}
+	file := cfg // what the warnings below compare
+	cfg = g.fed.effective(inForce(g.Config(), cfg))
+	// The checks read the upstreams in force, not the file's: their
+	// prefixes change only on restart, and they alone decide which
+	// upstream's limits count a tool.
+	if err := checkBareLimits(cfg); err != nil {
+		return err
+	}
 	if err := g.fed.check(cfg); err != nil {
 		return err
 	}
-	file := cfg // what the warnings below compare
-	cfg = g.fed.effective(inForce(g.Config(), cfg))
 	rt, err := newRuntime(cfg, a, g.fed.transport())
 	if err != nil {
 		return err
@@ -276,6 +282,37 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 // ErrUpstreamsSwitch refuses a reload that switches between upstream.url
 // and upstreams: (either way); the configuration in force stays.
 var ErrUpstreamsSwitch = errors.New("gateway: upstreams: switching between upstream.url and upstreams needs a restart")
+
+// ErrBareUpstreamLimits refuses a reload that gives limits to an upstream
+// whose prefix in force is "" while another's is "" too; the configuration
+// in force stays.
+var ErrBareUpstreamLimits = errors.New("gateway: upstreams: limits on an upstream with prefix \"\" while another has prefix \"\" too")
+
+// checkBareLimits is Parse's rule against limits on one of several bare
+// upstreams (prefix ""), applied to the upstreams in force: a reload keeps
+// the prefixes the federation started with, so a file that passed Parse
+// with other prefixes may still leave two upstreams bare in force. Then a
+// bare tool name reads as no upstream's (policy.Config.UpstreamOf) and the
+// limits count none of its calls; the attribution check (federation.check)
+// sees this only for the tools listed at the moment of the reload, while
+// this refuses it whatever the upstreams list.
+func checkBareLimits(cfg *policy.Config) error {
+	var bare, limited []string
+	for _, u := range cfg.Upstreams {
+		if u.Prefix != "" {
+			continue
+		}
+		bare = append(bare, u.Name)
+		if len(u.Limits) > 0 {
+			limited = append(limited, u.Name)
+		}
+	}
+	if len(bare) < 2 || len(limited) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: upstreams %q are bare in force (prefixes change on restart only), so %q's limits would count none of its calls; give it a prefix and restart, or put the rules in tools.<name>.limits",
+		ErrBareUpstreamLimits, bare, limited[0])
+}
 
 // sameUpstreamKind refuses (ErrUpstreamsSwitch) a cfg that switches
 // between upstream.url and upstreams:. Unlike the other settings read at
