@@ -130,6 +130,11 @@ type Gateway struct {
 	proxyWarned atomic.Bool
 	trace       *tracing    // nil: tracing off
 	fed         *federation // nil: a single upstream (no upstreams:)
+	// upstream sends every runtime's requests to the upstream: one
+	// connection pool across reloads, which replace the mcp.Proxy but not
+	// its client. A client per runtime left each old pool's idle
+	// connections open (nothing closed them), and every reload reconnected.
+	upstream *http.Client
 }
 
 // New builds a Gateway from opts.
@@ -185,7 +190,8 @@ func New(opts Options) (*Gateway, error) {
 		g.Close()
 		return nil, fmt.Errorf("gateway: audit.file: %w", err)
 	}
-	rt, err := newRuntime(cfg, opts.Auth, g.fed.transport())
+	g.upstream = upstreamClient(g.fed)
+	rt, err := newRuntime(cfg, opts.Auth, g.upstream)
 	if err != nil {
 		g.Close()
 		return nil, err
@@ -204,16 +210,21 @@ func New(opts Options) (*Gateway, error) {
 	return g, nil
 }
 
-// newRuntime builds what a configuration needs per request. rt, when not
-// nil, carries the requests to the upstream (the federation's pipes).
-func newRuntime(cfg *policy.Config, a *auth.Authenticator, rt http.RoundTripper) (*runtime, error) {
+// upstreamClient is the client of the gateway's requests to its upstream:
+// over the federation's pipes with upstreams:, else mcp.NewClient's.
+func upstreamClient(fd *federation) *http.Client {
+	if rt := fd.transport(); rt != nil {
+		return &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	}
+	return mcp.NewClient()
+}
+
+// newRuntime builds what a configuration needs per request. client carries
+// the requests to the upstream (Gateway.upstream, shared by every runtime).
+func newRuntime(cfg *policy.Config, a *auth.Authenticator, client *http.Client) (*runtime, error) {
 	headers := make(http.Header, len(cfg.Upstream.Headers))
 	for k, v := range cfg.Upstream.Headers {
 		headers.Set(k, v)
-	}
-	var client *http.Client
-	if rt != nil {
-		client = &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
 	proxy, err := mcp.NewProxy(mcp.ProxyOptions{Upstream: cfg.Upstream.URL, Headers: headers, Client: client,
 		Timeout: cfg.Upstream.Timeout, MaxDuration: cfg.Upstream.MaxDuration})
@@ -254,7 +265,7 @@ func (g *Gateway) Apply(cfg *policy.Config, a *auth.Authenticator) error {
 	if err := g.fed.check(cfg); err != nil {
 		return err
 	}
-	rt, err := newRuntime(cfg, a, g.fed.transport())
+	rt, err := newRuntime(cfg, a, g.upstream)
 	if err != nil {
 		return err
 	}
@@ -385,6 +396,9 @@ func (g *Gateway) Close() error {
 		err = g.eng.Close()
 		// last: the lines of calls that ended during the shutdown
 		err = errors.Join(err, g.audit.Close())
+		if g.upstream != nil {
+			g.upstream.CloseIdleConnections()
+		}
 	})
 	return err
 }

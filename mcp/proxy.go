@@ -144,12 +144,7 @@ func NewProxy(opts ProxyOptions) (*Proxy, error) {
 		log:      opts.Logger,
 	}
 	if p.client == nil {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConnsPerHost = 64
-		p.client = &http.Client{
-			Transport:     tr,
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		}
+		p.client = NewClient()
 	}
 	if p.timeout == 0 {
 		p.timeout = DefaultTimeout
@@ -164,6 +159,22 @@ func NewProxy(opts ProxyOptions) (*Proxy, error) {
 		p.log = slog.New(slog.DiscardHandler)
 	}
 	return p, nil
+}
+
+// NewClient returns the client a Proxy uses when ProxyOptions.Client is
+// nil: pooled keep-alive connections (up to 64 idle per host), redirects
+// not followed. Each client has its own pool, which nothing closes when
+// its Proxy is dropped: a caller that replaces its Proxy (a config
+// reload) should pass one client to all of them, so that the idle
+// connections of one are the next one's, and call CloseIdleConnections
+// when done with it.
+func NewClient() *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 64
+	return &http.Client{
+		Transport:     tr,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 }
 
 // Forward describes one client request for Serve.
