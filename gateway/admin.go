@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"time"
@@ -35,6 +36,29 @@ func (g *Gateway) adminRoutes(mux *http.ServeMux) {
 	admin("/admin/", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "unknown admin endpoint"})
 	})
+}
+
+// maxAdminBody bounds the JSON body of an admin request.
+const maxAdminBody = 1 << 20
+
+// decodeAdminBody reads r's JSON body into v, refusing unknown fields, and
+// reports whether it did; if not, it answered: 413 for a body over
+// maxAdminBody (as the MCP endpoint answers, so that a client can tell an
+// oversized request from a malformed one), else 400.
+func decodeAdminBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		return true
+	}
+	status := http.StatusBadRequest
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		status = http.StatusRequestEntityTooLarge
+	}
+	writeJSON(w, status, map[string]string{"error": "body: " + err.Error()})
+	return false
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -292,10 +316,7 @@ type invalidateRequest struct {
 // the shared entries carrying them, when shared tools are tagged).
 func (g *Gateway) adminInvalidate(w http.ResponseWriter, r *http.Request) {
 	var req invalidateRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body: " + err.Error()})
+	if !decodeAdminBody(w, r, &req) {
 		return
 	}
 	if req.Tenant == "" || len(req.Tags) == 0 {

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"time"
@@ -86,10 +85,7 @@ type resetRequest struct {
 // this instance's denial cache is emptied.
 func (g *Gateway) adminResetLimits(w http.ResponseWriter, r *http.Request) {
 	var req resetRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body: " + err.Error()})
+	if !decodeAdminBody(w, r, &req) {
 		return
 	}
 	if req.Tenant == "" {
