@@ -15,27 +15,61 @@ import (
 	"github.com/mcpgate/mcpgate/policy"
 )
 
+// adminEndpoint is one admin endpoint: its method, path pattern and handler.
+type adminEndpoint struct {
+	method, path string
+	h            http.HandlerFunc
+}
+
+// adminRoutes registers the admin endpoints, each behind the admin token.
+// A known path asked with another method answers 405 with Allow (the
+// "/admin/" catch-all of unknown paths matches every method, so net/http's
+// own 405 never happens under /admin/); any other path answers 404.
 func (g *Gateway) adminRoutes(mux *http.ServeMux) {
-	admin := func(pattern string, h http.HandlerFunc) {
-		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-			if !g.adminAuthorized(r) {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="mcpgate-admin"`)
-				writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin bearer token required"})
-				return
-			}
-			h(w, r)
-		})
+	endpoints := []adminEndpoint{
+		{http.MethodGet, "/admin/limits", g.adminLimits},
+		{http.MethodPost, "/admin/limits/reset", g.adminResetLimits},
+		{http.MethodPost, "/admin/reload", g.adminReload},
+		{http.MethodGet, "/admin/usage", g.adminUsage},
+		{http.MethodPost, "/admin/cache/invalidate", g.adminInvalidate},
+		{http.MethodGet, "/admin/breakers", g.adminBreakers},
+		{http.MethodDelete, "/admin/breakers/{key}", g.adminResetBreaker},
 	}
-	admin("GET /admin/limits", g.adminLimits)
-	admin("POST /admin/limits/reset", g.adminResetLimits)
-	admin("POST /admin/reload", g.adminReload)
-	admin("GET /admin/usage", g.adminUsage)
-	admin("POST /admin/cache/invalidate", g.adminInvalidate)
-	admin("GET /admin/breakers", g.adminBreakers)
-	admin("DELETE /admin/breakers/{key}", g.adminResetBreaker)
-	admin("/admin/", func(w http.ResponseWriter, _ *http.Request) {
+	var paths []string
+	allowed := map[string][]string{}
+	for _, e := range endpoints {
+		mux.HandleFunc(e.method+" "+e.path, g.adminOnly(e.h))
+		if _, ok := allowed[e.path]; !ok {
+			paths = append(paths, e.path)
+		}
+		allowed[e.path] = append(allowed[e.path], e.method)
+		if e.method == http.MethodGet {
+			allowed[e.path] = append(allowed[e.path], http.MethodHead) // a GET pattern serves HEAD too
+		}
+	}
+	for _, path := range paths {
+		allow := strings.Join(allowed[path], ", ")
+		mux.HandleFunc(path, g.adminOnly(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method " + r.Method + " not allowed; allowed: " + allow})
+		}))
+	}
+	mux.HandleFunc("/admin/", g.adminOnly(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "unknown admin endpoint"})
-	})
+	}))
+}
+
+// adminOnly answers 401 to a request without the admin bearer token,
+// whatever the endpoint or method, and passes the others to h.
+func (g *Gateway) adminOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !g.adminAuthorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="mcpgate-admin"`)
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin bearer token required"})
+			return
+		}
+		h(w, r)
+	}
 }
 
 // maxAdminBody bounds the JSON body of an admin request.

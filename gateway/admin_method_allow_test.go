@@ -1,0 +1,34 @@
+package gateway
+
+import (
+	"net/http"
+	"testing"
+)
+
+// A known admin path asked with another method answers 405 with the
+// methods it serves in Allow, after the token check: without the token it
+// is 401 like every admin request, and a path that is not an endpoint
+// stays 404 whatever the method.
+func TestAdminWrongMethodAllow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{Config: adminConfig})
+	admin := "Bearer " + testAdmin
+	for _, c := range []struct {
+		method, path, authz string
+		status              int
+		allow               string
+	}{
+		{http.MethodGet, "/admin/reload", admin, http.StatusMethodNotAllowed, "POST"},
+		{http.MethodPut, "/admin/limits", admin, http.StatusMethodNotAllowed, "GET, HEAD"},
+		{http.MethodGet, "/admin/breakers/x", admin, http.StatusMethodNotAllowed, "DELETE"},
+		{http.MethodDelete, "/admin/breakers", admin, http.StatusMethodNotAllowed, "GET, HEAD"},
+		{http.MethodGet, "/admin/reload", "", http.StatusUnauthorized, ""},
+		{http.MethodGet, "/admin/breakers/x/y", admin, http.StatusNotFound, ""},
+		{http.MethodPost, "/admin/nope", admin, http.StatusNotFound, ""},
+	} {
+		r := adminReq(t, c.method, e.base[0]+c.path, c.authz)
+		if r.Status != c.status || r.Header.Get("Allow") != c.allow {
+			t.Errorf("%s %s (authorization %q): %d, Allow %q; want %d, Allow %q", c.method, c.path, c.authz, r.Status, r.Header.Get("Allow"), c.status, c.allow)
+		}
+	}
+}
