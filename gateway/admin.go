@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -75,14 +76,22 @@ func (g *Gateway) adminOnly(h http.HandlerFunc) http.HandlerFunc {
 // maxAdminBody bounds the JSON body of an admin request.
 const maxAdminBody = 1 << 20
 
-// decodeAdminBody reads r's JSON body into v, refusing unknown fields, and
-// reports whether it did; if not, it answered: 413 for a body over
-// maxAdminBody (as the MCP endpoint answers, so that a client can tell an
-// oversized request from a malformed one), else 400.
+// errTrailingData refuses an admin body with more than one JSON value.
+var errTrailingData = errors.New("data after the JSON value")
+
+// decodeAdminBody reads r's JSON body into v, refusing unknown fields and
+// anything but white space after the value, and reports whether it did;
+// if not, it answered: 413 for a body over maxAdminBody (as the MCP
+// endpoint answers, so that a client can tell an oversized request from a
+// malformed one), else 400. A second value is refused rather than
+// ignored: the request would apply the first alone, and answer 200.
 func decodeAdminBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
+	if err == nil {
+		err = bodyEnded(dec)
+	}
 	if err == nil {
 		return true
 	}
@@ -93,6 +102,20 @@ func decodeAdminBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	}
 	writeJSON(w, status, map[string]string{"error": "body: " + err.Error()})
 	return false
+}
+
+// bodyEnded returns nil when dec has nothing left but white space,
+// errTrailingData when another value or token follows, else the read's
+// error (a *http.MaxBytesError past the bound, or a syntax error).
+func bodyEnded(dec *json.Decoder) error {
+	_, err := dec.Token()
+	switch {
+	case errors.Is(err, io.EOF):
+		return nil
+	case err == nil:
+		return errTrailingData
+	}
+	return err
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
