@@ -405,7 +405,7 @@ func breakerSpec(cfg *policy.Config, p Call, tool string) *limit.BreakerSpec {
 		// session-less call is read to its end, see gateway/outlive.go):
 		// its lease covers that too, so that no second probe goes while
 		// it still runs.
-		ProbeLease: ms(min(2*cfg.Upstream.Timeout+5*time.Second, limit.MaxBreakerDuration)),
+		ProbeLease: probeLease(cfg.Upstream.Timeout),
 	}
 	if b.IdenticalCalls.Count > 1 {
 		spec.IdenticalKey = keyspace.BreakerCall(p.Tenant, id, fingerprint(tool, p.Arguments))
@@ -413,6 +413,17 @@ func breakerSpec(cfg *policy.Config, p Call, tool string) *limit.BreakerSpec {
 		spec.IdenticalWithin = ms(b.IdenticalCalls.Within)
 	}
 	return spec
+}
+
+// probeLease is the lease of a half-open probe whose call may run for
+// timeout and outlive its client as long: 2*timeout+5s, at most
+// limit.MaxBreakerDuration (the stores refuse a longer one, and with it
+// every call the breaker guards). timeout is clamped first: policy.Parse
+// bounds it, but a Config built in code need not be, and doubling a huge
+// one would overflow into a negative lease.
+func probeLease(timeout time.Duration) time.Duration {
+	timeout = min(max(timeout, 0), limit.MaxBreakerDuration)
+	return ms(min(2*timeout+5*time.Second, limit.MaxBreakerDuration))
 }
 
 // fingerprint identifies a call for the identical-calls trigger: the tool

@@ -1,21 +1,26 @@
 package enforce_test
 
 import (
+	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/policy"
 )
 
-// upstream.timeout is accepted up to the largest Go duration, but the
+// upstream.timeout was accepted up to the largest Go duration, but the
 // breaker's probe lease is computed as 2*upstream.timeout+5s, which
-// overflows to a negative duration for timeouts above ~1281023h. The store
-// then refuses every breaker spec (ErrInvalidBreaker), so every call is
-// refused Unavailable (503), even under on_error: open, although Parse
-// accepted the config and `mcpgate check` passes it.
+// overflowed to a negative duration for timeouts above ~1281023h. The
+// store then refused every breaker spec (ErrInvalidBreaker), so every call
+// was refused Unavailable (503), even under on_error: open, although Parse
+// accepted the config and `mcpgate check` passed it. Parse now refuses such
+// a timeout; a Config built in code with one still works (the engine
+// clamps before doubling).
 func TestHugeUpstreamTimeoutBreaksBreaker(t *testing.T) {
-	cfg, err := policy.Parse("t.yaml", []byte(`
-upstream: {url: "http://127.0.0.1:1/mcp", timeout: 2000000h}
+	const file = `
+upstream: {url: "http://127.0.0.1:1/mcp", timeout: %s}
 auth: {jwt: {hs256_secret_env: X}}
 store: {timeout: 10s, on_error: open}
 tiers:
@@ -23,10 +28,15 @@ tiers:
     limits:
       - {name: rpm, algorithm: fixed_window, limit: 1, period: 1m}
 breaker: {consecutive_failures: 3}
-`))
+`
+	if _, err := policy.Parse("t.yaml", []byte(fmt.Sprintf(file, "2000000h"))); !errors.Is(err, policy.ErrInvalidConfig) {
+		t.Fatalf("upstream.timeout 2000000h: Parse returned %v, want it refused", err)
+	}
+	cfg, err := policy.Parse("t.yaml", []byte(fmt.Sprintf(file, "60s")))
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.Upstream.Timeout = 2000000 * time.Hour // as a library user may set it
 	e, err := enforce.New(enforce.Options{Config: cfg})
 	if err != nil {
 		t.Fatal(err)
@@ -35,7 +45,7 @@ breaker: {consecutive_failures: 3}
 	for i := range 2 {
 		ticket, d := e.Admit(t.Context(), enforce.Call{Tenant: "t", Subject: "s", Name: "x"})
 		if d.Unavailable || d.Degraded != "" {
-			t.Fatalf("call %d: accepted config (upstream.timeout 2000000h) degrades every call: %+v", i, d)
+			t.Fatalf("call %d: upstream.timeout 2000000h degrades every call: %+v", i, d)
 		}
 		if i == 1 && d.Allowed {
 			t.Fatalf("second call admitted past limit 1")

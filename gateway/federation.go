@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -57,7 +58,17 @@ const minFederationSessionTimeout = 24 * time.Hour
 // federationSessionTimeout is the federation's session timeout for a
 // gateway started with sessions.idle_timeout idle.
 func federationSessionTimeout(idle time.Duration) time.Duration {
-	return max(2*idle, minFederationSessionTimeout)
+	return max(addSat(idle, idle), minFederationSessionTimeout)
+}
+
+// addSat is a+b for non-negative durations, saturating at the largest
+// duration instead of overflowing into a negative one: policy.Parse bounds
+// the timeouts added here, but a Config built in code need not be.
+func addSat(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // touchEvery is how often at most the sweep pings a session it keeps in
@@ -106,7 +117,7 @@ func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (
 	ln := newPipeListener()
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret) // never fails (crypto/rand)
-	fd := &federation{fed: fed, rt: ln.transport(), url: "http://federation.invalid/mcp", timeout: cfg.LongestCallTimeout() + 5*time.Second,
+	fd := &federation{fed: fed, rt: ln.transport(), url: "http://federation.invalid/mcp", timeout: addSat(cfg.LongestCallTimeout(), 5*time.Second),
 		auth: "Bearer " + hex.EncodeToString(secret), limits: limits, sessionTimeout: timeout}
 	fd.srv = &http.Server{Handler: fd.guard(fed.Handler()), ReadHeaderTimeout: 10 * time.Second}
 	go func() {

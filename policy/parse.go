@@ -228,7 +228,7 @@ func (d *decoder) sessions(n *yaml.Node, path string, s *Sessions) {
 	d.object(n, path, fields{
 		"max_per_tenant":  func(v *yaml.Node, p string) { s.MaxPerTenant, _ = d.positiveSmallCount(v, p) },
 		"max_per_subject": func(v *yaml.Node, p string) { s.MaxPerSubject, _ = d.positiveSmallCount(v, p) },
-		"idle_timeout":    func(v *yaml.Node, p string) { s.IdleTimeout, _ = d.positiveDuration(v, p) },
+		"idle_timeout":    func(v *yaml.Node, p string) { s.IdleTimeout, _ = d.callDuration(v, p, true) },
 	})
 }
 
@@ -424,7 +424,7 @@ func (d *decoder) tools(n *yaml.Node, path string) map[string]Tool {
 			"deny_as":     func(v *yaml.Node, p string) { t.DenyAs = d.denyAs(v, p) },
 			"timeout": func(v *yaml.Node, p string) {
 				var ok bool
-				if t.Timeout, ok = d.positiveDuration(v, p); ok {
+				if t.Timeout, ok = d.callDuration(v, p, true); ok {
 					d.toolTimeoutAt = append(d.toolTimeoutAt, fieldRef{v, p})
 				}
 			},
@@ -532,6 +532,32 @@ func (d *decoder) breakerDuration(n *yaml.Node, path string) (time.Duration, boo
 	v, ok := d.positiveDuration(n, path)
 	if ok && v > limit.MaxBreakerDuration {
 		d.errf(n, path, "must be at most %v (the longest a breaker keeps state), got %v", limit.MaxBreakerDuration, v)
+		return 0, false
+	}
+	return v, ok
+}
+
+// maxCallDuration is the longest upstream.timeout, upstream.max_duration,
+// upstreams[].timeout, tools.<name>.timeout and sessions.idle_timeout
+// Parse accepts: limit.MaxPeriod, the longest window or lease the stores
+// keep, so no slot or breaker lease derived from them can outgrow it. The
+// engine and the gateway compute with these durations (the breaker's probe
+// lease is 2*upstream.timeout+5s, the federation's session timeout twice
+// sessions.idle_timeout): unbounded, the sums overflow time.Duration into
+// negative values, and every call is then refused.
+const maxCallDuration = limit.MaxPeriod
+
+// callDuration decodes one of the durations bounded by maxCallDuration;
+// positive says whether 0 is refused (it is not for max_duration, where it
+// means no cap).
+func (d *decoder) callDuration(n *yaml.Node, path string, positive bool) (time.Duration, bool) {
+	decode := d.duration
+	if positive {
+		decode = d.positiveDuration
+	}
+	v, ok := decode(n, path)
+	if ok && v > maxCallDuration {
+		d.errf(n, path, "must be at most %v (the longest a lease or window is kept), got %v", maxCallDuration, v)
 		return 0, false
 	}
 	return v, ok

@@ -54,13 +54,9 @@ func (d *decoder) upstream(n *yaml.Node, path string, u *Upstream) {
 		},
 		"identity_headers": func(v *yaml.Node, p string) { u.IdentityHeaders, _ = d.bool(v, p) },
 		"max_body_bytes":   func(v *yaml.Node, p string) { u.MaxBodyBytes, _ = d.positiveInt64(v, p) },
-		"timeout":          func(v *yaml.Node, p string) { u.Timeout, _ = d.positiveDuration(v, p) },
+		"timeout":          func(v *yaml.Node, p string) { u.Timeout, _ = d.callDuration(v, p, true) },
 		"max_duration": func(v *yaml.Node, p string) {
-			if x, ok := d.duration(v, p); ok {
-				if x < 0 {
-					d.errf(v, p, "must not be negative (0s means no cap), got %v", x)
-					return
-				}
+			if x, ok := d.callDuration(v, p, false); ok {
 				u.MaxDuration = x
 			}
 		},
@@ -181,7 +177,7 @@ func (d *decoder) upstreamServer(n *yaml.Node, path string) (u UpstreamServer, r
 			t.headers = d.keyOf(n, "headers", v)
 			u.Headers = d.headers(v, p)
 		},
-		"timeout": func(v *yaml.Node, p string) { u.Timeout, _ = d.positiveDuration(v, p) },
+		"timeout": func(v *yaml.Node, p string) { u.Timeout, _ = d.callDuration(v, p, true) },
 		"prefix": func(v *yaml.Node, p string) {
 			ref.prefix = v
 			u.Prefix = d.matching(v, p, prefixRE, "bad prefix %q: use letters, digits, '_', '.' or '-' (\"\" exposes bare names)")
