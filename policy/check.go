@@ -85,6 +85,9 @@ func (d *decoder) rule(n *yaml.Node, path string, scope ruleScope) (r Rule, name
 		"name": mark("name", func(v *yaml.Node, p string) {
 			nameNode = v
 			r.Name = d.matching(v, p, ruleNameRE, "bad rule name %q: use 1 to 64 letters, digits, '_', '-' or '.' (it appears in headers)")
+			if isBuiltinRuleName(r.Name) {
+				d.errf(v, p, "%q is the name of a built-in rule: it would share that rule's counter for the methods it does not name; rename it (a rule overrides a built-in by naming its methods, whatever its name)", r.Name)
+			}
 		}),
 		"per": func(v *yaml.Node, p string) {
 			if s, ok := d.str(v, p); ok {

@@ -52,10 +52,12 @@ var RequestMethods = []string{
 
 // The built-in rules of methods a tier's rules do not name. Every method is
 // governed: a tenant whose tools/call limits are spent must not be able to
-// make the upstream do unbounded work through other methods. Their names
-// start with "default_" so that they never share a counter with a rule of
-// the file (rule names there are free, but a "default_" rule of the file
-// replaces these only for the methods it names).
+// make the upstream do unbounded work through other methods. A rule of
+// the tier that names a method replaces them for that method, whatever
+// its name. Parse refuses their names for the rules of the file
+// (isBuiltinRuleName): counters are keyed by name, per and algorithm, so a
+// rule of the file named like one would share its counter, with other
+// settings, for the methods it does not name.
 var (
 	// DefaultInitializeRule counts initialize per tenant: each one may open
 	// an upstream session.
@@ -76,6 +78,11 @@ var (
 		Per:  keyspace.PerTenant, Methods: []string{MethodNotifications},
 	}
 )
+
+// isBuiltinRuleName reports whether name is the name of a built-in rule.
+func isBuiltinRuleName(name string) bool {
+	return name == DefaultInitializeRule.Name || name == DefaultRequestsRule.Name || name == DefaultNotificationsRule.Name
+}
 
 // defaultRuleFor returns the built-in rule of method (not tools/call).
 func defaultRuleFor(method string) Rule {
