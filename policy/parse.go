@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -121,6 +122,12 @@ func (d *decoder) syntaxError(data []byte, err error) *Error {
 	msg := err.Error()
 	if m := yamlLine.FindStringSubmatch(msg); m != nil {
 		line, _ := strconv.Atoi(m[1])
+		if parserProblem(m[2]) {
+			line++ // yaml.v3 prints a parser error's 0-based line as it is
+		}
+		// A problem found at the end of the input is placed after its
+		// last line: blame the last line, which holds what is unfinished.
+		line = min(line, lastLine(data))
 		return &Error{File: d.file, Line: max(line, 1), Msg: "syntax error: " + m[2]}
 	}
 	msg = strings.TrimPrefix(msg, "yaml: ")
@@ -134,6 +141,43 @@ func (d *decoder) syntaxError(data []byte, err error) *Error {
 		}
 	}
 	return &Error{File: d.file, Line: line, Msg: "syntax error: " + msg}
+}
+
+// parserProblems are the problems of yaml.v3's parser (parserc.go), as
+// opposed to its scanner's. yaml.v3 adds one to the 0-based line of a
+// scanner error only (decode.go, parser.fail), so the line it prints for
+// these is one too early. (It prints no line at all when the 0-based line
+// is 0: syntaxError then says line 1, which is right.)
+var parserProblems = []string{
+	"did not find expected ',' or ']'",
+	"did not find expected ',' or '}'",
+	"did not find expected '-' indicator",
+	"did not find expected <document start>",
+	"did not find expected <stream-start>",
+	"did not find expected key",
+	"did not find expected node content",
+	"found duplicate %TAG directive",
+	"found duplicate %YAML directive",
+	"found incompatible YAML document",
+	"found undefined tag handle",
+}
+
+// parserProblem reports whether msg, a yaml.v3 problem without its line,
+// comes from its parser: one of parserProblems, or decode.go's "expected
+// <event> event but got <event>".
+func parserProblem(msg string) bool {
+	return slices.Contains(parserProblems, msg) || strings.HasPrefix(msg, "expected ") && strings.Contains(msg, " event but got ")
+}
+
+// lastLine returns the 1-based line of the last character of data, not
+// counting a final line break (the line after it is empty).
+func lastLine(data []byte) int {
+	n := lineOf(data, len(data))
+	switch r, _ := utf8.DecodeLastRune(data); r {
+	case '\n', '\r', 0x85, 0x2028, 0x2029:
+		n--
+	}
+	return max(n, 1)
 }
 
 // badText finds text yaml.v3 refuses without saying where: invalid UTF-8 and
