@@ -518,6 +518,7 @@ func (d *decoder) cost(n *yaml.Node, path string, c *Cost) {
 // cooldown once the whole mapping is read, whatever the order of the keys.
 func (d *decoder) breaker(n *yaml.Node, path string, b *Breaker) {
 	var maxCooldownAt *yaml.Node
+	cooldownGiven := false
 	threshold := func(dst *int) func(v *yaml.Node, p string) {
 		return func(v *yaml.Node, p string) { *dst, _ = d.smallCount(v, p) }
 	}
@@ -554,7 +555,10 @@ func (d *decoder) breaker(n *yaml.Node, path string, b *Breaker) {
 				d.errf(v, join(p, "within"), "required when count is set")
 			}
 		},
-		"cooldown": func(v *yaml.Node, p string) { b.Cooldown, _ = d.breakerDuration(v, p) },
+		"cooldown": func(v *yaml.Node, p string) {
+			cooldownGiven = true // object skips a null, which keeps the default
+			b.Cooldown, _ = d.breakerDuration(v, p)
+		},
 		"max_cooldown": func(v *yaml.Node, p string) {
 			var ok bool
 			if b.MaxCooldown, ok = d.breakerDuration(v, p); ok {
@@ -563,8 +567,15 @@ func (d *decoder) breaker(n *yaml.Node, path string, b *Breaker) {
 		},
 		"alert_webhook": func(v *yaml.Node, p string) { b.AlertWebhook = d.httpURL(v, p) },
 	})
-	if maxCooldownAt != nil && b.Cooldown > 0 && b.MaxCooldown < b.Cooldown {
-		d.errf(maxCooldownAt, join(path, "max_cooldown"), "must not be shorter than cooldown (%v)", b.Cooldown)
+	// A cooldown left out is the default one, which the engine would
+	// otherwise silently raise max_cooldown to. (A bad one is reported
+	// as such: no comparison then.)
+	cooldown, note := b.Cooldown, ""
+	if cooldown == 0 && !cooldownGiven {
+		cooldown, note = DefaultCooldown, ", the default"
+	}
+	if maxCooldownAt != nil && cooldown > 0 && b.MaxCooldown < cooldown {
+		d.errf(maxCooldownAt, join(path, "max_cooldown"), "must not be shorter than cooldown (%v%s)", cooldown, note)
 	}
 }
 
