@@ -342,6 +342,9 @@ func (d *decoder) int64(n *yaml.Node, path string) (int64, bool) {
 	if !d.scalar(n, path, "an integer") {
 		return 0, false
 	}
+	if (n.Tag == "!!int" || n.Tag == "!!float" && bigInt.MatchString(n.Value)) && !d.decimal(n, path) {
+		return 0, false
+	}
 	if n.Tag == "!!float" && bigInt.MatchString(n.Value) {
 		d.errf(n, path, "integer %s is out of range", n.Value)
 		return 0, false
@@ -360,6 +363,33 @@ func (d *decoder) int64(n *yaml.Node, path string) (int64, bool) {
 		return 0, false
 	}
 	return v, true
+}
+
+var (
+	// leadingZero is a decimal-looking integer with a leading zero.
+	leadingZero = regexp.MustCompile(`^[-+]?0[0-9_]+$`)
+	// radixInt is an integer in hexadecimal, octal or binary notation.
+	radixInt = regexp.MustCompile(`^[-+]?0[xXoObB][0-9A-Fa-f_]*$`)
+)
+
+// decimal reports whether integer n is free of a leading zero and of a
+// 0x, 0o or 0b prefix, reporting it otherwise (other text is left to the
+// caller). yaml.v3 reads 010 as octal 8 (YAML 1.1), where YAML 1.2 and
+// most readers of the file see 10 (and it takes 08 for a float), and it
+// also takes 0x, 0o and 0b integers: a limit or a quota would then
+// enforce something other than what the operator reads, so only decimal
+// is accepted, as docs/config.md says.
+func (d *decoder) decimal(n *yaml.Node, path string) bool {
+	s := strings.TrimSpace(n.Value)
+	switch {
+	case leadingZero.MatchString(s):
+		d.errf(n, path, "integer %s has a leading zero, which some YAML readers take for octal and others for decimal: write it without the zero", n.Value)
+	case radixInt.MatchString(s):
+		d.errf(n, path, "integer %s is not decimal: write it in decimal digits", n.Value)
+	default:
+		return true
+	}
+	return false
 }
 
 // count decodes a non-negative integer.
@@ -526,6 +556,9 @@ func (d *decoder) value(n *yaml.Node, path string, budget *int) (any, bool) {
 	case "!!int":
 		return d.int64(n, path)
 	case "!!float":
+		if leadingZero.MatchString(n.Value) && !d.decimal(n, path) { // 08: as 010 is refused
+			return nil, false
+		}
 		v, err := strconv.ParseFloat(strings.ReplaceAll(n.Value, "_", ""), 64)
 		if err != nil || math.IsInf(v, 0) || math.IsNaN(v) {
 			d.errf(n, path, "want a finite number, got %q", n.Value)

@@ -168,7 +168,7 @@ store:
 usage: {store: "dynamodb:mcpgate-usage", flush_interval: 250ms}
 tools:
   t:
-    cost: 0x10
+    cost: 16
     cache: &c {ttl: 1h, jitter: "12.5%", shared: true}
   u:
     cache: {<<: *c, ttl: 2s}
