@@ -370,6 +370,7 @@ func (d *decoder) checkUpstreams(us []UpstreamServer, refs []upstreamRef) {
 		d.errf(at, join(r.path, "prefix"), "%s %q is also the prefix of %s (line %d): their tools would be exposed under the same names",
 			what, u.Prefix, refs[j].path, firstAt.Line)
 	}
+	d.checkNestedPrefixes(us, refs, prefixes)
 	if len(bare) < 2 {
 		return
 	}
@@ -384,6 +385,31 @@ func (d *decoder) checkUpstreams(us []UpstreamServer, refs []upstreamRef) {
 		d.errf(refs[i].limits, join(refs[i].path, "limits"),
 			"not allowed on an upstream with prefix \"\" while another has prefix \"\" too (%s, line %d): which of them a bare tool name belongs to is known only at startup; give this upstream a prefix, or put the rules in tools.<name>.limits",
 			refs[other].path, refs[other].node.Line)
+	}
+}
+
+// checkNestedPrefixes warns of a prefix that starts with another
+// upstream's ("search__admin__" and "search__"): calls are attributed to
+// the longest, but a scope granting the shorter prefix's tools
+// ("tools:search__*") grants every tool of the longer one too, which an
+// operator naming one upstream does not expect. prefixes maps each
+// non-empty prefix to its first upstream.
+func (d *decoder) checkNestedPrefixes(us []UpstreamServer, refs []upstreamRef, prefixes map[string]int) {
+	for i, u := range us {
+		if u.Prefix == "" || prefixes[u.Prefix] != i {
+			continue
+		}
+		for p, j := range prefixes {
+			if p == u.Prefix || !strings.HasPrefix(u.Prefix, p) {
+				continue
+			}
+			at := refs[i].prefix
+			if at == nil {
+				at = refs[i].name
+			}
+			d.warnf(at, join(refs[i].path, "prefix"), "prefix %q starts with the prefix %q of %s: the scope \"tools:%s*\" grants this upstream's tools too (give them prefixes neither of which starts the other)",
+				u.Prefix, p, refs[j].path, p)
+		}
 	}
 }
 
