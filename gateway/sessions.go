@@ -126,7 +126,7 @@ func (g *Gateway) useSession(w http.ResponseWriter, r *http.Request, p auth.Prin
 			}
 		}, true
 	}
-	e, live := g.tracker.use(upstream, p, g.eng.SessionSlotsOf(p.Tenant, p.Subject, lease))
+	e, live := g.tracker.enter(r.Context(), upstream, p, g.eng.SessionSlotsOf(p.Tenant, p.Subject, lease))
 	if !live {
 		g.metrics.Requests.WithLabelValues("any", "bad_session").Inc()
 		mcp.WriteError(w, http.StatusNotFound, nil, mcp.CodeInvalidRequest, "session ended: start a new one", nil)
@@ -155,8 +155,10 @@ func (g *Gateway) freeSession(ctx context.Context, p auth.Principal, upstream, l
 	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 	defer cancel()
 	g.eng.SessionSlotsOf(p.Tenant, p.Subject, lease).Release(ctx)
+	g.tracker.bury(upstream, lease)
 	if e != nil && e.slots.Held() && e.slots.Lease() != lease {
 		e.slots.Release(ctx)
+		g.tracker.bury(upstream, e.slots.Lease())
 	}
 }
 
@@ -305,7 +307,24 @@ type sessionTracker struct {
 	// handler still running then gets its 404, the session left to the
 	// upstream's own timeout).
 	closed bool
+	// buried holds the untracked sessions whose lease is known gone
+	// (tombstones), so that a client naming one again and again gets its
+	// 404 without a store round trip each time (enter); graves keeps them
+	// in the order they were buried, the oldest replaced first once it
+	// holds maxBuried. A lease once gone is never held again (Renew does
+	// not take it back, and no Take returns it twice): a tombstone never
+	// turns a live session away.
+	buried map[grave]struct{}
+	graves []grave
+	oldest int // the next grave replaced, once graves is full
 }
+
+// grave names a session whose lease is gone.
+type grave struct{ upstream, lease string }
+
+// maxBuried bounds the tombstones a tracker keeps: a session buried longer
+// ago is checked in the store again, and found gone again.
+const maxBuried = 4096
 
 // lostKey is the caller whose sessions lost holds.
 type lostKey struct{ tenant, subject string }
@@ -318,7 +337,8 @@ func newSessionTracker(g *Gateway, size int) *sessionTracker {
 		size = DefaultMaxTrackedSessions
 	}
 	return &sessionTracker{g: g, max: size, m: map[string]*sessionEntry{}, lost: map[lostKey]map[string]chan struct{}{}, now: time.Now,
-		hc: &http.Client{Transport: g.fed.transport(), Timeout: endTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+		buried: map[grave]struct{}{},
+		hc:     &http.Client{Transport: g.fed.transport(), Timeout: endTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
 
 // add records a session that was just opened (opened) or first seen here;
@@ -326,6 +346,12 @@ func newSessionTracker(g *Gateway, size int) *sessionTracker {
 func (t *sessionTracker) add(upstream string, p auth.Principal, slots enforce.SessionSlots, protocol string, opened bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.addLocked(upstream, p, slots, protocol, opened)
+}
+
+// addLocked is add under the tracker's lock; it returns the session's
+// entry, nil when the tracker is full.
+func (t *sessionTracker) addLocked(upstream string, p auth.Principal, slots enforce.SessionSlots, protocol string, opened bool) *sessionEntry {
 	now := t.now()
 	e := t.m[upstream]
 	if e == nil {
@@ -336,7 +362,7 @@ func (t *sessionTracker) add(upstream string, p auth.Principal, slots enforce.Se
 					"max", t.max, "untracked_requests", t.untracked)
 				t.fullWarned, t.untracked = now, 0
 			}
-			return
+			return nil
 		}
 		e = &sessionEntry{upstream: upstream, tenant: p.Tenant, subject: p.Subject, lastUse: now}
 		t.m[upstream] = e
@@ -354,6 +380,7 @@ func (t *sessionTracker) add(upstream string, p auth.Principal, slots enforce.Se
 	if protocol != "" {
 		e.protocol, e.negotiated = protocol, true
 	}
+	return e
 }
 
 // learn records protocol, the MCP-Protocol-Version of a request of e
@@ -382,25 +409,100 @@ func (t *sessionTracker) protocolOf(upstream string) string {
 	return ""
 }
 
-// use marks upstream in use by one request; live is false when the session
-// has ended.
+// enter marks upstream in use by one request of p; live is false when the
+// session has ended. A session this instance does not track (dropped by
+// the sweep or after a 404, or used here for the first time) is tracked
+// anew only if its slots are still held (vouch): tracking it blindly would
+// serve a session that holds no slot, one more than the caps allow. Its
+// lease may well be held: another instance, sharing the store, took it or
+// renews it. The check runs once per session and instance (and on each
+// request of a session the full tracker cannot hold).
+func (t *sessionTracker) enter(ctx context.Context, upstream string, p auth.Principal, slots enforce.SessionSlots) (e *sessionEntry, live bool) {
+	if e, live, known := t.useKnown(upstream, p, slots, !slots.Held()); known {
+		return e, live
+	}
+	if !t.vouch(ctx, upstream, p, slots) {
+		return nil, false
+	}
+	return t.use(upstream, p, slots)
+}
+
+// use marks upstream in use by one request, tracking it if it is not: for
+// a session whose slots are vouched for (enter) or that holds none.
 func (t *sessionTracker) use(upstream string, p auth.Principal, slots enforce.SessionSlots) (e *sessionEntry, live bool) {
-	t.add(upstream, p, slots, "", false)
+	e, live, _ = t.useKnown(upstream, p, slots, true)
+	return e, live
+}
+
+// useKnown marks upstream in use, and reports known: whether it could
+// tell, without the store, if the session lives. It cannot for a session
+// it does not track when track is false, unless its lease is buried.
+func (t *sessionTracker) useKnown(upstream string, p auth.Principal, slots enforce.SessionSlots, track bool) (e *sessionEntry, live, known bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e = t.m[upstream]
+	if t.m[upstream] == nil {
+		if _, gone := t.buried[grave{upstream, slots.Lease()}]; gone && slots.Held() {
+			return nil, false, true
+		}
+		if !track {
+			return nil, false, false
+		}
+	}
+	e = t.addLocked(upstream, p, slots, "", false)
 	if e == nil {
-		return nil, true // not tracked (the tracker is full)
+		return nil, true, true // not tracked (the tracker is full)
 	}
 	if e.dead {
 		if !e.ending { // else the sweep still has to end it upstream
+			t.buryLocked(upstream, e.slots.Lease()) // its renewal found the lease gone
 			t.dropLocked(upstream)
 		}
-		return nil, false
+		return nil, false, true
 	}
 	e.active++
 	e.lastUse = t.now()
-	return e, true
+	return e, true, true
+}
+
+// vouch reports whether the slots of upstream, a session of p this
+// instance does not track, are still held, and buries the session when they are
+// not. A store that does not answer vouches for it: the sweep's renewal of
+// the session, tracked from then on, asks again (renew).
+func (t *sessionTracker) vouch(ctx context.Context, upstream string, p auth.Principal, slots enforce.SessionSlots) bool {
+	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	held, err := slots.Check(ctx)
+	cancel()
+	if err != nil {
+		t.g.log.Warn("checking the slot of a session new to this instance failed: served, checked again at the next sweep",
+			"tenant", p.Tenant, "err", err)
+		return true
+	}
+	if !held {
+		t.bury(upstream, slots.Lease())
+	}
+	return held
+}
+
+// bury records that the lease of upstream is gone (see buried).
+func (t *sessionTracker) bury(upstream, lease string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buryLocked(upstream, lease)
+}
+
+func (t *sessionTracker) buryLocked(upstream, lease string) {
+	k := grave{upstream, lease}
+	if _, ok := t.buried[k]; ok || lease == "" {
+		return
+	}
+	if len(t.graves) < maxBuried {
+		t.graves = append(t.graves, k)
+	} else {
+		delete(t.buried, t.graves[t.oldest])
+		t.graves[t.oldest] = k
+		t.oldest = (t.oldest + 1) % maxBuried
+	}
+	t.buried[k] = struct{}{}
 }
 
 // done ends one request of e (nil: an untracked session).

@@ -122,7 +122,8 @@ func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
 			j.end = !now.Before(e.nextEnd) // a DELETE that did not end it, again
 		case e.dead:
 			if now.Sub(e.lastUse) >= idle {
-				t.dropLocked(up) // never asked for again
+				t.buryLocked(up, e.slots.Lease()) // its renewal found the lease gone
+				t.dropLocked(up)                  // never asked for again
 			}
 		case e.active > 0 || e.usedSinceRenewal:
 			e.usedSinceRenewal = false
@@ -187,6 +188,7 @@ func (t *sessionTracker) renew(ctx context.Context, j sweepJob) {
 		j.e.ownUntil = t.leaseEnd(j.e.renewed)
 	default:
 		j.e.dead = true
+		t.buryLocked(j.upstream, j.slots.Lease())
 	}
 	t.mu.Unlock()
 	if err != nil {
@@ -219,11 +221,14 @@ func (t *sessionTracker) endIdle(ctx context.Context, j sweepJob) {
 		rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 		held, err := j.slots.Check(rctx)
 		cancel()
-		if err != nil {
+		switch {
+		case err != nil:
 			t.g.log.Warn("checking an idle session's slot failed: ending the session", "tenant", j.tenant, "err", err)
-		} else if held {
+		case held:
 			t.forget(j.e)
 			return
+		default:
+			t.bury(j.upstream, j.slots.Lease())
 		}
 	}
 	t.mu.Lock()
@@ -238,6 +243,7 @@ func (t *sessionTracker) endIdle(ctx context.Context, j sweepJob) {
 	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 	j.slots.Release(rctx)
 	cancel()
+	t.bury(j.upstream, j.slots.Lease())
 }
 
 // endRefused schedules the next DELETE of an idle session the last one
