@@ -54,6 +54,7 @@ type sweepJob struct {
 	// copied under the lock
 	upstream, tenant, subject, protocol string
 	slots                               enforce.SessionSlots
+	lastUse                             time.Time // the session's when plan picked it
 }
 
 // leaseEnd is when a lease taken or renewed at from runs out: a lease
@@ -116,7 +117,7 @@ func (t *sessionTracker) plan(idle time.Duration) []sweepJob {
 	now := t.now()
 	var jobs []sweepJob
 	for up, e := range t.m {
-		j := sweepJob{e: e, upstream: up, tenant: e.tenant, subject: e.subject, protocol: e.protocol, slots: e.slots}
+		j := sweepJob{e: e, upstream: up, tenant: e.tenant, subject: e.subject, protocol: e.protocol, slots: e.slots, lastUse: e.lastUse}
 		switch {
 		case e.ending:
 			j.end = !now.Before(e.nextEnd) // a DELETE that did not end it, again
@@ -215,7 +216,9 @@ const maxEndTries = 4
 // once the upstream has ended it (2xx) or does not know it (404), as for
 // a client's DELETE: a freed slot is a session gone upstream. Until then
 // its next request here gets 404, and a DELETE that did not end it is sent
-// again one idle_timeout later (endRefused).
+// again one idle_timeout later (endRefused). A session used since plan
+// picked it (a request came in during the check) is no longer idle: it is
+// kept (revived).
 func (t *sessionTracker) endIdle(ctx context.Context, j sweepJob) {
 	if j.slots.Held() {
 		rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
@@ -225,15 +228,15 @@ func (t *sessionTracker) endIdle(ctx context.Context, j sweepJob) {
 		case err != nil:
 			t.g.log.Warn("checking an idle session's slot failed: ending the session", "tenant", j.tenant, "err", err)
 		case held:
-			t.forget(j.e)
+			t.forgetUnlessRevived(j)
 			return
 		default:
 			t.bury(j.upstream, j.slots.Lease())
 		}
 	}
-	t.mu.Lock()
-	j.e.dead = true // no request of it goes upstream any more
-	t.mu.Unlock()
+	if !t.deadUnlessRevived(j) {
+		return
+	}
 	gone, status := t.endGone(ctx, j)
 	if !gone {
 		t.endRefused(j, status)
@@ -244,6 +247,49 @@ func (t *sessionTracker) endIdle(ctx context.Context, j sweepJob) {
 	j.slots.Release(rctx)
 	cancel()
 	t.bury(j.upstream, j.slots.Lease())
+}
+
+// revivedLocked reports whether the idle session of j was used since plan
+// picked it (a request came in during endIdle's check), and then stops
+// ending it: it is no longer idle. use lets a request through until dead
+// is set (not while ending: another instance may be renewing the session),
+// and a request let through must not have its session DELETEd under it
+// nor forgotten. A session already dead (a DELETE that did not end it,
+// sent again) had no request since: they all got 404. A revived session
+// whose lease is gone holds no slot: its next renewal finds so and ends it
+// (renew).
+func (t *sessionTracker) revivedLocked(j sweepJob) bool {
+	e := j.e
+	if e.dead || e.active == 0 && e.lastUse.Equal(j.lastUse) {
+		return false
+	}
+	e.ending = false
+	return true
+}
+
+// deadUnlessRevived marks the idle session of j dead, so that no request
+// of it goes upstream any more, unless it was revived; it reports whether
+// it did, in one step with the check: a request comes in either before,
+// and the session is kept, or after, and gets 404.
+func (t *sessionTracker) deadUnlessRevived(j sweepJob) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.revivedLocked(j) {
+		return false
+	}
+	j.e.dead = true
+	return true
+}
+
+// forgetUnlessRevived forgets the idle session of j, whose lease another
+// instance holds, unless it was revived here: this instance serves it
+// again, and renews it.
+func (t *sessionTracker) forgetUnlessRevived(j sweepJob) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.revivedLocked(j) && t.m[j.upstream] == j.e {
+		t.dropLocked(j.upstream)
+	}
 }
 
 // endRefused schedules the next DELETE of an idle session the last one
