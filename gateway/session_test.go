@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/internal/testenv"
 )
 
 func principal(tenant, subject string) auth.Principal {
@@ -18,7 +19,9 @@ const initializeBody = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{
 // refused (404, nothing forwarded) for any other caller, on any instance,
 // and the upstream's raw id is never accepted from a client.
 func TestSessionsAreBoundToTheirCaller(t *testing.T) {
-	e := newEnv(t, setup{Instances: 2})
+	// The instances share the store: a session opened through one holds
+	// its slot where the other finds it (enter).
+	e := newEnv(t, setup{Instances: 2, Redis: testenv.StartRedis(t, nil), Config: storeYAML(true)})
 	alice := token(t, "acme", "alice")
 	resp := post(t, e.mcpURL(0), alice, initializeBody, nil)
 	if resp.Status != http.StatusOK {
