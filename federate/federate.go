@@ -68,6 +68,9 @@ const (
 	// DefaultSessionTimeout is long: the gateway ends the sessions it
 	// sweeps itself (a DELETE); this bounds those of clients that vanish.
 	DefaultSessionTimeout = time.Hour
+	// DefaultRelayWait is long enough for a person to read and answer a
+	// sampling or elicitation request.
+	DefaultRelayWait = 10 * time.Minute
 )
 
 // upstreamProtocol is the protocol version the Federator speaks to its
@@ -161,6 +164,13 @@ type Options struct {
 	// timer counts POSTs only (a client listening on its GET stream sends
 	// none). Zero means DefaultSessionTimeout.
 	SessionTimeout time.Duration
+	// RelayWait bounds how long a sampling, elicitation or roots request
+	// an upstream sends a client waits for the client's answer: the idle
+	// timeouts of the calls in flight on that upstream session wait
+	// meanwhile (any of them may be the one asking), and a client that
+	// never answers must not hold them for ever. Past it the upstream gets
+	// an error. Zero means DefaultRelayWait.
+	RelayWait time.Duration
 	// MaxRequestBytes bounds the body of a request the Handler reads: a
 	// larger one is refused with 413. Zero means no bound of the
 	// Federator's own: the gateway serves the Handler behind its own,

@@ -50,6 +50,15 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount)
 		}
 		return ss, nil
 	}
+	// asked is where a request of upstream session cs goes, and the calls
+	// in flight on cs (oldest first): any of them may be the one whose
+	// upstream waits for the answer, as nothing in the request says which.
+	asked := func(cs *mcp.ClientSession) (*mcp.ServerSession, []*call) {
+		if ss == nil {
+			return nil, nil
+		}
+		return ss, f.inflight.all(cs)
+	}
 	caps := &mcp.ClientCapabilities{} // shared: none, since no client can be asked
 	if ss != nil {
 		caps = &mcp.ClientCapabilities{ // a client that did not say: asked, and it answers
@@ -98,7 +107,7 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount)
 			f.relayProgress(r.Session, r.Params)
 		},
 	})
-	c.AddReceivingMiddleware(relayRequests(target), countRelayed(w))
+	c.AddReceivingMiddleware(relayRequests(asked, f.relayWait()), countRelayed(w))
 	return c
 }
 
@@ -118,10 +127,15 @@ func rootsOf(caps *mcp.ClientCapabilities) *mcp.RootCapabilities {
 
 // relayRequests sends the upstream's sampling, elicitation and roots
 // requests to the client session target returns, as new requests of that
-// session: the SDK gives each side its own ids. The relayed request is
-// cancelled when the upstream cancels its own. With no client session (a
+// session: the SDK gives each side its own ids. With no client session (a
 // shared session) they are refused with errNoClient.
-func relayRequests(target func(*mcp.ClientSession) (*mcp.ServerSession, *call)) mcp.Middleware {
+//
+// While a relayed request waits for the client, the idle timeout of every
+// call in flight on the upstream session waits too: the request does not
+// say which call it is for, and a person may take minutes to answer. See
+// relayContext for when the relayed request is cancelled: after wait at
+// the latest.
+func relayRequests(target func(*mcp.ClientSession) (*mcp.ServerSession, []*call), wait time.Duration) mcp.Middleware {
 	return func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 			switch method {
@@ -130,21 +144,16 @@ func relayRequests(target func(*mcp.ClientSession) (*mcp.ServerSession, *call)) 
 				return next(ctx, method, req)
 			}
 			cs, _ := req.GetSession().(*mcp.ClientSession)
-			ss, c := target(cs)
+			ss, calls := target(cs)
 			if ss == nil {
 				return nil, errNoClient
 			}
-			cctx := context.Background()
-			if c != nil {
-				// On the call's stream; its idle timeout waits meanwhile.
-				cctx = c.parent
+			for _, c := range calls {
 				c.idle.pause()
 				defer c.idle.resume()
 			}
-			cctx, cancel := context.WithCancel(cctx)
+			ctx, cancel := relayContext(ctx, calls, wait)
 			defer cancel()
-			defer context.AfterFunc(ctx, cancel)()
-			ctx = cctx
 			switch p := req.GetParams().(type) {
 			case *mcp.CreateMessageWithToolsParams:
 				return ss.CreateMessageWithTools(ctx, p)
@@ -157,6 +166,46 @@ func relayRequests(target func(*mcp.ClientSession) (*mcp.ServerSession, *call)) 
 			}
 			return nil, fmt.Errorf("federate: cannot relay %s", method)
 		}
+	}
+}
+
+// relayWait is Options.RelayWait, or its default.
+func (f *Federator) relayWait() time.Duration {
+	if f.opts.RelayWait > 0 {
+		return f.opts.RelayWait
+	}
+	return DefaultRelayWait
+}
+
+// relayContext is the context to send a relayed request with, and its
+// cancel. It travels on the stream of the newest of calls (before that
+// call's answer; the client session's own stream when there is no call),
+// but does not end with that call: any of calls may be the one waiting for
+// the answer. It is cancelled when the upstream cancels its request (up,
+// the upstream's context), when every one of calls has ended (none is
+// left to want the answer), or after wait (Options.RelayWait). The client
+// session ending fails the request in the SDK.
+func relayContext(up context.Context, calls []*call, wait time.Duration) (context.Context, context.CancelFunc) {
+	base := context.Background()
+	if len(calls) > 0 {
+		base = context.WithoutCancel(calls[len(calls)-1].parent)
+	}
+	ctx, cancel := context.WithTimeout(base, wait)
+	stops := []func() bool{context.AfterFunc(up, cancel)}
+	var left atomic.Int64
+	left.Store(int64(len(calls)))
+	for _, c := range calls {
+		stops = append(stops, context.AfterFunc(c.idle.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		}))
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
 	}
 }
 
@@ -561,6 +610,13 @@ func (t *inflightTable) remove(c *call) {
 	} else {
 		t.m[c.cs] = l
 	}
+}
+
+// all is the calls in flight on cs, oldest first (a copy).
+func (t *inflightTable) all(cs *mcp.ClientSession) []*call {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]*call(nil), t.m[cs]...)
 }
 
 // newest is the newest call in flight on cs (nil if none).

@@ -319,28 +319,35 @@ func forwardMeta(m mcp.Meta) mcp.Meta {
 type idleTimer struct {
 	d      time.Duration
 	t      *time.Timer
+	ctx    context.Context // the call's: done once the call has ended (see relayContext)
 	cancel context.CancelCauseFunc
 	mu     sync.Mutex
 	paused int
+	// stopped: the call has ended, and resume must not start the timer
+	// again (a relayed request outlives the calls it paused).
+	stopped bool
 }
 
 func withIdle(ctx context.Context, d time.Duration) (context.Context, *idleTimer) {
 	ctx, cancel := context.WithCancelCause(ctx)
-	it := &idleTimer{d: d, cancel: cancel}
+	it := &idleTimer{d: d, ctx: ctx, cancel: cancel}
 	it.t = time.AfterFunc(d, func() { cancel(errIdle) })
 	return ctx, it
 }
 
 func (it *idleTimer) touch() {
 	it.mu.Lock()
-	if it.paused == 0 {
+	if it.paused == 0 && !it.stopped {
 		it.t.Reset(it.d)
 	}
 	it.mu.Unlock()
 }
 
 func (it *idleTimer) stop() {
+	it.mu.Lock()
+	it.stopped = true
 	it.t.Stop()
+	it.mu.Unlock()
 	it.cancel(context.Canceled)
 }
 
@@ -356,7 +363,7 @@ func (it *idleTimer) pause() {
 
 func (it *idleTimer) resume() {
 	it.mu.Lock()
-	if it.paused--; it.paused == 0 {
+	if it.paused--; it.paused == 0 && !it.stopped {
 		it.t.Reset(it.d)
 	}
 	it.mu.Unlock()
