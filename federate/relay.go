@@ -59,6 +59,9 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount)
 		}
 		return ss, f.inflight.all(cs)
 	}
+	// logBudget bounds the log messages of a shared session (one process
+	// of a stdio upstream) that reach mcpgate's log, as its stderr is.
+	var logBudget syncBudget
 	caps := &mcp.ClientCapabilities{} // shared: none, since no client can be asked
 	if ss != nil {
 		caps = &mcp.ClientCapabilities{ // a client that did not say: asked, and it answers
@@ -101,7 +104,7 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount)
 		},
 		LoggingMessageHandler: func(ctx context.Context, r *mcp.LoggingMessageRequest) {
 			to, c := target(r.Session)
-			f.relayLog(to, c, up, r.Params)
+			f.relayLog(to, c, up, r.Params, &logBudget)
 		},
 		ProgressNotificationHandler: func(ctx context.Context, r *mcp.ProgressNotificationClientRequest) {
 			f.relayProgress(r.Session, r.Params)
@@ -211,10 +214,22 @@ func relayContext(up context.Context, calls []*call, wait time.Duration) (contex
 
 // relayLog sends an upstream's log message to ss, on the stream of call c
 // when there is one. A message of a shared session (ss nil) goes to
-// mcpgate's log instead, at its level: it cannot say whose it is.
-func (f *Federator) relayLog(ss *mcp.ServerSession, c *call, up *upstream, p *mcp.LoggingMessageParams) {
+// mcpgate's log instead, at its level: it cannot say whose it is. There
+// budget (the session's) bounds them as a process's stderr lines are
+// (lineBudget), so that a server logging in a loop through MCP cannot
+// flood the log either; the next message logged says how many were
+// dropped before it.
+func (f *Federator) relayLog(ss *mcp.ServerSession, c *call, up *upstream, p *mcp.LoggingMessageParams, budget *syncBudget) {
 	if ss == nil {
-		f.log.Log(context.Background(), slogLevel(p.Level), "upstream log message", "upstream", up.cfg.Name, "logger", p.Logger, "level", p.Level, "data", p.Data)
+		ok, dropped := budget.take(time.Now())
+		if !ok {
+			return
+		}
+		attrs := []any{"upstream", up.cfg.Name, "logger", p.Logger, "level", p.Level, "data", p.Data}
+		if dropped > 0 {
+			attrs = append(attrs, "dropped_before", dropped)
+		}
+		f.log.Log(context.Background(), slogLevel(p.Level), "upstream log message", attrs...)
 		return
 	}
 	ctx := context.Background()

@@ -338,7 +338,9 @@ const (
 	// stderrPerSecond is how many stderr lines of a process are logged
 	// per second at most, so that a server logging in a loop cannot flood
 	// the log (and, as logging is synchronous, slow every other upstream's
-	// logging): enough for a crash's stack traces.
+	// logging): enough for a crash's stack traces. The MCP log messages
+	// of a shared session, which go to the same log, have the same bound
+	// (see relayLog).
 	stderrPerSecond = 1000
 )
 
@@ -405,6 +407,19 @@ func (b *lineBudget) take(now time.Time) (ok bool, dropped int) {
 	b.n++
 	dropped, b.dropped = b.dropped, 0
 	return true, dropped
+}
+
+// syncBudget is a lineBudget safe for concurrent use: the log messages of
+// an upstream session may be handled on several goroutines.
+type syncBudget struct {
+	mu sync.Mutex
+	b  lineBudget
+}
+
+func (s *syncBudget) take(now time.Time) (ok bool, dropped int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.take(now)
 }
 
 // supervise restarts the process whenever it exits (or its session ends),
