@@ -63,6 +63,13 @@ func (j *jsonLines) Read(p []byte) (int, error) {
 // next reads a line and returns it if it holds a message, else nil; a
 // read error is kept in err.
 func (j *jsonLines) next() []byte {
+	// The last line is read (rest is empty): a buffer grown past lineKeep
+	// for it is let go now, whatever the next line is. Kept until a long
+	// line came again, it stayed pinned (up to max, and past it) while
+	// only short lines, read in br's buffer, followed.
+	if cap(j.line) > lineKeep {
+		j.line = nil
+	}
 	chunk, err := j.br.ReadSlice('\n')
 	more := errors.Is(err, bufio.ErrBufferFull)
 	if !more {
@@ -82,12 +89,8 @@ func (j *jsonLines) next() []byte {
 		return nil
 	}
 	line := chunk
-	held := more       // line is j.line, not br's buffer
 	var past *skeleton // the line is past max: its top level, for its id
 	if more {
-		if cap(j.line) > lineKeep {
-			j.line = nil
-		}
 		j.line = append(j.line[:0], chunk...)
 		for more {
 			chunk, err = j.br.ReadSlice('\n')
@@ -128,9 +131,6 @@ func (j *jsonLines) next() []byte {
 	}
 	// Spaces or tabs before the newline: the SDK refuses a message
 	// followed by anything but its newline, ending the session.
-	if !held && cap(j.line) > lineKeep {
-		j.line = nil
-	}
 	j.line = append(append(j.line[:0], text...), eol...) // text may be j.line's start: copied onto itself
 	return j.line
 }
