@@ -113,16 +113,20 @@ tools:
 	}
 }
 
-// outcomeBlip fails the loop breaker's outcome reports while down: what
+// outcomeBlip fails the loop breaker's outcome reports while down (a
+// connection error: a timeout would be the caller's, whose deadline, a
+// ticket's releaseTimeout, is no later than store.timeout here): what
 // opens the store breaker then leaves no usage to write.
 type outcomeBlip struct {
 	limit.GuardedStore
 	down atomic.Bool
 }
 
+var errConnReset = errors.New("read: connection reset by peer")
+
 func (s *outcomeBlip) ReportOutcome(ctx context.Context, b limit.BreakerSpec, failed, probe bool) (limit.BreakerState, error) {
 	if s.down.Load() {
-		return limit.BreakerState{}, context.DeadlineExceeded
+		return limit.BreakerState{}, errConnReset
 	}
 	return s.GuardedStore.ReportOutcome(ctx, b, failed, probe)
 }

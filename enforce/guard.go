@@ -3,6 +3,7 @@ package enforce
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -25,17 +26,28 @@ type guardedStore struct {
 	limit.GuardedStore
 	br     *storeguard.Breaker
 	tracer trace.Tracer // nil: no store spans (see storeSpan)
+	// timeout is the store's own deadline of one operation (see
+	// callersDeadline).
+	timeout time.Duration
 }
 
-// newGuardedStore wraps s. onState, when set, is told when the breaker
-// opens (false) and closes (true): it drives the mcpgate_limit_store_up
-// gauge.
+// timeouter is a store that reports the deadline it puts on one operation
+// (redisstore.Store).
+type timeouter interface{ Timeout() time.Duration }
+
+// newGuardedStore wraps s. timeout is store.timeout: the probe's deadline,
+// and the store's own deadline of one operation unless s reports its own
+// (timeouter). onState, when set, is told when the breaker opens (false)
+// and closes (true): it drives the mcpgate_limit_store_up gauge.
 func newGuardedStore(s limit.GuardedStore, probe func(context.Context) error, timeout time.Duration, log *slog.Logger, onState func(up bool)) (*guardedStore, error) {
 	br, err := storeguard.New(storeguard.Options{Probe: probe, ProbeTimeout: timeout, Name: "limit store", Logger: log, OnState: onState})
 	if err != nil {
 		return nil, err
 	}
-	return &guardedStore{GuardedStore: s, br: br}, nil
+	if t, ok := s.(timeouter); ok {
+		timeout = t.Timeout()
+	}
+	return &guardedStore{GuardedStore: s, br: br, timeout: timeout}, nil
 }
 
 // Available reports whether calls currently go to the store.
@@ -44,6 +56,27 @@ func (g *guardedStore) Available() bool { return g.br.Available() }
 // down reports whether the breaker is open: the store must not be called.
 // The call is counted as refused (see refused).
 func (g *guardedStore) down() bool { return g.br.Skip() }
+
+// enter tells whether an operation the breaker observes may go to the
+// store, and when it starts (see observe). A caller whose context already
+// ended gets its context's error, and the store is neither asked nor
+// charged with a failure: that caller's deadline says nothing of the
+// store, and counted, one impatient caller would open the breaker, and
+// hand every tenant to on_error, while the store answers everyone else.
+// An open breaker gives ErrStoreDown (counted as refused).
+func (g *guardedStore) enter(ctx context.Context) (time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return time.Time{}, notAsked(err)
+	}
+	if g.down() {
+		return time.Time{}, ErrStoreDown
+	}
+	return time.Now(), nil
+}
+
+// notAsked is the error of an operation not sent to the store because the
+// caller's context (err) had ended.
+func notAsked(err error) error { return fmt.Errorf("enforce: limit store not asked: %w", err) }
 
 // refused is how many calls the open breaker refused so far: a caller that
 // failed tells from it whether the breaker (not the store's answer) was
@@ -69,49 +102,56 @@ func (g *guardedStore) awaitUp(until time.Time) bool {
 }
 
 func (g *guardedStore) Take(ctx context.Context, checks []limit.Check, cost int64) (limit.Decision, error) {
-	if g.down() {
-		return limit.Decision{}, ErrStoreDown
+	start, err := g.enter(ctx)
+	if err != nil {
+		return limit.Decision{}, err
 	}
 	d, err := g.GuardedStore.Take(ctx, checks, cost)
-	g.observe(ctx, err)
+	g.observe(ctx, start, err)
 	return d, err
 }
 
 func (g *guardedStore) Refund(ctx context.Context, checks []limit.Check, cost int64, lease string) error {
-	if g.down() {
-		return ErrStoreDown
+	start, err := g.enter(ctx)
+	if err != nil {
+		return err
 	}
 	sctx, span := g.storeSpan(ctx, "refund")
-	err := g.GuardedStore.Refund(sctx, checks, cost, lease)
+	err = g.GuardedStore.Refund(sctx, checks, cost, lease)
 	endStoreSpan(span, err)
-	g.observe(ctx, err)
+	g.observe(ctx, start, err)
 	return err
 }
 
 // Renew implements limit.Renewer.
 func (g *guardedStore) Renew(ctx context.Context, checks []limit.Check, lease string) (bool, error) {
-	if g.down() {
-		return false, ErrStoreDown
+	start, err := g.enter(ctx)
+	if err != nil {
+		return false, err
 	}
 	held, err := g.GuardedStore.Renew(ctx, checks, lease)
-	g.observe(ctx, err)
+	g.observe(ctx, start, err)
 	return held, err
 }
 
 func (g *guardedStore) Release(ctx context.Context, checks []limit.Check, lease string) error {
-	if g.down() {
-		return ErrStoreDown
+	start, err := g.enter(ctx)
+	if err != nil {
+		return err
 	}
 	sctx, span := g.storeSpan(ctx, "release")
-	err := g.GuardedStore.Release(sctx, checks, lease)
+	err = g.GuardedStore.Release(sctx, checks, lease)
 	endStoreSpan(span, err)
-	g.observe(ctx, err)
+	g.observe(ctx, start, err)
 	return err
 }
 
-// observe feeds one call's error to the breaker: the store's failures
-// count, our own mistakes and a caller that went away do not.
-func (g *guardedStore) observe(ctx context.Context, err error) {
+// observe feeds the error of one operation, started at start, to the
+// breaker: the store's failures count, our own mistakes and a caller that
+// went away or whose own deadline ended the operation do not. A timeout
+// counts only when it is the store's own (past store.timeout): the store
+// was then too slow for anyone.
+func (g *guardedStore) observe(ctx context.Context, start time.Time, err error) {
 	switch {
 	case err == nil:
 		g.br.Observe(nil)
@@ -124,11 +164,24 @@ func (g *guardedStore) observe(ctx context.Context, err error) {
 		// the store answered: one meter is full (MaxUsage), past its
 		// expiry, or given an invalid write; counted, one tenant's meter
 		// would take the store down for all
-	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case errors.Is(ctx.Err(), context.Canceled):
 		// the caller went away; says nothing about the store
+	case errors.Is(err, context.DeadlineExceeded) && g.callersDeadline(ctx, start):
+		// the caller's deadline, shorter than the store's, ended it
 	default:
 		g.br.Observe(err)
 	}
+}
+
+// callersDeadline reports whether ctx's deadline came before the store's
+// own for an operation started at start: a timeout was then the caller's.
+// Whether ctx is done cannot tell: rueidis times a command out by ctx's
+// deadline on a timer of its own, which can fire before ctx is done, and a
+// caller's deadline just past the store's may be done by the time the
+// store's own timeout is observed.
+func (g *guardedStore) callersDeadline(ctx context.Context, start time.Time) bool {
+	dl, ok := ctx.Deadline()
+	return ok && dl.Before(start.Add(g.timeout))
 }
 
 // Close stops the background probe.
@@ -138,22 +191,24 @@ func (g *guardedStore) Close() { g.br.Close() }
 // shared store like any counter.
 
 func (g *guardedStore) TakeMetered(ctx context.Context, checks []limit.Check, m limit.Meter, cost int64) (limit.Decision, limit.MeterResult, error) {
-	if g.down() {
-		return limit.Decision{}, limit.MeterResult{}, ErrStoreDown
+	start, err := g.enter(ctx)
+	if err != nil {
+		return limit.Decision{}, limit.MeterResult{}, err
 	}
 	d, r, err := g.GuardedStore.TakeMetered(ctx, checks, m, cost)
-	g.observe(ctx, err)
+	g.observe(ctx, start, err)
 	return d, r, err
 }
 
 func (g *guardedStore) Adjust(ctx context.Context, m limit.Meter, delta limit.Usage) (limit.MeterResult, error) {
-	if g.down() {
-		return limit.MeterResult{}, ErrStoreDown
+	start, err := g.enter(ctx)
+	if err != nil {
+		return limit.MeterResult{}, err
 	}
 	sctx, span := g.storeSpan(ctx, "adjust")
 	r, err := g.GuardedStore.Adjust(sctx, m, delta)
 	endStoreSpan(span, err)
-	g.observe(ctx, err)
+	g.observe(ctx, start, err)
 	return r, err
 }
 
@@ -165,10 +220,14 @@ func (g *guardedStore) Adjust(ctx context.Context, m limit.Meter, delta limit.Us
 type pastBreaker struct{ *guardedStore }
 
 func (p pastBreaker) Adjust(ctx context.Context, m limit.Meter, delta limit.Usage) (limit.MeterResult, error) {
+	if err := ctx.Err(); err != nil {
+		return limit.MeterResult{}, notAsked(err)
+	}
+	start := time.Now()
 	sctx, span := p.storeSpan(ctx, "adjust")
 	r, err := p.GuardedStore.Adjust(sctx, m, delta)
 	endStoreSpan(span, err)
-	p.observe(ctx, err)
+	p.observe(ctx, start, err)
 	return r, err
 }
 
@@ -196,44 +255,48 @@ func (g *guardedStore) ScanMeters(ctx context.Context, fn func(limit.MeterState)
 // The loop-breaker methods go through the breaker too.
 
 func (g *guardedStore) Evaluate(ctx context.Context, req limit.Request) (limit.Outcome, error) {
-	if g.down() {
-		return limit.Outcome{}, ErrStoreDown
+	start, err := g.enter(ctx)
+	if err != nil {
+		return limit.Outcome{}, err
 	}
 	o, err := g.GuardedStore.Evaluate(ctx, req)
-	g.observe(ctx, err)
+	g.observe(ctx, start, err)
 	return o, err
 }
 
 func (g *guardedStore) ReportOutcome(ctx context.Context, b limit.BreakerSpec, failed, probe bool) (limit.BreakerState, error) {
-	if g.down() {
-		return limit.BreakerState{}, ErrStoreDown
+	start, err := g.enter(ctx)
+	if err != nil {
+		return limit.BreakerState{}, err
 	}
 	sctx, span := g.storeSpan(ctx, "breaker_outcome")
 	st, err := g.GuardedStore.ReportOutcome(sctx, b, failed, probe)
 	endStoreSpan(span, err)
-	g.observe(ctx, err)
+	g.observe(ctx, start, err)
 	return st, err
 }
 
 func (g *guardedStore) AddDenials(ctx context.Context, b limit.BreakerSpec, n int64) (limit.BreakerState, error) {
-	if g.down() {
-		return limit.BreakerState{}, ErrStoreDown
+	start, err := g.enter(ctx)
+	if err != nil {
+		return limit.BreakerState{}, err
 	}
 	sctx, span := g.storeSpan(ctx, "breaker_denials")
 	st, err := g.GuardedStore.AddDenials(sctx, b, n)
 	endStoreSpan(span, err)
-	g.observe(ctx, err)
+	g.observe(ctx, start, err)
 	return st, err
 }
 
 func (g *guardedStore) ReleaseProbe(ctx context.Context, b limit.BreakerSpec) error {
-	if g.down() {
-		return ErrStoreDown
+	start, err := g.enter(ctx)
+	if err != nil {
+		return err
 	}
 	sctx, span := g.storeSpan(ctx, "breaker_probe_release")
-	err := g.GuardedStore.ReleaseProbe(sctx, b)
+	err = g.GuardedStore.ReleaseProbe(sctx, b)
 	endStoreSpan(span, err)
-	g.observe(ctx, err)
+	g.observe(ctx, start, err)
 	return err
 }
 
@@ -262,12 +325,13 @@ func (g *guardedStore) Reset(ctx context.Context, keys []string) (int, error) {
 	if !ok {
 		return 0, ErrNoReset
 	}
-	if g.down() {
-		return 0, ErrStoreDown
+	start, err := g.enter(ctx)
+	if err != nil {
+		return 0, err
 	}
 	n, err := rs.Reset(ctx, keys)
 	if !errors.Is(err, limit.ErrNotCounter) { // refused before any I/O
-		g.observe(ctx, err)
+		g.observe(ctx, start, err)
 	}
 	return n, err
 }

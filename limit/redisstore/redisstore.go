@@ -250,6 +250,11 @@ func New(client rueidis.Client, opts *Options) (*Store, error) {
 	return s, nil
 }
 
+// Timeout is the deadline the store puts on one operation
+// (Options.Timeout): a caller that wraps the store tells from it whether a
+// timeout was the store's own or its caller's shorter deadline.
+func (s *Store) Timeout() time.Duration { return s.timeout }
+
 // Close ends the store's background work (on a Cluster, the watch of
 // slots whose calls got no answer, see detour.go; otherwise the dial of
 // the lone calls' connection, see solo.go) and waits for it: at most a
