@@ -39,7 +39,8 @@ const (
 )
 
 // breakerCache answers open breakers in process until they may close (at
-// most BreakerCacheHold at a time), and counts the denials the local denial
+// most BreakerCacheHold at a time while the store can be asked; until they
+// may close while it cannot), and counts the denials the local denial
 // cache answered, so that they count toward consecutive_denials.
 type breakerCache struct {
 	now   func() time.Time
@@ -205,8 +206,12 @@ func (c *breakerCache) hasFailures(key string) bool {
 }
 
 // lookup returns the state of a breaker known open, with RetryAfter counted
-// down to now.
-func (c *breakerCache) lookup(key string) (limit.BreakerState, bool) {
+// down to now. storeUp tells whether the breaker's store can be asked:
+// then an entry answers until its hold, so that the store is asked again
+// (an admin reset on another instance shows); otherwise it answers until
+// the breaker may close (until), for the store cannot say otherwise and
+// forgetting it would hand the runaway caller to on_error.
+func (c *breakerCache) lookup(key string, storeUp bool) (limit.BreakerState, bool) {
 	if c == nil {
 		return limit.BreakerState{}, false
 	}
@@ -214,17 +219,32 @@ func (c *breakerCache) lookup(key string) (limit.BreakerState, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.open[key]
-	if !ok {
+	switch {
+	case !ok:
 		return limit.BreakerState{}, false
-	}
-	if !now.Before(e.hold) {
+	case !now.Before(e.until):
 		delete(c.open, key)
 		return limit.BreakerState{}, false
+	case storeUp && !now.Before(e.hold):
+		// Kept until its until: should asking the store fail, it still
+		// answers (stillOpen).
+		return limit.BreakerState{}, false
 	}
+	return e.answer(now), true
+}
+
+// stillOpen returns the state of a breaker known open until a time not yet
+// come, whatever its hold: the answer when asking its store failed.
+func (c *breakerCache) stillOpen(key string) (limit.BreakerState, bool) {
+	return c.lookup(key, false)
+}
+
+// answer is e's state as a call refused at now sees it.
+func (e openBreaker) answer(now time.Time) limit.BreakerState {
 	st := e.state
 	st.Open, st.Opened, st.Probe = true, false, false
 	st.RetryAfter = max(e.until.Sub(now), time.Millisecond)
-	return st, true
+	return st
 }
 
 // observe records what the store said about a breaker: remembers it while
@@ -262,7 +282,7 @@ func (c *breakerCache) observe(b *limit.BreakerSpec, st limit.BreakerState) {
 	until := now.Add(st.RetryAfter)
 	if len(c.open) >= breakerCacheSize {
 		for k, e := range c.open {
-			if !now.Before(e.hold) || len(c.open) >= breakerCacheSize {
+			if !now.Before(e.until) || len(c.open) >= breakerCacheSize {
 				delete(c.open, k)
 			}
 		}

@@ -187,7 +187,7 @@ func (l *limiter) judge(b batch, err error, tenant, global ruleSet, meter *limit
 // earlier whose retry time has not come.
 func (l *limiter) answeredLocally(ctx context.Context, tenant, global ruleSet, br *limit.BreakerSpec, cost int64) (verdict, bool) {
 	if br != nil {
-		if bs, ok := l.breakers.lookup(br.Key); ok {
+		if bs, ok := l.breakers.lookup(br.Key, l.shared == nil || l.shared.Available()); ok {
 			l.stats.DenialCacheHits.Inc()
 			return verdict{breaker: bs, breakerOpen: true, release: noRelease}, true
 		}
@@ -324,9 +324,25 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 	// Placed again and taken back, such a charge would show, in the usage
 	// store, a call admitted (and refunded) that never was.
 	sent := req.Meter != nil && store != l.local && !gone && !errors.Is(err, ErrStoreDown)
-	d, err := l.degrade(ctx, store, tenant, global, cost, onErr, err)
+	var d batch
+	if bs, open := l.knownOpen(ctx, store, br); open {
+		d = batch{breaker: bs, breakerOpen: true}
+	} else {
+		d, err = l.degrade(ctx, store, tenant, global, cost, onErr, err)
+	}
 	d.opSent = sent
 	return d, err
+}
+
+// knownOpen answers a call whose store failed with its loop breaker when
+// this instance knows that breaker open until a time not yet come (the
+// in-process entry outlives its hold for this): the failure policy would
+// admit the calls the breaker stopped for as long as the store is down.
+func (l *limiter) knownOpen(ctx context.Context, store limit.GuardedStore, br *limit.BreakerSpec) (limit.BreakerState, bool) {
+	if br == nil || store == l.local || ctx.Err() != nil {
+		return limit.BreakerState{}, false
+	}
+	return l.breakers.stillOpen(br.Key)
 }
 
 // degrade applies the tool's failure policy after store failed with err.
