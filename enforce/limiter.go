@@ -298,6 +298,9 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 	case err == nil && b.breakerOpen:
 		return b, nil
 	case err == nil && !b.mr.NeedSeed:
+		if req.Meter != nil && store == l.shared {
+			l.meters.saw(*meter, b.mr.Usage, meter.Quota > 0)
+		}
 		l.countShadow(tenant.checks, b.d)
 		l.countShadow(global.checks, b.g)
 		if b.d.Allowed && req.Meter != nil {
@@ -306,7 +309,7 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 		b.metered = req.Meter != nil
 		return b, nil
 	case err == nil: // nothing charged
-		return l.degrade(ctx, store, tenant, global, cost, onErr, errors.New("usage meter still missing after seeding"))
+		return l.degrade(ctx, store, tenant, global, meter, cost, onErr, errors.New("usage meter still missing after seeding"))
 	case req.Meter != nil && meterFull(err):
 		// The store answered and charged nothing: this tenant's meter can
 		// take no more this period. No failure policy applies (the store
@@ -328,7 +331,7 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 	if bs, open := l.knownOpen(ctx, store, br); open {
 		d = batch{breaker: bs, breakerOpen: true}
 	} else {
-		d, err = l.degrade(ctx, store, tenant, global, cost, onErr, err)
+		d, err = l.degrade(ctx, store, tenant, global, meter, cost, onErr, err)
 	}
 	d.opSent = sent
 	return d, err
@@ -348,7 +351,7 @@ func (l *limiter) knownOpen(ctx context.Context, store limit.GuardedStore, br *l
 // degrade applies the tool's failure policy after store failed with err.
 // An error return means the call cannot be decided (a bug, or the client
 // went away).
-func (l *limiter) degrade(ctx context.Context, store limit.GuardedStore, tenant, global ruleSet, cost int64, onErr policy.FailurePolicy, err error) (batch, error) {
+func (l *limiter) degrade(ctx context.Context, store limit.GuardedStore, tenant, global ruleSet, meter *limit.Meter, cost int64, onErr policy.FailurePolicy, err error) (batch, error) {
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		// The client went away (the in-process store checks ctx too, which
 		// is no bug); whatever we answer, nobody reads it.
@@ -378,6 +381,12 @@ func (l *limiter) degrade(ctx context.Context, store limit.GuardedStore, tenant,
 	case policy.FailClosed:
 		return batch{degraded: onErr, unavailable: true}, nil
 	case policy.FailLocal:
+		if u, out := l.quotaUsedUp(meter, cost); out {
+			// The quota as the store would decide it, on what this
+			// instance knows of the meter; the rules are not charged,
+			// as the store charges none on a quota denial.
+			return batch{d: limit.Decision{}, mr: limit.MeterResult{Usage: u}, metered: true, store: l.local, degraded: onErr}, nil
+		}
 		if len(tenant.checks) == 0 && len(global.checks) == 0 {
 			return batch{d: limit.Decision{Allowed: true}, degraded: onErr}, nil
 		}

@@ -70,6 +70,12 @@ type meterer struct {
 	mu      sync.Mutex
 	pending map[string]*pendingUsage
 	journal map[string]*journal
+	// reported and placing are what the local fallback decides a quota on
+	// (see known): the usage the store last reported for a meter with a
+	// quota, and the pending usage placeKey has taken out of pending and
+	// not yet resolved (nil until a placement).
+	reported aging[limit.Usage]
+	placing  map[string]limit.Usage
 	// journaled counts the entries of every journal; past sweepAt
 	// (at least maxJournaled) the stalled journals are trimmed together.
 	journaled, sweepAt int
@@ -242,6 +248,7 @@ func (m *meterer) seed(ctx context.Context, meter limit.Meter) (limit.Meter, err
 // charged records that the store applied meter's op, delta, with answer mr
 // (the flusher writes it; the journal keeps it until it is durable).
 func (m *meterer) charged(meter limit.Meter, delta limit.Usage, mr limit.MeterResult) {
+	m.saw(meter, mr.Usage, meter.Quota > 0)
 	m.record(meter, meter.Op, delta, mr)
 	m.flusher.Track(meter.Key)
 }
@@ -702,6 +709,12 @@ func (m *meterer) placeKey(ctx context.Context, key string, seed *limit.Usage, p
 	m.mu.Lock()
 	p := m.pending[key]
 	delete(m.pending, key)
+	if p != nil {
+		if m.placing == nil {
+			m.placing = make(map[string]limit.Usage)
+		}
+		m.placing[key] = add(m.placing[key], p.total())
+	}
 	m.mu.Unlock()
 	if p == nil {
 		return
@@ -711,57 +724,65 @@ func (m *meterer) placeKey(ctx context.Context, key string, seed *limit.Usage, p
 		ops = append(ops, pendingOp{op: limit.NewOp(), delta: p.delta})
 	}
 	for _, op := range ops {
-		meter := p.meter
-		meter.Op, meter.Replay = op.op, op.replay
-		if seed != nil {
-			meter.Seed, meter.Seeded = *seed, true
-		}
-		if !op.sent.IsZero() && !op.doubt && time.Since(op.sent) > opHorizon {
-			// Its marker may be gone: placed all the same (the call ran),
-			// it may count twice.
-			op.doubt = true
-			m.stats.Unmetered.Add(float64(lostCalls(op.delta)))
-			m.log.Error("a usage write left unanswered longer than its op is remembered is placed again: it may count twice",
-				"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "sent", op.sent)
-		}
-		store, past := m.store, false
-		if pass != nil && pass.pastBreaker && op.inDoubt() && !m.guard.Available() {
-			store, past = pastBreaker{m.guard}, true
-		}
-		covered, reseeded, err := m.tryAdjust(ctx, store, meter, op.delta)
-		if past && err != nil && !neverPlaced(err) && !errors.Is(err, errNotApplied) {
-			pass.pastBreaker = false // the store does not answer: the probe will tell
-		}
-		if err == nil && op.inDoubt() && (seed != nil || reseeded) {
-			// Its marker went with the lost meter: had it landed there and
-			// been flushed before the loss, it now counts twice (docs/design.md,
-			// "Bounds" (2)).
-			m.log.Warn("a usage write that got no answer was placed on its meter re-created after a loss: it counts twice if it had landed and been flushed before the loss",
-				"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "sent", op.sent)
-		}
-		if err != nil && neverPlaced(err) {
-			if op.doubt {
-				// counted unmetered when it passed its op's horizon
-				m.log.Error("usage that can never be placed on its meter is dropped (already counted in mcpgate_unmetered_calls_total)",
-					"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "usage", op.delta, "err", err)
-				continue
-			}
-			m.dropUnplaceable(meter, op.delta, err)
-			continue
-		}
-		if err != nil {
-			if op.sent.IsZero() {
-				op.sent = sentAt(err)
-			}
-			m.mu.Lock()
-			q := m.pendingLocked(p.meter)
-			q.ops = append(q.ops, op)
-			m.mu.Unlock()
-			continue
-		}
-		m.log.Info("pending usage recorded", "tenant", meter.Tenant, "period", meter.Period,
-			"cost", op.delta.Used(), "calls", op.delta.NetCalls(), "replay", op.replay != nil, "already_counted", covered)
+		m.placeOp(ctx, p, op, seed, pass)
 	}
+}
+
+// placeOp places one op of p, taken out of pending by placeKey: it is
+// kept pending again when it cannot be placed, and leaves placing either
+// way (after the store's answer is recorded: see known).
+func (m *meterer) placeOp(ctx context.Context, p *pendingUsage, op pendingOp, seed *limit.Usage, pass *placing) {
+	defer m.placed(p.meter.Key, op.delta)
+	meter := p.meter
+	meter.Op, meter.Replay = op.op, op.replay
+	if seed != nil {
+		meter.Seed, meter.Seeded = *seed, true
+	}
+	if !op.sent.IsZero() && !op.doubt && time.Since(op.sent) > opHorizon {
+		// Its marker may be gone: placed all the same (the call ran),
+		// it may count twice.
+		op.doubt = true
+		m.stats.Unmetered.Add(float64(lostCalls(op.delta)))
+		m.log.Error("a usage write left unanswered longer than its op is remembered is placed again: it may count twice",
+			"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "sent", op.sent)
+	}
+	store, past := m.store, false
+	if pass != nil && pass.pastBreaker && op.inDoubt() && !m.guard.Available() {
+		store, past = pastBreaker{m.guard}, true
+	}
+	covered, reseeded, err := m.tryAdjust(ctx, store, meter, op.delta)
+	if past && err != nil && !neverPlaced(err) && !errors.Is(err, errNotApplied) {
+		pass.pastBreaker = false // the store does not answer: the probe will tell
+	}
+	if err == nil && op.inDoubt() && (seed != nil || reseeded) {
+		// Its marker went with the lost meter: had it landed there and
+		// been flushed before the loss, it now counts twice (docs/design.md,
+		// "Bounds" (2)).
+		m.log.Warn("a usage write that got no answer was placed on its meter re-created after a loss: it counts twice if it had landed and been flushed before the loss",
+			"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "sent", op.sent)
+	}
+	if err != nil && neverPlaced(err) {
+		if op.doubt {
+			// counted unmetered when it passed its op's horizon
+			m.log.Error("usage that can never be placed on its meter is dropped (already counted in mcpgate_unmetered_calls_total)",
+				"tenant", meter.Tenant, "period", meter.Period, "op", op.op, "usage", op.delta, "err", err)
+			return
+		}
+		m.dropUnplaceable(meter, op.delta, err)
+		return
+	}
+	if err != nil {
+		if op.sent.IsZero() {
+			op.sent = sentAt(err)
+		}
+		m.mu.Lock()
+		q := m.pendingLocked(p.meter)
+		q.ops = append(q.ops, op)
+		m.mu.Unlock()
+		return
+	}
+	m.log.Info("pending usage recorded", "tenant", meter.Tenant, "period", meter.Period,
+		"cost", op.delta.Used(), "calls", op.delta.NetCalls(), "replay", op.replay != nil, "already_counted", covered)
 }
 
 // replayLost places, before a call is decided on a meter its store lost
