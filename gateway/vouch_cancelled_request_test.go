@@ -1,0 +1,56 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/mcpgate/mcpgate/auth"
+	"github.com/mcpgate/mcpgate/internal/testenv"
+)
+
+// A session this instance does not track is served only while the store
+// holds its lease (sessionTracker.enter, vouch). But vouch takes any error
+// of the check for a store outage and serves the session, and the check
+// runs under the request's own context: a client that hangs up right after
+// sending its request (here a GET, whose context net/http cancels as soon
+// as the connection closes) makes the check fail with context.Canceled,
+// and the session, whose lease is gone, is tracked as live. Every later
+// request of it is then served without a check until the next sweep's
+// renewal (idle_timeout/4 away): a subject capped at one session holds two.
+func TestVouchCancelledRequestTracksSessionWithoutLease(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, setup{
+		Redis:     testenv.StartRedis(t, nil),
+		Instances: 2,
+		Config:    storeYAML(true) + "sessions: {max_per_subject: 1, idle_timeout: 1h}\n",
+	})
+	alice, id := aliceSession(t, e)
+	p := auth.Principal{Tenant: "acme", Subject: "alice"}
+	g1 := e.gws[1]
+	upstreamID, lease, ok := g1.sessions.unwrap(p, id)
+	if !ok || lease == "" {
+		t.Fatalf("session id %q carries no lease", id)
+	}
+	// The lease lapses (an outage longer than idle_timeout, or the
+	// instance that renewed it died): the session holds no slot any more.
+	g1.eng.SessionSlotsOf(p.Tenant, p.Subject, lease).Release(t.Context())
+
+	// The client names the session on instance 1, which never saw it, and
+	// hangs up at once: the request's context is cancelled.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := httptest.NewRequestWithContext(ctx, http.MethodGet, "/mcp", nil)
+	_, done, live := g1.useSession(httptest.NewRecorder(), r, p, upstreamID, lease)
+	if live {
+		done(nil)
+	}
+
+	// Its next request, with a live connection, must be refused: the
+	// lease is gone.
+	hdr := http.Header{"Mcp-Session-Id": {id}}
+	if resp := post(t, e.mcpURL(1), alice, methodBody(2, "tools/list", `{}`), hdr); resp.Status != http.StatusNotFound {
+		t.Fatalf("a session whose lease is gone was served (%d) after a cancelled request vouched for it (cancelled request live=%v), want 404", resp.Status, live)
+	}
+}
