@@ -467,11 +467,16 @@ func (t *sessionTracker) useKnown(upstream string, p auth.Principal, slots enfor
 // vouch reports whether the slots of upstream, a session of p this
 // instance does not track, are still held, and buries the session when they are
 // not. A store that does not answer vouches for it: the sweep's renewal of
-// the session, tracked from then on, asks again (renew).
+// the session, tracked from then on, asks again (renew). A check cut
+// short by its request (the client hung up) vouches for nothing: else any
+// client could have a session without a slot served by hanging up at once.
 func (t *sessionTracker) vouch(ctx context.Context, upstream string, p auth.Principal, slots enforce.SessionSlots) bool {
-	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
-	held, err := slots.Check(ctx)
+	cctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	held, err := slots.Check(cctx)
 	cancel()
+	if err != nil && ctx.Err() != nil {
+		return false // the request is over: its answer reaches no one
+	}
 	if err != nil {
 		t.g.log.Warn("checking the slot of a session new to this instance failed: served, checked again at the next sweep",
 			"tenant", p.Tenant, "err", err)
