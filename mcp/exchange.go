@@ -255,9 +255,15 @@ func (x *Exchange) copyResponseHeaders() {
 	// The proxy reads JSON and event streams as UTF-8: a charset parameter
 	// (utf-7...) would have a client that honours it (httpx) decode other
 	// text than the one screened. The client gets the bare media type.
-	switch t := mediaType(x.resp.Header.Get("Content-Type")); t {
-	case "application/json", "text/event-stream":
+	switch t := mediaType(x.resp.Header.Get("Content-Type")); {
+	case t == "application/json" || t == "text/event-stream":
 		x.w.Header().Set("Content-Type", t)
+	case typeLookalike(x.resp.Header.Values("Content-Type")):
+		// Clients that match the type by substring or prefix (the
+		// TypeScript SDK's includes, the Python SDK's startswith) would
+		// read as JSON or an event stream an answer the proxy relays
+		// unscreened as another type.
+		x.w.Header().Set("Content-Type", "application/octet-stream")
 	}
 	// Every answer is the caller's own (its lists filtered to its scopes,
 	// its session): a shared cache must not keep it for another, which an
@@ -266,6 +272,28 @@ func (x *Exchange) copyResponseHeaders() {
 	if cc := strings.ToLower(strings.Join(x.w.Header().Values("Cache-Control"), ",")); strings.Contains(cc, "public") || strings.Contains(cc, "s-maxage") {
 		x.w.Header().Set("Cache-Control", "private, no-store")
 	}
+}
+
+// typeLookalike reports whether Content-Type values, as a client joins
+// them, hold "application/json" or "text/event-stream" in some letter case:
+// what a client matching by substring or prefix reads as that type.
+func typeLookalike(values []string) bool {
+	v := strings.ToLower(strings.Join(values, ", "))
+	return strings.Contains(v, "application/json") || strings.Contains(v, "text/event-stream")
+}
+
+// checkAnswerType refuses (ErrBadUpstreamResponse: 502 with the request's
+// id) a request's 2xx answer whose media type is neither JSON nor an event
+// stream but whose Content-Type holds one of them (typeLookalike): the
+// proxy would relay it unscreened, as another type, while clients that
+// match the type by substring read it as a response or a stream, lists
+// the caller's filters would hide included.
+func (x *Exchange) checkAnswerType() {
+	ct := x.resp.Header.Values("Content-Type")
+	if !x.f.Msg.IsCall() || x.resp.StatusCode/100 != 2 || x.sse || mediaType(x.resp.Header.Get("Content-Type")) == "application/json" || !typeLookalike(ct) {
+		return
+	}
+	x.failed(fmt.Errorf("%w: %s answered with Content-Type %s", ErrBadUpstreamResponse, x.f.Msg.Method, quoteCapped(strings.Join(ct, ", "))))
 }
 
 func methodOf(m *Message) string {

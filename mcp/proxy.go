@@ -336,6 +336,7 @@ func (p *Proxy) Start(w http.ResponseWriter, r *http.Request, f Forward) *Exchan
 	}
 	x.resp = resp
 	x.sse = IsEventStream(resp.Header.Get("Content-Type")) && resp.StatusCode/100 == 2
+	x.checkAnswerType()
 	return x
 }
 
