@@ -267,11 +267,24 @@ func (x *Exchange) copyResponseHeaders() {
 	}
 	// Every answer is the caller's own (its lists filtered to its scopes,
 	// its session): a shared cache must not keep it for another, which an
-	// upstream's "public" or "s-maxage" would allow despite Authorization
-	// (RFC 9111, 3.5).
-	if cc := strings.ToLower(strings.Join(x.w.Header().Values("Cache-Control"), ",")); strings.Contains(cc, "public") || strings.Contains(cc, "s-maxage") {
+	// upstream's "public", "s-maxage" or "must-revalidate" would allow
+	// despite Authorization (RFC 9111, 3.5: these three, and only these).
+	if sharedCacheable(x.w.Header().Values("Cache-Control")) {
 		x.w.Header().Set("Cache-Control", "private, no-store")
 	}
+}
+
+// sharedCacheable reports whether Cache-Control values hold a directive
+// that lets a shared cache store the answer to a request with
+// Authorization (RFC 9111, 3.5), in some letter case.
+func sharedCacheable(values []string) bool {
+	cc := strings.ToLower(strings.Join(values, ","))
+	for _, d := range []string{"public", "s-maxage", "must-revalidate"} {
+		if strings.Contains(cc, d) {
+			return true
+		}
+	}
+	return false
 }
 
 // typeLookalike reports whether Content-Type values, as a client joins
