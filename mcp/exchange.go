@@ -91,7 +91,9 @@ func (x *Exchange) SetSessionID(id string) {
 //
 // When the upstream gives no such response, rpcErr describes what happened
 // instead: the error object the client will get with a 502 or 504, or one
-// describing the upstream's HTTP status. ok is false, and nothing was read,
+// describing the upstream's HTTP status. So does it for a non-2xx answer
+// that holds the response's result: clients take such an answer for an
+// HTTP error and never read its result (it is still relayed as it came). ok is false, and nothing was read,
 // when Msg is not a request; ok is also false when the client went away
 // first, or when an SSE stream carrying event ids ended early (the client
 // may resume it with a GET, whose replayed responses only ReplayFilters
@@ -434,6 +436,13 @@ func (x *Exchange) judgeBody(data []byte) {
 			result, data = filtered, resultResponse(m.ID, filtered)
 		}
 		x.body = data
+		if result != nil && x.resp.StatusCode/100 != 2 {
+			// Clients take a non-2xx answer for an HTTP error and never
+			// read its result: a gateway must not either (a cost read
+			// from it would bill a call its client got as a failure).
+			x.report(nil, x.statusError("with a result"))
+			return
+		}
 		x.report(result, m.Error)
 		return
 	}
@@ -449,5 +458,11 @@ func (x *Exchange) judgeBody(data []byte) {
 		return
 	}
 	x.body = data
-	x.report(nil, errorObject(CodeInternalError, "upstream answered HTTP "+strconv.Itoa(x.resp.StatusCode)+" without a JSON-RPC response"))
+	x.report(nil, x.statusError("without a JSON-RPC response"))
+}
+
+// statusError is the error object Answer reports for an answer whose HTTP
+// status, not a JSON-RPC response, tells the outcome.
+func (x *Exchange) statusError(what string) json.RawMessage {
+	return errorObject(CodeInternalError, "upstream answered HTTP "+strconv.Itoa(x.resp.StatusCode)+" "+what)
 }

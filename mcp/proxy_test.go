@@ -407,7 +407,8 @@ func TestProxyAnswer(t *testing.T) {
 		{"result", "application/json", `{"jsonrpc":"2.0","id":7,"result":{"content":[],"_meta":{"usage":{"tokens":5}}}}`, 200, `{"content":[],"_meta":{"usage":{"tokens":5}}}`, ""},
 		{"rpc error", "application/json", `{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"bad"}}`, 200, "", `{"code":-32602,"message":"bad"}`},
 		{"rpc error with 400", "application/json", `{"jsonrpc":"2.0","id":7,"error":{"code":-32020,"message":"mismatch"}}`, 400, "", `{"code":-32020,"message":"mismatch"}`},
-		{"other id with 400", "application/json", `{"jsonrpc":"2.0","id":8,"result":{}}`, 400, "", `without a JSON-RPC response`}, // a 2xx is refused: TestProxyRefusesAnotherResponse
+		{"other id with 400", "application/json", `{"jsonrpc":"2.0","id":8,"result":{}}`, 400, "", `without a JSON-RPC response`},                                                           // a 2xx is refused: TestProxyRefusesAnotherResponse
+		{"result with 500", "application/json", `{"jsonrpc":"2.0","id":7,"result":{"content":[],"_meta":{"usage":{"tokens":900}}}}`, 500, "", `"upstream answered HTTP 500 with a result"`}, // relayed, but clients never read it
 		{"plain 404", "text/plain", "session not found\n", 404, "", `"upstream answered HTTP 404 without a JSON-RPC response"`},
 		{"sse without answer", "text/event-stream", "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\"}\n\n", 200, "", "ended the stream without a response"},
 	}
