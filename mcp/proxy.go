@@ -23,7 +23,9 @@ var (
 	// ErrUpstreamTimeout means the upstream went silent for longer than
 	// ProxyOptions.Timeout, or did not finish within
 	// ProxyOptions.MaxDuration. Serve answered 504 if nothing had been sent
-	// yet, else ended an SSE answer with a JSON-RPC error event.
+	// yet, else ended an SSE answer with a JSON-RPC error event. A call's
+	// stream that the upstream leaves open after the call's response is
+	// ended at the same bounds without this error: nothing was cut.
 	ErrUpstreamTimeout = errors.New("mcp: upstream timed out")
 	// ErrBadUpstreamResponse means the upstream's answer could not be
 	// inspected as Forward required (too large, a list result that cannot

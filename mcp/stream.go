@@ -86,6 +86,15 @@ func (x *Exchange) endStream() {
 		if errors.Is(x.streamErr, ErrClientGone) || errors.Is(x.streamErr, ErrCancelled) {
 			return // no answer: nobody reads it, or MCP forbids it
 		}
+		if x.f.Msg.IsCall() && x.reported && errors.Is(x.streamErr, ErrUpstreamTimeout) {
+			// The call's response was relayed: an upstream that leaves the
+			// stream open and silent after it (MCP: it SHOULD close it)
+			// cut nothing, and a gateway must not take the call for one
+			// still running upstream. The relay ends here, cleanly.
+			x.p.log.Debug("mcp upstream left an answered stream open", "rpc_method", x.f.Msg.Method, "err", x.streamErr)
+			x.streamErr = nil
+			return
+		}
 		x.p.log.Warn("mcp upstream stream broke", "rpc_method", methodOf(x.f.Msg), "err", x.streamErr)
 	}
 	// Unless the client can resume the stream (event ids were sent, and it
