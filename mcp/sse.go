@@ -19,7 +19,7 @@ type sseEvent struct {
 	raw   []byte
 	data  []byte // data lines joined with "\n"; nil when there were none
 	name  string // event field, "" when absent
-	hasID bool   // the event set a non-empty id (the stream is resumable)
+	hasID bool   // the event set a non-empty id without NUL (the stream is resumable)
 	// unterminated: the stream ended before the event's blank line (raw
 	// is as it came; see terminate).
 	unterminated bool
@@ -103,7 +103,11 @@ func (er *eventReader) next() (sseEvent, error) {
 			case "event":
 				ev.name = string(value)
 			case "id":
-				ev.hasID = ev.hasID || len(value) > 0
+				// An id holding NUL is ignored by clients (the SSE spec,
+				// the TypeScript and Python parsers; no HTTP header could
+				// carry it back as Last-Event-ID): it makes nothing
+				// resumable.
+				ev.hasID = ev.hasID || len(value) > 0 && bytes.IndexByte(value, 0) < 0
 			}
 		}
 		lineStart = len(er.raw)
