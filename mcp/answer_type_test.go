@@ -75,3 +75,26 @@ func TestLookalikeTypeNeverForwarded(t *testing.T) {
 		}
 	}
 }
+
+// A request's 2xx answer that is neither JSON nor an event stream (an
+// empty 202 or 204, plain text) is refused with 502 and the request's id:
+// relayed, it leaves the client waiting for its response or failing.
+func TestUntypedAnswerToRequestRefused(t *testing.T) {
+	for _, a := range []answerOf{{status: 202}, {status: 204}, {status: 200, ct: "text/plain", body: []byte("ok")}} {
+		p, err := NewProxy(ProxyOptions{Upstream: "http://upstream.invalid/mcp", Client: &http.Client{Transport: a}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := httptest.NewRecorder()
+		status, err := p.Serve(w, httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(callEcho)), Forward{Body: []byte(callEcho)})
+		if status != http.StatusBadGateway || !errors.Is(err, ErrBadUpstreamResponse) || !strings.Contains(w.Body.String(), `"id":7`) {
+			t.Errorf("HTTP %d %q: served %d %v, client got %d %q; want the 502 with id 7", a.status, a.ct, status, err, w.Code, w.Body.String())
+		}
+	}
+	// A notification's 202 is what MCP asks for.
+	p, _ := NewProxy(ProxyOptions{Upstream: "http://upstream.invalid/mcp", Client: &http.Client{Transport: answerOf{status: 202}}})
+	const note = `{"jsonrpc":"2.0","method":"notifications/initialized"}`
+	if status, err := p.Serve(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(note)), Forward{Body: []byte(note)}); status != 202 || err != nil {
+		t.Errorf("a notification's 202: served %d %v", status, err)
+	}
+}

@@ -298,17 +298,19 @@ func typeLookalike(values []string) bool {
 }
 
 // checkAnswerType refuses (ErrBadUpstreamResponse: 502 with the request's
-// id) a request's 2xx answer whose media type is neither JSON nor an event
-// stream but whose Content-Type holds one of them (typeLookalike): the
-// proxy would relay it unscreened, as another type, while clients that
-// match the type by substring read it as a response or a stream, lists
-// the caller's filters would hide included.
+// id) a request's 2xx answer that is neither JSON nor an event stream.
+// MCP answers a request with one of those; a client given anything else
+// waits for its response until its own timeout (a 202, which SDK clients
+// take for "no body", or a 204), fails on it, or (a Content-Type that only
+// holds one of the two types, see typeLookalike) reads as a response or a
+// stream a body the proxy would have relayed unscreened, lists the
+// caller's filters would hide included.
 func (x *Exchange) checkAnswerType() {
 	ct := x.resp.Header.Values("Content-Type")
-	if !x.f.Msg.IsCall() || x.resp.StatusCode/100 != 2 || x.sse || mediaType(x.resp.Header.Get("Content-Type")) == "application/json" || !typeLookalike(ct) {
+	if !x.f.Msg.IsCall() || x.resp.StatusCode/100 != 2 || x.sse || mediaType(x.resp.Header.Get("Content-Type")) == "application/json" {
 		return
 	}
-	x.failed(fmt.Errorf("%w: %s answered with Content-Type %s", ErrBadUpstreamResponse, x.f.Msg.Method, quoteCapped(strings.Join(ct, ", "))))
+	x.failed(fmt.Errorf("%w: %s answered HTTP %d with Content-Type %s", ErrBadUpstreamResponse, x.f.Msg.Method, x.resp.StatusCode, quoteCapped(strings.Join(ct, ", "))))
 }
 
 func methodOf(m *Message) string {
@@ -377,8 +379,9 @@ func (x *Exchange) screenBody() {
 // request's own JSON-RPC response: a 2xx JSON answer to a request, which the
 // client takes for its response. Relayed with another id, or holding no
 // response, it would leave the client waiting for its own until its
-// deadline; readBody refuses it instead (502 with the request's id). An
-// answer of another status or type the client fails on at once.
+// deadline; readBody refuses it instead (502 with the request's id). A 2xx
+// of another type was refused by Start (checkAnswerType); an answer of
+// another status the client fails on at once.
 func (x *Exchange) owesResponse() bool {
 	return x.f.Msg.IsCall() && x.resp.StatusCode/100 == 2 && mediaType(x.resp.Header.Get("Content-Type")) == "application/json"
 }

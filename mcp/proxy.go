@@ -31,7 +31,8 @@ var (
 	// inspected as Forward required (too large, a list result that cannot
 	// be filtered, an answer that is not the request's response but could
 	// hold a list, an event stream the proxy would read differently from a
-	// client), or a request's 2xx JSON answer is not its response. Serve
+	// client), or a request's 2xx JSON answer is not its response, or a
+	// request's 2xx answer is neither JSON nor an event stream. Serve
 	// answered 502 rather than relay it unchecked, or ended a stream that
 	// had begun with an error event.
 	ErrBadUpstreamResponse = errors.New("mcp: bad upstream response")
@@ -250,7 +251,8 @@ type Forward struct {
 // each and X-Accel-Buffering: no, never buffered whole. A request's 2xx
 // JSON answer is read whole (bounded) and relayed only when it is that
 // request's response: relayed with another id, it would leave the client
-// waiting for its own (502 instead).
+// waiting for its own (502 instead); so would a 2xx of another type (a
+// 202), also refused.
 //
 // The upstream request dies with the client's: a client that goes away
 // cancels it (ErrClientGone), and so does a cancellation of r's context with
