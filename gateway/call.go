@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/mcpgate/mcpgate/enforce"
+	"github.com/mcpgate/mcpgate/internal/jsonscan"
 	"github.com/mcpgate/mcpgate/mcp"
 )
 
@@ -136,10 +137,24 @@ func (a *answer) status(r *http.Request) enforce.Status {
 	return enforce.OK
 }
 
-// isErrorResult reports whether a tools/call result says isError: true.
+// isErrorResult reports whether a tools/call result says isError: true,
+// read as MCP clients read it: the member named exactly isError (JSON.parse,
+// Python's json and the Go SDK's case-sensitive decoding ignore a case twin
+// such as "ISERROR"), the last of duplicates winning. encoding/json's
+// case-insensitive match could take a twin for it and see a success where
+// the client sees an error.
 func isErrorResult(result json.RawMessage) bool {
-	var r struct {
-		IsError bool `json:"isError"`
+	s := jsonscan.New(result)
+	if s.Peek() != '{' {
+		return false
 	}
-	return json.Unmarshal(result, &r) == nil && r.IsError
+	var v []byte
+	err := s.Object(func(key string) error {
+		raw, err := s.SkipValue()
+		if key == "isError" {
+			v = raw
+		}
+		return err
+	})
+	return err == nil && s.End() == nil && string(v) == "true"
 }
