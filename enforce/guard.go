@@ -148,9 +148,10 @@ func (g *guardedStore) Release(ctx context.Context, checks []limit.Check, lease 
 
 // observe feeds the error of one operation, started at start, to the
 // breaker: the store's failures count, our own mistakes and a caller that
-// went away or whose own deadline ended the operation do not. A timeout
-// counts only when it is the store's own (past store.timeout): the store
-// was then too slow for anyone.
+// went away do not. A timeout counts only when it is the store's own (past
+// store.timeout): the store was then too slow for anyone. One under the
+// caller's shorter deadline is suspected (storeguard's Suspect): it counts
+// only if a check of the store under its own timeout fails too.
 func (g *guardedStore) observe(ctx context.Context, start time.Time, err error) {
 	switch {
 	case err == nil:
@@ -167,7 +168,11 @@ func (g *guardedStore) observe(ctx context.Context, start time.Time, err error) 
 	case errors.Is(ctx.Err(), context.Canceled):
 		// the caller went away; says nothing about the store
 	case errors.Is(err, context.DeadlineExceeded) && g.callersDeadline(ctx, start):
-		// the caller's deadline, shorter than the store's, ended it
+		// the caller's deadline, shorter than the store's, ended it: not
+		// counted, but a check under the store's own timeout decides
+		// whether the store was too slow for anyone (a dead store must
+		// open the breaker even when every caller's deadline is short)
+		g.br.Suspect()
 	default:
 		g.br.Observe(err)
 	}

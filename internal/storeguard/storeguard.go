@@ -61,6 +61,11 @@ type Breaker struct {
 	consecutive atomic.Int32
 	open        atomic.Bool
 	skipped     atomic.Int64
+	// checking is set while a check of the store (Suspect) runs;
+	// suspects counts the operations suspected since the running check
+	// began, whose fault it decides.
+	checking atomic.Bool
+	suspects atomic.Int32
 
 	mu       sync.Mutex // serialises opening, closing and Close
 	probing  bool
@@ -123,9 +128,67 @@ func (b *Breaker) Observe(cause error) {
 		b.consecutive.Store(0)
 		return
 	}
-	if b.consecutive.Add(1) >= int32(b.opts.Failures) {
+	b.fail(cause, 1)
+}
+
+// fail counts n failures, cause the last: the one that reaches
+// Options.Failures opens the breaker.
+func (b *Breaker) fail(cause error, n int32) {
+	if b.consecutive.Add(n) >= int32(b.opts.Failures) {
 		b.trip(cause)
 	}
+}
+
+// Suspect reports an operation that failed in a way that need not be the
+// store's fault: a caller's deadline, shorter than the store's own, ended
+// it. It is not counted, for one impatient caller must not open the
+// breaker for everyone while the store answers; but if it never counted, a
+// store that stopped answering would never open the breaker while every
+// caller's deadline is short, and each call would wait out its deadline.
+// So it starts a check of the store (Probe under ProbeTimeout, the store's
+// own deadline) in the background, one at a time: if the store fails it,
+// the operations suspected while it ran were the store's fault after all
+// and count as failures; if it answers, they are forgotten. Nothing
+// happens while the breaker is open (its probe runs) or once closed.
+func (b *Breaker) Suspect() {
+	if b.open.Load() {
+		return
+	}
+	b.suspects.Add(1)
+	if !b.checking.CompareAndSwap(false, true) {
+		return // the running check decides this one too
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-b.stop:
+		b.checking.Store(false)
+		return // closed: no check may start
+	default:
+	}
+	b.probes.Add(1)
+	go b.check()
+}
+
+// check runs the check Suspect started and counts its suspects on failure.
+func (b *Breaker) check() {
+	defer b.probes.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), b.opts.ProbeTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-b.stop: // Close waits for this check: do not hold it a timeout
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err := b.opts.Probe(ctx)
+	n := b.suspects.Swap(0)
+	b.checking.Store(false)
+	if err == nil || n == 0 || errors.Is(ctx.Err(), context.Canceled) {
+		return
+	}
+	b.fail(err, n)
 }
 
 // Trip opens the breaker at once, as its Failures-th consecutive failure
