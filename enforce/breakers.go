@@ -46,8 +46,12 @@ type breakerCache struct {
 	now   func() time.Time
 	alert func(limit.BreakerSpec, limit.BreakerState)
 
-	mu   sync.Mutex
-	open map[string]openBreaker
+	mu sync.Mutex
+	// open holds the breakers seen open, each until it may close: one
+	// tenant's breakers (keyed by session, say) past its share evict its
+	// own oldest, and a full cache loses its oldest entry, in O(1) under
+	// the lock, however many entries are still within their cooldown.
+	open aging[openBreaker]
 	// denials is the store's count of a breaker's consecutive denials as
 	// last seen, when not zero, until BreakerCacheHold after it was seen
 	// (deniedLocally reads no older count).
@@ -74,14 +78,19 @@ type breakerCache struct {
 // else everyone's oldest: one tenant's breakers (keyed by session, say)
 // evict only its own, and a full record loses its oldest entries, not all.
 // Each call is O(1), amortized. Entries of one kind lapse a fixed time
-// after they are set (the configuration's, which a reload may change), so
+// after they are set (the configuration's, which a reload may change), or
+// near enough (an open breaker's cooldown grows to its max_cooldown), so
 // the front is the first to lapse, or near enough: one behind it that
-// lapses earlier is dropped with it, and get ignores it meanwhile. The
+// lapses earlier is dropped with it, or for room, and get ignores it
+// meanwhile. The
 // zero aging is empty and ready. Its user locks it.
 type aging[V any] struct {
 	m       map[string]*agingEntry[V]
 	order   list.List             // of *agingEntry[V]; front: set longest ago
 	tenants map[string]*list.List // each tenant's entries, in the same order
+	// dropped counts the entries set dropped (lapsed, or for room): the
+	// whole of its work beyond one entry, which tests bound.
+	dropped int64
 }
 
 type agingEntry[V any] struct {
@@ -108,6 +117,7 @@ func (a *aging[V]) set(key, tenant string, v V, now, until time.Time) {
 	}
 	for e := a.order.Front(); e != nil && !now.Before(e.Value.(*agingEntry[V]).until); e = a.order.Front() {
 		a.remove(e.Value.(*agingEntry[V]))
+		a.dropped++
 	}
 	if ae, ok := a.m[key]; ok {
 		ae.v, ae.until = v, until
@@ -117,8 +127,10 @@ func (a *aging[V]) set(key, tenant string, v V, now, until time.Time) {
 	}
 	if tl := a.tenants[tenant]; tl != nil && tl.Len() >= breakerTenantShare {
 		a.remove(tl.Front().Value.(*agingEntry[V]))
+		a.dropped++
 	} else if len(a.m) >= breakerCacheSize {
 		a.remove(a.order.Front().Value.(*agingEntry[V]))
+		a.dropped++
 	}
 	tl := a.tenants[tenant]
 	if tl == nil {
@@ -159,7 +171,7 @@ type openBreaker struct {
 }
 
 func newBreakerCache(now func() time.Time, alert func(limit.BreakerSpec, limit.BreakerState)) *breakerCache {
-	return &breakerCache{now: now, alert: alert, open: make(map[string]openBreaker)}
+	return &breakerCache{now: now, alert: alert}
 }
 
 // markFailing records that a failure of b is being reported.
@@ -218,12 +230,9 @@ func (c *breakerCache) lookup(key string, storeUp bool) (limit.BreakerState, boo
 	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.open[key]
+	e, ok := c.open.get(key, now) // none past its until
 	switch {
 	case !ok:
-		return limit.BreakerState{}, false
-	case !now.Before(e.until):
-		delete(c.open, key)
 		return limit.BreakerState{}, false
 	case storeUp && !now.Before(e.hold):
 		// Kept until its until: should asking the store fail, it still
@@ -273,21 +282,14 @@ func (c *breakerCache) observe(b *limit.BreakerSpec, st limit.BreakerState) {
 		// Closed, or half-open with no probe in flight: an entry held for
 		// it is stale (say, a refusal answered while a probe ran that has
 		// just closed it), and would refuse calls the store admits.
-		delete(c.open, b.Key)
+		c.open.delete(b.Key)
 		return
 	}
 	if st.HalfOpen {
 		st.RetryAfter = min(st.RetryAfter, ProbeRetry)
 	}
 	until := now.Add(st.RetryAfter)
-	if len(c.open) >= breakerCacheSize {
-		for k, e := range c.open {
-			if !now.Before(e.until) || len(c.open) >= breakerCacheSize {
-				delete(c.open, k)
-			}
-		}
-	}
-	c.open[b.Key] = openBreaker{until: until, hold: minTime(until, now.Add(BreakerCacheHold)), state: st}
+	c.open.set(b.Key, b.Tenant, openBreaker{until: until, hold: minTime(until, now.Add(BreakerCacheHold)), state: st}, now, until)
 }
 
 // unhold stops answering key in process (its probe's lease was released:
@@ -298,7 +300,7 @@ func (c *breakerCache) unhold(key string) {
 		return
 	}
 	c.mu.Lock()
-	delete(c.open, key)
+	c.open.delete(key)
 	c.mu.Unlock()
 }
 
@@ -307,7 +309,7 @@ func (c *breakerCache) forget(key string) {
 		return
 	}
 	c.mu.Lock()
-	delete(c.open, key)
+	c.open.delete(key)
 	c.denials.delete(key)
 	c.failing.delete(key)
 	c.nFailing.Store(int64(c.failing.len()))
