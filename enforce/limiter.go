@@ -329,7 +329,10 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 	sent := req.Meter != nil && store != l.local && !gone && !errors.Is(err, ErrStoreDown)
 	var d batch
 	if bs, open := l.knownOpen(ctx, store, br); open {
-		d = batch{breaker: bs, breakerOpen: true}
+		// The breaker decides this call, not the store's failure: the
+		// error is spent here, or judge would answer it as an outage
+		// (503) instead of the breaker's refusal.
+		d, err = batch{breaker: bs, breakerOpen: true}, nil
 	} else {
 		d, err = l.degrade(ctx, store, tenant, global, meter, cost, onErr, err)
 	}
