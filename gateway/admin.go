@@ -314,7 +314,10 @@ func (g *Gateway) adminBreakers(w http.ResponseWriter, r *http.Request) {
 }
 
 // adminResetBreaker closes a breaker (its key as listed). Other instances
-// may answer it as open from their in-process cache for up to a second.
+// may answer it as open from their in-process cache for up to a second
+// (enforce.BreakerCacheHold) while the limit store answers them; one whose
+// store fails before it asked again keeps answering it as open until the
+// old cooldown ends, for it cannot tell a reset from a runaway agent.
 func (g *Gateway) adminResetBreaker(w http.ResponseWriter, r *http.Request) {
 	key := r.PathValue("key")
 	gs, ok := g.breakerStore()
