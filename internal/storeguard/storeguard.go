@@ -66,6 +66,11 @@ type Breaker struct {
 	// began, whose fault it decides.
 	checking atomic.Bool
 	suspects atomic.Int32
+	// opened counts the times the breaker opened: a check whose store
+	// request went out before an opening says nothing of the store after
+	// it (the probe may have closed the breaker since on a store that
+	// answers), and its suspects are dropped.
+	opened atomic.Uint64
 
 	mu       sync.Mutex // serialises opening, closing and Close
 	probing  bool
@@ -155,8 +160,13 @@ func (b *Breaker) Suspect() {
 		return
 	}
 	b.suspects.Add(1)
+	b.startCheck()
+}
+
+// startCheck starts a check of the suspects unless one runs.
+func (b *Breaker) startCheck() {
 	if !b.checking.CompareAndSwap(false, true) {
-		return // the running check decides this one too
+		return // the running check decides these too
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -167,15 +177,19 @@ func (b *Breaker) Suspect() {
 	default:
 	}
 	b.probes.Add(1)
-	go b.check()
+	go b.check(b.opened.Load())
 }
 
-// check runs the check Suspect started and counts its suspects on failure.
-func (b *Breaker) check() {
+// check runs the check Suspect started and counts its suspects on failure,
+// unless the breaker opened since the check began (opened moved on from
+// gen) or is open: the probe judges the store then.
+func (b *Breaker) check(gen uint64) {
 	defer b.probes.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), b.opts.ProbeTimeout)
 	defer cancel()
+	b.probes.Add(1) // the watcher below: Close waits for it too
 	go func() {
+		defer b.probes.Done()
 		select {
 		case <-b.stop: // Close waits for this check: do not hold it a timeout
 			cancel()
@@ -184,11 +198,16 @@ func (b *Breaker) check() {
 	}()
 	err := b.opts.Probe(ctx)
 	n := b.suspects.Swap(0)
-	b.checking.Store(false)
-	if err == nil || n == 0 || errors.Is(ctx.Err(), context.Canceled) {
-		return
+	stale := b.open.Load() || b.opened.Load() != gen
+	if err != nil && n > 0 && !stale && !errors.Is(ctx.Err(), context.Canceled) {
+		b.fail(err, n)
 	}
-	b.fail(err, n)
+	b.checking.Store(false)
+	// A Suspect between the Swap and the Store above found a check
+	// running and started none: its suspect must not wait for the next.
+	if b.suspects.Load() > 0 && !b.open.Load() {
+		b.startCheck()
+	}
 }
 
 // Trip opens the breaker at once, as its Failures-th consecutive failure
@@ -215,6 +234,7 @@ func (b *Breaker) trip(cause error) {
 	default:
 	}
 	b.open.Store(true)
+	b.opened.Add(1)
 	b.probing = true
 	close(b.down)
 	if b.opts.OnState != nil {
