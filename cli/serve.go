@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"sync"
@@ -171,24 +172,37 @@ func serveUntilDone(ctx context.Context, g *gateway.Gateway, addr string, log *s
 				log.Error("SIGHUP reload failed", "err", err)
 			}
 		case err := <-errc:
+			// The listener failed (Serve does not retry such an error):
+			// the calls already admitted still run. Stop as on a signal,
+			// so that the final flush (g.Close) sees their cost
+			// corrections, then report the failure.
+			log.Error("serving failed: stopping, waiting for calls in flight", "err", err, "grace", shutdownGrace)
+			_ = stopServing(srv, log)
 			return fmt.Errorf("serve: %w", err)
 		case <-ctx.Done():
 			log.Info("shutting down: waiting for calls in flight", "grace", shutdownGrace)
-			sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-			defer cancel()
-			err := srv.Shutdown(sctx)
-			if errors.Is(err, context.DeadlineExceeded) {
-				// The final flush (g.Close) runs with these calls still
-				// going: a cost correction they make after it stays in the
-				// live counter (for another instance's sweep) or is lost
-				// with the in-process store.
-				log.Warn("calls still in flight after the shutdown grace: stopping without them", "grace", shutdownGrace)
-				_ = srv.Close()
-				return nil
-			}
-			return err
+			return stopServing(srv, log)
 		}
 	}
+}
+
+// stopServing shuts srv down: it waits up to shutdownGrace for the calls in
+// flight, so that the final flush that follows counts what they settle,
+// then cuts the connections left.
+func stopServing(srv *http.Server, log *slog.Logger) error {
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		// The final flush (g.Close) runs with these calls still going: a
+		// cost correction they make after it stays in the live counter
+		// (for another instance's sweep) or is lost with the in-process
+		// store.
+		log.Warn("calls still in flight after the shutdown grace: stopping without them", "grace", shutdownGrace)
+		_ = srv.Close()
+		return nil
+	}
+	return err
 }
 
 func newLogger(w io.Writer, level string) (*slog.Logger, error) {
