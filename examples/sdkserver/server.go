@@ -209,10 +209,23 @@ func (s *server) serve(ctx context.Context, ln net.Listener, ready func(addr str
 	}
 	select {
 	case err := <-errc:
+		// The listener failed: the calls already admitted still run. Stop
+		// as on ctx's end, so that they settle before the engine closes,
+		// then report the failure.
+		s.log.Error("serving failed: stopping, waiting for calls in flight", "err", err, "grace", shutdownGrace)
+		s.stop(srv)
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
 	s.log.Info("shutting down: waiting for calls in flight", "grace", shutdownGrace)
+	s.stop(srv)
+	return nil
+}
+
+// stop shuts srv down: it waits, up to shutdownGrace in all, for the calls
+// in flight and then for the calls answered but not yet settled, then cuts
+// the connections left.
+func (s *server) stop(srv *http.Server) {
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
@@ -222,7 +235,6 @@ func (s *server) serve(ctx context.Context, ln net.Listener, ready func(addr str
 	if err := s.settling.Wait(sctx); err != nil {
 		s.log.Warn("calls still running after the shutdown grace: their usage is flushed as estimated", "err", err)
 	}
-	return nil
 }
 
 // close stops the engine (its final usage flush), then closes the stores
