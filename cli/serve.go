@@ -40,6 +40,12 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	// SIGINT and SIGTERM too: their default action would kill mcpgate
+	// mid-start and orphan a stdio upstream (a process group of its own).
+	// A stop during the start ends the steps that take ctx, then closes
+	// what was started.
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	log, err := newLogger(stderr, *level)
 	if err != nil {
 		fmt.Fprintln(stderr, "mcpgate serve:", err)
@@ -52,12 +58,12 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	shutdownTracing, err := setupTracing(ctx, log)
 	if err != nil {
-		return err
+		return startFailed(ctx, log, err)
 	}
 	defer shutdownTracing()
 	a, err := buildAuth(ctx, cfg, log)
 	if err != nil {
-		return err
+		return startFailed(ctx, log, err)
 	}
 	var (
 		mu         sync.Mutex
@@ -99,10 +105,27 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	g, cleanup, err := newGateway(ctx, cfg, a, reload, log, false)
 	if err != nil {
-		return err
+		return startFailed(ctx, log, err)
 	}
 	defer cleanup()
+	if ctx.Err() != nil {
+		// Stopped while the upstreams started (gateway.New does not take
+		// ctx): stop them, and the rest, now.
+		log.Info("stopped during the start")
+		return g.Close()
+	}
 	return serveUntilDone(ctx, g, cfg.Listen, log, hup, reload, nil)
+}
+
+// startFailed is the error of serve's start failing with err: none when a
+// stop (a signal, ctx's end) came first, since err is then likely its
+// consequence (a fetch cut short) and the stop was asked for.
+func startFailed(ctx context.Context, log *slog.Logger, err error) error {
+	if ctx.Err() == nil {
+		return err
+	}
+	log.Info("stopped during the start", "err", err)
+	return nil
 }
 
 // newGateway builds the stores (see setup.Open) and the gateway for cfg. An

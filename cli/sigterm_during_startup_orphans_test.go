@@ -1,0 +1,94 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mcpgate/mcpgate/internal/testenv"
+)
+
+// SIGTERM (or SIGINT) is caught only once serveUntilDone runs: during the
+// start (an upstream's process starting, for up to the federation's 30s
+// StartTimeout; a JWKS fetch; the usage store opening) its default action
+// kills mcpgate at once. A stdio upstream runs in a process group of its
+// own (federate.ownGroup), so neither the signal nor mcpgate's death
+// reaches it: a server that does not exit on stdin's EOF is left running,
+// orphaned. After the start the same signal stops the process group
+// (Gateway.Close -> federation close); so must a signal during the start.
+func TestSIGTERMDuringStartLeavesStdioUpstreamRunning(t *testing.T) {
+	dir := t.TempDir()
+	bin := buildMcpgate(t, dir)
+	pidFile := filepath.Join(dir, "upstream.pid")
+	// Never answers initialize; does not read stdin.
+	script := filepath.Join(dir, "up.sh")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\necho $$ > "+pidFile+"\nexec sleep 600\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "mcpgate.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 127.0.0.1:0
+upstreams:
+  - {name: files, command: [%q]}
+usage: {store: "sqlite:%s"}
+auth:
+  jwt: {hs256_secret_env: E2E_SECRET}
+`, script, filepath.Join(dir, "usage.db"))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stderr := &testenv.SyncBuffer{}
+	cmd := exec.Command(bin, "serve", "--config", cfg)
+	cmd.Env = e2eEnv()
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	defer func() {
+		select {
+		case <-exited:
+		default:
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	}()
+	var pid int
+	for deadline := time.Now().Add(30 * time.Second); pid == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stdio upstream did not start:\n%s", stderr.String())
+		}
+		if b, err := os.ReadFile(pidFile); err == nil && strings.HasSuffix(string(b), "\n") {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		}
+	}
+	defer syscall.Kill(-pid, syscall.SIGKILL) // the test's own cleanup of its group
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// The federation's start does not take a context (gateway.New): the
+	// stop waits for it, up to its StartTimeout (30 s), then stops the
+	// upstream. The bound below only catches a hang.
+	select {
+	case <-exited:
+	case <-time.After(90 * time.Second):
+		t.Fatalf("mcpgate did not exit within 90s of SIGTERM during its start:\n%s", stderr.String())
+	}
+	t.Logf("mcpgate exit: %v; stderr:\n%s", cmd.ProcessState, stderr.String())
+	// Generous: a stop in progress (stdin closed, SIGTERM, SIGKILL) would
+	// be done long before.
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if syscall.Kill(pid, 0) != nil {
+			return // gone
+		}
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && strings.Contains(string(b), ") Z ") {
+			return // a zombie: it was stopped
+		}
+	}
+	t.Fatalf("stdio upstream process %d still running 15s after mcpgate exited on a SIGTERM received during its start (mcpgate %v)", pid, cmd.ProcessState)
+}
