@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"sync"
 	"syscall"
 	"time"
 
@@ -65,56 +64,21 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return startFailed(ctx, log, err)
 	}
-	var (
-		mu         sync.Mutex
-		current    = a
-		currentCfg = cfg
-		g          *gateway.Gateway
-	)
-	defer func() { mu.Lock(); current.Close(); mu.Unlock() }()
-	reload := func(ctx context.Context) error {
-		mu.Lock()
-		defer mu.Unlock()
-		cfg, err := policy.Load(*path)
-		if err != nil {
-			return fmt.Errorf("reload refused, the old config stays in force:\n%w", err)
-		}
-		na, kept := current, keepsAuth(currentCfg, cfg)
-		if !kept {
-			if na, err = buildAuth(ctx, cfg, log); err != nil {
-				return fmt.Errorf("reload refused, the old config stays in force: %w", err)
-			}
-		}
-		if err := g.Apply(cfg, na); err != nil {
-			if !kept {
-				na.Close()
-			}
-			return fmt.Errorf("reload refused, the old config stays in force: %w", err)
-		}
-		g.SetAdminToken(adminToken(cfg, log))
-		if !kept {
-			// Requests that loaded the old config just before the swap may
-			// still verify with the old authenticator: close it a little later.
-			old := current
-			time.AfterFunc(10*time.Second, func() { old.Close() })
-		}
-		current, currentCfg = na, cfg
-		logConfigNotes(log, cfg)
-		log.Info("config reloaded", "config", *path)
-		return nil
-	}
-	g, cleanup, err := newGateway(ctx, cfg, a, reload, log, false)
+	r := newReloader(*path, cfg, a, log)
+	defer r.close()
+	g, cleanup, err := newGateway(ctx, cfg, a, r.reload, log, false)
 	if err != nil {
 		return startFailed(ctx, log, err)
 	}
 	defer cleanup()
+	r.g = g
 	if ctx.Err() != nil {
 		// Stopped while the upstreams started (gateway.New does not take
 		// ctx): stop them, and the rest, now.
 		log.Info("stopped during the start")
 		return g.Close()
 	}
-	return serveUntilDone(ctx, g, cfg.Listen, log, hup, reload, nil)
+	return serveUntilDone(ctx, g, cfg.Listen, log, hup, r.reload, nil)
 }
 
 // startFailed is the error of serve's start failing with err: none when a

@@ -1,0 +1,101 @@
+package cli
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lestrrat-go/jwx/v3/jwk"
+	"go.uber.org/goleak"
+
+	"github.com/mcpgate/mcpgate/examples/upstream"
+	"github.com/mcpgate/mcpgate/internal/testenv"
+)
+
+// Reloads (SIGHUP) that rebuild the authenticator (a JWKS URL's options
+// changed) close the old one 10 s later (time.AfterFunc in runServe's
+// reload); runServe's deferred Close closes only the current one. A serve
+// that stops within those 10 s returns with the old authenticators' JWKS
+// refresh goroutines still running: Main returned, its goroutines did not
+// all end.
+func TestServeLeavesNoGoroutineAfterSIGHUPReloads(t *testing.T) {
+	up := upstream.New(&upstream.Options{Stateless: true, JSONResponse: true})
+	upSrv := httptest.NewServer(up.Handler())
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := jwk.Import(&priv.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = pub.Set(jwk.KeyIDKey, "k1")
+	set := jwk.NewSet()
+	_ = set.AddKey(pub)
+	body, _ := json.Marshal(set)
+	idp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(body)
+	}))
+	dir := t.TempDir()
+	path := filepath.Join(dir, "mcpgate.yaml")
+	write := func(issuer string) {
+		cfg := fmt.Sprintf("listen: 127.0.0.1:0\nupstream: {url: %s/mcp}\nusage: {store: \"sqlite:%s\"}\naudit: {file: %s}\nauth:\n  jwt: {jwks_url: %s/jwks, issuer: %s}\n",
+			upSrv.URL, filepath.Join(dir, "usage.db"), filepath.Join(dir, "audit.jsonl"), idp.URL, issuer)
+		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("https://issuer-0")
+	opts := goleak.IgnoreCurrent()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stderr := &testenv.SyncBuffer{}
+	done := make(chan int, 1)
+	go func() { done <- Main(ctx, []string{"serve", "--config", path}, io.Discard, stderr) }()
+	for deadline := time.Now().Add(10 * time.Second); !listening.MatchString(stderr.String()); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("mcpgate did not start:\n%s", stderr.String())
+		}
+	}
+	const reloads = 3
+	for i := 1; i <= reloads; i++ {
+		write(fmt.Sprintf("https://issuer-%d", i))
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); strings.Count(stderr.String(), "config reloaded") < i; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("reload %d not done:\n%s", i, stderr.String())
+			}
+		}
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("serve exited %d:\n%s", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not return within 30s")
+	}
+	http.DefaultClient.CloseIdleConnections()
+	upSrv.Close()
+	idp.Close()
+	if err := goleak.Find(opts); err != nil {
+		t.Fatalf("goroutines left running after serve returned (%d SIGHUP reloads):\n%v", reloads, err)
+	}
+}
