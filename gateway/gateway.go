@@ -404,11 +404,19 @@ func (g *Gateway) Close() error {
 }
 
 // maxSettleWait bounds how long Close waits for the loads of cached calls
-// whose callers left (Gateway.settling). A load is bounded by the upstream's
-// timeouts; this only keeps a stuck one from holding the shutdown.
-const maxSettleWait = 30 * time.Second
+// whose callers left (Gateway.settling), early flush included. It comes
+// after the HTTP server's shutdown grace (cli: 15 s) and before the final
+// flush: 15 s + 5 s leaves the flush room within the 25 s a Kubernetes pod
+// has between SIGTERM and SIGKILL (docs/deploy.md). A load is bounded by
+// the upstream's timeouts; this only keeps a slow one from holding the
+// flush past that.
+const maxSettleWait = 5 * time.Second
 
-// waitSettling waits for the settling tickets, up to maxSettleWait.
+// waitSettling waits for the settling tickets, up to maxSettleWait. While
+// some are open it first flushes usage, so that a stop cut short during the
+// wait (SIGKILL) loses their cost corrections at most, not every tenant's
+// unflushed usage; the final flush (Engine.Close) then writes those
+// corrections.
 func (g *Gateway) waitSettling() {
 	done := make(chan struct{})
 	go func() {
@@ -417,7 +425,19 @@ func (g *Gateway) waitSettling() {
 	}()
 	select {
 	case <-done:
-	case <-time.After(maxSettleWait):
+		return
+	default:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), maxSettleWait)
+	defer cancel()
+	if f := g.eng.Flusher(); f != nil {
+		if err := f.Flush(ctx); err != nil {
+			g.log.Warn("shutdown: usage flush before waiting for cached loads failed; the final flush tries again", "err", err)
+		}
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
 		g.log.Error("shutdown: cached calls still loading after their callers left; their cost corrections miss the final usage flush", "waited", maxSettleWait)
 	}
 }
