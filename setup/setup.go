@@ -184,6 +184,12 @@ func Open(ctx context.Context, cfg *policy.Config, log *slog.Logger, opts *Optio
 	return s, nil
 }
 
+// ErrRedisDownAtStart is why Open fails when store.redis or cache.redis
+// cannot be connected to: the Redis client dials when it is created, so a
+// Redis must answer when mcpgate starts. Once it runs, a Redis down only
+// degrades (store.on_error, calls served uncached).
+var ErrRedisDownAtStart = errors.New("a Redis must answer when mcpgate starts (store.on_error and the uncached fallback apply only once it runs)")
+
 // libraryLoadTimeout bounds the start's load of the limit store's library.
 const libraryLoadTimeout = 5 * time.Second
 
@@ -198,7 +204,7 @@ func (s *Stores) openShared(ctx context.Context, cfg *policy.Config) error {
 	}
 	client, err := rueidis.NewClient(opt)
 	if err != nil {
-		return fmt.Errorf("store.redis: cannot connect: %w", err)
+		return fmt.Errorf("store.redis: cannot connect: %w: %w", err, ErrRedisDownAtStart)
 	}
 	st, err := redisstore.New(client, &redisstore.Options{Timeout: cfg.Store.Timeout, Logger: s.log})
 	if err != nil {
@@ -209,8 +215,10 @@ func (s *Stores) openShared(ctx context.Context, cfg *policy.Config) error {
 	s.Probe = st.Ping
 	// The first call would load the library within store.timeout (25ms by
 	// default), which a cold connection on a busy host can exceed: load it
-	// now. A Redis not answering yet is no reason to refuse to start
-	// (store.on_error says what calls get meanwhile).
+	// now. A Redis that accepted the connection but is slow to answer is no
+	// reason to refuse to start (store.on_error says what calls get
+	// meanwhile); one that refuses the connection is (NewClient above
+	// dials at once: ErrRedisDownAtStart).
 	lctx, cancel := context.WithTimeout(ctx, libraryLoadTimeout)
 	if err := st.Load(lctx); err != nil {
 		s.log.Warn("store.redis: the limit library is loaded on the first call instead", "err", err)
@@ -234,7 +242,7 @@ func (s *Stores) openCache(ctx context.Context, cfg *policy.Config) error {
 			return fmt.Errorf("cache.redis: %w", oerr)
 		}
 		if s.cacheClient, oerr = rueidis.NewClient(opt); oerr != nil {
-			return fmt.Errorf("cache.redis: cannot connect: %w", oerr)
+			return fmt.Errorf("cache.redis: cannot connect: %w: %w", oerr, ErrRedisDownAtStart)
 		}
 		CheckEviction(ctx, s.log, s.cacheClient, cache.RoleCache, "cache.redis")
 		store, err = cache.NewRedisStore(s.cacheClient, nil)
