@@ -6,9 +6,6 @@ import (
 	"time"
 
 	"github.com/mcpgate/mcpgate/enforce"
-	"github.com/mcpgate/mcpgate/internal/testenv"
-	"github.com/mcpgate/mcpgate/limit/redisstore"
-	"github.com/mcpgate/mcpgate/policy"
 )
 
 // The store breaker counts a call whose *caller's* context hit its
@@ -20,34 +17,17 @@ import (
 // everyone is then decided by on_error (open by default: unlimited) until
 // the probe closes it, and again after 3 more such calls.
 func TestCallerDeadlineOpensStoreBreakerForAll(t *testing.T) {
-	redis := testenv.StartRedis(t, nil)
-	cfg, err := policy.Parse("d.yaml", []byte(`
-upstream: {url: "http://127.0.0.1:1/mcp"}
-auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
+	env := newOutageEnv(t, `
 store: {on_error: open, timeout: 1s}
 tiers:
   free:
     limits:
       - {name: hourly, per: tenant, algorithm: fixed_window, limit: 1, period: 1h}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := redis.Client(t)
-	st, err := redisstore.New(client, &redisstore.Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := enforce.New(enforce.Options{Config: cfg, Shared: st,
-		Probe: func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+`, outageOptions{})
 	// One impatient caller: its deadline has passed when Admit runs.
 	for i := range 3 {
 		ctx, cancel := context.WithDeadline(t.Context(), time.Now().Add(-time.Millisecond))
-		ticket, d := e.Admit(ctx, enforce.Call{Tenant: "impatient", Subject: "x", Name: "search"})
+		ticket, d := env.e.Admit(ctx, enforce.Call{Tenant: "impatient", Subject: "x", Name: "search"})
 		ticket.Done(t.Context(), enforce.Outcome{})
 		cancel()
 		if d.Allowed {
@@ -55,17 +35,8 @@ tiers:
 		}
 	}
 	// Another tenant, limit 1 an hour, Redis healthy all along.
-	admitted := 0
-	var last enforce.Decision
-	for range 5 {
-		ticket, d := e.Admit(t.Context(), enforce.Call{Tenant: "acme", Subject: "a", Name: "search"})
-		ticket.Done(t.Context(), enforce.Outcome{})
-		if d.Allowed {
-			admitted++
-		}
-		last = d
-	}
+	admitted, last := env.admitN(t, enforce.Call{Tenant: "acme", Subject: "a", Name: "search"}, 5)
 	if admitted != 1 {
-		t.Fatalf("Redis up, acme limited to 1/h: %d of 5 admitted (store breaker open: %v, last degraded %q) after another caller's 3 expired contexts", admitted, !e.StoreAvailable(), last.Degraded)
+		t.Fatalf("Redis up, acme limited to 1/h: %d of 5 admitted (store breaker open: %v, last degraded %q) after another caller's 3 expired contexts", admitted, !env.e.StoreAvailable(), last.Degraded)
 	}
 }

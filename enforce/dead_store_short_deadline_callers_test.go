@@ -5,12 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
-
 	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/internal/testenv"
-	"github.com/mcpgate/mcpgate/limit/redisstore"
-	"github.com/mcpgate/mcpgate/policy"
 )
 
 // Since 66a078c a DeadlineExceeded counts toward the store breaker only
@@ -22,45 +18,19 @@ import (
 // Before 66a078c three such calls opened the breaker and on_error decided
 // the following calls at once.
 func TestDeadStoreNeverOpensBreakerForShortDeadlineCallers(t *testing.T) {
-	redis := testenv.StartRedis(t, nil)
-	proxy := testenv.StartToxiproxy(t, redis.Addr)
-	cfg, err := policy.Parse("s.yaml", []byte(`
-upstream: {url: "http://127.0.0.1:1/mcp"}
-auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
+	env := newOutageEnv(t, `
 store: {on_error: open, timeout: 1s}
 tiers:
   free:
     limits:
       - {name: hourly, per: tenant, algorithm: fixed_window, limit: 100, period: 1h}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	opt := redis.ClientOption()
-	opt.InitAddress = []string{proxy.Addr}
-	client, err := rueidis.NewClient(opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(client.Close)
-	st, err := redisstore.New(client, &redisstore.Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := enforce.New(enforce.Options{Config: cfg, Shared: st,
-		Probe: func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+`, outageOptions{Proxy: true})
 	call := enforce.Call{Tenant: "acme", Subject: "a", Name: "search"}
-	if tk, d := e.Admit(t.Context(), call); !d.Allowed {
-		t.Fatalf("warm-up: %+v", d)
-	} else {
-		tk.Done(t.Context(), enforce.Outcome{})
+	if n, last := env.admitN(t, call, 1); n != 1 {
+		t.Fatalf("warm-up: %+v", last)
 	}
 	// The store stops answering (a black hole: every answer 60 s late).
-	proxy.AddToxic(t, testenv.Toxic{Name: "dead", Type: "latency", Attributes: map[string]any{"latency": 60000}})
+	env.proxy.AddToxic(t, testenv.Toxic{Name: "dead", Type: "latency", Attributes: map[string]any{"latency": 60000}})
 
 	const calls = 4 * enforce.DefaultStoreFailures
 	unavailable := 0
@@ -68,14 +38,14 @@ tiers:
 	for range calls {
 		// Every caller bounds its handler to 200 ms (< store.timeout).
 		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-		tk, d := e.Admit(ctx, call)
+		tk, d := env.e.Admit(ctx, call)
 		cancel()
 		tk.Done(t.Context(), enforce.Outcome{})
 		if d.Unavailable {
 			unavailable++
 		}
 	}
-	if e.StoreAvailable() {
+	if env.e.StoreAvailable() {
 		t.Fatalf("store dead, %d calls took %v (each waited out its 200ms deadline in the dead store; %d refused Unavailable, the rest admitted by on_error only once their deadline had passed): the store breaker is still closed, want it open after %d",
 			calls, time.Since(start).Round(100*time.Millisecond), unavailable, enforce.DefaultStoreFailures)
 	}

@@ -23,7 +23,7 @@ tiers:
   free:
     limits:
       - {name: per_tool, per: tenant_tool, algorithm: fixed_window, limit: 1000, period: 1h}
-`, false)
+`, outageOptions{Clock: true})
 	call := enforce.Call{Tenant: "acme", Subject: "agent", Name: "search"}
 	env.openBreaker(t, call, 2)
 	env.redis.Kill()

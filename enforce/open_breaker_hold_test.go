@@ -16,7 +16,7 @@ func TestOpenLoopBreakerAskedAgainPastHoldWhileStoreUp(t *testing.T) {
 	env := newOutageEnv(t, `
 store: {on_error: local, timeout: 1s}
 breaker: {consecutive_failures: 2, cooldown: 10m}
-`, false)
+`, outageOptions{Clock: true})
 	call := enforce.Call{Tenant: "acme", Subject: "agent", Name: "search"}
 	env.openBreaker(t, call, 2)
 	// Reset in the store, as another instance's admin API would.

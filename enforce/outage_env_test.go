@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/mcpgate/mcpgate/limit/redisstore"
@@ -15,20 +17,29 @@ import (
 )
 
 // outageEnv is an engine on a real redis-server, for the tests of what it
-// decides once that server dies (redis.Kill): a store timeout of 1s, a
-// probe that PINGs, and a clock the test moves (advance).
+// decides once that server dies (redis.Kill) or slows down (proxy), with a
+// probe that PINGs.
 type outageEnv struct {
 	e     *enforce.Engine
 	redis *testenv.Redis
+	proxy *testenv.Toxiproxy // nil without outageOptions.Proxy
 	st    *redisstore.Store
 	mu    sync.Mutex
 	clock time.Time
 }
 
+// outageOptions are newOutageEnv's choices; the zero value is a real clock,
+// no usage store, a direct connection and a store timeout of 1s.
+type outageOptions struct {
+	Clock   bool          // the engine reads a clock the test moves (advance), not the real one
+	Usage   bool          // a usage store (SQLite), which quotas need
+	Proxy   bool          // the connection goes through a toxiproxy, env.proxy
+	Timeout time.Duration // the store's timeout: the config's store.timeout (default 1s)
+}
+
 // newOutageEnv starts the server and the engine. config is the file's
-// body after upstream and auth (store, breaker, tiers); withUsage gives
-// the engine a usage store (SQLite), which quotas need.
-func newOutageEnv(t *testing.T, config string, withUsage bool) *outageEnv {
+// body after upstream and auth (store, breaker, tiers).
+func newOutageEnv(t *testing.T, config string, o outageOptions) *outageEnv {
 	t.Helper()
 	env := &outageEnv{redis: testenv.StartRedis(t, nil), clock: time.Now()}
 	cfg, err := policy.Parse("outage.yaml", []byte(`
@@ -39,12 +50,27 @@ auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
 		t.Fatal(err)
 	}
 	client := env.redis.Client(t)
-	if env.st, err = redisstore.New(client, &redisstore.Options{Timeout: time.Second}); err != nil {
+	if o.Proxy {
+		env.proxy = testenv.StartToxiproxy(t, env.redis.Addr)
+		opt := env.redis.ClientOption()
+		opt.InitAddress = []string{env.proxy.Addr}
+		if client, err = rueidis.NewClient(opt); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(client.Close)
+	}
+	if o.Timeout == 0 {
+		o.Timeout = time.Second
+	}
+	if env.st, err = redisstore.New(client, &redisstore.Options{Timeout: o.Timeout}); err != nil {
 		t.Fatal(err)
 	}
-	opts := enforce.Options{Config: cfg, Shared: env.st, Now: env.now,
+	opts := enforce.Options{Config: cfg, Shared: env.st,
 		Probe: func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }}
-	if withUsage {
+	if o.Clock {
+		opts.Now = env.now
+	}
+	if o.Usage {
 		us, err := sqlite.Open(filepath.Join(t.TempDir(), "u.db"))
 		if err != nil {
 			t.Fatal(err)

@@ -21,7 +21,7 @@ tiers:
     monthly_quota: 3
     limits:
       - {name: per_tool, per: tenant_tool, algorithm: fixed_window, limit: 1000, period: 1h}
-`, true)
+`, outageOptions{Usage: true})
 	call := enforce.Call{Tenant: "acme", Subject: "a", Name: "llm"}
 	if n, last := env.admitN(t, call, 4); n != 3 || last.Scope != enforce.ScopeQuota {
 		t.Fatalf("quota 3, Redis up: %d of 4 admitted, the last %+v; want 3, the 4th denied by the quota", n, last)

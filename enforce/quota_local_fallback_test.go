@@ -19,7 +19,7 @@ tiers:
     monthly_quota: 5
     limits:
       - {name: per_tool, per: tenant_tool, algorithm: fixed_window, limit: 1000, period: 1h}
-`, true)
+`, outageOptions{Usage: true})
 	call := enforce.Call{Tenant: "acme", Subject: "a", Name: "llm"}
 	if n, last := env.admitN(t, call, 3); n != 3 || last.Degraded != "" {
 		t.Fatalf("quota 5, Redis up: %d of 3 admitted, the last %+v", n, last)
