@@ -34,8 +34,14 @@ var errDrained = errors.New("gateway: the client of this call left and its upstr
 // (upstream.timeout), upstream.max_duration, or the bound on a detached
 // call's answer (errDrained). The upstream may still be running the call:
 // it is to be cancelled in its session, and without one its slot must stay
-// held (stopUpstream).
+// held (stopUpstream). A request that returned no error was answered in
+// full (its response relayed; a stream left open and silent after it ends
+// cleanly at the idle timeout): whatever bound fired afterwards, nothing of
+// it still runs upstream.
 func cutUpstream(r *http.Request, err error) bool {
+	if err == nil {
+		return false
+	}
 	return errors.Is(err, mcp.ErrUpstreamTimeout) || errors.Is(context.Cause(r.Context()), errDrained)
 }
 
