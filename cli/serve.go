@@ -111,7 +111,7 @@ func newGateway(ctx context.Context, cfg *policy.Config, a *auth.Authenticator, 
 		Usage: st.Usage, SharedStore: st.Shared, Probe: st.Probe, Cache: st.Cache,
 		TracerProvider: metrics.TracerProvider()}
 	opts.AdminToken = adminToken(cfg, log)
-	g, err := gateway.New(opts)
+	g, err := gateway.New(ctx, opts)
 	if err != nil {
 		_ = st.Close()
 		return nil, nil, err

@@ -155,7 +155,7 @@ func TestAdminWithoutReloadOrToken(t *testing.T) {
 	if r := adminReq(t, http.MethodPost, e.base[0]+"/admin/reload", "Bearer "+testAdmin); r.Status != http.StatusNotImplemented {
 		t.Fatalf("reload without Reload: %d %s", r.Status, r.Body)
 	}
-	g, err := New(Options{Config: e.cfg, Auth: authFor(t, e.cfg, nil), Logger: quietLogger()})
+	g, err := New(t.Context(), Options{Config: e.cfg, Auth: authFor(t, e.cfg, nil), Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

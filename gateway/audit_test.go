@@ -262,7 +262,7 @@ func TestAuditOpenFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := New(Options{Config: cfg, Auth: authFor(t, cfg, nil), Logger: quietLogger()})
+	g, err := New(t.Context(), Options{Config: cfg, Auth: authFor(t, cfg, nil), Logger: quietLogger()})
 	if err == nil {
 		g.Close()
 		t.Fatal("New succeeded with an audit file that cannot be opened")

@@ -83,8 +83,8 @@ func (fd *federation) touchEvery() time.Duration { return fd.sessionTimeout / 4 
 var federationStates = []federate.State{federate.StateUp, federate.StateOpen, federate.StateHalfOpen, federate.StateDown, federate.StateLimited}
 
 // startFederation connects to (and starts) the upstreams of cfg and serves
-// them in this process.
-func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (*federation, error) {
+// them in this process; ctx bounds the start.
+func startFederation(ctx context.Context, cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (*federation, error) {
 	timeout := federationSessionTimeout(cfg.Sessions.IdleTimeout)
 	opts := federate.Options{Logger: log, ToolTimeouts: map[string]time.Duration{},
 		// The gateway sweeps idle sessions itself (a DELETE ends the
@@ -110,7 +110,7 @@ func startFederation(cfg *policy.Config, log *slog.Logger, m *metrics.Metrics) (
 	for _, u := range cfg.Upstreams {
 		setUpstreamState(m, u.Name, federate.StateUp)
 	}
-	fed, err := federate.New(context.Background(), opts)
+	fed, err := federate.New(ctx, opts)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: upstreams: %w", err)
 	}

@@ -137,8 +137,10 @@ type Gateway struct {
 	upstream *http.Client
 }
 
-// New builds a Gateway from opts.
-func New(opts Options) (*Gateway, error) {
+// New builds a Gateway from opts. ctx bounds its start only (connecting
+// to, or starting, the upstreams of opts.Config.Upstreams): cancelled, New
+// stops what it started and returns an error wrapping ctx's.
+func New(ctx context.Context, opts Options) (*Gateway, error) {
 	if opts.Config == nil || opts.Auth == nil {
 		return nil, errors.New("gateway: Options.Config and Options.Auth are required")
 	}
@@ -166,7 +168,7 @@ func New(opts Options) (*Gateway, error) {
 	g.trace = newTracing(opts.TracerProvider)
 	cfg := opts.Config
 	if len(cfg.Upstreams) > 0 {
-		fd, err := startFederation(cfg, g.log, g.metrics)
+		fd, err := startFederation(ctx, cfg, g.log, g.metrics)
 		if err != nil {
 			return nil, err
 		}

@@ -232,7 +232,7 @@ func (e *env) newGateway(cfg *policy.Config, s setup) *Gateway {
 		}
 		opts.Probe = func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }
 	}
-	g, err := New(opts)
+	g, err := New(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

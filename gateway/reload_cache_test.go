@@ -36,7 +36,7 @@ func TestReloadRaisesCachedCallBound(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = st.Close() })
 			var logs syncLog
-			g, err := New(Options{Config: e.cfg, Auth: authFor(t, e.cfg, nil), Cache: st.Cache,
+			g, err := New(t.Context(), Options{Config: e.cfg, Auth: authFor(t, e.cfg, nil), Cache: st.Cache,
 				Logger: slog.New(slog.NewTextHandler(&logs, nil)), SessionKey: DeriveSessionKey([]byte(testSecret))})
 			if err != nil {
 				t.Fatal(err)

@@ -413,7 +413,7 @@ func newGateway(ctx context.Context, cfgText string, usage bool, log *slog.Logge
 	secret := []byte(os.Getenv(cfg.Auth.JWT.HS256SecretEnv))
 	opts := gateway.Options{Config: cfg, Auth: a, Logger: log, Metrics: m, SessionKey: gateway.DeriveSessionKey(secret), TracerProvider: tp,
 		SharedStore: st.Shared, Probe: st.Probe, Usage: st.Usage, Cache: st.Cache}
-	g, err := gateway.New(opts)
+	g, err := gateway.New(context.Background(), opts)
 	if err != nil {
 		return nil, err
 	}

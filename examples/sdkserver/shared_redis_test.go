@@ -76,7 +76,7 @@ tiers:
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = gst.Close() })
-	g, err := gateway.New(gateway.Options{Config: gcfg, Auth: ga, Logger: log,
+	g, err := gateway.New(t.Context(), gateway.Options{Config: gcfg, Auth: ga, Logger: log,
 		SharedStore: gst.Shared, Probe: gst.Probe, Cache: gst.Cache})
 	if err != nil {
 		t.Fatal(err)

@@ -107,7 +107,7 @@ func (e *env) addGateway(cfg *policy.Config, us usage.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := gateway.New(gateway.Options{
+	g, err := gateway.New(context.Background(), gateway.Options{
 		Config: cfg, Auth: a, SharedStore: st.Shared, Probe: st.Probe, Usage: us, Cache: st.Cache,
 		AdminToken: admin, SessionKey: gateway.DeriveSessionKey([]byte(secret)), Logger: log,
 	})
