@@ -298,13 +298,15 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 	case err == nil && b.breakerOpen:
 		return b, nil
 	case err == nil && !b.mr.NeedSeed:
-		if req.Meter != nil && store == l.shared {
-			l.meters.saw(*meter, b.mr.Usage, meter.Quota > 0)
-		}
 		l.countShadow(tenant.checks, b.d)
 		l.countShadow(global.checks, b.g)
-		if b.d.Allowed && req.Meter != nil {
+		switch {
+		case req.Meter == nil:
+		case b.d.Allowed:
+			// charged records the store's report too (saw)
 			l.meters.charged(*meter, limit.Usage{Charged: meter.CostFor(cost), Calls: 1}, b.mr)
+		case store == l.shared:
+			l.meters.saw(*meter, b.mr.Usage, meter.Quota > 0)
 		}
 		b.metered = req.Meter != nil
 		return b, nil
