@@ -1,6 +1,7 @@
 package enforce_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/mcpgate/mcpgate/enforce"
@@ -12,14 +13,7 @@ import (
 // with room left gets exactly that room during an outage, not more and not
 // none (the other side of TestExhaustedQuotaAdmittedUnderLocalFallback).
 func TestLocalFallbackAdmitsQuotaRoomLeft(t *testing.T) {
-	env := newOutageEnv(t, `
-store: {on_error: local, timeout: 1s}
-tiers:
-  free:
-    monthly_quota: 5
-    limits:
-      - {name: per_tool, per: tenant_tool, algorithm: fixed_window, limit: 1000, period: 1h}
-`, outageOptions{Usage: true})
+	env := newOutageEnv(t, localFallbackQuotaConfig(5), outageOptions{Usage: true})
 	call := enforce.Call{Tenant: "acme", Subject: "a", Name: "llm"}
 	if n, last := env.admitN(t, call, 3); n != 3 || last.Degraded != "" {
 		t.Fatalf("quota 5, Redis up: %d of 3 admitted, the last %+v", n, last)
@@ -31,5 +25,37 @@ tiers:
 	}
 	if last.Scope != enforce.ScopeQuota || last.Degraded != policy.FailLocal {
 		t.Fatalf("the last call: %+v, want denied by the quota under on_error: local", last)
+	}
+}
+
+// localFallbackQuotaConfig is the configuration of the tests of a monthly
+// quota under on_error: local.
+func localFallbackQuotaConfig(quota int) string {
+	return fmt.Sprintf(`
+store: {on_error: local, timeout: 1s}
+tiers:
+  free:
+    monthly_quota: %d
+    limits:
+      - {name: per_tool, per: tenant_tool, algorithm: fixed_window, limit: 1000, period: 1h}
+`, quota)
+}
+
+// A tenant that has used up its monthly quota (the store just denied it
+// with scope quota) gets every call admitted as soon as Redis goes down
+// under on_error: local: the fallback evaluates the rate rules only, the
+// meter is dropped (its usage "waits"), and nothing uses what this
+// instance knows (the usage the store answered, the denial it gave). The
+// docs say `local` "decides with the in-process store and the same
+// rules"; nothing says the quota is off, only for `open`.
+func TestExhaustedQuotaAdmittedUnderLocalFallback(t *testing.T) {
+	env := newOutageEnv(t, localFallbackQuotaConfig(3), outageOptions{Usage: true})
+	call := enforce.Call{Tenant: "acme", Subject: "a", Name: "llm"}
+	if n, last := env.admitN(t, call, 4); n != 3 || last.Scope != enforce.ScopeQuota {
+		t.Fatalf("quota 3, Redis up: %d of 4 admitted, the last %+v; want 3, the 4th denied by the quota", n, last)
+	}
+	env.redis.Kill()
+	if admitted, _ := env.admitN(t, call, 10); admitted != 0 {
+		t.Fatalf("monthly quota 3 used up (3 admitted, the 4th denied): %d of 10 more admitted under on_error: local once Redis went down, want 0", admitted)
 	}
 }
