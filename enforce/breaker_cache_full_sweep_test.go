@@ -2,7 +2,6 @@ package enforce
 
 import (
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,10 +18,8 @@ import (
 // visits no other; the entries left still answer past their hold while
 // the store is down.
 func TestBreakerCacheFullSweepsEveryInsert(t *testing.T) {
-	var mu sync.Mutex
-	now := time.Unix(1_800_000_000, 0)
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	c := newBreakerCache(clock, func(limit.BreakerSpec, limit.BreakerState) {})
+	clock := &fakeClock{t: time.Unix(1_800_000_000, 0)}
+	c := newBreakerCache(clock.now, func(limit.BreakerSpec, limit.BreakerState) {})
 	open := limit.BreakerState{Open: true, RetryAfter: 10 * time.Minute, Cooldown: 10 * time.Minute}
 	spec := func(tenant string, i int) *limit.BreakerSpec {
 		return &limit.BreakerSpec{Key: fmt.Sprintf("b:%s:%d", tenant, i), Tenant: tenant, Cooldown: 10 * time.Minute, MaxCooldown: 10 * time.Minute}
@@ -34,9 +31,7 @@ func TestBreakerCacheFullSweepsEveryInsert(t *testing.T) {
 	if c.open.len() != breakerCacheSize || c.open.dropped != 0 {
 		t.Fatalf("filled with %d breakers: %d held, %d dropped", breakerCacheSize, c.open.len(), c.open.dropped)
 	}
-	mu.Lock()
-	now = now.Add(2 * BreakerCacheHold) // past every hold, well within every cooldown
-	mu.Unlock()
+	clock.add(2 * BreakerCacheHold) // past every hold, well within every cooldown
 
 	const n = 300
 	for i := range n {
