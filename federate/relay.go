@@ -61,7 +61,7 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount)
 	}
 	// logBudget bounds the log messages of a shared session (one process
 	// of a stdio upstream) that reach mcpgate's log, as its stderr is.
-	var logBudget syncBudget
+	var logBudget lineBudget
 	caps := &mcp.ClientCapabilities{} // shared: none, since no client can be asked
 	if ss != nil {
 		caps = &mcp.ClientCapabilities{ // a client that did not say: asked, and it answers
@@ -219,7 +219,7 @@ func relayContext(up context.Context, calls []*call, wait time.Duration) (contex
 // (lineBudget), so that a server logging in a loop through MCP cannot
 // flood the log either; the next message logged says how many were
 // dropped before it.
-func (f *Federator) relayLog(ss *mcp.ServerSession, c *call, up *upstream, p *mcp.LoggingMessageParams, budget *syncBudget) {
+func (f *Federator) relayLog(ss *mcp.ServerSession, c *call, up *upstream, p *mcp.LoggingMessageParams, budget *lineBudget) {
 	if ss == nil {
 		ok, dropped := budget.take(time.Now())
 		if !ok {

@@ -33,7 +33,7 @@ func TestRelayLogOfASharedSessionIsBudgeted(t *testing.T) {
 	h := &recordingHandler{}
 	f := &Federator{log: slog.New(h)}
 	up := &upstream{cfg: Upstream{Name: "s"}}
-	var budget syncBudget
+	var budget lineBudget
 	p := &mcp.LoggingMessageParams{Level: "error", Data: "x"}
 	for range stderrPerSecond + 3 {
 		f.relayLog(nil, nil, up, p, &budget)
@@ -41,7 +41,7 @@ func TestRelayLogOfASharedSessionIsBudgeted(t *testing.T) {
 	if len(h.recs) != stderrPerSecond {
 		t.Fatalf("%d records of %d messages in one window; want %d", len(h.recs), stderrPerSecond+3, stderrPerSecond)
 	}
-	budget.b.window = time.Time{} // the window is over
+	budget.window = time.Time{} // the window is over
 	f.relayLog(nil, nil, up, p, &budget)
 	if len(h.recs) != stderrPerSecond+1 {
 		t.Fatalf("the message after the window was not logged")

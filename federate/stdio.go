@@ -387,8 +387,10 @@ func (up *upstream) logStderr(p *process) {
 
 // lineBudget allows stderrPerSecond lines per second (a window opened by
 // the first line past the last window) and counts the lines it refused
-// since the last one it allowed.
+// since the last one it allowed. It is safe for concurrent use: the log
+// messages of an upstream session may be handled on several goroutines.
 type lineBudget struct {
+	mu      sync.Mutex
 	window  time.Time
 	n       int // lines allowed in the window
 	dropped int
@@ -397,6 +399,8 @@ type lineBudget struct {
 // take reports whether a line at now may be logged and, if so, how many
 // were refused before it.
 func (b *lineBudget) take(now time.Time) (ok bool, dropped int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if now.Sub(b.window) >= time.Second {
 		b.window, b.n = now, 0
 	}
@@ -407,19 +411,6 @@ func (b *lineBudget) take(now time.Time) (ok bool, dropped int) {
 	b.n++
 	dropped, b.dropped = b.dropped, 0
 	return true, dropped
-}
-
-// syncBudget is a lineBudget safe for concurrent use: the log messages of
-// an upstream session may be handled on several goroutines.
-type syncBudget struct {
-	mu sync.Mutex
-	b  lineBudget
-}
-
-func (s *syncBudget) take(now time.Time) (ok bool, dropped int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.take(now)
 }
 
 // supervise restarts the process whenever it exits (or its session ends),
