@@ -3,18 +3,11 @@ package main
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/mcpgate/mcpgate/internal/testenv"
-	"github.com/mcpgate/mcpgate/policy"
-	"github.com/mcpgate/mcpgate/setup"
-	"github.com/mcpgate/mcpgate/usage"
 )
 
 // failingListener's Accept fails, with an error net/http does not retry,
@@ -47,33 +40,8 @@ func (l *failingListener) Accept() (net.Conn, error) {
 // own result (7) then settles on a closed engine and is lost. On the
 // signal path the shutdown waits for the call and the store holds 7.
 func TestFatalServeErrorFlushesBeforeCallsInFlightSettle(t *testing.T) {
-	dir := t.TempDir()
-	db := filepath.Join(dir, "usage.db")
-	cfg, err := policy.ParseEmbedded("sdkserver_test.yaml", []byte(`auth:
-  jwt:
-    hs256_secret_env: `+testSecretEnv+`
-usage:
-  store: sqlite:`+db+`
-  flush_interval: 1h
-tools:
-  llm:
-    cost: {estimate: 100, from_result: _meta.usage.tokens}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs testenv.SyncBuffer
-	s, err := newServer(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	started, release := make(chan struct{}), make(chan struct{})
-	mcp.AddTool(s.mcp, &mcp.Tool{Name: "llm"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
-		close(started)
-		<-release
-		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}},
-			Meta: mcp.Meta{"usage": map[string]any{"tokens": 7}}}, nil, nil
-	})
+	b := newBlockingLLM(t, "")
+	s, started, release := b.s, b.started, b.release
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -109,15 +77,7 @@ tools:
 			t.Fatal("serve did not return within 30s")
 		}
 	}
-	st, err := setup.OpenUsageStore(context.Background(), "sqlite:"+db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	rec, _, err := st.Get(context.Background(), "bill-co", usage.Period(time.Now()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := durableUsage(t, b.db)
 	if rec.Used() != 7 {
 		t.Fatalf("durable usage after a fatal serve error: used=%d; want 7, the cost the call reported (the engine was closed, and the estimate flushed, before the call settled)", rec.Used())
 	}

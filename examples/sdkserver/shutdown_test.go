@@ -2,18 +2,11 @@ package main
 
 import (
 	"context"
-	"log/slog"
 	"net"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/mcpgate/mcpgate/internal/testenv"
-	"github.com/mcpgate/mcpgate/policy"
-	"github.com/mcpgate/mcpgate/setup"
-	"github.com/mcpgate/mcpgate/usage"
 )
 
 // A server's shutdown ("calls in flight finish, then usage is flushed a last
@@ -22,35 +15,8 @@ import (
 // billed) before that call is settled on what its load reported. The gateway
 // waits for such calls (gateway TestShutdownWaitsForLoadsWhoseCallersLeft).
 func TestShutdownWaitsForLoadsWhoseCallersLeft(t *testing.T) {
-	dir := t.TempDir()
-	db := filepath.Join(dir, "usage.db")
-	cfg, err := policy.ParseEmbedded("sdkserver_test.yaml", []byte(`auth:
-  jwt:
-    hs256_secret_env: `+testSecretEnv+`
-usage:
-  store: sqlite:`+db+`
-  flush_interval: 1h
-tools:
-  llm:
-    cache: {ttl: 10m}
-    cost: {estimate: 100, from_result: _meta.usage.tokens}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs testenv.SyncBuffer
-	s, err := newServer(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	started, release, ended := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	mcp.AddTool(s.mcp, &mcp.Tool{Name: "llm"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
-		defer close(ended)
-		close(started)
-		<-release
-		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}},
-			Meta: mcp.Meta{"usage": map[string]any{"tokens": 7}}}, nil, nil
-	})
+	b := newBlockingLLM(t, "    cache: {ttl: 10m}\n")
+	s, started, release, ended := b.s, b.started, b.release, b.ended
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -84,15 +50,7 @@ tools:
 	}
 	<-ended
 	time.Sleep(200 * time.Millisecond) // the call settles, if anything is left to settle with
-	st, err := setup.OpenUsageStore(context.Background(), "sqlite:"+db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	rec, _, err := st.Get(context.Background(), "bill-co", usage.Period(time.Now()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := durableUsage(t, b.db)
 	if rec.Used() != 7 {
 		t.Fatalf("durable usage after shutdown: used=%d calls=%d; want 7, the cost the call's own load reported (the engine was closed, and the estimate 100 flushed, before the call was settled)", rec.Used(), rec.NetCalls())
 	}
