@@ -1,9 +1,6 @@
 package cli
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,12 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/lestrrat-go/jwx/v3/jwa"
-	"github.com/lestrrat-go/jwx/v3/jwk"
 	"github.com/lestrrat-go/jwx/v3/jws"
 	"github.com/mcpgate/mcpgate/examples/upstream"
 )
@@ -90,43 +85,10 @@ func TestServeReloadKeepsAJWKSURLAuthenticator(t *testing.T) {
 	up := upstream.New(&upstream.Options{Stateless: true, JSONResponse: true})
 	upSrv := httptest.NewServer(up.Handler())
 	defer upSrv.Close()
-	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := jwk.Import(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := jwk.Import(&priv.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range []jwk.Key{signer, pub} {
-		if err := k.Set(jwk.KeyIDKey, "k1"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	set := jwk.NewSet()
-	if err := set.AddKey(pub); err != nil {
-		t.Fatal(err)
-	}
-	body, err := json.Marshal(set)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var down atomic.Bool
-	idp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		if down.Load() {
-			http.Error(w, "down", http.StatusServiceUnavailable)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(body)
-	}))
+	idp := newJWKSIdP(t)
 	defer idp.Close()
 	claims, _ := json.Marshal(map[string]any{"tenant_id": "acme", "sub": "alice", "scope": "tools:*", "exp": time.Now().Add(time.Hour).Unix()})
-	token, err := jws.Sign(claims, jws.WithKey(jwa.ES256(), signer))
+	token, err := jws.Sign(claims, jws.WithKey(jwa.ES256(), idp.signer))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +108,7 @@ func TestServeReloadKeepsAJWKSURLAuthenticator(t *testing.T) {
 	if r := callEcho(t, addr, string(token)); r.StatusCode != http.StatusOK {
 		t.Fatalf("a call before the reload: %d", r.StatusCode)
 	}
-	down.Store(true)
+	idp.down.Store(true)
 	write("CLI_RELOAD_ADMIN_B")
 	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/admin/reload", nil)
 	req.Header.Set("Authorization", "Bearer token-a")

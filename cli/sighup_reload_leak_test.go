@@ -2,10 +2,6 @@ package cli
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lestrrat-go/jwx/v3/jwk"
 	"go.uber.org/goleak"
 
 	"github.com/mcpgate/mcpgate/examples/upstream"
@@ -33,22 +28,7 @@ import (
 func TestServeLeavesNoGoroutineAfterSIGHUPReloads(t *testing.T) {
 	up := upstream.New(&upstream.Options{Stateless: true, JSONResponse: true})
 	upSrv := httptest.NewServer(up.Handler())
-	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := jwk.Import(&priv.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = pub.Set(jwk.KeyIDKey, "k1")
-	set := jwk.NewSet()
-	_ = set.AddKey(pub)
-	body, _ := json.Marshal(set)
-	idp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(body)
-	}))
+	idp := newJWKSIdP(t)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "mcpgate.yaml")
 	write := func(issuer string) {
