@@ -3,12 +3,10 @@ package federate_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/mcpgate/mcpgate/federate"
-	"github.com/mcpgate/mcpgate/internal/testenv"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -22,34 +20,8 @@ import (
 // upstream waits on the client: ask fails with "timed out: it sent
 // nothing for 500ms" although its upstream is only waiting for the answer.
 func TestSamplingOfAnOlderCallPausesItsOwnIdleTimeout(t *testing.T) {
-	holdStarted := make(chan struct{})
-	askStarted := make(chan struct{})
 	release := make(chan struct{})
-	var once sync.Once
-	srv := mcp.NewServer(&mcp.Implementation{Name: "u", Version: "1"}, nil)
-	mcp.AddTool(srv, &mcp.Tool{Name: "ask"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
-		close(askStarted)
-		select {
-		case <-holdStarted:
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
-		}
-		res, err := req.Session.CreateMessage(ctx, &mcp.CreateMessageParams{MaxTokens: 10,
-			Messages: []*mcp.SamplingMessage{{Role: "user", Content: &mcp.TextContent{Text: "q"}}}})
-		if err != nil {
-			return nil, nil, err
-		}
-		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "sampled: " + res.Content.(*mcp.TextContent).Text}}}, nil, nil
-	})
-	mcp.AddTool(srv, &mcp.Tool{Name: "hold"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
-		once.Do(func() { close(holdStarted) })
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "held"}}}, nil, nil
-	})
-	url := serveSDK(t, srv)
+	url, askStarted := askHoldServer(t, release)
 	_, cs := start(t, federate.Options{
 		Upstreams:    []federate.Upstream{{Name: "u", URL: url, Prefix: "u__", Timeout: time.Minute}},
 		ToolTimeouts: map[string]time.Duration{"u__ask": 500 * time.Millisecond},
@@ -59,33 +31,10 @@ func TestSamplingOfAnOlderCallPausesItsOwnIdleTimeout(t *testing.T) {
 			return &mcp.CreateMessageResult{Role: "assistant", Model: "m", Content: &mcp.TextContent{Text: "ok"}}, nil
 		},
 	})
-	t.Cleanup(func() { once.Do(func() { close(holdStarted) }) })
 	defer close(release)
 
-	type result struct {
-		text  string
-		isErr bool
-		err   error
-	}
-	askDone := make(chan result, 1)
-	go func() {
-		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "u__ask"})
-		if err != nil {
-			askDone <- result{err: err}
-			return
-		}
-		askDone <- result{text: testenv.ToolText(res), isErr: res.IsError}
-	}()
-	holdDone := make(chan struct{})
-	go func() {
-		defer close(holdDone)
-		// Sent once ask reached the upstream: hold is the newer call.
-		// ask's tool waits for hold to reach the upstream before it asks.
-		<-askStarted
-		_, _ = cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "u__hold"})
-	}()
-	r := <-askDone
-	if r.err != nil || r.isErr || r.text != "sampled: ok" {
-		t.Errorf("u__ask: text %q isError %v err %v; want \"sampled: ok\": its idle timeout ran while its upstream waited on the client", r.text, r.isErr, r.err)
+	text, err := callAskThenHold(cs, askStarted, make(chan struct{}))
+	if err != nil || text != "sampled: ok" {
+		t.Errorf("u__ask: %q, %v; want \"sampled: ok\": its idle timeout ran while its upstream waited on the client", text, err)
 	}
 }
