@@ -9,8 +9,22 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpgate/mcpgate/gosdk"
-	"github.com/mcpgate/mcpgate/limit"
 )
+
+// callAndLeave calls tool (key "a") on cs and cancels the call once a
+// slow handler of s started; it returns when the call has returned, the
+// handler still running.
+func callAndLeave(s *server, cs *mcp.ClientSession, tool string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := call(ctx, cs, tool, map[string]any{"key": "a"})
+		done <- err
+	}()
+	<-s.started
+	cancel()
+	<-done
+}
 
 // a cached call whose caller cancels while its own load runs
 // is settled at once: its concurrency slot is freed while the tool handler
@@ -30,15 +44,7 @@ tools:
 	defer close(release)
 	s.setRelease(release)
 	cs := s.connect(token(t, "orphan-co", "alice"))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := call(ctx, cs, "slow", map[string]any{"key": "a"})
-		done <- err
-	}()
-	<-s.started
-	cancel()
-	<-done
+	callAndLeave(s, cs, "slow")
 	// The first handler still runs (it waits for release). Give the
 	// server's notifications/cancelled time to arrive.
 	time.Sleep(300 * time.Millisecond)
@@ -74,15 +80,7 @@ tools:
 	release := make(chan struct{})
 	s.setRelease(release)
 	cs := s.connect(token(t, "bill-co", "alice"))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := call(ctx, cs, "slowllm", map[string]any{"key": "a"})
-		done <- err
-	}()
-	<-s.started
-	cancel()
-	<-done
+	callAndLeave(s, cs, "slowllm")
 	time.Sleep(300 * time.Millisecond) // notifications/cancelled reaches the server
 	close(release)                     // the load ends, its result reports 7
 	// The load's result is now in the cache: a second call is a hit.
@@ -175,15 +173,7 @@ tools:
 	release := make(chan struct{})
 	s.setRelease(release)
 	cs := s.connect(token(t, "settle-co", "alice"))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := call(ctx, cs, "slowllm", map[string]any{"key": "a"})
-		done <- err
-	}()
-	<-s.started
-	cancel()
-	<-done
+	callAndLeave(s, cs, "slowllm")
 	// Whether or not the middleware has answered yet, the call is not
 	// settled: its load's handler waits for release.
 	gone, stop := context.WithCancel(context.Background())
@@ -202,5 +192,3 @@ tools:
 		t.Fatalf("durable record used=%d calls=%d; want 7, the cost the call's own load reported", rec.Used(), rec.NetCalls())
 	}
 }
-
-var _ = limit.Usage{}
