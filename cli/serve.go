@@ -73,8 +73,8 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	defer cleanup()
 	r.g = g
 	if ctx.Err() != nil {
-		// Stopped while the upstreams started (gateway.New does not take
-		// ctx): stop them, and the rest, now.
+		// Stopped during the start, past what gateway.New cuts short
+		// (its upstreams' start): stop them, and the rest, now.
 		log.Info("stopped during the start")
 		return g.Close()
 	}
