@@ -325,7 +325,7 @@ func (g *Gateway) adminResetBreaker(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": "the limit store keeps no loop breakers"})
 		return
 	}
-	if !isBreakerKey(key) {
+	if !keyspace.IsBreaker(key) {
 		// Never handed to the store: on Redis its script would fail on a
 		// key of another type (WRONGTYPE, a 503 for a wrong request), or
 		// delete a hash that only looks like a breaker's state.
@@ -343,27 +343,6 @@ func (g *Gateway) adminResetBreaker(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "closed", "key": key})
-}
-
-// breakerKeyPrefix starts every breaker key (keyspace.Breaker), and the
-// identical-calls counters under them (keyspace.BreakerCall).
-var breakerKeyPrefix = strings.TrimSuffix(keyspace.BreakerPattern, "*")
-
-// isBreakerKey reports whether key has the form keyspace.Breaker gives a
-// breaker's state: breakerKeyPrefix, the hash tag (the escaped tenant),
-// then one escaped component (the id). Escaped components (keyspace.Escape)
-// hold no ':' and no braces, so an identical-calls counter, which adds
-// ":call:<fingerprint>", fails it, as does every key of another kind.
-func isBreakerKey(key string) bool {
-	tag := keyspace.HashTag(key)
-	id, ok := strings.CutPrefix(key, breakerKeyPrefix+"{"+tag+"}:")
-	return ok && escapedComponent(tag) && escapedComponent(id)
-}
-
-// escapedComponent reports whether s could be one output of
-// keyspace.Escape: not empty, without the separator or braces.
-func escapedComponent(s string) bool {
-	return s != "" && !strings.ContainsAny(s, ":{}")
 }
 
 // invalidateRequest is the body of POST /admin/cache/invalidate.

@@ -46,31 +46,3 @@ usage: {flush_interval: 1h}
 		}
 	}
 }
-
-// isBreakerKey accepts every key keyspace.Breaker builds, the digest forms
-// of long components included, and no key of another kind.
-func TestIsBreakerKey(t *testing.T) {
-	long := strings.Repeat("t", keyspace.MaxComponent+1)
-	for _, key := range []string{
-		keyspace.Breaker("acme", "subject:alice"),
-		keyspace.Breaker("", ""),
-		keyspace.Breaker(long, "subject:"+long),
-		keyspace.Breaker("a{b}:c", "session:{x}"),
-	} {
-		if !isBreakerKey(key) {
-			t.Errorf("isBreakerKey(%q) = false, want true", key)
-		}
-	}
-	for _, key := range []string{
-		"", "x", "mcpgate:br:", "mcpgate:br:{acme}", "mcpgate:br:{acme}:", "mcpgate:br:{}:x", "mcpgate:br:{a:b}:x",
-		keyspace.BreakerCall("acme", "subject:alice", "f"),
-		keyspace.Counter(keyspace.PerTenant, "fixed_window", "r", keyspace.Owner{Tenant: "acme"}),
-		keyspace.Usage("acme", "2026-11"),
-		keyspace.TenantSessions("acme"),
-		keyspace.CacheEntry(keyspace.TenantCache("acme"), "echo", "h"),
-	} {
-		if isBreakerKey(key) {
-			t.Errorf("isBreakerKey(%q) = true, want false", key)
-		}
-	}
-}

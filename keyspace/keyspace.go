@@ -260,7 +260,28 @@ func Usage(tenant, period string) string {
 // id (for example "subject:" + sub) of tenant, in the tenant's slot so that
 // it is evaluated in the tenant's decision script.
 func Breaker(tenant, id string) string {
-	return Prefix + "br:{" + Escape(tenant) + "}:" + Escape(id)
+	return breakerPrefix + "{" + Escape(tenant) + "}:" + Escape(id)
+}
+
+// breakerPrefix starts every breaker key (Breaker, BreakerCall).
+const breakerPrefix = Prefix + "br:"
+
+// IsBreaker reports whether key has the form Breaker gives a breaker's
+// state: breakerPrefix, the hash tag (the escaped tenant), then one escaped
+// component (the id). Escaped components hold no ':' and no braces, so an
+// identical-calls counter (BreakerCall), which adds ":call:<fingerprint>",
+// fails it, as does every key of another kind. Stores are handed only such
+// keys on an operator's reset, so that none reaches another kind's data.
+func IsBreaker(key string) bool {
+	tag := HashTag(key)
+	id, ok := strings.CutPrefix(key, breakerPrefix+"{"+tag+"}:")
+	return ok && escapedComponent(tag) && escapedComponent(id)
+}
+
+// escapedComponent reports whether s could be one output of Escape: not
+// empty, without the separator or braces.
+func escapedComponent(s string) bool {
+	return s != "" && !strings.ContainsAny(s, ":{}")
 }
 
 // BreakerCall returns the key counting one call fingerprint (a hash of the
@@ -285,7 +306,7 @@ func SubjectSessions(tenant, subject string) string {
 
 // BreakerPattern matches breaker keys (and their call counters, which carry
 // ":call:") for SCAN.
-const BreakerPattern = Prefix + "br:*"
+const BreakerPattern = breakerPrefix + "*"
 
 // UsagePattern matches every usage meter key (for SCAN).
 const UsagePattern = Prefix + "usage:*"
