@@ -310,21 +310,16 @@ var ErrBareUpstreamLimits = errors.New("gateway: upstreams: limits on an upstrea
 // sees this only for the tools listed at the moment of the reload, while
 // this refuses it whatever the upstreams list.
 func checkBareLimits(cfg *policy.Config) error {
-	var bare, limited []string
-	for _, u := range cfg.Upstreams {
-		if u.Prefix != "" {
-			continue
-		}
-		bare = append(bare, u.Name)
-		if len(u.Limits) > 0 {
-			limited = append(limited, u.Name)
-		}
-	}
-	if len(bare) < 2 || len(limited) == 0 {
+	bare, limited := policy.BareLimited(cfg.Upstreams)
+	if len(limited) == 0 {
 		return nil
 	}
+	names := make([]string, len(bare))
+	for k, i := range bare {
+		names[k] = cfg.Upstreams[i].Name
+	}
 	return fmt.Errorf("%w: upstreams %q are bare in force (prefixes change on restart only), so %q's limits would count none of its calls; give it a prefix and restart, or put the rules in tools.<name>.limits",
-		ErrBareUpstreamLimits, bare, limited[0])
+		ErrBareUpstreamLimits, names, cfg.Upstreams[limited[0]].Name)
 }
 
 // sameUpstreamKind refuses (ErrUpstreamsSwitch) a cfg that switches

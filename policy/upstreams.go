@@ -344,14 +344,12 @@ func (d *decoder) checkUpstreams(us []UpstreamServer, refs []upstreamRef) {
 		names[u.Name] = i
 	}
 	prefixes := map[string]int{}
-	var bare []int
 	for i, u := range us {
 		r := refs[i]
 		if r.prefix == nil && !r.nameOK {
 			continue // the default prefix of a bad name: reported already
 		}
 		if u.Prefix == "" {
-			bare = append(bare, i)
 			continue
 		}
 		j, ok := prefixes[u.Prefix]
@@ -371,13 +369,8 @@ func (d *decoder) checkUpstreams(us []UpstreamServer, refs []upstreamRef) {
 			what, u.Prefix, refs[j].path, firstAt.Line)
 	}
 	d.checkNestedPrefixes(us, refs, prefixes)
-	if len(bare) < 2 {
-		return
-	}
-	for _, i := range bare {
-		if len(us[i].Limits) == 0 {
-			continue
-		}
+	bare, limited := BareLimited(us)
+	for _, i := range limited {
 		other := bare[0]
 		if other == i {
 			other = bare[1]
@@ -386,6 +379,29 @@ func (d *decoder) checkUpstreams(us []UpstreamServer, refs []upstreamRef) {
 			"not allowed on an upstream with prefix \"\" while another has prefix \"\" too (%s, line %d): which of them a bare tool name belongs to is known only at startup; give this upstream a prefix, or put the rules in tools.<name>.limits",
 			refs[other].path, refs[other].node.Line)
 	}
+}
+
+// BareLimited returns, when two or more of us have the prefix "", the
+// indexes of those bare upstreams and of the ones among them with limits:
+// a bare tool name then reads as none of theirs (Config.UpstreamOf), so
+// those limits would count none of its calls. Parse refuses such limits,
+// and a reload must too for the upstreams in force. Both are nil when
+// fewer than two upstreams are bare.
+func BareLimited(us []UpstreamServer) (bare, limited []int) {
+	for i, u := range us {
+		if u.Prefix == "" {
+			bare = append(bare, i)
+		}
+	}
+	if len(bare) < 2 {
+		return nil, nil
+	}
+	for _, i := range bare {
+		if len(us[i].Limits) > 0 {
+			limited = append(limited, i)
+		}
+	}
+	return bare, limited
 }
 
 // checkNestedPrefixes warns of a prefix that starts with another
