@@ -34,8 +34,7 @@ func TestReloadAttributionCheckedAgainstFileNotInForce(t *testing.T) {
 	hb := httptest.NewServer(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return sb }, nil))
 	t.Cleanup(hb.Close)
 
-	authY := fmt.Sprintf("auth:\n  jwt: {hs256_secret_env: MCPGATE_GATEWAY_TEST_SECRET, issuer: %s, audience: %s}\n", testIssuer, testAudience)
-	start := fmt.Sprintf("upstreams:\n  - {name: a, url: %q, prefix: \"\"}\n  - {name: b, url: %q, prefix: \"\"}\n", ua.URL(), hb.URL+"/mcp") + authY
+	start := fmt.Sprintf("upstreams:\n  - {name: a, url: %q, prefix: \"\"}\n  - {name: b, url: %q, prefix: \"\"}\n", ua.URL(), hb.URL+"/mcp") + reloadFedAuth()
 	cfg, err := policy.Parse("start.yaml", []byte(start))
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +49,7 @@ func TestReloadAttributionCheckedAgainstFileNotInForce(t *testing.T) {
     prefix: ""
     limits: [{name: a_calls, algorithm: fixed_window, limit: 1, period: 1m}]
   - {name: b, url: %q, prefix: "b__"}
-`, ua.URL(), hb.URL+"/mcp") + authY
+`, ua.URL(), hb.URL+"/mcp") + reloadFedAuth()
 	next, err := policy.Parse("reload.yaml", []byte(file))
 	if err != nil {
 		t.Fatal(err)
