@@ -175,13 +175,10 @@ func ScriptSource() (string, error) {
 
 // ScriptArgs returns ARGV for one take of cost 1 on a single check of rule,
 // laid out as redisstore builds it (see limit.lua): op, clock offset, cost,
-// lease, then algorithm, limit, period in µs, capacity.
+// lease in one header, then the rule: "<algorithm> <limit> <period in µs>
+// <capacity>".
 func ScriptArgs(r limit.Rule) []string {
-	return []string{
-		"t", "0", "1", "",
-		"t", strconv.FormatInt(r.Limit, 10), strconv.FormatInt(r.Period.Microseconds(), 10),
-		strconv.FormatInt(r.Capacity(), 10),
-	}
+	return []string{"t 0 1", fmt.Sprintf("t %d %d %d", r.Limit, r.Period.Microseconds(), r.Capacity())}
 }
 
 // Redis holds what the Redis variants share: one server, one rueidis client

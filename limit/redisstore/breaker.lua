@@ -12,12 +12,12 @@
 -- identical-calls counter when the identical count is above 0. For o, d,
 -- p and x: KEYS[1] the breaker.
 --
--- The breaker block, ARGV[k+1..k+10] (k = #ARGV - 10 for b and n, k = 4 for
+-- The breaker block, ARGV[k+1..k+10] (k = #ARGV - 10 for b and n, k = 1 for
 -- o and d): tenant, subject, id, consecutive denials, consecutive failures,
 -- identical count (0: no identical-calls key), identical window (µs),
--- cooldown (µs), max cooldown (µs), probe lease (µs); k = 4 for p too.
+-- cooldown (µs), max cooldown (µs), probe lease (µs); k = 1 for p too.
 -- Then for o
--- ARGV[15] failed and ARGV[16] probe ("1"/"0"), for d ARGV[15] the count.
+-- ARGV[12] failed and ARGV[13] probe ("1"/"0"), for d ARGV[12] the count.
 --
 -- A breaker is a hash: s phase (0 closed, 1 open, 2 half-open), u until,
 -- pu probe lease end, cd cooldown, d denials, f failures, r reason, t
@@ -155,7 +155,7 @@ if LIB or EOP == 'b' or EOP == 'n' or EOP == 'N' or EOP == 'o' or EOP == 'd' or 
 
   -- brUpdate serves ops o, d and p.
   brUpdate = function()
-    local key, p = KEYS[1], brParams(4)
+    local key, p = KEYS[1], brParams(1)
     local st, exists = brRead(key)
     local opened = false
     local write = true
@@ -166,21 +166,21 @@ if LIB or EOP == 'b' or EOP == 'n' or EOP == 'N' or EOP == 'o' or EOP == 'd' or 
       if write then st.pu = now end
     elseif op == 'd' then
       -- algo.BreakerAddDenials
-      st.d = st.d + tonumber(ARGV[15])
+      st.d = st.d + tonumber(ARGV[12])
       if st.s == 0 and p.den > 0 and st.d >= p.den then
         open(st, p, 'consecutive_denials')
         opened = true
       end
-    elseif ARGV[15] ~= '1' then
+    elseif ARGV[12] ~= '1' then
       -- algo.BreakerReport, success
       st.f = 0
-      if ARGV[16] == '1' and st.s == 2 then
+      if ARGV[13] == '1' and st.s == 2 then
         st.s, st.u, st.pu, st.cd, st.d, st.r, st.ik, st.ic = 0, 0, 0, 0, 0, '', '', 0
       end
     else
       -- algo.BreakerReport, failure
       st.f = st.f + 1
-      if ARGV[16] == '1' and st.s == 2 then
+      if ARGV[13] == '1' and st.s == 2 then
         local cd = min(max(st.cd, p.cd) * 2, p.maxcd)
         st.s, st.cd, st.u, st.pu, st.r = 1, cd, now + cd, 0, 'probe_failed'
         opened = true

@@ -14,31 +14,36 @@
 --     when the library loads, and a call runs only run and what it calls;
 --   - as a script (EVALSHA, EVAL on NOSCRIPT), where functions are missing:
 --     the text is prefixed with "local LIB, EOP, EKEYS, EARGV = false,
---     ARGV[1], KEYS, ARGV" and ends with "return run(EKEYS, EARGV)". The
---     script's body runs on every call, so the meters' and the breakers'
---     functions are built only for the ops that use them (LIB or EOP).
+--     string.sub(ARGV[1], 1, 1), KEYS, ARGV" (EOP: the op) and ends with
+--     "return run(EKEYS, EARGV)". The script's body runs on every call, so
+--     the meters' and the breakers' functions are built only for the ops
+--     that use them (LIB or EOP).
 --
 -- keys[i]             counter of check i (all keys of one call in one Cluster
 --                     slot)
--- args[1]             op: 't' take, 'r' refund, 'l' release, 'e' renew leases,
+-- op                  't' take, 'r' refund, 'l' release, 'e' renew leases,
 --                     'm' take metered, 'a' adjust a meter, 'f' mark a meter flushed,
 --                     'U' undo a metered take (below),
 --                     and the loop breakers' ops (see breaker.lua): 'b' take and
 --                     'n' take metered with a breaker, 'o' report an outcome,
 --                     'd' add denials, 'p' release a probe, 'x' reset
--- args[2]             microseconds added to the server clock (tests only; "0")
--- args[3]             cost (take, take metered and refund; "0" otherwise)
--- args[4]             lease id ("" when the batch has no concurrency check)
--- args[5 + 4(i-1)..]  check i: algorithm, limit, period (µs), capacity; the
---                     algorithm's letter is upper case for a shadow rule
--- args[5 + 4n]        refund of n checks only, optional: the clock ("now")
+-- args[1]             the call's header, one string: "<op> <clock offset>
+--                     <cost>[ <lease>]": op as below; the microseconds
+--                     added to the server clock (tests only; "0"); the cost
+--                     (take, take metered and refund; "0" otherwise); the
+--                     lease id, absent when the batch has no concurrency
+--                     check
+-- args[1 + i]         check i's rule, one string: "<algorithm> <limit>
+--                     <period (µs)> <capacity>"; the algorithm's letter is
+--                     upper case for a shadow rule
+-- args[2 + n]         refund of n checks only, optional: the clock ("now")
 --                     of the take being refunded, whose units it gives back
 --                     (algo.RefundAt); absent or "": unknown (algo.Refund)
 --
 -- Usage meters (ops m, a, f; see limit/internal/algo/meter.go, which this
 -- ports). The meter key comes after the checks' keys: keys[n+1] for 'm' with
--- n checks (n may be 0), keys[1] for 'a' and 'f'. With b = 4 + 4n ('m') or
--- b = 4 ('a'), the meter block is:
+-- n checks (n may be 0), keys[1] for 'a' and 'f'. With b = 1 + n ('m') or
+-- b = 1 ('a'), the meter block is:
 --   args[b+1] tenant, args[b+2] period, args[b+3] seeded ("1"/"0"),
 --   args[b+4] expire time (ms since 1970, for PEXPIREAT),
 --   args[b+5..b+8] seed: charged, refunded, calls, refunded calls,
@@ -47,7 +52,7 @@
 --   the quota must fit (limit.Meter.CostFor; the checks keep args[3]); 'a'
 --   sends 0 and ignores it,
 --   and for 'a' args[b+11..b+14] the delta.
--- For 'f', args[5..8] is the flushed snapshot and args[9] the generation id
+-- For 'f', args[2..5] is the flushed snapshot and args[6] the generation id
 -- it was read from (absent: any, as callers before generations sent).
 --
 -- Idempotent ops (limit.Meter.Op): 'M', 'N' and 'A' are 'm', 'n' and 'a'
@@ -242,29 +247,54 @@ end
 -- lower case letter.
 local algs = { f = 'f', c = 'c', t = 't', g = 'g', w = 'w', k = 'k', F = 'f', C = 'c', T = 't', G = 'g', W = 'w', K = 'k' }
 
--- num is tonumber(s) for a rule's parameter: a function library keeps the
--- numbers it read (at most 1024, then it starts over), since a gateway
--- sends the same few rules again and again and a table lookup is cheaper
--- than parsing the number. A script starts with no table each call.
-local nums, numsN = {}, 0
-local function num(s)
-  if not LIB then return tonumber(s) end
-  local x = nums[s]
-  if not x then
-    x = tonumber(s)
-    if numsN >= 1024 then nums, numsN = {}, 0 end
-    nums[s], numsN = x, numsN + 1
+-- parse reads a check's rule, "<algorithm> <limit> <period> <capacity>",
+-- into { algorithm (lower case), limit, period, capacity, shadow }; nil
+-- when it is not one.
+local function parse(s)
+  local a, l, p, c = match(s, '^(%a) (%d+) (%d+) (%d+)$')
+  local alg = algs[a]
+  if not alg then return nil end
+  return { alg, tonumber(l), tonumber(p), tonumber(c), a ~= alg }
+end
+
+-- A function library keeps the rules it read (at most 1024, then it starts
+-- over): a gateway sends the same few rules again and again, and a table
+-- lookup is cheaper than parsing one. A script parses every call.
+local rules, rulesN = {}, 0
+
+-- head reads the call's header, args[1]: op, clock offset, cost, lease
+-- ("" for none). A function library keeps the headers without a lease that
+-- it read, as it keeps rules: they take a few values again and again.
+local heads, headsN = {}, 0
+local function head(s)
+  local h = heads[s]
+  if h then return h[1], h[2], h[3], '' end
+  local o, off, c, l = match(s, '^(%a) (%-?%d+) (%d+) ?(.*)$')
+  if not o then return nil end
+  h = { o, tonumber(off), tonumber(c) }
+  if LIB and l == '' then
+    if headsN >= 1024 then heads, headsN = {}, 0 end
+    heads[s], headsN = h, headsN + 1
   end
-  return x
+  return h[1], h[2], h[3], l
 end
 
 -- rule returns check i's parameters: algorithm (lower case), limit, period,
--- capacity, shadow.
+-- capacity, shadow. One argument per rule, rather than one per number,
+-- because every argument of a call costs the server as much as a few
+-- dozen Lua instructions (docs/benchmarks.md, F.4).
 local function rule(i)
-  local b = 4 * i
-  local a = ARGV[b + 1]
-  local alg = algs[a]
-  return alg, num(ARGV[b + 2]), num(ARGV[b + 3]), num(ARGV[b + 4]), a ~= alg
+  local s = ARGV[1 + i]
+  local r = rules[s]
+  if not r then
+    r = parse(s)
+    if not r then error({ err = 'ERR mcpgate limit script: bad rule ' .. tostring(s) }) end
+    if LIB then
+      if rulesN >= 1024 then rules, rulesN = {}, 0 end
+      rules[s], rulesN = r, rulesN + 1
+    end
+  end
+  return r[1], r[2], r[3], r[4], r[5]
 end
 
 -- logUnits adds cost units at now to the sliding-window log of key, which
@@ -591,7 +621,7 @@ local function take()
   -- The meter (algo.MeterOpen, MeterEval): read only, like phase 1.
   local mkey, mb, mst, mu, mcreate, mgen
   if metered then
-    mkey, mb = KEYS[n + 1], 4 + 4 * n
+    mkey, mb = KEYS[n + 1], 1 + n
     mst, mu, mcreate, mgen = meterOpen(mkey, mb)
     if mst == 1 then
       local mcost = tonumber(ARGV[mb + 10])
@@ -676,10 +706,10 @@ local function take()
   return out
 end
 
--- refund serves op r: algo.RefundAt. The take time at is args[5 + 4n]
+-- refund serves op r: algo.RefundAt. The take time at is args[2 + n]
 -- (n checks); absent or "" it is unknown, as algo's negative at.
 local function refund()
-  local at = tonumber(ARGV[5 + 4 * #KEYS] or '')
+  local at = tonumber(ARGV[2 + #KEYS] or '')
   if at and at < 0 then at = nil end
   for i = 1, #KEYS do
     local alg, limit, p, cap = rule(i)
@@ -794,7 +824,7 @@ end
 -- covered answers as an adjust that applies nothing: the meter as it
 -- stands, status 5.
 local function covered()
-  local st, u, _, gen = meterOpen(KEYS[1], 4)
+  local st, u, _, gen = meterOpen(KEYS[1], 1)
   if st == 1 then st = 5 end
   if st > 2 and st < 5 then gen = '' end
   return { now, st, u[1], u[2], u[3], u[4], gen }
@@ -833,7 +863,7 @@ local function adjust()
     end
   end
   local key = KEYS[1]
-  local st, u, create, gen = meterOpen(key, 4)
+  local st, u, create, gen = meterOpen(key, 1)
   if st == 1 and opkey and ARGV[na + 3] ~= '' then
     -- a replay (limit.Replay): skipped when this generation counts the op
     -- already, or its seed holds it
@@ -843,21 +873,21 @@ local function adjust()
     else
       local i = 0
       for x in string.gmatch(gen, '%S+') do
-        if i > 0 and tonumber(ARGV[14 + i]) > 0 and tonumber(x) >= tonumber(ARGV[na + 3 + i]) then st = 5 end
+        if i > 0 and tonumber(ARGV[11 + i]) > 0 and tonumber(x) >= tonumber(ARGV[na + 3 + i]) then st = 5 end
         i = i + 1
       end
     end
-    if st == 5 and create then meterWrite(key, 4, u, true, gen) end
+    if st == 5 and create then meterWrite(key, 1, u, true, gen) end
   end
   if st == 1 then
     local nu = {}
     for i = 1, 4 do
-      nu[i] = u[i] + tonumber(ARGV[14 + i])
+      nu[i] = u[i] + tonumber(ARGV[11 + i])
       if nu[i] > MAXU then st = 4 end
     end
     if st == 1 then
       u = nu
-      meterWrite(key, 4, u, create, gen)
+      meterWrite(key, 1, u, create, gen)
     end
   end
   if st > 2 and st < 5 then gen = '' end
@@ -877,10 +907,10 @@ local function flushed()
   local key = KEYS[1]
   local v = call('HMGET', key, 'c', 'fc', 'fr', 'fn', 'frn', 'g')
   if not v[1] then return { now, 0 } end
-  if ARGV[9] and (match(v[6] or '', '^(%S*)') ~= ARGV[9]) then return { now, 2 } end
+  if ARGV[6] and (match(v[6] or '', '^(%S*)') ~= ARGV[6]) then return { now, 2 } end
   call('HSET', key,
-    'fc', int(max(tonumber(v[2]) or 0, tonumber(ARGV[5]))), 'fr', int(max(tonumber(v[3]) or 0, tonumber(ARGV[6]))),
-    'fn', int(max(tonumber(v[4]) or 0, tonumber(ARGV[7]))), 'frn', int(max(tonumber(v[5]) or 0, tonumber(ARGV[8]))))
+    'fc', int(max(tonumber(v[2]) or 0, tonumber(ARGV[2]))), 'fr', int(max(tonumber(v[3]) or 0, tonumber(ARGV[3]))),
+    'fn', int(max(tonumber(v[4]) or 0, tonumber(ARGV[4]))), 'frn', int(max(tonumber(v[5]) or 0, tonumber(ARGV[5]))))
   return { now, 1 }
 end
 
@@ -888,13 +918,25 @@ local ops = { t = take, m = take, b = take, n = take, r = refund, l = release, e
   M = take, N = take, A = adjust, u = adjust,
   o = brUpdate, d = brUpdate, p = brUpdate, x = brReset }
 
+-- sec is the last second TIME gave, and secUs its µs since the epoch of
+-- now: it changes once a second, so most calls compare two strings (one
+-- pointer, in Lua) instead of parsing one (a tonumber of a string costs the
+-- server about as much as a Lua function call doing a dozen sums).
+local sec, secUs
+
 -- run serves one call.
 local function run(keys, args)
   if not call then init() end
   KEYS, ARGV = keys, args
   local time = call('TIME')
-  now = (tonumber(time[1]) - 1577836800) * 1000000 + tonumber(time[2]) + tonumber(args[2])
-  op, cost, lease = args[1], tonumber(args[3]), args[4]
+  local s = time[1]
+  if s ~= sec then sec, secUs = s, (tonumber(s) - 1577836800) * 1000000 end
+  local offset
+  op, offset, cost, lease = head(args[1])
+  if not op then
+    return redis.error_reply('ERR mcpgate limit script: bad header ' .. tostring(args[1]))
+  end
+  now = secUs + tonumber(time[2]) + offset
   opkey, nk, na = nil, #keys, #args
   if op == 'M' or op == 'N' or op == 'A' or op == 'U' then
     opkey, nk, na = keys[#keys], #keys - 1, #args - 7

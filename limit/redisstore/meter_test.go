@@ -155,7 +155,7 @@ func TestTakeDoesNoMeterWork(t *testing.T) {
 	// and its ARGV layout is the documented one
 	b := new(batch)
 	b.build(opTake, 0, checks, 1, "")
-	want := []string{"t", "0", "1", "", "f", "100", "3600000000", "100", "t", "100", "3600000000", "100"}
+	want := []string{"t 0 1", "f 100 3600000000 100", "t 100 3600000000 100"}
 	if fmt.Sprint(b.args) != fmt.Sprint(want) {
 		t.Errorf("Take ARGV %q, want %q", b.args, want)
 	}
@@ -171,7 +171,7 @@ func TestMeterRawScript(t *testing.T) {
 	keys := []string{check.Key, m.Key}
 	// op, offset, cost, lease; the check; tenant, period, seeded, expire,
 	// seed x4, quota, meter cost (the check is charged 2, the meter 3)
-	args := []string{"m", "0", "2", "", "f", "10", "3600000000", "10",
+	args := []string{"m 0 2", "f 10 3600000000 10",
 		"raw", "2026-11", "1", exp, "1", "0", "1", "0", "5", "3"}
 	msgs, err := rawScript.Exec(ctx, c, keys, args).ToArray()
 	if err != nil {
@@ -184,21 +184,21 @@ func TestMeterRawScript(t *testing.T) {
 		t.Errorf("take metered reply %v %q, want the check allowed with 8 left, then status 1, usage 4 0 2 0 and the generation of seed 1 0 1 0", arr, gen)
 	}
 	// adjust: the meter block with quota 0 and an unused meter cost 0, then the delta
-	msgs, err = rawScript.Exec(ctx, c, []string{m.Key}, []string{"a", "0", "0", "", "raw", "2026-11", "0", exp, "0", "0", "0", "0", "0", "0", "4", "1", "0", "0"}).ToArray()
+	msgs, err = rawScript.Exec(ctx, c, []string{m.Key}, []string{"a 0 0", "raw", "2026-11", "0", exp, "0", "0", "0", "0", "0", "0", "4", "1", "0", "0"}).ToArray()
 	if err != nil || fmt.Sprint(ints(t, msgs[1:len(msgs)-1])) != "[1 8 1 2 0]" {
 		t.Errorf("adjust reply %v, %v; want status 1 and usage 8 1 2 0", msgs, err)
 	}
-	arr, err = rawScript.Exec(ctx, c, []string{m.Key}, []string{"f", "0", "0", "", "8", "1", "2", "0"}).AsIntSlice()
+	arr, err = rawScript.Exec(ctx, c, []string{m.Key}, []string{"f 0 0", "8", "1", "2", "0"}).AsIntSlice()
 	if err != nil || len(arr) != 2 || arr[1] != 1 {
 		t.Errorf("mark flushed reply %v, %v", arr, err)
 	}
 	// with the snapshot's generation: marked only when it is the meter's
 	gid, _, _ := strings.Cut(gen, " ")
-	arr, err = rawScript.Exec(ctx, c, []string{m.Key}, []string{"f", "0", "0", "", "9", "1", "2", "0", gid}).AsIntSlice()
+	arr, err = rawScript.Exec(ctx, c, []string{m.Key}, []string{"f 0 0", "9", "1", "2", "0", gid}).AsIntSlice()
 	if err != nil || len(arr) != 2 || arr[1] != 1 {
 		t.Errorf("mark flushed reply (its generation) %v, %v", arr, err)
 	}
-	arr, err = rawScript.Exec(ctx, c, []string{m.Key}, []string{"f", "0", "0", "", "10", "1", "2", "0", "t1"}).AsIntSlice()
+	arr, err = rawScript.Exec(ctx, c, []string{m.Key}, []string{"f 0 0", "10", "1", "2", "0", "t1"}).AsIntSlice()
 	if err != nil || len(arr) != 2 || arr[1] != 2 {
 		t.Errorf("mark flushed reply (another generation) %v, %v; want 2", arr, err)
 	}

@@ -156,7 +156,7 @@ var (
 // Redis < 5 needs effects replication to write after TIME; later versions
 // always replicate effects (and Redis 7 makes the call a no-op).
 var scriptSource = "if redis.replicate_commands then redis.replicate_commands() end\n" +
-	"local LIB, EOP, EKEYS, EARGV = false, ARGV[1], KEYS, ARGV\n" + librarySource + "\nreturn run(EKEYS, EARGV)\n"
+	"local LIB, EOP, EKEYS, EARGV = false, string.sub(ARGV[1], 1, 1), KEYS, ARGV\n" + librarySource + "\nreturn run(EKEYS, EARGV)\n"
 
 // scriptSHA is scriptSource's SHA-1, for EVALSHA.
 var scriptSHA = func() string {
@@ -176,7 +176,7 @@ func splice(src, mark, part string) string {
 	return strings.Replace(src, mark, part, 1)
 }
 
-// Script operations (ARGV[1]).
+// Script operations (the first field of ARGV[1], the header).
 const (
 	opTake        = "t"
 	opRefund      = "r"
@@ -606,53 +606,60 @@ func (b *batch) release() {
 
 // algCodes are the script's names of the algorithms: a letter, upper case
 // for a shadow rule.
-var algCodes = map[limit.Algorithm][2]string{
-	limit.FixedWindow:          {"f", "F"},
-	limit.SlidingWindowCounter: {"c", "C"},
-	limit.TokenBucket:          {"t", "T"},
-	limit.GCRA:                 {"g", "G"},
-	limit.SlidingWindow:        {"w", "W"},
-	limit.Concurrency:          {"k", "K"},
+var algCodes = map[limit.Algorithm][2]byte{
+	limit.FixedWindow:          {'f', 'F'},
+	limit.SlidingWindowCounter: {'c', 'C'},
+	limit.TokenBucket:          {'t', 'T'},
+	limit.GCRA:                 {'g', 'G'},
+	limit.SlidingWindow:        {'w', 'W'},
+	limit.Concurrency:          {'k', 'K'},
 }
 
 // algCode is the script's name of an algorithm (validated before).
-func algCode(a limit.Algorithm, shadow bool) string {
+func algCode(a limit.Algorithm, shadow bool) byte {
 	if shadow {
 		return algCodes[a][1]
 	}
 	return algCodes[a][0]
 }
 
-// build lays out KEYS and ARGV as limit.lua documents them. The numbers are
-// formatted into one buffer, turned into one string, and sliced from it.
+// build lays out KEYS and ARGV as limit.lua documents them: the header
+// "<op> <offset> <cost>[ <lease>]" and each check's rule, "<algorithm>
+// <limit> <period> <capacity>", one argument each, since every argument
+// costs the server as much as parsing one (docs/benchmarks.md, F.4). They
+// are formatted into one buffer, turned into one string, and sliced from it.
 func (b *batch) build(op string, offset int64, checks []limit.Check, cost int64, lease string) {
 	buf, ends := b.buf[:0], b.ends[:0]
-	num := func(v int64) {
-		buf = strconv.AppendInt(buf, v, 10)
-		ends = append(ends, len(buf))
+	buf = append(buf, op...)
+	buf = append(buf, ' ')
+	buf = strconv.AppendInt(buf, offset, 10)
+	buf = append(buf, ' ')
+	buf = strconv.AppendInt(buf, cost, 10)
+	if lease != "" {
+		buf = append(buf, ' ')
+		buf = append(buf, lease...)
 	}
-	num(offset)
-	num(cost)
+	ends = append(ends, len(buf))
 	for _, c := range checks {
-		num(c.Rule.Limit)
-		num(c.Rule.Period.Microseconds())
-		num(c.Rule.Capacity())
+		buf = append(buf, algCode(c.Rule.Algorithm, c.Rule.Shadow), ' ')
+		buf = strconv.AppendInt(buf, c.Rule.Limit, 10)
+		buf = append(buf, ' ')
+		buf = strconv.AppendInt(buf, c.Rule.Period.Microseconds(), 10)
+		buf = append(buf, ' ')
+		buf = strconv.AppendInt(buf, c.Rule.Capacity(), 10)
+		ends = append(ends, len(buf))
 	}
 	all := string(buf)
 	b.buf, b.ends = buf, ends
 
-	start, k := 0, 0
-	next := func() string {
-		v := all[start:ends[k]]
-		start = ends[k]
-		k++
-		return v
-	}
 	keys, args := b.keys[:0], b.args[:0]
-	args = append(args, op, next(), next(), lease)
+	start := 0
+	for _, e := range ends {
+		args = append(args, all[start:e])
+		start = e
+	}
 	for _, c := range checks {
 		keys = append(keys, c.Key)
-		args = append(args, algCode(c.Rule.Algorithm, c.Rule.Shadow), next(), next(), next())
 	}
 	b.keys, b.args = keys, args
 }
