@@ -49,8 +49,8 @@
 --   args[b+5..b+8] seed: charged, refunded, calls, refunded calls,
 --   args[b+9] quota (0: none),
 --   args[b+10] meter cost: what 'm' charges on the meter (c += it) and what
---   the quota must fit (limit.Meter.CostFor; the checks keep args[3]); 'a'
---   sends 0 and ignores it,
+--   the quota must fit (limit.Meter.CostFor; the checks keep the header's
+--   cost); 'a' sends 0 and ignores it,
 --   and for 'a' args[b+11..b+14] the delta.
 -- For 'f', args[2..5] is the flushed snapshot and args[6] the generation id
 -- it was read from (absent: any, as callers before generations sent).
