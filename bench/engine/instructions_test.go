@@ -17,6 +17,7 @@ import (
 
 	"github.com/mcpgate/mcpgate/bench/internal/toolhive/ratelimit"
 	"github.com/mcpgate/mcpgate/internal/testenv"
+	"github.com/mcpgate/mcpgate/keyspace"
 	"github.com/mcpgate/mcpgate/limit"
 )
 
@@ -62,6 +63,17 @@ func TestServerInstructions(t *testing.T) {
 		}},
 		{PeerStore3, func(i int) error {
 			_, err := r.Store.Evaluate(ctx, LayeredRequest("cg", "cgl-"+caller(i), "search", tr, ttr, gr))
+			return err
+		}},
+		// what a gateway's tools/call sends: the layered rules with the
+		// tenant's usage meter, as an idempotent op (its marker written)
+		{"mcpgate/layered+meter", func(i int) error {
+			req := LayeredRequest("cg", "cgm-"+caller(i), "search", tr, ttr, gr)
+			req.Meter = &limit.Meter{
+				Key: keyspace.Usage("cgm-"+caller(i), "2026-12"), Tenant: "cgm-" + caller(i), Period: "2026-12",
+				Seeded: true, ExpireAt: time.Now().Add(time.Hour), Op: "op-" + strconv.Itoa(i),
+			}
+			_, err := r.Store.Evaluate(ctx, req)
 			return err
 		}},
 		{PeerToolHive3Raw, func(i int) error {

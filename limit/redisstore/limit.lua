@@ -170,8 +170,18 @@ local function ceildiv(a, b)
   return q
 end
 
--- int formats an integer for Redis (see init).
-local function int(x) return fmt(intf, x) end
+-- int formats an integer for Redis (see init). A function library keeps
+-- the strings of -1..1023 once made: replies, markers and meters write many
+-- small numbers (flags, statuses, zeros, counts), and a string.format of
+-- one costs the server as much as a few dozen Lua instructions.
+local smalls = {}
+local function int(x)
+  local s = smalls[x]
+  if s then return s end
+  s = fmt(intf, x)
+  if LIB and x >= -1 and x < 1024 then smalls[x] = s end
+  return s
+end
 
 -- px is the TTL of a state that is fresh again at time at: whole ms rounded
 -- up, at least 1.
