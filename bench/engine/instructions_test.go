@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,6 +49,7 @@ func TestServerInstructions(t *testing.T) {
 	th := rueidis.NewLuaScript(ratelimit.ConsumeAllSource())
 	tr, ttr, gr := peerRule("tenant"), peerRule("tool"), peerRule("global")
 	caller := func(i int) string { return strconv.Itoa(i % 300) }
+	var ops atomic.Int64 // op ids: each op placed once
 	variants := []struct {
 		name string
 		call func(i int) error
@@ -71,7 +73,7 @@ func TestServerInstructions(t *testing.T) {
 			req := LayeredRequest("cg", "cgm-"+caller(i), "search", tr, ttr, gr)
 			req.Meter = &limit.Meter{
 				Key: keyspace.Usage("cgm-"+caller(i), "2026-12"), Tenant: "cgm-" + caller(i), Period: "2026-12",
-				Seeded: true, ExpireAt: time.Now().Add(time.Hour), Op: "op-" + strconv.Itoa(i),
+				Seeded: true, ExpireAt: time.Now().Add(time.Hour), Op: "op-" + strconv.FormatInt(ops.Add(1), 10),
 			}
 			_, err := r.Store.Evaluate(ctx, req)
 			return err

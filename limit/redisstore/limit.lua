@@ -340,7 +340,7 @@ local MAXU = 1125899906842624 -- limit.MaxUsage (2^50)
 
 -- As a script, the meter functions are made only for the ops that use
 -- them: a plain take does not pay for building their closures.
-local meterOpen, meterWrite, recorded, record
+local meterOpen, meterWrite, recorded, record, takeLayout
 if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' or EOP == 'M' or EOP == 'A' or EOP == 'N' or EOP == 'U' then
   -- meterOpen returns the status of the meter key with block b, its live
   -- usage {c, r, n, rn}, whether it must be created from the seed
@@ -371,30 +371,70 @@ if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' or EOP == 'M' or EOP == 'A' or 
     call('PEXPIREAT', key, ARGV[b + 4])
   end
 
-  -- recorded returns the reply the marker of the op holds and the kind of
-  -- write that made it (see record), or nil.
+  -- A marker is "\1", the kind of write that made it (see record), the
+  -- reply's layout as a struct format and a NUL, then the reply packed
+  -- with it: numbers as doubles, exact for the integers below 2^53 the
+  -- library deals in, strings NUL-terminated (a generation id, a breaker's
+  -- reason: never a NUL). Written as text, with a string.format and a
+  -- type() per value, a metered take's ~20 numbers cost redis-server more
+  -- than the rest of the take (docs/benchmarks.md, F.4). Markers of
+  -- earlier versions are text: the kind, then each value, each followed
+  -- by "\n"; they are read, and written again as text.
+
+  -- recorded returns the reply the marker of the op holds, the kind of
+  -- write that made it (see record) and its layout (nil for a text
+  -- marker), or nil.
   recorded = function()
     local v = call('GET', opkey)
     if not v then return nil end
-    local out, kind = {}, nil
-    for x in string.gmatch(v, '([^\n]*)\n') do
-      if kind then out[#out + 1] = x else kind = x end
+    if sub(v, 1, 1) ~= '\1' then
+      local out, kind = {}, nil
+      for x in string.gmatch(v, '([^\n]*)\n') do
+        if kind then out[#out + 1] = x else kind = x end
+      end
+      return out, kind, nil
     end
-    return out, kind
+    local e = find(v, '\0', 3, true)
+    local f = sub(v, 3, e - 1)
+    local out = { struct.unpack(f, v, e + 1) }
+    out[#out] = nil -- unpack's next position
+    return out, sub(v, 2, 2), f
   end
 
   -- record writes the op's marker: the kind of write ('m' or 'n', a take
   -- of that op; 'M' or 'N', such a take the op was placed again over; 'a'
   -- an adjust; 't', a take, from earlier versions), then the reply out,
-  -- for the TTL.
-  record = function(kind, out)
-    local parts = { kind }
-    for i = 1, #out do
-      local x = out[i]
-      if type(x) == 'number' then x = int(x) end
-      parts[i + 1] = x
+  -- packed with layout f (see takeLayout; nil: out is a text marker's, and
+  -- is written as text again), for the TTL.
+  record = function(kind, out, f)
+    local v
+    if f then
+      v = '\1' .. kind .. f .. '\0' .. struct.pack(f, unpack(out))
+    else
+      local parts = { kind }
+      for i = 1, #out do
+        local x = out[i]
+        if type(x) == 'number' then x = int(x) end
+        parts[i + 1] = x
+      end
+      v = table.concat(parts, '\n') .. '\n'
     end
-    call('SET', opkey, table.concat(parts, '\n') .. '\n', 'PX', ARGV[na + 2])
+    call('SET', opkey, v, 'PX', ARGV[na + 2])
+  end
+
+  -- takeLayout is the struct format of the reply of a metered take with n
+  -- checks (take's reply, the meter's block, the breaker's block after it
+  -- when breaker): every value a number but the generation and the
+  -- breaker's reason. Made once per shape.
+  local layouts = {}
+  takeLayout = function(n, breaker)
+    local k = breaker and -n or n
+    local f = layouts[k]
+    if not f then
+      f = '>' .. string.rep('d', 1 + 4 * n) .. 'ddddds' .. (breaker and 'ddddsddddd' or '')
+      layouts[k] = f
+    end
+    return f
   end
 end
 
@@ -712,7 +752,7 @@ local function take()
     if counted then out[o + 8] = calls.n end
     out[o + 10] = before
   end
-  if opkey and metered and admit then record(op == 'n' and 'n' or 'm', out) end
+  if opkey and metered and admit then record(op == 'n' and 'n' or 'm', out, takeLayout(n, bkey ~= nil)) end
   return out
 end
 
@@ -845,7 +885,7 @@ end
 local function adjust()
   local undo = op == 'u'
   if opkey then
-    local r, kind = recorded()
+    local r, kind, layout = recorded()
     if undo then
       if kind ~= 'm' and kind ~= 'n' then return covered() end
     elseif kind == 'a' then
@@ -861,7 +901,7 @@ local function adjust()
       -- take sent earlier and run only now must not give it back.
       if kind == 'm' or kind == 'n' then
         kind = string.upper(kind)
-        record(kind, r)
+        record(kind, r, layout)
       end
       local b = #r - 5
       if kind == 'N' then b = b - 10 end
@@ -905,7 +945,7 @@ local function adjust()
   if undo then
     if st == 1 then call('DEL', opkey) end
   elseif opkey and (st == 1 or st == 5) then
-    record('a', out)
+    record('a', out, '>dddddds') -- now, status, usage, generation
   end
   return out
 end
