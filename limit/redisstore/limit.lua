@@ -57,14 +57,15 @@
 --
 -- Idempotent ops (limit.Meter.Op): 'M', 'N' and 'A' are 'm', 'n' and 'a'
 -- with an op id. Their last key is the op's marker (keyspace.MeterOp, in
--- the meter's slot) and their last 7 ARGV are: the op id, the marker's TTL
--- (ms), then for 'A' the replay guard (limit.Replay): the generation id the
--- op was applied in ("" for none) and the usage after it there (c, r, n,
--- rn); 'M' and 'N' send "" and zeros. When the marker exists the call
--- applies nothing and replies what the marker holds: the reply of the call
--- that applied the op. Otherwise the call runs as its lower-case op and,
--- when it charged or adjusted the meter, writes the marker with its reply
--- (values joined by newlines) and the TTL. A replay whose generation is
+-- the meter's slot) and their last 2 ARGV are: the marker's TTL (ms), then
+-- for 'A' the replay guard (limit.Replay) as one string, "<c> <r> <n> <rn>
+-- <generation id>": the usage after the op in the generation it was
+-- applied in, and that generation's id ("" for no guard; 'M', 'N' and 'U'
+-- send ""). When the marker exists the call applies nothing and replies
+-- what the marker holds: the reply of the call that applied the op.
+-- Otherwise the call runs as its lower-case op and, when it charged or
+-- adjusted the meter, writes the marker with its reply (packed: see
+-- record) and the TTL. A replay whose generation is
 -- the meter's, or whose usage after is held by the meter's seed in a field
 -- the delta raises, applies nothing either (status 5) and is recorded.
 -- An 'A' that finds a take's marker ('m', 'n') renames it 'M', 'N': the
@@ -419,7 +420,7 @@ if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' or EOP == 'M' or EOP == 'A' or 
       end
       v = table.concat(parts, '\n') .. '\n'
     end
-    call('SET', opkey, v, 'PX', ARGV[na + 2])
+    call('SET', opkey, v, 'PX', ARGV[na + 1])
   end
 
   -- takeLayout is the struct format of the reply of a metered take with n
@@ -914,16 +915,21 @@ local function adjust()
   end
   local key = KEYS[1]
   local st, u, create, gen = meterOpen(key, 1)
-  if st == 1 and opkey and ARGV[na + 3] ~= '' then
+  local replay = opkey and ARGV[na + 2] or ''
+  if st == 1 and replay ~= '' then
     -- a replay (limit.Replay): skipped when this generation counts the op
     -- already, or its seed holds it
+    local after = { match(replay, '^(%d+) (%d+) (%d+) (%d+) (.*)$') }
+    if not after[5] then
+      return redis.error_reply('ERR mcpgate limit script: bad replay ' .. replay)
+    end
     local gid = match(gen, '^(%S+)')
-    if gid == ARGV[na + 3] then
+    if gid == after[5] then
       st = 5
     else
       local i = 0
       for x in string.gmatch(gen, '%S+') do
-        if i > 0 and tonumber(ARGV[11 + i]) > 0 and tonumber(x) >= tonumber(ARGV[na + 3 + i]) then st = 5 end
+        if i > 0 and tonumber(ARGV[11 + i]) > 0 and tonumber(x) >= tonumber(after[i]) then st = 5 end
         i = i + 1
       end
     end
@@ -989,7 +995,7 @@ local function run(keys, args)
   now = secUs + tonumber(time[2]) + offset
   opkey, nk, na = nil, #keys, #args
   if op == 'M' or op == 'N' or op == 'A' or op == 'U' then
-    opkey, nk, na = keys[#keys], #keys - 1, #args - 7
+    opkey, nk, na = keys[#keys], #keys - 1, #args - 2
     op = string.lower(op)
   end
   local f = ops[op]

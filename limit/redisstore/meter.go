@@ -416,20 +416,21 @@ func withOp(op string, m *limit.Meter) string {
 var opMarkerTTL = strconv.FormatInt(limit.OpTTL.Milliseconds(), 10)
 
 // opTail appends, for a meter with an Op, the op's marker key to KEYS and
-// its tail to ARGV (limit.lua): the op id, the marker's TTL, the replay's
-// generation and usage after ("" and zeros without a Replay). It must come
-// last.
+// its tail to ARGV (limit.lua): the marker's TTL and the replay guard, one
+// string "<c> <r> <n> <rn> <generation id>" of the usage after and the
+// generation ("" without a Replay, or with one of no generation). It must
+// come last. The op id is in the marker's key: the library needs no more.
 func (b *batch) opTail(m *limit.Meter) {
 	if m == nil || m.Op == "" {
 		return
 	}
 	b.keys = append(b.keys, keyspace.MeterOp(m.Key, m.Op))
-	var r limit.Replay
-	if m.Replay != nil {
-		r = *m.Replay
+	replay := ""
+	if r := m.Replay; r != nil && r.Gen != "" {
+		u := r.After
+		replay = fmt.Sprintf("%d %d %d %d %s", u.Charged, u.Refunded, u.Calls, u.RefundedCalls, r.Gen)
 	}
-	b.args = append(b.args, m.Op, opMarkerTTL, r.Gen)
-	b.nums(r.After.Charged, r.After.Refunded, r.After.Calls, r.After.RefundedCalls)
+	b.args = append(b.args, opMarkerTTL, replay)
 }
 
 // meter appends the meter's key to KEYS and its block to ARGV (limit.lua),
