@@ -180,7 +180,7 @@ local function int(x)
   local s = smalls[x]
   if s then return s end
   s = fmt(intf, x)
-  if LIB and x >= -1 and x < 1024 then smalls[x] = s end
+  if LIB and x >= -1 and x < 1024 and s ~= '-0' then smalls[x] = s end
   return s
 end
 
@@ -405,11 +405,13 @@ if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' or EOP == 'M' or EOP == 'A' or 
   -- record writes the op's marker: the kind of write ('m' or 'n', a take
   -- of that op; 'M' or 'N', such a take the op was placed again over; 'a'
   -- an adjust; 't', a take, from earlier versions), then the reply out,
-  -- packed with layout f (see takeLayout; nil: out is a text marker's, and
-  -- is written as text again), for the TTL.
+  -- packed with layout f (see takeLayout), for the TTL. Without f (out is
+  -- a text marker's) or past 1 000 values (unpack and struct pass them on
+  -- Lua's stack, 8 000 slots at most), it is written as text, as earlier
+  -- versions did, which recorded reads as well.
   record = function(kind, out, f)
     local v
-    if f then
+    if f and #out <= 1000 then
       v = '\1' .. kind .. f .. '\0' .. struct.pack(f, unpack(out))
     else
       local parts = { kind }
@@ -429,7 +431,7 @@ if LIB or EOP == 'm' or EOP == 'a' or EOP == 'n' or EOP == 'M' or EOP == 'A' or 
   -- breaker's reason. Made once per shape.
   local layouts = {}
   takeLayout = function(n, breaker)
-    local k = breaker and -n or n
+    local k = 2 * n + (breaker and 1 or 0)
     local f = layouts[k]
     if not f then
       f = '>' .. string.rep('d', 1 + 4 * n) .. 'ddddds' .. (breaker and 'ddddsddddd' or '')
