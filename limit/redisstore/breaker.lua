@@ -12,10 +12,11 @@
 -- identical-calls counter when the identical count is above 0. For o, d,
 -- p and x: KEYS[1] the breaker.
 --
--- The breaker block, ARGV[k+1..k+10] (k = #ARGV - 10 for b and n, k = 1 for
--- o and d): tenant, subject, id, consecutive denials, consecutive failures,
--- identical count (0: no identical-calls key), identical window (µs),
--- cooldown (µs), max cooldown (µs), probe lease (µs); k = 1 for p too.
+-- The breaker block, ARGV[k+1..k+10] (k = na - 10 for b and n, na being
+-- #ARGV without an op's tail; k = 1 for o and d): tenant, subject, id,
+-- consecutive denials, consecutive failures, identical count (0: no
+-- identical-calls key), identical window (µs), cooldown (µs), max cooldown
+-- (µs), probe lease (µs); k = 1 for p too.
 -- Then for o
 -- ARGV[12] failed and ARGV[13] probe ("1"/"0"), for d ARGV[12] the count.
 --

@@ -60,8 +60,8 @@
 -- the meter's slot) and their last 2 ARGV are: the marker's TTL (ms), then
 -- for 'A' the replay guard (limit.Replay) as one string, "<c> <r> <n> <rn>
 -- <generation id>": the usage after the op in the generation it was
--- applied in, and that generation's id ("" for no guard; 'M', 'N' and 'U'
--- send ""). When the marker exists the call applies nothing and replies
+-- applied in, and that generation's id, which may be empty (a meter of no
+-- generation); "" for no guard ('M', 'N' and 'U' send ""). When the marker exists the call applies nothing and replies
 -- what the marker holds: the reply of the call that applied the op.
 -- Otherwise the call runs as its lower-case op and, when it charged or
 -- adjusted the meter, writes the marker with its reply (packed: see
@@ -925,14 +925,18 @@ local function adjust()
     if not after[5] then
       return redis.error_reply('ERR mcpgate limit script: bad replay ' .. replay)
     end
-    local gid = match(gen, '^(%S+)')
-    if gid == after[5] then
+    -- (algo.MeterReplayed: a meter of no generation has the id "" and
+    -- a zero seed)
+    if match(gen, '^(%S*)') == after[5] then
       st = 5
     else
-      local i = 0
+      local seed, i = { 0, 0, 0, 0 }, 0
       for x in string.gmatch(gen, '%S+') do
-        if i > 0 and tonumber(ARGV[11 + i]) > 0 and tonumber(x) >= tonumber(after[i]) then st = 5 end
+        if i > 0 and i <= 4 then seed[i] = tonumber(x) or 0 end
         i = i + 1
+      end
+      for j = 1, 4 do
+        if tonumber(ARGV[11 + j]) > 0 and seed[j] >= tonumber(after[j]) then st = 5 end
       end
     end
     if st == 5 and create then meterWrite(key, 1, u, true, gen) end

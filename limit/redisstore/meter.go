@@ -418,15 +418,16 @@ var opMarkerTTL = strconv.FormatInt(limit.OpTTL.Milliseconds(), 10)
 // opTail appends, for a meter with an Op, the op's marker key to KEYS and
 // its tail to ARGV (limit.lua): the marker's TTL and the replay guard, one
 // string "<c> <r> <n> <rn> <generation id>" of the usage after and the
-// generation ("" without a Replay, or with one of no generation). It must
-// come last. The op id is in the marker's key: the library needs no more.
+// generation ("" without a Replay; a Replay of no generation ends with the
+// space). It must come last. The op id is in the marker's key: the
+// library needs no more.
 func (b *batch) opTail(m *limit.Meter) {
 	if m == nil || m.Op == "" {
 		return
 	}
 	b.keys = append(b.keys, keyspace.MeterOp(m.Key, m.Op))
 	replay := ""
-	if r := m.Replay; r != nil && r.Gen != "" {
+	if r := m.Replay; r != nil {
 		u := r.After
 		replay = fmt.Sprintf("%d %d %d %d %s", u.Charged, u.Refunded, u.Calls, u.RefundedCalls, r.Gen)
 	}
