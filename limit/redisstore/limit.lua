@@ -268,25 +268,30 @@ local function parse(s)
   return { alg, tonumber(l), tonumber(p), tonumber(c), a ~= alg }
 end
 
--- A function library keeps the rules it read (at most 1024, then it starts
--- over): a gateway sends the same few rules again and again, and a table
--- lookup is cheaper than parsing one. A script parses every call.
-local rules, rulesN = {}, 0
+-- keep stores v as what the argument s parses to in cache c, a table of a
+-- function library (a script parses every call), with the entries' count
+-- at c[0]: at most 1024, then it starts over. A gateway sends the same few
+-- rules and headers again and again, and a table lookup is cheaper than
+-- parsing one.
+local function keep(c, s, v)
+  if not LIB then return end
+  if c[0] >= 1024 then
+    for k in pairs(c) do c[k] = nil end
+    c[0] = 0
+  end
+  c[s], c[0] = v, c[0] + 1
+end
+local rules, heads = { [0] = 0 }, { [0] = 0 }
 
 -- head reads the call's header, args[1]: op, clock offset, cost, lease
--- ("" for none). A function library keeps the headers without a lease that
--- it read, as it keeps rules: they take a few values again and again.
-local heads, headsN = {}, 0
+-- ("" for none). Headers without a lease are kept (keep).
 local function head(s)
   local h = heads[s]
   if h then return h[1], h[2], h[3], '' end
   local o, off, c, l = match(s, '^(%a) (%-?%d+) (%d+) ?(.*)$')
   if not o then return nil end
   h = { o, tonumber(off), tonumber(c) }
-  if LIB and l == '' then
-    if headsN >= 1024 then heads, headsN = {}, 0 end
-    heads[s], headsN = h, headsN + 1
-  end
+  if l == '' then keep(heads, s, h) end
   return h[1], h[2], h[3], l
 end
 
@@ -300,10 +305,7 @@ local function rule(i)
   if not r then
     r = parse(s)
     if not r then error({ err = 'ERR mcpgate limit script: bad rule ' .. tostring(s) }) end
-    if LIB then
-      if rulesN >= 1024 then rules, rulesN = {}, 0 end
-      rules[s], rulesN = r, rulesN + 1
-    end
+    keep(rules, s, r)
   end
   return r[1], r[2], r[3], r[4], r[5]
 end
