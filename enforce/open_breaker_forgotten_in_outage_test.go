@@ -20,7 +20,7 @@ func TestOpenLoopBreakerForgottenDuringStoreOutage(t *testing.T) {
 	call := enforce.Call{Tenant: "acme", Subject: "agent", Name: "search"}
 	env.openBreaker(t, call, 2)
 	env.redis.Kill()
-	env.advance(2 * time.Second) // past BreakerCacheHold, far before the 10m cooldown
+	env.clock.Advance(2 * time.Second) // past BreakerCacheHold, far before the 10m cooldown
 	admitted := 0
 	for range 10 {
 		ticket, d := env.e.Admit(t.Context(), call)
@@ -60,8 +60,8 @@ func TestKnownOpenBreakerAnsweredAsStoreUnavailable(t *testing.T) {
 	env := newOutageEnv(t, openBreakerOutageConfig("open"), outageOptions{Clock: true})
 	call := enforce.Call{Tenant: "acme", Subject: "agent", Name: "search"}
 	env.openBreaker(t, call, 2)
-	env.advance(2 * time.Second) // past the entry's hold: the store is asked again
-	env.redis.Kill()             // the store breaker is still closed: the call goes to the store and fails
+	env.clock.Advance(2 * time.Second) // past the entry's hold: the store is asked again
+	env.redis.Kill()                   // the store breaker is still closed: the call goes to the store and fails
 	ticket, d := env.e.Admit(t.Context(), call)
 	ticket.Done(t.Context(), enforce.Outcome{})
 	if d.Allowed || d.Unavailable || d.Scope != enforce.ScopeBreaker {

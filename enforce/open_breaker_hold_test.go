@@ -33,7 +33,7 @@ breaker: {consecutive_failures: 2, cooldown: 10m}
 	if _, d := env.e.Admit(t.Context(), call); d.Allowed {
 		t.Fatalf("within the hold: %+v, want the breaker answered in process", d)
 	}
-	env.advance(enforce.BreakerCacheHold + time.Millisecond)
+	env.clock.Advance(enforce.BreakerCacheHold + time.Millisecond)
 	ticket, d := env.e.Admit(t.Context(), call)
 	ticket.Done(t.Context(), enforce.Outcome{})
 	if !d.Allowed {

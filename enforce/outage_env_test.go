@@ -3,7 +3,6 @@ package enforce_test
 import (
 	"context"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 
 	"github.com/mcpgate/mcpgate/enforce"
 	"github.com/mcpgate/mcpgate/internal/testenv"
+	"github.com/mcpgate/mcpgate/limit/limittest"
 	"github.com/mcpgate/mcpgate/limit/redisstore"
 	"github.com/mcpgate/mcpgate/policy"
 	"github.com/mcpgate/mcpgate/usage/sqlite"
@@ -24,14 +24,13 @@ type outageEnv struct {
 	redis *testenv.Redis
 	proxy *testenv.Toxiproxy // nil without outageOptions.Proxy
 	st    *redisstore.Store
-	mu    sync.Mutex
-	clock time.Time
+	clock *limittest.FakeClock // the engine's clock with outageOptions.Clock
 }
 
 // outageOptions are newOutageEnv's choices; the zero value is a real clock,
 // no usage store, a direct connection and a store timeout of 1s.
 type outageOptions struct {
-	Clock   bool          // the engine reads a clock the test moves (advance), not the real one
+	Clock   bool          // the engine reads a clock the test moves (env.clock.Advance), not the real one
 	Usage   bool          // a usage store (SQLite), which quotas need
 	Proxy   bool          // the connection goes through a toxiproxy, env.proxy
 	Timeout time.Duration // the store's timeout: the config's store.timeout (default 1s)
@@ -41,7 +40,7 @@ type outageOptions struct {
 // body after upstream and auth (store, breaker, tiers).
 func newOutageEnv(t *testing.T, config string, o outageOptions) *outageEnv {
 	t.Helper()
-	env := &outageEnv{redis: testenv.StartRedis(t, nil), clock: time.Now()}
+	env := &outageEnv{redis: testenv.StartRedis(t, nil), clock: limittest.NewFakeClock(time.Now())}
 	cfg, err := policy.Parse("outage.yaml", []byte(`
 upstream: {url: "http://127.0.0.1:1/mcp"}
 auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
@@ -68,7 +67,7 @@ auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
 	opts := enforce.Options{Config: cfg, Shared: env.st,
 		Probe: func(ctx context.Context) error { return client.Do(ctx, client.B().Ping().Build()).Error() }}
 	if o.Clock {
-		opts.Now = env.now
+		opts.Now = env.clock.Now
 	}
 	if o.Usage {
 		us, err := sqlite.Open(filepath.Join(t.TempDir(), "u.db"))
@@ -83,19 +82,6 @@ auth: {jwt: {hs256_secret_env: ENGINE_TEST_SECRET}}
 	}
 	t.Cleanup(func() { env.e.Close() })
 	return env
-}
-
-func (env *outageEnv) now() time.Time {
-	env.mu.Lock()
-	defer env.mu.Unlock()
-	return env.clock
-}
-
-// advance moves the engine's clock by d.
-func (env *outageEnv) advance(d time.Duration) {
-	env.mu.Lock()
-	env.clock = env.clock.Add(d)
-	env.mu.Unlock()
 }
 
 // openBreaker fails call n times in a row, n being the config's
