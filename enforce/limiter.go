@@ -306,7 +306,7 @@ func (l *limiter) evaluateMetered(ctx context.Context, store limit.GuardedStore,
 			// charged records the store's report too (saw)
 			l.meters.charged(*meter, limit.Usage{Charged: meter.CostFor(cost), Calls: 1}, b.mr)
 		case store == l.shared:
-			l.meters.saw(*meter, b.mr.Usage, meter.Quota > 0)
+			l.meters.saw(*meter, b.mr.Usage)
 		}
 		b.metered = req.Meter != nil
 		return b, nil

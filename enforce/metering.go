@@ -248,7 +248,7 @@ func (m *meterer) seed(ctx context.Context, meter limit.Meter) (limit.Meter, err
 // charged records that the store applied meter's op, delta, with answer mr
 // (the flusher writes it; the journal keeps it until it is durable).
 func (m *meterer) charged(meter limit.Meter, delta limit.Usage, mr limit.MeterResult) {
-	m.saw(meter, mr.Usage, meter.Quota > 0)
+	m.saw(meter, mr.Usage)
 	m.record(meter, meter.Op, delta, mr)
 	m.flusher.Track(meter.Key)
 }

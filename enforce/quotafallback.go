@@ -17,12 +17,12 @@ import (
 // has no quota under the fallback.
 
 // saw records u, the usage the shared store reported for meter's key.
-// withQuota says meter has a quota: only such meters are recorded, and a
-// report on a meter without (a placement's, whose meter carries none) only
-// updates a record there is. The record lapses at the end of its period.
-// An older answer arriving late does not replace a newer one: a meter's
-// usage only grows within a generation.
-func (m *meterer) saw(meter limit.Meter, u limit.Usage, withQuota bool) {
+// Only meters with a quota are recorded, and a report on a meter without
+// (a placement's, whose meter carries none) only updates a record there
+// is. The record lapses at the end of its period. An older answer
+// arriving late does not replace a newer one: a meter's usage only grows
+// within a generation.
+func (m *meterer) saw(meter limit.Meter, u limit.Usage) {
 	if m == nil {
 		return
 	}
@@ -31,7 +31,7 @@ func (m *meterer) saw(meter limit.Meter, u limit.Usage, withQuota bool) {
 	defer m.mu.Unlock()
 	old, ok := m.reported.get(meter.Key, now)
 	switch {
-	case !ok && !withQuota:
+	case !ok && meter.Quota <= 0:
 		return
 	case ok && (u.Charged < old.Charged || u.Charged == old.Charged && u.Refunded < old.Refunded):
 		return
