@@ -629,6 +629,11 @@ func add(a, b limit.Usage) limit.Usage {
 		Calls: a.Calls + b.Calls, RefundedCalls: a.RefundedCalls + b.RefundedCalls}
 }
 
+func sub(a, b limit.Usage) limit.Usage {
+	return limit.Usage{Charged: a.Charged - b.Charged, Refunded: a.Refunded - b.Refunded,
+		Calls: a.Calls - b.Calls, RefundedCalls: a.RefundedCalls - b.RefundedCalls}
+}
+
 func (m *meterer) pendingCount() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -78,8 +78,7 @@ func (p *pendingUsage) total() limit.Usage {
 func (m *meterer) placed(key string, delta limit.Usage) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	left := limit.Usage{Charged: m.placing[key].Charged - delta.Charged, Refunded: m.placing[key].Refunded - delta.Refunded,
-		Calls: m.placing[key].Calls - delta.Calls, RefundedCalls: m.placing[key].RefundedCalls - delta.RefundedCalls}
+	left := sub(m.placing[key], delta)
 	if left == (limit.Usage{}) {
 		delete(m.placing, key)
 		return
