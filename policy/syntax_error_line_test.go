@@ -16,6 +16,9 @@ func TestSyntaxErrorLines(t *testing.T) {
 		line       int
 	}{
 		{"parser: expected key", head + "tiers: {}\n- x\n", 4},
+		// The line at fault, not the valid line before it.
+		{"parser: bad flow list", head + "tiers: {free: {limits: [}}\nlisten: \":1\"\n", 3},
+		{"parser: flow map not closed", head + "listen: \":1\"\ntiers: {free: {limits: []}\nstore: {}\n", 4},
 		{"parser: undefined tag handle", head + "listen: !x!y a\n", 3},
 		// yaml.v3 blames the start of the sequence being parsed.
 		{"parser: expected '-' indicator", head + "global:\n  - {name: a}\n  b: 1\n", 4},
