@@ -11,6 +11,8 @@ import (
 func TestMaxCooldownComparedWithCooldownInForce(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct{ name, yaml, want string }{
+		// Accepted before, then silently raised to 30s by the engine
+		// (max(MaxCooldown, Cooldown)).
 		{"default cooldown", "breaker: {consecutive_denials: 3, max_cooldown: 10s}\n",
 			"m.yaml:3: breaker.max_cooldown: must not be shorter than cooldown (30s, the default)"},
 		{"null cooldown", "breaker: {consecutive_denials: 3, cooldown: null, max_cooldown: 10s}\n",
