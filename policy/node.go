@@ -342,10 +342,11 @@ func (d *decoder) int64(n *yaml.Node, path string) (int64, bool) {
 	if !d.scalar(n, path, "an integer") {
 		return 0, false
 	}
-	if (n.Tag == "!!int" || n.Tag == "!!float" && bigInt.MatchString(n.Value)) && !d.decimal(n, path) {
+	big := n.Tag == "!!float" && bigInt.MatchString(n.Value)
+	if (n.Tag == "!!int" || big) && !d.decimal(n, path) {
 		return 0, false
 	}
-	if n.Tag == "!!float" && bigInt.MatchString(n.Value) {
+	if big {
 		d.errf(n, path, "integer %s is out of range", n.Value)
 		return 0, false
 	}
