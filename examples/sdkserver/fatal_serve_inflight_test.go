@@ -6,8 +6,6 @@ import (
 	"net"
 	"testing"
 	"time"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // failingListener's Accept fails, with an error net/http does not retry,
@@ -41,25 +39,13 @@ func (l *failingListener) Accept() (net.Conn, error) {
 // signal path the shutdown waits for the call and the store holds 7.
 func TestFatalServeErrorFlushesBeforeCallsInFlightSettle(t *testing.T) {
 	b := newBlockingLLM(t, "")
-	s, started, release := b.s, b.started, b.release
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ln := &failingListener{Listener: inner, fail: make(chan struct{})}
-	done := make(chan error, 1)
-	go func() {
-		err := s.serve(context.Background(), ln, nil)
-		s.close() // as run's defer
-		done <- err
-	}()
-	cs := connect(t, "http://"+inner.Addr().String()+"/mcp", sign(t, "bill-co", "alice", "tools:*"))
-	callDone := make(chan error, 1)
-	go func() {
-		_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "llm"})
-		callDone <- err
-	}()
-	<-started
+	done, callDone := b.serveAndCall(t, context.Background(), ln, inner.Addr().String(), context.Background())
+	<-b.started
 	close(ln.fail)
 	returned := false
 	select {
@@ -68,7 +54,7 @@ func TestFatalServeErrorFlushesBeforeCallsInFlightSettle(t *testing.T) {
 		t.Logf("serve returned (%v) with the call still in flight", err)
 	case <-time.After(5 * time.Second):
 	}
-	close(release)
+	close(b.release)
 	<-callDone
 	if !returned {
 		select {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"testing"
 	"time"
@@ -56,6 +57,26 @@ tools:
 			Meta: mcp.Meta{"usage": map[string]any{"tokens": 7}}}, nil, nil
 	})
 	return b
+}
+
+// serveAndCall serves b's server on ln until ctx ends, closing it after (as
+// run's defer), and calls llm through addr as bill-co with callCtx. done
+// has serve's error once the server is closed, callDone the call's.
+func (b *blockingLLM) serveAndCall(t *testing.T, ctx context.Context, ln net.Listener, addr string, callCtx context.Context) (done, callDone <-chan error) {
+	t.Helper()
+	served := make(chan error, 1)
+	go func() {
+		err := b.s.serve(ctx, ln, nil)
+		b.s.close() // as run's defer
+		served <- err
+	}()
+	cs := connect(t, "http://"+addr+"/mcp", sign(t, "bill-co", "alice", "tools:*"))
+	called := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(callCtx, &mcp.CallToolParams{Name: "llm"})
+		called <- err
+	}()
+	return served, called
 }
 
 // durableUsage is bill-co's usage record of this period in the store at db.

@@ -5,8 +5,6 @@ import (
 	"net"
 	"testing"
 	"time"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // A server's shutdown ("calls in flight finish, then usage is flushed a last
@@ -16,39 +14,27 @@ import (
 // waits for such calls (gateway TestShutdownWaitsForLoadsWhoseCallersLeft).
 func TestShutdownWaitsForLoadsWhoseCallersLeft(t *testing.T) {
 	b := newBlockingLLM(t, "    cache: {ttl: 10m}\n")
-	s, started, release, ended := b.s, b.started, b.release, b.ended
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	done := make(chan error, 1)
-	go func() {
-		err := s.serve(ctx, ln, nil)
-		s.close() // as run's defer
-		done <- err
-	}()
-	cs := connect(t, "http://"+ln.Addr().String()+"/mcp", sign(t, "bill-co", "alice", "tools:*"))
 	callCtx, cancel := context.WithCancel(context.Background())
-	callDone := make(chan error, 1)
-	go func() {
-		_, err := cs.CallTool(callCtx, &mcp.CallToolParams{Name: "llm"})
-		callDone <- err
-	}()
-	<-started
+	done, callDone := b.serveAndCall(t, ctx, ln, ln.Addr().String(), callCtx)
+	<-b.started
 	cancel() // the client leaves; its load runs on for the flight
 	<-callDone
 	time.Sleep(300 * time.Millisecond) // notifications/cancelled reaches the server
 	stop()                             // SIGTERM
 	go func() {
 		time.Sleep(500 * time.Millisecond)
-		close(release) // the load ends, reporting 7, well within the shutdown grace
+		close(b.release) // the load ends, reporting 7, well within the shutdown grace
 	}()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	<-ended
+	<-b.ended
 	time.Sleep(200 * time.Millisecond) // the call settles, if anything is left to settle with
 	rec := durableUsage(t, b.db)
 	if rec.Used() != 7 {
