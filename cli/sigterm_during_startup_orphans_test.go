@@ -3,15 +3,12 @@ package cli
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/mcpgate/mcpgate/internal/testenv"
 )
 
 // SIGTERM (or SIGINT) is caught only once serveUntilDone runs: during the
@@ -41,23 +38,8 @@ auth:
 `, script, filepath.Join(dir, "usage.db"))), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	stderr := &testenv.SyncBuffer{}
-	cmd := exec.Command(bin, "serve", "--config", cfg)
-	cmd.Env = e2eEnv()
-	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	defer func() {
-		select {
-		case <-exited:
-		default:
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}()
+	p := launchServe(t, bin, "", cfg)
+	cmd, stderr := p.cmd, p.stderr
 	var pid int
 	for deadline := time.Now().Add(30 * time.Second); pid == 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -75,7 +57,7 @@ auth:
 	// stop waits for it, up to its StartTimeout (30 s), then stops the
 	// upstream. The bound below only catches a hang.
 	select {
-	case <-exited:
+	case <-p.done:
 	case <-time.After(90 * time.Second):
 		t.Fatalf("mcpgate did not exit within 90s of SIGTERM during its start:\n%s", stderr.String())
 	}

@@ -81,6 +81,28 @@ func startServe(t *testing.T, bin, cfg string) *gatewayProc {
 // startServeIn is startServe in the working directory dir ("": this one).
 func startServeIn(t *testing.T, bin, dir, cfg string) *gatewayProc {
 	t.Helper()
+	p := launchServe(t, bin, dir, cfg)
+	deadline := time.After(10 * time.Second)
+	for {
+		if m := listening.FindStringSubmatch(p.stderr.String()); m != nil {
+			p.addr = m[1]
+			return p
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("mcpgate serve exited (%v):\n%s", p.err, p.stderr.String())
+		case <-deadline:
+			t.Fatalf("mcpgate serve did not start:\n%s", p.stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// launchServe starts `mcpgate serve --config cfg` in dir ("": this one)
+// without waiting for it to listen (addr stays empty). The process is
+// killed when the test ends if it is still running.
+func launchServe(t *testing.T, bin, dir, cfg string) *gatewayProc {
+	t.Helper()
 	p := &gatewayProc{stderr: &testenv.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, "serve", "--config", cfg)
 	p.cmd.Dir = dir
@@ -101,20 +123,7 @@ func startServeIn(t *testing.T, bin, dir, cfg string) *gatewayProc {
 			<-p.done
 		}
 	})
-	deadline := time.After(10 * time.Second)
-	for {
-		if m := listening.FindStringSubmatch(p.stderr.String()); m != nil {
-			p.addr = m[1]
-			return p
-		}
-		select {
-		case <-p.done:
-			t.Fatalf("mcpgate serve exited (%v):\n%s", p.err, p.stderr.String())
-		case <-deadline:
-			t.Fatalf("mcpgate serve did not start:\n%s", p.stderr.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	return p
 }
 
 // signal sends sig and waits for the process to exit.
