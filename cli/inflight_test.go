@@ -75,6 +75,20 @@ func serveInBackground(t *testing.T, secretEnv, cfg string) *serving {
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	s := serveConfig(t, path)
+	var err error
+	s.token, err = auth.SignHS256([]byte(secret), map[string]any{"tenant_id": "t1", "sub": "u", "scope": "tools:*", "exp": time.Now().Add(time.Hour).Unix()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// serveConfig runs mcpgate serve on the config file at path and waits
+// until it listens (token stays empty). Main is stopped at the test's
+// cleanup, not waited for.
+func serveConfig(t *testing.T, path string) *serving {
+	t.Helper()
 	s := &serving{stderr: &testenv.SyncBuffer{}, done: make(chan int, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -87,11 +101,6 @@ func serveInBackground(t *testing.T, secretEnv, cfg string) *serving {
 		if m := listening.FindStringSubmatch(s.stderr.String()); m != nil {
 			s.addr = m[1]
 		}
-	}
-	var err error
-	s.token, err = auth.SignHS256([]byte(secret), map[string]any{"tenant_id": "t1", "sub": "u", "scope": "tools:*", "exp": time.Now().Add(time.Hour).Unix()})
-	if err != nil {
-		t.Fatal(err)
 	}
 	return s
 }

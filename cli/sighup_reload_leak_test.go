@@ -1,9 +1,7 @@
 package cli
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,7 +14,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mcpgate/mcpgate/examples/upstream"
-	"github.com/mcpgate/mcpgate/internal/testenv"
 )
 
 // Reloads (SIGHUP) that rebuild the authenticator (a JWKS URL's options
@@ -41,16 +38,8 @@ func TestServeLeavesNoGoroutineAfterSIGHUPReloads(t *testing.T) {
 	write("https://issuer-0")
 	opts := goleak.IgnoreCurrent()
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stderr := &testenv.SyncBuffer{}
-	done := make(chan int, 1)
-	go func() { done <- Main(ctx, []string{"serve", "--config", path}, io.Discard, stderr) }()
-	for deadline := time.Now().Add(10 * time.Second); !listening.MatchString(stderr.String()); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("mcpgate did not start:\n%s", stderr.String())
-		}
-	}
+	srv := serveConfig(t, path)
+	stderr := srv.stderr
 	const reloads = 3
 	for i := 1; i <= reloads; i++ {
 		write(fmt.Sprintf("https://issuer-%d", i))
@@ -63,9 +52,9 @@ func TestServeLeavesNoGoroutineAfterSIGHUPReloads(t *testing.T) {
 			}
 		}
 	}
-	cancel()
+	srv.stop()
 	select {
-	case code := <-done:
+	case code := <-srv.done:
 		if code != 0 {
 			t.Fatalf("serve exited %d:\n%s", code, stderr.String())
 		}
