@@ -193,18 +193,23 @@ func callEcho(t *testing.T, addr, token string) *http.Response {
 // callMCP posts one JSON-RPC request to the gateway at addr.
 func callMCP(t *testing.T, addr, token, body string) *http.Response {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/mcp", strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+token)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("MCP-Protocol-Version", "2025-06-18")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(mcpRequest(context.Background(), addr, token, body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp
+}
+
+// mcpRequest is the POST of one JSON-RPC request to the gateway at addr.
+func mcpRequest(ctx context.Context, addr, token, body string) *http.Request {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/mcp", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("MCP-Protocol-Version", "2025-06-18")
+	return req
 }
 
 func TestServeEnforcesAndReloads(t *testing.T) {

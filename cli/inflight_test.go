@@ -111,12 +111,7 @@ func (s *serving) callLLM(ctx context.Context) (done <-chan struct{}) {
 	callDone := make(chan struct{})
 	go func() {
 		defer close(callDone)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.addr+"/mcp",
-			strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"llm","arguments":{}}}`))
-		req.Header.Set("Authorization", "Bearer "+s.token)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		req.Header.Set("MCP-Protocol-Version", "2025-06-18")
+		req := mcpRequest(ctx, s.addr, s.token, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"llm","arguments":{}}}`)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
