@@ -36,20 +36,16 @@ func (g *Gateway) adminRoutes(mux *http.ServeMux) {
 		{http.MethodGet, "/admin/breakers", g.adminBreakers},
 		{http.MethodDelete, "/admin/breakers/{key}", g.adminResetBreaker},
 	}
-	var paths []string
 	allowed := map[string][]string{}
 	for _, e := range endpoints {
 		mux.HandleFunc(e.method+" "+e.path, g.adminOnly(e.h))
-		if _, ok := allowed[e.path]; !ok {
-			paths = append(paths, e.path)
-		}
 		allowed[e.path] = append(allowed[e.path], e.method)
 		if e.method == http.MethodGet {
 			allowed[e.path] = append(allowed[e.path], http.MethodHead) // a GET pattern serves HEAD too
 		}
 	}
-	for _, path := range paths {
-		allow := strings.Join(allowed[path], ", ")
+	for path, methods := range allowed {
+		allow := strings.Join(methods, ", ")
 		mux.HandleFunc(path, g.adminOnly(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
 			writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method " + r.Method + " not allowed; allowed: " + allow})
