@@ -10,7 +10,6 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpgate/mcpgate/examples/upstream"
-	"github.com/mcpgate/mcpgate/policy"
 )
 
 // Apply checks the attribution of the federation's tools against the
@@ -34,26 +33,18 @@ func TestReloadAttributionCheckedAgainstFileNotInForce(t *testing.T) {
 	hb := httptest.NewServer(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return sb }, nil))
 	t.Cleanup(hb.Close)
 
-	start := fmt.Sprintf("upstreams:\n  - {name: a, url: %q, prefix: \"\"}\n  - {name: b, url: %q, prefix: \"\"}\n", ua.URL(), hb.URL+"/mcp") + reloadFedAuth()
-	cfg, err := policy.Parse("start.yaml", []byte(start))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := reloadFedConfig(t, "start.yaml", fmt.Sprintf("upstreams:\n  - {name: a, url: %q, prefix: \"\"}\n  - {name: b, url: %q, prefix: \"\"}\n", ua.URL(), hb.URL+"/mcp"))
 	g := (&env{t: t}).newGateway(cfg, setup{})
 	srv := httptest.NewServer(g)
 	t.Cleanup(srv.Close)
 
-	file := fmt.Sprintf(`upstreams:
+	next := reloadFedConfig(t, "reload.yaml", fmt.Sprintf(`upstreams:
   - name: a
     url: %q
     prefix: ""
     limits: [{name: a_calls, algorithm: fixed_window, limit: 1, period: 1m}]
   - {name: b, url: %q, prefix: "b__"}
-`, ua.URL(), hb.URL+"/mcp") + reloadFedAuth()
-	next, err := policy.Parse("reload.yaml", []byte(file))
-	if err != nil {
-		t.Fatal(err)
-	}
+`, ua.URL(), hb.URL+"/mcp"))
 	if err := g.Apply(next, authFor(t, next, nil)); err != nil {
 		t.Logf("reload refused (acceptable): %v", err)
 		return
@@ -62,7 +53,7 @@ func TestReloadAttributionCheckedAgainstFileNotInForce(t *testing.T) {
 	if _, isErr := fedCall(t, cs, "echo", map[string]any{"text": "1"}); isErr {
 		t.Fatal("first echo failed")
 	}
-	_, err = callTool(t.Context(), cs, "echo", map[string]any{"text": "2"})
+	_, err := callTool(t.Context(), cs, "echo", map[string]any{"text": "2"})
 	if !isRateLimited(err) {
 		t.Fatalf("reload accepted with upstream a's limit a_calls (1/min), but the second call to a's tool echo was admitted (err = %v): in force a and b are both bare, so echo reads as no upstream's and a's limits count nothing", err)
 	}

@@ -13,9 +13,16 @@ import (
 	"github.com/mcpgate/mcpgate/policy"
 )
 
-// reloadFedAuth is the auth section of the federation reload tests.
-func reloadFedAuth() string {
-	return fmt.Sprintf("auth:\n  jwt: {hs256_secret_env: MCPGATE_GATEWAY_TEST_SECRET, issuer: %s, audience: %s}\n", testIssuer, testAudience)
+// reloadFedConfig parses the file name of a federation reload test: its
+// upstreams: section (upstreams) followed by the tests' auth section.
+func reloadFedConfig(t *testing.T, name, upstreams string) *policy.Config {
+	t.Helper()
+	auth := fmt.Sprintf("auth:\n  jwt: {hs256_secret_env: MCPGATE_GATEWAY_TEST_SECRET, issuer: %s, audience: %s}\n", testIssuer, testAudience)
+	cfg, err := policy.Parse(name, []byte(upstreams+auth))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
 
 // A reload is checked against the upstreams in force, not the file's: a
@@ -26,25 +33,17 @@ func reloadFedAuth() string {
 func TestReloadAttributionAcceptsPrefixPendingRestart(t *testing.T) {
 	t.Parallel()
 	ua := startFedHTTP(t, upstream.New(&upstream.Options{Name: "upstream-a"}))
-	start := fmt.Sprintf("upstreams:\n  - {name: a, url: %q, prefix: \"\"}\n", ua.URL()) + reloadFedAuth()
-	cfg, err := policy.Parse("start.yaml", []byte(start))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := reloadFedConfig(t, "start.yaml", fmt.Sprintf("upstreams:\n  - {name: a, url: %q, prefix: \"\"}\n", ua.URL()))
 	g := (&env{t: t}).newGateway(cfg, setup{})
 	srv := httptest.NewServer(g)
 	t.Cleanup(srv.Close)
 
-	file := fmt.Sprintf(`upstreams:
+	next := reloadFedConfig(t, "reload.yaml", fmt.Sprintf(`upstreams:
   - name: a
     url: %q
     prefix: a__
     limits: [{name: a_calls, algorithm: fixed_window, limit: 1, period: 1m}]
-`, ua.URL()) + reloadFedAuth()
-	next, err := policy.Parse("reload.yaml", []byte(file))
-	if err != nil {
-		t.Fatal(err)
-	}
+`, ua.URL()))
 	if err := g.Apply(next, authFor(t, next, nil)); err != nil {
 		t.Fatalf("reload refused, though in force a is still bare and echo its tool: %v", err)
 	}
@@ -68,26 +67,18 @@ func TestReloadRefusesLimitsOnBareUpstreamInForce(t *testing.T) {
 	hc := httptest.NewServer(sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return sc }, nil))
 	t.Cleanup(hc.Close)
 	quiet := hc.URL + "/mcp"
-	start := fmt.Sprintf("upstreams:\n  - {name: a, url: %q, prefix: \"\"}\n  - {name: c, url: %q, prefix: \"\"}\n", ua.URL(), quiet) + reloadFedAuth()
-	cfg, err := policy.Parse("start.yaml", []byte(start))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := reloadFedConfig(t, "start.yaml", fmt.Sprintf("upstreams:\n  - {name: a, url: %q, prefix: \"\"}\n  - {name: c, url: %q, prefix: \"\"}\n", ua.URL(), quiet))
 	g := (&env{t: t}).newGateway(cfg, setup{})
 	before := g.Config()
 
-	file := fmt.Sprintf(`upstreams:
+	next := reloadFedConfig(t, "reload.yaml", fmt.Sprintf(`upstreams:
   - {name: a, url: %q, prefix: ""}
   - name: c
     url: %q
     prefix: c__
     limits: [{name: c_calls, algorithm: fixed_window, limit: 1, period: 1m}]
-`, ua.URL(), quiet) + reloadFedAuth()
-	next, err := policy.Parse("reload.yaml", []byte(file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = g.Apply(next, authFor(t, next, nil))
+`, ua.URL(), quiet))
+	err := g.Apply(next, authFor(t, next, nil))
 	if err == nil {
 		t.Fatal("reload accepted: in force a and c are both bare, so c's limits would count none of its calls")
 	}
