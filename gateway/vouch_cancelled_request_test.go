@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/mcpgate/mcpgate/auth"
-	"github.com/mcpgate/mcpgate/internal/testenv"
 )
 
 // A session this instance does not track is served only while the store
@@ -21,11 +20,7 @@ import (
 // renewal (idle_timeout/4 away): a subject capped at one session holds two.
 func TestVouchCancelledRequestTracksSessionWithoutLease(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, setup{
-		Redis:     testenv.StartRedis(t, nil),
-		Instances: 2,
-		Config:    storeYAML(true) + "sessions: {max_per_subject: 1, idle_timeout: 1h}\n",
-	})
+	e, _ := vouchEnv(t)
 	alice, id := aliceSession(t, e)
 	p := auth.Principal{Tenant: "acme", Subject: "alice"}
 	g1 := e.gws[1]
