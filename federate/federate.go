@@ -356,6 +356,9 @@ func setDefaults(o *Options) {
 	if o.SessionTimeout <= 0 {
 		o.SessionTimeout = DefaultSessionTimeout
 	}
+	if o.RelayWait <= 0 {
+		o.RelayWait = DefaultRelayWait
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}

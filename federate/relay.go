@@ -110,7 +110,7 @@ func (f *Federator) newClient(up *upstream, ss *mcp.ServerSession, w *wireCount)
 			f.relayProgress(r.Session, r.Params)
 		},
 	})
-	c.AddReceivingMiddleware(relayRequests(asked, f.relayWait()), countRelayed(w))
+	c.AddReceivingMiddleware(relayRequests(asked, f.opts.RelayWait), countRelayed(w))
 	return c
 }
 
@@ -170,14 +170,6 @@ func relayRequests(target func(*mcp.ClientSession) (*mcp.ServerSession, []*call)
 			return nil, fmt.Errorf("federate: cannot relay %s", method)
 		}
 	}
-}
-
-// relayWait is Options.RelayWait, or its default.
-func (f *Federator) relayWait() time.Duration {
-	if f.opts.RelayWait > 0 {
-		return f.opts.RelayWait
-	}
-	return DefaultRelayWait
 }
 
 // relayContext is the context to send a relayed request with, and its
