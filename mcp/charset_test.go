@@ -82,14 +82,17 @@ func TestCheckCharset(t *testing.T) {
 }
 
 // An upstream's Cache-Control that would let a shared cache keep an answer
-// (public, s-maxage) is replaced: every answer is the caller's own (a list
-// filtered to its scopes). Others pass as they are (no-cache on streams).
+// to a request with Authorization (public, s-maxage, must-revalidate: RFC
+// 9111 section 3.5 names these three) is replaced: every answer is the
+// caller's own (a list filtered to its scopes). Others pass as they are
+// (no-cache on streams).
 func TestSharedCachingOfAnswersIsRefused(t *testing.T) {
 	for upstream, want := range map[string]string{
-		"public, max-age=3600":    "private, no-store",
-		"max-age=60, S-MAXAGE=60": "private, no-store",
-		"no-cache":                "no-cache",
-		"":                        "",
+		"public, max-age=3600":         "private, no-store",
+		"max-age=60, S-MAXAGE=60":      "private, no-store",
+		"max-age=600, must-revalidate": "private, no-store",
+		"no-cache":                     "no-cache",
+		"":                             "",
 	} {
 		a := answerOf{status: 200, ct: "application/json", body: []byte(`{"jsonrpc":"2.0","id":7,"result":{"tools":[]}}`)}
 		tr := roundTripFunc(func(req *http.Request) (*http.Response, error) {
@@ -106,7 +109,9 @@ func TestSharedCachingOfAnswersIsRefused(t *testing.T) {
 		req := `{"jsonrpc":"2.0","id":7,"method":"tools/list"}`
 		w := httptest.NewRecorder()
 		filter := Filter{List: ToolsList, Allow: func(string) bool { return true }}
-		p.Start(w, httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(req)), Forward{Body: []byte(req), Filter: filter}).Finish()
+		r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(req))
+		r.Header.Set("Authorization", "Bearer caller-a")
+		p.Start(w, r, Forward{Body: []byte(req), Filter: filter}).Finish()
 		if got := w.Header().Get("Cache-Control"); got != want {
 			t.Errorf("upstream Cache-Control %q reached the client as %q, want %q", upstream, got, want)
 		}
