@@ -78,7 +78,10 @@ func TestLookalikeTypeNeverForwarded(t *testing.T) {
 
 // A request's 2xx answer that is neither JSON nor an event stream (an
 // empty 202 or 204, plain text) is refused with 502 and the request's id:
-// relayed, it leaves the client waiting for its response or failing.
+// relayed, it leaves the client waiting for its response or failing (MCP:
+// 202 Accepted is for notifications and responses only; SDK clients take
+// it as "no body to read", the TypeScript client returns at once, then wait
+// for the call's response until their own timeout).
 func TestUntypedAnswerToRequestRefused(t *testing.T) {
 	for _, a := range []answerOf{{status: 202}, {status: 204}, {status: 200, ct: "text/plain", body: []byte("ok")}} {
 		p, err := NewProxy(ProxyOptions{Upstream: "http://upstream.invalid/mcp", Client: &http.Client{Transport: a}})
@@ -87,7 +90,7 @@ func TestUntypedAnswerToRequestRefused(t *testing.T) {
 		}
 		w := httptest.NewRecorder()
 		status, err := p.Serve(w, httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(callEcho)), Forward{Body: []byte(callEcho)})
-		if status != http.StatusBadGateway || !errors.Is(err, ErrBadUpstreamResponse) || !strings.Contains(w.Body.String(), `"id":7`) {
+		if status != http.StatusBadGateway || !errors.Is(err, ErrBadUpstreamResponse) || w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), `"id":7`) {
 			t.Errorf("HTTP %d %q: served %d %v, client got %d %q; want the 502 with id 7", a.status, a.ct, status, err, w.Code, w.Body.String())
 		}
 	}
