@@ -306,11 +306,11 @@ func typeLookalike(values []string) bool {
 // stream a body the proxy would have relayed unscreened, lists the
 // caller's filters would hide included.
 func (x *Exchange) checkAnswerType() {
-	ct := x.resp.Header.Values("Content-Type")
 	if !x.f.Msg.IsCall() || x.resp.StatusCode/100 != 2 || x.sse || mediaType(x.resp.Header.Get("Content-Type")) == "application/json" {
 		return
 	}
-	x.failed(fmt.Errorf("%w: %s answered HTTP %d with Content-Type %s", ErrBadUpstreamResponse, x.f.Msg.Method, x.resp.StatusCode, quoteCapped(strings.Join(ct, ", "))))
+	ct := strings.Join(x.resp.Header.Values("Content-Type"), ", ")
+	x.failed(fmt.Errorf("%w: %s answered HTTP %d with Content-Type %s", ErrBadUpstreamResponse, x.f.Msg.Method, x.resp.StatusCode, quoteCapped(ct)))
 }
 
 func methodOf(m *Message) string {
