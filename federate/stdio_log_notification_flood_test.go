@@ -1,10 +1,9 @@
 package federate_test
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"sync/atomic"
@@ -26,35 +25,14 @@ func init() {
 	if os.Getenv(logFloodEnv) == "" {
 		return
 	}
-	in := bufio.NewReader(os.Stdin)
-	out := bufio.NewWriter(os.Stdout)
-	for {
-		line, err := in.ReadBytes('\n')
-		if err != nil {
-			os.Exit(0)
-		}
-		var m struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-		}
-		if json.Unmarshal(line, &m) != nil || m.ID == nil {
-			continue
-		}
-		result := `{}`
-		switch m.Method {
-		case "initialize":
-			result = `{"protocolVersion":"2025-11-25","capabilities":{"tools":{},"logging":{}},"serverInfo":{"name":"flood","version":"1"}}`
-		case "tools/list":
-			result = `{"tools":[{"name":"echo","inputSchema":{"type":"object"}}]}`
-		case "tools/call":
+	serveBare("flood", `{"tools":{},"logging":{}}`, func(out io.Writer, _ int, method string) {
+		if method == "tools/call" {
 			for i := range logFloodLines {
 				fmt.Fprintf(out, `{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"error","data":"flood %d"}}`+"\n", i)
 			}
-			result = `{"content":[{"type":"text","text":"done"}]}`
 		}
-		fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":%s}`+"\n", m.ID, result)
-		out.Flush()
-	}
+	})
+	os.Exit(0)
 }
 
 // countingHandler counts the records whose message is msg.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http/httptest"
 	"os"
@@ -29,7 +30,19 @@ const chattyEnv = "FEDERATE_TEST_CHATTY_SERVER"
 var chatter = []string{"handling a request...", "[INFO] handling a request", `{"level":30,"msg":"handling a request"}`, "", "   "}
 
 func serveChatty() {
+	serveBare("chatty", `{"tools":{}}`, func(out io.Writer, n int, _ string) {
+		fmt.Fprintln(out, chatter[n%len(chatter)])
+	})
+}
+
+// serveBare makes the test binary a bare stdio JSON-RPC server named name,
+// with capabilities caps, serving the tool echo (answering "done"): it
+// answers each request read from stdin (and ignores other lines) on
+// stdout, after what before writes there (n counts the lines read from 0,
+// method is the request's), until stdin ends.
+func serveBare(name, caps string, before func(out io.Writer, n int, method string)) {
 	in := bufio.NewReader(os.Stdin)
+	out := bufio.NewWriter(os.Stdout)
 	for n := 0; ; n++ {
 		line, err := in.ReadBytes('\n')
 		if err != nil {
@@ -45,14 +58,15 @@ func serveChatty() {
 		result := `{}`
 		switch m.Method {
 		case "initialize":
-			result = `{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"chatty","version":"1"}}`
+			result = `{"protocolVersion":"2025-11-25","capabilities":` + caps + `,"serverInfo":{"name":"` + name + `","version":"1"}}`
 		case "tools/list":
 			result = `{"tools":[{"name":"echo","inputSchema":{"type":"object"}}]}`
 		case "tools/call":
 			result = `{"content":[{"type":"text","text":"done"}]}`
 		}
-		fmt.Println(chatter[n%len(chatter)])
-		fmt.Printf(`{"jsonrpc":"2.0","id":%s,"result":%s}`+"\n", m.ID, result)
+		before(out, n, m.Method)
+		fmt.Fprintf(out, `{"jsonrpc":"2.0","id":%s,"result":%s}`+"\n", m.ID, result)
+		out.Flush()
 	}
 }
 
@@ -124,31 +138,11 @@ func jsonNoiseLine(kind string) string {
 }
 
 func serveJSONNoise(kind string) {
-	in := bufio.NewReader(os.Stdin)
-	for {
-		line, err := in.ReadBytes('\n')
-		if err != nil {
-			return
+	serveBare("noisy", `{"tools":{}}`, func(out io.Writer, _ int, method string) {
+		if method == "tools/call" {
+			fmt.Fprintln(out, jsonNoiseLine(kind))
 		}
-		var m struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-		}
-		if json.Unmarshal(line, &m) != nil || m.ID == nil {
-			continue
-		}
-		result := `{}`
-		switch m.Method {
-		case "initialize":
-			result = `{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"noisy","version":"1"}}`
-		case "tools/list":
-			result = `{"tools":[{"name":"echo","inputSchema":{"type":"object"}}]}`
-		case "tools/call":
-			fmt.Println(jsonNoiseLine(kind))
-			result = `{"content":[{"type":"text","text":"done"}]}`
-		}
-		fmt.Printf(`{"jsonrpc":"2.0","id":%s,"result":%s}`+"\n", m.ID, result)
-	}
+	})
 }
 
 // A stdout line of JSON that is no JSON-RPC message (an array that is no
