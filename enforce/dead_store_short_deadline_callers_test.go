@@ -9,15 +9,13 @@ import (
 	"github.com/mcpgate/mcpgate/internal/testenv"
 )
 
-// Since 66a078c a DeadlineExceeded counts toward the store breaker only
-// when the caller's deadline was not shorter than store.timeout. When every
-// caller's deadline is shorter (an embedding server, gosdk, that bounds its
-// handlers), a store that does not answer at all never opens the breaker:
-// each call waits out its own deadline in the store and is refused
-// (Unavailable), on_error never applies, and this lasts for the whole outage.
-// Before 66a078c three such calls opened the breaker and on_error decided
-// the following calls at once.
-func TestDeadStoreNeverOpensBreakerForShortDeadlineCallers(t *testing.T) {
+// A store that does not answer at all opens the store breaker even when
+// every caller's deadline is shorter than store.timeout (an embedding
+// server, gosdk, that bounds its handlers), so on_error decides the calls
+// that follow. (Once, from 66a078c, such deadlines did not count and the
+// breaker never opened: each call waited out its own deadline in the store
+// and was refused Unavailable for the whole outage.)
+func TestDeadStoreOpensBreakerForShortDeadlineCallers(t *testing.T) {
 	env := newOutageEnv(t, `
 store: {on_error: open, timeout: 1s}
 tiers:

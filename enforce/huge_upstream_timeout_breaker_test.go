@@ -10,15 +10,13 @@ import (
 	"github.com/mcpgate/mcpgate/policy"
 )
 
-// upstream.timeout was accepted up to the largest Go duration, but the
-// breaker's probe lease is computed as 2*upstream.timeout+5s, which
-// overflowed to a negative duration for timeouts above ~1281023h. The
-// store then refused every breaker spec (ErrInvalidBreaker), so every call
-// was refused Unavailable (503), even under on_error: open, although Parse
-// accepted the config and `mcpgate check` passed it. Parse now refuses such
-// a timeout; a Config built in code with one still works (the engine
-// clamps before doubling).
-func TestHugeUpstreamTimeoutBreaksBreaker(t *testing.T) {
+// Parse refuses an upstream.timeout so large that the breaker's probe
+// lease (2*upstream.timeout+5s) would overflow; a Config built in code with
+// one still works (the engine clamps before doubling): calls are decided,
+// not degraded, and the limit holds. (Once, such a timeout was accepted and
+// the negative lease made the store refuse every breaker spec, so every
+// call was refused Unavailable, even under on_error: open.)
+func TestHugeUpstreamTimeoutRefusedOrClamped(t *testing.T) {
 	const file = `
 upstream: {url: "http://127.0.0.1:1/mcp", timeout: %s}
 auth: {jwt: {hs256_secret_env: X}}

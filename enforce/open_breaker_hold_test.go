@@ -8,7 +8,7 @@ import (
 	"github.com/mcpgate/mcpgate/limit"
 )
 
-// The other side of TestOpenLoopBreakerForgottenDuringStoreOutage: while
+// The other side of TestOpenLoopBreakerHeldDuringStoreOutage: while
 // the store can be asked, a breaker known open is answered in process for
 // BreakerCacheHold only, so that a reset made elsewhere (another
 // instance's DELETE /admin/breakers) is seen once the hold has passed.

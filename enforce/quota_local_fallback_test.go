@@ -11,7 +11,7 @@ import (
 // Under on_error: local a quota is decided on the usage the store last
 // reported plus this instance's usage admitted since (pending): a tenant
 // with room left gets exactly that room during an outage, not more and not
-// none (the other side of TestExhaustedQuotaAdmittedUnderLocalFallback).
+// none (the other side of TestExhaustedQuotaDeniedUnderLocalFallback).
 func TestLocalFallbackAdmitsQuotaRoomLeft(t *testing.T) {
 	env := newOutageEnv(t, localFallbackQuotaConfig(5), outageOptions{Usage: true})
 	call := enforce.Call{Tenant: "acme", Subject: "a", Name: "llm"}
@@ -42,13 +42,11 @@ tiers:
 }
 
 // A tenant that has used up its monthly quota (the store just denied it
-// with scope quota) gets every call admitted as soon as Redis goes down
-// under on_error: local: the fallback evaluates the rate rules only, the
-// meter is dropped (its usage "waits"), and nothing uses what this
-// instance knows (the usage the store answered, the denial it gave). The
-// docs say `local` "decides with the in-process store and the same
-// rules"; nothing says the quota is off, only for `open`.
-func TestExhaustedQuotaAdmittedUnderLocalFallback(t *testing.T) {
+// with scope quota) stays denied when Redis goes down under on_error: local,
+// which "decides with the in-process store and the same rules" (the docs).
+// (Once, the fallback evaluated the rate rules only, dropped the meter, and
+// admitted every call.)
+func TestExhaustedQuotaDeniedUnderLocalFallback(t *testing.T) {
 	env := newOutageEnv(t, localFallbackQuotaConfig(3), outageOptions{Usage: true})
 	call := enforce.Call{Tenant: "acme", Subject: "a", Name: "llm"}
 	if n, last := env.admitN(t, call, 4); n != 3 || last.Scope != enforce.ScopeQuota {

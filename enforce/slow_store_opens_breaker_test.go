@@ -9,11 +9,11 @@ import (
 	"github.com/mcpgate/mcpgate/internal/testenv"
 )
 
-// The other side of TestCallerDeadlineOpensStoreBreakerForAll: a store
+// The other side of TestCallerDeadlineLeavesStoreBreakerClosed: a store
 // that answers past store.timeout opens the breaker, whether the caller set
 // no deadline or a longer one (the store's own timeout ends their calls,
 // and counts). Callers whose own shorter deadline ends their calls open it
-// too, through the check they start (TestDeadStoreNeverOpensBreakerForShortDeadlineCallers).
+// too, through the check they start (TestDeadStoreOpensBreakerForShortDeadlineCallers).
 func TestSlowStoreOpensBreaker(t *testing.T) {
 	env := newOutageEnv(t, `
 store: {on_error: closed, timeout: 200ms}

@@ -8,16 +8,14 @@ import (
 	"github.com/mcpgate/mcpgate/limit"
 )
 
-// Since dceb12a an open breaker's in-process entry lives until its cooldown
-// ends (not BreakerCacheHold), and the sweep at breakerCacheSize dropped
-// only entries past until. With breakerCacheSize breakers open for a 10m
-// cooldown (tenants' session-keyed breakers, say), the cache stayed full:
-// each further breaker seen open swept the whole map (100k entries) under
-// the cache's one lock, which every breaker-guarded call takes (lookup).
-// Now each insertion into a full cache drops one entry, its oldest, and
-// visits no other; the entries left still answer past their hold while
-// the store is down.
-func TestBreakerCacheFullSweepsEveryInsert(t *testing.T) {
+// An insertion into a breaker cache full of live entries (breakerCacheSize
+// breakers open for a 10m cooldown: tenants' session-keyed breakers, say)
+// drops one entry, its oldest, and visits no other; the entries left still
+// answer past their hold while the store is down, and not while it is up.
+// (Once, since an open breaker's entry lives until its cooldown ends, each
+// such insertion swept the whole map, 100k entries, under the cache's one
+// lock, which every breaker-guarded call takes.)
+func TestBreakerCacheFullDropsOldestOnInsert(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1_800_000_000, 0)}
 	c := newBreakerCache(clock.now, func(limit.BreakerSpec, limit.BreakerState) {})
 	open := limit.BreakerState{Open: true, RetryAfter: 10 * time.Minute, Cooldown: 10 * time.Minute}

@@ -7,15 +7,12 @@ import (
 	"github.com/mcpgate/mcpgate/enforce"
 )
 
-// A loop breaker that opened (cooldown 10m) while Redis was up is known
-// open to this instance (breakerCache holds its state and when it may
-// close). When Redis then goes down, the breaker cache stops answering it
-// after BreakerCacheHold (1 s, meant to re-ask the store for an admin
-// reset), the store cannot be asked, and on_error (local here, open the
-// same) admits every call: the runaway agent the breaker stopped runs
-// freely for the whole outage, though this instance knows the breaker
-// stays open for ~10 minutes more.
-func TestOpenLoopBreakerForgottenDuringStoreOutage(t *testing.T) {
+// A loop breaker that opened (cooldown 10m) while Redis was up stays open
+// to this instance when Redis goes down: past BreakerCacheHold, far before
+// the cooldown's end, every call is still refused, not admitted by on_error
+// (local here). (Once, the breaker cache stopped answering it after
+// BreakerCacheHold and the runaway agent ran freely for the whole outage.)
+func TestOpenLoopBreakerHeldDuringStoreOutage(t *testing.T) {
 	env := newOutageEnv(t, openBreakerOutageConfig("local"), outageOptions{Clock: true})
 	call := enforce.Call{Tenant: "acme", Subject: "agent", Name: "search"}
 	env.openBreaker(t, call, 2)
@@ -48,15 +45,13 @@ tiers:
 `
 }
 
-// dceb12a: "a call whose store request failed is refused by the breaker
-// (stillOpen) rather than handed to the failure policy". evaluateMetered's
-// knownOpen branch builds the breaker's batch but returns it with the
-// store's error (err is only overwritten in the degrade branch), and judge
-// turns any error into Unavailable: the call is answered as a store outage
-// (503, Retry-After 1 s, CodeUnavailable in gosdk), not as the loop breaker
-// (429 with the cooldown's Retry-After, scope breaker); the agent is told
-// to retry in a second.
-func TestKnownOpenBreakerAnsweredAsStoreUnavailable(t *testing.T) {
+// A call to a breaker known open whose store request failed is refused by
+// the loop breaker (scope breaker: 429 with the cooldown's Retry-After),
+// not answered as a store outage (Unavailable: 503, Retry-After 1 s). (Once,
+// evaluateMetered's knownOpen branch returned the store's error with the
+// breaker's batch and judge turned it into Unavailable: the agent was told
+// to retry in a second.)
+func TestKnownOpenBreakerRefusesWhenStoreFails(t *testing.T) {
 	env := newOutageEnv(t, openBreakerOutageConfig("open"), outageOptions{Clock: true})
 	call := enforce.Call{Tenant: "acme", Subject: "agent", Name: "search"}
 	env.openBreaker(t, call, 2)

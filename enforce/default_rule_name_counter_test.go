@@ -8,16 +8,15 @@ import (
 	"github.com/mcpgate/mcpgate/policy"
 )
 
-// A tier rule of the file named like a built-in default rule
-// ("default_requests") replaced the built-in only for the methods it
-// named (policy/methods.go); the other methods still counted under the
-// built-in rule of the same name, per and algorithm, so both counted on
-// one counter (keyspace.Counter) with different settings: with the file
-// limiting tools/list to 1 an hour, prompts/list, which the docs say the
-// built-in governs at 600 a minute, was refused for the hour. Parse now
-// refuses the name; a rule named otherwise that names tools/list (the
-// documented override) leaves prompts/list to the built-in.
-func TestFileRuleNamedLikeBuiltinSharesItsCounter(t *testing.T) {
+// A file's rule never shares a built-in rule's counter: Parse refuses a
+// tier rule named like a built-in default rule ("default_requests"), and a
+// rule named otherwise that names tools/list (the documented override)
+// limits tools/list to its own 1 an hour while prompts/list stays with the
+// built-in's 600 a minute. (Once, the same-named rule replaced the built-in
+// only for the methods it named and both counted on one counter
+// (keyspace.Counter) with different settings: prompts/list was refused for
+// the hour.)
+func TestFileRuleNeverSharesABuiltinCounter(t *testing.T) {
 	const clash = "upstream: {url: \"http://127.0.0.1:1/mcp\"}\nauth: {jwt: {hs256_secret_env: X}}\n" +
 		"tiers: {free: {limits: [{name: default_requests, methods: [tools/list], algorithm: token_bucket, limit: 1, period: 1h, burst: 1}]}}\n"
 	if _, err := policy.Parse("t.yaml", []byte(clash)); !errors.Is(err, policy.ErrInvalidConfig) {
