@@ -57,14 +57,13 @@ func breakListener(t *testing.T, port int) {
 }
 
 // When http.Server.Serve fails after the engine started (the listener's
-// accept returns an error net/http does not retry), serveUntilDone returns
-// at once: no srv.Shutdown, so the calls in flight are not waited for, and
-// the deferred g.Close runs the final usage flush under them. The call
-// below was charged its estimate (100) on admission; its result reports 7.
-// On the signal path (srv.Shutdown) the flush waits for the call and the
-// store holds 7; on the fatal path it holds the estimate and the
-// correction, made after the flush on a closed engine, is lost.
-func TestFatalServeErrorFlushesBeforeCallsInFlightSettle(t *testing.T) {
+// accept returns an error net/http does not retry), the final usage flush
+// still waits for the calls in flight, as on the signal path
+// (srv.Shutdown): the call below, charged its estimate (100) on admission,
+// reports 7, and the durable store holds 7. (Once, serveUntilDone returned
+// at once and the deferred g.Close flushed the estimate under the call,
+// whose correction, made on a closed engine, was lost.)
+func TestFatalServeErrorFlushesAfterCallsInFlightSettle(t *testing.T) {
 	up := newLLMUpstream(t, &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}},
 		Meta: mcp.Meta{"usage": map[string]any{"tokens": 7}}})
 	db := filepath.Join(t.TempDir(), "usage.db")

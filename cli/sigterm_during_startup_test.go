@@ -11,15 +11,15 @@ import (
 	"time"
 )
 
-// SIGTERM (or SIGINT) is caught only once serveUntilDone runs: during the
-// start (an upstream's process starting, for up to the federation's 30s
-// StartTimeout; a JWKS fetch; the usage store opening) its default action
-// kills mcpgate at once. A stdio upstream runs in a process group of its
-// own (federate.ownGroup), so neither the signal nor mcpgate's death
-// reaches it: a server that does not exit on stdin's EOF is left running,
-// orphaned. After the start the same signal stops the process group
-// (Gateway.Close -> federation close); so must a signal during the start.
-func TestSIGTERMDuringStartLeavesStdioUpstreamRunning(t *testing.T) {
+// A SIGTERM (or SIGINT) received during the start (an upstream's process
+// starting, for up to the federation's 30s StartTimeout; a JWKS fetch; the
+// usage store opening) stops what the start started, as the same signal
+// does after it: a stdio upstream, which runs in a process group of its own
+// (federate.ownGroup) and here does not exit on stdin's EOF, is stopped,
+// not left running. (Once, the signal was caught only once serveUntilDone
+// ran: during the start its default action killed mcpgate at once and
+// orphaned the upstream.)
+func TestSIGTERMDuringStartStopsStdioUpstream(t *testing.T) {
 	dir := t.TempDir()
 	bin := buildMcpgate(t, dir)
 	pidFile := filepath.Join(dir, "upstream.pid")
@@ -53,9 +53,9 @@ auth:
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	// The federation's start does not take a context (gateway.New): the
-	// stop waits for it, up to its StartTimeout (30 s), then stops the
-	// upstream. The bound below only catches a hang.
+	// gateway.New takes the context that bounds the start: the signal ends
+	// the federation's start at once, and the upstream is stopped. The
+	// bound below only catches a hang.
 	select {
 	case <-p.done:
 	case <-time.After(90 * time.Second):

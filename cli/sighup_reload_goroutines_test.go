@@ -16,12 +16,12 @@ import (
 	"github.com/mcpgate/mcpgate/examples/upstream"
 )
 
-// Reloads (SIGHUP) that rebuild the authenticator (a JWKS URL's options
-// changed) close the old one 10 s later (time.AfterFunc in runServe's
-// reload); runServe's deferred Close closes only the current one. A serve
-// that stops within those 10 s returns with the old authenticators' JWKS
-// refresh goroutines still running: Main returned, its goroutines did not
-// all end.
+// A serve that stops within 10 s of reloads (SIGHUP) that rebuilt the
+// authenticator (a JWKS URL's options changed) leaves no goroutine running
+// once it returns: the old authenticators, closed 10 s after their reload
+// (time.AfterFunc in runServe's reload), are closed on the way out too.
+// (Once, runServe's deferred Close closed only the current one, and the old
+// ones' JWKS refresh goroutines outlived Main.)
 func TestServeLeavesNoGoroutineAfterSIGHUPReloads(t *testing.T) {
 	up := upstream.New(&upstream.Options{Stateless: true, JSONResponse: true})
 	upSrv := httptest.NewServer(up.Handler())
