@@ -32,12 +32,13 @@ func (l *failingListener) Accept() (net.Conn, error) {
 	}
 }
 
-// When the listener fails while a call is in flight, serve returns at once
-// (no srv.Shutdown, no settling.Wait) and run's deferred close stops the
-// engine, whose final flush writes the call's estimate (100); the call's
-// own result (7) then settles on a closed engine and is lost. On the
-// signal path the shutdown waits for the call and the store holds 7.
-func TestFatalServeErrorFlushesBeforeCallsInFlightSettle(t *testing.T) {
+// When the listener fails while a call is in flight, the engine's final
+// flush still waits for the call to settle, as on the signal path: the
+// store holds the cost the call reported (7), not its estimate (100).
+// (Once, serve returned at once, with no srv.Shutdown and no
+// settling.Wait, and run's deferred close flushed the estimate; the
+// call's result then settled on a closed engine and was lost.)
+func TestFatalServeErrorFlushesAfterCallsInFlightSettle(t *testing.T) {
 	b := newBlockingLLM(t, "")
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
