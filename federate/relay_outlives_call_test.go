@@ -69,8 +69,8 @@ func callAskThenHold(cs *mcp.ClientSession, askStarted <-chan struct{}, holdDone
 // The older call ask's upstream asks the client for a completion; the
 // relayed request travels on the newest call's stream, hold's. The client
 // answers only after hold has ended: the relayed request must still be
-// waiting for it (it was sent with hold's request context, and cancelled
-// when hold ended, which failed ask).
+// waiting for it, and ask gets its answer. (Once, it was sent with hold's
+// request context and cancelled when hold ended, which failed ask.)
 func TestRelayedRequestOutlivesTheNewerCall(t *testing.T) {
 	release := make(chan struct{})
 	url, askStarted := askHoldServer(t, release)

@@ -10,11 +10,11 @@ import (
 
 // lineKeep is "the largest line buffer jsonLines keeps for the next line:
 // a larger one, grown for a rare long message, is let go". It is let go
-// only when the next line longer than the 64 KiB read buffer (or one with
-// spaces before its newline) starts: a stdio server that once answered 15
-// MiB and then only short messages keeps those 15 MiB (up to the 16 MiB
-// answer bound, past it too for a dropped oversize answer) pinned for the
-// life of its process, one such buffer per stdio upstream.
+// once its long line is read: after a long message and then only short
+// ones, jsonLines holds no buffer past lineKeep. (Once, it was let go only
+// when the next long line started, so a stdio server that once answered
+// 15 MiB and then only short messages kept those 15 MiB pinned for the
+// life of its process.)
 func TestJSONLinesLetsGoOfALongLinesBuffer(t *testing.T) {
 	pr, pw := io.Pipe()
 	defer pr.Close()

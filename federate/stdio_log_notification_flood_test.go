@@ -51,13 +51,12 @@ func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
 func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
 
-// A stdio server's stderr is logged at most stderrPerSecond (1000) lines a
-// second, "so that a server logging in a loop cannot flood the log (and, as
-// logging is synchronous, slow every other upstream's logging)"; its
-// non-message stdout lines are logged 10 then one in 1000. Its MCP log
-// messages (notifications/message on the shared session, which go to the
-// gateway's log: relayLog) have no bound at all: every one of 20,000
-// written in one burst becomes a gateway log record, at error level.
+// A stdio server's MCP log messages (notifications/message on the shared
+// session, which go to the gateway's log: relayLog) are bounded as its
+// stderr is (stderrPerSecond, 1000 lines a second, "so that a server
+// logging in a loop cannot flood the log"): of 20,000 written in one burst,
+// fewer than all become gateway log records. (Once, they had no bound at
+// all: every one became a record, at error level.)
 func TestStdioLogNotificationFloodIsBounded(t *testing.T) {
 	h := &countingHandler{msg: "upstream log message"}
 	_, url := serve(t, federate.Options{

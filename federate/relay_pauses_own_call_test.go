@@ -12,13 +12,12 @@ import (
 
 // A client's upstream session (HTTP) carries two of its calls: ask (older,
 // idle timeout 500ms) then hold (newer, a minute). ask's tool asks the
-// client for a completion, which a person takes 1.5s to answer. A relayed
-// sampling request is meant to stop the idle timeout of the call waiting
-// on the client ("On the call's stream; its idle timeout waits
-// meanwhile": relayRequests), but relayRequests pauses the newest call in
-// flight on the session, hold, and ask's own timer runs out while its
-// upstream waits on the client: ask fails with "timed out: it sent
-// nothing for 500ms" although its upstream is only waiting for the answer.
+// client for a completion, which a person takes 1.5s to answer. While the
+// relayed sampling request waits on the client, ask's own idle timeout is
+// paused too, not only the newest call's (hold's): ask gets its answer.
+// (Once, relayRequests paused only the newest call in flight on the
+// session, and ask failed with "timed out: it sent nothing for 500ms"
+// although its upstream was only waiting for the answer.)
 func TestSamplingOfAnOlderCallPausesItsOwnIdleTimeout(t *testing.T) {
 	release := make(chan struct{})
 	url, askStarted := askHoldServer(t, release)
