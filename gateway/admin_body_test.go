@@ -42,11 +42,11 @@ func TestAdminBodyTrailingData(t *testing.T) {
 	}
 }
 
-// The admin API bounds its JSON bodies with http.MaxBytesReader (1 MiB),
-// but a body over the bound is answered 400 "body: http: request body too
-// large" instead of 413 Content Too Large, which the MCP endpoint answers
-// for the same condition (protocol_test.go): a client cannot tell an
-// oversized request from a malformed one.
+// An admin JSON body over the bound (http.MaxBytesReader, 1 MiB) is
+// answered 413 Content Too Large, as the MCP endpoint answers the same
+// condition (protocol_test.go), so a client can tell an oversized request
+// from a malformed one. (Once, it was answered 400 "body: http: request
+// body too large".)
 func TestAdminOversizeBodyIs413(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, setup{Config: adminConfig})

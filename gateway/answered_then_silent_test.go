@@ -10,13 +10,11 @@ import (
 
 // An upstream answers a tools/call on an event stream, then leaves the
 // stream open, silent (MCP: it SHOULD close it once the response is sent).
-// The client has its result at once; the proxy then cuts the stream at
-// upstream.timeout and Finish returns ErrUpstreamTimeout. The gateway takes
-// that for a cut call (cutUpstream): without a session nothing can stop it,
-// so the call's concurrency slot stays held until its lease lapses, and the
-// caller's next call is refused although the first one was answered and
-// its request is over.
-func TestAnsweredCallHeldAfterSilentStream(t *testing.T) {
+// The client has its result at once, and the call's concurrency slot is
+// released with it: the caller's next call is admitted. (Once, the proxy's
+// cut at upstream.timeout was taken for a cut call (cutUpstream), and the
+// slot stayed held until its lease lapsed.)
+func TestAnsweredCallReleasedDespiteSilentStream(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		method, id := peekRPC(r)
 		if method != "tools/call" {

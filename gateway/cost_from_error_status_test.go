@@ -12,12 +12,12 @@ import (
 )
 
 // An upstream answers a cost-reporting call with HTTP 500 whose JSON body
-// is the call's response (result reporting 900 tokens). The proxy reports
-// that result whatever the status (judgeBody), the gateway settles the call
-// as Failed (a 5xx), and Done still corrects the charge to the cost read
-// from it: the tenant is billed 900 for a call its client got as an HTTP
-// error (SDK clients throw on a non-2xx status and never read the result).
-func TestCostReadFromResultOfFailedHTTPAnswer(t *testing.T) {
+// is the call's response (result reporting 900 tokens). The client gets an
+// HTTP error (SDK clients throw on a non-2xx status and never read the
+// result), and the tenant is charged the estimate (150), not the cost read
+// from that result. (Once, Done corrected the charge to the 900 read from
+// it, though the call was settled as Failed.)
+func TestFailedHTTPAnswerKeepsTheEstimate(t *testing.T) {
 	var inner http.Handler
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)

@@ -54,14 +54,12 @@ func newEndingFixture(t *testing.T) *endingFixture {
 	return f
 }
 
-// Once a sweep has picked a session as idle (plan sets ending), the
-// session is being ended: endIdle's DELETE follows, whatever comes in
-// meanwhile. But use() read only dead, which endIdle sets later (after
-// the slot Check's round trip to the store), so a request arriving in
-// between was let through, became active, and the session was then
-// DELETEd upstream under it: the request failed mid-way and the session
-// the client just used was gone.
-func TestRequestOfASessionBeingEndedIsLetThrough(t *testing.T) {
+// A request let through into a session a sweep has picked as idle (plan
+// sets ending), before endIdle runs, never has its session DELETEd upstream
+// under it. (Once, use() read only dead, which endIdle sets later, so such
+// a request became active and endIdle's DELETE followed anyway: the request
+// failed mid-way and the session the client just used was gone.)
+func TestSessionBeingEndedIsNotDeletedUnderARequest(t *testing.T) {
 	f := newEndingFixture(t)
 	e, live := f.tr.use("s", f.p, enforce.SessionSlots{}) // a request comes in meanwhile
 	f.tr.endIdle(context.Background(), f.job)

@@ -10,15 +10,13 @@ import (
 )
 
 // A session this instance does not track is served only while the store
-// holds its lease (sessionTracker.enter, vouch). But vouch takes any error
-// of the check for a store outage and serves the session, and the check
-// runs under the request's own context: a client that hangs up right after
-// sending its request (here a GET, whose context net/http cancels as soon
-// as the connection closes) makes the check fail with context.Canceled,
-// and the session, whose lease is gone, is tracked as live. Every later
-// request of it is then served without a check until the next sweep's
-// renewal (idle_timeout/4 away): a subject capped at one session holds two.
-func TestVouchCancelledRequestTracksSessionWithoutLease(t *testing.T) {
+// holds its lease (sessionTracker.enter, vouch), even when the request
+// that names it first is cancelled (a client that hangs up right after
+// sending it: here a GET, whose context net/http cancels as soon as the
+// connection closes): its next request is refused 404. (Once, vouch took
+// the check's context.Canceled for a store outage and tracked the session
+// as live, served without a check until the next sweep's renewal.)
+func TestCancelledRequestDoesNotVouchForSessionWithoutLease(t *testing.T) {
 	t.Parallel()
 	e, _ := vouchEnv(t)
 	alice, id := aliceSession(t, e)

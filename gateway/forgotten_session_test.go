@@ -10,12 +10,12 @@ import (
 )
 
 // A session the idle sweep could not end upstream (MCP lets a server refuse
-// a DELETE: 405) is answered 404 while the sweep retries, and then, once
-// maxEndTries DELETEs failed and the tracker forgot it, it is served again:
-// sessionTracker.use re-tracks an unknown session as live without asking
-// whether its lease is still held. Its slot lapsed long ago, so a subject
-// capped at one session holds a second one, served, next to it.
-func TestForgottenIdleSessionIsServedAgainOutsideTheCap(t *testing.T) {
+// a DELETE: 405) is not served again once maxEndTries DELETEs failed and
+// the tracker forgot it: its slot lapsed, so a subject capped at one session
+// cannot hold it next to the one it opens after. (Once, sessionTracker.use
+// re-tracked the unknown session as live without asking whether its lease
+// was still held.)
+func TestForgottenIdleSessionIsNotServedAgain(t *testing.T) {
 	t.Parallel()
 	up := upstream.New(&upstream.Options{SessionTimeout: -1})
 	url := lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {
@@ -48,13 +48,13 @@ func TestForgottenIdleSessionIsServedAgainOutsideTheCap(t *testing.T) {
 	}
 }
 
-// The same hole one step earlier: a session in use whose slot is found gone
-// at a renewal (sessionTracker.renew: dead) is answered 404 once, which
-// drops it from the tracker (use: dead, not ending), and the request after
-// is served again, untracked-then-re-tracked as live. Here the lease is
-// released behind the gateway's back, as a store outage longer than
-// idle_timeout lapses it, and the upstream refuses the gateway's DELETE.
-func TestSessionWithLostSlotIsServedAgainAfterOne404(t *testing.T) {
+// The same one step earlier: a session in use whose slot is found gone at a
+// renewal (sessionTracker.renew: dead) is answered 404, and still 404 on
+// the request after, not re-tracked as live once the 404 dropped it from
+// the tracker. Here the lease is released behind the gateway's back, as a
+// store outage longer than idle_timeout lapses it, and the upstream refuses
+// the gateway's DELETE.
+func TestSessionWithLostSlotStaysRefusedAfterOne404(t *testing.T) {
 	t.Parallel()
 	up := upstream.New(&upstream.Options{SessionTimeout: -1})
 	url := lostSessionUpstream(t, up, func(w http.ResponseWriter, r *http.Request) {

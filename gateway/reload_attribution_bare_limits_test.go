@@ -12,18 +12,15 @@ import (
 	"github.com/mcpgate/mcpgate/examples/upstream"
 )
 
-// Apply checks the attribution of the federation's tools against the
-// file's upstreams (g.fed.check(cfg) on the file), not against the
-// upstreams in force (inForce keeps the prefixes the federation started
-// with). A reload that gives upstream a (bare) limits while changing b's
-// prefix from "" to "b__" (a start-only field, only warned about) passes
-// that check: in the file a is the only bare upstream. In force both are
-// still bare, so a's bare tool names read as no upstream's and a's new
-// limits count none of its calls (b exposes only "b__other", which reads
-// as b's under the file and as no one's at start): the config in force is one Parse
-// refuses ("not allowed on an upstream with prefix \"\" while another has
-// prefix \"\" too"), and calls that should be stopped go through.
-func TestReloadAttributionCheckedAgainstFileNotInForce(t *testing.T) {
+// A reload that gives upstream a (bare) limits while changing b's prefix
+// from "" to "b__" (a start-only field, only warned about) is either
+// refused or enforced: in force both are still bare (b exposes only
+// "b__other"), so accepted, a's limits must still stop a's calls. (Once,
+// Apply checked the attribution against the file's upstreams, where a is
+// the only bare one, accepted the reload, and a's bare tool names read as
+// no upstream's: its limits counted none of its calls, under a config in
+// force that Parse refuses.)
+func TestReloadGivingBareUpstreamLimitsRefusedOrEnforced(t *testing.T) {
 	t.Parallel()
 	ua := startFedHTTP(t, upstream.New(&upstream.Options{Name: "upstream-a"}))
 	sb := sdk.NewServer(&sdk.Implementation{Name: "upstream-b", Version: "1"}, nil)
