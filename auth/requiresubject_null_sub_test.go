@@ -7,11 +7,12 @@ import (
 	"time"
 )
 
-// With RequireSubject a token must name its subject. A "sub" that is JSON
-// null (or the empty string) names none: the token is let in as Subject "",
-// the bucket (per-subject limits, breaker, session binding) RequireSubject
-// exists to keep tokens out of. Other identity claims of the wrong type
-// ("tier": null, "sub": 7) are refused; "sub": null is read as "".
+// With RequireSubject a token must name its subject: one whose "sub" is
+// JSON null or the empty string names none and is refused, not let in as
+// Subject "", the bucket (per-subject limits, breaker, session binding)
+// RequireSubject exists to keep tokens out of. (Once, "sub": null was read
+// as "" and let in, though other identity claims of the wrong type were
+// refused.)
 func TestRequireSubjectRefusesNullOrEmptySub(t *testing.T) {
 	a := hsAuth(t, func(o *Options) { o.RequireSubject = true })
 	exp := fmt.Sprint(t0.Add(time.Hour).Unix())

@@ -8,11 +8,11 @@ import (
 )
 
 // RFC 6749 §3.3: scope = scope-token *( SP scope-token ), a scope-token
-// being printable ASCII. ParseScopes splits with strings.Fields, which also
-// splits on Unicode white space (U+00A0, U+2028, U+3000, U+0085...): one
-// (invalid) scope value "tools:echo\u00a0tools:*", which a conforming
-// reader takes as a single unknown token granting nothing, is read here as
-// two scopes, and grants every tool.
+// being printable ASCII. ParseScopes splits on ASCII white space, not on
+// Unicode white space (U+00A0, U+2028, U+3000, U+0085...): the (invalid)
+// scope value "tools:echo\u00a0tools:*", which a conforming reader takes
+// as a single unknown token, does not grant every tool, parsed or in a
+// verified token. (Once, strings.Fields split it into two scopes, one "tools:*".)
 func TestScopeNotSplitOnUnicodeSpace(t *testing.T) {
 	for _, sp := range []string{"\u00a0", "\u2028", "\u3000", "\u0085"} {
 		s := ParseScopes("tools:echo" + sp + "tools:*")
