@@ -12,11 +12,11 @@ import (
 // (contentType?.includes('text/event-stream')), and as JSON when it contains
 // "application/json" (taking a JSON array, a batch, and handling each
 // response in it). An upstream answer whose media type is something else
-// but whose Content-Type holds one of those strings must not be relayed
+// but whose Content-Type holds one of those strings is not relayed
 // unscreened (copyBody), Content-Type included: the list another request of
 // the client's would get, unfiltered, would reach it on this request's
 // answer.
-func TestTypeSubstringBypassesReplayFilters(t *testing.T) {
+func TestTypeSubstringDoesNotBypassReplayFilters(t *testing.T) {
 	const stream = "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":8,\"result\":{\"tools\":[{\"name\":\"echo\"},{\"name\":\"secret\"}]}}\n\n" +
 		"event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"messages\":[]}}\n\n"
 	const batch = `[{"jsonrpc":"2.0","id":8,"result":{"tools":[{"name":"echo"},{"name":"secret"}]}},` +
